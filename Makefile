@@ -1,0 +1,198 @@
+# zinf — one build for everything.
+#
+#   make                 libzinf and every program into bin/
+#   make test            install missing packages, build, run every suite
+#   make demo            install missing packages, build, run a short pipeline
+#   make bench           the benchmark programs (zinf-iobench, ...)
+#   make install PREFIX=/usr/local
+#   make deps            install the Debian packages (scripts/deps.sh)
+#
+# Options: NO_CUDA=1 NO_MPI=1 V=1 (show commands) DEBUG=1
+#          SANITIZE=address,undefined | SANITIZE=thread
+
+VERSION := 0.1.0
+PREFIX ?= /usr/local
+BUILD := build
+BIN := bin
+
+CXX ?= g++
+ifeq ($(origin CXX),default)
+CXX := g++
+endif
+
+Q := $(if $(V),,@)
+
+# --- what this machine has ---------------------------------------------------
+empty :=
+have = $(empty)  $(if $(1),✓,✗)
+
+ifneq ($(NO_CUDA),1)
+NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+endif
+CUDA_HOME := $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)))
+NCCL_H := $(if $(NVCC),$(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)))
+ifneq ($(NO_MPI),1)
+MPICXX := $(shell command -v mpicxx 2>/dev/null)
+endif
+OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
+
+# Required libraries: the build stops with a clear message when one is missing.
+REQUIRED_HEADERS := liburing.h xxhash.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
+MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard /usr/include/$(h)),,$(h))))
+
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter clean deps help,$(MAKECMDGOALS)),)
+$(info zinf $(VERSION) build:)
+$(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO_CUDA=1)))$(if $(NVCC), (CUDA code compiles; runs only with a GPU)))
+$(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
+$(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
+$(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
+endif
+endif
+
+# --- flags -----------------------------------------------------------------
+CPPFLAGS := -Ilibzinf/include -DZINF_VERSION='"$(VERSION)"' -MMD -MP
+CXXFLAGS := -std=c++20 -Wall -Wextra -Wshadow -Wno-missing-field-initializers -pthread
+LDFLAGS := -pthread
+LDLIBS := $(shell pkg-config --libs liburing libxxhash 2>/dev/null || echo -luring -lxxhash)
+
+ifeq ($(DEBUG),1)
+CXXFLAGS += -O0 -g3
+else
+CXXFLAGS += -O2 -g -march=x86-64-v2
+endif
+ifneq ($(SANITIZE),)
+CXXFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+ifneq ($(NVCC),)
+CPPFLAGS += -DZINF_HAVE_CUDA=1
+endif
+ifneq ($(NCCL_H),)
+CPPFLAGS += -DZINF_HAVE_NCCL=1
+endif
+ifneq ($(MPICXX),)
+CPPFLAGS += -DZINF_HAVE_MPI=1
+endif
+ifneq ($(OPENBLAS),)
+CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
+endif
+
+# Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...).
+FLAGS_STAMP := $(BUILD)/flags
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS)
+ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
+$(shell mkdir -p $(BUILD))
+$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
+endif
+
+# --- sources ---------------------------------------------------------------
+LIB := $(BUILD)/libzinf.a
+LIB_SRCS := $(sort $(wildcard libzinf/src/*/*.cpp))
+LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+
+# One folder per program: main.cpp plus its own small files.
+PROGRAM_DIRS := $(patsubst %/main.cpp,%,$(wildcard */main.cpp))
+program_name = zinf-$(if $(filter trainer,$(1)),train,$(1))
+PROGRAMS := $(foreach d,$(PROGRAM_DIRS),$(BIN)/$(call program_name,$(d)))
+
+# bench/NAME.cpp -> bin/zinf-NAME
+BENCH_SRCS := $(wildcard bench/*.cpp)
+BENCHES := $(BENCH_SRCS:bench/%.cpp=$(BIN)/zinf-%)
+
+# tests/unit/test_NAME.cpp -> build/tests/test_NAME (Boost.Test, one per module)
+TEST_SRCS := $(wildcard tests/unit/test_*.cpp)
+TESTS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/%)
+
+.PHONY: all bench tests deps deps-check test test-run demo demo-run install uninstall clean help
+.DEFAULT_GOAL := all
+
+all: check-headers $(PROGRAMS) $(BENCHES)
+bench: $(BENCHES)
+tests: $(TESTS) $(PROGRAMS) $(BENCHES)
+
+check-headers:
+ifneq ($(MISSING_HEADERS),)
+	@echo "zinf: missing headers: $(MISSING_HEADERS)" >&2
+	@echo "zinf: run 'make deps' to install the Debian packages that provide them" >&2
+	@exit 1
+endif
+.PHONY: check-headers
+
+$(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CXX     $<")
+	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+define program_rule
+$(BIN)/$(call program_name,$(1)): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard $(1)/*.cpp)) $(LIB)
+	@mkdir -p $$(@D)
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CXX) $$(LDFLAGS) $$^ $$(LDLIBS) -o $$@
+endef
+$(foreach d,$(PROGRAM_DIRS),$(eval $(call program_rule,$(d))))
+
+$(BIN)/zinf-%: $(BUILD)/bench/%.o $(LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -lboost_unit_test_framework -o $@
+
+$(BUILD)/tests/unit/%.o: CPPFLAGS += -DBOOST_TEST_DYN_LINK
+
+# --- the two quick-start commands --------------------------------------------
+deps:
+	scripts/deps.sh
+
+# Installs packages only when something is missing, then re-enters make so
+# that detection sees what was just installed.
+deps-check:
+	@scripts/deps.sh --check 2>/dev/null || scripts/deps.sh
+
+test: deps-check
+	@$(MAKE) --no-print-directory test-run
+
+test-run: tests
+	@scripts/run-tests.sh
+
+demo: deps-check
+	@$(MAKE) --no-print-directory demo-run
+
+demo-run: all
+	@scripts/demo.sh
+
+# --- install ---------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/include/zinf $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 755 $(PROGRAMS) $(BENCHES) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 libzinf/include/zinf/*.hpp $(DESTDIR)$(PREFIX)/include/zinf/
+	for s in 1 5 7; do for f in $$(ls man/*.$$s 2>/dev/null); do \
+	  install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man$$s/; done; done
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' scripts/zinf.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/zinf.pc
+
+uninstall:
+	rm -f $(foreach p,$(PROGRAMS) $(BENCHES),$(DESTDIR)$(PREFIX)/bin/$(notdir $(p)))
+	rm -f $(DESTDIR)$(PREFIX)/lib/libzinf.a $(DESTDIR)$(PREFIX)/lib/pkgconfig/zinf.pc
+	rm -rf $(DESTDIR)$(PREFIX)/include/zinf
+	rm -f $(foreach f,$(wildcard man/*.[157]),$(DESTDIR)$(PREFIX)/share/man/man$(subst .,,$(suffix $(f)))/$(notdir $(f)))
+
+clean:
+	rm -rf $(BUILD) $(BIN)
+
+help:
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

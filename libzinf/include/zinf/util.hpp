@@ -1,0 +1,272 @@
+// zinf util: errors, exit codes, sizes, RAII kernel handles, aligned memory,
+// logging and progress on stderr, timers, JSON and xxh3 helpers.
+//
+// Nothing in libzinf exits or writes to stdout; failures are exceptions derived
+// from zinf::Error, and only a program's main turns them into a message and an
+// exit code (see exit_code()).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zinf {
+
+// ---------------------------------------------------------------------------
+// Exit codes (sysexits-style), shared by every program.
+namespace exit_code {
+inline constexpr int ok = 0;
+inline constexpr int usage = 64;        // bad command line
+inline constexpr int data = 65;         // bad input data: manifest, checksum, verify mismatch
+inline constexpr int no_input = 66;     // missing input file
+inline constexpr int internal = 70;     // a bug in zinf
+inline constexpr int cant_create = 73;  // cannot create output (exists, no space, no permission)
+inline constexpr int io = 74;           // I/O error while reading or writing
+inline constexpr int threshold = 75;    // a benchmark --min-* threshold was not met
+inline constexpr int interrupted = 130; // SIGINT
+}  // namespace exit_code
+
+// ---------------------------------------------------------------------------
+// Errors. Every zinf error carries what is known of errno, path, offset, rank;
+// what() is the full message, already naming them.
+struct ErrorWhere {
+    int err = 0;                          // errno, 0 when not a system error
+    std::string path;                     // file the error concerns, if any
+    std::optional<std::uint64_t> offset;  // byte offset in that file, if any
+    int rank = -1;                        // data-parallel rank, -1 when not known
+};
+
+class Error : public std::runtime_error {
+public:
+    using Where = ErrorWhere;
+
+    explicit Error(const std::string& msg, Where where = {});
+
+    int err() const noexcept { return where_.err; }
+    const std::string& path() const noexcept { return where_.path; }
+    std::optional<std::uint64_t> offset() const noexcept { return where_.offset; }
+    int rank() const noexcept { return where_.rank; }
+    // The message without the path/offset/errno decoration.
+    const std::string& message() const noexcept { return msg_; }
+    virtual int exit_code() const noexcept { return exit_code::internal; }
+
+private:
+    std::string msg_;
+    Where where_;
+};
+
+#define ZINF_ERROR_KIND(Name, code)                                     \
+    class Name : public Error {                                         \
+    public:                                                             \
+        using Error::Error;                                             \
+        int exit_code() const noexcept override { return code; }       \
+    }
+
+ZINF_ERROR_KIND(UsageError, exit_code::usage);         // bad option or argument value
+ZINF_ERROR_KIND(DataError, exit_code::data);           // malformed or corrupt input data
+ZINF_ERROR_KIND(MissingInputError, exit_code::no_input);
+ZINF_ERROR_KIND(CreateError, exit_code::cant_create);
+ZINF_ERROR_KIND(IoError, exit_code::io);
+ZINF_ERROR_KIND(ThresholdError, exit_code::threshold);
+ZINF_ERROR_KIND(InternalError, exit_code::internal);
+ZINF_ERROR_KIND(Interrupted, exit_code::interrupted);
+#undef ZINF_ERROR_KIND
+
+// Throws the error kind that fits errno after a failed system call on `path`:
+// ENOENT -> MissingInputError, EEXIST/ENOSPC/EACCES/EROFS on create -> CreateError,
+// anything else -> IoError. `call` names the system call ("open", "pread").
+[[noreturn]] void throw_errno(std::string_view call, int err, const std::string& path = {},
+                              std::optional<std::uint64_t> offset = {}, bool creating = false);
+
+// ---------------------------------------------------------------------------
+// Sizes and durations.
+//
+// parse_size: "4096", "512k", "1M", "4GiB", "2T" are binary (k = 1024);
+// "1kB", "5MB", "2GB", "1TB" are decimal; a trailing "B" or "iB" is optional for
+// binary units. Throws UsageError naming the text on anything else or overflow.
+std::uint64_t parse_size(std::string_view text);
+// 1048576 -> "1MiB", 1536 -> "1.5KiB", 1000 -> "1000B": the shortest exact binary
+// form when there is one, else one decimal.
+std::string format_size(std::uint64_t bytes);
+// "10s", "500ms", "2m", "1h", "250us", plain number = seconds (may be fractional).
+std::chrono::nanoseconds parse_duration(std::string_view text);
+
+inline constexpr std::uint64_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+constexpr std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+constexpr bool is_aligned(std::uint64_t v, std::uint64_t a) { return v % a == 0; }
+inline bool is_aligned(const void* p, std::uint64_t a) {
+    return reinterpret_cast<std::uintptr_t>(p) % a == 0;
+}
+constexpr bool is_pow2(std::uint64_t v) { return v && !(v & (v - 1)); }
+
+// ---------------------------------------------------------------------------
+// RAII kernel handles. Move-only; factories are named after the system call;
+// each method wraps one call and throws with its name on failure.
+class Fd {
+public:
+    Fd() = default;
+    explicit Fd(int fd) noexcept : fd_(fd) {}
+    Fd(Fd&& o) noexcept : fd_(o.release()) {}
+    Fd& operator=(Fd&& o) noexcept;
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd();  // closes quietly: call close() yourself after writing
+
+    // open(2); throws MissingInputError/CreateError/IoError naming `path`.
+    static Fd open(const std::string& path, int flags, unsigned mode = 0644);
+
+    int get() const noexcept { return fd_; }
+    explicit operator bool() const noexcept { return fd_ >= 0; }
+    int release() noexcept { int f = fd_; fd_ = -1; return f; }
+    // close(2), checked: a failed close after writing is an I/O error.
+    void close(const std::string& path_for_errors = {});
+
+private:
+    int fd_ = -1;
+};
+
+class Mmap {
+public:
+    Mmap() = default;
+    Mmap(Mmap&& o) noexcept;
+    Mmap& operator=(Mmap&& o) noexcept;
+    Mmap(const Mmap&) = delete;
+    Mmap& operator=(const Mmap&) = delete;
+    ~Mmap();
+
+    // Private anonymous mapping; `populate` pre-faults it (MAP_POPULATE).
+    static Mmap anonymous(std::size_t bytes, bool populate = false);
+    // Shared read-only mapping of a whole file.
+    static Mmap file_readonly(const Fd& fd, std::size_t bytes, const std::string& path);
+
+    std::span<std::byte> bytes() const noexcept { return {static_cast<std::byte*>(addr_), len_}; }
+    std::byte* data() const noexcept { return static_cast<std::byte*>(addr_); }
+    std::size_t size() const noexcept { return len_; }
+    // mlock(2); returns the errno on failure instead of throwing, because callers
+    // degrade (run unlocked and say so) rather than fail.
+    int lock() noexcept;
+    bool locked() const noexcept { return locked_; }
+
+private:
+    void* addr_ = nullptr;
+    std::size_t len_ = 0;
+    bool locked_ = false;
+};
+
+// A zero-filled buffer aligned to `align` (a power of two); page-aligned memory
+// from mmap so that any direct-I/O alignment is met.
+class AlignedBuffer {
+public:
+    AlignedBuffer() = default;
+    static AlignedBuffer allocate(std::size_t bytes, std::size_t align = 4096);
+    std::span<std::byte> bytes() const noexcept { return map_.bytes().first(size_); }
+    std::byte* data() const noexcept { return map_.data(); }
+    std::size_t size() const noexcept { return size_; }
+
+private:
+    Mmap map_;
+    std::size_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Logging: stderr only, one line per call, prefixed with the program name.
+enum class LogLevel { quiet = 0, warn = 1, info = 2, debug = 3 };
+
+namespace log {
+void set_program(std::string name);  // "zinf-nvmebench"
+const std::string& program();
+void set_level(LogLevel level);
+LogLevel level();
+void warn(const std::string& msg);
+void info(const std::string& msg);
+void debug(const std::string& msg);
+// Warns only the first time `key` is seen in this process.
+void warn_once(const std::string& key, const std::string& msg);
+// Serialises writers to stderr (the progress bar shares it).
+std::mutex& stderr_mutex();
+}  // namespace log
+
+// Progress bar on stderr: drawn only when stderr is a TTY and the log level is
+// info or louder; otherwise every method is a no-op. Thread-safe `advance`.
+class Progress {
+public:
+    Progress(std::string label, std::uint64_t total_bytes);
+    ~Progress();  // erases the bar
+    void advance(std::uint64_t bytes);
+    void finish();
+    static bool enabled();
+
+private:
+    void draw(bool force);
+    std::string label_;
+    std::uint64_t total_;
+    std::uint64_t done_ = 0;
+    bool active_;
+    std::chrono::steady_clock::time_point start_, last_draw_;
+    std::mutex mu_;
+};
+
+// ---------------------------------------------------------------------------
+class Timer {
+public:
+    Timer() : t0_(std::chrono::steady_clock::now()) {}
+    void reset() { t0_ = std::chrono::steady_clock::now(); }
+    double seconds() const {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    }
+
+private:
+    std::chrono::steady_clock::time_point t0_;
+};
+
+// ---------------------------------------------------------------------------
+// JSON helpers over nlohmann-json.
+namespace json {
+using Json = nlohmann::json;
+// One compact record and a newline, as JSON Lines want.
+std::string line(const Json& record);
+// Parses one JSON Lines record; DataError names `source` and the 1-based line.
+Json parse_line(std::string_view text, const std::string& source, std::size_t line_no);
+// Reads every non-blank line of a JSON Lines stream.
+std::vector<Json> read_lines(std::istream& in, const std::string& source);
+// Typed field access that names the key, the record's source and line on error.
+std::uint64_t get_u64(const Json& obj, const std::string& key, const std::string& where);
+std::string get_string(const Json& obj, const std::string& key, const std::string& where);
+}  // namespace json
+
+// ---------------------------------------------------------------------------
+// xxh3 (64-bit) helpers over xxHash.
+std::uint64_t xxh3(std::span<const std::byte> data, std::uint64_t seed = 0);
+std::string hex64(std::uint64_t v);  // 16 lower-case hex digits
+// Parses hex64's output; DataError on anything else.
+std::uint64_t parse_hex64(std::string_view text);
+
+class Xxh3Stream {
+public:
+    explicit Xxh3Stream(std::uint64_t seed = 0);
+    ~Xxh3Stream();
+    Xxh3Stream(const Xxh3Stream&) = delete;
+    Xxh3Stream& operator=(const Xxh3Stream&) = delete;
+    void update(std::span<const std::byte> data);
+    std::uint64_t digest() const;
+
+private:
+    void* state_;
+};
+
+// The library's version, from the Makefile.
+const char* version();
+
+}  // namespace zinf

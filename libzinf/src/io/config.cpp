@@ -1,0 +1,64 @@
+#include <zinf/io.hpp>
+
+#include <set>
+
+namespace zinf::io {
+
+void EngineConfig::validate() const {
+    if (engine != "auto" && engine != "uring" && engine != "threads")
+        throw UsageError("engine '" + engine + "' is not one of: auto, uring, threads");
+    if (block_size < 512 || block_size % 512 != 0)
+        throw UsageError("block_size " + std::to_string(block_size) +
+                         " must be a positive multiple of 512 bytes");
+    if (block_size > GiB)
+        throw UsageError("block_size " + format_size(block_size) + " exceeds the 1GiB maximum");
+    if (queue_depth < 1 || queue_depth > 4096)
+        throw UsageError("queue_depth " + std::to_string(queue_depth) + " must be in 1..4096");
+    if (queues < 1 || queues > 64)
+        throw UsageError("queues " + std::to_string(queues) + " must be in 1..64");
+}
+
+EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& where) {
+    if (!obj.is_object()) throw DataError(where + ": an engine configuration must be a JSON object");
+    static const std::set<std::string> known = {"schema", "engine", "block_size", "queue_depth",
+                                                "queues"};
+    for (const auto& [key, value] : obj.items()) {
+        if (!known.count(key))
+            throw DataError(where + ": unknown engine configuration key '" + key +
+                            "' (known: engine, block_size, queue_depth, queues)");
+    }
+    if (obj.contains("schema") && obj["schema"] != kEngineSchema)
+        throw DataError(where + ": schema " + obj["schema"].dump() + " is not " + kEngineSchema);
+    EngineConfig c;
+    if (obj.contains("engine")) c.engine = json::get_string(obj, "engine", where);
+    if (obj.contains("block_size")) {
+        // Accept both a byte count and a size string ("1MiB").
+        const auto& v = obj["block_size"];
+        c.block_size = v.is_string() ? parse_size(v.get<std::string>())
+                                     : json::get_u64(obj, "block_size", where);
+    }
+    if (obj.contains("queue_depth"))
+        c.queue_depth = static_cast<unsigned>(json::get_u64(obj, "queue_depth", where));
+    if (obj.contains("queues")) c.queues = static_cast<unsigned>(json::get_u64(obj, "queues", where));
+    try {
+        c.validate();
+    } catch (const UsageError& e) {
+        throw DataError(where + ": " + e.message());
+    }
+    return c;
+}
+
+json::Json EngineConfig::to_json() const {
+    return json::Json{{"schema", kEngineSchema},
+                      {"engine", engine},
+                      {"block_size", block_size},
+                      {"queue_depth", queue_depth},
+                      {"queues", queues}};
+}
+
+std::string EngineConfig::describe() const {
+    return engine + " bs=" + format_size(block_size) + " qd=" + std::to_string(queue_depth) +
+           " queues=" + std::to_string(queues);
+}
+
+}  // namespace zinf::io

@@ -1,0 +1,190 @@
+#include "internal.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <fcntl.h>
+#include <fstream>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+namespace zinf::io {
+namespace {
+
+std::atomic<std::uint64_t> g_next_file_id{1};
+
+// The logical block size of the device holding `dev`, from sysfs; 0 when unknown.
+std::size_t sysfs_logical_block_size(dev_t dev) {
+    const std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" +
+                             std::to_string(minor(dev));
+    // A partition's queue/ lives in its parent device's folder.
+    for (const char* rel : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
+        std::ifstream in(base + rel);
+        std::size_t v = 0;
+        if (in >> v && v > 0 && is_pow2(v)) return v;
+    }
+    return 0;
+}
+
+struct Alignment {
+    std::size_t offset = 0;
+    std::size_t memory = 0;
+};
+
+// Direct-I/O alignment: statx's DIO fields where the kernel reports them (6.1+),
+// else the device's logical block size, else the page size.
+Alignment probe_alignment(int fd) {
+    Alignment a;
+#ifdef STATX_DIOALIGN
+    struct statx stx {};
+    if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN) &&
+        stx.stx_dio_offset_align > 0) {
+        a.offset = stx.stx_dio_offset_align;
+        a.memory = stx.stx_dio_mem_align;
+    }
+#endif
+    if (a.offset == 0) {
+        struct stat st {};
+        if (::fstat(fd, &st) == 0) a.offset = sysfs_logical_block_size(st.st_dev);
+    }
+    if (a.offset == 0) a.offset = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    if (a.memory == 0) a.memory = a.offset;
+    return a;
+}
+
+int open_flags(const OpenOptions& o) {
+    int f = o.access == Access::read ? O_RDONLY : o.access == Access::write ? O_WRONLY : O_RDWR;
+    if (o.create) f |= O_CREAT;
+    if (o.create && o.exclusive) f |= O_EXCL;
+    if (o.truncate) f |= O_TRUNC;
+    return f;
+}
+
+}  // namespace
+
+int File::Impl::take_fault(Op op) {
+    std::lock_guard lk(fault_mu);
+    std::uint64_t n = op == Op::read ? ++nth_read : ++nth_write;
+    for (auto it = faults.begin(); it != faults.end(); ++it) {
+        if (it->op != op || it->nth != n) continue;
+        int err = it->err;
+        faults.erase(it);
+        if (faults.empty()) has_faults = false;
+        return err > 0 ? err : -1;
+    }
+    return 0;
+}
+
+File File::open(const std::string& path, const OpenOptions& opts) {
+    auto impl = std::make_unique<Impl>();
+    impl->path = path;
+    impl->id = g_next_file_id++;
+    const int flags = open_flags(opts);
+    if (opts.direct != Direct::buffered) {
+        int fd;
+        do {
+            fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, opts.mode);
+        } while (fd < 0 && errno == EINTR);
+        if (fd >= 0) {
+            impl->fd = Fd(fd);
+            impl->direct = true;
+        } else if (errno != EINVAL) {
+            throw_errno("open", errno, path, {}, opts.create);
+        } else if (opts.direct == Direct::require) {
+            throw IoError("the file system refuses O_DIRECT (direct I/O was required)",
+                          {EINVAL, path, {}, -1});
+        } else if (opts.create && opts.exclusive) {
+            // O_EXCL|O_CREAT with O_DIRECT may have created the file before the
+            // O_DIRECT refusal on some file systems; it is ours, so reopen without O_EXCL.
+            OpenOptions again = opts;
+            again.exclusive = false;
+            int fd2 = ::open(path.c_str(), open_flags(again) | O_CLOEXEC, opts.mode);
+            if (fd2 < 0) throw_errno("open", errno, path, {}, true);
+            impl->fd = Fd(fd2);
+        }
+    }
+    if (!impl->fd) impl->fd = Fd::open(path, flags, opts.mode);
+
+    Alignment a = probe_alignment(impl->fd.get());
+    impl->dio_align = a.offset;
+    if (impl->direct) {
+        impl->align = a.offset;
+        impl->mem_align = a.memory;
+    } else if (opts.direct == Direct::prefer) {
+        struct stat st {};
+        ::fstat(impl->fd.get(), &st);
+        log::warn_once("nodirect:" + std::to_string(st.st_dev),
+                       path + ": the file system refuses O_DIRECT; using buffered I/O "
+                              "(through the page cache) for files there");
+    }
+    File f;
+    f.impl_ = std::move(impl);
+    return f;
+}
+
+File::File() = default;
+File::File(File&&) noexcept = default;
+File& File::operator=(File&&) noexcept = default;
+File::~File() = default;
+
+namespace {
+File::Impl& need(const std::unique_ptr<File::Impl>& p) {
+    if (!p) throw InternalError("operation on a closed zinf::io::File");
+    return *p;
+}
+}  // namespace
+
+const std::string& File::path() const { return need(impl_).path; }
+int File::fd() const { return need(impl_).fd.get(); }
+bool File::direct() const { return need(impl_).direct; }
+std::size_t File::alignment() const { return need(impl_).align; }
+std::size_t File::memory_alignment() const { return need(impl_).mem_align; }
+std::size_t File::dio_alignment() const { return need(impl_).dio_align; }
+
+std::uint64_t File::size() const {
+    struct stat st {};
+    if (::fstat(fd(), &st) != 0) throw_errno("fstat", errno, path());
+    return static_cast<std::uint64_t>(st.st_size);
+}
+
+void File::preallocate(std::uint64_t bytes) {
+    if (bytes == 0) return;
+    if (::fallocate(fd(), 0, 0, static_cast<off_t>(bytes)) == 0) return;
+    int err = errno;
+    if (err != EOPNOTSUPP && err != ENOSYS) throw_errno("fallocate", err, path(), {}, true);
+    log::warn_once("nofallocate:" + path(),
+                   path() + ": the file system cannot preallocate (fallocate unsupported); "
+                            "extending the file instead");
+    if (size() < bytes) truncate(bytes);
+}
+
+void File::truncate(std::uint64_t bytes) {
+    if (::ftruncate(fd(), static_cast<off_t>(bytes)) != 0) throw_errno("ftruncate", errno, path());
+}
+
+void File::sync() {
+    if (::fdatasync(fd()) != 0) throw_errno("fdatasync", errno, path());
+}
+
+void File::close() {
+    if (!impl_) return;
+    std::unique_ptr<Impl> impl = std::move(impl_);
+    impl->fd.close(impl->path);
+}
+
+void File::inject_fault(const Fault& fault) {
+    if (fault.nth == 0) throw UsageError("fault injection: nth is 1-based");
+    Impl& i = need(impl_);
+    std::lock_guard lk(i.fault_mu);
+    i.faults.push_back(fault);
+    i.has_faults = true;
+}
+
+void File::clear_faults() {
+    Impl& i = need(impl_);
+    std::lock_guard lk(i.fault_mu);
+    i.faults.clear();
+    i.has_faults = false;
+}
+
+}  // namespace zinf::io

@@ -1,0 +1,102 @@
+#include <zinf/util.hpp>
+
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace zinf {
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = o.release();
+    }
+    return *this;
+}
+
+Fd::~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+Fd Fd::open(const std::string& path, int flags, unsigned mode) {
+    int fd;
+    do {
+        fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) throw_errno("open", errno, path, {}, (flags & O_CREAT) != 0);
+    return Fd(fd);
+}
+
+void Fd::close(const std::string& path_for_errors) {
+    if (fd_ < 0) return;
+    int fd = release();
+    // Linux releases the descriptor even when close fails; never retry it.
+    if (::close(fd) != 0 && errno != EINTR) throw_errno("close", errno, path_for_errors);
+}
+
+Mmap::Mmap(Mmap&& o) noexcept : addr_(o.addr_), len_(o.len_), locked_(o.locked_) {
+    o.addr_ = nullptr;
+    o.len_ = 0;
+    o.locked_ = false;
+}
+
+Mmap& Mmap::operator=(Mmap&& o) noexcept {
+    if (this != &o) {
+        if (addr_) ::munmap(addr_, len_);
+        addr_ = o.addr_;
+        len_ = o.len_;
+        locked_ = o.locked_;
+        o.addr_ = nullptr;
+        o.len_ = 0;
+        o.locked_ = false;
+    }
+    return *this;
+}
+
+Mmap::~Mmap() {
+    if (addr_) ::munmap(addr_, len_);
+}
+
+Mmap Mmap::anonymous(std::size_t bytes, bool populate) {
+    Mmap m;
+    if (bytes == 0) return m;
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (p == MAP_FAILED)
+        throw IoError("mmap of " + format_size(bytes) + " anonymous memory failed", {errno, {}, {}, -1});
+    m.addr_ = p;
+    m.len_ = bytes;
+    return m;
+}
+
+Mmap Mmap::file_readonly(const Fd& fd, std::size_t bytes, const std::string& path) {
+    Mmap m;
+    if (bytes == 0) return m;
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) throw_errno("mmap", errno, path);
+    m.addr_ = p;
+    m.len_ = bytes;
+    return m;
+}
+
+int Mmap::lock() noexcept {
+    if (!addr_ || locked_) return 0;
+    if (::mlock(addr_, len_) != 0) return errno;
+    locked_ = true;
+    return 0;
+}
+
+AlignedBuffer AlignedBuffer::allocate(std::size_t bytes, std::size_t align) {
+    if (!is_pow2(align))
+        throw UsageError("buffer alignment " + std::to_string(align) + " is not a power of two");
+    long page = ::sysconf(_SC_PAGESIZE);
+    if (align > static_cast<std::size_t>(page))
+        throw UsageError("buffer alignment " + format_size(align) + " exceeds the page size");
+    AlignedBuffer b;
+    b.map_ = Mmap::anonymous(align_up(std::max<std::size_t>(bytes, 1), page));
+    b.size_ = bytes;
+    return b;
+}
+
+}  // namespace zinf

@@ -1,0 +1,52 @@
+#include <zinf/util.hpp>
+
+#include <istream>
+
+namespace zinf::json {
+
+std::string line(const Json& record) { return record.dump() + "\n"; }
+
+Json parse_line(std::string_view text, const std::string& source, std::size_t line_no) {
+    try {
+        Json j = Json::parse(text);
+        if (!j.is_object())
+            throw DataError("line " + std::to_string(line_no) + ": a record must be a JSON object",
+                            {0, source, {}, -1});
+        return j;
+    } catch (const Json::parse_error& e) {
+        throw DataError("line " + std::to_string(line_no) + ": invalid JSON: " + e.what(),
+                        {0, source, {}, -1});
+    }
+}
+
+std::vector<Json> read_lines(std::istream& in, const std::string& source) {
+    std::vector<Json> out;
+    std::string text;
+    std::size_t n = 0;
+    while (std::getline(in, text)) {
+        ++n;
+        if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+        out.push_back(parse_line(text, source, n));
+    }
+    if (in.bad()) throw IoError("read failed", {errno, source, {}, -1});
+    return out;
+}
+
+std::uint64_t get_u64(const Json& obj, const std::string& key, const std::string& where) {
+    auto it = obj.find(key);
+    if (it == obj.end()) throw DataError(where + ": missing key '" + key + "'");
+    if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<std::int64_t>() >= 0))
+        throw DataError(where + ": key '" + key + "' must be a non-negative integer, got " +
+                        it->dump());
+    return it->get<std::uint64_t>();
+}
+
+std::string get_string(const Json& obj, const std::string& key, const std::string& where) {
+    auto it = obj.find(key);
+    if (it == obj.end()) throw DataError(where + ": missing key '" + key + "'");
+    if (!it->is_string())
+        throw DataError(where + ": key '" + key + "' must be a string, got " + it->dump());
+    return it->get<std::string>();
+}
+
+}  // namespace zinf::json
