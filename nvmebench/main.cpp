@@ -18,7 +18,7 @@ namespace {
 struct Options {
     std::string dir = ".";
     std::string file;
-    std::string size = "512MiB";
+    std::string size = "1GiB";
     std::string rw = "both";
     std::vector<std::string> block_sizes = {"128KiB", "1MiB", "8MiB"};
     std::vector<unsigned> queue_depths = {4, 32};
@@ -148,8 +148,7 @@ int main(int argc, char** argv) {
     Options o;
     cli::Common common;
     cli::add_common(app, common);
-    auto* dir = app.add_option("--dir", o.dir, "Directory to create the test file in")
-                    ->check(CLI::ExistingDirectory);
+    auto* dir = app.add_option("--dir", o.dir, "Directory to create the test file in");
     app.add_option("--file", o.file,
                    "Use this file instead; an existing file is written only with --force")
         ->excludes(dir);

@@ -19,6 +19,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace zinf::io {
 
@@ -63,13 +65,23 @@ struct OpenOptions {
 };
 
 // Fault injection for tests: the `nth` (1-based) read or write piece submitted
-// on the file fails with `err`, or, when `err` is 0, comes back short (the
-// kernel is asked for half the piece, so the engine must finish the rest).
+// on the file fails with `err`; or, when `err` is 0, comes back short (the
+// kernel is asked for half the piece, so the engine must finish the rest); or,
+// with `corrupt`, a read succeeds but one byte of it is flipped (silent
+// corruption, which checksums must catch).
+//
+// Programs take faults from the environment too, for end-to-end tests:
+//   ZINF_FAULTS="read:3:EIO,write:2:short,read:5:corrupt"
+// applies to every file the process opens (each file counts its own pieces).
 struct Fault {
     Op op = Op::read;
     std::uint64_t nth = 1;
     int err = 0;
+    bool corrupt = false;
 };
+
+// Parses ZINF_FAULTS syntax; UsageError naming the bad item.
+std::vector<Fault> parse_faults(std::string_view spec);
 
 class File {
 public:
@@ -131,7 +143,8 @@ class Engine;
 // RAII registration of a buffer or a file with the engine's rings (io_uring
 // fixed buffers and registered files); released on destruction. Registration is
 // an optimisation: an engine that cannot register (threads backend, kernel
-// limits) returns an inactive registration and I/O works unchanged.
+// limits) returns an inactive registration and I/O works unchanged. Releasing
+// a registration waits for the engine's requests in flight, which may use it.
 class Registration {
 public:
     Registration() = default;

@@ -52,11 +52,16 @@ struct Engine::Impl final : detail::Completer {
         if (r.failed.load(std::memory_order_relaxed)) return {Submission::skip, 0, 0};
         std::size_t want = p.len - p.done;
         if (r.file->has_faults.load(std::memory_order_relaxed)) {
-            int f = r.file->take_fault(r.op);
-            if (f > 0) return {Submission::fail, f, 0};
-            if (f < 0) {
+            int err = 0;
+            switch (r.file->take_fault(r.op, err)) {
+            case File::Impl::FaultAction::none: break;
+            case File::Impl::FaultAction::fail: return {Submission::fail, err, 0};
+            case File::Impl::FaultAction::corrupt: p.corrupt = true; break;
+            case File::Impl::FaultAction::shorten: {
                 std::size_t half = align_down(want / 2, r.file->align);
                 if (half > 0) want = half;
+                break;
+            }
             }
         }
         return {Submission::io, 0, want};
@@ -88,6 +93,7 @@ struct Engine::Impl final : detail::Completer {
             n_short.fetch_add(1, std::memory_order_relaxed);
             return true;
         }
+        if (p.corrupt) p.buf[p.len / 2] ^= std::byte{0x5a};
         finish(p);
         return false;
     }
@@ -190,7 +196,7 @@ Engine::~Engine() {
     for (auto& q : m.queues) q->stop();
     for (auto& [id, r] : m.live) {
         if (r->failed.load())
-            log::warn("an I/O error was never waited for: " + r->file->path + ": " + r->err_msg);
+            log::warn(std::string("an I/O error was never waited for (ticket ") + std::to_string(id) + "): " + IoError(r->err_msg, {r->err, r->file->path, r->err_offset, -1}).what());
     }
 }
 
@@ -395,9 +401,15 @@ Registration Engine::register_file(File& file) {
 
 void Engine::unregister(Registration::Kind kind, unsigned slot) {
     Impl& m = *impl_;
+    // Requests already cut carry the slot number and may not be submitted yet:
+    // let every request in flight finish before the slot is emptied.
+    std::vector<std::shared_ptr<Request>> inflight;
+    {
+        std::lock_guard lk(m.mu);
+        for (auto& [id, r] : m.live) inflight.push_back(r);
+    }
+    for (auto& r : inflight) m.await(*r);
     std::lock_guard lk(m.reg_mu);
-    // Requests already cut keep their slot numbers; the kernel holds its own
-    // reference to the registered resource until those pieces complete.
     if (kind == Registration::Kind::buffer) {
         for (auto& q : m.queues) q->update_buffer(slot, nullptr, 0);
         std::erase_if(m.buffers, [&](const Impl::BufferRange& b) { return b.slot == slot; });

@@ -1,7 +1,9 @@
 #include "internal.hpp"
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
 #include <sys/stat.h>
@@ -62,17 +64,65 @@ int open_flags(const OpenOptions& o) {
 
 }  // namespace
 
-int File::Impl::take_fault(Op op) {
+File::Impl::FaultAction File::Impl::take_fault(Op op, int& err) {
     std::lock_guard lk(fault_mu);
     std::uint64_t n = op == Op::read ? ++nth_read : ++nth_write;
     for (auto it = faults.begin(); it != faults.end(); ++it) {
         if (it->op != op || it->nth != n) continue;
-        int err = it->err;
+        const Fault f = *it;
         faults.erase(it);
         if (faults.empty()) has_faults = false;
-        return err > 0 ? err : -1;
+        err = f.err;
+        if (f.err > 0) return FaultAction::fail;
+        return f.corrupt ? FaultAction::corrupt : FaultAction::shorten;
     }
-    return 0;
+    return FaultAction::none;
+}
+
+std::vector<Fault> parse_faults(std::string_view spec) {
+    static const std::pair<const char*, int> errnos[] = {
+        {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EINVAL", EINVAL}, {"EBADF", EBADF},
+        {"EFAULT", EFAULT}, {"EAGAIN", EAGAIN}, {"EINTR", EINTR}, {"ENODATA", ENODATA},
+        {"EROFS", EROFS}, {"EDQUOT", EDQUOT}};
+    std::vector<Fault> out;
+    std::size_t start = 0;
+    while (start <= spec.size()) {
+        std::size_t end = spec.find(',', start);
+        if (end == std::string_view::npos) end = spec.size();
+        std::string item(spec.substr(start, end - start));
+        start = end + 1;
+        if (item.empty()) continue;
+        auto bad = [&] {
+            return UsageError("ZINF_FAULTS: bad item '" + item +
+                              "' (want op:nth:kind, op read|write, kind short|corrupt|EIO|ENOSPC|...)");
+        };
+        std::size_t a = item.find(':'), b = item.find(':', a == std::string::npos ? a : a + 1);
+        if (a == std::string::npos || b == std::string::npos) throw bad();
+        std::string op = item.substr(0, a), nth = item.substr(a + 1, b - a - 1), kind = item.substr(b + 1);
+        Fault f;
+        if (op == "read") f.op = Op::read;
+        else if (op == "write") f.op = Op::write;
+        else throw bad();
+        try {
+            std::size_t used = 0;
+            f.nth = std::stoull(nth, &used);
+            if (used != nth.size() || f.nth == 0) throw bad();
+        } catch (const std::logic_error&) {
+            throw bad();
+        }
+        if (kind == "short") {
+        } else if (kind == "corrupt") {
+            if (f.op != Op::read) throw bad();
+            f.corrupt = true;
+        } else {
+            auto it = std::find_if(std::begin(errnos), std::end(errnos),
+                                   [&](auto& e) { return kind == e.first; });
+            if (it == std::end(errnos)) throw bad();
+            f.err = it->second;
+        }
+        out.push_back(f);
+    }
+    return out;
 }
 
 File File::open(const std::string& path, const OpenOptions& opts) {
@@ -116,6 +166,10 @@ File File::open(const std::string& path, const OpenOptions& opts) {
         log::warn_once("nodirect:" + std::to_string(st.st_dev),
                        path + ": the file system refuses O_DIRECT; using buffered I/O "
                               "(through the page cache) for files there");
+    }
+    if (const char* env = std::getenv("ZINF_FAULTS"); env && *env) {
+        impl->faults = parse_faults(env);
+        impl->has_faults = !impl->faults.empty();
     }
     File f;
     f.impl_ = std::move(impl);
@@ -174,6 +228,7 @@ void File::close() {
 
 void File::inject_fault(const Fault& fault) {
     if (fault.nth == 0) throw UsageError("fault injection: nth is 1-based");
+    if (fault.corrupt && fault.op != Op::read) throw UsageError("fault injection: only reads corrupt");
     Impl& i = need(impl_);
     std::lock_guard lk(i.fault_mu);
     i.faults.push_back(fault);

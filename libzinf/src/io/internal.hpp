@@ -32,9 +32,9 @@ struct File::Impl {
     std::vector<Fault> faults;
     std::uint64_t nth_read = 0, nth_write = 0;  // pieces submitted so far, under fault_mu
 
-    // Called once per piece submission when has_faults: 0 = no fault, >0 = fail
-    // with that errno, -1 = make this one short.
-    int take_fault(Op op);
+    // Called once per piece submission when has_faults.
+    enum class FaultAction { none, fail, shorten, corrupt };
+    FaultAction take_fault(Op op, int& err);
 };
 
 namespace detail {
@@ -49,6 +49,7 @@ struct Piece {
     std::size_t done = 0;      // bytes already transferred
     int buf_slot = -1;         // registered buffer index, -1 when none
     unsigned retries = 0;      // EAGAIN/EINTR resubmissions so far
+    bool corrupt = false;      // fault injection: flip a byte when the read completes
 };
 
 struct Request {

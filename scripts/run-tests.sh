@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs every test suite and ends with one line "N passed, N failed[, N skipped]"
+# that sums them all; exits non-zero when anything failed.
+#   unit: build/tests/test_* (Boost.Test), one per library module
+#   e2e:  tests/e2e/*.sh (shell; pipes the programs), each printing
+#         "# e2e-result PASSED FAILED SKIPPED" as its last line
+# Each suite runs under a timeout, so a hang is a failure, never a stuck CI.
+set -u
+cd "$(dirname "$0")/.."
+
+unit_timeout=${ZINF_UNIT_TIMEOUT:-600}
+e2e_timeout=${ZINF_E2E_TIMEOUT:-600}
+passed=0 failed=0 skipped=0
+failed_suites=()
+
+tally() {  # name passed failed skipped
+  printf '# %-28s %4d passed, %d failed, %d skipped\n' "$1" "$2" "$3" "$4"
+  passed=$((passed + $2)) failed=$((failed + $3)) skipped=$((skipped + $4))
+  (($3 > 0)) && failed_suites+=("$1")
+  return 0
+}
+
+attr() {  # attribute value from the first <TestSuite ...> element of a Boost XML report
+  grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+'
+}
+
+for t in build/tests/test_*; do
+  [[ -x $t ]] || continue
+  name=unit/$(basename "$t")
+  echo "# running $name"
+  xml=$(mktemp)
+  timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \
+    --report_format=XML --report_level=detailed --report_sink="$xml"
+  rc=$?
+  if [[ -s $xml ]] && grep -q "<TestSuite" "$xml"; then
+    p=$(attr test_cases_passed "$xml") f=$(attr test_cases_failed "$xml")
+    s=$(attr test_cases_skipped "$xml") a=$(attr test_cases_aborted "$xml")
+    f=$((f + a))
+    # A crash after the report, or a non-zero exit with nothing failed, still fails.
+    ((rc != 0 && f == 0)) && f=1
+    tally "$name" "$p" "$f" "$s"
+  else
+    echo "# $name: no report (exit $rc$( ((rc == 124)) && echo ", timed out after ${unit_timeout}s"))"
+    tally "$name" 0 1 0
+  fi
+  rm -f "$xml"
+done
+
+for t in tests/e2e/*.sh; do
+  [[ -f $t ]] || continue
+  name=e2e/$(basename "$t" .sh)
+  echo "# running $name"
+  out=$(mktemp)
+  timeout --kill-after=10 "$e2e_timeout" bash "$t" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  line=$(grep '^# e2e-result ' "$out" | tail -n 1)
+  if [[ -n $line ]]; then
+    read -r _ _ p f s <<<"$line"
+    ((rc != 0 && f == 0)) && f=1
+    tally "$name" "$p" "$f" "$s"
+  else
+    echo "# $name: ended without a result line (exit $rc)"
+    tally "$name" 0 1 0
+  fi
+  rm -f "$out"
+done
+
+((${#failed_suites[@]})) && echo "# failed: ${failed_suites[*]}"
+if ((skipped > 0)); then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+((failed == 0))

@@ -1,0 +1,494 @@
+// Unit tests of libzinf io: File (O_DIRECT and its fallback) and Engine on both
+// backends: round trips at awkward sizes, many concurrent mixed tickets,
+// injected errors and short transfers, misalignment, registration.
+#define BOOST_TEST_MODULE io
+#include "testing.hpp"
+
+#include <zinf/io.hpp>
+
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+using namespace zinf;
+using namespace zinf::io;
+namespace utf = boost::unit_test;
+
+namespace {
+
+bool have_uring() {
+    static const bool ok = uring_available();
+    return ok;
+}
+
+struct UringPresent {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        std::string why;
+        boost::test_tools::assertion_result r(uring_available(&why));
+        if (!r) r.message() << "io_uring is not available here: " << why;
+        return r;
+    }
+};
+
+EngineConfig config(const std::string& engine, std::uint64_t bs, unsigned qd, unsigned queues) {
+    EngineConfig c;
+    c.engine = engine;
+    c.block_size = bs;
+    c.queue_depth = qd;
+    c.queues = queues;
+    return c;
+}
+
+File open_rw(const std::string& path, Direct d = Direct::prefer) {
+    OpenOptions o;
+    o.access = Access::read_write;
+    o.create = true;
+    o.direct = d;
+    return File::open(path, o);
+}
+
+std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
+    std::vector<std::byte> v(n);
+    testing::fill_random(v, rng);
+    return v;
+}
+
+// Writes `data` at `offset` and reads it back through `eng`; both directions
+// go through the engine, so a wrong piece boundary or a lost tail shows here.
+void round_trip(Engine& eng, File& f, std::uint64_t offset, std::span<const std::byte> data,
+                std::size_t buf_align) {
+    AlignedBuffer src = AlignedBuffer::allocate(data.size(), 4096);
+    AlignedBuffer dst = AlignedBuffer::allocate(data.size() + buf_align, 4096);
+    std::copy(data.begin(), data.end(), src.data());
+    eng.wait(eng.write(f, offset, src.bytes()));
+    auto out = dst.bytes().first(data.size());
+    eng.wait(eng.read(f, offset, out));
+    BOOST_TEST(std::equal(data.begin(), data.end(), out.begin()), "round trip of " << data.size()
+                                                                    << " bytes at " << offset);
+}
+
+void unaligned_sizes(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("unaligned_sizes " + engine).c_str()));
+    File f = open_rw(dir.file("a.bin"), Direct::buffered);
+    // Block size 4KiB, 3 queues: sizes that divide by nothing.
+    Engine eng(config(engine, 4096, 3, 3));
+    BOOST_TEST(eng.config().engine == engine);
+    std::uint64_t offset = 0;
+    for (std::size_t n : {1ul, 17ul, 4095ul, 4097ul, 12289ul, (1ul << 20) + 17, 3ul * 4096 * 7 + 5}) {
+        auto data = random_bytes(n, rng);
+        round_trip(eng, f, offset, data, 1);
+        offset += n + rng() % 1000;
+    }
+    BOOST_TEST(f.size() > 0u);
+}
+
+void direct_round_trip(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("direct_round_trip " + engine).c_str()));
+    File f = open_rw(dir.file("d.bin"));
+    if (!f.direct()) {
+        BOOST_TEST_MESSAGE("the temporary directory refuses O_DIRECT; testing buffered");
+    }
+    const std::size_t a = f.alignment();
+    BOOST_TEST(is_pow2(a));
+    Engine eng(config(engine, 64 * KiB, 4, 2));
+    // Lengths that are aligned but not multiples of the block size: the last
+    // piece is shorter, and nothing is lost at the tail.
+    for (std::size_t n : {a, 3 * a, 64 * KiB + a, MiB + 5 * a}) {
+        auto data = random_bytes(n, rng);
+        round_trip(eng, f, a * (rng() % 64), data, 0);
+    }
+}
+
+void concurrent_mixed(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("concurrent_mixed " + engine).c_str()));
+    File f = open_rw(dir.file("c.bin"));
+    const std::size_t a = std::max<std::size_t>(f.alignment(), 512);
+    constexpr int kRegions = 96;
+    const std::size_t region = 40 * a + a;  // odd number of alignment units
+    // Half the regions written first; then reads of those mixed with writes of
+    // the others, all tickets outstanding at once, waited in random order.
+    AlignedBuffer expect = AlignedBuffer::allocate(kRegions * region, 4096);
+    testing::fill_random(expect.bytes(), rng);
+    Engine eng(config(engine, 8 * a, 5, 3));
+    std::vector<Ticket> first;
+    for (int i = 0; i < kRegions; i += 2)
+        first.push_back(eng.write(f, i * region, expect.bytes().subspan(i * region, region)));
+    for (auto t : first) eng.wait(t);
+
+    AlignedBuffer got = AlignedBuffer::allocate(kRegions * region, 4096);
+    std::vector<Ticket> tickets;
+    for (int i = 0; i < kRegions; ++i) {
+        if (i % 2 == 0)
+            tickets.push_back(eng.read(f, i * region, got.bytes().subspan(i * region, region)));
+        else
+            tickets.push_back(eng.write(f, i * region, expect.bytes().subspan(i * region, region)));
+    }
+    std::shuffle(tickets.begin(), tickets.end(), rng);
+    for (auto t : tickets) eng.wait(t);
+    for (int i = 0; i < kRegions; i += 2)
+        BOOST_TEST(std::memcmp(got.data() + i * region, expect.data() + i * region, region) == 0,
+                   "region " << i);
+    // And the odd regions landed where they should.
+    auto all = AlignedBuffer::allocate(kRegions * region, 4096);
+    eng.wait(eng.read(f, 0, all.bytes()));
+    BOOST_TEST(std::memcmp(all.data(), expect.data(), all.size()) == 0);
+    EngineStats st = eng.stats();
+    BOOST_TEST(st.requests == std::uint64_t(kRegions / 2 + kRegions + 1));
+    BOOST_TEST(st.bytes_written == std::uint64_t(kRegions) * region);
+}
+
+// An injected EIO reaches wait() with the path, the offset of the failed piece
+// and errno; the other pieces of the request are not reported as success.
+void injected_eio(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("injected_eio " + engine).c_str()));
+    File f = open_rw(dir.file("e.bin"));
+    const std::size_t bs = 64 * KiB;
+    Engine eng(config(engine, bs, 2, 2));
+    AlignedBuffer buf = AlignedBuffer::allocate(16 * bs, 4096);
+    testing::fill_random(buf.bytes(), rng);
+    eng.wait(eng.write(f, 0, buf.bytes()));
+
+    // The 3rd read piece of a one-queue engine is the piece at 2*bs.
+    Engine one(config(engine, bs, 1, 1));
+    f.inject_fault({Op::read, 3, EIO});
+    AlignedBuffer out = AlignedBuffer::allocate(16 * bs, 4096);
+    Ticket t = one.read(f, 0, out.bytes());
+    try {
+        one.wait(t);
+        BOOST_FAIL("an injected EIO was not reported");
+    } catch (const IoError& e) {
+        BOOST_TEST(e.err() == EIO);
+        BOOST_TEST(e.path() == f.path());
+        BOOST_REQUIRE(e.offset().has_value());
+        BOOST_TEST(*e.offset() == 2 * bs);
+        BOOST_TEST(std::string(e.what()).find(f.path()) != std::string::npos);
+    }
+    // The engine is still usable, and a write fault reports too.
+    eng.wait(eng.read(f, 0, out.bytes()));
+    BOOST_TEST(std::memcmp(out.data(), buf.data(), out.size()) == 0);
+    f.inject_fault({Op::write, 1, ENOSPC});
+    BOOST_CHECK_EXCEPTION(eng.wait(eng.write(f, 0, buf.bytes())), IoError,
+                          [](const IoError& e) { return e.err() == ENOSPC && e.exit_code() == 74; });
+}
+
+// A short transfer is finished by the engine: the data is whole and the
+// retry is counted.
+void injected_short(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("injected_short " + engine).c_str()));
+    File f = open_rw(dir.file("s.bin"));
+    const std::size_t bs = 256 * KiB;
+    Engine eng(config(engine, bs, 4, 2));
+    auto data = random_bytes(4 * bs + 2 * std::max<std::size_t>(f.alignment(), 512), rng);
+    f.inject_fault({Op::write, 2, 0});
+    f.inject_fault({Op::read, 1, 0});
+    f.inject_fault({Op::read, 4, 0});
+    round_trip(eng, f, 0, data, 0);
+    BOOST_TEST(eng.stats().short_retries >= 3u);
+}
+
+void injected_corruption(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("injected_corruption " + engine).c_str()));
+    File f = open_rw(dir.file("x.bin"));
+    Engine eng(config(engine, 64 * KiB, 2, 1));
+    AlignedBuffer a = AlignedBuffer::allocate(MiB, 4096), b = AlignedBuffer::allocate(MiB, 4096);
+    testing::fill_random(a.bytes(), rng);
+    eng.wait(eng.write(f, 0, a.bytes()));
+    f.inject_fault({Op::read, 2, 0, true});
+    eng.wait(eng.read(f, 0, b.bytes()));  // silent, as real corruption is
+    BOOST_TEST(xxh3(a.bytes()) != xxh3(b.bytes()));
+    int diffs = 0;
+    for (std::size_t i = 0; i < MiB; ++i) diffs += a.data()[i] != b.data()[i];
+    BOOST_TEST(diffs == 1);
+}
+
+void read_past_eof(const std::string& engine) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("eof.bin"), Direct::buffered);
+    Engine eng(config(engine, 4096, 2, 1));
+    std::vector<std::byte> small(1000, std::byte{9}), big(5000);
+    eng.wait(eng.write(f, 0, small));
+    try {
+        eng.wait(eng.read(f, 0, big));
+        BOOST_FAIL("a read past the end of the file succeeded");
+    } catch (const IoError& e) {
+        BOOST_TEST(std::string(e.what()).find("end of file") != std::string::npos);
+        BOOST_TEST(std::string(e.what()).find("the file has 1000 bytes") != std::string::npos);
+        // Either piece may meet the end first: the short one at 1000, or the
+        // one that starts past the end at 4096.
+        BOOST_TEST((*e.offset() == 1000u || *e.offset() == 4096u));
+    }
+}
+
+}  // namespace
+
+#define BOTH_BACKENDS(name)                                                            \
+    BOOST_AUTO_TEST_CASE(name##_uring, *utf::precondition(UringPresent())) { name("uring"); } \
+    BOOST_AUTO_TEST_CASE(name##_threads) { name("threads"); }
+
+BOOST_AUTO_TEST_SUITE(engine)
+BOTH_BACKENDS(unaligned_sizes)
+BOTH_BACKENDS(direct_round_trip)
+BOTH_BACKENDS(concurrent_mixed)
+BOTH_BACKENDS(injected_eio)
+BOTH_BACKENDS(injected_short)
+BOTH_BACKENDS(injected_corruption)
+BOTH_BACKENDS(read_past_eof)
+
+BOOST_AUTO_TEST_CASE(auto_picks_a_backend) {
+    Engine eng(EngineConfig{});
+    BOOST_TEST((eng.config().engine == (have_uring() ? "uring" : "threads")));
+}
+
+BOOST_AUTO_TEST_CASE(misaligned_direct_io_is_refused) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("m.bin"));
+    if (!f.direct()) return;  // nothing to refuse on a buffered file
+    Engine eng(config("auto", 64 * KiB, 2, 1));
+    AlignedBuffer buf = AlignedBuffer::allocate(64 * KiB, 4096);
+    const std::size_t a = f.alignment();
+    auto refused = [&](auto&& submit, const char* what) {
+        try {
+            submit();
+            BOOST_ERROR("misaligned " << what << " was accepted");
+        } catch (const IoError& e) {
+            BOOST_TEST(e.err() == EINVAL);
+            BOOST_TEST(std::string(e.what()).find("misaligned") != std::string::npos);
+        }
+    };
+    refused([&] { eng.write(f, 1, buf.bytes().first(a)); }, "offset");
+    refused([&] { eng.write(f, 0, buf.bytes().first(a + 1)); }, "length");
+    if (f.memory_alignment() > 1)
+        refused([&] { eng.read(f, 0, buf.bytes().subspan(1, a)); }, "buffer");
+    eng.wait(eng.write(f, 0, buf.bytes().first(a)));  // aligned is fine
+}
+
+BOOST_AUTO_TEST_CASE(wait_all_reports_the_first_error_after_everything_finished) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("w.bin"), Direct::buffered);
+    Engine eng(config("auto", 4096, 2, 2));
+    std::vector<std::byte> data(64 * KiB, std::byte{3});
+    eng.wait(eng.write(f, 0, data));
+    std::vector<std::vector<std::byte>> outs(8, std::vector<std::byte>(8 * KiB));
+    f.inject_fault({Op::read, 5, EIO});
+    for (int i = 0; i < 8; ++i) eng.read(f, i * 8 * KiB, outs[i]);
+    BOOST_CHECK_THROW(eng.wait_all(), IoError);
+    // Everything else completed: the buffers hold the data.
+    int whole = 0;
+    for (auto& o : outs) whole += std::all_of(o.begin(), o.end(), [](std::byte b) { return b == std::byte{3}; });
+    BOOST_TEST(whole >= 7);
+    eng.wait_all();  // nothing left: returns at once
+}
+
+BOOST_AUTO_TEST_CASE(a_ticket_is_waited_once) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("t.bin"), Direct::buffered);
+    Engine eng(config("auto", 4096, 2, 1));
+    std::vector<std::byte> data(100, std::byte{1});
+    Ticket t = eng.write(f, 0, data);
+    eng.wait(t);
+    BOOST_CHECK_THROW(eng.wait(t), InternalError);
+    BOOST_CHECK_THROW(eng.ready(Ticket{12345}), InternalError);
+    Ticket e = eng.read(f, 0, std::span<std::byte>{});  // empty request: complete at once
+    BOOST_TEST(eng.ready(e));
+    eng.wait(e);
+}
+
+BOOST_AUTO_TEST_CASE(an_unwaited_failure_does_not_hang_the_destructor) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("u.bin"), Direct::buffered);
+    std::vector<std::byte> data(64 * KiB, std::byte{1});
+    {
+        Engine eng(config("auto", 4096, 2, 2));
+        f.inject_fault({Op::write, 3, EIO});
+        eng.write(f, 0, data);
+    }  // logs the unobserved error and returns
+    BOOST_TEST(true);
+}
+
+BOOST_AUTO_TEST_CASE(sync_waits_for_the_files_writes, *utf::precondition(UringPresent())) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("y.bin"));
+    Engine eng(config("uring", 64 * KiB, 8, 2));
+    AlignedBuffer buf = AlignedBuffer::allocate(4 * MiB, 4096);
+    std::mt19937_64 rng(testing::seed("sync"));
+    testing::fill_random(buf.bytes(), rng);
+    Ticket t = eng.write(f, 0, buf.bytes());
+    eng.sync(f);
+    BOOST_TEST(eng.ready(t));
+    eng.wait(t);
+    BOOST_TEST(f.size() == 4 * MiB);
+}
+
+BOOST_AUTO_TEST_CASE(registered_buffers_and_files, *utf::precondition(UringPresent())) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed("registered"));
+    File f = open_rw(dir.file("r.bin"));
+    Engine eng(config("uring", 128 * KiB, 4, 2));
+    AlignedBuffer src = AlignedBuffer::allocate(2 * MiB, 4096), dst = AlignedBuffer::allocate(2 * MiB, 4096);
+    testing::fill_random(src.bytes(), rng);
+    Registration rs = eng.register_buffer(src.bytes());
+    Registration rd = eng.register_buffer(dst.bytes());
+    Registration rf = eng.register_file(f);
+    eng.wait(eng.write(f, 0, src.bytes()));
+    eng.wait(eng.read(f, 0, dst.bytes()));
+    BOOST_TEST(std::memcmp(src.data(), dst.data(), src.size()) == 0);
+    if (rs.active() && rd.active()) BOOST_TEST(eng.stats().fixed_pieces == 32u);
+    // Released registrations leave plain I/O working.
+    rs.release();
+    rf.release();
+    std::memset(dst.data(), 0, dst.size());
+    eng.wait(eng.read(f, 0, dst.bytes()));
+    BOOST_TEST(std::memcmp(src.data(), dst.data(), src.size()) == 0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(file)
+
+BOOST_AUTO_TEST_CASE(open_errors_have_the_right_kind) {
+    testing::TempDir dir;
+    BOOST_CHECK_THROW(File::open(dir.file("missing")), MissingInputError);
+    File f = open_rw(dir.file("x"));
+    OpenOptions excl;
+    excl.access = Access::read_write;
+    excl.create = excl.exclusive = true;
+    BOOST_CHECK_THROW(File::open(dir.file("x"), excl), CreateError);
+}
+
+BOOST_AUTO_TEST_CASE(direct_reported_truthfully) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("x"));
+    const int fl = ::fcntl(f.fd(), F_GETFL);
+    BOOST_TEST(f.direct() == ((fl & O_DIRECT) != 0));
+    if (f.direct()) {
+        BOOST_TEST(is_pow2(f.alignment()));
+        BOOST_TEST(f.alignment() <= 4096u);
+    } else {
+        BOOST_TEST(f.alignment() == 1u);
+    }
+    BOOST_TEST(is_pow2(f.dio_alignment()));
+    File b = open_rw(dir.file("y"), Direct::buffered);
+    BOOST_TEST(!b.direct());
+    BOOST_TEST((::fcntl(b.fd(), F_GETFL) & O_DIRECT) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(preallocate_and_close) {
+    testing::TempDir dir;
+    File f = open_rw(dir.file("p"));
+    f.preallocate(3 * MiB);
+    BOOST_TEST(f.size() == 3 * MiB);
+    f.close();
+    BOOST_CHECK_THROW(f.fd(), InternalError);
+}
+
+// tmpfs: older kernels refuse O_DIRECT there and newer ones take it; either
+// way the file reports which it got and a round trip works.
+BOOST_AUTO_TEST_CASE(tmpfs_file_works_either_way) {
+    if (!std::filesystem::is_directory("/dev/shm")) return;
+    testing::TempDir dir("/dev/shm");
+    File f = open_rw(dir.file("t"));
+    BOOST_TEST(f.direct() == ((::fcntl(f.fd(), F_GETFL) & O_DIRECT) != 0));
+    Engine eng(config("auto", 64 * KiB, 2, 2));
+    std::mt19937_64 rng(testing::seed("tmpfs"));
+    auto data = random_bytes(256 * KiB, rng);
+    round_trip(eng, f, 0, data, 0);
+}
+
+// ramfs refuses O_DIRECT on every kernel: the fallback to buffered I/O, and
+// Direct::require failing, are checked there. Needs root to mount.
+struct RamfsMount {
+    testing::TempDir dir;
+    bool ok = false;
+    RamfsMount() { ok = ::mount("ramfs", dir.path.c_str(), "ramfs", 0, nullptr) == 0; }
+    ~RamfsMount() {
+        if (ok) ::umount(dir.path.c_str());
+    }
+};
+
+struct CanMountRamfs {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        RamfsMount m;
+        boost::test_tools::assertion_result r(m.ok);
+        if (!r) r.message() << "cannot mount ramfs here (needs root): " << std::strerror(errno);
+        return r;
+    }
+};
+
+BOOST_AUTO_TEST_CASE(o_direct_fallback_on_ramfs, *utf::precondition(CanMountRamfs())) {
+    RamfsMount m;
+    BOOST_REQUIRE(m.ok);
+    const std::string path = m.dir.file("r.bin");
+    File f = open_rw(path);
+    BOOST_TEST(!f.direct());
+    BOOST_TEST(f.alignment() == 1u);
+    std::mt19937_64 rng(testing::seed("ramfs"));
+    auto data = random_bytes(100 * KiB + 3, rng);
+    for (const char* e : {"auto", "threads"}) {
+        if (std::string(e) == "auto" && !have_uring()) continue;
+        Engine eng(config(e, 16 * KiB, 3, 2));
+        round_trip(eng, f, 7, data, 1);
+    }
+    OpenOptions req;
+    req.access = Access::read_write;
+    req.direct = Direct::require;
+    BOOST_CHECK_EXCEPTION(File::open(path, req), IoError, [](const IoError& e) { return e.err() == EINVAL; });
+    // A new exclusive file on a refusing file system is created once, buffered.
+    OpenOptions ex = req;
+    ex.direct = Direct::prefer;
+    ex.create = ex.exclusive = true;
+    File g = File::open(m.dir.file("new.bin"), ex);
+    BOOST_TEST(!g.direct());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(config_and_faults)
+
+BOOST_AUTO_TEST_CASE(engine_config_json_round_trip) {
+    EngineConfig c = config("threads", 8 * MiB, 64, 4);
+    EngineConfig d = EngineConfig::from_json(c.to_json(), "t");
+    BOOST_TEST(d.engine == "threads");
+    BOOST_TEST(d.block_size == 8 * MiB);
+    BOOST_TEST(d.queue_depth == 64u);
+    BOOST_TEST(d.queues == 4u);
+    BOOST_TEST(c.to_json()["schema"] == kEngineSchema);
+    auto s = EngineConfig::from_json(json::Json{{"block_size", "4MiB"}}, "t");
+    BOOST_TEST(s.block_size == 4 * MiB);
+}
+
+BOOST_AUTO_TEST_CASE(engine_config_refuses_unknown_keys_and_bad_values) {
+    // DeepSpeed's sweep printed a key its runtime no longer read; ours refuses.
+    try {
+        EngineConfig::from_json(json::Json{{"engine", "uring"}, {"thread_count", 8}}, "engine.json");
+        BOOST_FAIL("an unknown key was accepted");
+    } catch (const DataError& e) {
+        BOOST_TEST(std::string(e.what()).find("thread_count") != std::string::npos);
+        BOOST_TEST(std::string(e.what()).find("engine.json") != std::string::npos);
+    }
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queue_depth", 0}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queues", -1}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"engine", "libaio"}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"schema", "other/1"}}, "t"), DataError);
+    BOOST_CHECK_THROW(config("uring", 1000, 1, 1).validate(), UsageError);
+    BOOST_CHECK_THROW(config("uring", 2 * GiB, 1, 1).validate(), UsageError);
+}
+
+BOOST_AUTO_TEST_CASE(fault_spec_parsing) {
+    auto f = parse_faults("read:3:EIO,write:2:short,read:5:corrupt");
+    BOOST_REQUIRE(f.size() == 3u);
+    BOOST_TEST((f[0].op == Op::read && f[0].nth == 3u && f[0].err == EIO));
+    BOOST_TEST((f[1].op == Op::write && f[1].err == 0 && !f[1].corrupt));
+    BOOST_TEST(f[2].corrupt);
+    for (const char* bad : {"read", "read:0:EIO", "read:x:EIO", "seek:1:EIO", "read:1:EWHAT",
+                            "write:1:corrupt"})
+        BOOST_CHECK_THROW(parse_faults(bad), UsageError);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

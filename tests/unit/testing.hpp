@@ -1,0 +1,62 @@
+// What the unit tests share: a fresh seed (printed, or ZINF_TEST_SEED), a
+// temporary directory that is removed afterwards, and Boost.Test glue.
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace std {
+// Boost.Test prints values of failed checks; std::byte has no operator<<.
+inline std::ostream& boost_test_print_type(std::ostream& os, std::byte b) {
+    return os << "0x" << std::hex << static_cast<int>(b) << std::dec;
+}
+}  // namespace std
+
+namespace zinf::testing {
+
+// A seed drawn fresh for each test run (never zeros), printed on stderr so a
+// failure can be replayed with ZINF_TEST_SEED=<seed>.
+inline std::uint64_t seed(const char* what) {
+    std::uint64_t s;
+    if (const char* env = std::getenv("ZINF_TEST_SEED"))
+        s = std::strtoull(env, nullptr, 0);
+    else
+        s = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+    std::cerr << "# " << what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")\n";
+    return s;
+}
+
+inline void fill_random(std::span<std::byte> buf, std::mt19937_64& rng) {
+    for (auto& b : buf) b = static_cast<std::byte>(rng());
+}
+
+// A directory under `parent` (default: $TMPDIR or /tmp, a disk that takes
+// O_DIRECT), removed with its contents at the end of the test.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(std::filesystem::path parent = {}) {
+        if (parent.empty()) {
+            const char* t = std::getenv("TMPDIR");
+            parent = t && *t ? t : "/tmp";
+        }
+        std::string tmpl = (parent / "zinf-test-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp in " + parent.string() + " failed");
+        path = tmpl;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+}  // namespace zinf::testing
