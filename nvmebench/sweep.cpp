@@ -31,9 +31,12 @@ std::vector<io::EngineConfig> SweepSpec::configs() const {
 // --- Target --------------------------------------------------------------
 
 namespace {
+// Bytes available in `dir`; max when the file system reports no size at all
+// (ramfs), where only an actual write can tell.
 std::uint64_t free_bytes(const std::string& dir) {
     struct statvfs vs {};
     if (::statvfs(dir.c_str(), &vs) != 0) throw_errno("statvfs", errno, dir);
+    if (vs.f_blocks == 0) return UINT64_MAX;
     return static_cast<std::uint64_t>(vs.f_bavail) * vs.f_frsize;
 }
 }  // namespace
@@ -58,8 +61,9 @@ Target::Target(const Options& o) : keep_(o.keep) {
         if (!S_ISREG(st.st_mode)) throw UsageError(path_ + ": not a regular file");
         const auto have = static_cast<std::uint64_t>(st.st_size);
         if (o.need_write && !o.force)
-            throw CreateError("refusing to overwrite a file zinf-nvmebench did not create; pass "
-                              "--force to allow it, or use --rw read to only read it",
+            throw CreateError("refusing to overwrite a file zinf-nvmebench did not create (this run "
+                              "writes it: --rw write or both, or --verify); pass --force to allow "
+                              "it, or measure reads only with --rw read",
                               {0, path_, {}, -1});
         if (!o.need_write && have < o.size)
             throw UsageError(path_ + " has " + std::to_string(have) + " bytes, fewer than --size " +

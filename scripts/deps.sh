@@ -16,7 +16,8 @@ packages=(
   libboost-test-dev  # unit tests
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
-  fio                # the peer in scripts/bench-vs-fio.sh and the I/O tests
+  fio                # the peer in scripts/bench-vs-fio.sh
+  jq                 # JSON checks in the end-to-end tests
 )
 
 missing=()

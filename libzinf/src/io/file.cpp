@@ -141,6 +141,9 @@ File File::open(const std::string& path, const OpenOptions& opts) {
         } else if (errno != EINVAL) {
             throw_errno("open", errno, path, {}, opts.create);
         } else if (opts.direct == Direct::require) {
+            // With O_CREAT|O_EXCL the kernel created the file before refusing
+            // O_DIRECT; it is ours, and a failed open leaves nothing behind.
+            if (opts.create && opts.exclusive) ::unlink(path.c_str());
             throw IoError("the file system refuses O_DIRECT (direct I/O was required)",
                           {EINVAL, path, {}, -1});
         } else if (opts.create && opts.exclusive) {

@@ -34,6 +34,9 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
         std::lock_guard lk(log::stderr_mutex());
         std::fprintf(stderr, "%s: %s%s\n", program.c_str(),
                      e.exit_code() == exit_code::internal ? "internal error: " : "", e.what());
+        if (e.exit_code() == exit_code::usage)
+            std::fprintf(stderr, "%s: run '%s --help' for the options\n", program.c_str(),
+                         program.c_str());
         return e.exit_code();
     } catch (const std::exception& e) {
         std::lock_guard lk(log::stderr_mutex());

@@ -1,0 +1,38 @@
+# Sourced by every tests/e2e/*.sh: a scratch directory, the programs in bin/,
+# and checks that count. Each check is one test; `finish` prints the line the
+# suite runner reads: "# e2e-result PASSED FAILED SKIPPED".
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=${ZINF_BIN:-$ROOT/bin}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/zinf-e2e-XXXXXX")
+_cleanups=()
+trap 'for c in "${_cleanups[@]}"; do eval "$c"; done; rm -rf "$TMP"' EXIT
+on_exit() { _cleanups+=("$1"); }
+
+_pass=0 _fail=0 _skip=0
+pass() { echo "ok   - $1"; _pass=$((_pass + 1)); }
+fail() { echo "FAIL - $1${2:+: $2}"; _fail=$((_fail + 1)); }
+skip() { echo "skip - $1: $2"; _skip=$((_skip + 1)); }
+
+# run CMD...: stdout in $out, stderr in $err, exit status in $rc.
+run() {
+  out=$("$@" 2>"$TMP/.stderr")
+  rc=$?
+  err=$(cat "$TMP/.stderr")
+}
+# expect_rc WANT NAME: one test on the last run's exit status.
+expect_rc() {
+  if [[ $rc == "$1" ]]; then pass "$2"; else fail "$2" "exit $rc, want $1; stderr: ${err:0:600}"; fi
+}
+# check NAME CMD...: one test that passes when CMD succeeds.
+check() {
+  local name=$1
+  shift
+  if "$@" >/dev/null; then pass "$name"; else fail "$name" "failed: $*"; fi
+}
+contains() { [[ $1 == *"$2"* ]]; }
+empty_dir() { [[ -z $(ls -A "$1") ]]; }
+finish() {
+  echo "# e2e-result $_pass $_fail $_skip"
+  ((_fail == 0))
+}
