@@ -6,6 +6,7 @@
 
 #include <zinf/cli.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <set>
@@ -33,12 +34,21 @@ struct Options {
 
 void on_signal(int) { g_interrupted.store(true); }
 
+// A list with repeats ("1M,1M") would measure one configuration twice.
+template <class T>
+std::vector<T> unique(std::vector<T> v) {
+    std::vector<T> out;
+    for (auto& x : v)
+        if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    return out;
+}
+
 SweepSpec make_spec(const Options& o) {
     SweepSpec s;
-    s.engines = o.engines;
-    s.block_sizes = cli::parse_sizes(o.block_sizes, "--block-size");
-    s.queue_depths = o.queue_depths;
-    s.queues = o.queues;
+    s.engines = unique(o.engines);
+    s.block_sizes = unique(cli::parse_sizes(o.block_sizes, "--block-size"));
+    s.queue_depths = unique(o.queue_depths);
+    s.queues = unique(o.queues);
     s.read = o.rw == "read" || o.rw == "both";
     s.write = o.rw == "write" || o.rw == "both";
     s.size = cli::parse_sizes({o.size}, "--size")[0];
@@ -51,6 +61,8 @@ SweepSpec make_spec(const Options& o) {
             throw UsageError("--block-size " + std::to_string(bs) +
                              " must be a positive multiple of 4KiB");
     for (const io::EngineConfig& c : s.configs()) c.validate();  // names the bad value
+    if (s.verify && !s.read)
+        throw UsageError("--verify checks what is read back: use --rw read or both");
     if (o.min_read > 0 && !s.read) throw UsageError("--min-read-gibps needs --rw read or both");
     if (o.min_write > 0 && !s.write) throw UsageError("--min-write-gibps needs --rw write or both");
     return s;

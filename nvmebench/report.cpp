@@ -20,8 +20,8 @@ json::Json record(const Result& r, const RunInfo& info) {
         {"queue_depth", r.cfg.queue_depth}, {"queues", r.cfg.queues},
         {"bytes", r.bytes},         {"seconds", r.seconds},
         {"gibps", r.gibps()},       {"iops", r.iops()},
-        {"direct", info.direct},    {"alignment", info.alignment},
-        {"file", info.file},        {"size", info.size},
+        {"direct", info.direct},    {"alignment_bytes", info.alignment},
+        {"file", info.file},        {"size_bytes", info.size},
         {"loops", info.loops},      {"verify", info.verify},
         {"version", version()},
     };

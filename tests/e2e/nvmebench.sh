@@ -91,6 +91,13 @@ for bad in "-b 1X" "--engine libaio" "--size 1000" "-b 1000" "--bogus" "--rw sid
   expect_rc 64 "usage error: $bad"
 done
 check "a usage error points at --help" contains "$err" "--help"
+run "$NB" --dir "$D" --size 8MiB --rw write --verify
+expect_rc 64 "--verify without reads is a usage error"
+ZINF_FAULTS=read:x:EIO run "$NB" --dir "$D" --size 8MiB
+expect_rc 64 "a malformed ZINF_FAULTS is a usage error"
+check "…that leaves no file behind" empty_dir "$D"
+run "$NB" --dir "$D" --size 8MiB -b 1M,1M -d 4,4 -Q 1 --json
+check "repeated list items are measured once" test "$(wc -l <<<"$out")" -eq 2
 run "$NB" --dir /nonexistent/zinf --size 8MiB
 expect_rc 66 "a missing --dir exits 66"
 run "$NB" --dir "$D" --size 100TiB

@@ -476,6 +476,14 @@ BOOST_AUTO_TEST_CASE(engine_config_refuses_unknown_keys_and_bad_values) {
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queues", -1}}, "t"), DataError);
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"engine", "libaio"}}, "t"), DataError);
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"schema", "other/1"}}, "t"), DataError);
+    // Not truncated to 32 bits before the range check.
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queue_depth", 4294967297ull}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queues", 4294967297ull}}, "t"), DataError);
+    // A bad size string is bad data in that file, not a bad command line.
+    BOOST_CHECK_EXCEPTION(EngineConfig::from_json(json::Json{{"block_size", "1X"}}, "engine.json"),
+                          DataError, [](const DataError& e) {
+                              return std::string(e.what()).find("engine.json") != std::string::npos;
+                          });
     BOOST_CHECK_THROW(config("uring", 1000, 1, 1).validate(), UsageError);
     BOOST_CHECK_THROW(config("uring", 2 * GiB, 1, 1).validate(), UsageError);
 }

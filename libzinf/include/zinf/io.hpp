@@ -43,6 +43,9 @@ struct EngineConfig {
     std::string describe() const;  // "uring bs=1MiB qd=32 queues=2"
 };
 
+inline constexpr unsigned kMaxQueueDepth = 4096;
+inline constexpr unsigned kMaxQueues = 64;
+
 // The JSON schema tag written with an engine configuration.
 inline constexpr const char* kEngineSchema = "zinf.engine/1";
 
@@ -193,6 +196,11 @@ public:
     void wait(Ticket t);
     // True when the request is complete (wait() will not block).
     bool ready(Ticket t);
+    // Blocks until at least one of `tickets` is complete and returns its index;
+    // the ticket is not consumed: wait() on it then returns (or throws) at once.
+    // This is how a caller keeps a fixed number of requests in flight without
+    // a slow one holding back those that finished behind it.
+    std::size_t wait_any(std::span<const Ticket> tickets);
     // Waits for every request not yet waited; throws the first error among them
     // after all have finished.
     void wait_all();

@@ -12,10 +12,12 @@ void EngineConfig::validate() const {
                          " must be a positive multiple of 512 bytes");
     if (block_size > GiB)
         throw UsageError("block_size " + format_size(block_size) + " exceeds the 1GiB maximum");
-    if (queue_depth < 1 || queue_depth > 4096)
-        throw UsageError("queue_depth " + std::to_string(queue_depth) + " must be in 1..4096");
-    if (queues < 1 || queues > 64)
-        throw UsageError("queues " + std::to_string(queues) + " must be in 1..64");
+    if (queue_depth < 1 || queue_depth > kMaxQueueDepth)
+        throw UsageError("queue_depth " + std::to_string(queue_depth) + " must be in 1.." +
+                         std::to_string(kMaxQueueDepth));
+    if (queues < 1 || queues > kMaxQueues)
+        throw UsageError("queues " + std::to_string(queues) + " must be in 1.." +
+                         std::to_string(kMaxQueues));
 }
 
 EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& where) {
@@ -30,17 +32,24 @@ EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& w
     if (obj.contains("schema") && obj["schema"] != kEngineSchema)
         throw DataError(where + ": schema " + obj["schema"].dump() + " is not " + kEngineSchema);
     EngineConfig c;
-    if (obj.contains("engine")) c.engine = json::get_string(obj, "engine", where);
-    if (obj.contains("block_size")) {
-        // Accept both a byte count and a size string ("1MiB").
-        const auto& v = obj["block_size"];
-        c.block_size = v.is_string() ? parse_size(v.get<std::string>())
-                                     : json::get_u64(obj, "block_size", where);
-    }
-    if (obj.contains("queue_depth"))
-        c.queue_depth = static_cast<unsigned>(json::get_u64(obj, "queue_depth", where));
-    if (obj.contains("queues")) c.queues = static_cast<unsigned>(json::get_u64(obj, "queues", where));
+    // Counts are range-checked before narrowing, so 2^32+1 is not read as 1.
+    auto count = [&](const char* key, unsigned max) -> unsigned {
+        std::uint64_t v = json::get_u64(obj, key, where);
+        if (v < 1 || v > max)
+            throw DataError(where + ": " + key + " " + std::to_string(v) + " must be in 1.." +
+                            std::to_string(max));
+        return static_cast<unsigned>(v);
+    };
     try {
+        if (obj.contains("engine")) c.engine = json::get_string(obj, "engine", where);
+        if (obj.contains("block_size")) {
+            // Accept both a byte count and a size string ("1MiB").
+            const auto& v = obj["block_size"];
+            c.block_size = v.is_string() ? parse_size(v.get<std::string>())
+                                         : json::get_u64(obj, "block_size", where);
+        }
+        if (obj.contains("queue_depth")) c.queue_depth = count("queue_depth", kMaxQueueDepth);
+        if (obj.contains("queues")) c.queues = count("queues", kMaxQueues);
         c.validate();
     } catch (const UsageError& e) {
         throw DataError(where + ": " + e.message());

@@ -43,6 +43,9 @@ struct Engine::Impl final : detail::Completer {
     std::unordered_map<std::uint64_t, unsigned> file_slot_of;  // File::Impl::id -> slot
     std::vector<std::uint64_t> file_of_slot = std::vector<std::uint64_t>(detail::kRegSlots);
 
+    // Bumped and notified whenever any request completes; wait_any sleeps on it.
+    std::atomic<std::uint32_t> completions{0};
+
     std::atomic<std::uint64_t> n_requests{0}, n_pieces{0}, n_read{0}, n_written{0}, n_short{0},
         n_again{0}, n_fixed{0};
 
@@ -134,6 +137,8 @@ struct Engine::Impl final : detail::Completer {
         if (r->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
             std::shared_ptr<Request> keep = std::move(r->self);
             r->pending.notify_all();
+            completions.fetch_add(1, std::memory_order_release);
+            completions.notify_all();
         }
     }
 
@@ -318,6 +323,29 @@ bool Engine::ready(Ticket t) {
         throw InternalError("ready() on an unknown or already waited I/O ticket " +
                             std::to_string(t.id));
     return it->second->pending.load(std::memory_order_acquire) == 0;
+}
+
+std::size_t Engine::wait_any(std::span<const Ticket> tickets) {
+    if (tickets.empty()) throw InternalError("wait_any on no tickets");
+    std::vector<Request*> reqs(tickets.size());
+    {
+        std::lock_guard lk(impl_->mu);
+        for (std::size_t i = 0; i < tickets.size(); ++i) {
+            auto it = impl_->live.find(tickets[i].id);
+            if (it == impl_->live.end())
+                throw InternalError("wait_any on an unknown or already waited I/O ticket " +
+                                    std::to_string(tickets[i].id));
+            reqs[i] = it->second.get();  // alive: only wait() on this thread removes it
+        }
+    }
+    for (;;) {
+        // Read the counter before looking, so a completion between the look
+        // and the sleep changes it and the sleep returns at once.
+        const std::uint32_t seen = impl_->completions.load(std::memory_order_acquire);
+        for (std::size_t i = 0; i < reqs.size(); ++i)
+            if (reqs[i]->pending.load(std::memory_order_acquire) == 0) return i;
+        impl_->completions.wait(seen, std::memory_order_acquire);
+    }
 }
 
 void Engine::wait_all() {

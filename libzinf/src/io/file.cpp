@@ -129,6 +129,11 @@ File File::open(const std::string& path, const OpenOptions& opts) {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
     impl->id = g_next_file_id++;
+    // Before the open, so that a bad spec never leaves a created file behind.
+    if (const char* env = std::getenv("ZINF_FAULTS"); env && *env) {
+        impl->faults = parse_faults(env);
+        impl->has_faults = !impl->faults.empty();
+    }
     const int flags = open_flags(opts);
     if (opts.direct != Direct::buffered) {
         int fd;
@@ -169,10 +174,6 @@ File File::open(const std::string& path, const OpenOptions& opts) {
         log::warn_once("nodirect:" + std::to_string(st.st_dev),
                        path + ": the file system refuses O_DIRECT; using buffered I/O "
                               "(through the page cache) for files there");
-    }
-    if (const char* env = std::getenv("ZINF_FAULTS"); env && *env) {
-        impl->faults = parse_faults(env);
-        impl->has_faults = !impl->faults.empty();
     }
     File f;
     f.impl_ = std::move(impl);

@@ -1,0 +1,131 @@
+// zinf-iobench: what the library API delivers to the rest of zinf. One
+// Engine::read of a whole file into page-locked, registered memory per round:
+// the way a partition or a chunk of optimizer state is fetched. Compare its
+// median with zinf-nvmebench's best read on the same file (scripts/bench-api.sh).
+#include <zinf/cli.hpp>
+#include <zinf/io.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fcntl.h>
+#include <fstream>
+
+using namespace zinf;
+
+namespace {
+
+struct Options {
+    std::string file;
+    std::string size;
+    std::string config;  // engine configuration JSON (zinf-nvmebench --best)
+    io::EngineConfig engine;
+    std::string block_size = "1MiB";
+    unsigned rounds = 5;
+    bool json = false;
+};
+
+io::EngineConfig load_config(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw MissingInputError("cannot open the engine configuration", {errno, path, {}, -1});
+    auto recs = json::read_lines(in, path);
+    if (recs.size() != 1)
+        throw DataError(path + ": want one engine configuration record, found " +
+                        std::to_string(recs.size()));
+    return io::EngineConfig::from_json(recs[0], path);
+}
+
+int run(Options& o, bool config_given_by_flags) {
+    io::EngineConfig cfg = o.engine;
+    if (!o.config.empty()) {
+        if (config_given_by_flags)
+            throw UsageError("--config and the engine flags (--engine, --block-size, "
+                             "--queue-depth, --queues) exclude each other");
+        cfg = load_config(o.config);
+    } else {
+        cfg.block_size = parse_size(o.block_size);
+    }
+    cfg.validate();
+
+    io::File f = io::File::open(o.file, {});
+    std::uint64_t size = o.size.empty() ? f.size() : parse_size(o.size);
+    if (size > f.size())
+        throw UsageError(o.file + " has " + std::to_string(f.size()) + " bytes, fewer than --size " +
+                         std::to_string(size));
+    size = align_down(size, std::max<std::size_t>(f.alignment(), 1));
+    if (size == 0) throw UsageError(o.file + ": nothing to read (the file is smaller than one block)");
+
+    // Pinned memory: allocated and locked once, then registered with the rings,
+    // as the pinned pool will do.
+    Mmap mem = Mmap::anonymous(align_up(size, 4096), true);
+    if (int err = mem.lock())
+        log::warn("mlock of " + format_size(mem.size()) + " refused (" + std::strerror(err) +
+                  "); measuring with unlocked memory (raise `ulimit -l`)");
+    io::Engine eng(cfg);
+    std::vector<io::Registration> regs;
+    for (std::uint64_t at = 0; at < mem.size(); at += GiB)
+        regs.push_back(eng.register_buffer(mem.bytes().subspan(at, std::min<std::uint64_t>(GiB, mem.size() - at))));
+    io::Registration freg = eng.register_file(f);
+    auto dst = mem.bytes().first(size);
+
+    std::vector<double> gibps;
+    for (unsigned r = 0; r < o.rounds; ++r) {
+        if (!f.direct()) ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);
+        Timer t;
+        eng.wait(eng.read(f, 0, dst));
+        const double s = t.seconds();
+        gibps.push_back(double(size) / double(GiB) / s);
+        log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
+                  std::to_string(gibps.back()) + " GiB/s");
+    }
+    std::vector<double> sorted = gibps;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+    if (o.json) {
+        json::Json rec = eng.config().to_json();
+        rec["schema"] = "zinf.iobench/1";
+        rec["op"] = "read";
+        rec["file"] = o.file;
+        rec["bytes"] = size;
+        rec["direct"] = f.direct();
+        rec["locked"] = mem.locked();
+        rec["fixed_buffers"] = !regs.empty() && regs.front().active();
+        rec["rounds_gibps"] = gibps;
+        rec["median_gibps"] = median;
+        std::fputs(json::line(rec).c_str(), stdout);
+    } else {
+        std::printf("# zinf-iobench %s: one Engine::read of %s from %s into %s memory\n", version(),
+                    format_size(size).c_str(), o.file.c_str(), mem.locked() ? "locked" : "unlocked");
+        std::printf("# engine %s, direct I/O %s, fixed buffers %s\n", eng.config().describe().c_str(),
+                    f.direct() ? "on" : "off", !regs.empty() && regs.front().active() ? "on" : "off");
+        std::printf("# %5s %8s\n", "round", "GiB/s");
+        for (std::size_t i = 0; i < gibps.size(); ++i) std::printf("%7zu %8.3f\n", i + 1, gibps[i]);
+        std::printf("# median %.3f GiB/s\n", median);
+    }
+    return exit_code::ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"zinf-iobench: read a whole file with one io::Engine request into locked,\n"
+                 "registered memory, as zinf fetches model state; prints GiB/s per round."};
+    app.name("zinf-iobench");
+    Options o;
+    cli::Common common;
+    cli::add_common(app, common);
+    app.add_option("--file", o.file, "File to read (never written)")->required();
+    app.add_option("--size", o.size, "Bytes to read (default: the whole file)");
+    app.add_option("--config", o.config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
+    auto* e = app.add_option("-e,--engine", o.engine.engine, "Engine: uring, threads, auto")
+                  ->check(CLI::IsMember({"uring", "threads", "auto"}));
+    auto* b = app.add_option("-b,--block-size", o.block_size, "Bytes per piece");
+    auto* d = app.add_option("-d,--queue-depth", o.engine.queue_depth, "Pieces in flight per queue");
+    auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
+    app.add_option("--rounds", o.rounds, "Timed reads of the file")->check(CLI::Range(1u, 100000u));
+    app.add_flag("--json", o.json, "One JSON record (zinf.iobench/1) instead of the table");
+    return cli::run(app, argc, argv, "zinf-iobench", common, [&] {
+        bool flags = e->count() || b->count() || d->count() || q->count();
+        return run(o, flags);
+    });
+}
