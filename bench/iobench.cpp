@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fcntl.h>
 #include <fstream>
+#include <sys/stat.h>
 
 using namespace zinf;
 
@@ -22,6 +23,7 @@ struct Options {
     std::string block_size = "1MiB";
     unsigned rounds = 5;
     bool json = false;
+    bool no_fixed = false;
 };
 
 io::EngineConfig load_config(const std::string& path) {
@@ -46,13 +48,23 @@ int run(Options& o, bool config_given_by_flags) {
     }
     cfg.validate();
 
+    struct stat st {};
+    if (::stat(o.file.c_str(), &st) != 0) throw_errno("stat", errno, o.file);
+    if (!S_ISREG(st.st_mode)) throw UsageError(o.file + ": not a regular file");
     io::File f = io::File::open(o.file, {});
     std::uint64_t size = o.size.empty() ? f.size() : parse_size(o.size);
     if (size > f.size())
         throw UsageError(o.file + " has " + std::to_string(f.size()) + " bytes, fewer than --size " +
                          std::to_string(size));
-    size = align_down(size, std::max<std::size_t>(f.alignment(), 1));
-    if (size == 0) throw UsageError(o.file + ": nothing to read (the file is smaller than one block)");
+    // Direct I/O moves whole alignment units; a tail shorter than one is not read.
+    const std::uint64_t aligned = align_down(size, f.alignment());
+    if (aligned == 0)
+        throw UsageError(o.file + ": " + std::to_string(size) + " bytes is less than one " +
+                         std::to_string(f.alignment()) + "-byte direct-I/O unit");
+    if (aligned != size)
+        log::info("reading " + std::to_string(aligned) + " bytes: --size rounded down to the " +
+                  std::to_string(f.alignment()) + "-byte direct-I/O alignment");
+    size = aligned;
 
     // Pinned memory: allocated and locked once, then registered with the rings,
     // as the pinned pool will do.
@@ -62,14 +74,19 @@ int run(Options& o, bool config_given_by_flags) {
                   "); measuring with unlocked memory (raise `ulimit -l`)");
     io::Engine eng(cfg);
     std::vector<io::Registration> regs;
-    for (std::uint64_t at = 0; at < mem.size(); at += GiB)
+    for (std::uint64_t at = 0; !o.no_fixed && at < mem.size(); at += GiB)
         regs.push_back(eng.register_buffer(mem.bytes().subspan(at, std::min<std::uint64_t>(GiB, mem.size() - at))));
     io::Registration freg = eng.register_file(f);
     auto dst = mem.bytes().first(size);
+    const auto fixed = std::count_if(regs.begin(), regs.end(), [](auto& r) { return r.active(); });
+    const bool all_fixed = !regs.empty() && fixed == static_cast<long>(regs.size());
 
     std::vector<double> gibps;
     for (unsigned r = 0; r < o.rounds; ++r) {
-        if (!f.direct()) ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);
+        if (!f.direct()) {  // dirty pages cannot be dropped: write them first
+            f.sync();
+            ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);
+        }
         Timer t;
         eng.wait(eng.read(f, 0, dst));
         const double s = t.seconds();
@@ -89,7 +106,8 @@ int run(Options& o, bool config_given_by_flags) {
         rec["bytes"] = size;
         rec["direct"] = f.direct();
         rec["locked"] = mem.locked();
-        rec["fixed_buffers"] = !regs.empty() && regs.front().active();
+        rec["fixed_buffers"] = all_fixed;  // every byte read lands in registered memory
+        rec["version"] = version();
         rec["rounds_gibps"] = gibps;
         rec["median_gibps"] = median;
         std::fputs(json::line(rec).c_str(), stdout);
@@ -97,7 +115,8 @@ int run(Options& o, bool config_given_by_flags) {
         std::printf("# zinf-iobench %s: one Engine::read of %s from %s into %s memory\n", version(),
                     format_size(size).c_str(), o.file.c_str(), mem.locked() ? "locked" : "unlocked");
         std::printf("# engine %s, direct I/O %s, fixed buffers %s\n", eng.config().describe().c_str(),
-                    f.direct() ? "on" : "off", !regs.empty() && regs.front().active() ? "on" : "off");
+                    f.direct() ? "on" : "off",
+                    all_fixed ? "on" : fixed ? "partly (a registration was refused)" : "off");
         std::printf("# %5s %8s\n", "round", "GiB/s");
         for (std::size_t i = 0; i < gibps.size(); ++i) std::printf("%7zu %8.3f\n", i + 1, gibps[i]);
         std::printf("# median %.3f GiB/s\n", median);
@@ -123,6 +142,7 @@ int main(int argc, char** argv) {
     auto* d = app.add_option("-d,--queue-depth", o.engine.queue_depth, "Pieces in flight per queue");
     auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
     app.add_option("--rounds", o.rounds, "Timed reads of the file")->check(CLI::Range(1u, 100000u));
+    app.add_flag("--no-fixed-buffers", o.no_fixed, "Do not register the memory with io_uring");
     app.add_flag("--json", o.json, "One JSON record (zinf.iobench/1) instead of the table");
     return cli::run(app, argc, argv, "zinf-iobench", common, [&] {
         bool flags = e->count() || b->count() || d->count() || q->count();

@@ -201,7 +201,6 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
 
     Result r{op, eng.config()};
     r.notes = eng.notes();
-    r.notes = eng.notes();
     // Up to `slots` requests in flight, each on its own buffer; whichever
     // completes first is checked and its buffer refilled with the next block,
     // as fio reaps. tickets[i] and inflight[i] describe the same request.

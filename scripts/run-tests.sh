@@ -8,8 +8,8 @@
 set -u
 cd "$(dirname "$0")/.."
 
-unit_timeout=${ZINF_UNIT_TIMEOUT:-600}
-e2e_timeout=${ZINF_E2E_TIMEOUT:-600}
+unit_timeout=${ZINF_UNIT_TIMEOUT:-180}
+e2e_timeout=${ZINF_E2E_TIMEOUT:-300}
 passed=0 failed=0 skipped=0
 failed_suites=()
 

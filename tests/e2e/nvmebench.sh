@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end tests of zinf-nvmebench: output contracts, exit codes, files.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 NB=$BIN/zinf-nvmebench
 D=$TMP/d
 mkdir -p "$D"

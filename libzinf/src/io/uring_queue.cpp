@@ -12,6 +12,9 @@
 #include <future>
 #include <thread>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <liburing.h>
 
 namespace zinf::io::detail {
@@ -56,7 +59,7 @@ public:
             std::lock_guard lk(mu_);
             incoming_.insert(incoming_.end(), pieces.begin(), pieces.end());
         }
-        cv_.notify_one();
+        wake();
     }
 
     int update_buffer(unsigned slot, void* base, std::size_t len) override {
@@ -80,11 +83,32 @@ public:
             std::lock_guard lk(mu_);
             stop_ = true;
         }
-        cv_.notify_one();
+        wake();
         th_.join();
     }
 
 private:
+    // The worker sleeps either on cv_ (nothing in flight) or inside
+    // io_uring_enter (waiting for a completion). In the second case new work
+    // would wait for the next completion, leaving a slot of the queue empty
+    // for a whole completion interval; the doorbell, an eventfd read kept in
+    // the ring, wakes it at once. Only rung when the worker is in the kernel.
+    void wake() {
+        if (in_kernel_.load(std::memory_order_seq_cst) && doorbell_.get() >= 0) {
+            const std::uint64_t one = 1;
+            ssize_t n = ::write(doorbell_.get(), &one, sizeof one);
+            (void)n;  // EAGAIN: the counter is already non-zero, it will wake anyway
+        }
+        cv_.notify_one();
+    }
+
+    void arm_doorbell() {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (!sqe) return;  // the next pass arms it
+        io_uring_prep_read(sqe, doorbell_.get(), &doorbell_value_, sizeof doorbell_value_, 0);
+        io_uring_sqe_set_data(sqe, &doorbell_value_);
+        doorbell_armed_ = true;
+    }
     // Runs `fn` on the ring's thread and returns its result.
     int call(std::function<int()> fn) {
         std::packaged_task<int()> task(std::move(fn));
@@ -129,6 +153,8 @@ private:
             if (rb == 0) io_uring_unregister_buffers(&ring_);
             if (rf == 0) io_uring_unregister_files(&ring_);
         }
+        int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (efd >= 0) doorbell_ = Fd(efd);  // without it: woken by the next completion
         setup_promise.set_value(sr);  // `setup_promise` is gone after this line
         loop();
         io_uring_queue_exit(&ring_);
@@ -173,8 +199,21 @@ private:
                 ++queued;
             }
             if (inflight + queued == 0) continue;
+            if (!doorbell_armed_ && doorbell_.get() >= 0) arm_doorbell();
 
-            int rc = io_uring_submit_and_wait(&ring_, 1);
+            // Announce the sleep, then look once more: a push either sees
+            // in_kernel_ (and rings) or its pieces are seen here (no sleep).
+            // With work waiting, do not sleep, but still collect completions:
+            // under DEFER_TASKRUN they are only posted when we ask for events.
+            // (A stop is not work: pieces in flight are waited for as usual.)
+            in_kernel_.store(true, std::memory_order_seq_cst);
+            bool more;
+            {
+                std::lock_guard lk(mu_);
+                more = !incoming_.empty() || !cmds_.empty();
+            }
+            int rc = more ? io_uring_submit_and_get_events(&ring_) : io_uring_submit_and_wait(&ring_, 1);
+            in_kernel_.store(false, std::memory_order_relaxed);
             if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
                 // The kernel took nothing from the submission queue; the next
                 // pass submits the same entries again.
@@ -189,6 +228,10 @@ private:
             io_uring_cqe* cqe;
             io_uring_for_each_cqe(&ring_, head, cqe) {
                 ++seen;
+                if (io_uring_cqe_get_data(cqe) == &doorbell_value_) {
+                    doorbell_armed_ = false;  // rung (or failed): re-armed next pass
+                    continue;
+                }
                 --inflight;
                 auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
                 if (c_.complete(*p, cqe->res)) backlog.push_front(p);
@@ -227,6 +270,10 @@ private:
     std::deque<Piece*> incoming_;
     std::deque<std::packaged_task<int()>> cmds_;
     bool stop_ = false;
+    std::atomic<bool> in_kernel_{false};
+    Fd doorbell_;                       // eventfd
+    std::uint64_t doorbell_value_ = 0;  // the doorbell read's buffer; its address tags its CQE
+    bool doorbell_armed_ = false;       // worker thread only
 };
 
 }  // namespace
