@@ -100,6 +100,9 @@ PROGRAMS := $(foreach d,$(PROGRAM_DIRS),$(BIN)/$(call program_name,$(d)))
 BENCH_SRCS := $(wildcard bench/*.cpp)
 BENCHES := $(BENCH_SRCS:bench/%.cpp=$(BIN)/zinf-%)
 
+PUBLIC_HEADERS := $(wildcard libzinf/include/zinf/*.hpp)
+HEADER_CHECKS := $(PUBLIC_HEADERS:libzinf/include/zinf/%.hpp=$(BUILD)/headers/%.ok)
+
 # tests/unit/test_NAME.cpp -> build/tests/test_NAME (Boost.Test, one per module)
 TEST_SRCS := $(wildcard tests/unit/test_*.cpp)
 TESTS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/%)
@@ -109,7 +112,16 @@ TESTS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/%)
 
 all: check-headers $(PROGRAMS) $(BENCHES)
 bench: $(BENCHES)
-tests: $(TESTS) $(PROGRAMS) $(BENCHES)
+tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS)
+
+# Each public header compiles on its own (DESIGN.md): one stamp per header.
+$(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  HDR     $<")
+	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ $< -MF /dev/null && touch $@
+
+# Objects are kept between builds even when only a link needed them.
+.SECONDARY:
 
 check-headers:
 ifneq ($(MISSING_HEADERS),)

@@ -139,6 +139,28 @@ else
   skip "O_DIRECT fallback on ramfs" "cannot mount ramfs here (needs root)"
 fi
 
+# --- io_uring refused (EPERM, as under a container seccomp profile): the
+# sysctl makes io_uring_setup fail for everyone, so it is off for two short runs.
+ctl=/proc/sys/kernel/io_uring_disabled
+if [[ -w $ctl ]] && old=$(cat "$ctl") && echo 2 2>/dev/null >"$ctl"; then
+  trap 'echo "$old" >"$ctl"; exit 130' INT TERM
+  on_exit "echo '$old' >'$ctl'"
+  run "$NB" --dir "$D" --size 8MiB -b 1M -d 4 -Q 2 --json
+  auto_out=$out auto_err=$err auto_rc=$rc
+  run "$NB" --dir "$D" --size 8MiB -b 1M -d 4 -Q 2 --engine uring
+  echo "$old" >"$ctl"
+  trap - INT TERM
+  expect_rc 74 "--engine uring where io_uring is refused exits 74"
+  check "…and suggests the threads engine" contains "$err" "--engine threads"
+  out=$auto_out err=$auto_err rc=$auto_rc
+  expect_rc 0 "--engine auto where io_uring is refused still runs"
+  check "…on the threads engine" jq -e -s 'length == 2 and all(.[]; .engine == "threads")' <<<"$out"
+  check "…and says why" contains "$err" "io_uring unavailable"
+  check "nothing is left after the fallback runs" empty_dir "$D"
+else
+  skip "fallback when io_uring is refused" "cannot set $ctl here (needs root)"
+fi
+
 # --- help and version
 run "$NB" --help
 expect_rc 0 "--help exits 0"
