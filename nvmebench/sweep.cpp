@@ -2,7 +2,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <deque>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <fcntl.h>
 #include <filesystem>
 #include <sys/stat.h>
@@ -201,59 +204,74 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
 
     Result r{op, eng.config()};
     r.notes = eng.notes();
-    // Up to `slots` requests in flight, each on its own buffer; whichever
-    // completes first is checked and its buffer refilled with the next block,
-    // as fio reaps. tickets[i] and inflight[i] describe the same request.
-    struct InFlight {
-        std::uint64_t offset, buf;
+    // Up to `slots` requests in flight, each on its own buffer. When one
+    // finishes, its callback (on the engine's ring thread) checks it and
+    // refills the same buffer with the next block: the queue never waits for
+    // this thread, as fio's single loop never waits for another.
+    struct Pass {
+        std::atomic<std::uint64_t> next{0};    // next block to issue
+        std::atomic<std::uint64_t> active{0};  // requests in flight
+        std::atomic<std::uint64_t> blocks{0};  // requests completed
+        std::atomic<bool> stop{false};
+        std::mutex mu;
+        std::condition_variable cv;
+        std::exception_ptr error;  // the first failure, under mu
+    } pass;
+    auto fail = [&](std::exception_ptr e) {
+        std::lock_guard lk(pass.mu);
+        if (!pass.error) pass.error = e;
+        pass.stop = true;
     };
-    std::vector<io::Ticket> tickets;
-    std::vector<InFlight> inflight;
-    tickets.reserve(slots);
-    inflight.reserve(slots);
-    Timer timer;
-    for (unsigned loop = 0; loop < spec.loops; ++loop) {
-        std::uint64_t next = 0;
-        auto issue = [&](std::uint64_t buf) -> std::pair<io::Ticket, InFlight> {
-            const std::uint64_t off = next++ * bs;
-            auto span = mem.bytes().subspan(buf * bs, std::min(bs, size - off));
-            if (op == io::Op::write) {
-                if (pattern)
-                    pattern->fill(span, off);
-                else
-                    stamp(span, off);
+    std::function<void(std::uint64_t)> issue = [&](std::uint64_t buf) {
+        const std::uint64_t block = pass.next.fetch_add(1);
+        if (block >= nblocks) return;
+        const std::uint64_t off = block * bs, len = std::min(bs, size - off);
+        auto span = mem.bytes().subspan(buf * bs, len);
+        if (op == io::Op::write) {
+            if (pattern)
+                pattern->fill(span, off);
+            else
+                stamp(span, off);
+        }
+        pass.active.fetch_add(1);
+        auto done = [&, buf, off, span](const IoError* e) {
+            try {
+                if (e) throw *e;
+                if (op == io::Op::read && pattern) pattern->check(span, off, t.path());
+                pass.blocks.fetch_add(1, std::memory_order_relaxed);
+                if (on_bytes) on_bytes(span.size());
+                if (!pass.stop && !g_interrupted.load(std::memory_order_relaxed)) issue(buf);
+            } catch (...) {
+                fail(std::current_exception());
             }
-            return {op == io::Op::read ? eng.read(f, off, span) : eng.write(f, off, span), {off, buf}};
+            if (pass.active.fetch_sub(1) == 1) {
+                std::lock_guard lk(pass.mu);
+                pass.cv.notify_all();
+            }
         };
-        for (std::uint64_t b = 0; b < slots; ++b) {
-            auto [tk, x] = issue(b);
-            tickets.push_back(tk);
-            inflight.push_back(x);
+        if (op == io::Op::read)
+            eng.read_then(f, off, span, done);
+        else
+            eng.write_then(f, off, span, done);
+    };
+    Timer timer;
+    for (unsigned loop = 0; loop < spec.loops && !pass.stop; ++loop) {
+        pass.next = 0;
+        pass.active.fetch_add(1);  // held by this thread while it issues
+        try {
+            for (std::uint64_t b = 0; b < slots && !pass.stop; ++b) issue(b);
+        } catch (...) {
+            fail(std::current_exception());
         }
-        while (!tickets.empty()) {
-            const std::size_t i = eng.wait_any(tickets);
-            eng.wait(tickets[i]);
-            const InFlight x = inflight[i];
-            const std::uint64_t len = std::min(bs, size - x.offset);
-            if (op == io::Op::read && pattern)
-                pattern->check(mem.bytes().subspan(x.buf * bs, len), x.offset, t.path());
-            ++r.blocks;
-            if (on_bytes) on_bytes(len);
-            if (g_interrupted.load(std::memory_order_relaxed)) {
-                tickets.clear();  // the rest are drained by wait_all
-                eng.wait_all();
-                throw Interrupted("interrupted");
-            }
-            if (next < nblocks) {
-                std::tie(tickets[i], inflight[i]) = issue(x.buf);
-            } else {
-                tickets[i] = tickets.back();
-                inflight[i] = inflight.back();
-                tickets.pop_back();
-                inflight.pop_back();
-            }
-        }
+        pass.active.fetch_sub(1);
+        std::unique_lock lk(pass.mu);
+        pass.cv.wait(lk, [&] { return pass.active.load() == 0; });
+        if (g_interrupted.load()) pass.stop = true;
     }
+    eng.wait_all();  // every callback has returned
+    if (pass.error) std::rethrow_exception(pass.error);
+    if (g_interrupted.load()) throw Interrupted("interrupted");
+    r.blocks = pass.blocks.load();
     if (op == io::Op::write) eng.sync(f);
     r.seconds = timer.seconds();
     r.bytes = size * spec.loops;

@@ -6,8 +6,11 @@
 
 #include <zinf/io.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <fcntl.h>
+#include <functional>
+#include <numeric>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -226,6 +229,90 @@ void read_past_eof(const std::string& engine) {
     }
 }
 
+// wait_any returns a finished ticket without consuming it; a slow request
+// does not hold back the ones behind it.
+void wait_any_reaps_in_completion_order(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("wait_any " + engine).c_str()));
+    File f = open_rw(dir.file("a.bin"), Direct::buffered);
+    Engine eng(config(engine, 64 * KiB, 4, 2));
+    auto data = random_bytes(2 * MiB, rng);
+    eng.wait(eng.write(f, 0, data));
+    std::vector<std::vector<std::byte>> outs(16, std::vector<std::byte>(128 * KiB));
+    std::vector<Ticket> tickets;
+    for (int i = 0; i < 16; ++i) tickets.push_back(eng.read(f, i * 128 * KiB, outs[i]));
+    std::vector<int> order(16);
+    std::iota(order.begin(), order.end(), 0);
+    std::vector<bool> seen(16);
+    while (!tickets.empty()) {
+        std::size_t i = eng.wait_any(tickets);
+        BOOST_TEST(eng.ready(tickets[i]));
+        eng.wait(tickets[i]);
+        int which = order[i];
+        BOOST_TEST(!seen[which]);
+        seen[which] = true;
+        BOOST_TEST(std::memcmp(outs[which].data(), data.data() + which * 128 * KiB, 128 * KiB) == 0);
+        tickets.erase(tickets.begin() + i);
+        order.erase(order.begin() + i);
+    }
+    BOOST_TEST(std::all_of(seen.begin(), seen.end(), [](bool b) { return b; }));
+}
+
+// A chain of callbacks keeps the queues full: each completion issues the next
+// block from the engine's own thread; errors reach the callback; wait_all
+// waits for the whole chain and rethrows what a callback threw.
+void callbacks_chain(const std::string& engine) {
+    testing::TempDir dir;
+    std::mt19937_64 rng(testing::seed(("callbacks " + engine).c_str()));
+    File f = open_rw(dir.file("c.bin"), Direct::buffered);
+    const std::size_t block = 32 * KiB, blocks = 64;
+    auto data = random_bytes(block * blocks, rng);
+    std::vector<std::byte> got(data.size());
+    Engine eng(config(engine, 16 * KiB, 3, 2));
+    eng.wait(eng.write(f, 0, data));
+    std::atomic<std::size_t> next{0}, done_blocks{0};
+    std::function<void()> issue = [&] {
+        std::size_t b = next.fetch_add(1);
+        if (b >= blocks) return;
+        eng.read_then(f, b * block, std::span(got).subspan(b * block, block), [&](const IoError* e) {
+            BOOST_TEST(!e);
+            done_blocks.fetch_add(1);
+            issue();
+        });
+    };
+    for (int i = 0; i < 4; ++i) issue();  // 4 chains
+    eng.wait_all();
+    BOOST_TEST(done_blocks.load() == blocks);
+    BOOST_TEST(std::memcmp(got.data(), data.data(), data.size()) == 0);
+
+    // An injected error reaches the callback, with path and offset.
+    f.inject_fault({Op::read, 2, EIO});
+    std::atomic<int> errors{0};
+    std::uint64_t err_offset = 0;
+    for (int i = 0; i < 3; ++i)
+        eng.read_then(f, i * block, std::span(got).subspan(i * block, block), [&](const IoError* e) {
+            if (e) {
+                errors.fetch_add(1);
+                err_offset = *e->offset();
+                BOOST_TEST(e->err() == EIO);
+                BOOST_TEST(e->path() == f.path());
+            }
+        });
+    eng.wait_all();
+    BOOST_TEST(errors.load() == 1);
+    BOOST_TEST(err_offset % (16 * KiB) == 0u);
+
+    // What a callback throws is not lost: wait_all rethrows it.
+    eng.write_then(f, 0, std::span(data).first(block), [](const IoError*) { throw DataError("from a callback"); });
+    BOOST_CHECK_EXCEPTION(eng.wait_all(), DataError,
+                          [](const DataError& e) { return e.message() == "from a callback"; });
+    eng.wait_all();  // reported once
+    // An empty request completes at once.
+    bool empty_done = false;
+    eng.read_then(f, 0, std::span<std::byte>{}, [&](const IoError* e) { empty_done = !e; });
+    BOOST_TEST(empty_done);
+}
+
 }  // namespace
 
 #define BOTH_BACKENDS(name)                                                            \
@@ -240,6 +327,8 @@ BOTH_BACKENDS(injected_eio)
 BOTH_BACKENDS(injected_short)
 BOTH_BACKENDS(injected_corruption)
 BOTH_BACKENDS(read_past_eof)
+BOTH_BACKENDS(wait_any_reaps_in_completion_order)
+BOTH_BACKENDS(callbacks_chain)
 
 BOOST_AUTO_TEST_CASE(auto_picks_a_backend) {
     Engine eng(EngineConfig{});

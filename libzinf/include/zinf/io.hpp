@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -191,6 +192,17 @@ public:
     Ticket read(File& file, std::uint64_t offset, std::span<std::byte> dst);
     Ticket write(File& file, std::uint64_t offset, std::span<const std::byte> src);
 
+    // The same transfers without a ticket: `done` runs on one of the engine's
+    // own threads as soon as the request has finished, with nullptr on success
+    // or the error. It must be short and must not wait on this engine; it may
+    // start new requests, which is how a caller keeps every queue full with no
+    // thread hand-off per request. An exception it throws is kept and thrown by
+    // wait_all(). wait_all() and the destructor also wait for these requests
+    // and their callbacks, so a chain of callbacks must end.
+    using Done = std::function<void(const IoError* error)>;
+    void read_then(File& file, std::uint64_t offset, std::span<std::byte> dst, Done done);
+    void write_then(File& file, std::uint64_t offset, std::span<const std::byte> src, Done done);
+
     // Blocks until the request is complete; throws IoError if any piece failed.
     // Each ticket is waited at most once.
     void wait(Ticket t);
@@ -201,8 +213,9 @@ public:
     // This is how a caller keeps a fixed number of requests in flight without
     // a slow one holding back those that finished behind it.
     std::size_t wait_any(std::span<const Ticket> tickets);
-    // Waits for every request not yet waited; throws the first error among them
-    // after all have finished.
+    // Waits for every request not yet waited, and for every read_then/write_then
+    // chain; throws the first error among the ticketed requests (or what a
+    // callback threw) after all have finished.
     void wait_all();
     // Waits until this engine has no request in flight on `file`, then fdatasync.
     void sync(File& file);

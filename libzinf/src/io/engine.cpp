@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <unordered_map>
 
 #include <sys/stat.h>
@@ -134,13 +135,42 @@ struct Engine::Impl final : detail::Completer {
     // request alive across the notify even if the waiter frees it at once.
     void finish(Piece& p) {
         Request* r = p.req;
-        if (r->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-            std::shared_ptr<Request> keep = std::move(r->self);
-            r->pending.notify_all();
-            completions.fetch_add(1, std::memory_order_release);
-            completions.notify_all();
+        if (r->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+        std::shared_ptr<Request> keep = std::move(r->self);
+        if (r->done) {
+            run_callback(*r);
+            return;
         }
+        r->pending.notify_all();
+        completions.fetch_add(1, std::memory_order_release);
+        completions.notify_all();
     }
+
+    void run_callback(Request& r) {
+        try {
+            if (r.failed.load()) {
+                IoError e(r.err_msg, {r.err, r.file->path, r.err_offset, -1});
+                r.done(&e);
+            } else {
+                r.done(nullptr);
+            }
+        } catch (...) {
+            std::lock_guard lk(mu);
+            if (!callback_error) callback_error = std::current_exception();
+        }
+        // Decremented after the callback: requests it started were counted
+        // first, so the count cannot touch zero while a chain goes on.
+        if (detached.fetch_sub(1, std::memory_order_acq_rel) == 1) detached.notify_all();
+    }
+
+    void await_detached() {
+        std::uint32_t v;
+        while ((v = detached.load(std::memory_order_acquire)) != 0) detached.wait(v);
+    }
+
+    // read_then/write_then requests in flight, their callbacks included.
+    std::atomic<std::uint32_t> detached{0};
+    std::exception_ptr callback_error;  // guarded by mu
 
     int buffer_slot_for(const std::byte* begin, std::size_t len) {
         auto b = reinterpret_cast<std::uintptr_t>(begin);
@@ -149,7 +179,8 @@ struct Engine::Impl final : detail::Completer {
         return -1;
     }
 
-    Ticket submit(Op op, File& file, std::uint64_t offset, std::byte* buf, std::size_t bytes);
+    Ticket submit(Op op, File& file, std::uint64_t offset, std::byte* buf, std::size_t bytes,
+                  Done done = {});
     void await(Request& r);
     std::shared_ptr<Request> take(Ticket t);
     void throw_if_failed(Request& r);
@@ -198,6 +229,9 @@ Engine::Engine(const EngineConfig& cfg) : impl_(std::make_unique<Impl>()) {
 
 Engine::~Engine() {
     Impl& m = *impl_;
+    // Callback chains may still start requests on any queue: let them end
+    // before the queues stop taking work.
+    m.await_detached();
     for (auto& q : m.queues) q->stop();
     for (auto& [id, r] : m.live) {
         if (r->failed.load())
@@ -219,7 +253,7 @@ Ticket Engine::write(File& file, std::uint64_t offset, std::span<const std::byte
 }
 
 Ticket Engine::Impl::submit(Op op, File& file, std::uint64_t offset, std::byte* buf,
-                            std::size_t bytes) {
+                            std::size_t bytes, Done done) {
     File::Impl* fi = file.impl();
     if (!fi) throw InternalError("I/O on a closed zinf::io::File");
     if (fi->direct) {
@@ -263,13 +297,23 @@ Ticket Engine::Impl::submit(Op op, File& file, std::uint64_t offset, std::byte* 
         }
     }
     r->pending.store(static_cast<std::uint32_t>(n));
+    r->done = std::move(done);
+    if (r->done) {
+        detached.fetch_add(1, std::memory_order_relaxed);
+        if (n == 0) {  // nothing to transfer: finished now, on this thread
+            run_callback(*r);
+            return Ticket{0};
+        }
+    }
     if (n > 0) r->self = r;
 
-    std::uint64_t id, first;
+    std::uint64_t id = 0, first;
     {
         std::lock_guard lk(mu);
-        id = next_id++;
-        live.emplace(id, r);
+        if (!r->done) {
+            id = next_id++;
+            live.emplace(id, r);
+        }
         first = rr;
         rr += std::max<std::size_t>(n, 1);
     }
@@ -308,6 +352,17 @@ std::shared_ptr<Request> Engine::Impl::take(Ticket t) {
 void Engine::Impl::throw_if_failed(Request& r) {
     if (!r.failed.load()) return;
     throw IoError(r.err_msg, {r.err, r.file->path, r.err_offset, -1});
+}
+
+void Engine::read_then(File& file, std::uint64_t offset, std::span<std::byte> dst, Done done) {
+    if (!done) throw InternalError("read_then without a callback");
+    impl_->submit(Op::read, file, offset, dst.data(), dst.size(), std::move(done));
+}
+
+void Engine::write_then(File& file, std::uint64_t offset, std::span<const std::byte> src, Done done) {
+    if (!done) throw InternalError("write_then without a callback");
+    impl_->submit(Op::write, file, offset, const_cast<std::byte*>(src.data()), src.size(),
+                  std::move(done));
 }
 
 void Engine::wait(Ticket t) {
@@ -362,7 +417,14 @@ void Engine::wait_all() {
         impl_->await(*r);
         if (!first_failed && r->failed.load()) first_failed = r.get();
     }
+    impl_->await_detached();
     if (first_failed) impl_->throw_if_failed(*first_failed);
+    std::exception_ptr cb;
+    {
+        std::lock_guard lk(impl_->mu);
+        std::swap(cb, impl_->callback_error);
+    }
+    if (cb) std::rethrow_exception(cb);
 }
 
 void Engine::sync(File& file) {
@@ -437,6 +499,7 @@ void Engine::unregister(Registration::Kind kind, unsigned slot) {
         for (auto& [id, r] : m.live) inflight.push_back(r);
     }
     for (auto& r : inflight) m.await(*r);
+    m.await_detached();
     std::lock_guard lk(m.reg_mu);
     if (kind == Registration::Kind::buffer) {
         for (auto& q : m.queues) q->update_buffer(slot, nullptr, 0);

@@ -63,6 +63,8 @@ struct Request {
     std::atomic<bool> failed{false};
     // Keeps the request alive while its last piece completes (see Engine::Impl::finish).
     std::shared_ptr<Request> self;
+    // read_then/write_then: run on completion instead of waking a waiter.
+    Engine::Done done;
 
     std::mutex err_mu;
     std::string err_msg;  // first failure, complete message
