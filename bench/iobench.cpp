@@ -24,6 +24,7 @@ struct Options {
     unsigned rounds = 5;
     bool json = false;
     bool no_fixed = false;
+    bool small_pages = false;
 };
 
 io::EngineConfig load_config(const std::string& path) {
@@ -68,7 +69,7 @@ int run(Options& o, bool config_given_by_flags) {
 
     // Pinned memory: allocated and locked once, then registered with the rings,
     // as the pinned pool will do.
-    Mmap mem = Mmap::anonymous(align_up(size, 4096), true);
+    Mmap mem = Mmap::anonymous(align_up(size, 4096), true, !o.small_pages);
     if (int err = mem.lock())
         log::warn("mlock of " + format_size(mem.size()) + " refused (" + std::strerror(err) +
                   "); measuring with unlocked memory (raise `ulimit -l`)");
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
     auto* d = app.add_option("-d,--queue-depth", o.engine.queue_depth, "Pieces in flight per queue");
     auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
     app.add_option("--rounds", o.rounds, "Timed reads of the file")->check(CLI::Range(1u, 100000u));
+    app.add_flag("--no-huge-pages", o.small_pages,
+                 "Use 4KiB pages instead of transparent huge pages (MADV_HUGEPAGE)");
     app.add_flag("--no-fixed-buffers", o.no_fixed, "Do not register the memory with io_uring");
     app.add_flag("--json", o.json, "One JSON record (zinf.iobench/1) instead of the table");
     return cli::run(app, argc, argv, "zinf-iobench", common, [&] {

@@ -147,7 +147,9 @@ public:
     ~Mmap();
 
     // Private anonymous mapping; `populate` pre-faults it (MAP_POPULATE).
-    static Mmap anonymous(std::size_t bytes, bool populate = false);
+    // `huge` asks for transparent huge pages (MADV_HUGEPAGE) first: fewer
+    // pages to pin, fewer segments per DMA; a kernel without THP ignores it.
+    static Mmap anonymous(std::size_t bytes, bool populate = false, bool huge = false);
     // Shared read-only mapping of a whole file.
     static Mmap file_readonly(const Fd& fd, std::size_t bytes, const std::string& path);
 
@@ -166,7 +168,8 @@ private:
 };
 
 // A zero-filled buffer aligned to `align` (a power of two); page-aligned memory
-// from mmap so that any direct-I/O alignment is met.
+// from mmap so that any direct-I/O alignment is met, on transparent huge pages
+// from 2MiB up.
 class AlignedBuffer {
 public:
     AlignedBuffer() = default;

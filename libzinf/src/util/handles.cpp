@@ -58,15 +58,24 @@ Mmap::~Mmap() {
     if (addr_) ::munmap(addr_, len_);
 }
 
-Mmap Mmap::anonymous(std::size_t bytes, bool populate) {
+Mmap Mmap::anonymous(std::size_t bytes, bool populate, bool huge) {
     Mmap m;
     if (bytes == 0) return m;
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0);
+    // Populating after the madvise, so that the faults can take huge pages.
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate && !huge ? MAP_POPULATE : 0);
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         throw IoError("mmap of " + format_size(bytes) + " anonymous memory failed", {errno, {}, {}, -1});
     m.addr_ = p;
     m.len_ = bytes;
+    if (huge) {
+        ::madvise(p, bytes, MADV_HUGEPAGE);  // advice: failure only means small pages
+        if (populate) {
+            const long page = ::sysconf(_SC_PAGESIZE);
+            for (std::size_t at = 0; at < bytes; at += static_cast<std::size_t>(page))
+                static_cast<volatile char*>(p)[at] = 0;
+        }
+    }
     return m;
 }
 
@@ -94,7 +103,11 @@ AlignedBuffer AlignedBuffer::allocate(std::size_t bytes, std::size_t align) {
     if (align > static_cast<std::size_t>(page))
         throw UsageError("buffer alignment " + format_size(align) + " exceeds the page size");
     AlignedBuffer b;
-    b.map_ = Mmap::anonymous(align_up(std::max<std::size_t>(bytes, 1), page));
+    // Buffers of 2MiB and more take transparent huge pages: a direct read
+    // into them is one DMA segment per huge page instead of one per 4KiB
+    // (measured: whole-file reads 2.1 -> 3.3 GiB/s, BENCHMARKS.md).
+    const std::size_t len = align_up(std::max<std::size_t>(bytes, 1), page);
+    b.map_ = Mmap::anonymous(len, false, len >= 2 * MiB);
     b.size_ = bytes;
     return b;
 }
