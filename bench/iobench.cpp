@@ -69,7 +69,8 @@ int run(Options& o, bool config_given_by_flags) {
 
     // Pinned memory: allocated and locked once, then registered with the rings,
     // as the pinned pool will do.
-    Mmap mem = Mmap::anonymous(align_up(size, 4096), true, !o.small_pages);
+    const Mmap::Pages pages = o.small_pages ? Mmap::Pages::small : Mmap::Pages::huge;
+    Mmap mem = Mmap::anonymous(align_up(size, 4096), true, pages);
     if (int err = mem.lock())
         log::warn("mlock of " + format_size(mem.size()) + " refused (" + std::strerror(err) +
                   "); measuring with unlocked memory (raise `ulimit -l`)");
@@ -109,14 +110,16 @@ int run(Options& o, bool config_given_by_flags) {
         rec["locked"] = mem.locked();
         rec["fixed_buffers"] = all_fixed;  // every byte read lands in registered memory
         rec["version"] = version();
+        rec["huge_pages"] = !o.small_pages;  // asked for; the kernel may give small ones
         rec["rounds_gibps"] = gibps;
         rec["median_gibps"] = median;
         std::fputs(json::line(rec).c_str(), stdout);
     } else {
         std::printf("# zinf-iobench %s: one Engine::read of %s from %s into %s memory\n", version(),
                     format_size(size).c_str(), o.file.c_str(), mem.locked() ? "locked" : "unlocked");
-        std::printf("# engine %s, direct I/O %s, fixed buffers %s\n", eng.config().describe().c_str(),
-                    f.direct() ? "on" : "off",
+        std::printf("# engine %s, direct I/O %s, %s pages, fixed buffers %s\n",
+                    eng.config().describe().c_str(), f.direct() ? "on" : "off",
+                    o.small_pages ? "4KiB" : "huge",
                     all_fixed ? "on" : fixed ? "partly (a registration was refused)" : "off");
         std::printf("# %5s %8s\n", "round", "GiB/s");
         for (std::size_t i = 0; i < gibps.size(); ++i) std::printf("%7zu %8.3f\n", i + 1, gibps[i]);

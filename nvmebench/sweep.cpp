@@ -249,10 +249,18 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
                 pass.cv.notify_all();
             }
         };
-        if (op == io::Op::read)
-            eng.read_then(f, off, span, done);
-        else
-            eng.write_then(f, off, span, done);
+        try {
+            if (op == io::Op::read)
+                eng.read_then(f, off, span, done);
+            else
+                eng.write_then(f, off, span, done);
+        } catch (...) {  // never submitted: no callback will count it down
+            if (pass.active.fetch_sub(1) == 1) {
+                std::lock_guard lk(pass.mu);
+                pass.cv.notify_all();
+            }
+            throw;
+        }
     };
     Timer timer;
     for (unsigned loop = 0; loop < spec.loops && !pass.stop; ++loop) {

@@ -22,6 +22,9 @@
 #   --rw OP             read, write or both (default both)
 #   --zinf PATH         zinf-nvmebench to run (default: bin/zinf-nvmebench of this repo)
 #   --min-ratio X       exit 75 if a zinf/fio ratio of medians is below X
+#   --fio-mem SPEC      fio's buffer memory (its --mem), e.g. mmaphuge:/mnt/huge/buf
+#                       for hugetlbfs pages; zinf-nvmebench takes transparent huge
+#                       pages for its buffers, fio cannot: this evens the pages
 #   --json              print one JSON line per op instead of the table
 #   -h, --help          print this help and exit
 #
@@ -67,6 +70,7 @@ rounds=5
 rw=both
 zinf=$script_dir/../bin/zinf-nvmebench
 min_ratio=
+fio_mem=
 json=0
 
 need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
@@ -74,7 +78,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;
         --json) json=1; shift ;;
-        --dir | --size | --block-size | --queue-depth | --queues | --rounds | --rw | --zinf | --min-ratio)
+        --dir | --size | --block-size | --queue-depth | --queues | --rounds | --rw | --zinf | --min-ratio | --fio-mem)
             need_value "$@"
             case $1 in
                 --dir) dir=$2 ;;
@@ -86,6 +90,7 @@ while [[ $# -gt 0 ]]; do
                 --rw) rw=$2 ;;
                 --zinf) zinf=$2 ;;
                 --min-ratio) min_ratio=$2 ;;
+                --fio-mem) fio_mem=$2 ;;
             esac
             shift 2 ;;
         --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
@@ -172,6 +177,7 @@ fio_cmd() {  # fio_cmd OP: the fio command for OP, in the array cmd
         --fixedbufs --registerfiles --bs="$bs_bytes" --iodepth="$qd" --size="$size_bytes"
         --rw="$1")
     if [[ $1 == write ]]; then cmd+=(--end_fsync=1); fi
+    if [[ -n $fio_mem ]]; then cmd+=(--mem="$fio_mem"); fi
     cmd+=(--output-format=json)
 }
 zinf_cmd() {  # zinf_cmd OP: the zinf-nvmebench command for OP, in the array cmd

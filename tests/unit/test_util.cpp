@@ -165,6 +165,21 @@ BOOST_AUTO_TEST_CASE(mmap_anonymous_and_lock) {
     BOOST_TEST(n.data()[0] == std::byte{1});
 }
 
+BOOST_AUTO_TEST_CASE(mmap_huge_pages_are_aligned_and_whole) {
+    // Transparent huge pages need a 2MiB-aligned range of whole 2MiB pages.
+    Mmap h = Mmap::anonymous(3 * MiB + 5, true, Mmap::Pages::huge);
+    BOOST_TEST(is_aligned(h.data(), Mmap::kHugePage));
+    BOOST_TEST(h.size() == 4 * MiB);
+    h.data()[h.size() - 1] = std::byte{1};  // all of it is mapped
+    BOOST_TEST(std::all_of(h.data(), h.data() + 1024, [](std::byte b) { return b == std::byte{0}; }));
+    Mmap s = Mmap::anonymous(3 * MiB, true, Mmap::Pages::small);
+    BOOST_TEST(s.size() == 3 * MiB);
+    s.data()[s.size() - 1] = std::byte{1};
+    AlignedBuffer big = AlignedBuffer::allocate(5 * MiB);
+    BOOST_TEST(is_aligned(big.data(), Mmap::kHugePage));
+    BOOST_TEST(big.size() == 5 * MiB);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(json_helpers)

@@ -146,10 +146,16 @@ public:
     Mmap& operator=(const Mmap&) = delete;
     ~Mmap();
 
-    // Private anonymous mapping; `populate` pre-faults it (MAP_POPULATE).
-    // `huge` asks for transparent huge pages (MADV_HUGEPAGE) first: fewer
-    // pages to pin, fewer segments per DMA; a kernel without THP ignores it.
-    static Mmap anonymous(std::size_t bytes, bool populate = false, bool huge = false);
+    // Which pages back an anonymous mapping. `huge` asks for transparent huge
+    // pages (MADV_HUGEPAGE) on a 2MiB-aligned range: fewer pages to pin, one
+    // DMA segment per 2MiB instead of per 4KiB; a kernel without THP gives
+    // small pages. `small` refuses them (MADV_NOHUGEPAGE), for comparisons.
+    enum class Pages { any, huge, small };
+    static constexpr std::size_t kHugePage = 2 * 1024 * 1024;
+
+    // Private anonymous mapping; `populate` pre-faults it, so first use pays no
+    // page faults.
+    static Mmap anonymous(std::size_t bytes, bool populate = false, Pages pages = Pages::any);
     // Shared read-only mapping of a whole file.
     static Mmap file_readonly(const Fd& fd, std::size_t bytes, const std::string& path);
 
@@ -168,8 +174,8 @@ private:
 };
 
 // A zero-filled buffer aligned to `align` (a power of two); page-aligned memory
-// from mmap so that any direct-I/O alignment is met, on transparent huge pages
-// from 2MiB up.
+// from mmap so that any direct-I/O alignment is met, populated, and on
+// transparent huge pages from 2MiB up.
 class AlignedBuffer {
 public:
     AlignedBuffer() = default;
