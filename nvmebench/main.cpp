@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
 #include <set>
 
@@ -72,6 +73,10 @@ int run(const Options& o) {
     SweepSpec spec = make_spec(o);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    std::signal(SIGHUP, on_signal);
+    // A closed output pipe (`| head`) must not kill us before the test file
+    // is removed: the failed write becomes an I/O error (74) instead.
+    std::signal(SIGPIPE, SIG_IGN);
 
     Target::Options to;
     to.dir = o.dir;
@@ -124,7 +129,8 @@ int run(const Options& o) {
                       std::to_string(r.gibps()).substr(0, 6) + " GiB/s");
             if (o.json) {
                 std::fputs(json::line(record(r, info)).c_str(), stdout);
-                std::fflush(stdout);
+                if (std::fflush(stdout) != 0)
+                    throw IoError("writing the output failed", {errno, "stdout", {}, -1});
             }
         }
     }

@@ -39,7 +39,8 @@ namespace {
 // (ramfs), where only an actual write can tell.
 std::uint64_t free_bytes(const std::string& dir) {
     struct statvfs vs {};
-    if (::statvfs(dir.c_str(), &vs) != 0) throw_errno("statvfs", errno, dir);
+    // The file is created in `dir`: a missing one is output we cannot create.
+    if (::statvfs(dir.c_str(), &vs) != 0) throw_errno("statvfs", errno, dir, {}, true);
     if (vs.f_blocks == 0) return UINT64_MAX;
     return static_cast<std::uint64_t>(vs.f_bavail) * vs.f_frsize;
 }

@@ -116,6 +116,18 @@ rc=$? err=$(cat "$TMP/int.err")
 expect_rc 130 "SIGINT exits 130"
 check "SIGINT removes the test file" empty_dir "$D"
 
+# --- a closed output pipe (| head) is an I/O error, and the file still goes
+"$NB" --dir "$D" --size 16MiB -b 1M,2M,4M -d 4 -Q 1 --json 2>"$TMP/pipe.err" | head -c 10 >/dev/null
+rc=${PIPESTATUS[0]} err=$(cat "$TMP/pipe.err")
+expect_rc 74 "a closed output pipe exits 74"
+check "…and removes the test file" empty_dir "$D"
+run "$NB" --file "$TMP/no/such/dir/x.dat" --size 8MiB
+expect_rc 73 "--file in a missing directory cannot be created (73)"
+mkdir -p "$TMP/$(printf 'bad\xff')"
+run "$NB" --dir "$TMP/$(printf 'bad\xff')" --size 8MiB -b 1M -d 4 -Q 1 --json
+expect_rc 0 "a directory name that is not UTF-8 still gives JSON"
+check "…with every record valid" jq -e -s 'length == 2' <<<"$out"
+
 # --- engines and I/O modes
 run "$NB" --dir "$D" --size 8MiB -b 1M -d 4 -Q 2 --engine threads --json
 expect_rc 0 "the threads engine runs"

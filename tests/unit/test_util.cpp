@@ -32,6 +32,12 @@ BOOST_AUTO_TEST_CASE(binary_units) {
 }
 
 BOOST_AUTO_TEST_CASE(decimal_units) {
+    BOOST_TEST(parse_size("4.096kB") == 4096u);  // exact, not 4095.99...
+    BOOST_TEST(parse_size("8.192kB") == 8192u);
+    BOOST_TEST(parse_size("1.1GB") == 1'100'000'000u);
+    BOOST_TEST(parse_size(".5KiB") == 512u);
+    BOOST_CHECK_THROW(parse_size("1.0001kB"), UsageError);
+    BOOST_CHECK_THROW(parse_size("99999999999999999.5T"), UsageError);
     BOOST_TEST(parse_size("1kB") == 1000u);
     BOOST_TEST(parse_size("5MB") == 5'000'000u);
     BOOST_TEST(parse_size("2GB") == 2'000'000'000u);
@@ -74,6 +80,7 @@ BOOST_AUTO_TEST_CASE(durations) {
     BOOST_TEST(parse_duration("250us").count() == 250'000);
     BOOST_CHECK_THROW(parse_duration("soon"), UsageError);
     BOOST_CHECK_THROW(parse_duration("-1s"), UsageError);
+    BOOST_CHECK_THROW(parse_duration("1e300s"), UsageError);  // would overflow int64 ns
 }
 
 BOOST_AUTO_TEST_CASE(alignment_helpers) {

@@ -148,7 +148,7 @@ class Engine;
 // fixed buffers and registered files); released on destruction. Registration is
 // an optimisation: an engine that cannot register (threads backend, kernel
 // limits) returns an inactive registration and I/O works unchanged. Releasing
-// a registration waits for the engine's requests in flight, which may use it.
+// a registration waits for the pieces already cut that use it.
 class Registration {
 public:
     Registration() = default;
@@ -197,8 +197,9 @@ public:
     // or the error. It must be short and must not wait on this engine; it may
     // start new requests, which is how a caller keeps every queue full with no
     // thread hand-off per request. An exception it throws is kept and thrown by
-    // wait_all(). wait_all() and the destructor also wait for these requests
-    // and their callbacks, so a chain of callbacks must end.
+    // wait_all(). wait_all(), sync() and the destructor also wait for these
+    // requests and their callbacks, so a chain of callbacks must end. An empty
+    // request's callback runs at once, on the calling thread.
     using Done = std::function<void(const IoError* error)>;
     void read_then(File& file, std::uint64_t offset, std::span<std::byte> dst, Done done);
     void write_then(File& file, std::uint64_t offset, std::span<const std::byte> src, Done done);
@@ -217,7 +218,8 @@ public:
     // chain; throws the first error among the ticketed requests (or what a
     // callback threw) after all have finished.
     void wait_all();
-    // Waits until this engine has no request in flight on `file`, then fdatasync.
+    // Waits until this engine has no request in flight on `file` (and no
+    // read_then/write_then chain at all), then fdatasync. Not from a callback.
     void sync(File& file);
 
     Registration register_buffer(std::span<std::byte> buf);

@@ -3,6 +3,7 @@
 #include "internal.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -43,6 +44,9 @@ struct Engine::Impl final : detail::Completer {
     std::vector<bool> file_slots = std::vector<bool>(detail::kRegSlots);
     std::unordered_map<std::uint64_t, unsigned> file_slot_of;  // File::Impl::id -> slot
     std::vector<std::uint64_t> file_of_slot = std::vector<std::uint64_t>(detail::kRegSlots);
+    // Pieces not yet finished that use each slot: a released registration
+    // waits for these, and only these, before the slot is emptied.
+    std::array<std::atomic<std::uint32_t>, detail::kRegSlots> buf_users{}, file_users{};
 
     // Bumped and notified whenever any request completes; wait_any sleeps on it.
     std::atomic<std::uint32_t> completions{0};
@@ -135,10 +139,11 @@ struct Engine::Impl final : detail::Completer {
     // request alive across the notify even if the waiter frees it at once.
     void finish(Piece& p) {
         Request* r = p.req;
+        release_slots(p);
         if (r->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
         std::shared_ptr<Request> keep = std::move(r->self);
         if (r->done) {
-            run_callback(*r);
+            run_callback(std::move(keep));
             return;
         }
         r->pending.notify_all();
@@ -146,20 +151,34 @@ struct Engine::Impl final : detail::Completer {
         completions.notify_all();
     }
 
-    void run_callback(Request& r) {
+    void release_slots(const Piece& p) {
+        auto drop = [](std::atomic<std::uint32_t>& users) {
+            if (users.fetch_sub(1, std::memory_order_acq_rel) == 1) users.notify_all();
+        };
+        if (p.buf_slot >= 0) drop(buf_users[p.buf_slot]);
+        if (p.req->file_slot >= 0) drop(file_users[p.req->file_slot]);
+    }
+
+    // Runs a finished read_then/write_then callback, then lets the request go
+    // (closure included) before the request stops counting as in flight, so
+    // that nothing of it is still being destroyed when wait_all returns.
+    void run_callback(std::shared_ptr<Request> r) {
+        Done cb = std::move(r->done);
         try {
-            if (r.failed.load()) {
-                IoError e(r.err_msg, {r.err, r.file->path, r.err_offset, -1});
-                r.done(&e);
+            if (r->failed.load()) {
+                IoError e(r->err_msg, {r->err, r->file->path, r->err_offset, -1});
+                cb(&e);
             } else {
-                r.done(nullptr);
+                cb(nullptr);
             }
         } catch (...) {
             std::lock_guard lk(mu);
             if (!callback_error) callback_error = std::current_exception();
         }
-        // Decremented after the callback: requests it started were counted
-        // first, so the count cannot touch zero while a chain goes on.
+        cb = nullptr;
+        r.reset();
+        // Decremented last: requests the callback started were counted first,
+        // so the count cannot touch zero while a chain goes on.
         if (detached.fetch_sub(1, std::memory_order_acq_rel) == 1) detached.notify_all();
     }
 
@@ -233,6 +252,15 @@ Engine::~Engine() {
     // before the queues stop taking work.
     m.await_detached();
     for (auto& q : m.queues) q->stop();
+    if (m.callback_error) {
+        try {
+            std::rethrow_exception(m.callback_error);
+        } catch (const std::exception& e) {
+            log::warn(std::string("an I/O completion callback failed and nobody called wait_all: ") + e.what());
+        } catch (...) {
+            log::warn("an I/O completion callback threw a non-exception and nobody called wait_all");
+        }
+    }
     for (auto& [id, r] : m.live) {
         if (r->failed.load())
             log::warn(std::string("an I/O error was never waited for (ticket ") + std::to_string(id) + "): " + IoError(r->err_msg, {r->err, r->file->path, r->err_offset, -1}).what());
@@ -293,15 +321,19 @@ Ticket Engine::Impl::submit(Op op, File& file, std::uint64_t offset, std::byte* 
             p.buf = buf + i * piece;
             p.len = std::min(piece, bytes - i * piece);
             p.buf_slot = buffers.empty() ? -1 : buffer_slot_for(p.buf, p.len);
-            if (p.buf_slot >= 0) n_fixed.fetch_add(1, std::memory_order_relaxed);
+            if (p.buf_slot >= 0) {
+                buf_users[p.buf_slot].fetch_add(1, std::memory_order_relaxed);
+                n_fixed.fetch_add(1, std::memory_order_relaxed);
+            }
         }
+        if (r->file_slot >= 0) file_users[r->file_slot].fetch_add(static_cast<std::uint32_t>(n));
     }
     r->pending.store(static_cast<std::uint32_t>(n));
     r->done = std::move(done);
     if (r->done) {
         detached.fetch_add(1, std::memory_order_relaxed);
         if (n == 0) {  // nothing to transfer: finished now, on this thread
-            run_callback(*r);
+            run_callback(std::move(r));
             return Ticket{0};
         }
     }
@@ -382,7 +414,7 @@ bool Engine::ready(Ticket t) {
 
 std::size_t Engine::wait_any(std::span<const Ticket> tickets) {
     if (tickets.empty()) throw InternalError("wait_any on no tickets");
-    std::vector<Request*> reqs(tickets.size());
+    std::vector<std::shared_ptr<Request>> reqs(tickets.size());  // alive whoever else waits
     {
         std::lock_guard lk(impl_->mu);
         for (std::size_t i = 0; i < tickets.size(); ++i) {
@@ -390,7 +422,7 @@ std::size_t Engine::wait_any(std::span<const Ticket> tickets) {
             if (it == impl_->live.end())
                 throw InternalError("wait_any on an unknown or already waited I/O ticket " +
                                     std::to_string(tickets[i].id));
-            reqs[i] = it->second.get();  // alive: only wait() on this thread removes it
+            reqs[i] = it->second;
         }
     }
     for (;;) {
@@ -437,16 +469,25 @@ void Engine::sync(File& file) {
             if (r->file == fi) mine.push_back(r);
     }
     for (auto& r : mine) impl_->await(*r);
+    // read_then/write_then requests have no ticket to find by file: wait for
+    // all of them (so sync must not be called from a callback).
+    impl_->await_detached();
     file.sync();
 }
 
+// Registration never holds reg_mu across a ring-thread call: a ring thread
+// running a callback may be submitting (and so taking reg_mu) at that moment.
 Registration Engine::register_buffer(std::span<std::byte> buf) {
     Impl& m = *impl_;
     if (!m.can_register || buf.empty() || buf.size() > detail::kMaxFixedBuffer) return {};
-    std::lock_guard lk(m.reg_mu);
-    auto free_slot = std::find(m.buffer_slots.begin(), m.buffer_slots.end(), false);
-    if (free_slot == m.buffer_slots.end()) return {};
-    const unsigned slot = static_cast<unsigned>(free_slot - m.buffer_slots.begin());
+    unsigned slot;
+    {
+        std::lock_guard lk(m.reg_mu);
+        auto free_slot = std::find(m.buffer_slots.begin(), m.buffer_slots.end(), false);
+        if (free_slot == m.buffer_slots.end()) return {};
+        slot = static_cast<unsigned>(free_slot - m.buffer_slots.begin());
+        m.buffer_slots[slot] = true;  // reserved; not used by requests until published
+    }
     for (std::size_t q = 0; q < m.queues.size(); ++q) {
         int rc = m.queues[q]->update_buffer(slot, buf.data(), buf.size());
         if (rc != 0) {
@@ -456,10 +497,12 @@ Registration Engine::register_buffer(std::span<std::byte> buf) {
                                " buffer (" + std::strerror(-rc) +
                                "); I/O goes on without fixed buffers"
                                " (raise RLIMIT_MEMLOCK with `ulimit -l` for them)");
+            std::lock_guard lk(m.reg_mu);
+            m.buffer_slots[slot] = false;
             return {};
         }
     }
-    m.buffer_slots[slot] = true;
+    std::lock_guard lk(m.reg_mu);
     auto b = reinterpret_cast<std::uintptr_t>(buf.data());
     m.buffers.push_back({b, b + buf.size(), slot});
     return Registration(this, Registration::Kind::buffer, slot);
@@ -470,46 +513,56 @@ Registration Engine::register_file(File& file) {
     File::Impl* fi = file.impl();
     if (!fi) throw InternalError("register_file of a closed zinf::io::File");
     if (!m.can_register) return {};
-    std::lock_guard lk(m.reg_mu);
-    if (m.file_slot_of.count(fi->id)) return {};  // already registered by another Registration
-    auto free_slot = std::find(m.file_slots.begin(), m.file_slots.end(), false);
-    if (free_slot == m.file_slots.end()) return {};
-    const unsigned slot = static_cast<unsigned>(free_slot - m.file_slots.begin());
+    unsigned slot;
+    {
+        std::lock_guard lk(m.reg_mu);
+        if (m.file_slot_of.count(fi->id)) return {};  // already registered by another Registration
+        auto free_slot = std::find(m.file_slots.begin(), m.file_slots.end(), false);
+        if (free_slot == m.file_slots.end()) return {};
+        slot = static_cast<unsigned>(free_slot - m.file_slots.begin());
+        m.file_slots[slot] = true;  // reserved
+    }
     for (std::size_t q = 0; q < m.queues.size(); ++q) {
         int rc = m.queues[q]->update_file(slot, fi->fd.get());
         if (rc != 0) {
             for (std::size_t u = 0; u < q; ++u) m.queues[u]->update_file(slot, -1);
             log::debug("io_uring refused to register " + fi->path + ": " + std::strerror(-rc));
+            std::lock_guard lk(m.reg_mu);
+            m.file_slots[slot] = false;
             return {};
         }
     }
-    m.file_slots[slot] = true;
-    m.file_slot_of[fi->id] = slot;
+    std::lock_guard lk(m.reg_mu);
+    if (!m.file_slot_of.emplace(fi->id, slot).second) {  // a concurrent registration won
+        for (auto& q : m.queues) q->update_file(slot, -1);
+        m.file_slots[slot] = false;
+        return {};
+    }
     m.file_of_slot[slot] = fi->id;
     return Registration(this, Registration::Kind::file, slot);
 }
 
 void Engine::unregister(Registration::Kind kind, unsigned slot) {
     Impl& m = *impl_;
-    // Requests already cut carry the slot number and may not be submitted yet:
-    // let every request in flight finish before the slot is emptied.
-    std::vector<std::shared_ptr<Request>> inflight;
-    {
-        std::lock_guard lk(m.mu);
-        for (auto& [id, r] : m.live) inflight.push_back(r);
+    const bool buffer = kind == Registration::Kind::buffer;
+    {   // No new request takes the slot from here on...
+        std::lock_guard lk(m.reg_mu);
+        if (buffer)
+            std::erase_if(m.buffers, [&](const Impl::BufferRange& b) { return b.slot == slot; });
+        else
+            m.file_slot_of.erase(m.file_of_slot[slot]);
     }
-    for (auto& r : inflight) m.await(*r);
-    m.await_detached();
+    // ...and the pieces already cut with it finish before it is emptied.
+    auto& users = buffer ? m.buf_users[slot] : m.file_users[slot];
+    for (std::uint32_t v; (v = users.load(std::memory_order_acquire)) != 0;) users.wait(v);
+    for (auto& q : m.queues) {
+        if (buffer)
+            q->update_buffer(slot, nullptr, 0);
+        else
+            q->update_file(slot, -1);
+    }
     std::lock_guard lk(m.reg_mu);
-    if (kind == Registration::Kind::buffer) {
-        for (auto& q : m.queues) q->update_buffer(slot, nullptr, 0);
-        std::erase_if(m.buffers, [&](const Impl::BufferRange& b) { return b.slot == slot; });
-        m.buffer_slots[slot] = false;
-    } else {
-        for (auto& q : m.queues) q->update_file(slot, -1);
-        m.file_slot_of.erase(m.file_of_slot[slot]);
-        m.file_slots[slot] = false;
-    }
+    (buffer ? m.buffer_slots : m.file_slots)[slot] = false;
 }
 
 EngineStats Engine::stats() const {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <unistd.h>
 
@@ -38,7 +39,14 @@ namespace {
 class ThreadQueue final : public Queue {
 public:
     ThreadQueue(Completer& c, unsigned threads) : c_(c) {
-        for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+        try {
+            for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+        } catch (const std::system_error& e) {
+            // Joinable threads must not be destroyed: stop the ones started.
+            stop();
+            throw IoError("cannot start " + std::to_string(threads) + " I/O threads (" + e.what() +
+                          "); lower --queue-depth or --queues");
+        }
     }
     ~ThreadQueue() override { stop(); }
 

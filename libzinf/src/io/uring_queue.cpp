@@ -117,7 +117,7 @@ private:
             std::lock_guard lk(mu_);
             cmds_.push_back(std::move(task));
         }
-        cv_.notify_one();
+        wake();  // the ring thread may be asleep in io_uring_enter
         return fut.get();
     }
 

@@ -4,7 +4,11 @@
 
 namespace zinf::json {
 
-std::string line(const Json& record) { return record.dump() + "\n"; }
+// Strings that are not UTF-8 (a path is just bytes) are written with U+FFFD
+// in place of the bad bytes rather than failing the whole record.
+std::string line(const Json& record) {
+    return record.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
 
 Json parse_line(std::string_view text, const std::string& source, std::size_t line_no) {
     try {

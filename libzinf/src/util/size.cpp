@@ -54,12 +54,28 @@ std::uint64_t parse_size(std::string_view text) {
             if (v > std::numeric_limits<std::uint64_t>::max() / u.factor) throw bad("too large");
             return v * u.factor;
         }
-        double d = 0;
-        auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
-        if (ec != std::errc() || p != num.data() + num.size() || d < 0) throw bad("not a number");
-        long double bytes = static_cast<long double>(d) * u.factor;
-        if (bytes > 1.8e19L) throw bad("too large");
-        if (bytes != std::floor(bytes)) throw bad("not a whole number of bytes");
+        // Exact decimal arithmetic: "4.096kB" is 4096 bytes, not 4095.99...
+        const std::size_t dot = num.find('.');
+        std::string_view whole = num.substr(0, dot), frac = num.substr(dot + 1);
+        if (frac.find('.') != std::string_view::npos || frac.size() > 12 || (whole.empty() && frac.empty()))
+            throw bad("not a number");
+        unsigned __int128 w = 0, f = 0, scale = 1;
+        for (char c : whole) {
+            if (c < '0' || c > '9') throw bad("not a number");
+            w = w * 10 + static_cast<unsigned>(c - '0');
+            if (w > UINT64_MAX) throw bad("too large");
+        }
+        for (char c : frac) {
+            if (c < '0' || c > '9') throw bad("not a number");
+            f = f * 10 + static_cast<unsigned>(c - '0');
+            scale *= 10;
+        }
+        // w*factor < 2^64 and scale <= 10^12 keep every product under 2^128.
+        if (w * u.factor > UINT64_MAX) throw bad("too large");
+        const unsigned __int128 num_bytes = w * u.factor * scale + f * u.factor;
+        if (num_bytes % scale != 0) throw bad("not a whole number of bytes");
+        const unsigned __int128 bytes = num_bytes / scale;
+        if (bytes > UINT64_MAX) throw bad("too large");
         return static_cast<std::uint64_t>(bytes);
     }
     throw bad("unknown unit");
@@ -91,7 +107,7 @@ std::chrono::nanoseconds parse_duration(std::string_view text) {
         double d = 0;
         auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
         if (ec != std::errc() || p != num.data() + num.size()) continue;
-        if (d < 0 || !std::isfinite(d)) break;
+        if (d < 0 || !std::isfinite(d) || d * u.ns >= 9.2e18) break;  // int64 nanoseconds
         return std::chrono::nanoseconds(static_cast<std::int64_t>(d * u.ns));
     }
     throw UsageError("invalid duration '" + std::string(text) +
