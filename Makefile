@@ -118,7 +118,7 @@ tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS)
 $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  HDR     $<")
-	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ $< -MF /dev/null && touch $@
+	$(Q)echo '#include <zinf/$(notdir $<)>' | $(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - -MF /dev/null && touch $@
 
 # Objects are kept between builds even when only a link needed them.
 .SECONDARY:

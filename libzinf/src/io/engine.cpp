@@ -166,7 +166,7 @@ struct Engine::Impl final : detail::Completer {
         Done cb = std::move(r->done);
         try {
             if (r->failed.load()) {
-                IoError e(r->err_msg, {r->err, r->file->path, r->err_offset, -1});
+                const IoError e = r->error();
                 cb(&e);
             } else {
                 cb(nullptr);
@@ -263,7 +263,8 @@ Engine::~Engine() {
     }
     for (auto& [id, r] : m.live) {
         if (r->failed.load())
-            log::warn(std::string("an I/O error was never waited for (ticket ") + std::to_string(id) + "): " + IoError(r->err_msg, {r->err, r->file->path, r->err_offset, -1}).what());
+            log::warn("an I/O error was never waited for (ticket " + std::to_string(id) +
+                      "): " + r->error().what());
     }
 }
 
@@ -304,8 +305,6 @@ Ticket Engine::Impl::submit(Op op, File& file, std::uint64_t offset, std::byte* 
     auto r = std::make_shared<Request>();
     r->op = op;
     r->file = fi;
-    r->offset = offset;
-    r->bytes = bytes;
     // Pieces keep the file's alignment so that each is a valid direct transfer.
     const std::size_t piece = std::max<std::size_t>(align_down(cfg.block_size, fi->align), fi->align);
     const std::size_t n = bytes ? (bytes + piece - 1) / piece : 0;
@@ -383,7 +382,7 @@ std::shared_ptr<Request> Engine::Impl::take(Ticket t) {
 
 void Engine::Impl::throw_if_failed(Request& r) {
     if (!r.failed.load()) return;
-    throw IoError(r.err_msg, {r.err, r.file->path, r.err_offset, -1});
+    throw r.error();
 }
 
 void Engine::read_then(File& file, std::uint64_t offset, std::span<std::byte> dst, Done done) {

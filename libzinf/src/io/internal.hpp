@@ -56,8 +56,6 @@ struct Request {
     Op op = Op::read;
     File::Impl* file = nullptr;
     int file_slot = -1;  // registered file index, -1 when none
-    std::uint64_t offset = 0;
-    std::size_t bytes = 0;
     std::vector<Piece> pieces;
     std::atomic<std::uint32_t> pending{0};  // pieces not yet finished
     std::atomic<bool> failed{false};
@@ -70,6 +68,9 @@ struct Request {
     std::string err_msg;  // first failure, complete message
     int err = 0;
     std::uint64_t err_offset = 0;
+
+    // The first failure as the error wait() throws; read only once `failed`.
+    IoError error() const { return IoError(err_msg, {err, file->path, err_offset, -1}); }
 };
 
 // How a backend should treat a piece it is about to submit.
@@ -113,8 +114,6 @@ std::unique_ptr<Queue> make_uring_queue(Completer& c, unsigned queue_depth, std:
                                         bool& can_register, int& err);
 std::unique_ptr<Queue> make_thread_queue(Completer& c, unsigned threads);
 
-// Runs one piece to the end with blocking pread/pwrite on the calling thread.
-void run_piece_sync(Completer& c, Piece& p);
 
 }  // namespace detail
 }  // namespace zinf::io

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 namespace zinf::io::detail {
+namespace {
 
+// Runs one piece to the end with blocking pread/pwrite on this thread.
 void run_piece_sync(Completer& c, Piece& p) {
     for (;;) {
         Submission s = c.prepare(p);
@@ -33,8 +35,6 @@ void run_piece_sync(Completer& c, Piece& p) {
         if (!c.complete(p, res)) return;
     }
 }
-
-namespace {
 
 class ThreadQueue final : public Queue {
 public:

@@ -7,7 +7,7 @@ namespace zinf::cli {
 
 void add_common(CLI::App& app, Common& common) {
     app.add_flag("-q,--quiet", common.quiet, "Print nothing on stderr but errors");
-    app.add_flag("-v,--verbose", common.verbose, "Say more on stderr (repeat for debug detail)");
+    app.add_flag("-v,--verbose", common.verbose, "Say more on stderr: debug detail");
     app.set_version_flag("--version", std::string(version()));
     app.option_defaults()->always_capture_default();
 }
