@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fcntl.h>
-#include <fstream>
 #include <sys/stat.h>
 
 using namespace zinf;
@@ -27,23 +26,13 @@ struct Options {
     bool small_pages = false;
 };
 
-io::EngineConfig load_config(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw MissingInputError("cannot open the engine configuration", {errno, path, {}, -1});
-    auto recs = json::read_lines(in, path);
-    if (recs.size() != 1)
-        throw DataError(path + ": want one engine configuration record, found " +
-                        std::to_string(recs.size()));
-    return io::EngineConfig::from_json(recs[0], path);
-}
-
 int run(Options& o, bool config_given_by_flags) {
     io::EngineConfig cfg = o.engine;
     if (!o.config.empty()) {
         if (config_given_by_flags)
             throw UsageError("--config and the engine flags (--engine, --block-size, "
                              "--queue-depth, --queues) exclude each other");
-        cfg = load_config(o.config);
+        cfg = io::EngineConfig::load(o.config);
     } else {
         cfg.block_size = parse_size(o.block_size);
     }

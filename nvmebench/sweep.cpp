@@ -218,6 +218,13 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
         std::condition_variable cv;
         std::exception_ptr error;  // the first failure, under mu
     } pass;
+    // A request (or the issuing thread) is done: the last one wakes the pass.
+    auto leave = [&] {
+        if (pass.active.fetch_sub(1) == 1) {
+            std::lock_guard lk(pass.mu);
+            pass.cv.notify_all();
+        }
+    };
     auto fail = [&](std::exception_ptr e) {
         std::lock_guard lk(pass.mu);
         if (!pass.error) pass.error = e;
@@ -245,10 +252,7 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
             } catch (...) {
                 fail(std::current_exception());
             }
-            if (pass.active.fetch_sub(1) == 1) {
-                std::lock_guard lk(pass.mu);
-                pass.cv.notify_all();
-            }
+            leave();
         };
         try {
             if (op == io::Op::read)
@@ -256,10 +260,7 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
             else
                 eng.write_then(f, off, span, done);
         } catch (...) {  // never submitted: no callback will count it down
-            if (pass.active.fetch_sub(1) == 1) {
-                std::lock_guard lk(pass.mu);
-                pass.cv.notify_all();
-            }
+            leave();
             throw;
         }
     };
@@ -272,7 +273,7 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
         } catch (...) {
             fail(std::current_exception());
         }
-        pass.active.fetch_sub(1);
+        leave();
         std::unique_lock lk(pass.mu);
         pass.cv.wait(lk, [&] { return pass.active.load() == 0; });
         if (g_interrupted.load()) pass.stop = true;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <fcntl.h>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -618,6 +619,19 @@ BOOST_AUTO_TEST_CASE(engine_config_refuses_unknown_keys_and_bad_values) {
                           });
     BOOST_CHECK_THROW(config("uring", 1000, 1, 1).validate(), UsageError);
     BOOST_CHECK_THROW(config("uring", 2 * GiB, 1, 1).validate(), UsageError);
+}
+
+BOOST_AUTO_TEST_CASE(engine_config_load_from_file) {
+    testing::TempDir dir;
+    const std::string good = dir.file("engine.json"), two = dir.file("two.json");
+    std::ofstream(good) << config("threads", 4 * MiB, 16, 2).to_json().dump() << "\n";
+    EngineConfig c = EngineConfig::load(good);
+    BOOST_TEST((c.engine == "threads" && c.block_size == 4 * MiB && c.queue_depth == 16u && c.queues == 2u));
+    std::ofstream(two) << "{}\n{}\n";
+    BOOST_CHECK_EXCEPTION(EngineConfig::load(two), DataError, [&](const DataError& e) {
+        return std::string(e.what()).find("two.json") != std::string::npos;
+    });
+    BOOST_CHECK_THROW(EngineConfig::load(dir.file("missing.json")), MissingInputError);
 }
 
 BOOST_AUTO_TEST_CASE(fault_spec_parsing) {

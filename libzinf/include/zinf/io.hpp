@@ -40,6 +40,9 @@ struct EngineConfig {
     // an error, so a misspelt key never silently changes nothing. `where` names
     // the source in messages ("engine.json").
     static EngineConfig from_json(const json::Json& obj, const std::string& where);
+    // Reads a file holding one such object (what `zinf-nvmebench --best`
+    // prints): MissingInputError when absent, DataError naming the file else.
+    static EngineConfig load(const std::string& path);
     json::Json to_json() const;
     std::string describe() const;  // "uring bs=1MiB qd=32 queues=2"
 };

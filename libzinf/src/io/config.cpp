@@ -1,5 +1,7 @@
 #include <zinf/io.hpp>
 
+#include <cerrno>
+#include <fstream>
 #include <set>
 
 namespace zinf::io {
@@ -55,6 +57,16 @@ EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& w
         throw DataError(where + ": " + e.message());
     }
     return c;
+}
+
+EngineConfig EngineConfig::load(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw MissingInputError("cannot open the engine configuration", {errno, path, {}, -1});
+    auto recs = json::read_lines(in, path);
+    if (recs.size() != 1)
+        throw DataError(path + ": want one engine configuration record, found " +
+                        std::to_string(recs.size()));
+    return from_json(recs[0], path);
 }
 
 json::Json EngineConfig::to_json() const {

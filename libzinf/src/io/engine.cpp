@@ -202,6 +202,15 @@ struct Engine::Impl final : detail::Completer {
                   Done done = {});
     void await(Request& r);
     std::shared_ptr<Request> take(Ticket t);
+    // The live request of `t`; the caller holds mu. `who` names the call in
+    // the error for a ticket that is unknown or already waited.
+    std::shared_ptr<Request>& find(Ticket t, const char* who) {
+        auto it = live.find(t.id);
+        if (it == live.end())
+            throw InternalError(std::string(who) + " on an unknown or already waited I/O ticket " +
+                                std::to_string(t.id));
+        return it->second;
+    }
     void throw_if_failed(Request& r);
 };
 
@@ -372,11 +381,8 @@ void Engine::Impl::await(Request& r) {
 
 std::shared_ptr<Request> Engine::Impl::take(Ticket t) {
     std::lock_guard lk(mu);
-    auto it = live.find(t.id);
-    if (it == live.end())
-        throw InternalError("wait on an unknown or already waited I/O ticket " + std::to_string(t.id));
-    std::shared_ptr<Request> r = std::move(it->second);
-    live.erase(it);
+    std::shared_ptr<Request> r = std::move(find(t, "wait"));
+    live.erase(t.id);
     return r;
 }
 
@@ -404,11 +410,7 @@ void Engine::wait(Ticket t) {
 
 bool Engine::ready(Ticket t) {
     std::lock_guard lk(impl_->mu);
-    auto it = impl_->live.find(t.id);
-    if (it == impl_->live.end())
-        throw InternalError("ready() on an unknown or already waited I/O ticket " +
-                            std::to_string(t.id));
-    return it->second->pending.load(std::memory_order_acquire) == 0;
+    return impl_->find(t, "ready")->pending.load(std::memory_order_acquire) == 0;
 }
 
 std::size_t Engine::wait_any(std::span<const Ticket> tickets) {
@@ -416,13 +418,8 @@ std::size_t Engine::wait_any(std::span<const Ticket> tickets) {
     std::vector<std::shared_ptr<Request>> reqs(tickets.size());  // alive whoever else waits
     {
         std::lock_guard lk(impl_->mu);
-        for (std::size_t i = 0; i < tickets.size(); ++i) {
-            auto it = impl_->live.find(tickets[i].id);
-            if (it == impl_->live.end())
-                throw InternalError("wait_any on an unknown or already waited I/O ticket " +
-                                    std::to_string(tickets[i].id));
-            reqs[i] = it->second;
-        }
+        for (std::size_t i = 0; i < tickets.size(); ++i)
+            reqs[i] = impl_->find(tickets[i], "wait_any");
     }
     for (;;) {
         // Read the counter before looking, so a completion between the look
