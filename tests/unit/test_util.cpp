@@ -248,31 +248,10 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(logging)
 
-// Captures what is written to stderr while `fn` runs.
-template <class F>
-std::string capture_stderr(F fn) {
-    char path[] = "/tmp/zinf-stderr-XXXXXX";
-    int fd = ::mkstemp(path);
-    std::fflush(stderr);
-    int saved = ::dup(2);
-    ::dup2(fd, 2);
-    fn();
-    std::fflush(stderr);
-    ::dup2(saved, 2);
-    ::close(saved);
-    std::string out;
-    char buf[4096];
-    ::lseek(fd, 0, SEEK_SET);
-    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, n);
-    ::close(fd);
-    ::unlink(path);
-    return out;
-}
-
 BOOST_AUTO_TEST_CASE(warn_once_and_levels) {
     log::set_program("zinf-test");
     log::set_level(LogLevel::info);
-    std::string out = capture_stderr([] {
+    std::string out = testing::capture_stderr([] {
         log::warn_once("k", "first");
         log::warn_once("k", "second");
         log::info("hello");
@@ -280,13 +259,13 @@ BOOST_AUTO_TEST_CASE(warn_once_and_levels) {
     });
     BOOST_TEST(out == "zinf-test: warning: first\nzinf-test: hello\n");
     log::set_level(LogLevel::quiet);
-    BOOST_TEST(capture_stderr([] { log::warn("x"); log::info("y"); }).empty());
+    BOOST_TEST(testing::capture_stderr([] { log::warn("x"); log::info("y"); }).empty());
     log::set_level(LogLevel::info);
 }
 
 BOOST_AUTO_TEST_CASE(progress_is_silent_off_a_tty) {
     // Tests run with stderr redirected; a bar must then draw nothing at all.
-    std::string out = capture_stderr([] {
+    std::string out = testing::capture_stderr([] {
         Progress p("x", 100);
         p.advance(50);
         p.finish();

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -58,5 +60,26 @@ struct TempDir {
     }
     std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// Captures what is written to stderr while `fn` runs.
+template <class F>
+inline std::string capture_stderr(F fn) {
+    char path[] = "/tmp/zinf-stderr-XXXXXX";
+    int fd = ::mkstemp(path);
+    std::fflush(stderr);
+    int saved = ::dup(2);
+    ::dup2(fd, 2);
+    fn();
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::string out;
+    char buf[4096];
+    ::lseek(fd, 0, SEEK_SET);
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, n);
+    ::close(fd);
+    ::unlink(path);
+    return out;
+}
 
 }  // namespace zinf::testing
