@@ -67,6 +67,9 @@ LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 ifneq ($(NVCC),)
 CPPFLAGS += -DZINF_HAVE_CUDA=1
+# The static runtime: binaries start on machines without CUDA and say so.
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+$(BUILD)/%_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifneq ($(NCCL_H),)
 CPPFLAGS += -DZINF_HAVE_NCCL=1
@@ -88,7 +91,9 @@ endif
 
 # --- sources ---------------------------------------------------------------
 LIB := $(BUILD)/libzinf.a
-LIB_SRCS := $(sort $(wildcard libzinf/src/*/*.cpp))
+# CUDA runtime calls live in *_cuda.cpp files, built with the toolkit; their
+# *_none.cpp twins stand in without it (no #if needed anywhere else).
+LIB_SRCS := $(filter-out $(if $(NVCC),%_none.cpp,%_cuda.cpp),$(sort $(wildcard libzinf/src/*/*.cpp)))
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 
 # One folder per program: main.cpp plus its own small files.

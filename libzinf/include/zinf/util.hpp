@@ -240,6 +240,11 @@ private:
     std::chrono::steady_clock::time_point t0_;
 };
 
+// This process's resident memory now (VmRSS) and its peak so far (VmHWM), in
+// bytes, from /proc/self/status; 0 where it cannot be read.
+std::uint64_t resident_bytes();
+std::uint64_t peak_resident_bytes();
+
 // ---------------------------------------------------------------------------
 // JSON helpers over nlohmann-json.
 namespace json {

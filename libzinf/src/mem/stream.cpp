@@ -1,0 +1,170 @@
+// Stream: a byte range of any size crosses the pinned pool in buffer-sized
+// windows, with the file transfers of the next windows in flight while the
+// current one is copied.
+#include <zinf/mem.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <unistd.h>
+
+namespace zinf::mem {
+
+namespace {
+
+// The aligned windows a range is cut into: [A, B) is the range widened to the
+// file's alignment, each window one pool buffer long (the last one shorter).
+struct Windows {
+    std::uint64_t begin = 0, end = 0;  // the range asked for
+    std::uint64_t A = 0, B = 0;        // widened to the alignment
+    std::uint64_t buf = 0;
+    std::size_t count() const { return static_cast<std::size_t>((B - A + buf - 1) / buf); }
+    std::uint64_t start(std::size_t i) const { return A + i * buf; }
+    std::uint64_t stop(std::size_t i) const { return std::min(B, start(i) + buf); }
+};
+
+Windows cut(const io::File& file, std::uint64_t offset, std::uint64_t bytes, std::uint64_t buf) {
+    const std::uint64_t a = file.alignment();
+    if (buf % a != 0)
+        throw UsageError("pinned buffers of " + format_size(buf) + " do not suit the direct-I/O alignment (" +
+                         format_size(a) + ") of " + file.path());
+    return {offset, offset + bytes, align_down(offset, a), align_up(offset + bytes, a), buf};
+}
+
+// A synchronous pread that accepts the end of the file: under O_DIRECT the
+// kernel takes a whole aligned block and returns what exists. Returns the
+// bytes read.
+std::uint64_t pread_to_eof(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
+    std::uint64_t done = 0;
+    while (done < dst.size()) {
+        ssize_t n = ::pread(file.fd(), dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("pread", errno, file.path(), offset + done);
+        if (n == 0) break;
+        done += static_cast<std::uint64_t>(n);
+        // Under O_DIRECT a short read ends at the end of the file; asking for
+        // the rest would be an unaligned request.
+        if (file.alignment() > 1 && !is_aligned(done, file.alignment())) break;
+    }
+    return done;
+}
+
+// Tickets still in flight when something throws: waited (their buffers are
+// about to go back to the pool), their own errors dropped for the first one.
+struct InFlight {
+    io::Engine& engine;
+    std::vector<std::optional<io::Ticket>> tickets;
+    InFlight(io::Engine& e, std::size_t n) : engine(e), tickets(n) {}
+    void wait(std::size_t slot) {
+        if (!tickets[slot]) return;
+        io::Ticket t = *tickets[slot];
+        tickets[slot].reset();
+        engine.wait(t);
+    }
+    ~InFlight() {
+        for (auto& t : tickets) {
+            if (!t) continue;
+            try {
+                engine.wait(*t);
+            } catch (...) {
+            }
+        }
+    }
+};
+
+}  // namespace
+
+Stream::Stream(io::Engine& engine, PinnedPool& pool, StreamOptions opts)
+    : engine_(engine), pool_(pool), opts_(std::move(opts)) {
+    if (opts_.buffers == 0) opts_.buffers = std::max<std::size_t>(2, pool.buffers() / 4);
+    opts_.buffers = std::min(opts_.buffers, pool.buffers());
+}
+
+void Stream::read(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Sink& sink) {
+    if (bytes == 0) return;
+    const std::uint64_t size = file.size();
+    if (offset + bytes > size || offset + bytes < offset)
+        throw DataError("reading bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                            ") of a file of " + std::to_string(size) + " bytes: the range runs past its end",
+                        {0, file.path(), size, -1});
+    const Windows w = cut(file, offset, bytes, pool_.buffer_bytes());
+    const std::size_t n = w.count();
+    const std::size_t k = std::min<std::size_t>(opts_.buffers, n);
+    auto leases = pool_.lease_many(k, opts_.who);
+    InFlight flight(engine_, k);
+
+    // A window that reaches past the end of the file (an unaligned file under
+    // O_DIRECT) is read with pread, which stops at the end.
+    auto start = [&](std::size_t i) {
+        const std::uint64_t s = w.start(i), e = w.stop(i);
+        if (e > size) return;
+        flight.tickets[i % k] = engine_.read(file, s, leases[i % k].bytes().first(e - s));
+    };
+    for (std::size_t i = 0; i < k; ++i) start(i);
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t slot = i % k;
+        const std::uint64_t s = w.start(i), e = w.stop(i);
+        auto buf = leases[slot].bytes();
+        if (e > size) {
+            if (pread_to_eof(file, s, buf.first(e - s)) < std::min(e, size) - s)
+                throw IoError("the file shrank while it was read", {0, file.path(), s, -1});
+        } else {
+            flight.wait(slot);
+        }
+        const std::uint64_t from = std::max(s, w.begin), to = std::min(e, w.end);
+        sink(from - w.begin, buf.subspan(from - s, to - from));
+        pool_.count_moved(to - from);
+        if (i + k < n) start(i + k);
+    }
+}
+
+void Stream::read(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
+    read(file, offset, dst.size(), [dst](std::uint64_t at, std::span<const std::byte> piece) {
+        std::memcpy(dst.data() + at, piece.data(), piece.size());
+    });
+}
+
+void Stream::write(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Source& source) {
+    if (bytes == 0) return;
+    const std::uint64_t old_size = file.size();
+    const Windows w = cut(file, offset, bytes, pool_.buffer_bytes());
+    const std::size_t n = w.count();
+    const std::size_t k = std::min<std::size_t>(opts_.buffers, n);
+    auto leases = pool_.lease_many(k, opts_.who);
+    InFlight flight(engine_, k);
+
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t slot = i % k;
+        flight.wait(slot);  // the buffer's previous write is done
+        const std::uint64_t s = w.start(i), e = w.stop(i);
+        auto buf = leases[slot].bytes().first(e - s);
+        // Bytes of the aligned edges that lie outside the range keep what the
+        // file holds there (zeros past its end).
+        auto keep = [&](std::uint64_t from, std::uint64_t to) {
+            if (from >= to) return;
+            const std::uint64_t block = align_down(from - s, file.alignment());
+            auto edge = buf.subspan(block, align_up(to - s, file.alignment()) - block);
+            std::uint64_t got = s + block < old_size ? pread_to_eof(file, s + block, edge) : 0;
+            std::memset(edge.data() + got, 0, edge.size() - got);
+        };
+        if (i == 0) keep(w.A, w.begin);
+        if (i == n - 1) keep(w.end, w.B);
+        const std::uint64_t from = std::max(s, w.begin), to = std::min(e, w.end);
+        source(from - w.begin, buf.subspan(from - s, to - from));
+        flight.tickets[slot] = engine_.write(file, s, buf);
+        pool_.count_moved(to - from);
+    }
+    for (std::size_t slot = 0; slot < k; ++slot) flight.wait(slot);
+    // An aligned tail block may have carried the file past the range's end.
+    const std::uint64_t want = std::max(old_size, w.end);
+    if (w.B > want) file.truncate(want);
+}
+
+void Stream::write(io::File& file, std::uint64_t offset, std::span<const std::byte> src) {
+    write(file, offset, src.size(), [src](std::uint64_t at, std::span<std::byte> piece) {
+        std::memcpy(piece.data(), src.data() + at, piece.size());
+    });
+}
+
+}  // namespace zinf::mem
