@@ -24,6 +24,7 @@ Q := $(if $(V),,@)
 
 # --- what this machine has ---------------------------------------------------
 empty :=
+comma := ,
 have = $(empty)  $(if $(1),✓,✗)
 
 ifneq ($(NO_CUDA),1)
@@ -117,7 +118,20 @@ TESTS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/%)
 
 all: check-headers $(PROGRAMS) $(BENCHES)
 bench: $(BENCHES)
-tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS)
+tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS) sanitized-tests
+
+# The tests of the threaded parts also run under ThreadSanitizer and
+# AddressSanitizer (+UBSan), each in its own build folder, so the main build
+# is untouched. CPU-only: the sanitizers and the CUDA runtime do not mix.
+SANITIZED_TESTS := test_io test_mem
+SANITIZERS := thread address,undefined
+sanitized-tests:
+ifeq ($(SANITIZE),)
+	$(Q)$(foreach s,$(SANITIZERS),$(MAKE) --no-print-directory NO_CUDA=1 NO_MPI=1 SANITIZE=$(s) \
+	  BUILD=$(BUILD)/san-$(firstword $(subst $(comma), ,$(s))) \
+	  $(SANITIZED_TESTS:%=$(BUILD)/san-$(firstword $(subst $(comma), ,$(s)))/tests/%) &&) true
+endif
+.PHONY: sanitized-tests
 
 # Each public header compiles on its own (DESIGN.md): one stamp per header.
 $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)

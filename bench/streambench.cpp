@@ -64,6 +64,11 @@ int run(Options& o, bool engine_flags) {
             if (!o.no_hash) h.update(piece);
         });
         gibps.push_back(double(size) / double(GiB) / t.seconds());
+        // Every round reads the same bytes: a different hash is corruption.
+        if (r > 0 && !o.no_hash && h.digest() != digest)
+            throw DataError("round " + std::to_string(r + 1) + " read different bytes (xxh3 " + hex64(h.digest()) +
+                                ") than round 1 (" + hex64(digest) + ")",
+                            {0, o.file, {}, -1});
         digest = h.digest();
         log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
                   std::to_string(gibps.back()) + " GiB/s");
@@ -90,6 +95,7 @@ int run(Options& o, bool engine_flags) {
         rec["rss_peak_bytes"] = peak;
         rec["version"] = version();
         std::fputs(json::line(rec).c_str(), stdout);
+        if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
     } else {
         std::printf("# zinf-streambench %s: %s of %s through a %s pinned pool (%s, %s)\n", version(),
                     format_size(size).c_str(), o.file.c_str(), pc.describe().c_str(),

@@ -6,6 +6,7 @@
 
 #include <zinf/cli.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -36,21 +37,26 @@ struct Options {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop.store(true); }
 
+// Growth of the resident set tolerated before a warning: the C library's
+// thread stacks and arenas, not the pool.
+constexpr std::uint64_t kRssSlack = 16 * MiB;
+
 double us(double ns) { return ns / 1000.0; }
 
 // Data rows carry no '#'; everything else does (nccl-tests' convention).
 void print_table(const StressSpec& spec, const mem::PoolStats& ps, const StressResult& r,
                  const std::vector<CopyResult>& copies, std::uint64_t rss0, std::uint64_t rss1,
                  std::uint64_t peak) {
-    std::printf("# pool %s = %zu x %s via %s, %s, %s; seed %llu\n", format_size(ps.buffers * ps.buffer_bytes).c_str(),
+    std::printf("# zinf-pinstress %s\n", version());
+    std::printf("# pool %s = %zu x %s via %s, %s%s; seed %llu\n", format_size(ps.buffers * ps.buffer_bytes).c_str(),
                 ps.buffers, format_size(ps.buffer_bytes).c_str(), ps.allocator.c_str(),
-                ps.locked ? "page-locked" : "NOT page-locked", ps.registered ? "registered" : "not registered",
+                ps.locked ? "page-locked" : "NOT page-locked", ps.registered ? ", registered with the io engine" : "",
                 static_cast<unsigned long long>(spec.seed));
-    std::printf("# %7s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s\n", "threads", "seconds", "rounds", "GiB_chkd",
-                "leases", "waits", "wait_s", "p50_us", "p99_us", "max_us", "problems");
-    std::printf("  %7u %9.2f %9llu %9.2f %9llu %9llu %9.3f %9.2f %9.2f %8.1f %8zu\n", spec.threads, r.seconds,
+    std::printf("# %7s %9s %9s %9s %9s %9s %9s %9s %10s %8s\n", "threads", "seconds", "rounds", "GiB_chkd",
+                "waits", "wait_s", "p50_us", "p99_us", "max_us", "problems");
+    std::printf("  %7u %9.2f %9llu %9.2f %9llu %9.3f %9.2f %9.2f %10.1f %8zu\n", spec.threads, r.seconds,
                 static_cast<unsigned long long>(r.rounds), static_cast<double>(r.bytes_checked) / GiB,
-                static_cast<unsigned long long>(r.latency.count()), static_cast<unsigned long long>(ps.waits),
+                static_cast<unsigned long long>(ps.waits),
                 ps.wait_seconds, us(r.latency.quantile_ns(0.5)), us(r.latency.quantile_ns(0.99)),
                 us(static_cast<double>(r.latency.max_ns())), r.problems.size());
     if (!copies.empty()) {
@@ -85,6 +91,7 @@ json::Json record(const StressSpec& spec, const mem::PinnedPool& pool, const Str
                     {"rss_start_bytes", rss0},
                     {"rss_end_bytes", rss1},
                     {"rss_peak_bytes", peak},
+                    {"rss_growth_bytes", static_cast<std::int64_t>(rss1) - static_cast<std::int64_t>(rss0)},
                     {"gpu", gpu.count > 0 ? json::Json(gpu.name) : json::Json(nullptr)}};
     json::Json cs = json::Json::array();
     for (const auto& c : copies)
@@ -100,6 +107,7 @@ json::Json record(const StressSpec& spec, const mem::PinnedPool& pool, const Str
 int run(const Options& o) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    std::signal(SIGHUP, on_signal);
     std::signal(SIGPIPE, SIG_IGN);
 
     mem::PoolConfig pc;
@@ -146,7 +154,8 @@ int run(const Options& o) {
 
     StressResult r = stress(pool, spec, g_stop);
     std::vector<CopyResult> copies;
-    if (!o.no_copy && !g_stop) copies = copy_bandwidth(pool, arena.get(), pageable.bytes(), source.bytes(), o.copy_rounds);
+    const bool failed = std::any_of(r.problems.begin(), r.problems.end(), [](auto& p) { return p.what == "error"; });
+    if (!o.no_copy && !g_stop && !failed) copies = copy_bandwidth(pool, arena.get(), pageable.bytes(), source.bytes(), o.copy_rounds);
     const std::uint64_t rss1 = resident_bytes(), peak = peak_resident_bytes();
     log::info("resident at end: " + format_size(rss1) + " (peak " + format_size(peak) + ")");
 
@@ -157,12 +166,20 @@ int run(const Options& o) {
     if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
 
     if (g_stop) throw Interrupted("interrupted; the figures above cover the run so far");
+    // A lease timeout (an error) outranks the checks; the checks' failures are
+    // all named in the message (the first few; the JSON has every one).
     for (const auto& p : r.problems)
         if (p.what == "error") throw InternalError(p.message);
     if (!r.problems.empty()) {
-        for (const auto& p : r.problems) log::warn(p.what + ": " + p.message);
-        throw DataError(std::to_string(r.problems.size()) + " problem(s) found (seed " + std::to_string(spec.seed) + ")");
+        std::string msg = std::to_string(r.problems.size()) + " problem(s) found (seed " + std::to_string(spec.seed) + ")";
+        for (std::size_t i = 0; i < std::min<std::size_t>(r.problems.size(), 5); ++i)
+            msg += "\n  " + r.problems[i].what + ": " + r.problems[i].message;
+        if (r.problems.size() > 5) msg += "\n  ... and " + std::to_string(r.problems.size() - 5) + " more";
+        throw DataError(msg);
     }
+    if (rss1 > rss0 + kRssSlack)
+        log::warn("resident memory grew by " + format_size(rss1 - rss0) + " during the run (the pool never allocates "
+                  "after start-up; this is worth a bug report)");
     return exit_code::ok;
 }
 
@@ -186,7 +203,8 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
     app.add_option("--max-hold", o.max_hold, "Longest a lease is held (drawn from 0..this)");
     app.add_option("--timeout", o.timeout, "A lease waiting longer than this fails, naming the holders");
-    auto* seed = app.add_option("--seed", o.seed, "Random seed (default: drawn, and printed)");
+    auto* seed = app.add_option("--seed", o.seed, "Random seed (default: drawn at random, and printed)")
+        ->default_str("random");
     app.add_option("--copy-rounds", o.copy_rounds, "Copies per bandwidth figure")->check(CLI::Range(1u, 100000u));
     app.add_flag("--no-copy", o.no_copy, "Skip the copy-bandwidth measurements");
     app.add_flag("--json", o.json, "Print one JSON record (zinf.pinstress/1) instead of the table");

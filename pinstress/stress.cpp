@@ -167,8 +167,8 @@ StressResult stress(mem::PinnedPool& pool, const StressSpec& spec, const std::at
         if (it == ids.end()) continue;
         std::ostringstream os;
         os.precision(3);
-        os << "buffer " << h.buffer << " leased by '" << h.who << "' is still held " << h.held_seconds
-           << "s after its thread ended";
+        os << "buffer " << h.buffer << " leased by '" << h.who << "' " << h.held_seconds
+           << "s ago is still held after its thread ended";
         total.problems.push_back({"leak", os.str()});
     }
     return total;

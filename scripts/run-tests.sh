@@ -24,9 +24,16 @@ attr() {  # attribute value from the first <TestSuite ...> element of a Boost XM
   grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+'
 }
 
-for t in build/tests/test_*; do
+# build/san-<sanitizer>/tests/test_*: the same tests under a sanitizer; any
+# report fails the run (halt_on_error, exitcode).
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
+export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 ${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
+for t in build/tests/test_* build/san-*/tests/test_*; do
   [[ -x $t ]] || continue
   name=unit/$(basename "$t")
+  [[ $t == build/san-* ]] && name+=" ($(cut -d/ -f2 <<<"$t"))"
+
   echo "# running $name"
   xml=$(mktemp)
   timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \

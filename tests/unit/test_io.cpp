@@ -2,7 +2,7 @@
 // backends: round trips at awkward sizes, many concurrent mixed tickets,
 // injected errors and short transfers, misalignment, registration.
 #define BOOST_TEST_MODULE io
-#include "testing.hpp"
+#include "io_testing.hpp"
 
 #include <zinf/io.hpp>
 
@@ -19,46 +19,10 @@
 
 using namespace zinf;
 using namespace zinf::io;
+using namespace zinf::testing;
 namespace utf = boost::unit_test;
 
 namespace {
-
-bool have_uring() {
-    static const bool ok = uring_available();
-    return ok;
-}
-
-struct UringPresent {
-    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
-        std::string why;
-        boost::test_tools::assertion_result r(uring_available(&why));
-        if (!r) r.message() << "io_uring is not available here: " << why;
-        return r;
-    }
-};
-
-EngineConfig config(const std::string& engine, std::uint64_t bs, unsigned qd, unsigned queues) {
-    EngineConfig c;
-    c.engine = engine;
-    c.block_size = bs;
-    c.queue_depth = qd;
-    c.queues = queues;
-    return c;
-}
-
-File open_rw(const std::string& path, Direct d = Direct::prefer) {
-    OpenOptions o;
-    o.access = Access::read_write;
-    o.create = true;
-    o.direct = d;
-    return File::open(path, o);
-}
-
-std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
-    std::vector<std::byte> v(n);
-    testing::fill_random(v, rng);
-    return v;
-}
 
 // Writes `data` at `offset` and reads it back through `eng`; both directions
 // go through the engine, so a wrong piece boundary or a lost tail shows here.
@@ -358,9 +322,6 @@ void register_during_chain_and_sync(const std::string& engine) {
 
 }  // namespace
 
-#define BOTH_BACKENDS(name)                                                            \
-    BOOST_AUTO_TEST_CASE(name##_uring, *utf::precondition(UringPresent())) { name("uring"); } \
-    BOOST_AUTO_TEST_CASE(name##_threads) { name("threads"); }
 
 BOOST_AUTO_TEST_SUITE(engine)
 BOTH_BACKENDS(unaligned_sizes)
@@ -537,25 +498,7 @@ BOOST_AUTO_TEST_CASE(tmpfs_file_works_either_way) {
 }
 
 // ramfs refuses O_DIRECT on every kernel: the fallback to buffered I/O, and
-// Direct::require failing, are checked there. Needs root to mount.
-struct RamfsMount {
-    testing::TempDir dir;
-    bool ok = false;
-    RamfsMount() { ok = ::mount("ramfs", dir.path.c_str(), "ramfs", 0, nullptr) == 0; }
-    ~RamfsMount() {
-        if (ok) ::umount(dir.path.c_str());
-    }
-};
-
-struct CanMountRamfs {
-    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
-        RamfsMount m;
-        boost::test_tools::assertion_result r(m.ok);
-        if (!r) r.message() << "cannot mount ramfs here (needs root): " << std::strerror(errno);
-        return r;
-    }
-};
-
+// Direct::require failing, are checked there.
 BOOST_AUTO_TEST_CASE(o_direct_fallback_on_ramfs, *utf::precondition(CanMountRamfs())) {
     RamfsMount m;
     BOOST_REQUIRE(m.ok);

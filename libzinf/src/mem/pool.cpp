@@ -34,7 +34,7 @@ void PoolConfig::validate() const {
 
 static std::uint64_t size_value(const json::Json& v, const std::string& key, const std::string& where) {
     try {
-        if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+        if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return v.get<std::uint64_t>();
         if (v.is_string()) return parse_size(v.get<std::string>());
     } catch (const UsageError& e) {
         throw DataError(where + ": key \"" + key + "\": " + e.message());

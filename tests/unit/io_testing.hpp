@@ -1,0 +1,82 @@
+// What the io and mem unit tests share: backend preconditions, engine
+// configurations, files that take O_DIRECT or refuse it, random data.
+#pragma once
+
+#include "testing.hpp"
+
+#include <zinf/io.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <string>
+#include <sys/mount.h>
+#include <vector>
+
+namespace zinf::testing {
+
+namespace utf = boost::unit_test;
+using namespace zinf::io;
+
+inline bool have_uring() {
+    static const bool ok = uring_available();
+    return ok;
+}
+
+struct UringPresent {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        std::string why;
+        boost::test_tools::assertion_result r(uring_available(&why));
+        if (!r) r.message() << "io_uring is not available here: " << why;
+        return r;
+    }
+};
+
+inline EngineConfig config(const std::string& engine, std::uint64_t bs, unsigned qd, unsigned queues) {
+    EngineConfig c;
+    c.engine = engine;
+    c.block_size = bs;
+    c.queue_depth = qd;
+    c.queues = queues;
+    return c;
+}
+
+inline File open_rw(const std::string& path, Direct d = Direct::prefer) {
+    OpenOptions o;
+    o.access = Access::read_write;
+    o.create = true;
+    o.direct = d;
+    return File::open(path, o);
+}
+
+inline std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
+    std::vector<std::byte> v(n);
+    fill_random(v, rng);
+    return v;
+}
+
+// A ramfs mount: a file system that refuses O_DIRECT. Needs root to mount.
+struct RamfsMount {
+    TempDir dir;
+    bool ok = false;
+    RamfsMount() { ok = ::mount("ramfs", dir.path.c_str(), "ramfs", 0, nullptr) == 0; }
+    ~RamfsMount() {
+        if (ok) ::umount(dir.path.c_str());
+    }
+};
+
+struct CanMountRamfs {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        RamfsMount m;
+        boost::test_tools::assertion_result r(m.ok);
+        if (!r) r.message() << "cannot mount ramfs here (needs root): " << std::strerror(errno);
+        return r;
+    }
+};
+
+}  // namespace zinf::testing
+
+// One test body run on each io backend; uring only where io_uring is allowed.
+#define BOTH_BACKENDS(name)                                                            \
+    BOOST_AUTO_TEST_CASE(name##_uring, *utf::precondition(zinf::testing::UringPresent())) { name("uring"); } \
+    BOOST_AUTO_TEST_CASE(name##_threads) { name("threads"); }
