@@ -86,8 +86,7 @@ int run(Options& o, bool engine_flags) {
         rec["bytes"] = size;
         rec["direct"] = f.direct();
         rec["pool"] = ps.to_json();
-        rec["stream_buffers"] = std::min<std::size_t>(o.buffers ? o.buffers : std::max<std::size_t>(2, ps.buffers / 4),
-                                                      ps.buffers);
+        rec["stream_buffers"] = stream.buffers();
         rec["xxh3"] = o.no_hash ? json::Json(nullptr) : json::Json(hex64(digest));
         rec["rounds_gibps"] = gibps;
         rec["median_gibps"] = median;
@@ -128,7 +127,7 @@ int main(int argc, char** argv) {
     auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
     app.add_option("--pinned", o.pinned, "Page-locked memory in the pool");
     app.add_option("--pinned-buffer", o.buffer, "Bytes per pool buffer (a multiple of 4KiB)");
-    app.add_option("--buffers", o.buffers, "Buffers the stream leases at once (0: a quarter of the pool, at least 2)");
+    app.add_option("--buffers", o.buffers, "Buffers the stream leases at once (0: half the pool, at least 2)");
     app.add_option("--rounds", o.rounds, "Timed passes over the file")->check(CLI::Range(1u, 100000u));
     app.add_flag("--no-hash", o.no_hash, "Do not hash the pieces (measure the transfer alone)");
     app.add_flag("--json", o.json, "One JSON record (zinf.streambench/1) instead of the table");

@@ -167,7 +167,7 @@ private:
 // in flight while earlier ones are copied. Offsets and lengths need not be
 // aligned: the edges are read (and, for writes, merged) in aligned blocks.
 struct StreamOptions {
-    std::size_t buffers = 0;  // buffers to lease at once (0: a quarter of the pool, at least 2)
+    std::size_t buffers = 0;  // buffers to lease at once (0: half the pool, at least 2)
     std::string who = "stream";
 };
 
@@ -188,6 +188,10 @@ public:
     // shorter, and never past it; bytes outside the range are kept.
     void write(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Source& source);
     void write(io::File& file, std::uint64_t offset, std::span<const std::byte> src);
+
+    // Buffers a transfer leases: StreamOptions::buffers resolved (a transfer
+    // shorter than that many buffers leases fewer).
+    std::size_t buffers() const { return opts_.buffers; }
 
 private:
     io::Engine& engine_;
