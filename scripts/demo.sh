@@ -5,6 +5,9 @@
 #   2. pick the best engine configuration (--best) into engine.json
 #   3. write a 512MiB "state file" and read it back verified
 #   4. read it through the library API with that configuration (zinf-iobench)
+#   5. stress the pinned pool from 4 threads, every buffer checked (zinf-pinstress)
+#   6. stream the state file through a 64MiB pinned pool, 8x smaller than it
+#      (zinf-streambench): how zinf moves a partition larger than its pinned memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parent=${ZINF_DEMO_DIR:-${TMPDIR:-/var/tmp}}
@@ -13,18 +16,24 @@ trap 'rm -rf "$dir"' EXIT
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
-say "1/4 zinf-nvmebench: sweep in $dir"
+say "1/6 zinf-nvmebench: sweep in $dir"
 bin/zinf-nvmebench --dir "$dir" --size 256MiB -b 128KiB,1MiB,4MiB -d 4,32 -Q 1,2
 
-say "2/4 zinf-nvmebench --best: the engine configuration, in the keys the engine reads"
+say "2/6 zinf-nvmebench --best: the engine configuration, in the keys the engine reads"
 bin/zinf-nvmebench --dir "$dir" --size 256MiB -b 1MiB,4MiB -d 16,32 -Q 1,2 --best -q >"$dir/engine.json"
 cat "$dir/engine.json"
 
-say "3/4 a 512MiB state file, written and read back with an xxh3 check of every 4KiB"
+say "3/6 a 512MiB state file, written and read back with an xxh3 check of every 4KiB"
 bin/zinf-nvmebench --file "$dir/state.bin" --size 512MiB -b 1MiB -d 32 -Q 2 --verify --keep --json -q |
   jq -c '{op, engine, block_size, gibps: (.gibps * 1000 | round / 1000), verify}'
 
-say "4/4 zinf-iobench: one Engine::read of the whole file with engine.json"
+say "4/6 zinf-iobench: one Engine::read of the whole file with engine.json"
 bin/zinf-iobench --file "$dir/state.bin" --config "$dir/engine.json" --rounds 3 -q
+
+say "5/6 zinf-pinstress: 4 threads lease, fill, hash and check a 128MiB pinned pool for 3s"
+bin/zinf-pinstress --pinned 128MiB --pinned-buffer 8MiB -t 4 -s 3s --max-lease 3 -q
+
+say "6/6 zinf-streambench: the 512MiB state file through a 64MiB pinned pool"
+bin/zinf-streambench --file "$dir/state.bin" --config "$dir/engine.json" --pinned 64MiB --pinned-buffer 8MiB -q
 
 say "done: every program and its options are in man/ (man -l man/zinf-nvmebench.1)"
