@@ -2,8 +2,7 @@
 // Engine::read of a whole file into page-locked, registered memory per round:
 // the way a partition or a chunk of optimizer state is fetched. Compare its
 // median with zinf-nvmebench's best read on the same file (scripts/bench-api.sh).
-#include <zinf/cli.hpp>
-#include <zinf/io.hpp>
+#include "common.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -17,31 +16,16 @@ namespace {
 struct Options {
     std::string file;
     std::string size;
-    std::string config;  // engine configuration JSON (zinf-nvmebench --best)
-    io::EngineConfig engine;
-    std::string block_size = "1MiB";
+    bench::EngineOptions engine;
     unsigned rounds = 5;
     bool json = false;
     bool no_fixed = false;
     bool small_pages = false;
 };
 
-int run(Options& o, bool config_given_by_flags) {
-    io::EngineConfig cfg = o.engine;
-    if (!o.config.empty()) {
-        if (config_given_by_flags)
-            throw UsageError("--config and the engine flags (--engine, --block-size, "
-                             "--queue-depth, --queues) exclude each other");
-        cfg = io::EngineConfig::load(o.config);
-    } else {
-        cfg.block_size = parse_size(o.block_size);
-    }
-    cfg.validate();
-
-    struct stat st {};
-    if (::stat(o.file.c_str(), &st) != 0) throw_errno("stat", errno, o.file);
-    if (!S_ISREG(st.st_mode)) throw UsageError(o.file + ": not a regular file");
-    io::File f = io::File::open(o.file, {});
+int run(const Options& o) {
+    const io::EngineConfig cfg = o.engine.resolve();
+    io::File f = bench::open_input(o.file);
     std::uint64_t size = o.size.empty() ? f.size() : parse_size(o.size);
     if (size > f.size())
         throw UsageError(o.file + " has " + std::to_string(f.size()) + " bytes, fewer than --size " +
@@ -85,10 +69,7 @@ int run(Options& o, bool config_given_by_flags) {
         log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
                   std::to_string(gibps.back()) + " GiB/s");
     }
-    std::vector<double> sorted = gibps;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+    const double median = bench::median(gibps);
     if (o.json) {
         json::Json rec = eng.config().to_json();
         rec["schema"] = "zinf.iobench/1";
@@ -128,19 +109,11 @@ int main(int argc, char** argv) {
     cli::add_common(app, common);
     app.add_option("--file", o.file, "File to read (never written)")->required();
     app.add_option("--size", o.size, "Bytes to read (default: the whole file)");
-    app.add_option("--config", o.config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
-    auto* e = app.add_option("-e,--engine", o.engine.engine, "Engine: uring, threads, auto")
-                  ->check(CLI::IsMember({"uring", "threads", "auto"}));
-    auto* b = app.add_option("-b,--block-size", o.block_size, "Bytes per piece");
-    auto* d = app.add_option("-d,--queue-depth", o.engine.queue_depth, "Pieces in flight per queue");
-    auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
+    o.engine.add(app);
     app.add_option("--rounds", o.rounds, "Timed reads of the file")->check(CLI::Range(1u, 100000u));
     app.add_flag("--no-huge-pages", o.small_pages,
                  "Use 4KiB pages instead of transparent huge pages (MADV_HUGEPAGE)");
     app.add_flag("--no-fixed-buffers", o.no_fixed, "Do not register the memory with io_uring");
     app.add_flag("--json", o.json, "One JSON record (zinf.iobench/1) instead of the table");
-    return cli::run(app, argc, argv, "zinf-iobench", common, [&] {
-        bool flags = e->count() || b->count() || d->count() || q->count();
-        return run(o, flags);
-    });
+    return cli::run(app, argc, argv, "zinf-iobench", common, [&] { return run(o); });
 }

@@ -3,12 +3,11 @@
 // every piece hashed with xxh3 on the way. Prints GiB/s per round and the peak
 // resident memory; compare with zinf-nvmebench's best read on the same file
 // (scripts/bench-stream.sh does both in one run).
-#include <zinf/cli.hpp>
+#include "common.hpp"
+
 #include <zinf/mem.hpp>
 
-#include <algorithm>
 #include <cstdio>
-#include <sys/stat.h>
 
 using namespace zinf;
 
@@ -16,9 +15,7 @@ namespace {
 
 struct Options {
     std::string file;
-    std::string config;
-    io::EngineConfig engine;
-    std::string block_size = "1MiB";
+    bench::EngineOptions engine;
     std::string pinned = "256MiB", buffer = "16MiB";
     std::size_t buffers = 0;
     unsigned rounds = 3;
@@ -26,26 +23,14 @@ struct Options {
     bool json = false;
 };
 
-int run(Options& o, bool engine_flags) {
-    io::EngineConfig cfg = o.engine;
-    if (!o.config.empty()) {
-        if (engine_flags)
-            throw UsageError("--config and the engine flags (--engine, --block-size, --queue-depth, --queues) "
-                             "exclude each other");
-        cfg = io::EngineConfig::load(o.config);
-    } else {
-        cfg.block_size = parse_size(o.block_size);
-    }
-    cfg.validate();
+int run(const Options& o) {
+    const io::EngineConfig cfg = o.engine.resolve();
     mem::PoolConfig pc;
     pc.bytes = cli::parse_sizes({o.pinned}, "--pinned")[0];
     pc.buffer = cli::parse_sizes({o.buffer}, "--pinned-buffer")[0];
     pc.validate();
 
-    struct stat st {};
-    if (::stat(o.file.c_str(), &st) != 0) throw_errno("stat", errno, o.file);
-    if (!S_ISREG(st.st_mode)) throw UsageError(o.file + ": not a regular file");
-    io::File f = io::File::open(o.file, {});
+    io::File f = bench::open_input(o.file);
     const std::uint64_t size = f.size();
     if (size == 0) throw UsageError(o.file + " is empty");
 
@@ -73,10 +58,7 @@ int run(Options& o, bool engine_flags) {
         log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
                   std::to_string(gibps.back()) + " GiB/s");
     }
-    std::vector<double> sorted = gibps;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+    const double median = bench::median(gibps);
     const mem::PoolStats ps = pool.stats();
     const std::uint64_t peak = peak_resident_bytes();
     if (o.json) {
@@ -119,20 +101,12 @@ int main(int argc, char** argv) {
     cli::Common common;
     cli::add_common(app, common);
     app.add_option("--file", o.file, "File to read (never written)")->required();
-    app.add_option("--config", o.config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
-    auto* e = app.add_option("-e,--engine", o.engine.engine, "Engine: uring, threads, auto")
-                  ->check(CLI::IsMember({"uring", "threads", "auto"}));
-    auto* b = app.add_option("-b,--block-size", o.block_size, "Bytes per piece");
-    auto* d = app.add_option("-d,--queue-depth", o.engine.queue_depth, "Pieces in flight per queue");
-    auto* q = app.add_option("-Q,--queues", o.engine.queues, "io_uring rings");
+    o.engine.add(app);
     app.add_option("--pinned", o.pinned, "Page-locked memory in the pool");
     app.add_option("--pinned-buffer", o.buffer, "Bytes per pool buffer (a multiple of 4KiB)");
     app.add_option("--buffers", o.buffers, "Buffers the stream leases at once (0: half the pool, at least 2)");
     app.add_option("--rounds", o.rounds, "Timed passes over the file")->check(CLI::Range(1u, 100000u));
     app.add_flag("--no-hash", o.no_hash, "Do not hash the pieces (measure the transfer alone)");
     app.add_flag("--json", o.json, "One JSON record (zinf.streambench/1) instead of the table");
-    return cli::run(app, argc, argv, "zinf-streambench", common, [&] {
-        bool flags = e->count() || b->count() || d->count() || q->count();
-        return run(o, flags);
-    });
+    return cli::run(app, argc, argv, "zinf-streambench", common, [&] { return run(o); });
 }

@@ -17,6 +17,10 @@ namespace zinf::mem {
 
 using Clock = std::chrono::steady_clock;
 
+// A holder's name is kept in room reserved at start-up (longer names are cut),
+// so that a lease never allocates.
+constexpr std::size_t kWhoMax = 63;
+
 // ---------------------------------------------------------------------------
 // Configuration
 
@@ -138,7 +142,7 @@ struct Lease::State {
         free_list.pop_back();
         Slot& s = slots[i];
         s.held = true;
-        s.who.assign(who.begin(), who.end());
+        s.who.assign(who.substr(0, kWhoMax));
         s.thread = std::this_thread::get_id();
         static thread_local const int tid = static_cast<int>(::syscall(SYS_gettid));
         s.tid = tid;
@@ -265,6 +269,7 @@ PinnedPool::PinnedPool(const PoolConfig& cfg, io::Engine* engine) : state_(std::
     }
 
     s.slots.resize(s.count);
+    for (auto& slot : s.slots) slot.who.reserve(kWhoMax);
     s.free_list.reserve(s.count);
     for (std::size_t i = s.count; i-- > 0;) s.free_list.push_back(i);  // buffer 0 leased first
 
