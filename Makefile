@@ -211,7 +211,7 @@ install: all
 	install -m 644 libzinf/include/zinf/*.hpp $(DESTDIR)$(PREFIX)/include/zinf/
 	for s in 1 5 7; do for f in $$(ls man/*.$$s 2>/dev/null); do \
 	  install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man$$s/; done; done
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' scripts/zinf.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@LIBS_PRIVATE@|$(LDLIBS)|g' scripts/zinf.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/zinf.pc
 
 uninstall:
