@@ -165,7 +165,10 @@ private:
 // Moves a byte range of any size between a file and memory through the pool,
 // one buffer-sized piece at a time, with the file transfers of later pieces
 // in flight while earlier ones are copied. Offsets and lengths need not be
-// aligned: the edges are read (and, for writes, merged) in aligned blocks.
+// aligned. Reads widen the range to aligned blocks; writes send whole pages
+// through the engine and write the partial pages at their edges through a
+// buffered descriptor, so a write touches no byte outside its range: writers
+// of disjoint ranges of one file may run at once.
 struct StreamOptions {
     std::size_t buffers = 0;  // buffers to lease at once (0: half the pool, at least 2)
     std::string who = "stream";
@@ -185,7 +188,7 @@ public:
     void read(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Sink& sink);
     void read(io::File& file, std::uint64_t offset, std::span<std::byte> dst);
     // source -> file[offset, offset+bytes). The file grows to offset+bytes when
-    // shorter, and never past it; bytes outside the range are kept.
+    // shorter, and never past it; bytes outside the range are never written.
     void write(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Source& source);
     void write(io::File& file, std::uint64_t offset, std::span<const std::byte> src);
 

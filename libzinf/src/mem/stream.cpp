@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <optional>
 #include <unistd.h>
 
@@ -24,12 +25,35 @@ struct Windows {
     std::uint64_t stop(std::size_t i) const { return std::min(B, start(i) + buf); }
 };
 
-Windows cut(const io::File& file, std::uint64_t offset, std::uint64_t bytes, std::uint64_t buf) {
-    const std::uint64_t a = file.alignment();
-    if (buf % a != 0)
+void check_buffer(const io::File& file, std::uint64_t buf) {
+    if (buf % file.alignment() != 0)
         throw UsageError("pinned buffers of " + format_size(buf) + " do not suit the direct-I/O alignment (" +
-                         format_size(a) + ") of " + file.path());
+                         format_size(file.alignment()) + ") of " + file.path());
+}
+
+Windows cut(const io::File& file, std::uint64_t offset, std::uint64_t bytes, std::uint64_t buf) {
+    check_buffer(file, buf);
+    const std::uint64_t a = file.alignment();
     return {offset, offset + bytes, align_down(offset, a), align_up(offset + bytes, a), buf};
+}
+
+// A second, buffered descriptor of the same file (the same inode even if it
+// was renamed since), write-only.
+Fd open_buffered_twin(const io::File& file) {
+    try {
+        return Fd::open("/proc/self/fd/" + std::to_string(file.fd()), O_WRONLY);
+    } catch (const Error&) {  // no /proc: the path will do
+        return Fd::open(file.path(), O_WRONLY);
+    }
+}
+
+void pwrite_all(int fd, std::span<const std::byte> src, std::uint64_t offset, const std::string& path) {
+    for (std::size_t done = 0; done < src.size();) {
+        ssize_t n = ::pwrite(fd, src.data() + done, src.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("pwrite", errno, path, offset + done);
+        done += static_cast<std::size_t>(n);
+    }
 }
 
 // A synchronous pread that accepts the end of the file: under O_DIRECT the
@@ -129,38 +153,54 @@ void Stream::read(io::File& file, std::uint64_t offset, std::span<std::byte> dst
 
 void Stream::write(io::File& file, std::uint64_t offset, std::uint64_t bytes, const Source& source) {
     if (bytes == 0) return;
-    const std::uint64_t old_size = file.size();
-    const Windows w = cut(file, offset, bytes, pool_.buffer_bytes());
-    const std::size_t n = w.count();
-    const std::size_t k = std::min<std::size_t>(opts_.buffers, n);
+    const std::uint64_t end = offset + bytes;
+    if (end < offset)
+        throw UsageError("writing " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                         " of " + file.path() + " runs past 2^64");
+    const std::uint64_t buf = pool_.buffer_bytes();
+    check_buffer(file, buf);
+    // Under O_DIRECT only whole pages go through the engine; the partial pages
+    // at the edges are written as they are, through a buffered descriptor.
+    // So no byte outside the range is ever rewritten (no read-modify-write a
+    // neighbouring writer could race with), the file never grows past the
+    // range, and no page is written both ways at once.
+    const std::uint64_t unit =
+        file.alignment() > 1 ? std::max<std::uint64_t>(file.alignment(), static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE))) : 1;
+    std::uint64_t lo = align_up(offset, unit), hi = align_down(end, unit);
+    if (lo >= hi) lo = hi = end;  // no whole page: all of it is an edge
+    const Windows w{offset, end, lo, hi, buf};
+    const std::size_t n = hi > lo ? w.count() : 0;
+    const std::size_t k = std::max<std::size_t>(1, std::min<std::size_t>(opts_.buffers, n));
     auto leases = pool_.lease_many(k, opts_.who);
-    InFlight flight(engine_, k);
 
+    if (lo > offset || end > hi) {
+        Fd edge_fd = open_buffered_twin(file);
+        auto scratch = leases[0].bytes();
+        auto edge = [&](std::uint64_t from, std::uint64_t to) {
+            for (std::uint64_t at = from; at < to;) {
+                auto piece = scratch.first(std::min<std::uint64_t>(to - at, scratch.size()));
+                source(at - offset, piece);
+                pwrite_all(edge_fd.get(), piece, at, file.path());
+                pool_.count_moved(piece.size());
+                at += piece.size();
+            }
+        };
+        edge(offset, lo);
+        edge(hi, end);
+        edge_fd.close(file.path());
+    }
+
+    InFlight flight(engine_, k);
     for (std::size_t i = 0; i < n; ++i) {
         const std::size_t slot = i % k;
         flight.wait(slot);  // the buffer's previous write is done
         const std::uint64_t s = w.start(i), e = w.stop(i);
-        auto buf = leases[slot].bytes().first(e - s);
-        // Bytes of the aligned edges that lie outside the range keep what the
-        // file holds there (zeros past its end).
-        auto keep = [&](std::uint64_t from, std::uint64_t to) {
-            if (from >= to) return;
-            const std::uint64_t block = align_down(from - s, file.alignment());
-            auto edge = buf.subspan(block, align_up(to - s, file.alignment()) - block);
-            std::uint64_t got = s + block < old_size ? pread_to_eof(file, s + block, edge) : 0;
-            std::memset(edge.data() + got, 0, edge.size() - got);
-        };
-        if (i == 0) keep(w.A, w.begin);
-        if (i == n - 1) keep(w.end, w.B);
-        const std::uint64_t from = std::max(s, w.begin), to = std::min(e, w.end);
-        source(from - w.begin, buf.subspan(from - s, to - from));
-        flight.tickets[slot] = engine_.write(file, s, buf);
-        pool_.count_moved(to - from);
+        auto piece = leases[slot].bytes().first(e - s);
+        source(s - offset, piece);
+        flight.tickets[slot] = engine_.write(file, s, piece);
+        pool_.count_moved(piece.size());
     }
     for (std::size_t slot = 0; slot < k; ++slot) flight.wait(slot);
-    // An aligned tail block may have carried the file past the range's end.
-    const std::uint64_t want = std::max(old_size, w.end);
-    if (w.B > want) file.truncate(want);
 }
 
 void Stream::write(io::File& file, std::uint64_t offset, std::span<const std::byte> src) {
