@@ -143,6 +143,23 @@ BOOST_AUTO_TEST_CASE(a_blocked_lease_gets_the_buffer_released_by_another_thread)
     BOOST_TEST(pool.stats().waits == 1u);
 }
 
+// First come, first served: a waiting lease_many(2) is not starved by single
+// leases that arrive after it and would take each buffer as it comes back.
+BOOST_AUTO_TEST_CASE(a_large_lease_is_not_starved_by_later_small_ones) {
+    PinnedPool pool(small_pool(2));
+    Lease a = pool.lease("a"), b = pool.lease("b");
+    std::atomic<bool> big_done{false};
+    std::thread big([&] { big_done = pool.lease_many(2, "big", 5s).size() == 2; });
+    while (pool.stats().waits == 0) std::this_thread::sleep_for(1ms);  // big is queued
+    a.release();  // one free: not enough for big, and not for anyone behind it
+    BOOST_TEST(!pool.try_lease("late"));
+    BOOST_CHECK_THROW((void)pool.lease("late", 50ms), InternalError);
+    b.release();
+    big.join();
+    BOOST_TEST(big_done.load());
+    BOOST_TEST(static_cast<bool>(pool.try_lease("after")));  // all back, nobody queued
+}
+
 BOOST_AUTO_TEST_CASE(lease_many_is_all_or_none) {
     PinnedPool pool(small_pool(4));
     auto three = pool.lease_many(3, "a");
@@ -539,6 +556,15 @@ BOOST_AUTO_TEST_CASE(out_of_memory_says_what_and_how_much) {
         BOOST_TEST(contains(m, "free 256KiB of 1MiB"));
         BOOST_TEST(e.exit_code() == exit_code::usage);
     }
+}
+
+BOOST_AUTO_TEST_CASE(a_request_beyond_the_arena_fails_without_wrapping) {
+    DeviceArena a(ArenaConfig{.bytes = 1 * MiB, .backend = "host"});
+    BOOST_CHECK_THROW((void)a.allocate(SIZE_MAX - 10, "huge"), OutOfMemory);
+    BOOST_CHECK_THROW((void)a.allocate(1 * MiB + 1), OutOfMemory);
+    BOOST_TEST(a.stats().used == 0u);
+    Block all = a.allocate(1 * MiB);
+    BOOST_TEST(all.offset() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(max_block_refuses_large_requests_like_the_papers_experiment) {

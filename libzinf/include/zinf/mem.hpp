@@ -140,13 +140,15 @@ public:
 
     // One buffer. Blocks while none is free; after the configured timeout
     // throws InternalError naming what was asked, the pool and every holder.
+    // Waiting leases are served first come, first served, so a lease of
+    // several buffers is never starved by single ones that come after it.
     Lease lease(std::string_view who = {});
     Lease lease(std::string_view who, std::chrono::milliseconds timeout);
     // `n` buffers taken together (all or none, so two callers each holding
     // half can never deadlock); UsageError when n exceeds the pool.
     std::vector<Lease> lease_many(std::size_t n, std::string_view who = {});
     std::vector<Lease> lease_many(std::size_t n, std::string_view who, std::chrono::milliseconds timeout);
-    // A buffer if one is free now, else an empty lease.
+    // A buffer if one is free now and no lease is waiting, else an empty lease.
     Lease try_lease(std::string_view who = {});
 
     const PoolConfig& config() const;

@@ -82,7 +82,6 @@ DeviceArena::~DeviceArena() {
 
 Block DeviceArena::allocate(std::size_t bytes, std::string_view what) {
     Impl& m = *impl_;
-    const std::uint64_t need = align_up(std::max<std::size_t>(bytes, 1), kArenaAlignment);
     const std::string who = what.empty() ? "" : " for " + std::string(what);
     std::lock_guard lk(m.mu);
     auto fail = [&](const std::string& why) -> OutOfMemory {
@@ -94,6 +93,9 @@ Block DeviceArena::allocate(std::size_t bytes, std::string_view what) {
     };
     if (m.cfg.max_block && bytes > m.cfg.max_block)
         throw fail("larger than --max-block " + format_size(m.cfg.max_block));
+    if (bytes > m.cfg.bytes) throw fail("larger than the whole arena");
+    // Rounded only once known to fit the arena, so a huge ask cannot wrap.
+    const std::uint64_t need = align_up(std::max<std::size_t>(bytes, 1), kArenaAlignment);
     auto it = m.free_by_size.lower_bound({need, 0});
     if (it == m.free_by_size.end())
         throw fail(m.cfg.bytes - m.used >= need ? "no free block is large enough (fragmented)"
@@ -101,7 +103,7 @@ Block DeviceArena::allocate(std::size_t bytes, std::string_view what) {
     const auto [size, off] = *it;
     m.drop_free(m.free_at.find(off));
     if (size > need) m.add_free(off + need, size - need);
-    m.used_at.emplace(off, need);
+    if (!m.used_at.emplace(off, need).second) throw InternalError("device arena: offset " + std::to_string(off) + " handed out twice");
     m.used += need;
     m.peak = std::max(m.peak, m.used);
 

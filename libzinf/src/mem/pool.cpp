@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -123,7 +124,10 @@ struct Lease::State {
     std::condition_variable cv;
     std::vector<std::size_t> free_list;  // a stack: the buffer used last is warm
     std::vector<Slot> slots;
-    std::size_t waiters = 0;
+    // Leases waiting, first come first served: a lease_many(8) is not starved
+    // by single leases that keep taking buffers as they come back.
+    std::deque<std::uint64_t> queue;
+    std::uint64_t next_ticket = 0;
     std::size_t high_water = 0;
     std::uint64_t leases = 0, waits = 0;
     double wait_seconds = 0;
@@ -158,9 +162,9 @@ struct Lease::State {
             std::lock_guard lk(mu);
             slots[i].held = false;
             free_list.push_back(i);
-            wake = waiters > 0;
+            wake = !queue.empty();
         }
-        // All waiters: one of them may want several buffers, another one.
+        // All waiters: only the first in the queue may take, and it may want several.
         if (wake) cv.notify_all();
     }
 
@@ -319,20 +323,26 @@ static void wait_free(Lease::State& s, std::unique_lock<std::mutex>& lk, std::si
         throw UsageError("'" + std::string(who) + "' asked for " + std::to_string(n) +
                          " pinned buffers at once; the pool has " + std::to_string(s.count) + " (" +
                          s.cfg.describe() + "): raise --pinned or --pinned-buffer");
-    if (s.free_list.size() >= n) return;
+    if (s.queue.empty() && s.free_list.size() >= n) return;  // nobody ahead, enough free
     const auto t0 = Clock::now();
+    const std::uint64_t me = s.next_ticket++;
+    s.queue.push_back(me);
     ++s.waits;
-    ++s.waiters;
-    const bool got = s.cv.wait_until(lk, t0 + timeout, [&] { return s.free_list.size() >= n; });
-    --s.waiters;
+    const bool got =
+        s.cv.wait_until(lk, t0 + timeout, [&] { return s.queue.front() == me && s.free_list.size() >= n; });
+    const auto pos = std::find(s.queue.begin(), s.queue.end(), me);
+    const auto ahead = static_cast<std::size_t>(pos - s.queue.begin());
+    s.queue.erase(pos);
+    if (!s.queue.empty()) s.cv.notify_all();  // the queue's head may have changed
     s.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (got) return;
     std::ostringstream os;
     os.precision(3);
     os << "pinned pool exhausted: '" << (who.empty() ? "(unnamed)" : std::string(who)) << "' waited "
        << std::chrono::duration<double>(timeout).count() << "s for " << n << " of " << s.count << " buffers ("
-       << format_size(s.buf) << " each) and " << s.free_list.size() << " came free; held by "
-       << describe_holders(s.holders_locked())
+       << format_size(s.buf) << " each); " << s.free_list.size() << " free when it gave up";
+    if (ahead) os << ", " << ahead << " lease(s) queued ahead of it";
+    os << "; held by " << describe_holders(s.holders_locked())
        << " (a lease not returned, or --pinned too small for this many users at once)";
     throw InternalError(os.str());
 }
@@ -361,7 +371,7 @@ std::vector<Lease> PinnedPool::lease_many(std::size_t n, std::string_view who, s
 Lease PinnedPool::try_lease(std::string_view who) {
     Lease::State& s = *state_;
     std::lock_guard lk(s.mu);
-    if (s.free_list.empty()) return {};
+    if (!s.queue.empty() || s.free_list.empty()) return {};  // never ahead of a waiting lease
     return s.take(state_, who);
 }
 
