@@ -134,8 +134,7 @@ struct Lease::State {
     std::atomic<std::uint64_t> moved{0};
 
     ~State() {
-        regs.clear();
-        if (cuda_mem) gpu::host_free(cuda_mem);
+        if (cuda_mem) gpu::host_free(cuda_mem);  // regs were dropped by ~PinnedPool
     }
 
     std::span<std::byte> bytes_of(std::size_t i) const { return {base + i * buf, buf}; }
