@@ -30,7 +30,17 @@ have = $(empty)  $(if $(1),✓,✗)
 ifneq ($(NO_CUDA),1)
 NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 endif
-CUDA_HOME := $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)))
+# The toolkit root is where cuda_runtime_api.h is, not where nvcc happens to
+# be on PATH (a /usr/local/bin/nvcc wrapper script is common): try $CUDA_HOME,
+# $CUDA_PATH, the folder above nvcc's real path and /usr/local/cuda, in order.
+CUDA_CANDIDATES := $(CUDA_HOME) $(CUDA_PATH) $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))) /usr/local/cuda
+CUDA_HOME := $(if $(NVCC),$(patsubst %/include/cuda_runtime_api.h,%,$(firstword $(wildcard $(CUDA_CANDIDATES:%=%/include/cuda_runtime_api.h)))))
+ifeq ($(CUDA_HOME),)
+ifneq ($(NVCC),)
+$(if $(filter 0,$(MAKELEVEL)),$(warning nvcc at $(NVCC) but no cuda_runtime_api.h under $(CUDA_CANDIDATES); building without CUDA (set CUDA_HOME)))
+NVCC :=
+endif
+endif
 NCCL_H := $(if $(NVCC),$(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)))
 ifneq ($(NO_MPI),1)
 MPICXX := $(shell command -v mpicxx 2>/dev/null)
@@ -44,7 +54,7 @@ MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard /usr/
 ifeq ($(MAKELEVEL),0)
 ifeq ($(filter clean deps help,$(MAKECMDGOALS)),)
 $(info zinf $(VERSION) build:)
-$(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO_CUDA=1)))$(if $(NVCC), (CUDA code compiles; runs only with a GPU)))
+$(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO_CUDA=1)))$(if $(NVCC), (toolkit $(CUDA_HOME); CUDA code compiles, runs only with a GPU)))
 $(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
 $(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
 $(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
