@@ -48,7 +48,7 @@ endif
 OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
 
 # Required libraries: the build stops with a clear message when one is missing.
-REQUIRED_HEADERS := liburing.h xxhash.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
+REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
 MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard /usr/include/$(h)),,$(h))))
 
 ifeq ($(MAKELEVEL),0)
@@ -189,6 +189,11 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -lboost_unit_test_framework -o $@
 
 $(BUILD)/tests/unit/%.o: CPPFLAGS += -DBOOST_TEST_DYN_LINK
+
+# The normal generator's loops vectorise only with the fast-math rules (libmvec
+# logf); its own polynomials stand in for sincosf, and it is tested against
+# the Random123 reference.
+$(BUILD)/libzinf/src/shard/generate.o: CXXFLAGS += -O3 -ffast-math
 
 # --- the two quick-start commands --------------------------------------------
 deps:

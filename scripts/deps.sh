@@ -11,6 +11,7 @@ packages=(
   build-essential pkg-config
   liburing-dev       # io engine
   libxxhash-dev      # checksums
+  librandom123-dev   # Philox, the counter-based generator of initial values
   libcli11-dev       # command-line options
   nlohmann-json3-dev # JSON
   libboost-test-dev  # unit tests

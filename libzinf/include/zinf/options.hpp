@@ -1,0 +1,65 @@
+// zinf options: the command-line options of programs that run the io engine
+// and the pinned pool, declared once so that every program spells them alike
+// (--config or --engine/--block-size/--queue-depth/--queues; --pinned,
+// --pinned-buffer). Sits on top of cli, io and mem.
+#pragma once
+
+#include <zinf/cli.hpp>
+#include <zinf/io.hpp>
+#include <zinf/mem.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace zinf::cli {
+
+struct EngineOptions {
+    std::string config;  // engine configuration JSON (zinf-nvmebench --best)
+    io::EngineConfig engine;
+    std::string block_size = "1MiB";
+    std::vector<CLI::Option*> flags;
+
+    void add(CLI::App& app) {
+        app.add_option("--config", config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
+        flags = {app.add_option("-e,--engine", engine.engine, "Engine: uring, threads, auto")
+                     ->check(CLI::IsMember({"uring", "threads", "auto"})),
+                 app.add_option("-b,--block-size", block_size, "Bytes per piece"),
+                 app.add_option("-d,--queue-depth", engine.queue_depth, "Pieces in flight per queue"),
+                 app.add_option("-Q,--queues", engine.queues, "io_uring rings (thread groups for threads)")};
+    }
+
+    // After parsing: the configuration to run, validated.
+    io::EngineConfig resolve() const {
+        io::EngineConfig cfg = engine;
+        if (!config.empty()) {
+            if (std::any_of(flags.begin(), flags.end(), [](CLI::Option* o) { return o->count() > 0; }))
+                throw UsageError("--config and the engine flags (--engine, --block-size, --queue-depth, --queues) "
+                                 "exclude each other");
+            cfg = io::EngineConfig::load(config);
+        } else {
+            cfg.block_size = parse_sizes({block_size}, "--block-size")[0];
+        }
+        cfg.validate();
+        return cfg;
+    }
+};
+
+struct PoolOptions {
+    std::string pinned = "256MiB", buffer = "16MiB";
+
+    void add(CLI::App& app) {
+        app.add_option("--pinned", pinned, "Page-locked memory for all transfers (the memory bound)");
+        app.add_option("--pinned-buffer", buffer, "Bytes per pool buffer (a multiple of 4KiB)");
+    }
+
+    mem::PoolConfig resolve() const {
+        mem::PoolConfig pc;
+        pc.bytes = parse_sizes({pinned}, "--pinned")[0];
+        pc.buffer = parse_sizes({buffer}, "--pinned-buffer")[0];
+        pc.validate();
+        return pc;
+    }
+};
+
+}  // namespace zinf::cli

@@ -1,0 +1,212 @@
+// zinf shard: the model's tensors, their partitions over data-parallel ranks
+// and tiers, the manifest that describes them (JSON Lines, man/zinf-manifest.5)
+// and the partitioned state on disk: initialised, verified, gathered, resharded.
+//
+//   auto spec = zinf::shard::ModelSpec::parse("gpt2-124m");
+//   auto m = zinf::shard::layout(spec, {.dp = 4});              // no I/O
+//   zinf::shard::init(m, "/mnt/nvme/run1", engine, pool, {});   // writes every partition
+//   zinf::shard::verify(m, engine, pool, {});                   // DataError on a mismatch
+//
+// Every tensor is split over all dp ranks (bandwidth-centric partitioning,
+// paper §6.1): ceil(numel/dp) elements each, the last partition padded with
+// zeros. Values come from Philox keyed by (seed, tensor, element), so any rank
+// makes its own partition alone and a tensor's values do not depend on dp.
+#pragma once
+
+#include <zinf/io.hpp>
+#include <zinf/mem.hpp>
+#include <zinf/util.hpp>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zinf::shard {
+
+// ---------------------------------------------------------------------------
+// Model spec: "gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024" or a
+// preset name (gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*).
+struct ModelSpec {
+    std::uint64_t layers = 0, hidden = 0, heads = 0, vocab = 50257, seq = 1024;
+    std::string preset;  // the preset it came from, "" for an explicit spec
+
+    // UsageError naming the text and the bad key.
+    static ModelSpec parse(std::string_view text);
+    // The canonical explicit form, what the manifest header stores.
+    std::string to_string() const;
+    // Exact parameter count: V*C + T*C + L*(12C^2 + 13C) + 2C (the output
+    // projection is tied to wte, so it adds nothing).
+    std::uint64_t parameters() const;
+    // The paper's estimate, 12 * layers * hidden^2 (§3).
+    std::uint64_t paper_estimate() const { return 12 * layers * hidden * hidden; }
+    bool operator==(const ModelSpec& o) const {
+        return layers == o.layers && hidden == o.hidden && heads == o.heads && vocab == o.vocab && seq == o.seq;
+    }
+};
+
+struct Preset {
+    const char* name;
+    std::uint64_t layers, hidden, heads;
+    const char* label;   // the size its source gives it ("1.5B", "1T")
+    const char* source;  // "GPT-2", "paper Fig. 6a", ...
+};
+std::span<const Preset> presets();
+
+// ---------------------------------------------------------------------------
+// Tensors in execution order, GPT-2 names and shapes (Conv1D weights are
+// (in, out)). With tile > 1 every linear weight is split along its output
+// columns into `tile` tensors "<name>.tile<k>" (memory-centric tiling,
+// §5.1.3); a tile's values are the same columns of the untiled weight.
+enum class InitKind { normal, residual, zeros, ones };
+
+struct Tensor {
+    std::string name;                 // "h.0.attn.c_attn.weight.tile1"
+    std::vector<std::uint64_t> shape;
+    std::uint64_t numel = 0;
+    InitKind init = InitKind::zeros;
+    // Where its elements sit in the untiled tensor that keys the generator:
+    // element (i, j) of the tile is (i, col0 + j) of `key` with rows of
+    // `key_cols` elements. Untiled: key == name, key_cols = cols = numel.
+    std::string key;
+    std::uint64_t cols = 0, key_cols = 0, col0 = 0;
+};
+std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile = 1);
+
+// ---------------------------------------------------------------------------
+enum class DType { bf16, fp32 };
+std::size_t dtype_bytes(DType t);
+const char* dtype_name(DType t);
+DType parse_dtype(std::string_view s);  // UsageError
+
+enum class Tier { gpu, cpu, nvme };
+const char* tier_name(Tier t);
+Tier parse_tier(std::string_view s);    // UsageError
+
+// The states a partition can hold, in file order.
+inline constexpr const char* kStates[] = {"param", "master", "exp_avg", "exp_avg_sq"};
+inline constexpr const char* kManifestSchema = "zinf.manifest/1";
+
+struct LayoutOptions {
+    unsigned dp = 1;
+    unsigned tile = 1;
+    DType param_dtype = DType::bf16;
+    Tier param_tier = Tier::nvme;
+    Tier optim_tier = Tier::nvme;  // master, exp_avg, exp_avg_sq; gradients follow it
+    bool train = true;             // false: the param state only (inference)
+    std::uint64_t alignment = 4096;
+    std::uint64_t seed = 0x5eed;
+};
+
+// One (tensor, rank, state) partition.
+struct Partition {
+    std::size_t tensor = 0;          // index into Manifest::tensors (execution order)
+    unsigned rank = 0;
+    std::string state;               // "param", "master", ...
+    DType dtype = DType::fp32;
+    Tier tier = Tier::nvme;
+    std::uint64_t first = 0, last = 0;  // elements [first, last) of the tensor; last <= numel
+    std::string file;                // relative to the data directory
+    std::uint64_t offset = 0;        // bytes into the file, aligned
+    std::uint64_t bytes = 0;         // ceil(numel/dp) * dtype bytes, padding included
+    std::optional<std::uint64_t> xxh3;  // of those bytes, after init
+    std::size_t line = 0;            // where it was read from (0: made here)
+    json::Json extra = json::Json::object();  // keys this version does not know, kept
+};
+
+struct Manifest {
+    ModelSpec spec;
+    LayoutOptions opts;
+    std::vector<std::string> states;  // present, in file order
+    std::string dir;                  // data directory; "" before init
+    std::string created_by;           // "zinf-shard 0.1.0"
+    std::vector<Tensor> tensors;
+    std::vector<Partition> parts;
+    json::Json extra = json::Json::object();  // unknown header keys, kept
+
+    std::uint64_t elements_per_rank(const Tensor& t) const { return (t.numel + opts.dp - 1) / opts.dp; }
+    const Tensor& tensor_of(const Partition& p) const { return tensors[p.tensor]; }
+    // The files, each once, in order of first appearance.
+    std::vector<std::string> files() const;
+    // Bytes every file needs (its last partition's end, aligned).
+    std::uint64_t file_bytes(const std::string& file) const;
+    std::uint64_t total_bytes() const;  // all partitions, padding included
+    bool initialised() const;           // every partition has its xxh3
+    // Index of the tensor named `name`; DataError listing near names if absent.
+    std::size_t find_tensor(std::string_view name) const;
+    std::string path_of(const Partition& p) const;  // dir / file
+};
+
+// spec -> every partition laid out, files rank<R>/<state>.bin, tensors packed
+// in execution order at aligned offsets.
+Manifest layout(const ModelSpec& spec, const LayoutOptions& opts);
+
+// JSON Lines in and out. read() checks everything a later program relies on
+// and throws DataError naming `source` and the line: malformed JSON, a missing
+// or mistyped key, a header that disagrees with its records (dp, counts,
+// missing or overlapping ranges), and unsafe file paths (absolute or "..").
+Manifest read_manifest(std::istream& in, const std::string& source);
+Manifest read_manifest_file(const std::string& path);  // MissingInputError when absent
+void write_manifest(std::ostream& out, const Manifest& m);
+json::Json header_json(const Manifest& m);
+json::Json record_json(const Manifest& m, const Partition& p);
+// Atomically: temp name in the same folder, fsync, rename, fsync the folder.
+void save_manifest(const Manifest& m, const std::string& path);
+
+// ---------------------------------------------------------------------------
+// Values. fill_fp32 writes the tensor's elements [first, first + out.size())
+// as fp32 (padding past numel is zero). bf16 is fp32 rounded to nearest even.
+void fill_fp32(const Tensor& t, const ModelSpec& spec, std::uint64_t seed, std::uint64_t first,
+               std::span<float> out);
+std::uint16_t to_bf16(float v);
+float from_bf16(std::uint16_t v);
+// One Philox4x32-10 block, as Random123 computes it (exposed for tests).
+std::array<std::uint32_t, 4> philox(std::uint64_t seed, std::uint64_t counter_lo, std::uint64_t counter_hi);
+
+// ---------------------------------------------------------------------------
+// Running the manifest against the disk. Every call streams through `pool`,
+// so memory stays bounded whatever the model size; `jobs` threads share it.
+struct RunOptions {
+    unsigned jobs = 0;  // worker threads; 0 = the CPUs there are (at most 8)
+    std::vector<unsigned> ranks;  // the ranks this process does; empty = all
+    std::function<void(std::uint64_t bytes)> progress;  // called as bytes are done
+};
+
+// Writes every partition of `ranks` into `dir` (created when absent) and sets
+// m.dir and every written partition's xxh3. Files are written under temporary
+// names and fsynced; commit() renames them into place. Out of space (statvfs
+// up front, ENOSPC later) is an IoError (74) and the directory is left as it
+// was: temporaries are removed.
+struct Written {
+    std::vector<std::string> temps, finals;  // paths, pairwise
+    void commit();   // rename each temp over its final name, fsync the folders
+    void discard() noexcept;  // remove the temporaries
+};
+Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
+             const RunOptions& opts);
+
+// Recomputes the xxh3 of every partition (of `ranks`); DataError naming
+// tensor, rank, state, file and offset at the first mismatch or short file.
+struct VerifyResult {
+    std::uint64_t partitions = 0, bytes = 0;
+};
+VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
+
+// The whole tensor, gathered from its partitions in rank order, padding left
+// out: `sink` gets consecutive pieces (raw little-endian, the state's dtype).
+using Sink = std::function<void(std::span<const std::byte>)>;
+void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::Engine& engine,
+         mem::PinnedPool& pool, const Sink& sink);
+
+// The same state for a new dp degree: laid out afresh, every partition copied
+// from the old files through the pool into `dir` (temporaries, as init).
+// Returns the new manifest with its xxh3s; values are unchanged.
+Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Engine& engine,
+                 mem::PinnedPool& pool, const RunOptions& opts, Written& written);
+
+}  // namespace zinf::shard

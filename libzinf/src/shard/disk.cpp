@@ -1,0 +1,589 @@
+// The manifest against the disk: init writes every partition, verify hashes
+// them again, cat gathers one tensor, reshard copies them to a new dp degree.
+// All of it streams through the pinned pool in buffer-sized pieces, so memory
+// stays flat whatever the model size, with the io engine's writes of one piece
+// in flight while the next is computed.
+#include <zinf/shard.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sys/statvfs.h>
+#include <thread>
+#include <unistd.h>
+
+namespace zinf::shard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTempSuffix = ".zinf-tmp";
+
+unsigned resolve_jobs(unsigned jobs) {
+    if (jobs) return jobs;
+    return std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+}
+
+// Runs units 0..n-1 on `jobs` threads, in order of index as threads free up.
+// The first exception stops the rest (units not yet started are skipped) and
+// is rethrown once every thread has finished.
+void run_units(std::size_t n, unsigned jobs, const std::function<void(std::size_t unit, unsigned worker)>& fn) {
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr first;
+    std::mutex mu;
+    auto worker = [&](unsigned w) {
+        try {
+            for (std::size_t u; !failed.load() && (u = next.fetch_add(1)) < n;) fn(u, w);
+        } catch (...) {
+            std::lock_guard lk(mu);
+            if (!first) first = std::current_exception();
+            failed.store(true);
+        }
+    };
+    jobs = static_cast<unsigned>(std::min<std::size_t>(jobs, std::max<std::size_t>(n, 1)));
+    std::vector<std::thread> threads;
+    for (unsigned w = 1; w < jobs; ++w) threads.emplace_back(worker, w);
+    worker(0);
+    for (auto& t : threads) t.join();
+    if (first) std::rethrow_exception(first);
+}
+
+std::set<unsigned> rank_set(const Manifest& m, const RunOptions& opts) {
+    std::set<unsigned> s;
+    if (opts.ranks.empty())
+        for (unsigned r = 0; r < m.opts.dp; ++r) s.insert(r);
+    for (unsigned r : opts.ranks) {
+        if (r >= m.opts.dp)
+            throw UsageError("rank " + std::to_string(r) + " is not below dp " + std::to_string(m.opts.dp));
+        s.insert(r);
+    }
+    return s;
+}
+
+// Partitions by (tensor, state), in rank order.
+std::map<std::pair<std::size_t, std::string>, std::vector<const Partition*>> by_tensor_state(const Manifest& m) {
+    std::map<std::pair<std::size_t, std::string>, std::vector<const Partition*>> out;
+    for (const auto& p : m.parts) out[{p.tensor, p.state}].push_back(&p);
+    for (auto& [k, v] : out)
+        std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
+    return out;
+}
+
+std::string describe(const Manifest& m, const Partition& p) {
+    return m.tensor_of(p).name + " rank " + std::to_string(p.rank) + " " + p.state;
+}
+
+// The files a run writes: opened under temporary names, space reserved.
+struct OutFiles {
+    std::map<std::string, io::File> files;  // by manifest file name
+    Written written;
+
+    // Creates `dir` and the temporaries of every file `m` holds for `ranks`;
+    // statvfs first, so a disk too small fails before anything is written.
+    void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        if (ec) throw CreateError("cannot create the data directory: " + ec.message(), {ec.value(), dir, {}, -1});
+        std::map<std::string, std::uint64_t> sizes;
+        for (const auto& p : m.parts)
+            if (ranks.count(p.rank))
+                sizes[p.file] = std::max(sizes[p.file], align_up(p.offset + p.bytes, m.opts.alignment));
+        std::uint64_t need = 0;
+        for (const auto& [f, b] : sizes) need += b;
+        struct statvfs sv {};
+        if (::statvfs(dir.c_str(), &sv) == 0) {
+            const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
+            if (avail < need)
+                throw IoError("not enough space for the model state: " + format_size(need) + " needed, " +
+                                  format_size(avail) + " free; nothing was written",
+                              {ENOSPC, dir, {}, -1});
+        }
+        for (const auto& [f, bytes] : sizes) {
+            const std::string final_path = dir + "/" + f;
+            fs::create_directories(fs::path(final_path).parent_path(), ec);
+            if (ec)
+                throw CreateError("cannot create a folder: " + ec.message(),
+                                  {ec.value(), fs::path(final_path).parent_path().string(), {}, -1});
+            const std::string tmp = final_path + kTempSuffix;
+            written.temps.push_back(tmp);
+            written.finals.push_back(final_path);
+            io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+            if (file.alignment() > m.opts.alignment)
+                throw UsageError(tmp + ": the file system's direct-I/O alignment " + format_size(file.alignment()) +
+                                 " exceeds the manifest's " + format_size(m.opts.alignment) +
+                                 "; lay it out again with --align " + std::to_string(file.alignment()));
+            file.preallocate(bytes);
+            files.emplace(f, std::move(file));
+        }
+    }
+
+    // Every write done: fdatasync and a checked close of each file.
+    void finish(io::Engine& engine) {
+        for (auto& [f, file] : files) {
+            engine.sync(file);
+            file.close();
+        }
+        files.clear();
+    }
+};
+
+// Zero bytes to write from: one pool buffer, cleared once, shared by every
+// writer (the engine only reads it).
+struct Zeros {
+    mem::Lease lease;
+    explicit Zeros(mem::PinnedPool& pool) : lease(pool.lease("zinf-shard zeros")) {
+        std::memset(lease.data(), 0, lease.size());
+    }
+    std::span<const std::byte> first(std::uint64_t n) const { return lease.bytes().first(n); }
+    std::optional<std::uint64_t> cached_hash(std::uint64_t bytes) const {
+        std::lock_guard lk(mu);
+        auto it = hashes.find(bytes);
+        return it == hashes.end() ? std::nullopt : std::optional(it->second);
+    }
+    void remember(std::uint64_t bytes, std::uint64_t hash) const {
+        std::lock_guard lk(mu);
+        hashes[bytes] = hash;
+    }
+    mutable std::mutex mu;
+    mutable std::map<std::uint64_t, std::uint64_t> hashes;  // xxh3 of that many zero bytes
+};
+
+// Writes one partition front to back in aligned pieces, padding with zeros to
+// the partition's aligned end, and hashes its `bytes` as they go. Two buffers
+// take turns, so one piece is written while the next is filled.
+class PartWriter {
+public:
+    PartWriter(io::Engine& engine, std::span<std::byte> a, std::span<std::byte> b, const Zeros& zeros)
+        : engine_(engine), bufs_{a, b}, zeros_(zeros) {}
+    ~PartWriter() {
+        for (auto& t : tickets_)
+            if (t) try {
+                    engine_.wait(*t);
+                } catch (...) {
+                }
+    }
+
+    void start(io::File& file, const Partition& p, std::uint64_t alignment) {
+        file_ = &file;
+        part_ = &p;
+        extent_ = align_up(p.bytes, alignment);
+        pos_ = fill_ = 0;
+        hash_.emplace();
+    }
+    // The next data bytes of the partition.
+    void append(std::span<const std::byte> data) {
+        while (!data.empty()) {
+            auto buf = bufs_[cur_];
+            const std::size_t n = std::min<std::size_t>(data.size(), buf.size() - fill_);
+            std::memcpy(buf.data() + fill_, data.data(), n);
+            fill_ += n;
+            data = data.subspan(n);
+            if (fill_ == buf.size()) flush(buf.size());
+        }
+    }
+    // A buffer to fill in place: the caller writes up to room() bytes at
+    // here(), then says how many with advance().
+    std::span<std::byte> here() { return bufs_[cur_].subspan(fill_); }
+    void advance(std::size_t n) {
+        fill_ += n;
+        if (fill_ == bufs_[cur_].size()) flush(fill_);
+    }
+    // Zero padding to the end; returns the partition's xxh3.
+    std::uint64_t finish() {
+        // Whole buffers of zeros straight from the shared zero buffer.
+        std::uint64_t rest = extent_ - (pos_ + fill_);
+        if (fill_) {
+            const std::size_t pad = std::min<std::uint64_t>(rest, bufs_[cur_].size() - fill_);
+            std::memset(bufs_[cur_].data() + fill_, 0, pad);
+            fill_ += pad;
+            rest -= pad;
+            flush(fill_);
+        }
+        // The rest is all zeros: every piece in flight at once from the
+        // shared zero buffer, and its hash from the cache when this many
+        // zeros were hashed before (the moments, every layer alike).
+        const bool all_zero = pos_ == 0;
+        std::optional<std::uint64_t> cached;
+        if (all_zero) cached = zeros_.cached_hash(part_->bytes);
+        std::vector<io::Ticket> zero_tickets;
+        while (rest > 0) {
+            const std::uint64_t n = std::min<std::uint64_t>(rest, zeros_.lease.size());
+            if (!cached) hash_bytes(zeros_.first(n));
+            zero_tickets.push_back(engine_.write(*file_, part_->offset + pos_, zeros_.first(n)));
+            pos_ += n;
+            rest -= n;
+        }
+        const std::uint64_t digest = cached ? *cached : hash_->digest();
+        if (all_zero && !cached) zeros_.remember(part_->bytes, digest);
+        for (std::size_t i = 0; i < zero_tickets.size(); ++i) {
+            try {
+                engine_.wait(zero_tickets[i]);
+            } catch (...) {
+                for (std::size_t j = i + 1; j < zero_tickets.size(); ++j) try {
+                        engine_.wait(zero_tickets[j]);
+                    } catch (...) {
+                    }
+                throw;
+            }
+        }
+        for (auto& t : tickets_)
+            if (t) {
+                io::Ticket x = *t;
+                t.reset();
+                engine_.wait(x);
+            }
+        return digest;
+    }
+
+private:
+    void hash_bytes(std::span<const std::byte> piece) {
+        // Only the partition's bytes count, not the alignment padding after them.
+        if (pos_ >= part_->bytes) return;
+        hash_->update(piece.first(std::min<std::uint64_t>(piece.size(), part_->bytes - pos_)));
+    }
+    void flush(std::size_t n) {
+        auto piece = bufs_[cur_].first(n);
+        hash_bytes(piece);
+        tickets_[cur_] = engine_.write(*file_, part_->offset + pos_, piece);
+        pos_ += n;
+        fill_ = 0;
+        cur_ ^= 1;
+        if (tickets_[cur_]) {  // the other buffer's write must be done before it is refilled
+            io::Ticket x = *tickets_[cur_];
+            tickets_[cur_].reset();
+            engine_.wait(x);
+        }
+    }
+
+    io::Engine& engine_;
+    std::span<std::byte> bufs_[2];
+    const Zeros& zeros_;
+    std::optional<io::Ticket> tickets_[2];
+    std::size_t cur_ = 0, fill_ = 0;
+    io::File* file_ = nullptr;
+    const Partition* part_ = nullptr;
+    std::uint64_t extent_ = 0, pos_ = 0;
+    std::optional<Xxh3Stream> hash_;
+};
+
+// Per worker: what it leases once for the whole run.
+struct WorkerBuffers {
+    std::vector<mem::Lease> leases;
+};
+
+std::string absolute_dir(const std::string& dir) {
+    std::error_code ec;
+    fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+    return (ec ? fs::absolute(dir) : p).lexically_normal().string();
+}
+
+void fsync_dir(const std::string& dir) {
+    Fd d = Fd::open(dir, O_RDONLY | O_DIRECTORY);
+    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, dir);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+void Written::commit() {
+    std::set<std::string> folders;
+    for (std::size_t i = 0; i < temps.size(); ++i) {
+        if (::rename(temps[i].c_str(), finals[i].c_str()) != 0) throw_errno("rename", errno, finals[i]);
+        folders.insert(fs::path(finals[i]).parent_path().string());
+    }
+    for (const auto& f : folders) fsync_dir(f);
+    temps.clear();
+    finals.clear();
+}
+
+void Written::discard() noexcept {
+    for (const auto& t : temps) ::unlink(t.c_str());
+    temps.clear();
+    finals.clear();
+}
+
+// ---------------------------------------------------------------------------
+Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
+    const auto ranks = rank_set(m, opts);
+    const unsigned jobs = resolve_jobs(opts.jobs);
+    // Each worker holds two buffers of fp32 values and two for the param
+    // state when it is bf16; one more buffer holds zeros for everyone.
+    const bool bf16 = m.opts.param_dtype == DType::bf16;
+    const std::size_t per_worker = bf16 ? 4 : 2;
+    if (pool.buffers() < per_worker + 1)
+        throw UsageError("the pinned pool (" + pool.config().describe() + ") needs at least " +
+                         std::to_string(per_worker + 1) + " buffers for init");
+    const unsigned workers = static_cast<unsigned>(std::min<std::size_t>(jobs, (pool.buffers() - 1) / per_worker));
+    const std::uint64_t buf = pool.buffer_bytes();
+
+    OutFiles out;
+    try {
+        out.open(m, dir, ranks);
+        Zeros zeros(pool);
+        // Units: (rank, tensor), every state of it at once, so each value is
+        // drawn once for both the param and the master copy.
+        std::vector<std::pair<unsigned, std::size_t>> units;
+        for (unsigned r : ranks)
+            for (std::size_t t = 0; t < m.tensors.size(); ++t) units.emplace_back(r, t);
+        // Partition index by (rank, tensor, state).
+        std::map<std::tuple<unsigned, std::size_t, std::string>, Partition*> index;
+        for (auto& p : m.parts)
+            if (ranks.count(p.rank)) index[{p.rank, p.tensor, p.state}] = &p;
+
+        std::vector<std::vector<mem::Lease>> held(workers);
+        for (auto& h : held) h = pool.lease_many(per_worker, "zinf-shard init");
+        run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
+            const auto [rank, ti] = units[u];
+            const Tensor& t = m.tensors[ti];
+            auto& L = held[w];
+            PartWriter fp32_writer(engine, L[0].bytes(), L[1].bytes(), zeros);
+            std::optional<PartWriter> bf16_writer;
+            if (bf16) bf16_writer.emplace(engine, L[2].bytes(), L[3].bytes(), zeros);
+            Partition* param = index.at({rank, ti, "param"});
+            Partition* master = m.opts.train && bf16 ? index.at({rank, ti, "master"}) : nullptr;
+            Partition* fp32_part = bf16 ? master : param;  // the partition written from fp32 values
+            // Values: generated once per piece into fp32_writer's buffer.
+            if (fp32_part) fp32_writer.start(out.files.at(fp32_part->file), *fp32_part, m.opts.alignment);
+            if (bf16) bf16_writer->start(out.files.at(param->file), *param, m.opts.alignment);
+            const std::uint64_t per = m.elements_per_rank(t);
+            std::vector<float> scratch;  // for bf16 without a master: values only
+            for (std::uint64_t done = 0; done < per;) {
+                std::span<float> vals;
+                if (fp32_part) {
+                    auto room = fp32_writer.here();
+                    vals = {reinterpret_cast<float*>(room.data()), room.size() / 4};
+                } else {
+                    if (scratch.empty()) scratch.resize(buf / 4);
+                    vals = scratch;
+                }
+                if (bf16) vals = vals.first(std::min(vals.size(), bf16_writer->here().size() / 2));
+                vals = vals.first(std::min<std::uint64_t>(vals.size(), per - done));
+                fill_fp32(t, m.spec, m.opts.seed, param->first + done, vals);
+                if (bf16) {
+                    auto* o = reinterpret_cast<std::uint16_t*>(bf16_writer->here().data());
+                    for (std::size_t i = 0; i < vals.size(); ++i) o[i] = to_bf16(vals[i]);
+                    bf16_writer->advance(vals.size() * 2);
+                }
+                if (fp32_part) fp32_writer.advance(vals.size() * 4);
+                done += vals.size();
+                if (opts.progress) opts.progress(vals.size() * (4 * (fp32_part != nullptr) + 2 * bf16));
+            }
+            if (fp32_part) fp32_part->xxh3 = fp32_writer.finish();
+            if (bf16) param->xxh3 = bf16_writer->finish();
+            // The moments start at zero.
+            for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+                auto it = index.find({rank, ti, s});
+                if (it == index.end()) continue;
+                fp32_writer.start(out.files.at(it->second->file), *it->second, m.opts.alignment);
+                it->second->xxh3 = fp32_writer.finish();
+                if (opts.progress) opts.progress(it->second->bytes);
+            }
+        });
+        held.clear();
+        out.finish(engine);
+    } catch (...) {
+        out.files.clear();
+        out.written.discard();
+        throw;
+    }
+    m.dir = absolute_dir(dir);
+    return std::move(out.written);
+}
+
+// ---------------------------------------------------------------------------
+VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
+    const auto ranks = rank_set(m, opts);
+    for (const auto& p : m.parts)
+        if (ranks.count(p.rank) && !p.xxh3)
+            throw DataError("line " + std::to_string(p.line) + ": " + describe(m, p) +
+                            " has no xxh3: the manifest was not written by 'init'");
+    // One unit per file: read front to back, each partition hashed in order.
+    std::map<std::string, std::vector<const Partition*>> by_file;
+    for (const auto& p : m.parts)
+        if (ranks.count(p.rank)) by_file[p.file].push_back(&p);
+    std::vector<std::pair<std::string, std::vector<const Partition*>>> files(by_file.begin(), by_file.end());
+    for (auto& [f, ps] : files)
+        std::sort(ps.begin(), ps.end(), [](const Partition* a, const Partition* b) { return a->offset < b->offset; });
+    const unsigned jobs = static_cast<unsigned>(std::max<std::size_t>(
+        1, std::min<std::size_t>(resolve_jobs(opts.jobs), pool.buffers() / 2)));
+    std::atomic<std::uint64_t> bytes{0};
+    run_units(files.size(), jobs, [&](std::size_t u, unsigned) {
+        const auto& [name, parts] = files[u];
+        const std::string path = m.path_of(*parts.front());
+        io::File file = io::File::open(path, {});
+        const std::uint64_t size = file.size();
+        for (const Partition* p : parts)
+            if (p->offset + p->bytes > size)
+                throw DataError("short file: " + describe(m, *p) + " needs bytes [" + std::to_string(p->offset) +
+                                    ", " + std::to_string(p->offset + p->bytes) + ") but the file has " +
+                                    std::to_string(size),
+                                {0, path, p->offset, static_cast<int>(p->rank)});
+        const std::uint64_t end = parts.back()->offset + parts.back()->bytes;
+        std::size_t i = 0;
+        std::optional<Xxh3Stream> h;
+        mem::Stream stream(engine, pool, {.buffers = std::max<std::size_t>(2, pool.buffers() / jobs), .who = "zinf-shard verify"});
+        stream.read(file, 0, end, [&](std::uint64_t at, std::span<const std::byte> piece) {
+            while (!piece.empty() && i < parts.size()) {
+                const Partition& p = *parts[i];
+                if (at < p.offset) {  // alignment gap before the partition
+                    const std::uint64_t skip = std::min<std::uint64_t>(piece.size(), p.offset - at);
+                    at += skip;
+                    piece = piece.subspan(skip);
+                    continue;
+                }
+                if (!h) h.emplace();
+                const std::uint64_t n = std::min<std::uint64_t>(piece.size(), p.offset + p.bytes - at);
+                h->update(piece.first(n));
+                at += n;
+                piece = piece.subspan(n);
+                if (at == p.offset + p.bytes) {
+                    const std::uint64_t got = h->digest();
+                    h.reset();
+                    if (got != *p.xxh3)
+                        throw DataError("xxh3 mismatch: " + describe(m, p) + " (bytes [" + std::to_string(p.offset) +
+                                            ", " + std::to_string(p.offset + p.bytes) + "), manifest line " +
+                                            std::to_string(p.line) + "): expected " + hex64(*p.xxh3) + ", found " +
+                                            hex64(got),
+                                        {0, path, p.offset, static_cast<int>(p.rank)});
+                    bytes.fetch_add(p.bytes);
+                    if (opts.progress) opts.progress(p.bytes);
+                    ++i;
+                }
+            }
+        });
+        file.close();
+    });
+    VerifyResult r;
+    r.bytes = bytes.load();
+    for (const auto& [f, ps] : files) r.partitions += ps.size();
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
+         const Sink& sink) {
+    if (std::find(m.states.begin(), m.states.end(), state) == m.states.end())
+        throw UsageError("state '" + state + "' is not in this manifest (" + json::Json(m.states).dump() + ")");
+    auto groups = by_tensor_state(m);
+    mem::Stream stream(engine, pool, {.who = "zinf-shard cat"});
+    for (const Partition* p : groups.at({tensor, state})) {
+        if (p->last == p->first) continue;
+        io::File file = io::File::open(m.path_of(*p), {});
+        stream.read(file, p->offset, (p->last - p->first) * dtype_bytes(p->dtype),
+                    [&](std::uint64_t, std::span<const std::byte> piece) { sink(piece); });
+    }
+}
+
+// ---------------------------------------------------------------------------
+Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
+                 const RunOptions& opts, Written& written) {
+    if (m.dir.empty()) throw UsageError("the manifest names no data directory: reshard needs an initialised one");
+    LayoutOptions lo = m.opts;
+    lo.dp = dp;
+    Manifest n = layout(m.spec, lo);
+    n.extra = m.extra;
+    const auto old_groups = by_tensor_state(m);
+    // Record keys this version does not know move to the new records when
+    // every old partition of the tensor and state agrees on them.
+    for (auto& q : n.parts) {
+        const auto& olds = old_groups.at({q.tensor, q.state});
+        for (auto it = olds.front()->extra.begin(); it != olds.front()->extra.end(); ++it) {
+            bool same = std::all_of(olds.begin(), olds.end(), [&](const Partition* o) {
+                return o->extra.contains(it.key()) && o->extra[it.key()] == it.value();
+            });
+            if (same) q.extra[it.key()] = it.value();
+        }
+    }
+    std::set<unsigned> all;
+    for (unsigned r = 0; r < dp; ++r) all.insert(r);
+    std::map<std::pair<std::size_t, std::string>, std::vector<Partition*>> new_groups;
+    for (auto& q : n.parts) new_groups[{q.tensor, q.state}].push_back(&q);
+    for (auto& [k, v] : new_groups)
+        std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
+    std::vector<std::pair<std::size_t, std::string>> units;
+    for (const auto& [k, v] : new_groups) units.push_back(k);
+    std::sort(units.begin(), units.end());
+
+    // Per worker: two write buffers and a reading stream of two.
+    const std::size_t per_worker = 4;
+    if (pool.buffers() < per_worker + 1)
+        throw UsageError("the pinned pool (" + pool.config().describe() + ") needs at least " +
+                         std::to_string(per_worker + 1) + " buffers for reshard");
+    const unsigned workers = static_cast<unsigned>(
+        std::min<std::size_t>(resolve_jobs(opts.jobs), (pool.buffers() - 1) / per_worker));
+
+    OutFiles out;
+    try {
+        out.open(n, dir, all);
+        Zeros zeros(pool);
+        std::vector<std::vector<mem::Lease>> held(workers);
+        for (auto& h : held) h = pool.lease_many(2, "zinf-shard reshard");
+        run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
+            const auto& key = units[u];
+            const auto& olds = old_groups.at(key);
+            const auto& news = new_groups.at(key);
+            const std::uint64_t esize = dtype_bytes(olds.front()->dtype);
+            PartWriter writer(engine, held[w][0].bytes(), held[w][1].bytes(), zeros);
+            std::size_t qi = 0;
+            std::uint64_t q_left = 0;  // data bytes still to go into news[qi]
+            auto open_next = [&] {
+                const Partition& q = *news[qi];
+                writer.start(out.files.at(q.file), q, n.opts.alignment);
+                q_left = (q.last - q.first) * esize;
+            };
+            open_next();
+            auto close_full = [&] {
+                while (q_left == 0 && qi < news.size()) {
+                    news[qi]->xxh3 = writer.finish();
+                    if (opts.progress) opts.progress(news[qi]->bytes);
+                    if (++qi < news.size()) open_next();
+                }
+            };
+            close_full();
+            mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard reshard read"});
+            for (const Partition* o : olds) {
+                io::File file = io::File::open(m.path_of(*o), {});
+                const std::uint64_t data = (o->last - o->first) * esize;
+                Xxh3Stream h;
+                stream.read(file, o->offset, o->bytes, [&](std::uint64_t at, std::span<const std::byte> piece) {
+                    h.update(piece);
+                    if (at >= data) return;  // the old padding
+                    piece = piece.first(std::min<std::uint64_t>(piece.size(), data - at));
+                    while (!piece.empty()) {
+                        const std::uint64_t k = std::min<std::uint64_t>(piece.size(), q_left);
+                        writer.append(piece.first(k));
+                        piece = piece.subspan(k);
+                        q_left -= k;
+                        close_full();
+                    }
+                });
+                if (o->xxh3 && h.digest() != *o->xxh3)
+                    throw DataError("xxh3 mismatch in the source: " + describe(m, *o) + " (manifest line " +
+                                        std::to_string(o->line) + "): expected " + hex64(*o->xxh3) + ", found " +
+                                        hex64(h.digest()) + "; nothing was resharded",
+                                    {0, m.path_of(*o), o->offset, static_cast<int>(o->rank)});
+            }
+            if (qi != news.size()) throw InternalError("reshard: " + n.tensors[key.first].name + " ran short of data");
+        });
+        held.clear();
+        out.finish(engine);
+    } catch (...) {
+        out.files.clear();
+        out.written.discard();
+        throw;
+    }
+    n.dir = absolute_dir(dir);
+    written = std::move(out.written);
+    return n;
+}
+
+}  // namespace zinf::shard

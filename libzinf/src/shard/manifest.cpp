@@ -1,0 +1,430 @@
+// The layout of partitions over ranks and files, and the manifest that
+// records it: JSON Lines, a header and one record per (tensor, rank, state).
+// The reader trusts nothing: every key is typed, every record is checked
+// against the layout its header implies, and file paths must stay inside the
+// data directory.
+#include <zinf/shard.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <istream>
+#include <map>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+namespace zinf::shard {
+
+namespace {
+
+std::vector<std::string> states_for(const LayoutOptions& o) {
+    std::vector<std::string> s = {"param"};
+    if (o.train) {
+        // With fp32 parameters the param state is the master copy.
+        if (o.param_dtype != DType::fp32) s.push_back("master");
+        s.push_back("exp_avg");
+        s.push_back("exp_avg_sq");
+    }
+    return s;
+}
+
+DType dtype_of(const LayoutOptions& o, const std::string& state) {
+    return state == "param" ? o.param_dtype : DType::fp32;
+}
+Tier tier_of(const LayoutOptions& o, const std::string& state) {
+    return state == "param" ? o.param_tier : o.optim_tier;
+}
+
+std::string file_name(unsigned rank, const std::string& state) {
+    return "rank" + std::to_string(rank) + "/" + state + ".bin";
+}
+
+// A path inside the data directory: relative, no "..", nothing odd.
+void check_path(const std::string& file, const std::string& where) {
+    if (file.empty()) throw DataError(where + ": empty file path");
+    if (file.front() == '/') throw DataError(where + ": absolute file path '" + file + "' refused");
+    if (file.find('\0') != std::string::npos) throw DataError(where + ": file path holds a NUL byte");
+    std::size_t start = 0;
+    while (start <= file.size()) {
+        std::size_t slash = file.find('/', start);
+        std::string_view part(file.data() + start, (slash == std::string::npos ? file.size() : slash) - start);
+        if (part == "..")
+            throw DataError(where + ": file path '" + file + "' leaves the data directory ('..' refused)");
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+    }
+    if (file.back() == '/') throw DataError(where + ": file path '" + file + "' names a folder");
+}
+
+bool get_bool(const json::Json& o, const std::string& key, const std::string& where) {
+    auto it = o.find(key);
+    if (it == o.end()) throw DataError(where + ": missing key '" + key + "'");
+    if (!it->is_boolean()) throw DataError(where + ": key '" + key + "' must be true or false, got " + it->dump());
+    return it->get<bool>();
+}
+
+// Throws DataError where a UsageError would come from parsing a value.
+template <class F>
+auto as_data(const std::string& where, F f) {
+    try {
+        return f();
+    } catch (const UsageError& e) {
+        throw DataError(where + ": " + e.message());
+    }
+}
+
+const std::set<std::string> kHeaderKeys = {"schema", "model", "preset", "tile", "dp", "param_dtype", "param_tier",
+                                           "optim_tier", "grad_tier", "train", "states", "alignment", "seed",
+                                           "tensors", "records", "parameters", "dir", "created_by"};
+const std::set<std::string> kRecordKeys = {"tensor", "shape", "dtype", "state", "tier", "rank",
+                                           "elements", "file", "offset", "bytes", "xxh3"};
+
+json::Json unknown_keys(const json::Json& o, const std::set<std::string>& known) {
+    json::Json extra = json::Json::object();
+    for (auto it = o.begin(); it != o.end(); ++it)
+        if (!known.count(it.key())) extra[it.key()] = it.value();
+    return extra;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
+    if (opts.dp == 0) throw UsageError("--dp must be at least 1");
+    if (!is_pow2(opts.alignment) || opts.alignment < 512)
+        throw UsageError("--align " + std::to_string(opts.alignment) + ": must be a power of two, at least 512");
+    Manifest m;
+    m.spec = spec;
+    m.opts = opts;
+    m.states = states_for(opts);
+    m.created_by = std::string("zinf-shard ") + version();
+    m.tensors = tensors(spec, opts.tile);
+    std::map<std::string, std::uint64_t> cursor;  // next free offset per file
+    m.parts.reserve(m.tensors.size() * opts.dp * m.states.size());
+    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+        const std::uint64_t per = m.elements_per_rank(m.tensors[t]), numel = m.tensors[t].numel;
+        for (unsigned r = 0; r < opts.dp; ++r)
+            for (const auto& s : m.states) {
+                Partition p;
+                p.tensor = t;
+                p.rank = r;
+                p.state = s;
+                p.dtype = dtype_of(opts, s);
+                p.tier = tier_of(opts, s);
+                p.first = std::min(numel, per * r);
+                p.last = std::min(numel, per * (r + 1));
+                p.file = file_name(r, s);
+                p.bytes = per * dtype_bytes(p.dtype);
+                auto& c = cursor[p.file];
+                p.offset = c;
+                c = align_up(c + p.bytes, opts.alignment);
+                m.parts.push_back(std::move(p));
+            }
+    }
+    return m;
+}
+
+std::vector<std::string> Manifest::files() const {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const auto& p : parts)
+        if (seen.insert(p.file).second) out.push_back(p.file);
+    return out;
+}
+
+std::uint64_t Manifest::file_bytes(const std::string& file) const {
+    std::uint64_t end = 0;
+    for (const auto& p : parts)
+        if (p.file == file) end = std::max(end, align_up(p.offset + p.bytes, opts.alignment));
+    return end;
+}
+
+std::uint64_t Manifest::total_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& p : parts) n += p.bytes;
+    return n;
+}
+
+bool Manifest::initialised() const {
+    return !parts.empty() && std::all_of(parts.begin(), parts.end(), [](const Partition& p) { return p.xxh3.has_value(); });
+}
+
+std::size_t Manifest::find_tensor(std::string_view name) const {
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (tensors[i].name == name) return i;
+    std::string near;
+    std::size_t shown = 0;
+    // Names sharing the longest prefix help most ("h.0.attn.c_attn.weight" when tiled).
+    for (std::size_t len = name.size(); len > 0 && !shown; --len)
+        for (const auto& t : tensors)
+            if (t.name.compare(0, len, name.substr(0, len)) == 0 && shown < 4) {
+                near += (shown++ ? ", " : "") + t.name;
+            }
+    throw DataError("no tensor named '" + std::string(name) + "' in this model" +
+                    (shown ? " (near: " + near + ")" : ""));
+}
+
+std::string Manifest::path_of(const Partition& p) const {
+    if (dir.empty())
+        throw UsageError("the manifest names no data directory: it comes from 'layout'; run 'zinf-shard init --dir D' first");
+    return dir + "/" + p.file;
+}
+
+// ---------------------------------------------------------------------------
+json::Json header_json(const Manifest& m) {
+    json::Json h = m.extra;
+    h["schema"] = kManifestSchema;
+    h["model"] = m.spec.to_string();
+    if (!m.spec.preset.empty()) h["preset"] = m.spec.preset;
+    h["parameters"] = m.spec.parameters();
+    h["tile"] = m.opts.tile;
+    h["dp"] = m.opts.dp;
+    h["param_dtype"] = dtype_name(m.opts.param_dtype);
+    h["param_tier"] = tier_name(m.opts.param_tier);
+    h["optim_tier"] = tier_name(m.opts.optim_tier);
+    h["grad_tier"] = tier_name(m.opts.optim_tier);
+    h["train"] = m.opts.train;
+    h["states"] = m.states;
+    h["alignment"] = m.opts.alignment;
+    h["seed"] = m.opts.seed;
+    h["tensors"] = m.tensors.size();
+    h["records"] = m.parts.size();
+    if (!m.dir.empty()) h["dir"] = m.dir;
+    h["created_by"] = m.created_by;
+    return h;
+}
+
+json::Json record_json(const Manifest& m, const Partition& p) {
+    json::Json r = p.extra;
+    const Tensor& t = m.tensor_of(p);
+    r["tensor"] = t.name;
+    r["shape"] = t.shape;
+    r["dtype"] = dtype_name(p.dtype);
+    r["state"] = p.state;
+    r["tier"] = tier_name(p.tier);
+    r["rank"] = p.rank;
+    r["elements"] = {p.first, p.last};
+    r["file"] = p.file;
+    r["offset"] = p.offset;
+    r["bytes"] = p.bytes;
+    if (p.xxh3) r["xxh3"] = hex64(*p.xxh3);
+    else r.erase("xxh3");
+    return r;
+}
+
+void write_manifest(std::ostream& out, const Manifest& m) {
+    out << json::line(header_json(m));
+    for (const auto& p : m.parts) out << json::line(record_json(m, p));
+    out.flush();
+}
+
+void save_manifest(const Manifest& m, const std::string& path) {
+    std::ostringstream text;
+    write_manifest(text, m);
+    const std::string s = text.str();
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    try {
+        for (std::size_t done = 0; done < s.size();) {
+            ssize_t n = ::write(fd.get(), s.data() + done, s.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) throw_errno("write", errno, tmp, done);
+            done += static_cast<std::size_t>(n);
+        }
+        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
+        fd.close(tmp);
+        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    Fd d = Fd::open(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
+    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, folder);
+}
+
+// ---------------------------------------------------------------------------
+Manifest read_manifest(std::istream& in, const std::string& source) {
+    std::string text;
+    std::size_t line_no = 0;
+    auto next = [&](json::Json& out) {
+        while (std::getline(in, text)) {
+            ++line_no;
+            if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+            out = json::parse_line(text, source, line_no);
+            return true;
+        }
+        if (in.bad()) throw IoError("read failed", {errno, source, {}, -1});
+        return false;
+    };
+    auto at = [&](std::size_t line) { return source + ": line " + std::to_string(line); };
+
+    json::Json h;
+    if (!next(h)) throw DataError(source + ": empty manifest (no header line)");
+    const std::string hw = at(line_no);
+    const std::size_t header_line = line_no;
+    if (!h.contains("schema") || !h["schema"].is_string())
+        throw DataError(hw + ": the first record must be the header, with \"schema\": \"" + kManifestSchema + "\"");
+    if (h["schema"] != kManifestSchema)
+        throw DataError(hw + ": schema " + h["schema"].dump() + " is not " + kManifestSchema);
+
+    Manifest m;
+    m.spec = as_data(hw, [&] { return ModelSpec::parse(json::get_string(h, "model", hw)); });
+    if (h.contains("preset")) m.spec.preset = json::get_string(h, "preset", hw);
+    auto& o = m.opts;
+    const std::uint64_t dp = json::get_u64(h, "dp", hw), tile = json::get_u64(h, "tile", hw);
+    if (dp == 0 || dp > (1u << 20)) throw DataError(hw + ": dp " + std::to_string(dp) + " out of range");
+    if (tile == 0 || tile > m.spec.hidden) throw DataError(hw + ": tile " + std::to_string(tile) + " out of range");
+    o.dp = static_cast<unsigned>(dp);
+    o.tile = static_cast<unsigned>(tile);
+    o.param_dtype = as_data(hw, [&] { return parse_dtype(json::get_string(h, "param_dtype", hw)); });
+    o.param_tier = as_data(hw, [&] { return parse_tier(json::get_string(h, "param_tier", hw)); });
+    o.optim_tier = as_data(hw, [&] { return parse_tier(json::get_string(h, "optim_tier", hw)); });
+    if (h.contains("grad_tier") && json::get_string(h, "grad_tier", hw) != tier_name(o.optim_tier))
+        throw DataError(hw + ": grad_tier must equal optim_tier (gradients follow the optimizer)");
+    o.train = get_bool(h, "train", hw);
+    o.alignment = json::get_u64(h, "alignment", hw);
+    if (!is_pow2(o.alignment) || o.alignment < 512)
+        throw DataError(hw + ": alignment " + std::to_string(o.alignment) + " is not a power of two >= 512");
+    o.seed = json::get_u64(h, "seed", hw);
+    m.states = states_for(o);
+    if (!h.contains("states") || h["states"] != json::Json(m.states))
+        throw DataError(hw + ": states must be " + json::Json(m.states).dump() + " for this header");
+    if (h.contains("parameters") && json::get_u64(h, "parameters", hw) != m.spec.parameters())
+        throw DataError(hw + ": parameters " + h["parameters"].dump() + " disagrees with the model (" +
+                        std::to_string(m.spec.parameters()) + ")");
+    if (h.contains("dir")) {
+        m.dir = json::get_string(h, "dir", hw);
+        if (m.dir.empty()) throw DataError(hw + ": dir is empty");
+    }
+    if (h.contains("created_by")) m.created_by = json::get_string(h, "created_by", hw);
+    m.extra = unknown_keys(h, kHeaderKeys);
+    m.tensors = tensors(m.spec, o.tile);
+    const std::uint64_t n_tensors = json::get_u64(h, "tensors", hw), n_records = json::get_u64(h, "records", hw);
+    if (n_tensors != m.tensors.size())
+        throw DataError(hw + ": tensors " + std::to_string(n_tensors) + " disagrees with the model (" +
+                        std::to_string(m.tensors.size()) + ")");
+    const std::uint64_t expect = m.tensors.size() * o.dp * m.states.size();
+    if (n_records != expect)
+        throw DataError(hw + ": records " + std::to_string(n_records) + ", but dp " + std::to_string(o.dp) + " x " +
+                        std::to_string(m.tensors.size()) + " tensors x " + std::to_string(m.states.size()) +
+                        " states makes " + std::to_string(expect));
+
+    std::map<std::string_view, std::size_t> by_name;
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) by_name[m.tensors[i].name] = i;
+    std::map<std::string_view, std::size_t> state_index;
+    for (std::size_t i = 0; i < m.states.size(); ++i) state_index[m.states[i]] = i;
+    // Which line holds each (tensor, rank, state): duplicates and gaps.
+    std::vector<std::size_t> seen(expect, 0);
+
+    json::Json r;
+    m.parts.reserve(expect);
+    while (next(r)) {
+        const std::string w = at(line_no);
+        if (r.contains("schema")) throw DataError(w + ": a second header");
+        Partition p;
+        p.line = line_no;
+        const std::string name = json::get_string(r, "tensor", w);
+        auto ti = by_name.find(name);
+        if (ti == by_name.end()) throw DataError(w + ": tensor '" + name + "' is not in " + m.spec.to_string());
+        p.tensor = ti->second;
+        const Tensor& t = m.tensors[p.tensor];
+        if (!r.contains("shape") || r["shape"] != json::Json(t.shape))
+            throw DataError(w + ": " + name + ": shape " + (r.contains("shape") ? r["shape"].dump() : "missing") +
+                            ", expected " + json::Json(t.shape).dump());
+        p.state = json::get_string(r, "state", w);
+        auto si = state_index.find(p.state);
+        if (si == state_index.end())
+            throw DataError(w + ": state '" + p.state + "' is not one of " + json::Json(m.states).dump());
+        const std::uint64_t rank = json::get_u64(r, "rank", w);
+        if (rank >= o.dp)
+            throw DataError(w + ": rank " + std::to_string(rank) + " is not below dp " + std::to_string(o.dp));
+        p.rank = static_cast<unsigned>(rank);
+        p.dtype = as_data(w, [&] { return parse_dtype(json::get_string(r, "dtype", w)); });
+        if (p.dtype != dtype_of(o, p.state))
+            throw DataError(w + ": " + name + " " + p.state + ": dtype " + dtype_name(p.dtype) + ", the header says " +
+                            dtype_name(dtype_of(o, p.state)));
+        p.tier = as_data(w, [&] { return parse_tier(json::get_string(r, "tier", w)); });
+        if (p.tier != tier_of(o, p.state))
+            throw DataError(w + ": " + name + " " + p.state + ": tier " + tier_name(p.tier) + ", the header says " +
+                            tier_name(tier_of(o, p.state)));
+        if (!r.contains("elements") || !r["elements"].is_array() || r["elements"].size() != 2 ||
+            !r["elements"][0].is_number_unsigned() || !r["elements"][1].is_number_unsigned())
+            throw DataError(w + ": elements must be [first, last]");
+        p.first = r["elements"][0].get<std::uint64_t>();
+        p.last = r["elements"][1].get<std::uint64_t>();
+        const std::uint64_t per = m.elements_per_rank(t);
+        const std::uint64_t f = std::min(t.numel, per * p.rank), l = std::min(t.numel, per * (p.rank + 1));
+        if (p.first != f || p.last != l)
+            throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + ": elements [" +
+                            std::to_string(p.first) + ", " + std::to_string(p.last) + "), but dp " +
+                            std::to_string(o.dp) + " gives [" + std::to_string(f) + ", " + std::to_string(l) +
+                            ") (overlapping or missing range)");
+        p.file = json::get_string(r, "file", w);
+        check_path(p.file, w);
+        p.offset = json::get_u64(r, "offset", w);
+        if (p.offset % o.alignment)
+            throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +
+                            std::to_string(o.alignment));
+        p.bytes = json::get_u64(r, "bytes", w);
+        if (p.bytes != per * dtype_bytes(p.dtype))
+            throw DataError(w + ": bytes " + std::to_string(p.bytes) + ", expected " +
+                            std::to_string(per * dtype_bytes(p.dtype)));
+        if (r.contains("xxh3")) {
+            const std::string hx = json::get_string(r, "xxh3", w);
+            p.xxh3 = as_data(w, [&] {
+                try {
+                    return parse_hex64(hx);
+                } catch (const DataError& e) {
+                    throw DataError(w + ": xxh3: " + e.message());
+                }
+            });
+        }
+        p.extra = unknown_keys(r, kRecordKeys);
+        const std::size_t slot = (p.tensor * o.dp + p.rank) * m.states.size() + si->second;
+        if (seen[slot])
+            throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + " " + p.state +
+                            " again (first on line " + std::to_string(seen[slot]) + ")");
+        seen[slot] = line_no;
+        m.parts.push_back(std::move(p));
+    }
+    if (m.parts.size() != expect) {
+        for (std::size_t s = 0; s < expect; ++s)
+            if (!seen[s]) {
+                const std::size_t st = s % m.states.size(), rk = s / m.states.size() % o.dp,
+                                  tn = s / m.states.size() / o.dp;
+                throw DataError(source + ": " + std::to_string(expect - m.parts.size()) +
+                                " record(s) missing after line " + std::to_string(line_no) + ", the first: " +
+                                m.tensors[tn].name + " rank " + std::to_string(rk) + " " + m.states[st] +
+                                " (header on line " + std::to_string(header_line) + ")");
+            }
+    }
+    // No two partitions may share bytes of a file.
+    std::vector<const Partition*> order;
+    order.reserve(m.parts.size());
+    for (const auto& p : m.parts) order.push_back(&p);
+    std::sort(order.begin(), order.end(), [](const Partition* a, const Partition* b) {
+        return a->file != b->file ? a->file < b->file : a->offset < b->offset;
+    });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+        const Partition &a = *order[i - 1], &b = *order[i];
+        if (a.file == b.file && a.offset + a.bytes > b.offset)
+            throw DataError(at(b.line) + ": bytes [" + std::to_string(b.offset) + ", " +
+                            std::to_string(b.offset + b.bytes) + ") of " + b.file + " overlap line " +
+                            std::to_string(a.line) + "'s [" + std::to_string(a.offset) + ", " +
+                            std::to_string(a.offset + a.bytes) + ")");
+    }
+    return m;
+}
+
+Manifest read_manifest_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw_errno("open", errno, path);
+    return read_manifest(in, path);
+}
+
+}  // namespace zinf::shard

@@ -1,0 +1,179 @@
+// Model specs, presets and the GPT-2 tensor list in execution order.
+#include <zinf/shard.hpp>
+
+#include <charconv>
+#include <cstdio>
+
+namespace zinf::shard {
+
+namespace {
+
+// GPT-2 (Radford et al.), a 13B GPT, and the configurations of the paper's
+// appendix tables (Fig. 6a-6e). The paper gives no vocabulary or sequence
+// length; these use GPT-2's (50257, 1024). Where a label disagrees with the
+// paper's own estimate 12*L*h^2 by more than a few percent, the layers and
+// hidden size are kept as the table prints them (see man/zinf-shard.1).
+constexpr Preset kPresets[] = {
+    {"gpt2-124m", 12, 768, 12, "124M", "GPT-2"},
+    {"gpt2-350m", 24, 1024, 16, "350M", "GPT-2"},
+    {"gpt2-1.5b", 48, 1600, 25, "1.5B", "GPT-2"},
+    {"gpt-13b", 40, 5120, 40, "13B", "GPT-3 13B shape"},
+    {"paper-1.4b", 40, 1536, 16, "1.4B", "paper Fig. 6a"},
+    {"paper-10b", 50, 4096, 16, "10B", "paper Fig. 6a"},
+    {"paper-13b", 64, 4096, 16, "13B", "paper Fig. 6a"},
+    {"paper-20b", 98, 4096, 32, "20B", "paper Fig. 6a"},
+    {"paper-70b", 125, 8192, 32, "70B", "paper Fig. 6a"},
+    {"paper-1t", 128, 25600, 256, "1000B", "paper Fig. 6a"},
+    {"paper-h8k", 1, 8192, 16, "900M", "paper Fig. 6b"},
+    {"paper-h16k", 1, 16384, 16, "3B", "paper Fig. 6b"},
+    {"paper-h32k", 1, 32768, 16, "13B", "paper Fig. 6b"},
+    {"paper-h64k", 1, 65536, 32, "50B", "paper Fig. 6b"},
+    {"paper-8b", 10, 8192, 16, "8B", "paper Fig. 6c/6d"},
+    {"paper-275m", 5, 2048, 16, "275M", "paper Fig. 6e"},
+    {"paper-4b", 5, 8192, 16, "4B", "paper Fig. 6e"},
+    {"paper-16b", 5, 16384, 16, "16B", "paper Fig. 6e"},
+    {"paper-64b", 5, 32768, 16, "64B", "paper Fig. 6e"},
+    {"paper-260b", 5, 65536, 16, "260B", "paper Fig. 6e"},
+};
+
+std::uint64_t parse_count(std::string_view text, std::string_view key, std::string_view spec) {
+    std::uint64_t v = 0;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || p != text.data() + text.size() || v == 0)
+        throw UsageError("model spec '" + std::string(spec) + "': " + std::string(key) + "=" + std::string(text) +
+                         " is not a positive integer");
+    return v;
+}
+
+std::string known_presets() {
+    std::string s;
+    for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+    return s;
+}
+
+}  // namespace
+
+std::span<const Preset> presets() { return kPresets; }
+
+ModelSpec ModelSpec::parse(std::string_view text) {
+    for (const auto& p : kPresets)
+        if (text == p.name) return ModelSpec{p.layers, p.hidden, p.heads, 50257, 1024, p.name};
+    if (!text.starts_with("gpt:"))
+        throw UsageError("model spec '" + std::string(text) +
+                         "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset (" + known_presets() +
+                         ")");
+    ModelSpec s;
+    s.heads = 0;
+    std::string_view rest = text.substr(4);
+    while (!rest.empty()) {
+        auto comma = rest.find(',');
+        std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        auto eq = item.find('=');
+        if (eq == std::string_view::npos)
+            throw UsageError("model spec '" + std::string(text) + "': '" + std::string(item) + "' is not key=value");
+        std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+        std::uint64_t v = parse_count(val, key, text);
+        if (key == "layers") s.layers = v;
+        else if (key == "hidden") s.hidden = v;
+        else if (key == "heads") s.heads = v;
+        else if (key == "vocab") s.vocab = v;
+        else if (key == "seq") s.seq = v;
+        else
+            throw UsageError("model spec '" + std::string(text) + "': unknown key '" + std::string(key) +
+                             "' (layers, hidden, heads, vocab, seq)");
+    }
+    if (!s.layers || !s.hidden)
+        throw UsageError("model spec '" + std::string(text) + "': layers and hidden are required");
+    if (!s.heads) s.heads = s.hidden % 64 == 0 ? s.hidden / 64 : 1;
+    if (s.hidden % s.heads != 0)
+        throw UsageError("model spec '" + std::string(text) + "': hidden " + std::to_string(s.hidden) +
+                         " is not a multiple of heads " + std::to_string(s.heads));
+    // Guard the arithmetic below: 4*C*C and V*C must fit 64 bits with room.
+    if (s.hidden > (1ull << 24) || s.vocab > (1ull << 32) || s.seq > (1ull << 32) || s.layers > (1ull << 20))
+        throw UsageError("model spec '" + std::string(text) + "': too large");
+    return s;
+}
+
+std::string ModelSpec::to_string() const {
+    return "gpt:layers=" + std::to_string(layers) + ",hidden=" + std::to_string(hidden) +
+           ",heads=" + std::to_string(heads) + ",vocab=" + std::to_string(vocab) + ",seq=" + std::to_string(seq);
+}
+
+std::uint64_t ModelSpec::parameters() const {
+    const std::uint64_t C = hidden;
+    return vocab * C + seq * C + layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
+std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
+    const std::uint64_t C = spec.hidden;
+    if (tile == 0 || tile > C)
+        throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the hidden size " +
+                         std::to_string(C));
+    std::vector<Tensor> out;
+    auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
+        Tensor t;
+        t.numel = 1;
+        for (auto d : shape) t.numel *= d;
+        t.name = t.key = std::move(name);
+        t.shape = std::move(shape);
+        t.init = init;
+        t.cols = t.key_cols = t.numel;
+        out.push_back(std::move(t));
+    };
+    // A linear weight (in, out): whole, or `tile` column blocks of it.
+    auto linear = [&](const std::string& name, std::uint64_t in, std::uint64_t outc, InitKind init) {
+        if (tile == 1) return plain(name, {in, outc}, init);
+        for (unsigned k = 0; k < tile; ++k) {
+            const std::uint64_t c0 = outc * k / tile, c1 = outc * (k + 1) / tile;
+            Tensor t;
+            t.name = name + ".tile" + std::to_string(k);
+            t.key = name;
+            t.shape = {in, c1 - c0};
+            t.numel = in * (c1 - c0);
+            t.init = init;
+            t.cols = c1 - c0;
+            t.key_cols = outc;
+            t.col0 = c0;
+            out.push_back(std::move(t));
+        }
+    };
+    plain("wte.weight", {spec.vocab, C}, InitKind::normal);
+    plain("wpe.weight", {spec.seq, C}, InitKind::normal);
+    for (std::uint64_t l = 0; l < spec.layers; ++l) {
+        const std::string h = "h." + std::to_string(l) + ".";
+        plain(h + "ln_1.weight", {C}, InitKind::ones);
+        plain(h + "ln_1.bias", {C}, InitKind::zeros);
+        linear(h + "attn.c_attn.weight", C, 3 * C, InitKind::normal);
+        plain(h + "attn.c_attn.bias", {3 * C}, InitKind::zeros);
+        linear(h + "attn.c_proj.weight", C, C, InitKind::residual);
+        plain(h + "attn.c_proj.bias", {C}, InitKind::zeros);
+        plain(h + "ln_2.weight", {C}, InitKind::ones);
+        plain(h + "ln_2.bias", {C}, InitKind::zeros);
+        linear(h + "mlp.c_fc.weight", C, 4 * C, InitKind::normal);
+        plain(h + "mlp.c_fc.bias", {4 * C}, InitKind::zeros);
+        linear(h + "mlp.c_proj.weight", 4 * C, C, InitKind::residual);
+        plain(h + "mlp.c_proj.bias", {C}, InitKind::zeros);
+    }
+    plain("ln_f.weight", {C}, InitKind::ones);
+    plain("ln_f.bias", {C}, InitKind::zeros);
+    return out;
+}
+
+std::size_t dtype_bytes(DType t) { return t == DType::bf16 ? 2 : 4; }
+const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
+DType parse_dtype(std::string_view s) {
+    if (s == "bf16") return DType::bf16;
+    if (s == "fp32") return DType::fp32;
+    throw UsageError("dtype '" + std::string(s) + "': expected bf16 or fp32");
+}
+
+const char* tier_name(Tier t) { return t == Tier::gpu ? "gpu" : t == Tier::cpu ? "cpu" : "nvme"; }
+Tier parse_tier(std::string_view s) {
+    if (s == "gpu") return Tier::gpu;
+    if (s == "cpu") return Tier::cpu;
+    if (s == "nvme") return Tier::nvme;
+    throw UsageError("tier '" + std::string(s) + "': expected gpu, cpu or nvme");
+}
+
+}  // namespace zinf::shard

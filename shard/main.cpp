@@ -1,0 +1,307 @@
+// zinf-shard: lays out a model's state over data-parallel ranks and tiers,
+// writes it to disk partition by partition, verifies, gathers and reshards
+// it. Manifests (JSON Lines) go from one subcommand to the next through pipes.
+// See man/zinf-shard.1 and man/zinf-manifest.5.
+#include "inspect.hpp"
+
+#include <zinf/options.hpp>
+#include <zinf/shard.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <unistd.h>
+
+using namespace zinf;
+using namespace zinf::shard;
+
+namespace {
+
+struct Options {
+    // layout
+    std::string model;
+    unsigned dp = 1, tile = 1;
+    std::string param_dtype = "bf16", param_tier = "nvme", optim_tier = "nvme";
+    bool inference = false;
+    std::string align = "4KiB";
+    std::uint64_t seed = 0x5eed;
+    // readers
+    std::string manifest = "-";
+    std::string data_dir;
+    // writers
+    std::string dir;
+    bool force = false;
+    unsigned jobs = 0;
+    std::string ranks = "all";
+    // inspect, cat
+    bool json = false;
+    std::string tensor, state = "param";
+    cli::EngineOptions engine;
+    cli::PoolOptions pool;
+};
+
+Manifest read_input(const Options& o) {
+    Manifest m;
+    if (o.manifest == "-") {
+        if (::isatty(0))
+            throw UsageError("reading the manifest from stdin, which is a terminal: pipe one in or give --manifest FILE");
+        m = read_manifest(std::cin, "<stdin>");
+    } else {
+        m = read_manifest_file(o.manifest);
+    }
+    if (!o.data_dir.empty()) m.dir = o.data_dir;
+    return m;
+}
+
+std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
+    if (text == "all") return {};
+    std::vector<unsigned> out;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        std::size_t comma = text.find(',', start);
+        std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        unsigned a = 0, b = 0;
+        char dash = 0;
+        int n = std::sscanf(item.c_str(), "%u%c%u", &a, &dash, &b);
+        if (n == 1) b = a;
+        else if (n != 3 || dash != '-' || b < a)
+            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
+        for (unsigned r = a; r <= b; ++r) {
+            if (r >= dp) throw UsageError("--ranks: rank " + std::to_string(r) + " is not below dp " + std::to_string(dp));
+            out.push_back(r);
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+// A directory that already holds a committed manifest is replaced only when
+// asked: it may be a run's only copy of its weights.
+void check_target(const std::string& dir, bool force) {
+    const std::string m = dir + "/manifest.jsonl";
+    if (std::filesystem::exists(m) && !force)
+        throw CreateError(dir + " already holds a manifest (manifest.jsonl); give --force to replace it "
+                                "(the old state stays intact until the new one is complete)");
+}
+
+// Progress on stderr, drawn only on a terminal.
+struct Meter {
+    Progress bar;
+    Meter(std::string label, std::uint64_t total) : bar(std::move(label), total) {}
+    std::function<void(std::uint64_t)> fn() {
+        return [this](std::uint64_t n) { bar.advance(n); };
+    }
+};
+
+void summary(const char* what, std::uint64_t bytes, double seconds) {
+    log::info(std::string(what) + " " + format_size(bytes) + " in " + std::to_string(seconds).substr(0, 5) + " s (" +
+              std::to_string(static_cast<double>(bytes) / GiB / std::max(seconds, 1e-9)).substr(0, 5) + " GiB/s)");
+}
+
+// Writers: once every file is complete, retire the old manifest, move the
+// new files into place, and commit with the new manifest.
+void commit(Written& w, const Manifest& m) {
+    const std::string path = m.dir + "/manifest.jsonl";
+    ::unlink(path.c_str());
+    w.commit();
+    save_manifest(m, path);
+}
+
+int do_layout(const Options& o) {
+    LayoutOptions lo;
+    lo.dp = o.dp;
+    lo.tile = o.tile;
+    lo.param_dtype = parse_dtype(o.param_dtype);
+    lo.param_tier = parse_tier(o.param_tier);
+    lo.optim_tier = parse_tier(o.optim_tier);
+    lo.train = !o.inference;
+    lo.alignment = cli::parse_sizes({o.align}, "--align")[0];
+    lo.seed = o.seed;
+    Manifest m = layout(ModelSpec::parse(o.model), lo);
+    write_manifest(std::cout, m);
+    return 0;
+}
+
+int do_init(const Options& o) {
+    Manifest m = read_input(o);
+    if (m.initialised() && !m.dir.empty())
+        log::info("the manifest was initialised before (in " + m.dir + "); writing it afresh into " + o.dir);
+    check_target(o.dir, o.force);
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
+    if (!ro.ranks.empty() && ro.ranks.size() != m.opts.dp)
+        throw UsageError("--ranks: init writes every rank in one process (--ranks all)");
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    Timer t;
+    Written w;
+    {
+        Meter meter("init", m.total_bytes());
+        ro.progress = meter.fn();
+        w = init(m, o.dir, engine, pool, ro);
+    }
+    try {
+        commit(w, m);
+    } catch (...) {
+        w.discard();
+        throw;
+    }
+    summary("wrote", m.total_bytes(), t.seconds());
+    write_manifest(std::cout, m);
+    return 0;
+}
+
+int do_verify(const Options& o) {
+    Manifest m = read_input(o);
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    Timer t;
+    VerifyResult r;
+    {
+        std::uint64_t total = 0;
+        for (const auto& p : m.parts) total += p.bytes;
+        Meter meter("verify", total);
+        ro.progress = meter.fn();
+        r = verify(m, engine, pool, ro);
+    }
+    summary(("verified " + std::to_string(r.partitions) + " partitions,").c_str(), r.bytes, t.seconds());
+    write_manifest(std::cout, m);
+    return 0;
+}
+
+int do_inspect(const Options& o) {
+    Manifest m = read_input(o);
+    if (o.json) std::cout << json::line(inspect_json(m));
+    else print_inspect(std::cout, m);
+    return 0;
+}
+
+int do_cat(const Options& o) {
+    Manifest m = read_input(o);
+    if (::isatty(1)) throw UsageError("cat writes raw bytes: redirect stdout to a file or a pipe");
+    const std::size_t t = m.find_tensor(o.tensor);
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    cat(m, t, o.state, engine, pool, [](std::span<const std::byte> piece) {
+        if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size())
+            throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
+    });
+    if (std::fflush(stdout) != 0) throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
+    return 0;
+}
+
+int do_reshard(const Options& o) {
+    Manifest m = read_input(o);
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!m.dir.empty() && fs::exists(o.dir) && fs::equivalent(m.dir, o.dir, ec))
+        throw UsageError("reshard writes a new directory; " + o.dir + " is the source");
+    check_target(o.dir, o.force);
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    Timer t;
+    Written w;
+    Manifest n;
+    {
+        Meter meter("reshard", m.total_bytes() / m.opts.dp * o.dp);
+        ro.progress = meter.fn();
+        n = reshard(m, o.dp, o.dir, engine, pool, ro, w);
+    }
+    try {
+        commit(w, n);
+    } catch (...) {
+        w.discard();
+        throw;
+    }
+    summary("resharded", n.total_bytes(), t.seconds());
+    write_manifest(std::cout, n);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    CLI::App app{"zinf-shard: model state laid out over data-parallel ranks and tiers, on disk.\n"
+                 "  zinf-shard layout --model gpt2-124m --dp 4 | zinf-shard init --dir D | zinf-shard verify"};
+    cli::Common common;
+    cli::add_common(app, common);
+    app.require_subcommand(1);
+    app.fallthrough();  // --quiet, --verbose after the subcommand too
+
+    auto add_reader = [&](CLI::App* s) {
+        s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
+        s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
+    };
+    auto add_io = [&](CLI::App* s) {
+        o.engine.add(*s);
+        o.pool.add(*s);
+        s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
+    };
+
+    auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
+    lay->add_option("--model", o.model, "gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset "
+                                        "(gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*)")
+        ->required();
+    lay->add_option("--dp", o.dp, "Data-parallel ranks every tensor is split over")->check(CLI::Range(1u, 1u << 20))
+        ->capture_default_str();
+    lay->add_option("--tile", o.tile, "Split every linear weight into K tiles (memory-centric tiling)")
+        ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+    lay->add_option("--param-dtype", o.param_dtype, "Working parameters: bf16 or fp32")
+        ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
+    lay->add_option("--param", o.param_tier, "Tier of the parameters: gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_option("--optim", o.optim_tier, "Tier of the optimizer state (and gradients): gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_flag("--inference", o.inference, "Parameters only: no master weights, no AdamW moments");
+    lay->add_option("--align", o.align, "Partition offset alignment (the largest direct-I/O alignment to serve)")
+        ->capture_default_str();
+    lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
+
+    auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
+    add_reader(ini);
+    ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
+    ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    ini->add_option("--ranks", o.ranks, "Ranks to write: all (one process)")->capture_default_str();
+    add_io(ini);
+
+    auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
+    add_reader(ver);
+    ver->add_option("--ranks", o.ranks, "Ranks to check: all, or a list like 0,2-3")->capture_default_str();
+    add_io(ver);
+
+    auto* ins = app.add_subcommand("inspect", "Tensors, shapes, bytes per rank and tier, totals per tier");
+    add_reader(ins);
+    ins->add_flag("--json", o.json, "One JSON record (zinf.shard-inspect/1) instead of the table");
+
+    auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
+    add_reader(ct);
+    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
+    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
+    add_io(ct);
+
+    auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
+    add_reader(rs);
+    rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
+    rs->add_option("--dir", o.dir, "New data directory (not the source)")->required();
+    rs->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    add_io(rs);
+
+    return cli::run(app, argc, argv, "zinf-shard", common, [&] {
+        if (lay->parsed()) return do_layout(o);
+        if (ini->parsed()) return do_init(o);
+        if (ver->parsed()) return do_verify(o);
+        if (ins->parsed()) return do_inspect(o);
+        if (ct->parsed()) return do_cat(o);
+        return do_reshard(o);
+    });
+}
