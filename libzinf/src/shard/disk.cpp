@@ -5,10 +5,13 @@
 // in flight while the next is computed.
 #include <zinf/shard.hpp>
 
+#include "generate.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <fcntl.h>
 #include <filesystem>
 #include <map>
@@ -157,19 +160,26 @@ struct Zeros {
     mutable std::map<std::uint64_t, std::uint64_t> hashes;  // xxh3 of that many zero bytes
 };
 
-// Writes one partition front to back in aligned pieces, padding with zeros to
-// the partition's aligned end, and hashes its `bytes` as they go. Two buffers
-// take turns, so one piece is written while the next is filled.
+// Writes partitions front to back in aligned pieces, padding each with zeros
+// to its aligned end, and hashes its `bytes` as they go. A ring of buffers
+// takes turns, so several pieces are being written while the next is filled;
+// a writer lives as long as its worker, so the writes of one partition are
+// still in flight while the next partition is computed. drain() waits for
+// everything (errors surface there at the latest).
 class PartWriter {
 public:
-    PartWriter(io::Engine& engine, std::span<std::byte> a, std::span<std::byte> b, const Zeros& zeros)
-        : engine_(engine), bufs_{a, b}, zeros_(zeros) {}
+    PartWriter(io::Engine& engine, std::vector<std::span<std::byte>> bufs, const Zeros& zeros)
+        : engine_(engine), bufs_(std::move(bufs)), tickets_(bufs_.size()), zeros_(zeros) {}
     ~PartWriter() {
         for (auto& t : tickets_)
             if (t) try {
                     engine_.wait(*t);
                 } catch (...) {
                 }
+        for (auto& t : pending_) try {
+                engine_.wait(t);
+            } catch (...) {
+            }
     }
 
     void start(io::File& file, const Partition& p, std::uint64_t alignment) {
@@ -190,16 +200,15 @@ public:
             if (fill_ == buf.size()) flush(buf.size());
         }
     }
-    // A buffer to fill in place: the caller writes up to room() bytes at
-    // here(), then says how many with advance().
+    // Room to fill in place: write up to here().size() bytes, then advance().
     std::span<std::byte> here() { return bufs_[cur_].subspan(fill_); }
     void advance(std::size_t n) {
         fill_ += n;
         if (fill_ == bufs_[cur_].size()) flush(fill_);
     }
-    // Zero padding to the end; returns the partition's xxh3.
+    // Zero padding to the end; returns the partition's xxh3. The writes may
+    // still be in flight.
     std::uint64_t finish() {
-        // Whole buffers of zeros straight from the shared zero buffer.
         std::uint64_t rest = extent_ - (pos_ + fill_);
         if (fill_) {
             const std::size_t pad = std::min<std::uint64_t>(rest, bufs_[cur_].size() - fill_);
@@ -208,43 +217,51 @@ public:
             rest -= pad;
             flush(fill_);
         }
-        // The rest is all zeros: every piece in flight at once from the
-        // shared zero buffer, and its hash from the cache when this many
-        // zeros were hashed before (the moments, every layer alike).
+        // The rest is all zeros: written from the shared zero buffer, and its
+        // hash taken from the cache when this many zeros were hashed before
+        // (the moments: every layer alike).
         const bool all_zero = pos_ == 0;
         std::optional<std::uint64_t> cached;
         if (all_zero) cached = zeros_.cached_hash(part_->bytes);
-        std::vector<io::Ticket> zero_tickets;
         while (rest > 0) {
             const std::uint64_t n = std::min<std::uint64_t>(rest, zeros_.lease.size());
             if (!cached) hash_bytes(zeros_.first(n));
-            zero_tickets.push_back(engine_.write(*file_, part_->offset + pos_, zeros_.first(n)));
+            if (pending_.size() >= kMaxPending) {
+                io::Ticket t = pending_.front();
+                pending_.erase(pending_.begin());
+                engine_.wait(t);
+            }
+            pending_.push_back(engine_.write(*file_, part_->offset + pos_, zeros_.first(n)));
             pos_ += n;
             rest -= n;
         }
         const std::uint64_t digest = cached ? *cached : hash_->digest();
         if (all_zero && !cached) zeros_.remember(part_->bytes, digest);
-        for (std::size_t i = 0; i < zero_tickets.size(); ++i) {
+        return digest;
+    }
+    void drain() {
+        std::exception_ptr first;
+        auto take = [&](io::Ticket t) {
             try {
-                engine_.wait(zero_tickets[i]);
+                engine_.wait(t);
             } catch (...) {
-                for (std::size_t j = i + 1; j < zero_tickets.size(); ++j) try {
-                        engine_.wait(zero_tickets[j]);
-                    } catch (...) {
-                    }
-                throw;
+                if (!first) first = std::current_exception();
             }
-        }
+        };
         for (auto& t : tickets_)
             if (t) {
                 io::Ticket x = *t;
                 t.reset();
-                engine_.wait(x);
+                take(x);
             }
-        return digest;
+        for (auto t : pending_) take(t);
+        pending_.clear();
+        if (first) std::rethrow_exception(first);
     }
 
 private:
+    static constexpr std::size_t kMaxPending = 64;
+
     void hash_bytes(std::span<const std::byte> piece) {
         // Only the partition's bytes count, not the alignment padding after them.
         if (pos_ >= part_->bytes) return;
@@ -256,8 +273,8 @@ private:
         tickets_[cur_] = engine_.write(*file_, part_->offset + pos_, piece);
         pos_ += n;
         fill_ = 0;
-        cur_ ^= 1;
-        if (tickets_[cur_]) {  // the other buffer's write must be done before it is refilled
+        cur_ = (cur_ + 1) % bufs_.size();
+        if (tickets_[cur_]) {  // the next buffer's write must be done before it is refilled
             io::Ticket x = *tickets_[cur_];
             tickets_[cur_].reset();
             engine_.wait(x);
@@ -265,9 +282,10 @@ private:
     }
 
     io::Engine& engine_;
-    std::span<std::byte> bufs_[2];
+    std::vector<std::span<std::byte>> bufs_;
+    std::vector<std::optional<io::Ticket>> tickets_;
+    std::vector<io::Ticket> pending_;  // zero writes in flight
     const Zeros& zeros_;
-    std::optional<io::Ticket> tickets_[2];
     std::size_t cur_ = 0, fill_ = 0;
     io::File* file_ = nullptr;
     const Partition* part_ = nullptr;
@@ -275,10 +293,11 @@ private:
     std::optional<Xxh3Stream> hash_;
 };
 
-// Per worker: what it leases once for the whole run.
-struct WorkerBuffers {
-    std::vector<mem::Lease> leases;
-};
+std::vector<std::span<std::byte>> spans(std::vector<mem::Lease>& leases, std::size_t from, std::size_t n) {
+    std::vector<std::span<std::byte>> out;
+    for (std::size_t i = from; i < from + n; ++i) out.push_back(leases[i].bytes());
+    return out;
+}
 
 std::string absolute_dir(const std::string& dir) {
     std::error_code ec;
@@ -315,14 +334,19 @@ void Written::discard() noexcept {
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
     const auto ranks = rank_set(m, opts);
     const unsigned jobs = resolve_jobs(opts.jobs);
-    // Each worker holds two buffers of fp32 values and two for the param
-    // state when it is bf16; one more buffer holds zeros for everyone.
+    // Each worker holds a ring of buffers for the fp32 values (the master
+    // copy, or the param state when it is fp32) and, with bf16 params, a
+    // ring half as long for them; one more buffer holds zeros for everyone.
     const bool bf16 = m.opts.param_dtype == DType::bf16;
-    const std::size_t per_worker = bf16 ? 4 : 2;
-    if (pool.buffers() < per_worker + 1)
+    const std::size_t min_ring = 2;
+    const std::size_t min_worker = bf16 ? 2 * min_ring : min_ring;
+    if (pool.buffers() < min_worker + 1)
         throw UsageError("the pinned pool (" + pool.config().describe() + ") needs at least " +
-                         std::to_string(per_worker + 1) + " buffers for init");
-    const unsigned workers = static_cast<unsigned>(std::min<std::size_t>(jobs, (pool.buffers() - 1) / per_worker));
+                         std::to_string(min_worker + 1) + " buffers for init");
+    const unsigned workers = static_cast<unsigned>(std::min<std::size_t>(jobs, (pool.buffers() - 1) / min_worker));
+    const std::size_t per_worker = std::min<std::size_t>((pool.buffers() - 1) / workers, 24);
+    const std::size_t bf16_ring = bf16 ? std::max(min_ring, per_worker / 3) : 0;
+    const std::size_t fp32_ring = per_worker - bf16_ring;
     const std::uint64_t buf = pool.buffer_bytes();
 
     OutFiles out;
@@ -340,54 +364,59 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
             if (ranks.count(p.rank)) index[{p.rank, p.tensor, p.state}] = &p;
 
         std::vector<std::vector<mem::Lease>> held(workers);
-        for (auto& h : held) h = pool.lease_many(per_worker, "zinf-shard init");
+        std::deque<PartWriter> fp32_writers, bf16_writers;
+        for (auto& h : held) {
+            h = pool.lease_many(per_worker, "zinf-shard init");
+            fp32_writers.emplace_back(engine, spans(h, 0, fp32_ring), zeros);
+            if (bf16) bf16_writers.emplace_back(engine, spans(h, fp32_ring, bf16_ring), zeros);
+        }
+        std::vector<std::vector<float>> scratch(workers);  // bf16 without a master: values only
         run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
             const auto [rank, ti] = units[u];
             const Tensor& t = m.tensors[ti];
-            auto& L = held[w];
-            PartWriter fp32_writer(engine, L[0].bytes(), L[1].bytes(), zeros);
-            std::optional<PartWriter> bf16_writer;
-            if (bf16) bf16_writer.emplace(engine, L[2].bytes(), L[3].bytes(), zeros);
+            PartWriter& fw = fp32_writers[w];
+            PartWriter* bw = bf16 ? &bf16_writers[w] : nullptr;
             Partition* param = index.at({rank, ti, "param"});
             Partition* master = m.opts.train && bf16 ? index.at({rank, ti, "master"}) : nullptr;
             Partition* fp32_part = bf16 ? master : param;  // the partition written from fp32 values
-            // Values: generated once per piece into fp32_writer's buffer.
-            if (fp32_part) fp32_writer.start(out.files.at(fp32_part->file), *fp32_part, m.opts.alignment);
-            if (bf16) bf16_writer->start(out.files.at(param->file), *param, m.opts.alignment);
+            if (fp32_part) fw.start(out.files.at(fp32_part->file), *fp32_part, m.opts.alignment);
+            if (bw) bw->start(out.files.at(param->file), *param, m.opts.alignment);
             const std::uint64_t per = m.elements_per_rank(t);
-            std::vector<float> scratch;  // for bf16 without a master: values only
             for (std::uint64_t done = 0; done < per;) {
                 std::span<float> vals;
                 if (fp32_part) {
-                    auto room = fp32_writer.here();
+                    auto room = fw.here();
                     vals = {reinterpret_cast<float*>(room.data()), room.size() / 4};
                 } else {
-                    if (scratch.empty()) scratch.resize(buf / 4);
-                    vals = scratch;
+                    if (scratch[w].empty()) scratch[w].resize(buf / 4);
+                    vals = scratch[w];
                 }
-                if (bf16) vals = vals.first(std::min(vals.size(), bf16_writer->here().size() / 2));
+                if (bw) vals = vals.first(std::min(vals.size(), bw->here().size() / 2));
                 vals = vals.first(std::min<std::uint64_t>(vals.size(), per - done));
                 fill_fp32(t, m.spec, m.opts.seed, param->first + done, vals);
-                if (bf16) {
-                    auto* o = reinterpret_cast<std::uint16_t*>(bf16_writer->here().data());
-                    for (std::size_t i = 0; i < vals.size(); ++i) o[i] = to_bf16(vals[i]);
-                    bf16_writer->advance(vals.size() * 2);
+                if (bw) {
+                    detail::to_bf16(vals.data(), vals.size(), reinterpret_cast<std::uint16_t*>(bw->here().data()));
+                    bw->advance(vals.size() * 2);
                 }
-                if (fp32_part) fp32_writer.advance(vals.size() * 4);
+                if (fp32_part) fw.advance(vals.size() * 4);
                 done += vals.size();
                 if (opts.progress) opts.progress(vals.size() * (4 * (fp32_part != nullptr) + 2 * bf16));
             }
-            if (fp32_part) fp32_part->xxh3 = fp32_writer.finish();
-            if (bf16) param->xxh3 = bf16_writer->finish();
+            if (fp32_part) fp32_part->xxh3 = fw.finish();
+            if (bw) param->xxh3 = bw->finish();
             // The moments start at zero.
             for (const char* s : {"exp_avg", "exp_avg_sq"}) {
                 auto it = index.find({rank, ti, s});
                 if (it == index.end()) continue;
-                fp32_writer.start(out.files.at(it->second->file), *it->second, m.opts.alignment);
-                it->second->xxh3 = fp32_writer.finish();
+                fw.start(out.files.at(it->second->file), *it->second, m.opts.alignment);
+                it->second->xxh3 = fw.finish();
                 if (opts.progress) opts.progress(it->second->bytes);
             }
         });
+        for (auto& wr : fp32_writers) wr.drain();
+        for (auto& wr : bf16_writers) wr.drain();
+        fp32_writers.clear();
+        bf16_writers.clear();
         held.clear();
         out.finish(engine);
     } catch (...) {
@@ -526,13 +555,17 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
         out.open(n, dir, all);
         Zeros zeros(pool);
         std::vector<std::vector<mem::Lease>> held(workers);
-        for (auto& h : held) h = pool.lease_many(2, "zinf-shard reshard");
+        std::deque<PartWriter> writers;
+        for (auto& h : held) {
+            h = pool.lease_many(2, "zinf-shard reshard");
+            writers.emplace_back(engine, spans(h, 0, 2), zeros);
+        }
         run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
             const auto& key = units[u];
             const auto& olds = old_groups.at(key);
             const auto& news = new_groups.at(key);
             const std::uint64_t esize = dtype_bytes(olds.front()->dtype);
-            PartWriter writer(engine, held[w][0].bytes(), held[w][1].bytes(), zeros);
+            PartWriter& writer = writers[w];
             std::size_t qi = 0;
             std::uint64_t q_left = 0;  // data bytes still to go into news[qi]
             auto open_next = [&] {
@@ -574,6 +607,8 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
             }
             if (qi != news.size()) throw InternalError("reshard: " + n.tensors[key.first].name + " ran short of data");
         });
+        for (auto& wr : writers) wr.drain();
+        writers.clear();
         held.clear();
         out.finish(engine);
     } catch (...) {

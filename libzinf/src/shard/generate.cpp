@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace zinf::shard::detail {
 
@@ -32,7 +33,7 @@ inline void sincos2pi(float t, float& s, float& c) {
 
 }  // namespace
 
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n, float sd, float* out) {
     alignas(64) std::uint32_t x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
     alignas(64) float z[4][kGroups];
@@ -78,14 +79,34 @@ void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std:
             z[3][i] = rc * sdd;
         }
         const std::size_t have = kGroups * 4 - skip, take = std::min(n, have);
-        for (std::size_t j = 0; j < take; ++j) {
-            const std::size_t v = skip + j;
-            out[j] = z[v % 4][v / 4];
+        if (take == kGroups * 4) {  // a whole batch: interleave in vector registers
+            for (std::size_t i = 0; i < kGroups; ++i) {
+                out[4 * i] = z[0][i];
+                out[4 * i + 1] = z[1][i];
+                out[4 * i + 2] = z[2][i];
+                out[4 * i + 3] = z[3][i];
+            }
+        } else {
+            for (std::size_t j = 0; j < take; ++j) {
+                const std::size_t v = skip + j;
+                out[j] = z[v % 4][v / 4];
+            }
         }
         out += take;
         n -= take;
         g += kGroups;
         skip = 0;
+    }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+void to_bf16(const float* in, std::size_t n, std::uint16_t* out) {
+    for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t u;
+        std::memcpy(&u, in + i, 4);
+        const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+        // NaN stays NaN (quiet): rounding must not carry it into infinity.
+        out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : rounded);
     }
 }
 
