@@ -33,6 +33,7 @@ struct Options {
     // writers
     std::string dir;
     bool force = false;
+    std::string stats;  // a JSON record of the run, for scripts
     unsigned jobs = 0;
     std::string ranks = "all";
     // inspect, cat
@@ -96,9 +97,22 @@ struct Meter {
     }
 };
 
-void summary(const char* what, std::uint64_t bytes, double seconds) {
-    log::info(std::string(what) + " " + format_size(bytes) + " in " + std::to_string(seconds).substr(0, 5) + " s (" +
-              std::to_string(static_cast<double>(bytes) / GiB / std::max(seconds, 1e-9)).substr(0, 5) + " GiB/s)");
+// The closing line on stderr and, with --stats FILE, the same as a JSON
+// record (zinf.shard-stats/1) for scripts.
+void summary(const Options& o, const std::string& op, const std::string& what, std::uint64_t bytes, double seconds,
+             const mem::PinnedPool& pool) {
+    const double gibps = static_cast<double>(bytes) / GiB / std::max(seconds, 1e-9);
+    char line[256];
+    std::snprintf(line, sizeof line, "%s %s in %.3f s (%.3f GiB/s), peak resident %s", what.c_str(),
+                  format_size(bytes).c_str(), seconds, gibps, format_size(peak_resident_bytes()).c_str());
+    log::info(line);
+    if (o.stats.empty()) return;
+    json::Json j = {{"schema", "zinf.shard-stats/1"}, {"op", op},          {"bytes", bytes},
+                    {"seconds", seconds},             {"gibps", gibps},    {"peak_resident_bytes", peak_resident_bytes()},
+                    {"pool", pool.stats().to_json()}};
+    std::ofstream f(o.stats);
+    f << json::line(j);
+    if (!f.flush()) throw CreateError("cannot write the statistics", {errno, o.stats, {}, -1});
 }
 
 // Writers: once every file is complete, retire the old manifest, move the
@@ -150,7 +164,7 @@ int do_init(const Options& o) {
         w.discard();
         throw;
     }
-    summary("wrote", m.total_bytes(), t.seconds());
+    summary(o, "init", "wrote", m.total_bytes(), t.seconds(), pool);
     write_manifest(std::cout, m);
     return 0;
 }
@@ -171,7 +185,7 @@ int do_verify(const Options& o) {
         ro.progress = meter.fn();
         r = verify(m, engine, pool, ro);
     }
-    summary(("verified " + std::to_string(r.partitions) + " partitions,").c_str(), r.bytes, t.seconds());
+    summary(o, "verify", "verified " + std::to_string(r.partitions) + " partitions,", r.bytes, t.seconds(), pool);
     write_manifest(std::cout, m);
     return 0;
 }
@@ -222,7 +236,7 @@ int do_reshard(const Options& o) {
         w.discard();
         throw;
     }
-    summary("resharded", n.total_bytes(), t.seconds());
+    summary(o, "reshard", "resharded", n.total_bytes(), t.seconds(), pool);
     write_manifest(std::cout, n);
     return 0;
 }
@@ -242,10 +256,11 @@ int main(int argc, char** argv) {
         s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
         s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
     };
-    auto add_io = [&](CLI::App* s) {
+    auto add_io = [&](CLI::App* s, bool stats = true) {
         o.engine.add(*s);
         o.pool.add(*s);
         s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
+        if (stats) s->add_option("--stats", o.stats, "Write a JSON record of the run (zinf.shard-stats/1) to this file");
     };
 
     auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
@@ -287,7 +302,7 @@ int main(int argc, char** argv) {
     add_reader(ct);
     ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
     ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
-    add_io(ct);
+    add_io(ct, false);
 
     auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
     add_reader(rs);

@@ -163,6 +163,26 @@ BOOST_AUTO_TEST_CASE(bad_specs_are_usage_errors_naming_the_problem) {
     }
 }
 
+// parse() guards the arithmetic of parameters() and paper_estimate(); a spec
+// it accepts must have counts that fit 64 bits. 10000 layers of 2^24
+// channels are 12 * 10000 * 2^48 = 3.4e19 > 2^64 parameters.
+BOOST_AUTO_TEST_CASE(specs_whose_counts_overflow_are_refused) {
+    for (const char* spec : {"gpt:layers=10000,hidden=16777216,heads=1", "gpt:layers=1048576,hidden=16777216,heads=1",
+                             "gpt:layers=1048576,hidden=4194304,heads=1"}) {
+        try {
+            const ModelSpec s = ModelSpec::parse(spec);
+            // Accepted: then the counts must be exact (long double has 64 mantissa bits).
+            const long double C = s.hidden, L = s.layers;
+            const long double exact = s.vocab * C + s.seq * C + L * (12 * C * C + 13 * C) + 2 * C;
+            BOOST_TEST(static_cast<long double>(s.parameters()) == exact,
+                       spec << ": parameters() " << s.parameters() << " but the count is " << static_cast<double>(exact));
+            BOOST_TEST(static_cast<long double>(s.paper_estimate()) == 12 * L * C * C, spec);
+        } catch (const UsageError& e) {
+            BOOST_TEST(contains(e.what(), "too large"), e.what());
+        }
+    }
+}
+
 // The paper's appendix tables give each model a size; most agree with its own
 // estimate 12*L*h^2 within a few percent. Where a row does not, the preset
 // keeps the layers and hidden size as printed, and this pins the mismatch.
@@ -421,7 +441,7 @@ BOOST_AUTO_TEST_CASE(bad_layout_options_and_lookups) {
                             "--align " + std::to_string(a)));
     BOOST_TEST(contains(what_of<UsageError>([&] { (void)layout(s, {.tile = 0}); }, "tile 0"), "--tile 0"));
     const Manifest m = layout(s, {.dp = 2, .tile = 2});
-    BOOST_TEST(m.find_tensor("h.1.mlp.c_fc.weight.tile1") == 2u + 12 + 10);
+    BOOST_TEST(m.find_tensor("h.1.mlp.c_fc.weight.tile1") == 2u + 16 + 11);  // 16 tensors a layer with tile 2
     const std::string msg = what_of<DataError>([&] { (void)m.find_tensor("h.1.mlp.c_fc.weight"); }, "find");
     BOOST_TEST(contains(msg, "no tensor named 'h.1.mlp.c_fc.weight'"), msg);
     BOOST_TEST(contains(msg, "h.1.mlp.c_fc.weight.tile0"), msg);
@@ -749,15 +769,15 @@ BOOST_AUTO_TEST_CASE(generator_matches_the_reference) {
     const ModelSpec spec = ModelSpec::parse("gpt:layers=2,hidden=70,heads=2,vocab=97,seq=16");
     const auto whole = tensors(spec), tiled = tensors(spec, 3);
     double worst = 0;
-    std::size_t checked = 0;
+    std::size_t checked = 0, bad = 0;
     for (const Tensor* t : {&named(whole, "wte.weight"), &named(whole, "h.1.attn.c_proj.weight"),
                             &named(tiled, "h.0.mlp.c_fc.weight.tile2"), &named(tiled, "h.1.mlp.c_proj.weight.tile1")}) {
         const auto got = values(*t, spec, s, 0, t->numel);
         for (std::uint64_t e = 0; e < t->numel; ++e) {
             const double err = std::abs(got[e] - reference(*t, spec, s, e));
             worst = std::max(worst, err);
-            if (err >= 2e-6) BOOST_ERROR(t->name << " element " << e << ": " << got[e] << " vs reference "
-                                                 << reference(*t, spec, s, e));
+            if (err >= 2e-6 && bad++ < 5)
+                BOOST_ERROR(t->name << " element " << e << ": " << got[e] << " vs reference " << reference(*t, spec, s, e));
             ++checked;
         }
     }
@@ -775,6 +795,7 @@ BOOST_AUTO_TEST_CASE(generator_matches_the_reference) {
         BOOST_TEST(err < 2e-6, "big element " << first + j);
         ++checked;
     }
+    BOOST_TEST(bad == 0u);
     BOOST_TEST_MESSAGE("generator vs reference: " << checked << " values, worst absolute error " << worst);
 }
 
@@ -929,8 +950,8 @@ BOOST_AUTO_TEST_CASE(bf16_rounds_to_nearest_even) {
     std::size_t wrong = 0, far = 0;
     for (int i = 0; i < 200000; ++i) {
         std::uint32_t u = static_cast<std::uint32_t>(rng());
-        const std::uint32_t exp = (u >> 23) & 0xff;
-        if (exp >= 0xfe) u = (u & ~(0xffu << 23)) | ((exp - 2) << 23);  // keep clear of infinity
+        const std::uint32_t e8 = (u >> 23) & 0xff;
+        if (e8 >= 0xfe) u = (u & ~(0xffu << 23)) | ((e8 - 2) << 23);  // keep clear of infinity
         if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u;                 // exactly halfway
         const float x = bits(u);
         const std::uint16_t lo = static_cast<std::uint16_t>(u >> 16), hi = static_cast<std::uint16_t>(lo + 1);
@@ -939,7 +960,7 @@ BOOST_AUTO_TEST_CASE(bf16_rounds_to_nearest_even) {
         const std::uint16_t got = to_bf16(x);
         if (got != want && wrong++ < 5) BOOST_ERROR(std::hex << "to_bf16(0x" << u << ") = 0x" << got << ", want 0x" << want);
         const double back = from_bf16(got);
-        if (x != 0 && std::abs(back - x) > std::abs(double(x)) * std::ldexp(1.0, -8) && far++ < 5)
+        if (e8 != 0 && std::abs(back - x) > std::abs(double(x)) * std::ldexp(1.0, -8) && far++ < 5)
             BOOST_ERROR(std::hex << "0x" << u << " comes back as " << back);
     }
     BOOST_TEST(wrong == 0u);
@@ -1047,6 +1068,16 @@ void check_files(const Manifest& m) {
     BOOST_TEST(bad == 0u);
 }
 
+// Byte `at` of `path`, xor `mask`, written in place.
+void flip(const std::string& path, std::uint64_t at, unsigned char mask = 0x5a) {
+    Fd fd = Fd::open(path, O_RDWR);
+    unsigned char b = 0;
+    BOOST_REQUIRE(::pread(fd.get(), &b, 1, static_cast<off_t>(at)) == 1);
+    b ^= mask;
+    BOOST_REQUIRE(::pwrite(fd.get(), &b, 1, static_cast<off_t>(at)) == 1);
+    BOOST_REQUIRE(::fsync(fd.get()) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(init_commit_verify_cat_for_dp_1_2_3) {
     Rig rig;
     TempDir root;
@@ -1150,7 +1181,7 @@ BOOST_AUTO_TEST_CASE(reshard_3_to_2_keeps_every_value) {
     // partition of that tensor and state agrees on it, and only then.
     for (auto& p : m3.parts) {
         if (m3.tensor_of(p).name == "wpe.weight" && p.state == "master") p.extra["note"] = "kept";
-        if (m3.tensor_of(p).name == "wpe.weight" && p.state == "param" && p.rank == 1) p.extra["note"] = "dropped";
+        if (m3.tensor_of(p).name == "wpe.weight" && p.state == "param" && p.rank == 0) p.extra["note"] = "dropped";
     }
     Written w;
     const Manifest m2 = reshard(m3, 2, b.path.string(), rig.engine, rig.pool, {}, w);
@@ -1170,6 +1201,19 @@ BOOST_AUTO_TEST_CASE(reshard_3_to_2_keeps_every_value) {
     for (std::size_t t = 0; t < m2.tensors.size(); ++t)
         for (const char* st : {"param", "master", "exp_avg"})
             BOOST_TEST(xxh3(cat_bytes(m2, t, st, rig)) == xxh3(cat_bytes(m3, t, st, rig)), m2.tensors[t].name << " " << st);
+    // A source partition that no longer matches its xxh3: nothing is resharded.
+    const Partition& src = *std::find_if(m3.parts.begin(), m3.parts.end(), [&](const Partition& p) {
+        return m3.tensor_of(p).name == "h.1.attn.c_attn.weight" && p.rank == 2 && p.state == "exp_avg";
+    });
+    flip(m3.path_of(src), src.offset + 5);
+    TempDir d;
+    Written w_bad;
+    const std::string msg = what_of<DataError>(
+        [&] { (void)reshard(m3, 2, d.path.string(), rig.engine, rig.pool, {}, w_bad); }, "corrupt source");
+    BOOST_TEST(contains(msg, "xxh3 mismatch in the source: h.1.attn.c_attn.weight rank 2 exp_avg"), msg);
+    BOOST_TEST(contains(msg, m3.path_of(src)), msg);
+    BOOST_TEST(w_bad.temps.empty());
+    BOOST_TEST(temporaries(d.path.string()).empty());
     for (const Partition& p : m2.parts) {
         const bool wpe_master = m2.tensor_of(p).name == "wpe.weight" && p.state == "master";
         BOOST_TEST((p.extra == (wpe_master ? json::Json{{"note", "kept"}} : json::Json::object())),
@@ -1177,14 +1221,54 @@ BOOST_AUTO_TEST_CASE(reshard_3_to_2_keeps_every_value) {
     }
 }
 
-// Byte `at` of `path`, xor `mask`, written in place.
-void flip(const std::string& path, std::uint64_t at, unsigned char mask = 0x5a) {
-    Fd fd = Fd::open(path, O_RDWR);
-    unsigned char b = 0;
-    BOOST_REQUIRE(::pread(fd.get(), &b, 1, static_cast<off_t>(at)) == 1);
-    b ^= mask;
-    BOOST_REQUIRE(::pwrite(fd.get(), &b, 1, static_cast<off_t>(at)) == 1);
-    BOOST_REQUIRE(::fsync(fd.get()) == 0);
+// More ranks than elements: the last ranks hold only padding, and reshard
+// moves across such empty partitions in both directions.
+BOOST_AUTO_TEST_CASE(more_ranks_than_elements) {
+    Rig rig;
+    TempDir a, b, c, fresh5, fresh1;
+    const std::uint64_t s = seed("tiny reshard");
+    constexpr const char* tiny = "gpt:layers=1,hidden=4,heads=1,vocab=7,seq=3";
+    Manifest m2 = make(rig, a.path.string(), {.dp = 2, .seed = s}, tiny);
+    Written w5, w1;
+    const Manifest m5 = reshard(m2, 5, b.path.string(), rig.engine, rig.pool, {}, w5);
+    w5.commit();
+    const Manifest m1 = reshard(m5, 1, c.path.string(), rig.engine, rig.pool, {}, w1);
+    w1.commit();
+    const Manifest f5 = make(rig, fresh5.path.string(), {.dp = 5, .seed = s}, tiny);
+    const Manifest f1 = make(rig, fresh1.path.string(), {.dp = 1, .seed = s}, tiny);
+    BOOST_TEST(std::any_of(m5.parts.begin(), m5.parts.end(), [](const Partition& p) { return p.first == p.last; }));
+    for (const Manifest* m : {&m5, &m1, &f5, &f1}) {
+        BOOST_TEST(verify(*m, rig.engine, rig.pool, {}).partitions == m->parts.size());
+        check_files(*m);
+    }
+    for (std::size_t i = 0; i < m5.parts.size(); ++i) BOOST_TEST((m5.parts[i].xxh3 == f5.parts[i].xxh3), i);
+    for (std::size_t i = 0; i < m1.parts.size(); ++i) BOOST_TEST((m1.parts[i].xxh3 == f1.parts[i].xxh3), i);
+}
+
+// The smallest pool init, verify, cat and reshard accept: one worker each.
+BOOST_AUTO_TEST_CASE(the_smallest_pool_is_enough) {
+    io::Engine engine{io::EngineConfig{}};
+    mem::PoolConfig pc = disk_pool();
+    pc.bytes = 5 * pc.buffer;
+    pc.lease_timeout = 10s;
+    mem::PinnedPool pool(pc, &engine);
+    TempDir a, b;
+    const std::uint64_t s = seed("small pool");
+    Manifest m = layout(ModelSpec::parse(kDiskModel), {.dp = 2, .seed = s});
+    init(m, a.path.string(), engine, pool, {.jobs = 4}).commit();
+    BOOST_TEST(verify(m, engine, pool, {.jobs = 4}).partitions == m.parts.size());
+    check_files(m);
+    Written w;
+    const Manifest n = reshard(m, 3, b.path.string(), engine, pool, {.jobs = 4}, w);
+    w.commit();
+    BOOST_TEST(verify(n, engine, pool, {}).partitions == n.parts.size());
+    std::vector<std::byte> got;
+    cat(n, 0, "master", engine, pool, [&](std::span<const std::byte> p) { got.insert(got.end(), p.begin(), p.end()); });
+    BOOST_TEST((got == encoded(n, n.tensors[0], DType::fp32, 0, n.tensors[0].numel)));
+    mem::PinnedPool four({.bytes = 4 * pc.buffer, .buffer = pc.buffer, .allocator = "host"}, &engine);
+    Manifest again = layout(ModelSpec::parse(kDiskModel), {.dp = 2, .seed = s});
+    const std::string msg = what_of<UsageError>([&] { (void)init(again, b.path.string() + "/x", engine, four, {}); }, "4 buffers");
+    BOOST_TEST(contains(msg, "needs at least 5 buffers"), msg);
 }
 
 BOOST_AUTO_TEST_CASE(verify_finds_a_flipped_byte_and_a_short_file) {
@@ -1272,10 +1356,58 @@ BOOST_AUTO_TEST_CASE(a_failed_write_leaves_the_directory_as_it_was) {
             BOOST_TEST(contains(e.what(), ".zinf-tmp"), e.what());
         }
     }
+    {  // out of space while writing: an IoError too (74), not a CreateError
+        EnvVar faults("ZINF_FAULTS", "write:3:ENOSPC");
+        try {
+            init(again, dir.path.string(), rig.engine, rig.pool, {}).commit();
+            BOOST_ERROR("init passed over ENOSPC");
+        } catch (const IoError& e) {
+            BOOST_TEST(e.err() == ENOSPC);
+            BOOST_TEST(e.exit_code() == 74);
+        }
+    }
     BOOST_TEST(temporaries(dir.path.string()).empty());
     BOOST_TEST(again.dir.empty());
     for (const auto& f : m.files()) BOOST_TEST(xxh3(slurp(m.dir + "/" + f)) == before[f], f);
     BOOST_TEST(verify(m, rig.engine, rig.pool, {}).partitions == m.parts.size());
+}
+
+// A 1MiB tmpfs (needs root to mount).
+struct SmallTmpfs {
+    TempDir dir;
+    bool ok = false;
+    SmallTmpfs() { ok = ::mount("tmpfs", dir.path.c_str(), "tmpfs", 0, "size=1m") == 0; }
+    ~SmallTmpfs() {
+        if (ok) ::umount(dir.path.c_str());
+    }
+};
+struct CanMountTmpfs {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        SmallTmpfs m;
+        boost::test_tools::assertion_result r(m.ok);
+        if (!r) r.message() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+        return r;
+    }
+};
+
+BOOST_AUTO_TEST_CASE(a_disk_too_small_fails_before_writing, *utf::precondition(CanMountTmpfs())) {
+    Rig rig;
+    SmallTmpfs small;
+    BOOST_REQUIRE(small.ok);
+    Manifest m = layout(ModelSpec::parse(kDiskModel), {.dp = 1, .seed = seed("small disk")});
+    BOOST_REQUIRE(m.total_bytes() > 2 * MiB);
+    const std::string dir = small.dir.file("state");
+    try {
+        (void)init(m, dir, rig.engine, rig.pool, {});
+        BOOST_ERROR("init passed on a 1MiB file system");
+    } catch (const IoError& e) {
+        BOOST_TEST_MESSAGE(e.what());
+        BOOST_TEST(e.err() == ENOSPC);
+        BOOST_TEST(contains(e.what(), "not enough space"), e.what());
+        BOOST_TEST(contains(e.what(), "nothing was written"), e.what());
+    }
+    BOOST_TEST(!fs::exists(dir + "/rank0"));
+    BOOST_TEST(m.dir.empty());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -542,13 +542,15 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     for (const auto& [k, v] : new_groups) units.push_back(k);
     std::sort(units.begin(), units.end());
 
-    // Per worker: two write buffers and a reading stream of two.
+    // Per worker: a write ring of at least two buffers and a reading stream of two.
     const std::size_t per_worker = 4;
     if (pool.buffers() < per_worker + 1)
         throw UsageError("the pinned pool (" + pool.config().describe() + ") needs at least " +
                          std::to_string(per_worker + 1) + " buffers for reshard");
     const unsigned workers = static_cast<unsigned>(
         std::min<std::size_t>(resolve_jobs(opts.jobs), (pool.buffers() - 1) / per_worker));
+    // What the workers' reading streams (two buffers each) leave, for their write rings.
+    const std::size_t ring = std::min<std::size_t>((pool.buffers() - 1) / workers - 2, 12);
 
     OutFiles out;
     try {
@@ -557,8 +559,8 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
         std::vector<std::vector<mem::Lease>> held(workers);
         std::deque<PartWriter> writers;
         for (auto& h : held) {
-            h = pool.lease_many(2, "zinf-shard reshard");
-            writers.emplace_back(engine, spans(h, 0, 2), zeros);
+            h = pool.lease_many(ring, "zinf-shard reshard");
+            writers.emplace_back(engine, spans(h, 0, ring), zeros);
         }
         run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
             const auto& key = units[u];
@@ -582,7 +584,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
                 }
             };
             close_full();
-            mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard reshard read"});
+            mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard reshard read"});  // within the budget above
             for (const Partition* o : olds) {
                 io::File file = io::File::open(m.path_of(*o), {});
                 const std::uint64_t data = (o->last - o->first) * esize;
