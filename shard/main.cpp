@@ -8,6 +8,8 @@
 #include <zinf/shard.hpp>
 
 #include <csignal>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +44,17 @@ struct Options {
     cli::EngineOptions engine;
     cli::PoolOptions pool;
 };
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+// The manifest on stdout, checked: a full disk or a closed pipe is an error,
+// not a silent success.
+void emit(const Manifest& m) {
+    write_manifest(std::cout, m);
+    std::cout.flush();
+    if (!std::cout) throw IoError("writing the manifest to stdout failed", {errno, "<stdout>", {}, -1});
+}
 
 Manifest read_input(const Options& o) {
     Manifest m;
@@ -110,9 +123,13 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     json::Json j = {{"schema", "zinf.shard-stats/1"}, {"op", op},          {"bytes", bytes},
                     {"seconds", seconds},             {"gibps", gibps},    {"peak_resident_bytes", peak_resident_bytes()},
                     {"pool", pool.stats().to_json()}};
-    std::ofstream f(o.stats);
-    f << json::line(j);
-    if (!f.flush()) throw CreateError("cannot write the statistics", {errno, o.stats, {}, -1});
+    const std::string tmp = o.stats + ".tmp";
+    {
+        std::ofstream f(tmp);
+        f << json::line(j);
+        if (!f.flush()) throw CreateError("cannot write the statistics", {errno, tmp, {}, -1});
+    }
+    if (std::rename(tmp.c_str(), o.stats.c_str()) != 0) throw_errno("rename", errno, o.stats, {}, true);
 }
 
 // Writers: once every file is complete, retire the old manifest, move the
@@ -135,7 +152,7 @@ int do_layout(const Options& o) {
     lo.alignment = cli::parse_sizes({o.align}, "--align")[0];
     lo.seed = o.seed;
     Manifest m = layout(ModelSpec::parse(o.model), lo);
-    write_manifest(std::cout, m);
+    emit(m);
     return 0;
 }
 
@@ -146,9 +163,9 @@ int do_init(const Options& o) {
     check_target(o.dir, o.force);
     RunOptions ro;
     ro.jobs = o.jobs;
-    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
-    if (!ro.ranks.empty() && ro.ranks.size() != m.opts.dp)
-        throw UsageError("--ranks: init writes every rank in one process (--ranks all)");
+    ro.stop = &g_stop;
+    if (o.ranks != "all")
+        throw UsageError("--ranks " + o.ranks + ": this version of init writes every rank in one process (--ranks all)");
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     Timer t;
@@ -165,7 +182,7 @@ int do_init(const Options& o) {
         throw;
     }
     summary(o, "init", "wrote", m.total_bytes(), t.seconds(), pool);
-    write_manifest(std::cout, m);
+    emit(m);
     return 0;
 }
 
@@ -173,6 +190,7 @@ int do_verify(const Options& o) {
     Manifest m = read_input(o);
     RunOptions ro;
     ro.jobs = o.jobs;
+    ro.stop = &g_stop;
     ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
@@ -186,7 +204,7 @@ int do_verify(const Options& o) {
         r = verify(m, engine, pool, ro);
     }
     summary(o, "verify", "verified " + std::to_string(r.partitions) + " partitions,", r.bytes, t.seconds(), pool);
-    write_manifest(std::cout, m);
+    emit(m);
     return 0;
 }
 
@@ -194,13 +212,20 @@ int do_inspect(const Options& o) {
     Manifest m = read_input(o);
     if (o.json) std::cout << json::line(inspect_json(m));
     else print_inspect(std::cout, m);
+    std::cout.flush();
+    if (!std::cout) throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
     return 0;
 }
 
 int do_cat(const Options& o) {
     Manifest m = read_input(o);
     if (::isatty(1)) throw UsageError("cat writes raw bytes: redirect stdout to a file or a pipe");
-    const std::size_t t = m.find_tensor(o.tensor);
+    std::size_t t = 0;
+    try {
+        t = m.find_tensor(o.tensor);
+    } catch (const DataError& e) {  // a misspelt --tensor is the command line's fault
+        throw UsageError("--tensor: " + e.message());
+    }
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     cat(m, t, o.state, engine, pool, [](std::span<const std::byte> piece) {
@@ -222,6 +247,7 @@ int do_reshard(const Options& o) {
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro;
     ro.jobs = o.jobs;
+    ro.stop = &g_stop;
     Timer t;
     Written w;
     Manifest n;
@@ -237,7 +263,7 @@ int do_reshard(const Options& o) {
         throw;
     }
     summary(o, "reshard", "resharded", n.total_bytes(), t.seconds(), pool);
-    write_manifest(std::cout, n);
+    emit(n);
     return 0;
 }
 
@@ -286,7 +312,8 @@ int main(int argc, char** argv) {
     add_reader(ini);
     ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
     ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    ini->add_option("--ranks", o.ranks, "Ranks to write: all (one process)")->capture_default_str();
+    ini->add_option("--ranks", o.ranks, "Ranks to write: all, in one process (the only choice in this version)")
+        ->capture_default_str();
     add_io(ini);
 
     auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
@@ -312,6 +339,10 @@ int main(int argc, char** argv) {
     add_io(rs);
 
     return cli::run(app, argc, argv, "zinf-shard", common, [&] {
+        // Writers stop at the next piece, remove their temporaries, exit 130.
+        std::signal(SIGINT, on_signal);
+        std::signal(SIGTERM, on_signal);
+        std::signal(SIGHUP, on_signal);
         if (lay->parsed()) return do_layout(o);
         if (ini->parsed()) return do_init(o);
         if (ver->parsed()) return do_verify(o);

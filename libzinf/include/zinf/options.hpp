@@ -22,11 +22,13 @@ struct EngineOptions {
 
     void add(CLI::App& app) {
         app.add_option("--config", config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
-        flags = {app.add_option("-e,--engine", engine.engine, "Engine: uring, threads, auto")
-                     ->check(CLI::IsMember({"uring", "threads", "auto"})),
-                 app.add_option("-b,--block-size", block_size, "Bytes per piece"),
-                 app.add_option("-d,--queue-depth", engine.queue_depth, "Pieces in flight per queue"),
-                 app.add_option("-Q,--queues", engine.queues, "io_uring rings (thread groups for threads)")};
+        // Appended, not replaced: a program may add these to several subcommands.
+        flags.insert(flags.end(),
+                     {app.add_option("-e,--engine", engine.engine, "Engine: uring, threads, auto")
+                          ->check(CLI::IsMember({"uring", "threads", "auto"})),
+                      app.add_option("-b,--block-size", block_size, "Bytes per piece"),
+                      app.add_option("-d,--queue-depth", engine.queue_depth, "Pieces in flight per queue"),
+                      app.add_option("-Q,--queues", engine.queues, "io_uring rings (thread groups for threads)")});
     }
 
     // After parsing: the configuration to run, validated.

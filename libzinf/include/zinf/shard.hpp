@@ -18,6 +18,7 @@
 #include <zinf/util.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -175,6 +176,9 @@ struct RunOptions {
     unsigned jobs = 0;  // worker threads; 0 = the CPUs there are (at most 8)
     std::vector<unsigned> ranks;  // the ranks this process does; empty = all
     std::function<void(std::uint64_t bytes)> progress;  // called as bytes are done
+    // Set (by a signal handler) to stop: the run throws Interrupted (130)
+    // and, for writers, removes its temporaries.
+    const std::atomic<bool>* stop = nullptr;
 };
 
 // Writes every partition of `ranks` into `dir` (created when absent) and sets

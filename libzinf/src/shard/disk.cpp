@@ -38,14 +38,22 @@ unsigned resolve_jobs(unsigned jobs) {
 // Runs units 0..n-1 on `jobs` threads, in order of index as threads free up.
 // The first exception stops the rest (units not yet started are skipped) and
 // is rethrown once every thread has finished.
-void run_units(std::size_t n, unsigned jobs, const std::function<void(std::size_t unit, unsigned worker)>& fn) {
+void check_stop(const RunOptions& opts) {
+    if (opts.stop && opts.stop->load()) throw Interrupted("interrupted");
+}
+
+void run_units(std::size_t n, unsigned jobs, const RunOptions& opts,
+               const std::function<void(std::size_t unit, unsigned worker)>& fn) {
     std::atomic<std::size_t> next{0};
     std::atomic<bool> failed{false};
     std::exception_ptr first;
     std::mutex mu;
     auto worker = [&](unsigned w) {
         try {
-            for (std::size_t u; !failed.load() && (u = next.fetch_add(1)) < n;) fn(u, w);
+            for (std::size_t u; !failed.load() && (u = next.fetch_add(1)) < n;) {
+                check_stop(opts);
+                fn(u, w);
+            }
         } catch (...) {
             std::lock_guard lk(mu);
             if (!first) first = std::current_exception();
@@ -94,8 +102,7 @@ struct OutFiles {
     // statvfs first, so a disk too small fails before anything is written.
     void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
         std::error_code ec;
-        fs::create_directories(dir, ec);
-        if (ec) throw CreateError("cannot create the data directory: " + ec.message(), {ec.value(), dir, {}, -1});
+        make_dirs(dir);
         std::map<std::string, std::uint64_t> sizes;
         for (const auto& p : m.parts)
             if (ranks.count(p.rank))
@@ -112,10 +119,7 @@ struct OutFiles {
         }
         for (const auto& [f, bytes] : sizes) {
             const std::string final_path = dir + "/" + f;
-            fs::create_directories(fs::path(final_path).parent_path(), ec);
-            if (ec)
-                throw CreateError("cannot create a folder: " + ec.message(),
-                                  {ec.value(), fs::path(final_path).parent_path().string(), {}, -1});
+            make_dirs(fs::path(final_path).parent_path().string());
             const std::string tmp = final_path + kTempSuffix;
             written.temps.push_back(tmp);
             written.finals.push_back(final_path);
@@ -124,10 +128,39 @@ struct OutFiles {
                 throw UsageError(tmp + ": the file system's direct-I/O alignment " + format_size(file.alignment()) +
                                  " exceeds the manifest's " + format_size(m.opts.alignment) +
                                  "; lay it out again with --align " + std::to_string(file.alignment()));
-            file.preallocate(bytes);
+            try {
+                file.preallocate(bytes);
+            } catch (const CreateError& e) {  // out of space is an I/O error here (74), as during the writes
+                if (e.err() != ENOSPC && e.err() != EDQUOT) throw;
+                throw IoError("out of space reserving " + format_size(bytes) + "; nothing was committed",
+                              {e.err(), tmp, {}, -1});
+            }
             files.emplace(f, std::move(file));
         }
     }
+
+    // Creates `path` and its missing parents, remembering which were new.
+    void make_dirs(const std::string& path) {
+        std::vector<std::string> missing;
+        for (fs::path p = fs::absolute(path); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+            missing.push_back(p.string());
+            if (p == p.parent_path()) break;
+        }
+        std::error_code ec;
+        fs::create_directories(path, ec);
+        if (ec) throw CreateError("cannot create a folder: " + ec.message(), {ec.value(), path, {}, -1});
+        created.insert(created.end(), missing.begin(), missing.end());  // deepest first
+    }
+    // After a failure: the temporaries and the folders this run made, so
+    // nothing is left behind.
+    void discard() noexcept {
+        files.clear();
+        written.discard();
+        std::sort(created.begin(), created.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+        for (const auto& d : created) ::rmdir(d.c_str());  // only when empty
+        created.clear();
+    }
+    std::vector<std::string> created;
 
     // Every write done: fdatasync and a checked close of each file.
     void finish(io::Engine& engine) {
@@ -371,7 +404,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
             if (bf16) bf16_writers.emplace_back(engine, spans(h, fp32_ring, bf16_ring), zeros);
         }
         std::vector<std::vector<float>> scratch(workers);  // bf16 without a master: values only
-        run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
+        run_units(units.size(), workers, opts, [&](std::size_t u, unsigned w) {
             const auto [rank, ti] = units[u];
             const Tensor& t = m.tensors[ti];
             PartWriter& fw = fp32_writers[w];
@@ -383,6 +416,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
             if (bw) bw->start(out.files.at(param->file), *param, m.opts.alignment);
             const std::uint64_t per = m.elements_per_rank(t);
             for (std::uint64_t done = 0; done < per;) {
+                check_stop(opts);
                 std::span<float> vals;
                 if (fp32_part) {
                     auto room = fw.here();
@@ -420,8 +454,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
         held.clear();
         out.finish(engine);
     } catch (...) {
-        out.files.clear();
-        out.written.discard();
+        out.discard();
         throw;
     }
     m.dir = absolute_dir(dir);
@@ -445,7 +478,7 @@ VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool
     const unsigned jobs = static_cast<unsigned>(std::max<std::size_t>(
         1, std::min<std::size_t>(resolve_jobs(opts.jobs), pool.buffers() / 2)));
     std::atomic<std::uint64_t> bytes{0};
-    run_units(files.size(), jobs, [&](std::size_t u, unsigned) {
+    run_units(files.size(), jobs, opts, [&](std::size_t u, unsigned) {
         const auto& [name, parts] = files[u];
         const std::string path = m.path_of(*parts.front());
         io::File file = io::File::open(path, {});
@@ -461,6 +494,7 @@ VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool
         std::optional<Xxh3Stream> h;
         mem::Stream stream(engine, pool, {.buffers = std::max<std::size_t>(2, pool.buffers() / jobs), .who = "zinf-shard verify"});
         stream.read(file, 0, end, [&](std::uint64_t at, std::span<const std::byte> piece) {
+            check_stop(opts);
             while (!piece.empty() && i < parts.size()) {
                 const Partition& p = *parts[i];
                 if (at < p.offset) {  // alignment gap before the partition
@@ -562,7 +596,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
             h = pool.lease_many(ring, "zinf-shard reshard");
             writers.emplace_back(engine, spans(h, 0, ring), zeros);
         }
-        run_units(units.size(), workers, [&](std::size_t u, unsigned w) {
+        run_units(units.size(), workers, opts, [&](std::size_t u, unsigned w) {
             const auto& key = units[u];
             const auto& olds = old_groups.at(key);
             const auto& news = new_groups.at(key);
@@ -590,6 +624,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
                 const std::uint64_t data = (o->last - o->first) * esize;
                 Xxh3Stream h;
                 stream.read(file, o->offset, o->bytes, [&](std::uint64_t at, std::span<const std::byte> piece) {
+                    check_stop(opts);
                     h.update(piece);
                     if (at >= data) return;  // the old padding
                     piece = piece.first(std::min<std::uint64_t>(piece.size(), data - at));
@@ -614,8 +649,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
         held.clear();
         out.finish(engine);
     } catch (...) {
-        out.files.clear();
-        out.written.discard();
+        out.discard();
         throw;
     }
     n.dir = absolute_dir(dir);

@@ -1,9 +1,16 @@
 // The hot loop of initialisation: normal values from Philox4x32-10 counters,
-// four per block (Box-Muller on two pairs). Built with -O3 -ffast-math (see
-// the Makefile) and cloned for AVX2, so the rounds and the logarithms run in
-// vector registers: about 450M values/s per core with SSE4.2 and 680M with
-// AVX2, against 140M for the scalar library call and libm's sincosf.
-// philox() in values.cpp is the reference it is tested against.
+// four per block (Box-Muller on two pairs). Cloned for AVX-512, AVX2 and the
+// baseline, so the rounds and the polynomials run in vector registers: about
+// 450M values/s per core with SSE4.2 and 680M with AVX2, against 140M for the
+// scalar library call and libm's sincosf. philox() in values.cpp is the
+// reference it is tested against.
+//
+// Every value must be the same bits on every x86-64 machine (a rank's
+// partition may be made on any node), so nothing here depends on the vector
+// width: only IEEE-exact operations (+ - * / sqrt, conversions, rounding),
+// no fused multiply-add (-ffp-contract=off in the Makefile), and our own log
+// and sincos polynomials in place of libm's, whose vector versions differ in
+// the last bit from one instruction set to the next.
 #include "generate.hpp"
 
 #include <algorithm>
@@ -15,6 +22,25 @@ namespace zinf::shard::detail {
 namespace {
 
 constexpr std::size_t kGroups = 256;  // Philox blocks per batch
+
+// Natural log of a in (0, 1]: a = m * 2^e with m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(f), f = (m-1)/(m+1), by its series to f^9 (|f| < 0.172,
+// relative error below 1e-7).
+inline float log_unit(float a) {
+    std::uint32_t u;
+    std::memcpy(&u, &a, 4);
+    int e = static_cast<int>(u >> 23) - 127;
+    std::uint32_t mu = (u & 0x007fffffu) | 0x3f800000u;  // m in [1, 2)
+    float m;
+    std::memcpy(&m, &mu, 4);
+    const bool big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1 : e;
+    const float f = (m - 1.f) / (m + 1.f);
+    const float f2 = f * f;
+    const float series = 1.f + f2 * (1.f / 3 + f2 * (1.f / 5 + f2 * (1.f / 7 + f2 * (1.f / 9))));
+    return static_cast<float>(e) * 0.693147180559945f + 2.f * f * series;
+}
 
 // sin and cos of 2*pi*t for t in [0, 1): the quadrant from round(4t), then
 // Taylor polynomials on [-pi/4, pi/4]; error below 4e-7 (tested).
@@ -69,7 +95,7 @@ void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std:
             const float b = static_cast<float>(static_cast<std::int32_t>(x1[i] >> 8)) * s;
             const float c = (static_cast<float>(static_cast<std::int32_t>(x2[i] >> 8)) + 0.5f) * s;
             const float d = static_cast<float>(static_cast<std::int32_t>(x3[i] >> 8)) * s;
-            const float ra = sd * std::sqrt(-2.f * std::log(a)), rc = sd * std::sqrt(-2.f * std::log(c));
+            const float ra = sd * std::sqrt(-2.f * log_unit(a)), rc = sd * std::sqrt(-2.f * log_unit(c));
             float sb, cb, sdd, cd;
             sincos2pi(b, sb, cb);
             sincos2pi(d, sdd, cd);
