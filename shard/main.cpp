@@ -278,9 +278,10 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.fallthrough();  // --quiet, --verbose after the subcommand too
 
-    auto add_reader = [&](CLI::App* s) {
+    auto add_reader = [&](CLI::App* s, bool data_dir = true) {
         s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
-        s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
+        if (data_dir)
+            s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
     };
     auto add_io = [&](CLI::App* s, bool stats = true) {
         o.engine.add(*s);
@@ -309,7 +310,7 @@ int main(int argc, char** argv) {
     lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
 
     auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
-    add_reader(ini);
+    add_reader(ini, false);  // init's directory is --dir
     ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
     ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
     ini->add_option("--ranks", o.ranks, "Ranks to write: all, in one process (the only choice in this version)")
