@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <unistd.h>
 
 using namespace zinf;
@@ -270,6 +271,13 @@ int do_reshard(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // CLI11 reports a misspelt subcommand only as "a subcommand is required".
+    static const std::set<std::string> kSubcommands = {"layout", "init", "verify", "inspect", "cat", "reshard"};
+    if (argc > 1 && argv[1][0] != '-' && !kSubcommands.count(argv[1])) {
+        std::fprintf(stderr, "zinf-shard: unknown subcommand '%s' (layout, init, verify, inspect, cat, reshard)\n",
+                     argv[1]);
+        return exit_code::usage;
+    }
     Options o;
     CLI::App app{"zinf-shard: model state laid out over data-parallel ranks and tiers, on disk.\n"
                  "  zinf-shard layout --model gpt2-124m --dp 4 | zinf-shard init --dir D | zinf-shard verify"};

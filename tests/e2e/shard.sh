@@ -28,7 +28,14 @@ pipeline() {
 # sums DIR: the sha256 of every file under DIR, by relative path.
 sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
 no_temps() { [[ -z $(find "$1" -name '*.zinf-tmp' -o -name 'manifest.jsonl.tmp.*') ]]; }
-no_files() { [[ -z $(find "$1" -type f) ]]; }
+no_files() { [[ ! -e $1 || -z $(find "$1" -type f) ]]; } # DIR: absent, or no file under it
+# intact DIR SUMS: DIR's files are byte for byte those `sums` listed, no temporaries beside them.
+intact() { [[ $(sums "$1") == "$(cat "$2")" ]] && no_temps "$1"; }
+has_all() { # TEXT STRING...: TEXT holds every STRING
+  local t=$1
+  shift
+  for x; do [[ $t == *"$x"* ]] || return 1; done
+}
 same_text() { cmp -s <(printf '%s\n' "$1") "$2"; } # TEXT FILE
 same_file() { cmp -s "$1" "$2"; }
 # same_sums A B: two catsums listings agree; the lines that differ on stderr.
@@ -51,7 +58,7 @@ line_of() {
 flip() {
   local b
   b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
-  printf "\\$(printf '%03o' $((b ^ 255)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+  printf '%b' "\\$(printf '%03o' $((b ^ 255)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
 # catsums MANIFEST: "tensor state bytes sha256" of every tensor's param and master.
 catsums() {
@@ -65,9 +72,7 @@ catsums() {
 }
 # words FILE BYTES HEX COUNT: FILE is COUNT words of BYTES bytes, each HEX (host order).
 words() {
-  local got
-  got=$(od -An -v -tx"$2" "$1" | tr -s ' \n' '\n' | grep -v '^$' | sort | uniq -c)
-  [[ $(echo $got) == "$4 $3" ]]
+  [[ $(od -An -v -tx"$2" "$1" | tr -s ' \n' '\n' | grep -v '^$' | sort | uniq -c | awk '{ print $1, $2 }') == "$4 $3" ]]
 }
 have_python() { command -v python3 >/dev/null; }
 
@@ -101,17 +106,27 @@ done
 
 # A relative --dir is recorded absolute.
 mkdir -p "$TMP/rel"
-run bash -c 'cd "$1" && "$2" layout --model "$3" | "$2" init --pinned 8MiB --pinned-buffer 256KiB --dir sub/d' \
+run bash -c 'set -o pipefail; cd "$1" && "$2" layout --model "$3" | "$2" init --pinned 8MiB --pinned-buffer 256KiB --dir sub/d' \
   _ "$TMP/rel" "$SH" "$M2"
 expect_rc 0 "init with a relative --dir"
 check "…records the directory's absolute path" jq -e -s --arg d "$(realpath "$TMP/rel/sub/d")" '.[0] | .dir == $d' <<<"$out"
 
-# Determinism: the values depend on the seed and the tensor, not on dp, jobs or engine.
+# Written again from an initialised manifest, with one job and the threads engine: the same checksums.
 run zs init --dir "$TMP/m1-again" -m "$TMP/m1-dp3/manifest.jsonl" -j 1 -e threads
 expect_rc 0 "an initialised manifest can be written afresh into another directory (-j 1, threads engine)"
 check "…with the same xxh3 in every record and the new dir in the header" bash -c '
   [[ $(tail -n +2 <<<"$1") == "$(tail -n +2 "$2")" ]] && jq -e -s --arg d "$3" ".[0] | .dir == \$d" <<<"$1"' \
   _ "$out" "$TMP/m1-dp3/manifest.jsonl" "$(realpath "$TMP/m1-again")"
+
+# --stats: a record of the run for scripts.
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 2 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" \
+  --stats "$3.init.json" | "$1" verify --pinned 8MiB --pinned-buffer 256KiB --stats "$3.verify.json"' _ "$SH" "$M2" "$TMP/stats"
+expect_rc 0 "init --stats | verify --stats"
+total=$(jq -s '[.[1:][].bytes] | add' <<<"$out")
+check "…one zinf.shard-stats/1 record each: op, the manifest's bytes, every lease back" jq -e -s --argjson b "$total" '
+  length == 2 and .[0].op == "init" and .[1].op == "verify" and all(.[]; .schema == "zinf.shard-stats/1"
+    and .bytes == $b and .seconds > 0 and .pool.in_use == 0 and .pool.buffers == 32 and .pool.high_water <= 32)' \
+  "$TMP/stats.init.json" "$TMP/stats.verify.json"
 
 # --- cat: one tensor's bytes, whatever the split -----------------------------
 for model in "$M1" "$M2"; do
@@ -178,7 +193,7 @@ for spec in "$M1 2 3 36" "$M2 5 2 32"; do
   read -r model k dp t <<<"$spec"
   n=${NAME[$model]}
   D=$TMP/$n-tile$k
-  run bash -c '"$1" layout --model "$2" --dp "$3" --tile "$4" | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$5"' \
+  run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp "$3" --tile "$4" | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$5"' \
     _ "$SH" "$model" "$dp" "$k" "$D"
   expect_rc 0 "$n: layout --tile $k | init exits 0"
   check "$n: --tile $k makes $t tensors, the linear weights in $k tiles each" \
@@ -231,14 +246,14 @@ EOF
 else
   skip "initial value statistics" "no python3"
 fi
-run bash -c '"$1" layout --model "$2" --seed 7 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' _ "$SH" "$M2" "$TMP/seed7"
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --seed 7 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' _ "$SH" "$M2" "$TMP/seed7"
 expect_rc 0 "init with --seed 7"
 zs cat -m "$TMP/seed7/manifest.jsonl" --tensor wte.weight --state master >"$TMP/s7.bin"
 zs cat -m "$TMP/m2-dp1/manifest.jsonl" --tensor wte.weight --state master >"$TMP/s0.bin"
 check "…gives other values than the default seed" bash -c '! cmp -s "$1" "$2" && [[ $(stat -c %s "$1") == 2976 ]]' _ "$TMP/s7.bin" "$TMP/s0.bin"
 
 # fp32 parameters: no master state, the param state is the fp32 master copy.
-run bash -c '"$1" layout --model "$2" --dp 2 --param-dtype fp32 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' \
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 2 --param-dtype fp32 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' \
   _ "$SH" "$M2" "$TMP/fp32"
 expect_rc 0 "layout --param-dtype fp32 | init"
 check "…states are param, exp_avg, exp_avg_sq" jq -e -s '.[0] | .states == ["param","exp_avg","exp_avg_sq"] and .records == 16 * 2 * 3' <<<"$out"
@@ -246,7 +261,7 @@ zs cat -m "$TMP/fp32/manifest.jsonl" --tensor h.0.mlp.c_fc.weight >"$TMP/f.bin"
 zs cat -m "$TMP/m2-dp1/manifest.jsonl" --tensor h.0.mlp.c_fc.weight --state master >"$TMP/fm.bin"
 check "…the fp32 param is the bf16 layout's master, byte for byte" same_file "$TMP/f.bin" "$TMP/fm.bin"
 # Inference: the param state only.
-run bash -c '"$1" layout --model "$2" --dp 3 --inference | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" |
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 3 --inference | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" |
   "$1" verify --pinned 8MiB --pinned-buffer 256KiB' _ "$SH" "$M2" "$TMP/infer"
 expect_rc 0 "layout --inference | init | verify"
 check "…the param state only, rank<r>/param.bin files" bash -c '
@@ -308,16 +323,17 @@ for bad in "../x" "/etc/passwd" "rank0/../../x"; do
   edit "$D/manifest.jsonl" 10 '.file = $f' --arg f "$bad" >"$TMP/bad.jsonl"
   run zs verify <"$TMP/bad.jsonl"
   expect_rc 65 "verify refuses file '$bad'"
-  check "…on line 10" contains "$err" "<stdin>: line 10: "
+  check "…on line 10, naming the path" has_all "$err" "<stdin>: line 10: " "'$bad'"
   run zs cat --tensor wte.weight <"$TMP/bad.jsonl"
   expect_rc 65 "cat refuses file '$bad'"
-  check "…on line 10" contains "$err" "<stdin>: line 10: "
+  check "…on line 10, naming the path" has_all "$err" "<stdin>: line 10: " "'$bad'"
   run zs init --dir "$TMP/paths-out" <"$TMP/bad.jsonl"
   expect_rc 65 "init refuses file '$bad'"
-  check "…on line 10, creating nothing" bash -c '[[ $1 == *"<stdin>: line 10: "* && ! -e $2 ]]' _ "$err" "$TMP/paths-out"
+  check "…on line 10, naming the path, creating nothing" \
+    bash -c '[[ $1 == *"<stdin>: line 10: "*"'"'"'$3'"'"'"* && ! -e $2 ]]' _ "$err" "$TMP/paths-out" "$bad"
   run zs reshard --dp 2 --dir "$TMP/paths-out" -m "$TMP/bad.jsonl"
   expect_rc 65 "reshard refuses file '$bad'"
-  check "…on line 10 of the named file" contains "$err" "$TMP/bad.jsonl: line 10: "
+  check "…on line 10 of the named file" has_all "$err" "$TMP/bad.jsonl: line 10: " "'$bad'"
 done
 
 # --- malformed manifests: 65 and the line ------------------------------------
@@ -331,7 +347,7 @@ sed '5s/.*/{"tensor": "wpe.weight", oops}/' "$MF" >"$TMP/bad.jsonl"
 malformed "invalid JSON on line 5" "<stdin>: line 5[^0-9]"
 sed 7d "$MF" >"$TMP/bad.jsonl"
 missing="$(sed -n 7p "$MF" | jq -r '"\(.tensor) rank \(.rank) \(.state)"')"
-malformed "a deleted record" "1 record\(s\) missing .*the first: $missing"
+malformed "a deleted record" "<stdin>: 1 record\(s\) missing after line 192, the first: $missing \(header on line 1\)"
 sed 7p "$MF" >"$TMP/bad.jsonl"
 malformed "a duplicated record" "<stdin>: line 8: .* again \(first on line 7\)"
 edit "$MF" 1 '.dp = 2' >"$TMP/bad.jsonl"
@@ -385,8 +401,7 @@ zs layout --model "$M2" --dp 3 >"$TMP/l3.jsonl"
 run zs init --dir "$D" <"$TMP/l3.jsonl"
 expect_rc 73 "init into a directory holding manifest.jsonl, without --force, exits 73"
 check "…naming --force, printing nothing" bash -c '[[ $1 == *--force* && -z $2 ]]' _ "$err" "$out"
-check "…every old file unchanged" bash -c '[[ $(cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum) == "$(cat "$2")" ]]' \
-  _ "$D" "$TMP/keep.sums"
+check "…every old file unchanged" intact "$D" "$TMP/keep.sums"
 run zs reshard -m "$D/manifest.jsonl" --dp 4 --dir "$D"
 expect_rc 64 "reshard into the source directory exits 64"
 run zs reshard -m "$D/manifest.jsonl" --dp 4 --dir "$D/../keep"
@@ -394,8 +409,7 @@ expect_rc 64 "…also when spelled another way (D/../keep)"
 ln -s "$D" "$TMP/keep-link"
 run zs reshard -m "$D/manifest.jsonl" --dp 4 --dir "$TMP/keep-link" --force
 expect_rc 64 "…also through a symlink, even with --force"
-check "…every old file unchanged" bash -c '[[ $(cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum) == "$(cat "$2")" ]]' \
-  _ "$D" "$TMP/keep.sums"
+check "…every old file unchanged" intact "$D" "$TMP/keep.sums"
 run zs reshard -m "$TMP/m2-dp3/manifest.jsonl" --dp 4 --dir "$D"
 expect_rc 73 "reshard into another initialised directory without --force exits 73"
 if command -v script >/dev/null; then
@@ -431,16 +445,35 @@ check "…saying it was not written by init" contains "$err" "not written by 'in
 run zs cat --tensor wte.weight <"$TMP/l3.jsonl"
 expect_rc 64 "cat of a layout-only manifest exits 64"
 run zs cat -m "$D/manifest.jsonl" --tensor h.0.attn
-expect_rc 65 "cat of an unknown tensor exits 65"
+expect_rc 64 "cat --tensor with a name not in the model exits 64 (a usage error)"
 check "…listing near names" contains "$err" "near: h.0.attn.c_attn.weight"
 run zs cat -m "$TMP/infer/manifest.jsonl" --tensor wte.weight --state master
 expect_rc 64 "cat --state master of an inference manifest exits 64"
+run zs cat -m "$TMP/m2-dp3/manifest.jsonl" --tensor wte.weight -o /dev/null
+expect_rc 64 "an unknown option exits 64"
+run bash -c '"$1" cat --pinned 8MiB --pinned-buffer 256KiB -m "$2" --tensor wte.weight >/dev/full' _ "$SH" "$TMP/m2-dp3/manifest.jsonl"
+expect_rc 74 "cat to a full device (/dev/full) exits 74"
+run bash -c '"$1" verify --pinned 8MiB --pinned-buffer 256KiB -m "$2" >/dev/full' _ "$SH" "$TMP/m2-dp3/manifest.jsonl"
+expect_rc 74 "verify with its manifest going to a full device exits 74"
+run bash -c '"$1" layout --model "$2" >/dev/full' _ "$SH" "$M2"
+expect_rc 74 "layout to a full device exits 74"
+run "$SH" init --pinned 1MiB --pinned-buffer 256KiB --dir "$TMP/tiny-pool" <"$TMP/l3.jsonl"
+expect_rc 64 "init with a pool of 4 buffers (bf16 needs 5) exits 64"
+check "…naming the pool" contains "$err" "pinned pool"
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --param-dtype fp32 | "$1" init --pinned 1MiB --pinned-buffer 256KiB --dir "$3"' \
+  _ "$SH" "$M2" "$TMP/tiny-pool-fp32"
+expect_rc 0 "…with fp32 parameters 3 buffers do"
+# The first 4KiB piece of every file lies inside wte (offset 0); its middle byte is flipped.
+ZINF_FAULTS=read:1:corrupt run zs verify -m "$TMP/m1-dp1/manifest.jsonl" -b 4KiB
+expect_rc 65 "ZINF_FAULTS=read:1:corrupt: verify reports a mismatch (65)"
+check "…in wte, rank 0" contains "$err" "xxh3 mismatch: wte.weight rank 0"
+ZINF_FAULTS=read:x:EIO run zs verify -m "$TMP/m2-dp3/manifest.jsonl"
+expect_rc 64 "a malformed ZINF_FAULTS exits 64"
 
 # --- failures leave the old directory intact ---------------------------------
 D=$TMP/old
 zs layout --model "$M1" --dp 2 | zs init --dir "$D" >/dev/null 2>&1
 sums "$D" >"$TMP/old.sums"
-intact() { [[ $(sums "$1") == "$(cat "$2")" ]] && [[ -z $(find "$1" -name '*.zinf-tmp' -o -name 'manifest.jsonl.tmp.*') ]]; }
 zs layout --model "$M1" --dp 3 >"$TMP/m1l3.jsonl"
 ZINF_FAULTS=write:3:EIO run zs init --dir "$D" --force <"$TMP/m1l3.jsonl"
 expect_rc 74 "init --force with a write failing (EIO) exits 74"
@@ -464,7 +497,7 @@ SMALL=$TMP/small
 mkdir -p "$SMALL"
 if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=2M tmpfs "$SMALL" 2>/dev/null; then
   on_exit "umount '$SMALL'"
-  run bash -c '"$1" layout --model "$2" --dp 2 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" |
+  run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 2 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" |
     "$1" verify --pinned 8MiB --pinned-buffer 256KiB' _ "$SH" "$M2" "$SMALL/ok"
   expect_rc 0 "a model that fits a 2MiB tmpfs: layout | init | verify"
   sums "$SMALL/ok" >"$TMP/small.sums"
@@ -482,6 +515,30 @@ if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=2M tmpfs "$SMALL" 2>/dev/null; 
 else
   skip "out of space on a small tmpfs" "needs root and mount -t tmpfs"
 fi
+# Out of inodes: statvfs sees free bytes, creating a file fails (ENOSPC at open).
+FEW=$TMP/few-inodes
+mkdir -p "$FEW"
+if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=4M,nr_inodes=16 tmpfs "$FEW" 2>/dev/null; then
+  on_exit "umount '$FEW'"
+  run bash -c 'set -o pipefail; "$1" layout --model "$2" | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' _ "$SH" "$M2" "$FEW/ok"
+  expect_rc 0 "out of inodes: a dp 1 state (4 files) fits"
+  sums "$FEW/ok" >"$TMP/few.sums"
+  zs layout --model "$M2" --dp 4 >"$TMP/m2l4.jsonl"
+  run zs init --dir "$FEW/ok" --force <"$TMP/m2l4.jsonl"
+  # Documented: 73 when a file cannot be created, 74 for out of space while reserving or writing.
+  check "out of inodes: a file that cannot be created is refused (73 or 74)" matches "$rc" '^7[34]$'
+  check "…saying no space" contains "$err" "No space left on device"
+  check "…every old file byte-identical, no temporaries" intact "$FEW/ok" "$TMP/few.sums"
+else
+  skip "out of inodes on a small tmpfs" "needs root and mount -t tmpfs"
+fi
+
+# --stats that cannot be written: 73, the data committed all the same.
+run zs init --dir "$TMP/stats-fail" --stats "$TMP/no-such-dir/s.json" <"$TMP/l3.jsonl"
+expect_rc 73 "init --stats into a missing folder exits 73"
+check "…naming the stats file, after committing the data" has_all "$err" "$TMP/no-such-dir/s.json"
+run zs verify -m "$TMP/stats-fail/manifest.jsonl"
+expect_rc 0 "…and the committed state verifies"
 
 # --- inspect -----------------------------------------------------------------
 zs layout --model gpt2-124m >"$TMP/124m.jsonl"
@@ -495,7 +552,7 @@ check "…tiers.nvme.bytes and total_bytes are the sum of the records' bytes ($s
 run zs inspect -m "$TMP/124m.jsonl"
 expect_rc 0 "inspect (the table)"
 check "…148 data rows, each of 7 columns" bash -c '[[ $(grep -vc "^#" <<<"$1") == 148 ]] && grep -v "^#" <<<"$1" | awk "NF != 7 { exit 1 }"' _ "$out"
-run bash -c '"$1" layout --model gpt2-124m --dp 4 --param cpu | "$1" inspect --json' _ "$SH"
+run bash -c 'set -o pipefail; "$1" layout --model gpt2-124m --dp 4 --param cpu | "$1" inspect --json' _ "$SH"
 expect_rc 0 "inspect --json of gpt2-124m, dp 4, parameters on cpu"
 p=$(zs layout --model gpt2-124m --dp 4 --param cpu | jq -s '[.[1:][] | select(.state == "param") | .bytes] | add')
 check "…the cpu tier holds the param records' bytes, nvme the rest" jq -e --argjson s "$sum" --argjson p "$p" '

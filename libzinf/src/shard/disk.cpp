@@ -113,8 +113,9 @@ struct OutFiles {
         if (::statvfs(dir.c_str(), &sv) == 0) {
             const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
             if (avail < need)
-                throw IoError("not enough space for the model state: " + format_size(need) + " needed, " +
-                                  format_size(avail) + " free; nothing was written",
+                throw IoError("not enough space for the model state: " + format_size(need) + " (" +
+                                  std::to_string(need) + " bytes) needed, " + format_size(avail) + " (" +
+                                  std::to_string(avail) + " bytes) free; nothing was written",
                               {ENOSPC, dir, {}, -1});
         }
         for (const auto& [f, bytes] : sizes) {
@@ -123,7 +124,13 @@ struct OutFiles {
             const std::string tmp = final_path + kTempSuffix;
             written.temps.push_back(tmp);
             written.finals.push_back(final_path);
-            io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+            io::File file;
+            try {
+                file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+            } catch (const CreateError& e) {  // no inode left: out of space too (74)
+                if (e.err() != ENOSPC && e.err() != EDQUOT) throw;
+                throw IoError("out of space creating a file; nothing was committed", {e.err(), tmp, {}, -1});
+            }
             if (file.alignment() > m.opts.alignment)
                 throw UsageError(tmp + ": the file system's direct-I/O alignment " + format_size(file.alignment()) +
                                  " exceeds the manifest's " + format_size(m.opts.alignment) +
