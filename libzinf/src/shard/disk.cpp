@@ -520,8 +520,9 @@ VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool
                     h.reset();
                     if (got != *p.xxh3)
                         throw DataError("xxh3 mismatch: " + describe(m, p) + " (bytes [" + std::to_string(p.offset) +
-                                            ", " + std::to_string(p.offset + p.bytes) + "), manifest line " +
-                                            std::to_string(p.line) + "): expected " + hex64(*p.xxh3) + ", found " +
+                                            ", " + std::to_string(p.offset + p.bytes) + ")" +
+                                            (p.line ? ", manifest line " + std::to_string(p.line) : std::string()) +
+                                            "): expected " + hex64(*p.xxh3) + ", found " +
                                             hex64(got),
                                         {0, path, p.offset, static_cast<int>(p.rank)});
                     bytes.fetch_add(p.bytes);
@@ -543,6 +544,9 @@ void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::En
          const Sink& sink) {
     if (std::find(m.states.begin(), m.states.end(), state) == m.states.end())
         throw UsageError("state '" + state + "' is not in this manifest (" + json::Json(m.states).dump() + ")");
+    if (tensor >= m.tensors.size())
+        throw UsageError("tensor index " + std::to_string(tensor) + " is past the model's " +
+                         std::to_string(m.tensors.size()) + " tensors");
     auto groups = by_tensor_state(m);
     mem::Stream stream(engine, pool, {.who = "zinf-shard cat"});
     for (const Partition* p : groups.at({tensor, state})) {

@@ -83,6 +83,8 @@ const std::set<std::string> kHeaderKeys = {"schema", "model", "preset", "tile", 
 const std::set<std::string> kRecordKeys = {"tensor", "shape", "dtype", "state", "tier", "rank",
                                            "elements", "file", "offset", "bytes", "xxh3"};
 
+constexpr std::uint64_t kMaxRecords = 1ull << 28;
+
 json::Json unknown_keys(const json::Json& o, const std::set<std::string>& known) {
     json::Json extra = json::Json::object();
     for (auto it = o.begin(); it != o.end(); ++it)
@@ -309,6 +311,11 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         throw DataError(hw + ": tensors " + std::to_string(n_tensors) + " disagrees with the model (" +
                         std::to_string(m.tensors.size()) + ")");
     const std::uint64_t expect = m.tensors.size() * o.dp * m.states.size();
+    // The header alone must not make the reader allocate without bound.
+    if (expect > kMaxRecords)
+        throw DataError(hw + ": dp " + std::to_string(o.dp) + " x " + std::to_string(m.tensors.size()) +
+                        " tensors makes " + std::to_string(expect) + " records, more than this reader takes (" +
+                        std::to_string(kMaxRecords) + ")");
     if (n_records != expect)
         throw DataError(hw + ": records " + std::to_string(n_records) + ", but dp " + std::to_string(o.dp) + " x " +
                         std::to_string(m.tensors.size()) + " tensors x " + std::to_string(m.states.size()) +

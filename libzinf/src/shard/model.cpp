@@ -1,6 +1,7 @@
 // Model specs, presets and the GPT-2 tensor list in execution order.
 #include <zinf/shard.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 
@@ -65,14 +66,20 @@ ModelSpec ModelSpec::parse(std::string_view text) {
     ModelSpec s;
     s.heads = 0;
     std::string_view rest = text.substr(4);
-    while (!rest.empty()) {
+    std::vector<std::string_view> seen;
+    for (bool more = !rest.empty(); more;) {
         auto comma = rest.find(',');
         std::string_view item = rest.substr(0, comma);
-        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        more = comma != std::string_view::npos;
+        rest = more ? rest.substr(comma + 1) : std::string_view{};
+        if (item.empty()) throw UsageError("model spec '" + std::string(text) + "': an empty item (a stray comma)");
         auto eq = item.find('=');
         if (eq == std::string_view::npos)
             throw UsageError("model spec '" + std::string(text) + "': '" + std::string(item) + "' is not key=value");
         std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end())
+            throw UsageError("model spec '" + std::string(text) + "': " + std::string(key) + " given twice");
+        seen.push_back(key);
         std::uint64_t v = parse_count(val, key, text);
         if (key == "layers") s.layers = v;
         else if (key == "hidden") s.hidden = v;
@@ -92,6 +99,13 @@ ModelSpec ModelSpec::parse(std::string_view text) {
     // Guard the arithmetic below: 4*C*C and V*C must fit 64 bits with room.
     if (s.hidden > (1ull << 24) || s.vocab > (1ull << 32) || s.seq > (1ull << 32) || s.layers > (1ull << 20))
         throw UsageError("model spec '" + std::string(text) + "': too large");
+    // And the counts themselves must fit 64 bits with room (the estimate is
+    // the larger of the two only for tiny vocabularies; check both).
+    using u128 = unsigned __int128;
+    const u128 C = s.hidden;
+    const u128 exact = u128{s.vocab} * C + u128{s.seq} * C + u128{s.layers} * (12 * C * C + 13 * C) + 2 * C;
+    if (exact >= (u128{1} << 62) || u128{12} * s.layers * C * C >= (u128{1} << 62))
+        throw UsageError("model spec '" + std::string(text) + "': too large (more than 2^62 parameters)");
     return s;
 }
 
