@@ -56,7 +56,7 @@ json::Json inspect_json(const Manifest& m) {
     for (const auto& t : m.tensors) {
         json::Json per = json::Json::object();
         for (const auto& s : m.states)
-            per[s] = m.elements_per_rank(t) * dtype_bytes(s == "param" ? m.opts.param_dtype : DType::fp32);
+            per[s] = m.elements_per_rank(t) * dtype_bytes(state_dtype(m.opts, s));
         ts.push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}, {"bytes_per_rank", per}});
     }
     j["tensors"] = ts;
@@ -89,7 +89,7 @@ void print_inspect(std::ostream& out, const Manifest& m) {
                       static_cast<unsigned long long>(t.numel));
         out << line;
         for (const auto& s : m.states) {
-            const std::uint64_t b = m.elements_per_rank(t) * dtype_bytes(s == "param" ? m.opts.param_dtype : DType::fp32);
+            const std::uint64_t b = m.elements_per_rank(t) * dtype_bytes(state_dtype(m.opts, s));
             std::snprintf(line, sizeof line, " %12s", format_size(b).c_str());
             out << line;
         }

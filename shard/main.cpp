@@ -8,6 +8,7 @@
 #include <zinf/shard.hpp>
 
 #include <csignal>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -133,13 +134,21 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     if (std::rename(tmp.c_str(), o.stats.c_str()) != 0) throw_errno("rename", errno, o.stats, {}, true);
 }
 
-// Writers: once every file is complete, retire the old manifest, move the
-// new files into place, and commit with the new manifest.
-void commit(Written& w, const Manifest& m) {
+// Writers, once every file is complete: retire the old manifest, move the
+// new files into place, commit with the new manifest, then report and print it.
+void commit(const Options& o, const std::string& op, const std::string& what, Written& w, const Manifest& m,
+            const Timer& t, const mem::PinnedPool& pool) {
     const std::string path = m.dir + "/manifest.jsonl";
-    ::unlink(path.c_str());
-    w.commit();
-    save_manifest(m, path);
+    try {
+        ::unlink(path.c_str());
+        w.commit();
+        save_manifest(m, path);
+    } catch (...) {
+        w.discard();
+        throw;
+    }
+    summary(o, op, what, m.total_bytes(), t.seconds(), pool);
+    emit(m);
 }
 
 int do_layout(const Options& o) {
@@ -176,14 +185,7 @@ int do_init(const Options& o) {
         ro.progress = meter.fn();
         w = init(m, o.dir, engine, pool, ro);
     }
-    try {
-        commit(w, m);
-    } catch (...) {
-        w.discard();
-        throw;
-    }
-    summary(o, "init", "wrote", m.total_bytes(), t.seconds(), pool);
-    emit(m);
+    commit(o, "init", "wrote", w, m, t, pool);
     return 0;
 }
 
@@ -198,8 +200,10 @@ int do_verify(const Options& o) {
     Timer t;
     VerifyResult r;
     {
-        std::uint64_t total = 0;
-        for (const auto& p : m.parts) total += p.bytes;
+        std::uint64_t total = 0;  // of the ranks checked
+        for (const auto& p : m.parts)
+            if (ro.ranks.empty() || std::find(ro.ranks.begin(), ro.ranks.end(), p.rank) != ro.ranks.end())
+                total += p.bytes;
         Meter meter("verify", total);
         ro.progress = meter.fn();
         r = verify(m, engine, pool, ro);
@@ -257,14 +261,7 @@ int do_reshard(const Options& o) {
         ro.progress = meter.fn();
         n = reshard(m, o.dp, o.dir, engine, pool, ro, w);
     }
-    try {
-        commit(w, n);
-    } catch (...) {
-        w.discard();
-        throw;
-    }
-    summary(o, "reshard", "resharded", n.total_bytes(), t.seconds(), pool);
-    emit(n);
+    commit(o, "reshard", "resharded", w, n, t, pool);
     return 0;
 }
 

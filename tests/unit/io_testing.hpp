@@ -55,21 +55,26 @@ inline std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) 
     return v;
 }
 
-// A ramfs mount: a file system that refuses O_DIRECT. Needs root to mount.
-struct RamfsMount {
+// A file system of `type` mounted on a fresh temporary folder (needs root):
+// ramfs refuses O_DIRECT; tmpfs with "size=1m" is a disk that is nearly full.
+struct Mount {
     TempDir dir;
     bool ok = false;
-    RamfsMount() { ok = ::mount("ramfs", dir.path.c_str(), "ramfs", 0, nullptr) == 0; }
-    ~RamfsMount() {
+    explicit Mount(const char* type, const char* options = nullptr) {
+        ok = ::mount(type, dir.path.c_str(), type, 0, options) == 0;
+    }
+    ~Mount() {
         if (ok) ::umount(dir.path.c_str());
     }
 };
 
-struct CanMountRamfs {
+struct CanMount {
+    const char* type;
+    const char* options = nullptr;
     boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
-        RamfsMount m;
+        Mount m(type, options);
         boost::test_tools::assertion_result r(m.ok);
-        if (!r) r.message() << "cannot mount ramfs here (needs root): " << std::strerror(errno);
+        if (!r) r.message() << "cannot mount " << type << " here (needs root): " << std::strerror(errno);
         return r;
     }
 };

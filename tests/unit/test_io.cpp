@@ -499,8 +499,8 @@ BOOST_AUTO_TEST_CASE(tmpfs_file_works_either_way) {
 
 // ramfs refuses O_DIRECT on every kernel: the fallback to buffered I/O, and
 // Direct::require failing, are checked there.
-BOOST_AUTO_TEST_CASE(o_direct_fallback_on_ramfs, *utf::precondition(CanMountRamfs())) {
-    RamfsMount m;
+BOOST_AUTO_TEST_CASE(o_direct_fallback_on_ramfs, *utf::precondition(CanMount{"ramfs"})) {
+    Mount m("ramfs");
     BOOST_REQUIRE(m.ok);
     const std::string path = m.dir.file("r.bin");
     File f = open_rw(path);

@@ -1377,27 +1377,9 @@ BOOST_AUTO_TEST_CASE(a_failed_write_leaves_the_directory_as_it_was) {
     BOOST_TEST(verify(m, rig.engine, rig.pool, {}).partitions == m.parts.size());
 }
 
-// A 1MiB tmpfs (needs root to mount).
-struct SmallTmpfs {
-    TempDir dir;
-    bool ok = false;
-    SmallTmpfs() { ok = ::mount("tmpfs", dir.path.c_str(), "tmpfs", 0, "size=1m") == 0; }
-    ~SmallTmpfs() {
-        if (ok) ::umount(dir.path.c_str());
-    }
-};
-struct CanMountTmpfs {
-    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
-        SmallTmpfs m;
-        boost::test_tools::assertion_result r(m.ok);
-        if (!r) r.message() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
-        return r;
-    }
-};
-
-BOOST_AUTO_TEST_CASE(a_disk_too_small_fails_before_writing, *utf::precondition(CanMountTmpfs())) {
+BOOST_AUTO_TEST_CASE(a_disk_too_small_fails_before_writing, *utf::precondition(CanMount{"tmpfs", "size=1m"})) {
     Rig rig;
-    SmallTmpfs small;
+    Mount small("tmpfs", "size=1m");  // 1MiB
     BOOST_REQUIRE(small.ok);
     Manifest m = layout(ModelSpec::parse(kDiskModel), {.dp = 1, .seed = seed("small disk")});
     BOOST_REQUIRE(m.total_bytes() > 2 * MiB);

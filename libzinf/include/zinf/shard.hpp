@@ -89,8 +89,6 @@ enum class Tier { gpu, cpu, nvme };
 const char* tier_name(Tier t);
 Tier parse_tier(std::string_view s);    // UsageError
 
-// The states a partition can hold, in file order.
-inline constexpr const char* kStates[] = {"param", "master", "exp_avg", "exp_avg_sq"};
 inline constexpr const char* kManifestSchema = "zinf.manifest/1";
 
 struct LayoutOptions {
@@ -103,6 +101,9 @@ struct LayoutOptions {
     std::uint64_t alignment = 4096;
     std::uint64_t seed = 0x5eed;
 };
+
+// The dtype a state is stored in: param's own, fp32 for the optimizer's.
+DType state_dtype(const LayoutOptions& o, const std::string& state);
 
 // One (tensor, rank, state) partition.
 struct Partition {

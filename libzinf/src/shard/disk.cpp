@@ -35,12 +35,13 @@ unsigned resolve_jobs(unsigned jobs) {
     return std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
 }
 
-// Runs units 0..n-1 on `jobs` threads, in order of index as threads free up.
-// The first exception stops the rest (units not yet started are skipped) and
-// is rethrown once every thread has finished.
 void check_stop(const RunOptions& opts) {
     if (opts.stop && opts.stop->load()) throw Interrupted("interrupted");
 }
+
+// Runs units 0..n-1 on `jobs` threads, in order of index as threads free up.
+// The first exception (or a stop) ends the rest (units not yet started are
+// skipped) and is rethrown once every thread has finished.
 
 void run_units(std::size_t n, unsigned jobs, const RunOptions& opts,
                const std::function<void(std::size_t unit, unsigned worker)>& fn) {
@@ -101,7 +102,6 @@ struct OutFiles {
     // Creates `dir` and the temporaries of every file `m` holds for `ranks`;
     // statvfs first, so a disk too small fails before anything is written.
     void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
-        std::error_code ec;
         make_dirs(dir);
         std::map<std::string, std::uint64_t> sizes;
         for (const auto& p : m.parts)

@@ -32,9 +32,6 @@ std::vector<std::string> states_for(const LayoutOptions& o) {
     return s;
 }
 
-DType dtype_of(const LayoutOptions& o, const std::string& state) {
-    return state == "param" ? o.param_dtype : DType::fp32;
-}
 Tier tier_of(const LayoutOptions& o, const std::string& state) {
     return state == "param" ? o.param_tier : o.optim_tier;
 }
@@ -94,6 +91,10 @@ json::Json unknown_keys(const json::Json& o, const std::set<std::string>& known)
 
 }  // namespace
 
+DType state_dtype(const LayoutOptions& o, const std::string& state) {
+    return state == "param" ? o.param_dtype : DType::fp32;
+}
+
 // ---------------------------------------------------------------------------
 Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     if (opts.dp == 0) throw UsageError("--dp must be at least 1");
@@ -115,7 +116,7 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
                 p.tensor = t;
                 p.rank = r;
                 p.state = s;
-                p.dtype = dtype_of(opts, s);
+                p.dtype = state_dtype(opts, s);
                 p.tier = tier_of(opts, s);
                 p.first = std::min(numel, per * r);
                 p.last = std::min(numel, per * (r + 1));
@@ -352,9 +353,9 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
             throw DataError(w + ": rank " + std::to_string(rank) + " is not below dp " + std::to_string(o.dp));
         p.rank = static_cast<unsigned>(rank);
         p.dtype = as_data(w, [&] { return parse_dtype(json::get_string(r, "dtype", w)); });
-        if (p.dtype != dtype_of(o, p.state))
+        if (p.dtype != state_dtype(o, p.state))
             throw DataError(w + ": " + name + " " + p.state + ": dtype " + dtype_name(p.dtype) + ", the header says " +
-                            dtype_name(dtype_of(o, p.state)));
+                            dtype_name(state_dtype(o, p.state)));
         p.tier = as_data(w, [&] { return parse_tier(json::get_string(r, "tier", w)); });
         if (p.tier != tier_of(o, p.state))
             throw DataError(w + ": " + name + " " + p.state + ": tier " + tier_name(p.tier) + ", the header says " +

@@ -23,11 +23,9 @@ std::array<std::uint32_t, 4> philox(std::uint64_t seed, std::uint64_t counter_lo
 }
 
 std::uint16_t to_bf16(float v) {
-    std::uint32_t u;
-    std::memcpy(&u, &v, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1);  // round to nearest, ties to even
-    return static_cast<std::uint16_t>(u >> 16);
+    std::uint16_t out;
+    detail::to_bf16(&v, 1, &out);
+    return out;
 }
 
 float from_bf16(std::uint16_t v) {
