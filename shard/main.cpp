@@ -257,7 +257,9 @@ int do_reshard(const Options& o) {
     Written w;
     Manifest n;
     {
-        Meter meter("reshard", m.total_bytes() / m.opts.dp * o.dp);
+        LayoutOptions to = m.opts;  // the new layout's size, for the bar (no I/O)
+        to.dp = o.dp;
+        Meter meter("reshard", layout(m.spec, to).total_bytes());
         ro.progress = meter.fn();
         n = reshard(m, o.dp, o.dir, engine, pool, ro, w);
     }
