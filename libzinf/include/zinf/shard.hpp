@@ -102,6 +102,17 @@ struct LayoutOptions {
     std::uint64_t seed = 0x5eed;
 };
 
+// The partition rule, one definition for every module (zinf-shard's layout,
+// the ZeRO engine's gather and reduce-scatter): a tensor of `numel` elements
+// over `dp` ranks gives each rank a partition of per = ceil(numel/dp)
+// elements; rank r holds elements [first, first + count) of the tensor and
+// per - count elements of zero padding (count is 0 past the end).
+struct Owned {
+    std::uint64_t first = 0, count = 0, per = 0;
+    std::uint64_t last() const { return first + count; }
+};
+Owned owned(std::uint64_t numel, unsigned dp, unsigned rank);
+
 // The dtype a state is stored in: param's own, fp32 for the optimizer's.
 DType state_dtype(const LayoutOptions& o, const std::string& state);
 
@@ -131,7 +142,7 @@ struct Manifest {
     std::vector<Partition> parts;
     json::Json extra = json::Json::object();  // unknown header keys, kept
 
-    std::uint64_t elements_per_rank(const Tensor& t) const { return (t.numel + opts.dp - 1) / opts.dp; }
+    std::uint64_t elements_per_rank(const Tensor& t) const { return owned(t.numel, opts.dp, 0).per; }
     const Tensor& tensor_of(const Partition& p) const { return tensors[p.tensor]; }
     // The files, each once, in order of first appearance.
     std::vector<std::string> files() const;
@@ -165,8 +176,8 @@ void save_manifest(const Manifest& m, const std::string& path);
 // as fp32 (padding past numel is zero). bf16 is fp32 rounded to nearest even.
 void fill_fp32(const Tensor& t, const ModelSpec& spec, std::uint64_t seed, std::uint64_t first,
                std::span<float> out);
-std::uint16_t to_bf16(float v);
-float from_bf16(std::uint16_t v);
+using zinf::from_bf16;  // util.hpp: one rounding for every module
+using zinf::to_bf16;
 // One Philox4x32-10 block, as Random123 computes it (exposed for tests).
 std::array<std::uint32_t, 4> philox(std::uint64_t seed, std::uint64_t counter_lo, std::uint64_t counter_hi);
 

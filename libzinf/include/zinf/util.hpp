@@ -190,6 +190,14 @@ private:
 };
 
 // ---------------------------------------------------------------------------
+// bf16: the top half of an fp32, rounded to nearest even; a NaN stays a (quiet)
+// NaN instead of rounding into infinity. One definition for every module.
+std::uint16_t to_bf16(float v);
+float from_bf16(std::uint16_t v);
+// out[i] = to_bf16(in[i]), vectorised; out.size() >= in.size().
+void to_bf16(std::span<const float> in, std::span<std::uint16_t> out);
+
+// ---------------------------------------------------------------------------
 // Logging: stderr only, one line per call, prefixed with the program name.
 enum class LogLevel { quiet = 0, warn = 1, info = 2, debug = 3 };
 

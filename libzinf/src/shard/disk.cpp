@@ -436,7 +436,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
                 vals = vals.first(std::min<std::uint64_t>(vals.size(), per - done));
                 fill_fp32(t, m.spec, m.opts.seed, param->first + done, vals);
                 if (bw) {
-                    detail::to_bf16(vals.data(), vals.size(), reinterpret_cast<std::uint16_t*>(bw->here().data()));
+                    to_bf16(vals, std::span(reinterpret_cast<std::uint16_t*>(bw->here().data()), vals.size()));
                     bw->advance(vals.size() * 2);
                 }
                 if (fp32_part) fw.advance(vals.size() * 4);

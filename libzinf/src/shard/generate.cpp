@@ -125,15 +125,4 @@ void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std:
     }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-void to_bf16(const float* in, std::size_t n, std::uint16_t* out) {
-    for (std::size_t i = 0; i < n; ++i) {
-        std::uint32_t u;
-        std::memcpy(&u, in + i, 4);
-        const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
-        // NaN stays NaN (quiet): rounding must not carry it into infinity.
-        out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : rounded);
-    }
-}
-
 }  // namespace zinf::shard::detail

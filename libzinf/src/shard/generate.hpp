@@ -11,7 +11,4 @@ namespace zinf::shard::detail {
 // seed, mapped to normals by Box-Muller on outputs (0,1) and (2,3).
 void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n, float sd, float* out);
 
-// out[i] = in[i] rounded to bf16, nearest even (as shard::to_bf16, vectorised).
-void to_bf16(const float* in, std::size_t n, std::uint16_t* out);
-
 }  // namespace zinf::shard::detail

@@ -96,6 +96,15 @@ DType state_dtype(const LayoutOptions& o, const std::string& state) {
 }
 
 // ---------------------------------------------------------------------------
+Owned owned(std::uint64_t numel, unsigned dp, unsigned rank) {
+    if (dp == 0) throw InternalError("shard::owned: dp is 0");
+    Owned o;
+    o.per = numel / dp + (numel % dp != 0);
+    o.first = std::min(numel, o.per * rank);
+    o.count = std::min(o.per, numel - o.first);
+    return o;
+}
+
 Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     if (opts.dp == 0) throw UsageError("--dp must be at least 1");
     if (!is_pow2(opts.alignment) || opts.alignment < 512)
@@ -109,19 +118,19 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     std::map<std::string, std::uint64_t> cursor;  // next free offset per file
     m.parts.reserve(m.tensors.size() * opts.dp * m.states.size());
     for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-        const std::uint64_t per = m.elements_per_rank(m.tensors[t]), numel = m.tensors[t].numel;
         for (unsigned r = 0; r < opts.dp; ++r)
             for (const auto& s : m.states) {
+                const Owned own = owned(m.tensors[t].numel, opts.dp, r);
                 Partition p;
                 p.tensor = t;
                 p.rank = r;
                 p.state = s;
                 p.dtype = state_dtype(opts, s);
                 p.tier = tier_of(opts, s);
-                p.first = std::min(numel, per * r);
-                p.last = std::min(numel, per * (r + 1));
+                p.first = own.first;
+                p.last = own.last();
                 p.file = file_name(r, s);
-                p.bytes = per * dtype_bytes(p.dtype);
+                p.bytes = own.per * dtype_bytes(p.dtype);
                 auto& c = cursor[p.file];
                 p.offset = c;
                 c = align_up(c + p.bytes, opts.alignment);
@@ -365,8 +374,8 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
             throw DataError(w + ": elements must be [first, last]");
         p.first = r["elements"][0].get<std::uint64_t>();
         p.last = r["elements"][1].get<std::uint64_t>();
-        const std::uint64_t per = m.elements_per_rank(t);
-        const std::uint64_t f = std::min(t.numel, per * p.rank), l = std::min(t.numel, per * (p.rank + 1));
+        const Owned own = owned(t.numel, o.dp, p.rank);
+        const std::uint64_t f = own.first, l = own.last();
         if (p.first != f || p.last != l)
             throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + ": elements [" +
                             std::to_string(p.first) + ", " + std::to_string(p.last) + "), but dp " +
@@ -379,9 +388,9 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
             throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +
                             std::to_string(o.alignment));
         p.bytes = json::get_u64(r, "bytes", w);
-        if (p.bytes != per * dtype_bytes(p.dtype))
+        if (p.bytes != own.per * dtype_bytes(p.dtype))
             throw DataError(w + ": bytes " + std::to_string(p.bytes) + ", expected " +
-                            std::to_string(per * dtype_bytes(p.dtype)));
+                            std::to_string(own.per * dtype_bytes(p.dtype)));
         if (r.contains("xxh3")) {
             const std::string hx = json::get_string(r, "xxh3", w);
             p.xxh3 = as_data(w, [&] {

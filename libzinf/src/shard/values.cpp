@@ -22,19 +22,6 @@ std::array<std::uint32_t, 4> philox(std::uint64_t seed, std::uint64_t counter_lo
     return {r.v[0], r.v[1], r.v[2], r.v[3]};
 }
 
-std::uint16_t to_bf16(float v) {
-    std::uint16_t out;
-    detail::to_bf16(&v, 1, &out);
-    return out;
-}
-
-float from_bf16(std::uint16_t v) {
-    const std::uint32_t u = std::uint32_t{v} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 void fill_fp32(const Tensor& t, const ModelSpec& spec, std::uint64_t seed, std::uint64_t first, std::span<float> out) {
     const std::uint64_t data = first < t.numel ? std::min<std::uint64_t>(out.size(), t.numel - first) : 0;
     std::fill(out.begin() + static_cast<std::ptrdiff_t>(data), out.end(), 0.0f);  // padding
