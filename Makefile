@@ -83,10 +83,15 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 $(BUILD)/%_cuda.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifneq ($(NCCL_H),)
+# NCCL is opened at run time (dlopen), so nothing links against it.
 CPPFLAGS += -DZINF_HAVE_NCCL=1
+$(BUILD)/libzinf/src/comm/nccl.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifneq ($(MPICXX),)
+# MPI's headers for the comm module only; its C library for every link.
 CPPFLAGS += -DZINF_HAVE_MPI=1
+$(BUILD)/libzinf/src/comm/mpi.o: CPPFLAGS += $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICXX) --showme:compile))) -DOMPI_SKIP_MPICXX=1
+LDLIBS += $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link))
 endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
@@ -193,6 +198,7 @@ $(BUILD)/tests/unit/%.o: CPPFLAGS += -DBOOST_TEST_DYN_LINK
 # The normal generator: vectorised at -O3 with its own log and sincos, and no
 # fused multiply-add, so its values are the same bits whichever clone runs.
 $(BUILD)/libzinf/src/shard/generate.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
+$(BUILD)/libzinf/src/util/bf16.o $(BUILD)/libzinf/src/comm/host_math.o: CXXFLAGS += -O3
 
 # --- the two quick-start commands --------------------------------------------
 deps:

@@ -1,10 +1,11 @@
 // zinf options: the command-line options of programs that run the io engine
 // and the pinned pool, declared once so that every program spells them alike
 // (--config or --engine/--block-size/--queue-depth/--queues; --pinned,
-// --pinned-buffer). Sits on top of cli, io and mem.
+// --pinned-buffer; --backend, --comm-timeout). Sits on top of cli, io, mem and comm.
 #pragma once
 
 #include <zinf/cli.hpp>
+#include <zinf/comm.hpp>
 #include <zinf/io.hpp>
 #include <zinf/mem.hpp>
 
@@ -61,6 +62,33 @@ struct PoolOptions {
         pc.buffer = parse_sizes({buffer}, "--pinned-buffer")[0];
         pc.validate();
         return pc;
+    }
+};
+
+struct CommOptions {
+    std::string backend = "auto";
+    std::string timeout;  // empty: ZINF_COMM_TIMEOUT or 300 s
+
+    void add(CLI::App& app) {
+        app.add_option("--backend", backend, "Communicator: auto, mpi, nccl, self")
+            ->check(CLI::IsMember({"auto", "mpi", "nccl", "self"}));
+        app.add_option("--comm-timeout", timeout,
+                       "Longest wait for one collective before it fails (30s, 5m; 0 = forever); "
+                       "default ZINF_COMM_TIMEOUT or 300s");
+    }
+
+    comm::Options resolve(comm::Memory memory = comm::Memory::host) const {
+        comm::Options o;
+        o.backend = comm::parse_backend(backend);
+        o.memory = memory;
+        if (!timeout.empty()) {
+            try {
+                o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(timeout));
+            } catch (const UsageError& e) {
+                throw UsageError("--comm-timeout: " + e.message());
+            }
+        }
+        return o;
     }
 };
 

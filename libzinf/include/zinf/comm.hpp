@@ -1,0 +1,172 @@
+// zinf comm: collectives over data-parallel ranks (paper §6.1: parameters are
+// gathered with allgather, gradients averaged with reduce-scatter).
+//
+//   zinf::comm::Communicator comm;                       // backend from the launcher
+//   comm.allgather(std::as_bytes(mine), std::as_writable_bytes(all), DType::f32);
+//   auto h = comm.ireduce_scatter(grads, my_part, DType::bf16, Reduce::avg);
+//   ... compute ...
+//   h.wait();                                             // throws on failure or timeout
+//
+// Backends: `mpi` (host buffers; OpenMPI started by mpirun or srun), `nccl`
+// (device buffers; NCCL's id shared over MPI; the GPU is picked by the local
+// rank), `self` (one rank, no library). Every #if for MPI and NCCL lives in
+// this module's sources: callers see only this header.
+//
+// Operations run in the order they are started, as on a stream. A blocking
+// call with nothing queued runs in the caller's thread; non-blocking ones run
+// on the communicator's own thread, so they progress while the caller
+// computes. Every operation has a deadline (Options::timeout): a rank that
+// died or skipped a collective turns into a Timeout on every rank that is
+// still waiting, instead of a hang. After a failure the communicator refuses
+// further work and the process should exit: the program's main reports the
+// error and exits with its code (74), and the launcher stops the other ranks.
+#pragma once
+
+#include <zinf/util.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zinf::comm {
+
+enum class Backend { automatic, self, mpi, nccl };
+enum class Memory { host, device };  // where the buffers of every operation live
+enum class DType { u8, i32, i64, f32, f64, bf16 };
+enum class Reduce { sum, avg, max };
+enum class Kind { allgather, reduce_scatter, allreduce, broadcast, barrier };
+
+std::size_t dtype_bytes(DType t);
+std::string_view name(Backend b);
+std::string_view name(DType t);
+std::string_view name(Reduce r);
+std::string_view name(Kind k);
+// "auto", "self", "mpi", "nccl"; UsageError listing the choices otherwise.
+Backend parse_backend(std::string_view text);
+// "f32"/"float", "bf16", "f64"/"double", "i32", "i64", "u8".
+DType parse_dtype(std::string_view text);
+// Whether this build has the backend's library (MPI, NCCL); self always.
+bool compiled(Backend b);
+
+// A collective failed or its peers went away (exit 74, as for I/O).
+class CommError : public IoError {
+public:
+    using IoError::IoError;
+};
+// An operation passed its deadline: a peer died, hangs or skipped it.
+class Timeout : public CommError {
+public:
+    using CommError::CommError;
+};
+
+// Where this process sits, as the launcher (mpirun, srun, mpiexec) told it
+// through the environment; one rank of one when nothing launched it.
+struct Launch {
+    int rank = 0, size = 1;
+    int local_rank = 0, local_size = 1;  // on this node
+    std::string launcher;                // "mpirun", "srun", "mpiexec", "" (none)
+    static Launch from_env();
+};
+
+// ZINF_COMM_TIMEOUT (a duration: "30s", "2m") or 300 s; "0" waits forever.
+std::chrono::milliseconds default_timeout();
+
+struct Options {
+    // automatic: nccl for device memory; mpi for host memory when a launcher
+    // started more than this one process (or MPI is already running); else self.
+    Backend backend = Backend::automatic;
+    Memory memory = Memory::host;
+    std::chrono::milliseconds timeout = default_timeout();  // per operation; 0 = none
+};
+
+// One buffer of a collective; a bucket (coalesced operation) is several of
+// them, of one dtype, done as one collective.
+//   allgather:      send = this rank's block; recv = every rank's blocks in rank order
+//   reduce_scatter: send = the whole input;   recv = this rank's block of the result
+//   allreduce:      send and recv of one size (the same span: in place)
+//   broadcast:      recv only: the root's bytes land in every rank's recv
+// Blocks are equal unless `counts` gives each rank's element count (uneven
+// blocks, some possibly empty); blocks then lie back to back in rank order.
+// Buffers must stay untouched until the operation is complete.
+struct Buffer {
+    std::span<const std::byte> send;
+    std::span<std::byte> recv;
+    std::vector<std::uint64_t> counts;  // elements per rank, one per rank; empty = equal
+};
+
+namespace detail {
+struct Op;
+class Core;
+}  // namespace detail
+
+// A started operation. wait() returns when it is complete and throws what it
+// failed with; test() says whether it is complete (and throws the same).
+class Handle {
+public:
+    Handle() = default;
+    void wait();
+    bool test();
+    explicit operator bool() const noexcept { return op_ != nullptr; }
+
+private:
+    friend class Communicator;
+    friend class detail::Core;
+    explicit Handle(std::shared_ptr<detail::Op> op) : op_(std::move(op)) {}
+    static void wait_op(detail::Op& op);
+    std::shared_ptr<detail::Op> op_;
+};
+
+class Communicator {
+public:
+    explicit Communicator(const Options& opts = {});
+    ~Communicator();  // waits for started operations (not after a failure)
+    Communicator(const Communicator&) = delete;
+    Communicator& operator=(const Communicator&) = delete;
+
+    int rank() const;
+    int size() const;
+    int local_rank() const;
+    int local_size() const;
+    Backend backend() const;
+    Memory memory() const;
+    std::chrono::milliseconds timeout() const;
+    // "mpi, rank 1 of 4 (local 1 of 4), MPI_THREAD_MULTIPLE, Open MPI v4.1.4"
+    std::string describe() const;
+
+    // Any operation over a bucket of buffers, as one collective.
+    Handle start(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce = Reduce::sum,
+                 int root = 0);
+    void run(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce = Reduce::sum,
+             int root = 0);
+
+    // One buffer each; equal blocks.
+    void allgather(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype);
+    Handle iallgather(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype);
+    void reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype,
+                        Reduce reduce = Reduce::sum);
+    Handle ireduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype,
+                           Reduce reduce = Reduce::sum);
+    void allreduce(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype,
+                   Reduce reduce = Reduce::sum);
+    Handle iallreduce(std::span<const std::byte> send, std::span<std::byte> recv, DType dtype,
+                      Reduce reduce = Reduce::sum);
+    void broadcast(std::span<std::byte> buf, DType dtype, int root);
+    Handle ibroadcast(std::span<std::byte> buf, DType dtype, int root);
+    void barrier();
+    Handle ibarrier();
+
+    // The backend library's own blocking call for one buffer (MPI_Allgather,
+    // ncclAllGather + synchronize, ...), with no deadline and no zinf layer in
+    // between: what zinf-commbench --raw compares against. Equal blocks only.
+    void bare(Kind kind, const Buffer& buf, DType dtype, Reduce reduce = Reduce::sum, int root = 0);
+
+private:
+    std::unique_ptr<detail::Core> core_;
+};
+
+}  // namespace zinf::comm

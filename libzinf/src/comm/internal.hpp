@@ -1,0 +1,98 @@
+// Private to libzinf's comm module: what the communicator core shares with
+// its backends (self.cpp, mpi.cpp, nccl.cpp).
+#pragma once
+
+#include <zinf/comm.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace zinf::comm::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// When an operation must be complete; never, for a zero timeout.
+struct Deadline {
+    Clock::time_point at = Clock::time_point::max();
+    std::chrono::milliseconds timeout{0};
+    static Deadline after(std::chrono::milliseconds t) {
+        Deadline d;
+        d.timeout = t;
+        if (t.count() > 0) d.at = Clock::now() + t;
+        return d;
+    }
+    bool passed() const { return timeout.count() > 0 && Clock::now() >= at; }
+};
+// "allgather of 1 buffer (4MiB, f32) did not complete within 2 s: ..."
+std::string timeout_message(const std::string& what, const Deadline& d);
+
+// One started operation: what to do, and how it ended.
+struct Op {
+    Kind kind = Kind::barrier;
+    DType dtype = DType::u8;
+    Reduce reduce = Reduce::sum;
+    int root = 0;
+    std::vector<Buffer> bufs;
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+
+    void finish(std::exception_ptr e);
+    // "allgather of 2 buffers (3MiB, f32)"
+    std::string what() const;
+};
+
+// Elements in rank r's block of buffer b (equal blocks, or b.counts[r]).
+std::uint64_t block_count(const Op& op, const Buffer& b, int rank, int size);
+// The element offset of rank r's block: blocks lie back to back in rank order.
+std::uint64_t block_first(const Op& op, const Buffer& b, int rank, int size);
+// The elements every rank's blocks add up to, for buffer b.
+std::uint64_t total_count(const Op& op, const Buffer& b, int size);
+
+// A backend runs one operation to completion, in the calling thread, before
+// its deadline, or throws (Timeout, CommError). Calls are never concurrent.
+class Engine {
+public:
+    virtual ~Engine() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual int local_rank() const = 0;
+    virtual int local_size() const = 0;
+    virtual Backend kind() const = 0;
+    virtual std::string describe() const = 0;
+    virtual void execute(Op& op, const Deadline& deadline) = 0;
+    virtual void bare(Op& op) = 0;
+    // After a failure the library may still own the buffers of an operation
+    // that never finished: leave it as it is (no finalize) until exit.
+    virtual void poison() noexcept {}
+};
+
+std::unique_ptr<Engine> make_self();
+std::unique_ptr<Engine> make_mpi(std::chrono::milliseconds timeout);  // UsageError when not built in
+std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout);
+bool mpi_built();
+bool nccl_built();
+bool mpi_running();  // MPI_Init was called (by us or the program) and not finalized
+
+// Host arithmetic shared by the backends: avg = sum, then each element / n.
+void divide(std::span<std::byte> buf, DType dtype, int n);
+// acc[i] = acc[i] (+ or max) in[i], for bf16 (MPI has no bf16 type).
+void bf16_reduce(std::uint16_t* acc, const std::uint16_t* in, std::size_t n, Reduce r);
+
+// Grows and keeps one host staging area for coalesced operations.
+class Scratch {
+public:
+    std::span<std::byte> get(std::size_t bytes);
+
+private:
+    std::vector<std::byte> buf_;
+};
+
+}  // namespace zinf::comm::detail

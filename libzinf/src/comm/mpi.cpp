@@ -1,0 +1,424 @@
+// The MPI backend: host buffers, MPI-3 non-blocking collectives tested until
+// they complete or their deadline passes. Built when mpicxx is found
+// (ZINF_HAVE_MPI); a bucket of buffers is packed into one staging area and
+// moved by one collective.
+#include "internal.hpp"
+
+#if ZINF_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include <atomic>
+#include <climits>
+#include <cstring>
+
+namespace zinf::comm::detail {
+
+#if ZINF_HAVE_MPI
+namespace {
+
+std::string mpi_message(int code) {
+    char buf[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+    return std::string(buf, static_cast<std::size_t>(len));
+}
+
+const char* level_name(int level) {
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    }
+    return "an unknown thread level";
+}
+
+// The process's MPI: initialised once, finalized at exit, unless an operation
+// failed while still in flight (MPI may yet write into its buffers, and
+// MPI_Finalize would wait for peers that are gone): then the process exits
+// without it and the launcher stops the other ranks.
+class Runtime {
+public:
+    static Runtime& get() {
+        static Runtime r;
+        return r;
+    }
+    int provided() const { return provided_; }
+    void poison() noexcept { poisoned_ = true; }
+    ~Runtime() {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (owned_ && !poisoned_ && !finalized) MPI_Finalize();
+    }
+
+private:
+    Runtime() {
+        int init = 0;
+        MPI_Initialized(&init);
+        if (!init) {
+            // MULTIPLE asked, so that a program may use MPI beside us;
+            // SERIALIZED is what the communicator's own thread needs.
+            const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided_);
+            if (rc != MPI_SUCCESS) throw CommError("MPI_Init_thread failed: " + mpi_message(rc));
+            owned_ = true;
+        } else {
+            MPI_Query_thread(&provided_);
+        }
+        if (provided_ < MPI_THREAD_SERIALIZED)
+            throw CommError(std::string("MPI provides ") + level_name(provided_) +
+                            "; zinf needs MPI_THREAD_SERIALIZED or more (operations run on the "
+                            "communicator's own thread)");
+    }
+    int provided_ = MPI_THREAD_SINGLE;
+    bool owned_ = false;
+    std::atomic<bool> poisoned_{false};
+};
+
+MPI_Datatype mpi_type(DType t) {
+    switch (t) {
+    case DType::u8: return MPI_UINT8_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return MPI_UINT16_T;  // reduced by our own operations
+    }
+    return MPI_BYTE;
+}
+
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    bf16_reduce(static_cast<std::uint16_t*>(inout), static_cast<const std::uint16_t*>(in),
+                static_cast<std::size_t>(*len), Reduce::sum);
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+    bf16_reduce(static_cast<std::uint16_t*>(inout), static_cast<const std::uint16_t*>(in),
+                static_cast<std::size_t>(*len), Reduce::max);
+}
+
+class Mpi final : public Engine {
+public:
+    explicit Mpi(std::chrono::milliseconds timeout) {
+        provided_ = Runtime::get().provided();
+        // A duplicate of the world, so no one else's messages meet ours;
+        // non-blocking, so a rank that never arrives is a timeout, not a hang.
+        MPI_Request req;
+        check(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &req), "MPI_Comm_idup");
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+        Op op;
+        op.kind = Kind::barrier;
+        wait(req, Deadline::after(timeout), op, "creating the communicator");
+        MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+        MPI_Comm_size(comm_, &size_);
+        MPI_Comm node;
+        check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        MPI_Comm_rank(node, &local_rank_);
+        MPI_Comm_size(node, &local_size_);
+        MPI_Comm_free(&node);
+        char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        MPI_Get_library_version(lib, &len);
+        version_.assign(lib, static_cast<std::size_t>(len));
+        version_ = version_.substr(0, version_.find_first_of(",\n"));
+        MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
+        MPI_Op_create(&bf16_max, 1, &bf16_max_);
+    }
+
+    ~Mpi() override {
+        if (poisoned_) return;
+        MPI_Op_free(&bf16_sum_);
+        MPI_Op_free(&bf16_max_);
+        MPI_Comm_free(&comm_);
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    int local_rank() const override { return local_rank_; }
+    int local_size() const override { return local_size_; }
+    Backend kind() const override { return Backend::mpi; }
+    std::string describe() const override {
+        return "mpi, rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (local " +
+               std::to_string(local_rank_) + " of " + std::to_string(local_size_) + "), " + level_name(provided_) +
+               ", " + version_;
+    }
+    void poison() noexcept override {
+        poisoned_ = true;
+        Runtime::get().poison();
+    }
+
+    void execute(Op& op, const Deadline& dl) override {
+        MPI_Request req = MPI_REQUEST_NULL;
+        const MPI_Datatype t = mpi_type(op.dtype);
+        const std::size_t es = dtype_bytes(op.dtype);
+        switch (op.kind) {
+        case Kind::barrier:
+            check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", op);
+            wait(req, dl, op);
+            return;
+        case Kind::broadcast: {
+            if (op.bufs.size() == 1) {
+                auto& b = op.bufs[0];
+                check(MPI_Ibcast(b.recv.data(), count(b.recv.size() / es), t, op.root, comm_, &req), "MPI_Ibcast", op);
+                wait(req, dl, op);
+                return;
+            }
+            auto stage = pack_whole(op);
+            check(MPI_Ibcast(stage.data(), count(stage.size() / es), t, op.root, comm_, &req), "MPI_Ibcast", op);
+            wait(req, dl, op);
+            if (rank_ != op.root) unpack_whole(op, stage);
+            return;
+        }
+        case Kind::allreduce: {
+            if (op.bufs.size() == 1) {
+                auto& b = op.bufs[0];
+                const void* send = b.send.data() == b.recv.data() ? MPI_IN_PLACE : b.send.data();
+                check(MPI_Iallreduce(send, b.recv.data(), count(b.recv.size() / es), t, reduction(op), comm_, &req),
+                      "MPI_Iallreduce", op);
+                wait(req, dl, op);
+            } else {
+                auto stage = pack_whole(op);
+                check(MPI_Iallreduce(MPI_IN_PLACE, stage.data(), count(stage.size() / es), t, reduction(op), comm_, &req),
+                      "MPI_Iallreduce", op);
+                wait(req, dl, op);
+                unpack_whole(op, stage);
+            }
+            average(op);
+            return;
+        }
+        case Kind::allgather: allgather(op, dl); return;
+        case Kind::reduce_scatter:
+            reduce_scatter(op, dl);
+            average(op);
+            return;
+        }
+    }
+
+    void bare(Op& op) override {
+        const MPI_Datatype t = mpi_type(op.dtype);
+        const std::size_t es = dtype_bytes(op.dtype);
+        if (op.kind == Kind::barrier) {
+            check(MPI_Barrier(comm_), "MPI_Barrier", op);
+            return;
+        }
+        auto& b = op.bufs.at(0);
+        switch (op.kind) {
+        case Kind::allgather:
+            check(MPI_Allgather(b.send.data(), count(b.send.size() / es), t, b.recv.data(), count(b.send.size() / es), t,
+                                comm_),
+                  "MPI_Allgather", op);
+            break;
+        case Kind::reduce_scatter:
+            check(MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), count(b.recv.size() / es), t, reduction(op),
+                                           comm_),
+                  "MPI_Reduce_scatter_block", op);
+            break;
+        case Kind::allreduce:
+            check(MPI_Allreduce(b.send.data() == b.recv.data() ? MPI_IN_PLACE : b.send.data(), b.recv.data(),
+                                count(b.recv.size() / es), t, reduction(op), comm_),
+                  "MPI_Allreduce", op);
+            break;
+        case Kind::broadcast:
+            check(MPI_Bcast(b.recv.data(), count(b.recv.size() / es), t, op.root, comm_), "MPI_Bcast", op);
+            break;
+        case Kind::barrier: break;
+        }
+        average(op);
+    }
+
+private:
+    // --- allgather: one buffer in place or straight; a bucket through staging.
+    void allgather(Op& op, const Deadline& dl) {
+        const MPI_Datatype t = mpi_type(op.dtype);
+        const std::size_t es = dtype_bytes(op.dtype);
+        MPI_Request req = MPI_REQUEST_NULL;
+        if (op.bufs.size() == 1) {
+            auto& b = op.bufs[0];
+            const std::byte* own = b.recv.data() + block_first(op, b, rank_, size_) * es;
+            const void* send = b.send.data() == own ? MPI_IN_PLACE : b.send.data();
+            if (b.counts.empty()) {
+                const int n = count(b.send.size() / es);
+                check(MPI_Iallgather(send, n, t, b.recv.data(), n, t, comm_, &req), "MPI_Iallgather", op);
+            } else {
+                set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+                check(MPI_Iallgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_,
+                                      &req),
+                      "MPI_Iallgatherv", op);
+            }
+            wait(req, dl, op);
+            return;
+        }
+        // Rank r's part of the staging area: its block of every buffer, in order.
+        set_counts(op, [&](int r) { return bucket_block(op, r); });
+        auto mine = send_.get(static_cast<std::size_t>(counts_[rank_]) * es);
+        std::size_t at = 0;
+        for (const auto& b : op.bufs) {
+            std::memcpy(mine.data() + at, b.send.data(), b.send.size());
+            at += b.send.size();
+        }
+        auto all = recv_.get(static_cast<std::size_t>(total_) * es);
+        check(MPI_Iallgatherv(mine.data(), counts_[rank_], t, all.data(), counts_.data(), displs_.data(), t, comm_, &req),
+              "MPI_Iallgatherv", op);
+        wait(req, dl, op);
+        for (int r = 0; r < size_; ++r) {
+            std::size_t from = static_cast<std::size_t>(displs_[r]) * es;
+            for (const auto& b : op.bufs) {
+                const std::size_t n = block_count(op, b, r, size_) * es;
+                std::memcpy(b.recv.data() + block_first(op, b, r, size_) * es, all.data() + from, n);
+                from += n;
+            }
+        }
+    }
+
+    // --- reduce-scatter: the same shape, reversed.
+    void reduce_scatter(Op& op, const Deadline& dl) {
+        const MPI_Datatype t = mpi_type(op.dtype);
+        const std::size_t es = dtype_bytes(op.dtype);
+        MPI_Request req = MPI_REQUEST_NULL;
+        if (op.bufs.size() == 1) {
+            auto& b = op.bufs[0];
+            if (b.counts.empty()) {
+                check(MPI_Ireduce_scatter_block(b.send.data(), b.recv.data(), count(b.recv.size() / es), t,
+                                                reduction(op), comm_, &req),
+                      "MPI_Ireduce_scatter_block", op);
+            } else {
+                set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+                check(MPI_Ireduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_, &req),
+                      "MPI_Ireduce_scatter", op);
+            }
+            wait(req, dl, op);
+            return;
+        }
+        set_counts(op, [&](int r) { return bucket_block(op, r); });
+        auto all = send_.get(static_cast<std::size_t>(total_) * es);
+        std::size_t at = 0;
+        for (int r = 0; r < size_; ++r)
+            for (const auto& b : op.bufs) {
+                const std::size_t n = block_count(op, b, r, size_) * es;
+                std::memcpy(all.data() + at, b.send.data() + block_first(op, b, r, size_) * es, n);
+                at += n;
+            }
+        auto mine = recv_.get(static_cast<std::size_t>(counts_[rank_]) * es);
+        check(MPI_Ireduce_scatter(all.data(), mine.data(), counts_.data(), t, reduction(op), comm_, &req),
+              "MPI_Ireduce_scatter", op);
+        wait(req, dl, op);
+        at = 0;
+        for (const auto& b : op.bufs) {
+            std::memcpy(b.recv.data(), mine.data() + at, b.recv.size());
+            at += b.recv.size();
+        }
+    }
+
+    // Elements of rank r's block summed over a bucket's buffers.
+    std::uint64_t bucket_block(const Op& op, int r) const {
+        std::uint64_t n = 0;
+        for (const auto& b : op.bufs) n += block_count(op, b, r, size_);
+        return n;
+    }
+
+    template <class F>
+    void set_counts(const Op& op, F&& per_rank) {
+        counts_.resize(static_cast<std::size_t>(size_));
+        displs_.resize(static_cast<std::size_t>(size_));
+        std::uint64_t at = 0;
+        for (int r = 0; r < size_; ++r) {
+            counts_[r] = count(per_rank(r));
+            displs_[r] = count(at);
+            at += static_cast<std::uint64_t>(counts_[r]);
+        }
+        total_ = at;
+        (void)op;
+    }
+
+    // allreduce and broadcast of a bucket: every buffer back to back.
+    std::span<std::byte> pack_whole(const Op& op) {
+        std::size_t total = 0;
+        for (const auto& b : op.bufs) total += b.recv.size();
+        auto stage = send_.get(total);
+        std::size_t at = 0;
+        for (const auto& b : op.bufs) {
+            const bool has_send = op.kind == Kind::allreduce;
+            if (op.kind != Kind::broadcast || rank_ == op.root)
+                std::memcpy(stage.data() + at, has_send ? b.send.data() : b.recv.data(), b.recv.size());
+            at += b.recv.size();
+        }
+        return stage;
+    }
+    static void unpack_whole(const Op& op, std::span<const std::byte> stage) {
+        std::size_t at = 0;
+        for (const auto& b : op.bufs) {
+            std::memcpy(b.recv.data(), stage.data() + at, b.recv.size());
+            at += b.recv.size();
+        }
+    }
+
+    void average(Op& op) const {
+        if (op.reduce != Reduce::avg) return;
+        for (auto& b : op.bufs) divide(b.recv, op.dtype, size_);
+    }
+
+    MPI_Op reduction(const Op& op) const {
+        if (op.dtype == DType::bf16) return op.reduce == Reduce::max ? bf16_max_ : bf16_sum_;
+        return op.reduce == Reduce::max ? MPI_MAX : MPI_SUM;
+    }
+
+    // MPI counts are int: a block of 2^31 elements or more is refused plainly.
+    static int count(std::uint64_t n) {
+        if (n > static_cast<std::uint64_t>(INT_MAX))
+            throw CommError("a block of " + std::to_string(n) + " elements is more than MPI's int count (2^31 - 1); "
+                            "split it into smaller buckets");
+        return static_cast<int>(n);
+    }
+
+    void check(int rc, const char* call, const Op& op = {}) const {
+        if (rc != MPI_SUCCESS)
+            throw CommError(std::string(call) + " failed" + (op.bufs.empty() ? "" : " in " + op.what()) + ": " +
+                                mpi_message(rc),
+                            {.rank = rank_});
+    }
+
+    void wait(MPI_Request& req, const Deadline& dl, const Op& op, const std::string& doing = {}) const {
+        for (;;) {
+            int done = 0;
+            const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) check(rc, "MPI_Test", op);
+            if (done) return;
+            if (dl.passed())
+                throw Timeout(timeout_message(doing.empty() ? op.what() : doing, dl), {.rank = rank_});
+        }
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, provided_ = 0;
+    std::string version_;
+    MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+    bool poisoned_ = false;
+    Scratch send_, recv_;
+    std::vector<int> counts_, displs_;
+    std::uint64_t total_ = 0;
+};
+
+}  // namespace
+
+bool mpi_built() { return true; }
+
+bool mpi_running() {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
+std::unique_ptr<Engine> make_mpi(std::chrono::milliseconds timeout) { return std::make_unique<Mpi>(timeout); }
+
+#else  // no MPI in this build
+
+bool mpi_built() { return false; }
+bool mpi_running() { return false; }
+std::unique_ptr<Engine> make_mpi(std::chrono::milliseconds) {
+    throw UsageError("backend mpi: this zinf was built without MPI (mpicxx was not found, or NO_MPI=1); "
+                     "install libopenmpi-dev and rebuild");
+}
+
+#endif
+
+}  // namespace zinf::comm::detail

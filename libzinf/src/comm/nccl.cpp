@@ -1,0 +1,304 @@
+// The NCCL backend: device buffers, collectives on the communicator's own
+// CUDA stream, NCCL's unique id broadcast over MPI, the GPU picked by the
+// local rank. NCCL is opened at run time (dlopen of libnccl.so.2), so every
+// program starts on machines without it and only `--backend nccl` needs it.
+// The communicator is non-blocking (ncclConfig_t.blocking = 0): every call is
+// polled against the deadline, and a timeout aborts it (ncclCommAbort).
+#include "internal.hpp"
+
+#if ZINF_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+#include <thread>
+
+namespace zinf::comm::detail {
+
+#if ZINF_HAVE_NCCL
+namespace {
+
+// The NCCL entry points zinf calls, looked up once.
+struct Library {
+    decltype(&ncclGetVersion) GetVersion = nullptr;
+    decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+    decltype(&ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+    decltype(&ncclCommFinalize) CommFinalize = nullptr;
+    decltype(&ncclCommDestroy) CommDestroy = nullptr;
+    decltype(&ncclCommAbort) CommAbort = nullptr;
+    decltype(&ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+    decltype(&ncclGetErrorString) GetErrorString = nullptr;
+    decltype(&ncclGroupStart) GroupStart = nullptr;
+    decltype(&ncclGroupEnd) GroupEnd = nullptr;
+    decltype(&ncclAllGather) AllGather = nullptr;
+    decltype(&ncclReduceScatter) ReduceScatter = nullptr;
+    decltype(&ncclAllReduce) AllReduce = nullptr;
+    decltype(&ncclBroadcast) Broadcast = nullptr;
+    decltype(&ncclReduce) Reduce = nullptr;
+
+    static const Library& get() {
+        static const Library lib = open();
+        return lib;
+    }
+
+private:
+    template <class F>
+    static void sym(void* h, const char* name, F& f) {
+        f = reinterpret_cast<F>(dlsym(h, name));
+        if (!f) throw CommError(std::string("libnccl.so.2 has no ") + name + ": NCCL is too old (zinf needs 2.14 or newer)");
+    }
+    static Library open() {
+        void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (!h) throw CommError(std::string("backend nccl: cannot load NCCL: ") + dlerror() +
+                                " (put the CUDA toolkit's lib64 on LD_LIBRARY_PATH)");
+        Library l;
+        sym(h, "ncclGetVersion", l.GetVersion);
+        sym(h, "ncclGetUniqueId", l.GetUniqueId);
+        sym(h, "ncclCommInitRankConfig", l.CommInitRankConfig);
+        sym(h, "ncclCommFinalize", l.CommFinalize);
+        sym(h, "ncclCommDestroy", l.CommDestroy);
+        sym(h, "ncclCommAbort", l.CommAbort);
+        sym(h, "ncclCommGetAsyncError", l.CommGetAsyncError);
+        sym(h, "ncclGetErrorString", l.GetErrorString);
+        sym(h, "ncclGroupStart", l.GroupStart);
+        sym(h, "ncclGroupEnd", l.GroupEnd);
+        sym(h, "ncclAllGather", l.AllGather);
+        sym(h, "ncclReduceScatter", l.ReduceScatter);
+        sym(h, "ncclAllReduce", l.AllReduce);
+        sym(h, "ncclBroadcast", l.Broadcast);
+        sym(h, "ncclReduce", l.Reduce);
+        return l;
+    }
+};
+
+ncclDataType_t nccl_type(DType t) {
+    switch (t) {
+    case DType::u8: return ncclUint8;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    }
+    return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(Reduce r) {
+    switch (r) {
+    case Reduce::sum: return ncclSum;
+    case Reduce::avg: return ncclAvg;
+    case Reduce::max: return ncclMax;
+    }
+    return ncclSum;
+}
+
+class Nccl final : public Engine {
+public:
+    Nccl(const Launch& launch, std::chrono::milliseconds timeout) : lib_(Library::get()) {
+        boot_ = make_mpi(timeout);
+        int devices = 0;
+        const cudaError_t e = cudaGetDeviceCount(&devices);
+        if (e != cudaSuccess || devices == 0)
+            throw CommError(std::string("backend nccl needs a CUDA GPU: ") +
+                                (e != cudaSuccess ? cudaGetErrorString(e) : "none is visible"),
+                            {.rank = boot_->rank()});
+        const int local = launch.launcher.empty() ? boot_->local_rank() : launch.local_rank;
+        device_ = local % devices;
+        cuda(cudaSetDevice(device_), "cudaSetDevice");
+        cudaDeviceProp prop{};
+        if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) gpu_ = prop.name;
+        cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
+
+        // Rank 0 makes the id; MPI carries it to the others.
+        ncclUniqueId id{};
+        if (boot_->rank() == 0) call(lib_.GetUniqueId(&id), "ncclGetUniqueId");
+        Op share;
+        share.kind = Kind::broadcast;
+        share.dtype = DType::u8;
+        share.bufs.push_back({{}, std::as_writable_bytes(std::span(&id, 1)), {}});
+        boot_->execute(share, Deadline::after(timeout));
+
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        call(lib_.CommInitRankConfig(&comm_, boot_->size(), id, boot_->rank(), &cfg), "ncclCommInitRankConfig");
+        settle(Deadline::after(timeout), "creating the NCCL communicator");
+        int v = 0;
+        lib_.GetVersion(&v);
+        version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    }
+
+    ~Nccl() override {
+        if (comm_) {
+            if (poisoned_) {
+                lib_.CommAbort(comm_);
+            } else {
+                try {
+                    call(lib_.CommFinalize(comm_), "ncclCommFinalize");
+                    settle(Deadline::after(std::chrono::seconds(10)), "finalizing the NCCL communicator");
+                    lib_.CommDestroy(comm_);
+                } catch (const std::exception&) {
+                    lib_.CommAbort(comm_);
+                }
+            }
+        }
+        if (token_) cudaFree(token_);
+        if (done_) cudaEventDestroy(done_);
+        if (stream_) cudaStreamDestroy(stream_);
+    }
+
+    int rank() const override { return boot_->rank(); }
+    int size() const override { return boot_->size(); }
+    int local_rank() const override { return boot_->local_rank(); }
+    int local_size() const override { return boot_->local_size(); }
+    Backend kind() const override { return Backend::nccl; }
+    std::string describe() const override {
+        return "nccl " + version_ + ", rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " (local " +
+               std::to_string(local_rank()) + " of " + std::to_string(local_size()) + "), GPU " +
+               std::to_string(device_) + (gpu_.empty() ? "" : " (" + gpu_ + ")");
+    }
+    void poison() noexcept override {
+        poisoned_ = true;
+        boot_->poison();
+    }
+
+    void execute(Op& op, const Deadline& dl) override {
+        cuda(cudaSetDevice(device_), "cudaSetDevice");  // this may be the communicator's own thread
+        call(lib_.GroupStart(), "ncclGroupStart");
+        if (op.kind == Kind::barrier) {
+            call(lib_.AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+        } else {
+            for (const Buffer& b : op.bufs) issue(op, b);
+        }
+        call(lib_.GroupEnd(), "ncclGroupEnd");
+        settle(dl, op.what());
+        cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+        for (;;) {
+            const cudaError_t e = cudaEventQuery(done_);
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) cuda(e, "cudaEventQuery");
+            async_error(op.what());
+            if (dl.passed()) {
+                lib_.CommAbort(comm_);
+                comm_ = nullptr;
+                throw Timeout(timeout_message(op.what(), dl), {.rank = rank()});
+            }
+            std::this_thread::yield();
+        }
+    }
+
+    void bare(Op& op) override {
+        cuda(cudaSetDevice(device_), "cudaSetDevice");
+        if (op.kind == Kind::barrier)
+            call(lib_.AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+        else
+            issue(op, op.bufs.at(0));
+        settle(Deadline::after(std::chrono::milliseconds(0)), op.what());
+        cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    }
+
+private:
+    void issue(const Op& op, const Buffer& b) {
+        const ncclDataType_t t = nccl_type(op.dtype);
+        const std::size_t es = dtype_bytes(op.dtype);
+        std::byte* recv = b.recv.data();
+        const std::byte* send = b.send.data();
+        switch (op.kind) {
+        case Kind::allgather:
+            if (b.counts.empty()) {
+                call(lib_.AllGather(send, recv, b.send.size() / es, t, comm_, stream_), "ncclAllGather");
+                return;
+            }
+            // Uneven blocks: one broadcast per rank, grouped (NCCL has no allgatherv).
+            for (int r = 0; r < size(); ++r) {
+                const std::uint64_t n = block_count(op, b, r, size());
+                if (n == 0) continue;
+                call(lib_.Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream_),
+                     "ncclBroadcast");
+            }
+            return;
+        case Kind::reduce_scatter:
+            if (b.counts.empty()) {
+                call(lib_.ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_),
+                     "ncclReduceScatter");
+                return;
+            }
+            for (int r = 0; r < size(); ++r) {
+                const std::uint64_t n = block_count(op, b, r, size());
+                if (n == 0) continue;
+                call(lib_.Reduce(send + block_first(op, b, r, size()) * es, recv, n, t, nccl_op(op.reduce), r, comm_,
+                                 stream_),
+                     "ncclReduce");
+            }
+            return;
+        case Kind::allreduce:
+            call(lib_.AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_), "ncclAllReduce");
+            return;
+        case Kind::broadcast:
+            call(lib_.Broadcast(recv, recv, b.recv.size() / es, t, op.root, comm_, stream_), "ncclBroadcast");
+            return;
+        case Kind::barrier: return;
+        }
+    }
+
+    void call(ncclResult_t rc, const char* what) const {
+        if (rc != ncclSuccess && rc != ncclInProgress)
+            throw CommError(std::string(what) + " failed: " + lib_.GetErrorString(rc), {.rank = rank()});
+    }
+    void cuda(cudaError_t e, const char* what) const {
+        if (e != cudaSuccess)
+            throw CommError(std::string(what) + " failed: " + cudaGetErrorString(e), {.rank = boot_ ? boot_->rank() : -1});
+    }
+    void async_error(const std::string& what) const {
+        ncclResult_t st = ncclSuccess;
+        lib_.CommGetAsyncError(comm_, &st);
+        if (st != ncclSuccess && st != ncclInProgress)
+            throw CommError(what + ": " + lib_.GetErrorString(st), {.rank = rank()});
+    }
+    // Non-blocking NCCL: a call may still be in progress when it returns.
+    void settle(const Deadline& dl, const std::string& what) {
+        for (;;) {
+            ncclResult_t st = ncclSuccess;
+            lib_.CommGetAsyncError(comm_, &st);
+            if (st == ncclSuccess) return;
+            if (st != ncclInProgress) throw CommError(what + ": " + lib_.GetErrorString(st), {.rank = rank()});
+            if (dl.passed()) {
+                lib_.CommAbort(comm_);
+                comm_ = nullptr;
+                throw Timeout(timeout_message(what, dl), {.rank = rank()});
+            }
+            std::this_thread::yield();
+        }
+    }
+
+    const Library& lib_;
+    std::unique_ptr<Engine> boot_;
+    int device_ = 0;
+    std::string gpu_, version_;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+    float* token_ = nullptr;
+    ncclComm_t comm_ = nullptr;
+    bool poisoned_ = false;
+};
+
+}  // namespace
+
+bool nccl_built() { return true; }
+std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout) {
+    return std::make_unique<Nccl>(launch, timeout);
+}
+
+#else  // no NCCL in this build
+
+bool nccl_built() { return false; }
+std::unique_ptr<Engine> make_nccl(const Launch&, std::chrono::milliseconds) {
+    throw UsageError("backend nccl: this zinf was built without NCCL (no CUDA toolkit with nccl.h was found, "
+                     "or NO_CUDA=1)");
+}
+
+#endif
+
+}  // namespace zinf::comm::detail

@@ -1,0 +1,87 @@
+// Partitioned tensors: the partition rule turned into per-rank block counts,
+// so one allgather(v) or reduce-scatter(v) moves the real elements only.
+#include <zinf/zero.hpp>
+
+#include <vector>
+
+namespace zinf::zero {
+namespace {
+
+// Elements each rank really holds of a tensor of `numel`.
+std::vector<std::uint64_t> counts(std::uint64_t numel, int dp) {
+    std::vector<std::uint64_t> c(static_cast<std::size_t>(dp));
+    for (int r = 0; r < dp; ++r) c[static_cast<std::size_t>(r)] = owned(numel, static_cast<unsigned>(dp), static_cast<unsigned>(r)).count;
+    return c;
+}
+
+void expect(std::size_t got, std::uint64_t elements, std::size_t es, std::size_t i, const char* what, const char* op) {
+    if (got != elements * es)
+        throw InternalError(std::string("zero::") + op + ", tensor " + std::to_string(i) + ": " + what + " has " +
+                            std::to_string(got) + " bytes, want " + std::to_string(elements * es));
+}
+
+std::vector<comm::Buffer> gather_buffers(const comm::Communicator& comm, std::span<const Gather> tensors,
+                                         comm::DType dtype) {
+    const std::size_t es = comm::dtype_bytes(dtype);
+    const auto dp = static_cast<unsigned>(comm.size()), me = static_cast<unsigned>(comm.rank());
+    std::vector<comm::Buffer> bufs;
+    bufs.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Gather& t = tensors[i];
+        const Owned o = owned(t.numel, dp, me);
+        expect(t.own.size(), o.per, es, i, "the partition", "gather");
+        expect(t.full.size(), t.numel, es, i, "the full tensor", "gather");
+        bufs.push_back({t.own.first(o.count * es), t.full, counts(t.numel, comm.size())});
+    }
+    return bufs;
+}
+
+std::vector<comm::Buffer> scatter_buffers(const comm::Communicator& comm, std::span<const Scatter> tensors,
+                                          comm::DType dtype) {
+    const std::size_t es = comm::dtype_bytes(dtype);
+    const auto dp = static_cast<unsigned>(comm.size()), me = static_cast<unsigned>(comm.rank());
+    std::vector<comm::Buffer> bufs;
+    bufs.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const Scatter& t = tensors[i];
+        const Owned o = owned(t.numel, dp, me);
+        expect(t.own.size(), o.per, es, i, "the partition", "reduce_scatter");
+        expect(t.full.size(), t.numel, es, i, "the full tensor", "reduce_scatter");
+        bufs.push_back({t.full, t.own.first(o.count * es), counts(t.numel, comm.size())});
+    }
+    return bufs;
+}
+
+}  // namespace
+
+comm::Handle start_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype) {
+    const auto bufs = gather_buffers(comm, tensors, dtype);
+    return comm.start(comm::Kind::allgather, bufs, dtype);
+}
+
+void gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype) {
+    const auto bufs = gather_buffers(comm, tensors, dtype);
+    comm.run(comm::Kind::allgather, bufs, dtype);
+}
+
+void gather(comm::Communicator& comm, const Gather& tensor, comm::DType dtype) {
+    gather(comm, std::span(&tensor, 1), dtype);
+}
+
+comm::Handle start_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
+                                  comm::Reduce reduce) {
+    const auto bufs = scatter_buffers(comm, tensors, dtype);
+    return comm.start(comm::Kind::reduce_scatter, bufs, dtype, reduce);
+}
+
+void reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
+                    comm::Reduce reduce) {
+    const auto bufs = scatter_buffers(comm, tensors, dtype);
+    comm.run(comm::Kind::reduce_scatter, bufs, dtype, reduce);
+}
+
+void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType dtype, comm::Reduce reduce) {
+    reduce_scatter(comm, std::span(&tensor, 1), dtype, reduce);
+}
+
+}  // namespace zinf::zero
