@@ -1,0 +1,149 @@
+// zinf-commbench: allgather / reduce-scatter / allreduce bus bandwidth per
+// message size through zinf's communicator, like nccl-tests, with the bare
+// library call beside it (--raw). Run under mpirun or srun; see
+// man/zinf-commbench.1 for the columns and their formulas.
+#include "harness.hpp"
+
+#include <zinf/cli.hpp>
+#include <zinf/mem.hpp>
+#include <zinf/options.hpp>
+
+#include <csignal>
+#include <iostream>
+
+using namespace zinf;
+using namespace zinf::commbench;
+
+namespace {
+
+struct Options {
+    std::string op = "allgather", dtype = "f32", reduce = "sum";
+    std::string min_bytes = "1KiB", max_bytes = "32MiB", step_bytes;
+    double factor = 2;
+    unsigned iters = 20, warmup = 5, rounds = 3;
+    bool check = false, raw = false, json = false;
+    double min_ratio = 0;
+    cli::CommOptions comm;
+};
+
+Spec make_spec(const Options& o) {
+    Spec s;
+    s.op = o.op == "allgather" ? comm::Kind::allgather
+         : o.op == "reduce-scatter" ? comm::Kind::reduce_scatter
+                                    : comm::Kind::allreduce;
+    s.dtype = comm::parse_dtype(o.dtype);
+    s.reduce = o.reduce == "avg" ? comm::Reduce::avg : o.reduce == "max" ? comm::Reduce::max : comm::Reduce::sum;
+    s.min_bytes = cli::parse_sizes({o.min_bytes}, "--minbytes")[0];
+    s.max_bytes = cli::parse_sizes({o.max_bytes}, "--maxbytes")[0];
+    if (!o.step_bytes.empty()) s.step_bytes = cli::parse_sizes({o.step_bytes}, "--stepbytes")[0];
+    if (s.min_bytes == 0 || s.min_bytes > s.max_bytes)
+        throw UsageError("--minbytes " + o.min_bytes + " must be positive and at most --maxbytes " + o.max_bytes);
+    if (!o.step_bytes.empty() && s.step_bytes == 0) throw UsageError("--stepbytes must be positive");
+    if (o.step_bytes.empty() && !(o.factor > 1))
+        throw UsageError("--stepfactor " + std::to_string(o.factor) + " must be more than 1");
+    s.factor = o.factor;
+    s.iters = o.iters;
+    s.warmup = o.warmup;
+    s.rounds = o.rounds;
+    s.check = o.check;
+    s.raw = o.raw;
+    if (o.min_ratio > 0 && !o.raw) throw UsageError("--min-ratio compares with the bare call: add --raw");
+    return s;
+}
+
+int run(const Options& o) {
+    const Spec spec = make_spec(o);
+    // A closed output pipe (`| head`) is an I/O error (74), not a silent death.
+    std::signal(SIGPIPE, SIG_IGN);
+
+    comm::Options co = o.comm.resolve();
+    if (co.backend == comm::Backend::automatic) {
+        // Device buffers through NCCL when there is a GPU to hold them.
+        const bool gpu = comm::compiled(comm::Backend::nccl) && mem::gpu_info().count > 0;
+        co.backend = gpu ? comm::Backend::nccl : comm::Backend::automatic;
+    }
+    if (co.backend == comm::Backend::nccl) co.memory = comm::Memory::device;
+    comm::Communicator data(co);
+    // Timings travel between ranks in host memory.
+    std::unique_ptr<comm::Communicator> meta_own;
+    if (data.memory() == comm::Memory::device) {
+        comm::Options mo = co;
+        mo.backend = comm::Backend::mpi;
+        mo.memory = comm::Memory::host;
+        meta_own = std::make_unique<comm::Communicator>(mo);
+    }
+    comm::Communicator& meta = meta_own ? *meta_own : data;
+    const bool lead = data.rank() == 0;
+    if (spec.op == comm::Kind::allgather && o.reduce != "sum")
+        log::warn("--reduce " + o.reduce + " has no meaning for allgather; ignored");
+
+    const auto list = sizes(spec, data.size());
+    if (list.empty())
+        throw UsageError("no message size from --minbytes " + o.min_bytes + " to --maxbytes " + o.max_bytes +
+                         " holds one " + std::string(comm::name(spec.dtype)) + " element per rank");
+    Bench bench(spec, data, meta);
+    if (lead && !o.json) print_header(std::cout, spec, data);
+
+    std::uint64_t wrong = 0;
+    double sum_busbw = 0, worst_ratio = 0;
+    std::uint64_t worst_at = 0;
+    for (std::uint64_t bytes : list) {
+        const Row r = bench.measure(bytes);
+        sum_busbw += r.busbw_gbps;
+        if (r.wrong) wrong += *r.wrong;
+        if (spec.raw && bytes >= MiB && (worst_at == 0 || r.ratio() < worst_ratio)) {
+            worst_ratio = r.ratio();
+            worst_at = bytes;
+        }
+        if (!lead) continue;
+        if (o.json)
+            std::cout << json::line(row_json(spec, data, r)) << std::flush;
+        else
+            print_row(std::cout, spec, r);
+        if (!std::cout) throw IoError("writing the results to stdout failed");
+    }
+    if (lead && !o.json) {
+        std::cout << "# out of bounds values: " << (spec.check ? std::to_string(wrong) + (wrong ? " FAILED" : " OK") : "n/a")
+                  << "\n# avg bus bandwidth: " << sum_busbw / static_cast<double>(list.size()) << " GB/s\n";
+        if (worst_at)
+            std::cout << "# lowest zinf/raw busbw from 1MiB: " << worst_ratio << " at " << format_size(worst_at) << "\n";
+        std::cout << std::flush;
+        if (!std::cout) throw IoError("writing the results to stdout failed");
+    }
+    if (wrong)
+        throw DataError(std::to_string(wrong) + " elements differed from what the " + std::string(comm::name(spec.op)) +
+                        " should give (--check)");
+    if (o.min_ratio > 0 && worst_at && worst_ratio < o.min_ratio)
+        throw ThresholdError("zinf/raw busbw " + std::to_string(worst_ratio) + " at " + format_size(worst_at) +
+                             " is below --min-ratio " + std::to_string(o.min_ratio));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"zinf-commbench: collective bandwidth per message size through zinf's communicator, like "
+                 "nccl-tests (size, count, time, algbw, busbw). Run it under mpirun -np N or srun."};
+    cli::Common common;
+    cli::add_common(app, common);
+    Options o;
+    app.add_option("-o,--op", o.op, "Collective: allgather, reduce-scatter, allreduce")
+        ->check(CLI::IsMember({"allgather", "reduce-scatter", "allreduce"}));
+    app.add_option("-b,--minbytes", o.min_bytes, "Smallest message (all ranks' data, as nccl-tests counts it)");
+    app.add_option("-e,--maxbytes", o.max_bytes, "Largest message");
+    app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this from one row to the next");
+    app.add_option("-i,--stepbytes", o.step_bytes, "Or add this many bytes (instead of -f)");
+    app.add_option("-n,--iters", o.iters, "Timed iterations per round")->check(CLI::Range(1u, 1000000u));
+    app.add_option("-w,--warmup", o.warmup, "Untimed iterations before each size")->check(CLI::Range(0u, 1000000u));
+    app.add_option("--rounds", o.rounds, "Rounds per size; the best is reported")->check(CLI::Range(1u, 1000u));
+    app.add_option("-d,--dtype", o.dtype, "Element type: f32, bf16, f64")->check(CLI::IsMember({"f32", "float", "bf16", "f64", "double"}));
+    app.add_option("-r,--reduce", o.reduce, "Reduction of reduce-scatter and allreduce: sum, avg, max")
+        ->check(CLI::IsMember({"sum", "avg", "max"}));
+    app.add_flag("-c,--check", o.check, "Fill fresh data before every iteration and check every result");
+    app.add_flag("--raw", o.raw, "Time the bare library call (MPI_Allgather, ncclAllGather, ...) beside zinf's");
+    app.add_option("--min-ratio", o.min_ratio,
+                   "Exit 75 when zinf's busbw falls below this fraction of the bare call's at 1MiB or more (needs --raw)");
+    app.add_flag("--json", o.json, "JSON Lines on stdout (zinf.commbench/1), one record per size");
+    o.comm.add(app);
+    return cli::run(app, argc, argv, "zinf-commbench", common, [&] { return run(o); });
+}
