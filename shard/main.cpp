@@ -7,7 +7,6 @@
 #include <zinf/options.hpp>
 #include <zinf/shard.hpp>
 
-#include <csignal>
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -15,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <set>
 #include <unistd.h>
 
@@ -45,6 +46,7 @@ struct Options {
     std::string tensor, state = "param";
     cli::EngineOptions engine;
     cli::PoolOptions pool;
+    cli::CommOptions comm;  // init under mpirun / srun
 };
 
 std::atomic<bool> g_stop{false};
@@ -166,7 +168,131 @@ int do_layout(const Options& o) {
     return 0;
 }
 
+// A failure on another process: this one exits with the same code.
+class Elsewhere : public Error {
+public:
+    Elsewhere(const std::string& msg, int code) : Error(msg), code_(code) {}
+    int exit_code() const noexcept override { return code_; }
+
+private:
+    int code_;
+};
+
+// Every process learns whether any failed. A failure anywhere fails all:
+// the failing process with its own message, the others naming it, each
+// having removed what it wrote.
+void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr) {
+    std::int32_t mine[2] = {0, -1}, all[2] = {0, -1};
+    if (failed) {
+        try {
+            std::rethrow_exception(failed);
+        } catch (const Error& e) {
+            mine[0] = e.exit_code();
+        } catch (...) {
+            mine[0] = exit_code::internal;
+        }
+        mine[1] = c.rank();
+    }
+    c.allreduce(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i32,
+                comm::Reduce::max);
+    if (all[0] == 0) return;
+    if (w) w->discard();
+    if (failed) std::rethrow_exception(failed);
+    throw Elsewhere("rank " + std::to_string(all[1]) + " failed (see its message); nothing was committed", all[0]);
+}
+
+// Under mpirun or srun: process p of N writes the dp ranks r with r % N == p.
+// Process 0 reads the manifest (stdin reaches it alone) and hands it to the
+// others; when all have written, it gathers every partition's xxh3, each
+// process moves its own files into place, and process 0 commits the manifest.
+int do_init_ranks(const Options& o, const comm::Launch& launch) {
+    if (o.ranks != "all")
+        throw UsageError("--ranks " + o.ranks + ": under " + launch.launcher +
+                         " each process writes the ranks r with r % " + std::to_string(launch.size) +
+                         " == its own rank; leave --ranks out");
+    comm::Communicator c(o.comm.resolve());
+    const bool lead = c.rank() == 0;
+    const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
+
+    std::string text;
+    std::exception_ptr failed;
+    if (lead) try {
+            Manifest m = read_input(o);
+            check_target(o.dir, o.force);
+            std::ostringstream s;
+            write_manifest(s, m);
+            text = s.str();
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    agree(c, failed);
+    std::int64_t size = static_cast<std::int64_t>(text.size());
+    c.broadcast(std::as_writable_bytes(std::span(&size, 1)), comm::DType::i64, 0);
+    text.resize(static_cast<std::size_t>(size));
+    c.broadcast(std::as_writable_bytes(std::span(text.data(), text.size())), comm::DType::u8, 0);
+    std::istringstream in(text);
+    Manifest m = read_manifest(in, "<the manifest from rank 0>");
+    if (lead && procs > m.opts.dp)
+        log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
+                  std::to_string(m.opts.dp) + " and up have nothing to write");
+
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.stop = &g_stop;
+    for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
+    Timer t;
+    Written w;
+    std::optional<mem::PinnedPool> pool_kept;  // for the summary
+    try {
+        if (!ro.ranks.empty()) {
+            io::Engine engine(o.engine.resolve());
+            mem::PinnedPool& pool = pool_kept.emplace(o.pool.resolve(), &engine);
+            Meter meter("init", m.total_bytes() / procs);
+            ro.progress = lead ? meter.fn() : nullptr;
+            w = init(m, o.dir, engine, pool, ro);
+            pool_kept.reset();  // before its engine goes
+        }
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    agree(c, failed, &w);
+
+    // Every partition's xxh3, gathered by process in manifest order.
+    const auto owner = [&](const Partition& p) { return p.rank % procs; };
+    std::vector<std::int64_t> mine, all(m.parts.size());
+    std::vector<std::uint64_t> counts(procs);
+    for (const auto& p : m.parts) {
+        ++counts[owner(p)];
+        if (owner(p) == me) mine.push_back(static_cast<std::int64_t>(p.xxh3.value_or(0)));
+    }
+    const comm::Buffer hashes{std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), counts};
+    c.run(comm::Kind::allgather, std::span(&hashes, 1), comm::DType::i64);
+    std::vector<std::size_t> next(procs);
+    for (unsigned q = 1; q < procs; ++q) next[q] = next[q - 1] + counts[q - 1];
+    for (auto& p : m.parts) p.xxh3 = static_cast<std::uint64_t>(all[next[owner(p)]++]);
+
+    // Commit: the old manifest goes first, then every process's files.
+    // (Process 0 holds rank 0, so its init set m.dir.)
+    const std::string path = m.dir + "/manifest.jsonl";
+    if (lead) ::unlink(path.c_str());
+    c.barrier();
+    try {
+        w.commit();
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    agree(c, failed, &w);
+    if (!lead) return 0;
+    save_manifest(m, path);
+    log::info("wrote " + format_size(m.total_bytes()) + " with " + std::to_string(procs) + " processes in " +
+              std::to_string(t.seconds()).substr(0, 6) + " s");
+    emit(m);
+    return 0;
+}
+
 int do_init(const Options& o) {
+    const comm::Launch launch = comm::Launch::from_env();
+    if (launch.size > 1) return do_init_ranks(o, launch);
     Manifest m = read_input(o);
     if (m.initialised() && !m.dir.empty())
         log::info("the manifest was initialised before (in " + m.dir + "); writing it afresh into " + o.dir);
@@ -175,7 +301,8 @@ int do_init(const Options& o) {
     ro.jobs = o.jobs;
     ro.stop = &g_stop;
     if (o.ranks != "all")
-        throw UsageError("--ranks " + o.ranks + ": this version of init writes every rank in one process (--ranks all)");
+        throw UsageError("--ranks " + o.ranks + ": init writes every rank, in one process or, under mpirun or srun, "
+                         "spread over the processes (--ranks all)");
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     Timer t;
@@ -320,9 +447,11 @@ int main(int argc, char** argv) {
     add_reader(ini, false);  // init's directory is --dir
     ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
     ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    ini->add_option("--ranks", o.ranks, "Ranks to write: all, in one process (the only choice in this version)")
+    ini->add_option("--ranks", o.ranks,
+                    "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
         ->capture_default_str();
     add_io(ini);
+    o.comm.add(*ini);
 
     auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
     add_reader(ver);

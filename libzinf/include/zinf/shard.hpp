@@ -200,8 +200,9 @@ struct RunOptions {
 // was: temporaries are removed.
 struct Written {
     std::vector<std::string> temps, finals;  // paths, pairwise
+    std::vector<std::string> folders;        // the run made them (deepest first)
     void commit();   // rename each temp over its final name, fsync the folders
-    void discard() noexcept;  // remove the temporaries
+    void discard() noexcept;  // remove the temporaries, and the run's folders when empty
 };
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
              const RunOptions& opts);

@@ -6,6 +6,8 @@
 // polled against the deadline, and a timeout aborts it (ncclCommAbort).
 #include "internal.hpp"
 
+#include <zinf/mem.hpp>
+
 #if ZINF_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -96,13 +98,12 @@ ncclRedOp_t nccl_op(Reduce r) {
 class Nccl final : public Engine {
 public:
     Nccl(const Launch& launch, std::chrono::milliseconds timeout) : lib_(Library::get()) {
+        // Asking for NCCL on a machine without a GPU is the caller's mistake (64).
+        const mem::GpuInfo gpus = mem::gpu_info();
+        if (gpus.count == 0)
+            throw UsageError("backend nccl needs a CUDA GPU: " + gpus.why_not, {.rank = launch.rank});
+        const int devices = gpus.count;
         boot_ = make_mpi(timeout);
-        int devices = 0;
-        const cudaError_t e = cudaGetDeviceCount(&devices);
-        if (e != cudaSuccess || devices == 0)
-            throw CommError(std::string("backend nccl needs a CUDA GPU: ") +
-                                (e != cudaSuccess ? cudaGetErrorString(e) : "none is visible"),
-                            {.rank = boot_->rank()});
         const int local = launch.launcher.empty() ? boot_->local_rank() : launch.local_rank;
         device_ = local % devices;
         cuda(cudaSetDevice(device_), "cudaSetDevice");

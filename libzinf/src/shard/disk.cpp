@@ -162,10 +162,8 @@ struct OutFiles {
     // nothing is left behind.
     void discard() noexcept {
         files.clear();
+        written.folders = std::move(created);
         written.discard();
-        std::sort(created.begin(), created.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-        for (const auto& d : created) ::rmdir(d.c_str());  // only when empty
-        created.clear();
     }
     std::vector<std::string> created;
 
@@ -354,20 +352,24 @@ void fsync_dir(const std::string& dir) {
 
 // ---------------------------------------------------------------------------
 void Written::commit() {
-    std::set<std::string> folders;
+    std::set<std::string> dirs;
     for (std::size_t i = 0; i < temps.size(); ++i) {
         if (::rename(temps[i].c_str(), finals[i].c_str()) != 0) throw_errno("rename", errno, finals[i]);
-        folders.insert(fs::path(finals[i]).parent_path().string());
+        dirs.insert(fs::path(finals[i]).parent_path().string());
     }
-    for (const auto& f : folders) fsync_dir(f);
+    for (const auto& f : dirs) fsync_dir(f);
     temps.clear();
     finals.clear();
+    folders.clear();
 }
 
 void Written::discard() noexcept {
     for (const auto& t : temps) ::unlink(t.c_str());
+    std::sort(folders.begin(), folders.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    for (const auto& d : folders) ::rmdir(d.c_str());  // only when empty
     temps.clear();
     finals.clear();
+    folders.clear();
 }
 
 // ---------------------------------------------------------------------------
@@ -465,6 +467,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
         throw;
     }
     m.dir = absolute_dir(dir);
+    out.written.folders = std::move(out.created);
     return std::move(out.written);
 }
 
@@ -664,6 +667,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
         throw;
     }
     n.dir = absolute_dir(dir);
+    out.written.folders = std::move(out.created);
     written = std::move(out.written);
     return n;
 }
