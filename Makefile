@@ -124,8 +124,10 @@ BENCHES := $(BENCH_SRCS:bench/%.cpp=$(BIN)/zinf-%)
 PUBLIC_HEADERS := $(wildcard libzinf/include/zinf/*.hpp)
 HEADER_CHECKS := $(PUBLIC_HEADERS:libzinf/include/zinf/%.hpp=$(BUILD)/headers/%.ok)
 
-# tests/unit/test_NAME.cpp -> build/tests/test_NAME (Boost.Test, one per module)
-TEST_SRCS := $(wildcard tests/unit/test_*.cpp)
+# tests/unit/test_NAME.cpp -> build/tests/test_NAME (Boost.Test, one per module);
+# tests/unit/mpi_NAME.cpp -> build/tests/mpi_NAME, run under mpirun -np 2 and 4
+# (built only with MPI).
+TEST_SRCS := $(wildcard tests/unit/test_*.cpp) $(if $(MPICXX),$(wildcard tests/unit/mpi_*.cpp))
 TESTS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/%)
 
 .PHONY: all bench tests deps deps-check test test-run demo demo-run install uninstall clean help

@@ -2,6 +2,8 @@
 # Runs every test suite and ends with one line "N passed, N failed[, N skipped]"
 # that sums them all; exits non-zero when anything failed.
 #   unit: build/tests/test_* (Boost.Test), one per library module
+#   mpi:  build/tests/mpi_* (Boost.Test) under mpirun -np 2 and -np 4,
+#         oversubscribed; a case fails when it fails on any rank
 #   e2e:  tests/e2e/*.sh (shell; pipes the programs), each printing
 #         "# e2e-result PASSED FAILED SKIPPED" as its last line
 # Each suite runs under a timeout, so a hang is a failure, never a stuck CI.
@@ -51,6 +53,45 @@ for t in build/tests/test_* build/san-*/tests/test_*; do
     tally "$name" 0 1 0
   fi
   rm -f "$xml"
+done
+
+# mpirun refuses root unless told, and a small machine has fewer cores than ranks.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+for t in build/tests/mpi_*; do
+  [[ -x $t ]] || continue
+  if ! command -v mpirun >/dev/null; then
+    echo "# $t: skipped, no mpirun"
+    tally "mpi/$(basename "$t")" 0 0 1
+    continue
+  fi
+  for np in ${ZINF_MPI_NP:-2 4}; do
+    name="mpi/$(basename "$t") (np $np)"
+    echo "# running $name"
+    dir=$(mktemp -d)
+    timeout --kill-after=10 "$unit_timeout" mpirun -np "$np" bash -c \
+      'exec "$1" --color_output=no --log_level=warning --report_format=XML --report_level=detailed \
+         --report_sink="$2/rank${OMPI_COMM_WORLD_RANK:-0}.xml"' _ "$t" "$dir"
+    rc=$?
+    p='' f=0 s=0 reports=0
+    for xml in "$dir"/rank*.xml; do
+      [[ -s $xml ]] && grep -q "<TestSuite" "$xml" || continue
+      reports=$((reports + 1))
+      rp=$(attr test_cases_passed "$xml") rf=$(attr test_cases_failed "$xml")
+      rs=$(attr test_cases_skipped "$xml") ra=$(attr test_cases_aborted "$xml")
+      rf=$((rf + ra))
+      [[ -z $p || $rp -lt $p ]] && p=$rp
+      ((rf > f)) && f=$rf
+      ((rs > s)) && s=$rs
+    done
+    if ((reports == np)); then
+      ((rc != 0 && f == 0)) && f=1
+      tally "$name" "$p" "$f" "$s"
+    else
+      echo "# $name: $reports of $np ranks reported (exit $rc$( ((rc == 124)) && echo ", timed out after ${unit_timeout}s"))"
+      tally "$name" "${p:-0}" 1 0
+    fi
+    rm -rf "$dir"
+  done
 done
 
 for t in tests/e2e/*.sh; do

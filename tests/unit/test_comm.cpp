@@ -1,0 +1,308 @@
+// comm and zero in one process: names, the launcher's environment, the
+// timeout setting, the partition rule, the self backend, buffer checks.
+// The collectives across ranks are tested under mpirun in mpi_comm.cpp.
+#define BOOST_TEST_MODULE comm
+#include "testing.hpp"
+
+#include <zinf/comm.hpp>
+#include <zinf/zero.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+using namespace zinf;
+using comm::DType;
+using comm::Kind;
+using comm::Reduce;
+
+namespace {
+
+// Sets environment variables for one scope and restores what was there.
+class Env {
+public:
+    Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
+        for (auto [k, v] : vars) {
+            const char* old = std::getenv(k);
+            saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+            if (v)
+                ::setenv(k, v, 1);
+            else
+                ::unsetenv(k);
+        }
+    }
+    ~Env() {
+        for (auto& [k, v] : saved_)
+            if (v)
+                ::setenv(k.c_str(), v->c_str(), 1);
+            else
+                ::unsetenv(k.c_str());
+    }
+
+private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// No launcher variables at all: what a plain shell gives.
+Env no_launcher() {
+    return Env{{"OMPI_COMM_WORLD_RANK", nullptr}, {"OMPI_COMM_WORLD_SIZE", nullptr}, {"SLURM_PROCID", nullptr},
+               {"SLURM_NTASKS", nullptr},         {"PMI_RANK", nullptr},             {"PMI_SIZE", nullptr}};
+}
+
+template <class T>
+std::span<const std::byte> in(const std::vector<T>& v) {
+    return std::as_bytes(std::span(v));
+}
+template <class T>
+std::span<std::byte> out(std::vector<T>& v) {
+    return std::as_writable_bytes(std::span(v));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(names_and_parsing) {
+    BOOST_TEST(comm::dtype_bytes(DType::bf16) == 2u);
+    BOOST_TEST(comm::dtype_bytes(DType::f64) == 8u);
+    BOOST_TEST(comm::dtype_bytes(DType::u8) == 1u);
+    BOOST_TEST(comm::name(Kind::reduce_scatter) == "reduce-scatter");
+    BOOST_TEST(comm::name(Reduce::avg) == "avg");
+    BOOST_TEST((comm::parse_dtype("float") == DType::f32));
+    BOOST_TEST((comm::parse_dtype("bf16") == DType::bf16));
+    BOOST_TEST((comm::parse_dtype("double") == DType::f64));
+    BOOST_CHECK_THROW(comm::parse_dtype("f16"), UsageError);
+    BOOST_TEST((comm::parse_backend("auto") == comm::Backend::automatic));
+    BOOST_TEST((comm::parse_backend("nccl") == comm::Backend::nccl));
+    BOOST_CHECK_THROW(comm::parse_backend("gloo"), UsageError);
+    BOOST_TEST(comm::compiled(comm::Backend::self));
+}
+
+BOOST_AUTO_TEST_CASE(launch_from_each_launcher) {
+    {
+        auto e = no_launcher();
+        const auto l = comm::Launch::from_env();
+        BOOST_TEST(l.rank == 0);
+        BOOST_TEST(l.size == 1);
+        BOOST_TEST(l.launcher.empty());
+    }
+    {
+        auto e = no_launcher();
+        Env mpirun{{"OMPI_COMM_WORLD_RANK", "3"},
+                   {"OMPI_COMM_WORLD_SIZE", "8"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+        const auto l = comm::Launch::from_env();
+        BOOST_TEST(l.launcher == "mpirun");
+        BOOST_TEST(l.rank == 3);
+        BOOST_TEST(l.size == 8);
+        BOOST_TEST(l.local_rank == 1);
+        BOOST_TEST(l.local_size == 2);
+    }
+    {
+        auto e = no_launcher();
+        Env srun{{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "2"}};
+        const auto l = comm::Launch::from_env();
+        BOOST_TEST(l.launcher == "srun");
+        BOOST_TEST(l.rank == 5);
+        BOOST_TEST(l.local_rank == 2);
+        BOOST_TEST(l.local_size >= 3);  // at least enough for its own local rank
+    }
+    {
+        // A rank outside its size, or garbage, is not a launch.
+        auto e = no_launcher();
+        Env bad{{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"PMI_RANK", "x"}, {"PMI_SIZE", "2"}};
+        BOOST_TEST(comm::Launch::from_env().launcher.empty());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(timeout_from_the_environment) {
+    {
+        Env e{{"ZINF_COMM_TIMEOUT", nullptr}};
+        BOOST_TEST(comm::default_timeout().count() == 300000);
+    }
+    {
+        Env e{{"ZINF_COMM_TIMEOUT", "2s"}};
+        BOOST_TEST(comm::default_timeout().count() == 2000);
+    }
+    {
+        Env e{{"ZINF_COMM_TIMEOUT", "250ms"}};
+        BOOST_TEST(comm::default_timeout().count() == 250);
+    }
+    {
+        Env e{{"ZINF_COMM_TIMEOUT", "soon"}};
+        try {
+            comm::default_timeout();
+            BOOST_ERROR("no error");
+        } catch (const UsageError& err) {
+            BOOST_TEST(std::string(err.what()).find("ZINF_COMM_TIMEOUT") != std::string::npos);
+        }
+    }
+}
+
+// The rule zinf-shard lays partitions out with, and zero gathers with.
+BOOST_AUTO_TEST_CASE(partition_rule) {
+    for (std::uint64_t numel : {0ull, 1ull, 2ull, 3ull, 7ull, 8ull, 1000ull, 1001ull, 123457ull})
+        for (unsigned dp : {1u, 2u, 3u, 4u, 7u, 8u, 16u}) {
+            std::uint64_t next = 0;
+            for (unsigned r = 0; r < dp; ++r) {
+                const auto o = shard::owned(numel, dp, r);
+                BOOST_TEST(o.per == (numel + dp - 1) / dp);
+                BOOST_TEST(o.first == next, "numel " << numel << " dp " << dp << " rank " << r);
+                BOOST_TEST(o.count <= o.per);
+                next = o.last();
+            }
+            BOOST_TEST(next == numel, "numel " << numel << " dp " << dp);
+        }
+    // Ranks past the end hold padding only.
+    const auto o = shard::owned(3, 8, 5);
+    BOOST_TEST(o.count == 0u);
+    BOOST_TEST(o.first == 3u);
+    BOOST_TEST(o.per == 1u);
+    // No overflow near the top of the range.
+    const auto big = shard::owned(~0ull, 3, 2);
+    BOOST_TEST(big.last() == ~0ull);
+    BOOST_CHECK_THROW(shard::owned(10, 0, 0), InternalError);
+    // The manifest's layout agrees with the rule.
+    auto m = shard::layout(shard::ModelSpec::parse("gpt:layers=1,hidden=8,heads=2,vocab=11,seq=5"), {.dp = 3});
+    for (const auto& p : m.parts) {
+        const auto rule = shard::owned(m.tensor_of(p).numel, 3, p.rank);
+        BOOST_TEST(p.first == rule.first);
+        BOOST_TEST(p.last == rule.last());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(automatic_is_self_without_a_launcher) {
+    auto e = no_launcher();
+    comm::Communicator c;
+    BOOST_TEST((c.backend() == comm::Backend::self));
+    BOOST_TEST(c.rank() == 0);
+    BOOST_TEST(c.size() == 1);
+    BOOST_TEST(c.describe().find("self") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(self_refuses_a_launched_job_and_device_memory) {
+    auto e = no_launcher();
+    {
+        Env launched{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+        BOOST_CHECK_THROW(comm::Communicator({.backend = comm::Backend::self}), UsageError);
+    }
+    BOOST_CHECK_THROW(comm::Communicator({.backend = comm::Backend::self, .memory = comm::Memory::device}), UsageError);
+    BOOST_CHECK_THROW(comm::Communicator({.backend = comm::Backend::nccl, .memory = comm::Memory::host}), UsageError);
+}
+
+// Over one rank every collective is a copy; the values must arrive intact.
+BOOST_AUTO_TEST_CASE(self_collectives_copy) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::mt19937_64 rng(testing::seed("self_collectives_copy"));
+    std::vector<float> a(1001), b(1001, -1);
+    for (auto& x : a) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+    c.allgather(in(a), out(b), DType::f32);
+    BOOST_TEST(b == a);
+    std::fill(b.begin(), b.end(), -1.0f);
+    c.reduce_scatter(in(a), out(b), DType::f32, Reduce::avg);
+    BOOST_TEST(b == a);
+    std::fill(b.begin(), b.end(), -1.0f);
+    c.iallreduce(in(a), out(b), DType::f32).wait();
+    BOOST_TEST(b == a);
+    auto keep = a;
+    c.broadcast(out(a), DType::f32, 0);
+    BOOST_TEST(a == keep);
+    c.barrier();
+    c.ibarrier().wait();
+    // In place.
+    c.allreduce(in(a), out(a), DType::f32);
+    BOOST_TEST(a == keep);
+}
+
+BOOST_AUTO_TEST_CASE(non_blocking_run_in_order) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::vector<std::vector<std::int64_t>> src, dst;
+    std::vector<comm::Handle> hs;
+    for (int i = 0; i < 50; ++i) {
+        src.push_back(std::vector<std::int64_t>(100 + i, i));
+        dst.push_back(std::vector<std::int64_t>(100 + i, -1));
+    }
+    for (int i = 0; i < 50; ++i) hs.push_back(c.iallgather(in(src[i]), out(dst[i]), DType::i64));
+    // A blocking call after pending ones runs after them.
+    std::vector<std::int64_t> last(10, 7), got(10);
+    c.allreduce(in(last), out(got), DType::i64);
+    for (int i = 49; i >= 0; --i) BOOST_TEST(hs[i].test());  // all done before the blocking call returned
+    for (int i = 0; i < 50; ++i) {
+        hs[i].wait();
+        BOOST_TEST(dst[i] == src[i]);
+    }
+    BOOST_TEST(got == last);
+    comm::Handle empty;
+    BOOST_TEST(!empty);
+    BOOST_CHECK_THROW(empty.wait(), InternalError);
+}
+
+BOOST_AUTO_TEST_CASE(buckets_and_counts_over_one_rank) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::vector<double> a(5, 1.5), b(7, 2.5), ra(5), rb(7);
+    const comm::Buffer bufs[] = {{in(a), out(ra), {}}, {in(b), out(rb), {7}}};
+    c.run(Kind::allgather, bufs, DType::f64);
+    BOOST_TEST(ra == a);
+    BOOST_TEST(rb == b);
+}
+
+BOOST_AUTO_TEST_CASE(bad_buffers_are_named) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::vector<float> a(8), b(9);
+    const auto says = [](const InternalError& err, const char* what) {
+        return std::string(err.what()).find(what) != std::string::npos;
+    };
+    BOOST_CHECK_EXCEPTION(c.allgather(in(a), out(b), DType::f32), InternalError,
+                          [&](const InternalError& err) { return says(err, "recv has 9 elements, want 8"); });
+    BOOST_CHECK_EXCEPTION(c.allreduce(in(a), out(b), DType::f32), InternalError,
+                          [&](const InternalError& err) { return says(err, "send"); });
+    std::vector<std::int32_t> i(8);
+    BOOST_CHECK_EXCEPTION(c.allreduce(in(i), out(i), DType::i32, Reduce::avg), InternalError,
+                          [&](const InternalError& err) { return says(err, "avg of integers"); });
+    BOOST_CHECK_EXCEPTION(c.broadcast(out(a), DType::f32, 1), InternalError,
+                          [&](const InternalError& err) { return says(err, "root 1"); });
+    const comm::Buffer counted{in(a), out(a), {4, 4}};
+    BOOST_CHECK_EXCEPTION(c.run(Kind::allgather, std::span(&counted, 1), DType::f32), InternalError,
+                          [&](const InternalError& err) { return says(err, "2 counts for 1 ranks"); });
+    std::vector<std::byte> odd(7);
+    BOOST_CHECK_EXCEPTION(c.allgather(odd, odd, DType::f32), InternalError,
+                          [&](const InternalError& err) { return says(err, "whole f32 elements"); });
+    // Refusals do not break the communicator.
+    std::vector<float> x(3, 1), y(3);
+    c.allreduce(in(x), out(y), DType::f32);
+    BOOST_TEST(y == x);
+}
+
+// zero over one rank: the partition is the tensor; padding is neither read nor written.
+BOOST_AUTO_TEST_CASE(zero_over_one_rank) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::vector<float> own(13), full(13, -1);
+    std::iota(own.begin(), own.end(), 1.0f);
+    zero::gather(c, {in(own), out(full), 13}, DType::f32);
+    BOOST_TEST(full == own);
+    std::vector<float> grad(13, 0.5f), mine(13, 9);
+    zero::reduce_scatter(c, {in(grad), out(mine), 13}, DType::f32);
+    BOOST_TEST(mine == grad);
+    std::vector<float> wrong(12);
+    BOOST_CHECK_THROW(zero::gather(c, {in(wrong), out(full), 13}, DType::f32), InternalError);
+}
+
+// The bf16 rounding every module shares: to nearest even, NaN kept.
+BOOST_AUTO_TEST_CASE(bf16_rounding_is_shared) {
+    std::vector<float> v = {1.0f, 1.00390625f, 1.01171875f, -3.5f, std::nanf(""), INFINITY, 65504.0f};
+    std::vector<std::uint16_t> vec(v.size());
+    to_bf16(v, vec);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        BOOST_TEST(vec[i] == to_bf16(v[i]));
+        BOOST_TEST(vec[i] == shard::to_bf16(v[i]));
+    }
+    BOOST_TEST(to_bf16(1.00390625f) == 0x3f80u);  // a tie rounds to even (down)
+    BOOST_TEST(to_bf16(1.01171875f) == 0x3f82u);  // a tie rounds to even (up)
+    BOOST_TEST(std::isnan(from_bf16(vec[4])));
+}
