@@ -575,4 +575,30 @@ expect_rc 0 "layout --model paper-70b | inspect --json"
 check "…estimate ~100.66e9 (the table's 125 layers x 8192, not 70B)" \
   jq -e '.paper_estimate == 12 * 125 * 8192 * 8192 and (.paper_estimate - 100.66e9 | fabs) < 0.01e9' <<<"$out"
 
+# --- init under mpirun: each process writes its own ranks ----------------------
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  zs layout --model "$M2" --dp 3 >"$TMP/mp.jsonl"
+  zs init --dir "$TMP/mp1" <"$TMP/mp.jsonl" >"$TMP/mp1.out"
+  for np in 2 3 4; do
+    run bash -c 'mpirun -np "$1" "$2" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" <"$4"' _ "$np" "$SH" "$TMP/mp$np" "$TMP/mp.jsonl"
+    expect_rc 0 "mpirun -np $np zinf-shard init (dp 3)"
+    check "…the manifest on stdout once, equal to one process's but for its dir" \
+      cmp <(grep -v '"schema"' <<<"$out") <(grep -v '"schema"' "$TMP/mp1.out")
+    check "…the same bytes in every data file" cmp <(sums "$TMP/mp$np" | grep -v manifest) <(sums "$TMP/mp1" | grep -v manifest)
+    check "…verify passes" bash -c '"$1" verify --pinned 8MiB --pinned-buffer 256KiB -m "$2/manifest.jsonl" >/dev/null' _ "$SH" "$TMP/mp$np"
+    check "…no temporaries left" no_temps "$TMP/mp$np"
+  done
+  before=$(sums "$TMP/mp2")
+  run bash -c 'mpirun -np 2 "$1" init --dir "$2" <"$3"' _ "$SH" "$TMP/mp2" "$TMP/mp.jsonl"
+  expect_rc 73 "mpirun init into a directory with a manifest, without --force: 73 from every process"
+  check "…the message names the directory" contains "$err" "already holds a manifest"
+  check "…the directory is untouched" test "$before" == "$(sums "$TMP/mp2")"
+  run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" <"$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"
+  expect_rc 64 "mpirun init --ranks 0: each process's share is fixed (64)"
+  check "…nothing created" test ! -e "$TMP/mp-ranks"
+else
+  skip "zinf-shard init under mpirun" "no mpirun"
+fi
+
 finish
