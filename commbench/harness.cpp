@@ -15,11 +15,15 @@ using comm::DType;
 using comm::Kind;
 using comm::Reduce;
 
-std::vector<std::uint64_t> sizes(const Spec& s, int ranks) {
+std::uint64_t rounded(const Spec& s, int ranks, std::uint64_t bytes) {
     const std::uint64_t unit = comm::dtype_bytes(s.dtype) * static_cast<std::uint64_t>(ranks);
+    return bytes / unit * unit;
+}
+
+std::vector<std::uint64_t> sizes(const Spec& s, int ranks) {
     std::vector<std::uint64_t> out;
     for (std::uint64_t b = s.min_bytes; b <= s.max_bytes;) {
-        const std::uint64_t size = b / unit * unit;  // whole elements on every rank
+        const std::uint64_t size = rounded(s, ranks, b);  // whole elements on every rank
         if (size > 0 && (out.empty() || out.back() != size)) out.push_back(size);
         const std::uint64_t next = s.step_bytes ? b + s.step_bytes
                                                 : static_cast<std::uint64_t>(std::ceil(static_cast<double>(b) * s.factor));
@@ -251,10 +255,12 @@ Row Bench::measure(std::uint64_t bytes) {
 
 // ---------------------------------------------------------------------------
 void print_header(std::ostream& out, const Spec& s, const comm::Communicator& c) {
-    out << "# zinf-commbench " << version() << ": " << comm::name(s.op) << " over " << c.size() << " ranks, "
+    out << "# zinf-commbench " << version() << ": " << comm::name(s.op) << " over " << c.size()
+        << (c.size() == 1 ? " rank, " : " ranks, ")
         << comm::name(s.dtype) << (s.op == Kind::allgather ? "" : ", " + std::string(comm::name(s.reduce))) << "\n";
     out << "# backend " << c.describe() << "\n";
-    out << "# " << s.iters << " iterations after " << s.warmup << " warm-up, best of " << s.rounds << " rounds"
+    out << "# " << s.iters << " iterations after " << s.warmup << " warm-up, "
+        << (s.rounds == 1 ? std::string("one round") : "best of " + std::to_string(s.rounds) + " rounds")
         << (s.check ? "; data checked every iteration" : "") << (s.raw ? "; raw = the bare library call" : "") << "\n";
     out << "#\n#" << std::setw(13) << "size" << std::setw(13) << "count" << std::setw(6) << "type" << std::setw(7)
         << "redop" << std::setw(12) << "time(us)" << std::setw(13) << "algbw(GB/s)" << std::setw(13) << "busbw(GB/s)"

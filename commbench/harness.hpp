@@ -28,6 +28,8 @@ struct Spec {
 // Sizes from min to max, each rounded down to whole elements on every rank;
 // sizes that round to nothing are dropped.
 std::vector<std::uint64_t> sizes(const Spec& s, int ranks);
+// `bytes` rounded down as sizes() rounds (1MiB over 3 ranks of f32: 1048572).
+std::uint64_t rounded(const Spec& s, int ranks, std::uint64_t bytes);
 
 // busbw / algbw: (n-1)/n for allgather and reduce-scatter, 2(n-1)/n for
 // allreduce (nccl-tests' PERFORMANCE.md).
@@ -38,7 +40,9 @@ struct Row {
     double time_us = 0, algbw_gbps = 0, busbw_gbps = 0;
     std::optional<std::uint64_t> wrong;  // elements that differed (--check)
     std::optional<double> raw_time_us, raw_algbw_gbps, raw_busbw_gbps;
-    double ratio() const { return raw_busbw_gbps && *raw_busbw_gbps > 0 ? busbw_gbps / *raw_busbw_gbps : 0; }
+    // zinf's busbw over the bare call's: the inverse ratio of their times
+    // (defined for one rank too, where busbw is 0).
+    double ratio() const { return raw_time_us && time_us > 0 ? *raw_time_us / time_us : 0; }
 };
 
 class Bench {

@@ -9,6 +9,7 @@
 #include <zinf/options.hpp>
 
 #include <csignal>
+#include <sstream>
 #include <iostream>
 
 using namespace zinf;
@@ -39,8 +40,11 @@ Spec make_spec(const Options& o) {
     if (s.min_bytes == 0 || s.min_bytes > s.max_bytes)
         throw UsageError("--minbytes " + o.min_bytes + " must be positive and at most --maxbytes " + o.max_bytes);
     if (!o.step_bytes.empty() && s.step_bytes == 0) throw UsageError("--stepbytes must be positive");
-    if (o.step_bytes.empty() && !(o.factor > 1))
-        throw UsageError("--stepfactor " + std::to_string(o.factor) + " must be more than 1");
+    if (o.step_bytes.empty() && !(o.factor > 1)) {
+        std::ostringstream f;
+        f << o.factor;
+        throw UsageError("--stepfactor " + f.str() + " must be more than 1");
+    }
     s.factor = o.factor;
     s.iters = o.iters;
     s.warmup = o.warmup;
@@ -74,13 +78,17 @@ int run(const Options& o) {
     }
     comm::Communicator& meta = meta_own ? *meta_own : data;
     const bool lead = data.rank() == 0;
-    if (spec.op == comm::Kind::allgather && o.reduce != "sum")
+    if (lead && spec.op == comm::Kind::allgather && o.reduce != "sum")
         log::warn("--reduce " + o.reduce + " has no meaning for allgather; ignored");
 
     const auto list = sizes(spec, data.size());
     if (list.empty())
         throw UsageError("no message size from --minbytes " + o.min_bytes + " to --maxbytes " + o.max_bytes +
                          " holds one " + std::string(comm::name(spec.dtype)) + " element per rank");
+    // The ratio is judged from 1MiB up, rounded as the sizes are.
+    const std::uint64_t judged = rounded(spec, data.size(), MiB);
+    if (o.min_ratio > 0 && list.back() < judged)
+        throw UsageError("--min-ratio judges sizes of 1MiB and up; --maxbytes " + o.max_bytes + " is below");
     Bench bench(spec, data, meta);
     if (lead && !o.json) print_header(std::cout, spec, data);
 
@@ -91,7 +99,7 @@ int run(const Options& o) {
         const Row r = bench.measure(bytes);
         sum_busbw += r.busbw_gbps;
         if (r.wrong) wrong += *r.wrong;
-        if (spec.raw && bytes >= MiB && (worst_at == 0 || r.ratio() < worst_ratio)) {
+        if (spec.raw && bytes >= judged && (worst_at == 0 || r.ratio() < worst_ratio)) {
             worst_ratio = r.ratio();
             worst_at = bytes;
         }
@@ -114,8 +122,12 @@ int run(const Options& o) {
         throw DataError(std::to_string(wrong) + " elements differed from what the " + std::string(comm::name(spec.op)) +
                         " should give (--check)");
     if (o.min_ratio > 0 && worst_at && worst_ratio < o.min_ratio)
-        throw ThresholdError("zinf/raw busbw " + std::to_string(worst_ratio) + " at " + format_size(worst_at) +
-                             " is below --min-ratio " + std::to_string(o.min_ratio));
+    {
+        std::ostringstream msg;
+        msg << "zinf/raw busbw " << worst_ratio << " at " << format_size(worst_at) << " is below --min-ratio "
+            << o.min_ratio;
+        throw ThresholdError(msg.str());
+    }
     return 0;
 }
 
@@ -131,8 +143,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"allgather", "reduce-scatter", "allreduce"}));
     app.add_option("-b,--minbytes", o.min_bytes, "Smallest message (all ranks' data, as nccl-tests counts it)");
     app.add_option("-e,--maxbytes", o.max_bytes, "Largest message");
-    app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this from one row to the next");
-    app.add_option("-i,--stepbytes", o.step_bytes, "Or add this many bytes (instead of -f)");
+    auto* f = app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this from one row to the next");
+    app.add_option("-i,--stepbytes", o.step_bytes, "Or add this many bytes (instead of -f)")->excludes(f);
     app.add_option("-n,--iters", o.iters, "Timed iterations per round")->check(CLI::Range(1u, 1000000u));
     app.add_option("-w,--warmup", o.warmup, "Untimed iterations before each size")->check(CLI::Range(0u, 1000000u));
     app.add_option("--rounds", o.rounds, "Rounds per size; the best is reported")->check(CLI::Range(1u, 1000u));

@@ -48,7 +48,7 @@ private:
 // No launcher variables at all: what a plain shell gives.
 Env no_launcher() {
     return Env{{"OMPI_COMM_WORLD_RANK", nullptr}, {"OMPI_COMM_WORLD_SIZE", nullptr}, {"SLURM_PROCID", nullptr},
-               {"SLURM_NTASKS", nullptr},         {"PMI_RANK", nullptr},             {"PMI_SIZE", nullptr}};
+               {"SLURM_STEP_NUM_TASKS", nullptr},         {"PMI_RANK", nullptr},             {"PMI_SIZE", nullptr}};
 }
 
 template <class T>
@@ -101,12 +101,18 @@ BOOST_AUTO_TEST_CASE(launch_from_each_launcher) {
     }
     {
         auto e = no_launcher();
-        Env srun{{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "2"}};
+        Env srun{{"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "6"}, {"SLURM_LOCALID", "2"}};
         const auto l = comm::Launch::from_env();
         BOOST_TEST(l.launcher == "srun");
         BOOST_TEST(l.rank == 5);
         BOOST_TEST(l.local_rank == 2);
         BOOST_TEST(l.local_size >= 3);  // at least enough for its own local rank
+    }
+    {
+        // A batch script (no srun step) is not a launch of several processes.
+        auto e = no_launcher();
+        Env batch{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}};
+        BOOST_TEST(comm::Launch::from_env().size == 1);
     }
     {
         // A rank outside its size, or garbage, is not a launch.
@@ -128,6 +134,18 @@ BOOST_AUTO_TEST_CASE(timeout_from_the_environment) {
     {
         Env e{{"ZINF_COMM_TIMEOUT", "250ms"}};
         BOOST_TEST(comm::default_timeout().count() == 250);
+    }
+    {
+        Env e{{"ZINF_COMM_TIMEOUT", "500us"}};  // rounded up, never to "no limit"
+        BOOST_TEST(comm::default_timeout().count() == 1);
+    }
+    {
+        // A flag's timeout wins over a bad environment, which is read only when needed.
+        Env e{{"ZINF_COMM_TIMEOUT", "soon"}};
+        auto n = no_launcher();
+        comm::Communicator c({.backend = comm::Backend::self, .timeout = std::chrono::milliseconds(5)});
+        BOOST_TEST(c.timeout().count() == 5);
+        BOOST_CHECK_THROW(comm::Communicator({.backend = comm::Backend::self}), UsageError);
     }
     {
         Env e{{"ZINF_COMM_TIMEOUT", "soon"}};

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -75,13 +76,18 @@ struct Launch {
 
 // ZINF_COMM_TIMEOUT (a duration: "30s", "2m") or 300 s; "0" waits forever.
 std::chrono::milliseconds default_timeout();
+// A duration as the communicator keeps it: whole milliseconds, rounded up so
+// that a short non-zero limit never becomes "no limit".
+std::chrono::milliseconds to_timeout(std::chrono::nanoseconds d);
 
 struct Options {
     // automatic: nccl for device memory; mpi for host memory when a launcher
     // started more than this one process (or MPI is already running); else self.
     Backend backend = Backend::automatic;
     Memory memory = Memory::host;
-    std::chrono::milliseconds timeout = default_timeout();  // per operation; 0 = none
+    // Per operation; 0 = none; unset = default_timeout() (read when the
+    // communicator starts, so a flag can override a bad environment).
+    std::optional<std::chrono::milliseconds> timeout;
 };
 
 // One buffer of a collective; a bucket (coalesced operation) is several of

@@ -83,7 +83,7 @@ struct CommOptions {
         o.memory = memory;
         if (!timeout.empty()) {
             try {
-                o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(timeout));
+                o.timeout = comm::to_timeout(parse_duration(timeout));
             } catch (const UsageError& e) {
                 throw UsageError("--comm-timeout: " + e.message());
             }

@@ -113,7 +113,8 @@ Launch Launch::from_env() {
     static constexpr Source sources[] = {
         {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
          "OMPI_COMM_WORLD_LOCAL_SIZE"},
-        {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+        // SLURM_STEP_NUM_TASKS: set by srun, not in the batch script itself.
+        {"srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"},
         {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
     };
     for (const auto& s : sources) {
@@ -129,11 +130,15 @@ Launch Launch::from_env() {
     return l;
 }
 
+std::chrono::milliseconds to_timeout(std::chrono::nanoseconds d) {
+    return std::chrono::ceil<std::chrono::milliseconds>(d);
+}
+
 std::chrono::milliseconds default_timeout() {
     const char* v = std::getenv("ZINF_COMM_TIMEOUT");
     if (!v || !*v) return std::chrono::seconds(300);
     try {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(v));
+        return to_timeout(parse_duration(v));
     } catch (const UsageError& e) {
         throw UsageError("ZINF_COMM_TIMEOUT: " + e.message());
     }
@@ -244,8 +249,8 @@ void check(const Op& op, int rank, int size) {
 // else on the communicator's own thread.
 class Core {
 public:
-    explicit Core(const Options& opts) : timeout_(opts.timeout), memory_(opts.memory) {
-        engine_ = choose(opts);
+    explicit Core(const Options& opts) : timeout_(opts.timeout.value_or(default_timeout())), memory_(opts.memory) {
+        engine_ = choose(opts, timeout_);
     }
 
     ~Core() {
@@ -370,7 +375,7 @@ private:
         }
     }
 
-    static std::unique_ptr<Engine> choose(const Options& opts) {
+    static std::unique_ptr<Engine> choose(const Options& opts, std::chrono::milliseconds timeout) {
         Backend b = opts.backend;
         const Launch launch = Launch::from_env();
         if (b == Backend::automatic) {
@@ -391,8 +396,8 @@ private:
                 throw UsageError("backend self is one rank, but " + launch.launcher + " started " +
                                  std::to_string(launch.size) + " processes");
             return make_self();
-        case Backend::mpi: return make_mpi(opts.timeout);
-        case Backend::nccl: return make_nccl(launch, opts.timeout);
+        case Backend::mpi: return make_mpi(timeout);
+        case Backend::nccl: return make_nccl(launch, timeout);
         case Backend::automatic: break;
         }
         throw InternalError("comm: no backend chosen");

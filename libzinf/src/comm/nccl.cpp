@@ -48,11 +48,11 @@ private:
     template <class F>
     static void sym(void* h, const char* name, F& f) {
         f = reinterpret_cast<F>(dlsym(h, name));
-        if (!f) throw CommError(std::string("libnccl.so.2 has no ") + name + ": NCCL is too old (zinf needs 2.14 or newer)");
+        if (!f) throw UsageError(std::string("libnccl.so.2 has no ") + name + ": NCCL is too old (zinf needs 2.14 or newer)");
     }
     static Library open() {
         void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-        if (!h) throw CommError(std::string("backend nccl: cannot load NCCL: ") + dlerror() +
+        if (!h) throw UsageError(std::string("backend nccl: cannot load NCCL: ") + dlerror() +
                                 " (put the CUDA toolkit's lib64 on LD_LIBRARY_PATH)");
         Library l;
         sym(h, "ncclGetVersion", l.GetVersion);
@@ -97,12 +97,13 @@ ncclRedOp_t nccl_op(Reduce r) {
 
 class Nccl final : public Engine {
 public:
-    Nccl(const Launch& launch, std::chrono::milliseconds timeout) : lib_(Library::get()) {
+    Nccl(const Launch& launch, std::chrono::milliseconds timeout) {
         // Asking for NCCL on a machine without a GPU is the caller's mistake (64).
         const mem::GpuInfo gpus = mem::gpu_info();
         if (gpus.count == 0)
             throw UsageError("backend nccl needs a CUDA GPU: " + gpus.why_not, {.rank = launch.rank});
         const int devices = gpus.count;
+        lib_ = &Library::get();
         boot_ = make_mpi(timeout);
         const int local = launch.launcher.empty() ? boot_->local_rank() : launch.local_rank;
         device_ = local % devices;
@@ -115,7 +116,7 @@ public:
 
         // Rank 0 makes the id; MPI carries it to the others.
         ncclUniqueId id{};
-        if (boot_->rank() == 0) call(lib_.GetUniqueId(&id), "ncclGetUniqueId");
+        if (boot_->rank() == 0) call(lib_->GetUniqueId(&id), "ncclGetUniqueId");
         Op share;
         share.kind = Kind::broadcast;
         share.dtype = DType::u8;
@@ -124,24 +125,24 @@ public:
 
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
-        call(lib_.CommInitRankConfig(&comm_, boot_->size(), id, boot_->rank(), &cfg), "ncclCommInitRankConfig");
+        call(lib_->CommInitRankConfig(&comm_, boot_->size(), id, boot_->rank(), &cfg), "ncclCommInitRankConfig");
         settle(Deadline::after(timeout), "creating the NCCL communicator");
         int v = 0;
-        lib_.GetVersion(&v);
+        lib_->GetVersion(&v);
         version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
     }
 
     ~Nccl() override {
         if (comm_) {
             if (poisoned_) {
-                lib_.CommAbort(comm_);
+                lib_->CommAbort(comm_);
             } else {
                 try {
-                    call(lib_.CommFinalize(comm_), "ncclCommFinalize");
+                    call(lib_->CommFinalize(comm_), "ncclCommFinalize");
                     settle(Deadline::after(std::chrono::seconds(10)), "finalizing the NCCL communicator");
-                    lib_.CommDestroy(comm_);
+                    lib_->CommDestroy(comm_);
                 } catch (const std::exception&) {
-                    lib_.CommAbort(comm_);
+                    lib_->CommAbort(comm_);
                 }
             }
         }
@@ -167,13 +168,13 @@ public:
 
     void execute(Op& op, const Deadline& dl) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");  // this may be the communicator's own thread
-        call(lib_.GroupStart(), "ncclGroupStart");
+        call(lib_->GroupStart(), "ncclGroupStart");
         if (op.kind == Kind::barrier) {
-            call(lib_.AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+            call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
         } else {
             for (const Buffer& b : op.bufs) issue(op, b);
         }
-        call(lib_.GroupEnd(), "ncclGroupEnd");
+        call(lib_->GroupEnd(), "ncclGroupEnd");
         settle(dl, op.what());
         cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
         for (;;) {
@@ -182,7 +183,7 @@ public:
             if (e != cudaErrorNotReady) cuda(e, "cudaEventQuery");
             async_error(op.what());
             if (dl.passed()) {
-                lib_.CommAbort(comm_);
+                lib_->CommAbort(comm_);
                 comm_ = nullptr;
                 throw Timeout(timeout_message(op.what(), dl), {.rank = rank()});
             }
@@ -193,7 +194,7 @@ public:
     void bare(Op& op) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");
         if (op.kind == Kind::barrier)
-            call(lib_.AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+            call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
         else
             issue(op, op.bufs.at(0));
         settle(Deadline::after(std::chrono::milliseconds(0)), op.what());
@@ -209,36 +210,36 @@ private:
         switch (op.kind) {
         case Kind::allgather:
             if (b.counts.empty()) {
-                call(lib_.AllGather(send, recv, b.send.size() / es, t, comm_, stream_), "ncclAllGather");
+                call(lib_->AllGather(send, recv, b.send.size() / es, t, comm_, stream_), "ncclAllGather");
                 return;
             }
             // Uneven blocks: one broadcast per rank, grouped (NCCL has no allgatherv).
             for (int r = 0; r < size(); ++r) {
                 const std::uint64_t n = block_count(op, b, r, size());
                 if (n == 0) continue;
-                call(lib_.Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream_),
+                call(lib_->Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream_),
                      "ncclBroadcast");
             }
             return;
         case Kind::reduce_scatter:
             if (b.counts.empty()) {
-                call(lib_.ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_),
+                call(lib_->ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_),
                      "ncclReduceScatter");
                 return;
             }
             for (int r = 0; r < size(); ++r) {
                 const std::uint64_t n = block_count(op, b, r, size());
                 if (n == 0) continue;
-                call(lib_.Reduce(send + block_first(op, b, r, size()) * es, recv, n, t, nccl_op(op.reduce), r, comm_,
+                call(lib_->Reduce(send + block_first(op, b, r, size()) * es, recv, n, t, nccl_op(op.reduce), r, comm_,
                                  stream_),
                      "ncclReduce");
             }
             return;
         case Kind::allreduce:
-            call(lib_.AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_), "ncclAllReduce");
+            call(lib_->AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_), "ncclAllReduce");
             return;
         case Kind::broadcast:
-            call(lib_.Broadcast(recv, recv, b.recv.size() / es, t, op.root, comm_, stream_), "ncclBroadcast");
+            call(lib_->Broadcast(recv, recv, b.recv.size() / es, t, op.root, comm_, stream_), "ncclBroadcast");
             return;
         case Kind::barrier: return;
         }
@@ -246,7 +247,7 @@ private:
 
     void call(ncclResult_t rc, const char* what) const {
         if (rc != ncclSuccess && rc != ncclInProgress)
-            throw CommError(std::string(what) + " failed: " + lib_.GetErrorString(rc), {.rank = rank()});
+            throw CommError(std::string(what) + " failed: " + lib_->GetErrorString(rc), {.rank = rank()});
     }
     void cuda(cudaError_t e, const char* what) const {
         if (e != cudaSuccess)
@@ -254,19 +255,19 @@ private:
     }
     void async_error(const std::string& what) const {
         ncclResult_t st = ncclSuccess;
-        lib_.CommGetAsyncError(comm_, &st);
+        lib_->CommGetAsyncError(comm_, &st);
         if (st != ncclSuccess && st != ncclInProgress)
-            throw CommError(what + ": " + lib_.GetErrorString(st), {.rank = rank()});
+            throw CommError(what + ": " + lib_->GetErrorString(st), {.rank = rank()});
     }
     // Non-blocking NCCL: a call may still be in progress when it returns.
     void settle(const Deadline& dl, const std::string& what) {
         for (;;) {
             ncclResult_t st = ncclSuccess;
-            lib_.CommGetAsyncError(comm_, &st);
+            lib_->CommGetAsyncError(comm_, &st);
             if (st == ncclSuccess) return;
-            if (st != ncclInProgress) throw CommError(what + ": " + lib_.GetErrorString(st), {.rank = rank()});
+            if (st != ncclInProgress) throw CommError(what + ": " + lib_->GetErrorString(st), {.rank = rank()});
             if (dl.passed()) {
-                lib_.CommAbort(comm_);
+                lib_->CommAbort(comm_);
                 comm_ = nullptr;
                 throw Timeout(timeout_message(what, dl), {.rank = rank()});
             }
@@ -274,7 +275,7 @@ private:
         }
     }
 
-    const Library& lib_;
+    const Library* lib_ = nullptr;
     std::unique_ptr<Engine> boot_;
     int device_ = 0;
     std::string gpu_, version_;
