@@ -369,6 +369,9 @@ int do_cat(const Options& o) {
 }
 
 int do_reshard(const Options& o) {
+    if (const auto launch = comm::Launch::from_env(); launch.size > 1)
+        throw UsageError("reshard runs once, not under " + launch.launcher + " (" + std::to_string(launch.size) +
+                         " processes would each write every rank)");
     Manifest m = read_input(o);
     namespace fs = std::filesystem;
     std::error_code ec;

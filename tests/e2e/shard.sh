@@ -597,6 +597,9 @@ if command -v mpirun >/dev/null; then
   run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" <"$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"
   expect_rc 64 "mpirun init --ranks 0: each process's share is fixed (64)"
   check "…nothing created" test ! -e "$TMP/mp-ranks"
+  run bash -c 'mpirun -np 2 "$1" reshard --dp 2 --dir "$2" -m "$3"' _ "$SH" "$TMP/mp-rs" "$TMP/mp2/manifest.jsonl"
+  expect_rc 64 "mpirun reshard is refused: it runs once (64)"
+  check "…nothing created" test ! -e "$TMP/mp-rs"
 else
   skip "zinf-shard init under mpirun" "no mpirun"
 fi
