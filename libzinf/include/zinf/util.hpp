@@ -36,6 +36,12 @@ inline constexpr int threshold = 75;    // a benchmark --min-* threshold was not
 inline constexpr int interrupted = 130; // SIGINT
 }  // namespace exit_code
 
+// Set by cli::run when a program ends on an error, so that what would wait
+// for peers at exit (MPI_Finalize) leaves at once instead: the launcher then
+// stops the other ranks rather than leaving them waiting on this one.
+void mark_failing() noexcept;
+bool failing() noexcept;
+
 // ---------------------------------------------------------------------------
 // Errors. Every zinf error carries what is known of errno, path, offset, rank;
 // what() is the full message, already naming them.

@@ -249,7 +249,7 @@ void check(const Op& op, int rank, int size) {
 // else on the communicator's own thread.
 class Core {
 public:
-    explicit Core(const Options& opts) : timeout_(opts.timeout.value_or(default_timeout())), memory_(opts.memory) {
+    explicit Core(const Options& opts) : timeout_(opts.timeout ? *opts.timeout : default_timeout()), memory_(opts.memory) {
         engine_ = choose(opts, timeout_);
     }
 

@@ -60,7 +60,9 @@ public:
     ~Runtime() {
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (owned_ && !poisoned_ && !finalized) MPI_Finalize();
+        // After an error, MPI_Finalize would wait for peers that may be
+        // waiting for this rank: leave without it (see zinf::failing()).
+        if (owned_ && !poisoned_ && !failing() && !finalized) MPI_Finalize();
     }
 
 private:

@@ -31,6 +31,7 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
     try {
         return body();
     } catch (const Error& e) {
+        mark_failing();
         std::lock_guard lk(log::stderr_mutex());
         std::fprintf(stderr, "%s: %s%s\n", program.c_str(),
                      e.exit_code() == exit_code::internal ? "internal error: " : "", e.what());
@@ -39,6 +40,7 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
                          program.c_str());
         return e.exit_code();
     } catch (const std::exception& e) {
+        mark_failing();
         std::lock_guard lk(log::stderr_mutex());
         std::fprintf(stderr, "%s: internal error: %s\n", program.c_str(), e.what());
         return exit_code::internal;

@@ -1,5 +1,6 @@
 #include <zinf/util.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -30,6 +31,12 @@ void throw_errno(std::string_view call, int err, const std::string& path,
         throw CreateError(msg, w);
     throw IoError(msg, w);
 }
+
+namespace {
+std::atomic<bool> g_failing{false};
+}
+void mark_failing() noexcept { g_failing.store(true); }
+bool failing() noexcept { return g_failing.load(); }
 
 const char* version() {
 #ifdef ZINF_VERSION
