@@ -1,13 +1,18 @@
 // The MPI backend: host buffers. Built when mpicxx is found (ZINF_HAVE_MPI).
 //
 // One buffer of equal blocks (the hot path) goes through MPI's blocking call,
-// whose algorithms (coll/tuned) Open MPI picks per size: its non-blocking ones
-// (coll/libnbc) measured 20-70% slower here. A blocking call cannot be
-// interrupted, so a watchdog holds its deadline: when it passes, the watchdog
-// says which operation on which rank hung, waits a moment so that peers stuck
-// in the same collective can say so too, and aborts the job (MPI_Abort, exit
-// 74): the one place where libzinf ends a process, because a hung collective
-// cannot be returned from. Buckets and uneven blocks are packed or use the
+// whose algorithms (coll/tuned) Open MPI picks per size and per machine; its
+// non-blocking ones (coll/libnbc) are fixed: 1.8x slower for a 1 MiB
+// reduce-scatter over 4 ranks here, 10% faster at 16 MiB (scripts/
+// bench-comm.sh). The blocking call is the one users compare with and the
+// one MPI's maintainers tune, so zinf is never behind it.
+//
+// A blocking call cannot be interrupted, so a watchdog holds its deadline:
+// when it passes, the watchdog says which operation on which rank hung, waits
+// a moment so that peers stuck in the same collective can say so too, and
+// ends the process (exit 74; the launcher then stops the job): the one place
+// where libzinf ends a process, because a hung collective cannot be returned
+// from. Buckets and uneven blocks are packed or use the
 // v-forms, through MPI-3 non-blocking calls tested until they complete or the
 // deadline passes (a Timeout exception).
 #include "internal.hpp"
