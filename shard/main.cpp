@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <optional>
 #include <sstream>
 #include <set>
 #include <unistd.h>
@@ -206,6 +205,8 @@ void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w =
 // others; when all have written, it gathers every partition's xxh3, each
 // process moves its own files into place, and process 0 commits the manifest.
 int do_init_ranks(const Options& o, const comm::Launch& launch) {
+    if (!o.stats.empty())
+        throw UsageError("--stats: not under " + launch.launcher + " (each process does a share; time the job instead)");
     if (o.ranks != "all")
         throw UsageError("--ranks " + o.ranks + ": under " + launch.launcher +
                          " each process writes the ranks r with r % " + std::to_string(launch.size) +
@@ -242,15 +243,13 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
     Timer t;
     Written w;
-    std::optional<mem::PinnedPool> pool_kept;  // for the summary
     try {
         if (!ro.ranks.empty()) {
             io::Engine engine(o.engine.resolve());
-            mem::PinnedPool& pool = pool_kept.emplace(o.pool.resolve(), &engine);
+            mem::PinnedPool pool(o.pool.resolve(), &engine);
             Meter meter("init", m.total_bytes() / procs);
-            ro.progress = lead ? meter.fn() : nullptr;
+            if (lead) ro.progress = meter.fn();
             w = init(m, o.dir, engine, pool, ro);
-            pool_kept.reset();  // before its engine goes
         }
     } catch (...) {
         failed = std::current_exception();
@@ -284,8 +283,11 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     agree(c, failed, &w);
     if (!lead) return 0;
     save_manifest(m, path);
-    log::info("wrote " + format_size(m.total_bytes()) + " with " + std::to_string(procs) + " processes in " +
-              std::to_string(t.seconds()).substr(0, 6) + " s");
+    char line[160];
+    std::snprintf(line, sizeof line, "wrote %s with %u processes in %.3f s (%.3f GiB/s)",
+                  format_size(m.total_bytes()).c_str(), procs, t.seconds(),
+                  static_cast<double>(m.total_bytes()) / GiB / std::max(t.seconds(), 1e-9));
+    log::info(line);
     emit(m);
     return 0;
 }
