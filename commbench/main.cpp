@@ -63,8 +63,7 @@ int run(const Options& o) {
     comm::Options co = o.comm.resolve();
     if (co.backend == comm::Backend::automatic) {
         // Device buffers through NCCL when there is a GPU to hold them.
-        const bool gpu = comm::compiled(comm::Backend::nccl) && mem::gpu_info().count > 0;
-        co.backend = gpu ? comm::Backend::nccl : comm::Backend::automatic;
+        co.backend = comm::usable(comm::Backend::nccl) ? comm::Backend::nccl : comm::Backend::automatic;
     }
     if (co.backend == comm::Backend::nccl) co.memory = comm::Memory::device;
     comm::Communicator data(co);

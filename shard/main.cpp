@@ -180,7 +180,8 @@ private:
 // Every process learns whether any failed. A failure anywhere fails all:
 // the failing process with its own message, the others naming it, each
 // having removed what it wrote.
-void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr) {
+void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr,
+           const char* outcome = "nothing was committed") {
     std::int32_t mine[2] = {0, -1}, all[2] = {0, -1};
     if (failed) {
         try {
@@ -197,7 +198,7 @@ void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w =
     if (all[0] == 0) return;
     if (w) w->discard();
     if (failed) std::rethrow_exception(failed);
-    throw Elsewhere("rank " + std::to_string(all[1]) + " failed (see its message); nothing was committed", all[0]);
+    throw Elsewhere("rank " + std::to_string(all[1]) + " failed (see its message); " + outcome, all[0]);
 }
 
 // Under mpirun or srun: process p of N writes the dp ranks r with r % N == p.
@@ -241,6 +242,10 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     ro.jobs = o.jobs;
     ro.stop = &g_stop;
     for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
+    // Writing takes as long as the slowest process's share (terabytes, for
+    // some): no limit on the wait for it unless --comm-timeout sets one.
+    const auto limit = c.timeout();
+    if (o.comm.timeout.empty()) c.set_timeout(std::chrono::milliseconds(0));
     Timer t;
     Written w;
     try {
@@ -255,6 +260,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
         failed = std::current_exception();
     }
     agree(c, failed, &w);
+    c.set_timeout(limit);
 
     // Every partition's xxh3, gathered by process in manifest order.
     const auto owner = [&](const Partition& p) { return p.rank % procs; };
@@ -280,7 +286,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     } catch (...) {
         failed = std::current_exception();
     }
-    agree(c, failed, &w);
+    agree(c, failed, &w, "the directory has no manifest, so nothing in it is trusted; run init again");
     if (!lead) return 0;
     save_manifest(m, path);
     char line[160];

@@ -290,6 +290,13 @@ BOOST_AUTO_TEST_CASE(bad_buffers_are_named) {
     std::vector<std::byte> odd(7);
     BOOST_CHECK_EXCEPTION(c.allgather(odd, odd, DType::f32), InternalError,
                           [&](const InternalError& err) { return says(err, "whole f32 elements"); });
+    // Overlap but in the in-place forms: reduce-scatter into its own input.
+    BOOST_CHECK_EXCEPTION(c.reduce_scatter(in(a), out(a), DType::f32), InternalError,
+                          [&](const InternalError& err) { return says(err, "send and recv overlap"); });
+    std::vector<float> wide(16);
+    BOOST_CHECK_EXCEPTION(c.allreduce(std::as_bytes(std::span(wide).first(8)), std::as_writable_bytes(std::span(wide).subspan(4, 8)),
+                                      DType::f32),
+                          InternalError, [&](const InternalError& err) { return says(err, "overlap"); });
     // Refusals do not break the communicator.
     std::vector<float> x(3, 1), y(3);
     c.allreduce(in(x), out(y), DType::f32);

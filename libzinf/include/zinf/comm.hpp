@@ -58,6 +58,8 @@ Backend parse_backend(std::string_view text);
 DType parse_dtype(std::string_view text);
 // Whether this build has the backend's library (MPI, NCCL); self always.
 bool compiled(Backend b);
+// Whether it can run here: for nccl, a GPU is visible and libnccl.so.2 loads.
+bool usable(Backend b);
 
 // A collective failed or its peers went away (exit 74, as for I/O).
 class CommError : public IoError {
@@ -146,6 +148,9 @@ public:
     Backend backend() const;
     Memory memory() const;
     std::chrono::milliseconds timeout() const;
+    // For operations started from now on: a phase known to wait long (peers
+    // writing terabytes) can lift the limit and set it back afterwards.
+    void set_timeout(std::chrono::milliseconds t);
     // "mpi, rank 1 of 4 (local 1 of 4), MPI_THREAD_MULTIPLE, Open MPI v4.1.4"
     std::string describe() const;
 

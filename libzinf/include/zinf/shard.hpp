@@ -203,6 +203,13 @@ struct Written {
     std::vector<std::string> folders;        // the run made them (deepest first)
     void commit();   // rename each temp over its final name, fsync the folders
     void discard() noexcept;  // remove the temporaries, and the run's folders when empty
+
+    // Neither committed nor discarded when it goes (an error on the way):
+    // discarded, so no path leaves temporaries behind.
+    Written() = default;
+    Written(Written&& o) noexcept;
+    Written& operator=(Written&& o) noexcept;
+    ~Written() { discard(); }
 };
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
              const RunOptions& opts);

@@ -4,8 +4,10 @@
 #include "internal.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <numeric>
 #include <thread>
 
@@ -66,6 +68,8 @@ std::string_view name(Kind k) {
     }
     return "?";
 }
+
+bool usable(Backend b) { return b == Backend::nccl ? detail::nccl_usable() : compiled(b); }
 
 Backend parse_backend(std::string_view text) {
     for (Backend b : {Backend::automatic, Backend::self, Backend::mpi, Backend::nccl})
@@ -239,6 +243,17 @@ void check(const Op& op, int rank, int size) {
             break;
         case Kind::barrier: break;
         }
+        // Send and recv may not overlap but in the two in-place forms.
+        if (!b.send.empty() && !b.recv.empty()) {
+            const std::byte *s0 = b.send.data(), *s1 = s0 + b.send.size(), *r0 = b.recv.data(), *r1 = r0 + b.recv.size();
+            const bool in_place =
+                (op.kind == Kind::allreduce && s0 == r0) ||
+                (op.kind == Kind::allgather && b.send.size() == block_count(op, b, rank, size) * es &&
+                 s0 == r0 + block_first(op, b, rank, size) * es);
+            if (s0 < r1 && r0 < s1 && !in_place)
+                bad(i, "send and recv overlap (in place is send == recv for allreduce, and send == this rank's "
+                       "block of recv for allgather)");
+        }
     }
 }
 
@@ -250,20 +265,24 @@ void check(const Op& op, int rank, int size) {
 class Core {
 public:
     explicit Core(const Options& opts) : timeout_(opts.timeout ? *opts.timeout : default_timeout()), memory_(opts.memory) {
-        engine_ = choose(opts, timeout_);
+        engine_ = choose(opts, timeout_.load());
     }
 
     ~Core() {
         {
             std::lock_guard lk(mu_);
             stopping_ = true;
+            // Unwinding from an error: operations not yet started are failed,
+            // not run (their buffers may be going, their peers elsewhere).
+            if (std::uncaught_exceptions() > 0 && broken_.empty()) broken_ = "the program is ending on an error";
         }
         cv_.notify_all();
         if (worker_.joinable()) worker_.join();
     }
 
     Engine& engine() { return *engine_; }
-    std::chrono::milliseconds timeout() const { return timeout_; }
+    std::chrono::milliseconds timeout() const { return timeout_.load(); }
+    void set_timeout(std::chrono::milliseconds t) { timeout_.store(t); }
     Memory memory() const { return memory_; }
 
     std::shared_ptr<Op> make(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce, int root) {
@@ -296,6 +315,7 @@ public:
             refuse_if_broken();
             if (!queue_.empty() || busy_) {
                 queue_.push_back(op);
+                if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
                 cv_.notify_all();
                 lk.unlock();
                 Handle::wait_op(*op);
@@ -313,6 +333,7 @@ public:
             std::unique_lock lk(mu_);
             refuse_if_broken();
             cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+            refuse_if_broken();  // an operation before it may have failed
             busy_ = true;
         }
         execute(*op, [&](Op& o, const Deadline&) { engine_->bare(o); });
@@ -324,7 +345,7 @@ private:
     template <class F>
     void execute(Op& op, F&& f) {
         try {
-            f(op, Deadline::after(timeout_));
+            f(op, Deadline::after(timeout_.load()));
             op.finish(nullptr);
         } catch (const std::exception& e) {
             {
@@ -404,7 +425,7 @@ private:
     }
 
     std::unique_ptr<Engine> engine_;
-    const std::chrono::milliseconds timeout_;
+    std::atomic<std::chrono::milliseconds> timeout_;
     const Memory memory_;
 
     std::mutex mu_;
@@ -449,6 +470,7 @@ int Communicator::local_size() const { return core_->engine().local_size(); }
 Backend Communicator::backend() const { return core_->engine().kind(); }
 Memory Communicator::memory() const { return core_->memory(); }
 std::chrono::milliseconds Communicator::timeout() const { return core_->timeout(); }
+void Communicator::set_timeout(std::chrono::milliseconds t) { core_->set_timeout(t); }
 std::string Communicator::describe() const { return core_->engine().describe(); }
 
 Handle Communicator::start(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce, int root) {

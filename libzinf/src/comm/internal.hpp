@@ -79,6 +79,7 @@ std::unique_ptr<Engine> make_mpi(std::chrono::milliseconds timeout);  // UsageEr
 std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout);
 bool mpi_built();
 bool nccl_built();
+bool nccl_usable();  // built, a GPU visible, and libnccl.so.2 loads
 bool mpi_running();  // MPI_Init was called (by us or the program) and not finalized
 
 // Host arithmetic shared by the backends: avg = sum, then each element / n.

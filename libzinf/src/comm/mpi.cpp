@@ -62,6 +62,16 @@ public:
     }
     int provided() const { return provided_; }
     void poison() noexcept { poisoned_ = true; }
+    // Each communicator calls MPI from its own threads, serialised only
+    // among themselves: a second one at a time needs MPI_THREAD_MULTIPLE.
+    void attach() {
+        if (engines_.fetch_add(1) >= 1 && provided_ < MPI_THREAD_MULTIPLE) {
+            engines_.fetch_sub(1);
+            throw CommError(std::string("MPI provides ") + level_name(provided_) +
+                            ": one zinf communicator at a time (a second needs MPI_THREAD_MULTIPLE)");
+        }
+    }
+    void detach() noexcept { engines_.fetch_sub(1); }
     ~Runtime() {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -91,6 +101,7 @@ private:
     int provided_ = MPI_THREAD_SINGLE;
     bool owned_ = false;
     std::atomic<bool> poisoned_{false};
+    std::atomic<int> engines_{0};
 };
 
 MPI_Datatype mpi_type(DType t) {
@@ -154,8 +165,15 @@ private:
             }
             // Peers stuck in the same collective reach their deadlines within
             // moments: let them report before the job goes.
-            lk.unlock();
-            std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(deadline_.timeout, std::chrono::seconds(1)));
+            const Op* hung = op_;
+            cv_.wait_for(lk, std::min<std::chrono::milliseconds>(deadline_.timeout, std::chrono::seconds(1)),
+                         [&] { return stop_ || op_ != hung; });
+            if (stop_ || op_ != hung) {  // it finished during the grace after all
+                std::lock_guard out(log::stderr_mutex());
+                std::fprintf(stderr, "%s: rank %d: it completed after all, late; going on\n",
+                             log::program().c_str(), rank_);
+                continue;
+            }
             // Not MPI_Abort: Open MPI 4.1's mpirun can crash tearing a job down
             // after it. A process that exits without MPI_Finalize makes mpirun
             // (and srun) stop the others, and the job's status is this one.
@@ -176,6 +194,11 @@ class Mpi final : public Engine {
 public:
     explicit Mpi(std::chrono::milliseconds timeout) {
         provided_ = Runtime::get().provided();
+        Runtime::get().attach();
+        struct Detach {
+            bool armed = true;
+            ~Detach() { if (armed) Runtime::get().detach(); }
+        } detach_on_throw;
         // A duplicate of the world, so no one else's messages meet ours;
         // non-blocking, so a rank that never arrives is a timeout, not a hang.
         MPI_Request req;
@@ -199,9 +222,12 @@ public:
         MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
         MPI_Op_create(&bf16_max, 1, &bf16_max_);
         watchdog_ = std::make_unique<Watchdog>(rank_);
+        detach_on_throw.armed = false;
+        attached_ = true;
     }
 
     ~Mpi() override {
+        if (attached_) Runtime::get().detach();
         if (poisoned_) return;
         MPI_Op_free(&bf16_sum_);
         MPI_Op_free(&bf16_max_);
@@ -415,7 +441,7 @@ private:
         std::uint64_t at = 0;
         for (int r = 0; r < size_; ++r) {
             counts_[r] = count(per_rank(r));
-            displs_[r] = count(at);
+            displs_[r] = count(at, "an offset of");
             at += static_cast<std::uint64_t>(counts_[r]);
         }
         total_ = at;
@@ -454,11 +480,11 @@ private:
         return op.reduce == Reduce::max ? MPI_MAX : MPI_SUM;
     }
 
-    // MPI counts are int: a block of 2^31 elements or more is refused plainly.
-    static int count(std::uint64_t n) {
+    // MPI counts and offsets are int: 2^31 elements or more are refused plainly.
+    static int count(std::uint64_t n, const char* what = "a block of") {
         if (n > static_cast<std::uint64_t>(INT_MAX))
-            throw CommError("a block of " + std::to_string(n) + " elements is more than MPI's int count (2^31 - 1); "
-                            "split it into smaller buckets");
+            throw CommError(std::string(what) + " " + std::to_string(n) +
+                            " elements is more than MPI's int count (2^31 - 1); split it into smaller buckets");
         return static_cast<int>(n);
     }
 
@@ -470,7 +496,8 @@ private:
     }
 
     void wait(MPI_Request& req, const Deadline& dl, const Op& op, const std::string& doing = {}) const {
-        for (;;) {
+        for (unsigned tries = 0;; ++tries) {
+            if (tries > 64) std::this_thread::yield();  // a long wait leaves the core to others
             int done = 0;
             const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) check(rc, "MPI_Test", op);
@@ -484,7 +511,7 @@ private:
     int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, provided_ = 0;
     std::string version_;
     MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
-    bool poisoned_ = false;
+    bool poisoned_ = false, attached_ = false;
     std::unique_ptr<Watchdog> watchdog_;
     Scratch send_, recv_;
     std::vector<int> counts_, displs_;

@@ -104,13 +104,18 @@ public:
             throw UsageError("backend nccl needs a CUDA GPU: " + gpus.why_not, {.rank = launch.rank});
         const int devices = gpus.count;
         lib_ = &Library::get();
+        // The GPU first, so that nothing (a CUDA-aware MPI included) makes a
+        // context on another one; without a launcher, MPI says the local rank.
+        if (!launch.launcher.empty()) cuda(cudaSetDevice(launch.local_rank % devices), "cudaSetDevice");
         boot_ = make_mpi(timeout);
         const int local = launch.launcher.empty() ? boot_->local_rank() : launch.local_rank;
         device_ = local % devices;
         cuda(cudaSetDevice(device_), "cudaSetDevice");
         cudaDeviceProp prop{};
         if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) gpu_ = prop.name;
-        cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        // A blocking stream: it waits for work on the legacy default stream,
+        // where callers' plain cudaMemcpy of the buffers runs.
+        cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault), "cudaStreamCreateWithFlags");
         cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
         cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
 
@@ -169,10 +174,15 @@ public:
     void execute(Op& op, const Deadline& dl) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");  // this may be the communicator's own thread
         call(lib_->GroupStart(), "ncclGroupStart");
-        if (op.kind == Kind::barrier) {
-            call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
-        } else {
-            for (const Buffer& b : op.bufs) issue(op, b);
+        try {
+            if (op.kind == Kind::barrier) {
+                call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+            } else {
+                for (const Buffer& b : op.bufs) issue(op, b);
+            }
+        } catch (...) {
+            lib_->GroupEnd();  // never leave a group open
+            throw;
         }
         call(lib_->GroupEnd(), "ncclGroupEnd");
         settle(dl, op.what());
@@ -289,6 +299,15 @@ private:
 }  // namespace
 
 bool nccl_built() { return true; }
+bool nccl_usable() {
+    if (mem::gpu_info().count == 0) return false;
+    try {
+        Library::get();
+        return true;
+    } catch (const Error&) {
+        return false;
+    }
+}
 std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout) {
     return std::make_unique<Nccl>(launch, timeout);
 }
@@ -296,6 +315,7 @@ std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::millisecond
 #else  // no NCCL in this build
 
 bool nccl_built() { return false; }
+bool nccl_usable() { return false; }
 std::unique_ptr<Engine> make_nccl(const Launch&, std::chrono::milliseconds) {
     throw UsageError("backend nccl: this zinf was built without NCCL (no CUDA toolkit with nccl.h was found, "
                      "or NO_CUDA=1)");

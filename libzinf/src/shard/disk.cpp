@@ -363,6 +363,26 @@ void Written::commit() {
     folders.clear();
 }
 
+Written::Written(Written&& o) noexcept
+    : temps(std::move(o.temps)), finals(std::move(o.finals)), folders(std::move(o.folders)) {
+    o.temps.clear();
+    o.finals.clear();
+    o.folders.clear();
+}
+
+Written& Written::operator=(Written&& o) noexcept {
+    if (this != &o) {
+        discard();
+        temps = std::move(o.temps);
+        finals = std::move(o.finals);
+        folders = std::move(o.folders);
+        o.temps.clear();
+        o.finals.clear();
+        o.folders.clear();
+    }
+    return *this;
+}
+
 void Written::discard() noexcept {
     for (const auto& t : temps) ::unlink(t.c_str());
     std::sort(folders.begin(), folders.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
