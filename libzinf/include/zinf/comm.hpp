@@ -18,10 +18,11 @@
 // computes. Every operation has a deadline (Options::timeout): a rank that
 // died or skipped a collective becomes an error on every rank still waiting,
 // instead of a hang, in one of two ways:
-//   - one buffer of equal blocks (and a barrier) on MPI runs as MPI's blocking
-//     call, the fastest it has, which cannot be interrupted: a watchdog
-//     reports the operation and rank on stderr and ends the process (74);
-//   - buckets, uneven blocks and NCCL throw Timeout from run() or wait().
+//   - on MPI, every collective runs as MPI's blocking call, the fastest it
+//     has, which cannot be interrupted: a watchdog reports the operation and
+//     rank on stderr and ends the process (74);
+//   - on NCCL (and while an MPI communicator is created), Timeout is thrown
+//     from run() or wait().
 // After a failure the communicator refuses further work and the process
 // should exit: the program's main reports the error and exits with its code
 // (74), and the launcher stops the other ranks.

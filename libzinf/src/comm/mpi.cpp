@@ -1,20 +1,21 @@
 // The MPI backend: host buffers. Built when mpicxx is found (ZINF_HAVE_MPI).
 //
-// One buffer of equal blocks (the hot path) goes through MPI's blocking call,
-// whose algorithms (coll/tuned) Open MPI picks per size and per machine; its
-// non-blocking ones (coll/libnbc) are fixed: 1.8x slower for a 1 MiB
-// reduce-scatter over 4 ranks here, 10% faster at 16 MiB (scripts/
-// bench-comm.sh). The blocking call is the one users compare with and the
-// one MPI's maintainers tune, so zinf is never behind it.
+// Every collective goes through MPI's blocking call, whose algorithms
+// (coll/tuned) Open MPI picks per size and per machine; its non-blocking ones
+// (coll/libnbc) are fixed: 1.8x slower for a 1 MiB reduce-scatter over 4
+// ranks here, 10% faster at 16 MiB (scripts/bench-comm.sh). The blocking
+// call is the one users compare with and the one MPI's maintainers tune, so
+// zinf is never behind it; non-blocking operations still overlap the caller's
+// work, because they run on the communicator's own thread. A bucket is packed
+// into one staging area and moved by one call; uneven blocks use the v-forms.
 //
 // A blocking call cannot be interrupted, so a watchdog holds its deadline:
 // when it passes, the watchdog says which operation on which rank hung, waits
 // a moment so that peers stuck in the same collective can say so too, and
 // ends the process (exit 74; the launcher then stops the job): the one place
 // where libzinf ends a process, because a hung collective cannot be returned
-// from. Buckets and uneven blocks are packed or use the
-// v-forms, through MPI-3 non-blocking calls tested until they complete or the
-// deadline passes (a Timeout exception).
+// from. (Creating the communicator is non-blocking, and its timeout an
+// exception.)
 #include "internal.hpp"
 
 #if ZINF_HAVE_MPI
@@ -250,35 +251,38 @@ public:
     }
 
     void execute(Op& op, const Deadline& dl) override {
-        if (op.kind == Kind::barrier || (op.bufs.size() == 1 && op.bufs[0].counts.empty())) {
-            watchdog_->arm(dl, op);
-            try {
-                blocking(op);
-            } catch (...) {
-                watchdog_->disarm();
-                throw;
-            }
+        watchdog_->arm(dl, op);
+        try {
+            run(op);
+        } catch (...) {
             watchdog_->disarm();
+            throw;
+        }
+        watchdog_->disarm();
+    }
+
+    void bare(Op& op) override { blocking(op); }
+
+private:
+    void run(Op& op) {
+        if (op.kind == Kind::barrier || (op.bufs.size() == 1 && op.bufs[0].counts.empty())) {
+            blocking(op);
             return;
         }
-        MPI_Request req = MPI_REQUEST_NULL;
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
         switch (op.kind) {
         case Kind::barrier:
-            check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", op);
-            wait(req, dl, op);
+            check(MPI_Barrier(comm_), "MPI_Barrier", op);
             return;
         case Kind::broadcast: {
             if (op.bufs.size() == 1) {
                 auto& b = op.bufs[0];
-                check(MPI_Ibcast(b.recv.data(), count(b.recv.size() / es), t, op.root, comm_, &req), "MPI_Ibcast", op);
-                wait(req, dl, op);
+                check(MPI_Bcast(b.recv.data(), count(b.recv.size() / es), t, op.root, comm_), "MPI_Bcast", op);
                 return;
             }
             auto stage = pack_whole(op);
-            check(MPI_Ibcast(stage.data(), count(stage.size() / es), t, op.root, comm_, &req), "MPI_Ibcast", op);
-            wait(req, dl, op);
+            check(MPI_Bcast(stage.data(), count(stage.size() / es), t, op.root, comm_), "MPI_Bcast", op);
             if (rank_ != op.root) unpack_whole(op, stage);
             return;
         }
@@ -286,30 +290,25 @@ public:
             if (op.bufs.size() == 1) {
                 auto& b = op.bufs[0];
                 const void* send = b.send.data() == b.recv.data() ? MPI_IN_PLACE : b.send.data();
-                check(MPI_Iallreduce(send, b.recv.data(), count(b.recv.size() / es), t, reduction(op), comm_, &req),
-                      "MPI_Iallreduce", op);
-                wait(req, dl, op);
+                check(MPI_Allreduce(send, b.recv.data(), count(b.recv.size() / es), t, reduction(op), comm_),
+                      "MPI_Allreduce", op);
             } else {
                 auto stage = pack_whole(op);
-                check(MPI_Iallreduce(MPI_IN_PLACE, stage.data(), count(stage.size() / es), t, reduction(op), comm_, &req),
-                      "MPI_Iallreduce", op);
-                wait(req, dl, op);
+                check(MPI_Allreduce(MPI_IN_PLACE, stage.data(), count(stage.size() / es), t, reduction(op), comm_),
+                      "MPI_Allreduce", op);
                 unpack_whole(op, stage);
             }
             average(op);
             return;
         }
-        case Kind::allgather: allgather(op, dl); return;
+        case Kind::allgather: allgather(op); return;
         case Kind::reduce_scatter:
-            reduce_scatter(op, dl);
+            reduce_scatter(op);
             average(op);
             return;
         }
     }
 
-    void bare(Op& op) override { blocking(op); }
-
-private:
     // One buffer of equal blocks, or a barrier, through MPI's blocking call.
     void blocking(Op& op) {
         const MPI_Datatype t = mpi_type(op.dtype);
@@ -346,24 +345,21 @@ private:
     }
 
     // --- allgather: one buffer in place or straight; a bucket through staging.
-    void allgather(Op& op, const Deadline& dl) {
+    void allgather(Op& op) {
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
-        MPI_Request req = MPI_REQUEST_NULL;
         if (op.bufs.size() == 1) {
             auto& b = op.bufs[0];
             const std::byte* own = b.recv.data() + block_first(op, b, rank_, size_) * es;
             const void* send = b.send.data() == own ? MPI_IN_PLACE : b.send.data();
             if (b.counts.empty()) {
                 const int n = count(b.send.size() / es);
-                check(MPI_Iallgather(send, n, t, b.recv.data(), n, t, comm_, &req), "MPI_Iallgather", op);
+                check(MPI_Allgather(send, n, t, b.recv.data(), n, t, comm_), "MPI_Allgather", op);
             } else {
                 set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
-                check(MPI_Iallgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_,
-                                      &req),
-                      "MPI_Iallgatherv", op);
+                check(MPI_Allgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_),
+                      "MPI_Allgatherv", op);
             }
-            wait(req, dl, op);
             return;
         }
         // Rank r's part of the staging area: its block of every buffer, in order.
@@ -375,9 +371,8 @@ private:
             at += b.send.size();
         }
         auto all = recv_.get(static_cast<std::size_t>(total_) * es);
-        check(MPI_Iallgatherv(mine.data(), counts_[rank_], t, all.data(), counts_.data(), displs_.data(), t, comm_, &req),
-              "MPI_Iallgatherv", op);
-        wait(req, dl, op);
+        check(MPI_Allgatherv(mine.data(), counts_[rank_], t, all.data(), counts_.data(), displs_.data(), t, comm_),
+              "MPI_Allgatherv", op);
         for (int r = 0; r < size_; ++r) {
             std::size_t from = static_cast<std::size_t>(displs_[r]) * es;
             for (const auto& b : op.bufs) {
@@ -389,22 +384,20 @@ private:
     }
 
     // --- reduce-scatter: the same shape, reversed.
-    void reduce_scatter(Op& op, const Deadline& dl) {
+    void reduce_scatter(Op& op) {
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
-        MPI_Request req = MPI_REQUEST_NULL;
         if (op.bufs.size() == 1) {
             auto& b = op.bufs[0];
             if (b.counts.empty()) {
-                check(MPI_Ireduce_scatter_block(b.send.data(), b.recv.data(), count(b.recv.size() / es), t,
-                                                reduction(op), comm_, &req),
-                      "MPI_Ireduce_scatter_block", op);
+                check(MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), count(b.recv.size() / es), t,
+                                                reduction(op), comm_),
+                      "MPI_Reduce_scatter_block", op);
             } else {
                 set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
-                check(MPI_Ireduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_, &req),
-                      "MPI_Ireduce_scatter", op);
+                check(MPI_Reduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_),
+                      "MPI_Reduce_scatter", op);
             }
-            wait(req, dl, op);
             return;
         }
         set_counts(op, [&](int r) { return bucket_block(op, r); });
@@ -417,9 +410,8 @@ private:
                 at += n;
             }
         auto mine = recv_.get(static_cast<std::size_t>(counts_[rank_]) * es);
-        check(MPI_Ireduce_scatter(all.data(), mine.data(), counts_.data(), t, reduction(op), comm_, &req),
-              "MPI_Ireduce_scatter", op);
-        wait(req, dl, op);
+        check(MPI_Reduce_scatter(all.data(), mine.data(), counts_.data(), t, reduction(op), comm_),
+              "MPI_Reduce_scatter", op);
         at = 0;
         for (const auto& b : op.bufs) {
             std::memcpy(b.recv.data(), mine.data() + at, b.recv.size());
