@@ -264,6 +264,8 @@ public:
     void bare(Op& op) override { blocking(op); }
 
 private:
+    // One buffer of equal blocks through the plain call; uneven blocks
+    // through the v-forms; a bucket packed into one staging area.
     void run(Op& op) {
         if (op.kind == Kind::barrier || (op.bufs.size() == 1 && op.bufs[0].counts.empty())) {
             blocking(op);
@@ -272,40 +274,26 @@ private:
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
         switch (op.kind) {
-        case Kind::barrier:
-            check(MPI_Barrier(comm_), "MPI_Barrier", op);
+        case Kind::allgather: allgather(op); return;
+        case Kind::reduce_scatter:
+            reduce_scatter(op);
+            average(op);
             return;
         case Kind::broadcast: {
-            if (op.bufs.size() == 1) {
-                auto& b = op.bufs[0];
-                check(MPI_Bcast(b.recv.data(), count(b.recv.size() / es), t, op.root, comm_), "MPI_Bcast", op);
-                return;
-            }
             auto stage = pack_whole(op);
             check(MPI_Bcast(stage.data(), count(stage.size() / es), t, op.root, comm_), "MPI_Bcast", op);
             if (rank_ != op.root) unpack_whole(op, stage);
             return;
         }
         case Kind::allreduce: {
-            if (op.bufs.size() == 1) {
-                auto& b = op.bufs[0];
-                const void* send = b.send.data() == b.recv.data() ? MPI_IN_PLACE : b.send.data();
-                check(MPI_Allreduce(send, b.recv.data(), count(b.recv.size() / es), t, reduction(op), comm_),
-                      "MPI_Allreduce", op);
-            } else {
-                auto stage = pack_whole(op);
-                check(MPI_Allreduce(MPI_IN_PLACE, stage.data(), count(stage.size() / es), t, reduction(op), comm_),
-                      "MPI_Allreduce", op);
-                unpack_whole(op, stage);
-            }
+            auto stage = pack_whole(op);
+            check(MPI_Allreduce(MPI_IN_PLACE, stage.data(), count(stage.size() / es), t, reduction(op), comm_),
+                  "MPI_Allreduce", op);
+            unpack_whole(op, stage);
             average(op);
             return;
         }
-        case Kind::allgather: allgather(op); return;
-        case Kind::reduce_scatter:
-            reduce_scatter(op);
-            average(op);
-            return;
+        case Kind::barrier: return;
         }
     }
 
@@ -348,18 +336,13 @@ private:
     void allgather(Op& op) {
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
-        if (op.bufs.size() == 1) {
+        if (op.bufs.size() == 1) {  // uneven blocks (equal ones went to blocking())
             auto& b = op.bufs[0];
             const std::byte* own = b.recv.data() + block_first(op, b, rank_, size_) * es;
             const void* send = b.send.data() == own ? MPI_IN_PLACE : b.send.data();
-            if (b.counts.empty()) {
-                const int n = count(b.send.size() / es);
-                check(MPI_Allgather(send, n, t, b.recv.data(), n, t, comm_), "MPI_Allgather", op);
-            } else {
-                set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
-                check(MPI_Allgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_),
-                      "MPI_Allgatherv", op);
-            }
+            set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+            check(MPI_Allgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_),
+                  "MPI_Allgatherv", op);
             return;
         }
         // Rank r's part of the staging area: its block of every buffer, in order.
@@ -387,17 +370,11 @@ private:
     void reduce_scatter(Op& op) {
         const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
-        if (op.bufs.size() == 1) {
+        if (op.bufs.size() == 1) {  // uneven blocks
             auto& b = op.bufs[0];
-            if (b.counts.empty()) {
-                check(MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), count(b.recv.size() / es), t,
-                                                reduction(op), comm_),
-                      "MPI_Reduce_scatter_block", op);
-            } else {
-                set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
-                check(MPI_Reduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_),
-                      "MPI_Reduce_scatter", op);
-            }
+            set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+            check(MPI_Reduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_),
+                  "MPI_Reduce_scatter", op);
             return;
         }
         set_counts(op, [&](int r) { return bucket_block(op, r); });
