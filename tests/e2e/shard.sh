@@ -594,6 +594,13 @@ if command -v mpirun >/dev/null; then
   expect_rc 73 "mpirun init into a directory with a manifest, without --force: 73 from every process"
   check "…the message names the directory" contains "$err" "already holds a manifest"
   check "…the directory is untouched" test "$before" == "$(sums "$TMP/mp2")"
+  # One process fails after the other has written: both remove what they wrote.
+  mkdir -p "$TMP/mp-fail" && echo keep >"$TMP/mp-fail/rank1"  # a file where rank 1's folder must go
+  run bash -c 'mpirun -np 2 "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$2" <"$3"' _ "$SH" "$TMP/mp-fail" "$TMP/mp.jsonl"
+  expect_rc 73 "mpirun init where rank 1 cannot make its folder: 73 from the job"
+  check "…rank 1 names its folder, rank 0 names rank 1" bash -c '[[ $1 == *rank1* && $1 == *"rank 1 failed"* ]]' _ "$err"
+  check "…nothing of rank 0's left: no folder, no temporaries, no manifest" \
+    bash -c '[[ ! -e $1/rank0 && ! -e $1/manifest.jsonl && $(ls -A "$1") == rank1 && $(cat "$1/rank1") == keep ]]' _ "$TMP/mp-fail"
   run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" <"$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"
   expect_rc 64 "mpirun init --ranks 0: each process's share is fixed (64)"
   check "…nothing created" test ! -e "$TMP/mp-ranks"

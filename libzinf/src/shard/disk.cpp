@@ -155,7 +155,7 @@ struct OutFiles {
         }
         std::error_code ec;
         fs::create_directories(path, ec);
-        if (ec) throw CreateError("cannot create a folder: " + ec.message(), {ec.value(), path, {}, -1});
+        if (ec) throw CreateError("cannot create a folder", {ec.value(), path, {}, -1});
         created.insert(created.end(), missing.begin(), missing.end());  // deepest first
     }
     // After a failure: the temporaries and the folders this run made, so
