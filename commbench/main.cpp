@@ -5,7 +5,6 @@
 #include "harness.hpp"
 
 #include <zinf/cli.hpp>
-#include <zinf/mem.hpp>
 #include <zinf/options.hpp>
 
 #include <csignal>

@@ -205,9 +205,7 @@ public:
         MPI_Request req;
         check(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &req), "MPI_Comm_idup");
         MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-        Op op;
-        op.kind = Kind::barrier;
-        wait(req, Deadline::after(timeout), op, "creating the communicator");
+        wait(req, Deadline::after(timeout), "creating the communicator");
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_size(comm_, &size_);
         MPI_Comm node;
@@ -340,13 +338,13 @@ private:
             auto& b = op.bufs[0];
             const std::byte* own = b.recv.data() + block_first(op, b, rank_, size_) * es;
             const void* send = b.send.data() == own ? MPI_IN_PLACE : b.send.data();
-            set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+            set_counts([&](int r) { return block_count(op, b, r, size_); });
             check(MPI_Allgatherv(send, counts_[rank_], t, b.recv.data(), counts_.data(), displs_.data(), t, comm_),
                   "MPI_Allgatherv", op);
             return;
         }
         // Rank r's part of the staging area: its block of every buffer, in order.
-        set_counts(op, [&](int r) { return bucket_block(op, r); });
+        set_counts([&](int r) { return bucket_block(op, r); });
         auto mine = send_.get(static_cast<std::size_t>(counts_[rank_]) * es);
         std::size_t at = 0;
         for (const auto& b : op.bufs) {
@@ -372,12 +370,12 @@ private:
         const std::size_t es = dtype_bytes(op.dtype);
         if (op.bufs.size() == 1) {  // uneven blocks
             auto& b = op.bufs[0];
-            set_counts(op, [&](int r) { return block_count(op, b, r, size_); });
+            set_counts([&](int r) { return block_count(op, b, r, size_); });
             check(MPI_Reduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_),
                   "MPI_Reduce_scatter", op);
             return;
         }
-        set_counts(op, [&](int r) { return bucket_block(op, r); });
+        set_counts([&](int r) { return bucket_block(op, r); });
         auto all = send_.get(static_cast<std::size_t>(total_) * es);
         std::size_t at = 0;
         for (int r = 0; r < size_; ++r)
@@ -404,7 +402,7 @@ private:
     }
 
     template <class F>
-    void set_counts(const Op& op, F&& per_rank) {
+    void set_counts(F&& per_rank) {
         counts_.resize(static_cast<std::size_t>(size_));
         displs_.resize(static_cast<std::size_t>(size_));
         std::uint64_t at = 0;
@@ -414,7 +412,6 @@ private:
             at += static_cast<std::uint64_t>(counts_[r]);
         }
         total_ = at;
-        (void)op;
     }
 
     // allreduce and broadcast of a bucket: every buffer back to back.
@@ -464,15 +461,15 @@ private:
                             {.rank = rank_});
     }
 
-    void wait(MPI_Request& req, const Deadline& dl, const Op& op, const std::string& doing = {}) const {
+    // The one non-blocking call left (MPI_Comm_idup): tested until done or
+    // past its deadline, so a rank that never arrives is a Timeout.
+    void wait(MPI_Request& req, const Deadline& dl, const std::string& doing) const {
         for (unsigned tries = 0;; ++tries) {
             if (tries > 64) std::this_thread::yield();  // a long wait leaves the core to others
             int done = 0;
-            const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS) check(rc, "MPI_Test", op);
+            check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
             if (done) return;
-            if (dl.passed())
-                throw Timeout(timeout_message(doing.empty() ? op.what() : doing, dl), {.rank = rank_});
+            if (dl.passed()) throw Timeout(timeout_message(doing, dl), {.rank = rank_});
         }
     }
 

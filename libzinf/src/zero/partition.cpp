@@ -2,6 +2,7 @@
 // so one allgather(v) or reduce-scatter(v) moves the real elements only.
 #include <zinf/zero.hpp>
 
+#include <type_traits>
 #include <vector>
 
 namespace zinf::zero {
@@ -20,34 +21,25 @@ void expect(std::size_t got, std::uint64_t elements, std::size_t es, std::size_t
                             std::to_string(got) + " bytes, want " + std::to_string(elements * es));
 }
 
-std::vector<comm::Buffer> gather_buffers(const comm::Communicator& comm, std::span<const Gather> tensors,
-                                         comm::DType dtype) {
+// One comm::Buffer per tensor: the real elements of this rank's partition on
+// one side (send for gather, recv for reduce-scatter), the full tensor on the
+// other, and every rank's count.
+template <class T>
+std::vector<comm::Buffer> buffers(const comm::Communicator& comm, std::span<const T> tensors, comm::DType dtype,
+                                  const char* op) {
     const std::size_t es = comm::dtype_bytes(dtype);
     const auto dp = static_cast<unsigned>(comm.size()), me = static_cast<unsigned>(comm.rank());
     std::vector<comm::Buffer> bufs;
     bufs.reserve(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Gather& t = tensors[i];
+        const T& t = tensors[i];
         const Owned o = owned(t.numel, dp, me);
-        expect(t.own.size(), o.per, es, i, "the partition", "gather");
-        expect(t.full.size(), t.numel, es, i, "the full tensor", "gather");
-        bufs.push_back({t.own.first(o.count * es), t.full, counts(t.numel, comm.size())});
-    }
-    return bufs;
-}
-
-std::vector<comm::Buffer> scatter_buffers(const comm::Communicator& comm, std::span<const Scatter> tensors,
-                                          comm::DType dtype) {
-    const std::size_t es = comm::dtype_bytes(dtype);
-    const auto dp = static_cast<unsigned>(comm.size()), me = static_cast<unsigned>(comm.rank());
-    std::vector<comm::Buffer> bufs;
-    bufs.reserve(tensors.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const Scatter& t = tensors[i];
-        const Owned o = owned(t.numel, dp, me);
-        expect(t.own.size(), o.per, es, i, "the partition", "reduce_scatter");
-        expect(t.full.size(), t.numel, es, i, "the full tensor", "reduce_scatter");
-        bufs.push_back({t.full, t.own.first(o.count * es), counts(t.numel, comm.size())});
+        expect(t.own.size(), o.per, es, i, "the partition", op);
+        expect(t.full.size(), t.numel, es, i, "the full tensor", op);
+        if constexpr (std::is_same_v<T, Gather>)
+            bufs.push_back({t.own.first(o.count * es), t.full, counts(t.numel, comm.size())});
+        else
+            bufs.push_back({t.full, t.own.first(o.count * es), counts(t.numel, comm.size())});
     }
     return bufs;
 }
@@ -55,12 +47,12 @@ std::vector<comm::Buffer> scatter_buffers(const comm::Communicator& comm, std::s
 }  // namespace
 
 comm::Handle start_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype) {
-    const auto bufs = gather_buffers(comm, tensors, dtype);
+    const auto bufs = buffers(comm, tensors, dtype, "gather");
     return comm.start(comm::Kind::allgather, bufs, dtype);
 }
 
 void gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype) {
-    const auto bufs = gather_buffers(comm, tensors, dtype);
+    const auto bufs = buffers(comm, tensors, dtype, "gather");
     comm.run(comm::Kind::allgather, bufs, dtype);
 }
 
@@ -70,13 +62,13 @@ void gather(comm::Communicator& comm, const Gather& tensor, comm::DType dtype) {
 
 comm::Handle start_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
                                   comm::Reduce reduce) {
-    const auto bufs = scatter_buffers(comm, tensors, dtype);
+    const auto bufs = buffers(comm, tensors, dtype, "reduce_scatter");
     return comm.start(comm::Kind::reduce_scatter, bufs, dtype, reduce);
 }
 
 void reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
                     comm::Reduce reduce) {
-    const auto bufs = scatter_buffers(comm, tensors, dtype);
+    const auto bufs = buffers(comm, tensors, dtype, "reduce_scatter");
     comm.run(comm::Kind::reduce_scatter, bufs, dtype, reduce);
 }
 
