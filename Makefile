@@ -64,7 +64,7 @@ endif
 # --- flags -----------------------------------------------------------------
 CPPFLAGS := -Ilibzinf/include -DZINF_VERSION='"$(VERSION)"' -MMD -MP
 CXXFLAGS := -std=c++20 -Wall -Wextra -Wshadow -Wno-missing-field-initializers -pthread
-LDFLAGS := -pthread
+LDFLAGS := -pthread -fopenmp
 LDLIBS := $(shell pkg-config --libs liburing libxxhash 2>/dev/null || echo -luring -lxxhash)
 
 ifeq ($(DEBUG),1)
@@ -201,6 +201,11 @@ $(BUILD)/tests/unit/%.o: CPPFLAGS += -DBOOST_TEST_DYN_LINK
 # fused multiply-add, so its values are the same bits whichever clone runs.
 $(BUILD)/libzinf/src/shard/generate.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 $(BUILD)/libzinf/src/util/bf16.o $(BUILD)/libzinf/src/comm/host_math.o: CXXFLAGS += -O3
+# AdamW: -O3, OpenMP, and no fused multiply-add, so that every instruction-set
+# path rounds as the portable one does (optim.hpp).
+$(BUILD)/libzinf/src/optim/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno
+# The optimizer step hashes what it writes on OpenMP threads.
+$(BUILD)/libzinf/src/zero/optimizer.o $(BUILD)/bench/optbench.o: CXXFLAGS += -fopenmp
 
 # --- the two quick-start commands --------------------------------------------
 deps:

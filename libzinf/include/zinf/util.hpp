@@ -189,6 +189,8 @@ public:
     std::span<std::byte> bytes() const noexcept { return map_.bytes().first(size_); }
     std::byte* data() const noexcept { return map_.data(); }
     std::size_t size() const noexcept { return size_; }
+    // mlock(2) of the whole buffer; the errno on failure (see Mmap::lock).
+    int lock() noexcept { return map_.lock(); }
 
 private:
     Mmap map_;
