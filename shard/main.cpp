@@ -167,38 +167,16 @@ int do_layout(const Options& o) {
     return 0;
 }
 
-// A failure on another process: this one exits with the same code.
-class Elsewhere : public Error {
-public:
-    Elsewhere(const std::string& msg, int code) : Error(msg), code_(code) {}
-    int exit_code() const noexcept override { return code_; }
-
-private:
-    int code_;
-};
-
-// Every process learns whether any failed. A failure anywhere fails all:
-// the failing process with its own message, the others naming it, each
-// having removed what it wrote.
+// Every process learns whether any failed; on a failure each removes what
+// it wrote before the error leaves (comm::agree).
 void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr,
            const char* outcome = "nothing was committed") {
-    std::int32_t mine[2] = {0, -1}, all[2] = {0, -1};
-    if (failed) {
-        try {
-            std::rethrow_exception(failed);
-        } catch (const Error& e) {
-            mine[0] = e.exit_code();
-        } catch (...) {
-            mine[0] = exit_code::internal;
-        }
-        mine[1] = c.rank();
+    try {
+        comm::agree(c, failed, outcome);
+    } catch (...) {
+        if (w) w->discard();
+        throw;
     }
-    c.allreduce(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i32,
-                comm::Reduce::max);
-    if (all[0] == 0) return;
-    if (w) w->discard();
-    if (failed) std::rethrow_exception(failed);
-    throw Elsewhere("rank " + std::to_string(all[1]) + " failed (see its message); " + outcome, all[0]);
 }
 
 // Under mpirun or srun: process p of N writes the dp ranks r with r % N == p.

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -185,5 +186,21 @@ public:
 private:
     std::unique_ptr<detail::Core> core_;
 };
+
+// A failure on another rank, with that rank's exit code.
+class Elsewhere : public Error {
+public:
+    Elsewhere(const std::string& msg, int code) : Error(msg), code_(code) {}
+    int exit_code() const noexcept override { return code_; }
+
+private:
+    int code_;
+};
+
+// Every rank learns whether any failed (one allreduce): with no failure it
+// returns; else the failing rank rethrows its own error and the others throw
+// Elsewhere naming the first failing rank, its exit code and `outcome`
+// ("nothing was committed").
+void agree(Communicator& c, const std::exception_ptr& failed, const std::string& outcome);
 
 }  // namespace zinf::comm

@@ -128,6 +128,7 @@ struct Partition {
     std::uint64_t offset = 0;        // bytes into the file, aligned
     std::uint64_t bytes = 0;         // ceil(numel/dp) * dtype bytes, padding included
     std::optional<std::uint64_t> xxh3;  // of those bytes, after init
+    std::uint64_t step = 0;          // optimizer steps applied to these values (0: as initialised)
     std::size_t line = 0;            // where it was read from (0: made here)
     json::Json extra = json::Json::object();  // keys this version does not know, kept
 };

@@ -527,4 +527,22 @@ Handle Communicator::ibroadcast(std::span<std::byte> buf, DType dtype, int root)
 void Communicator::barrier() { run(Kind::barrier, {}, DType::u8); }
 Handle Communicator::ibarrier() { return start(Kind::barrier, {}, DType::u8); }
 
+void agree(Communicator& c, const std::exception_ptr& failed, const std::string& outcome) {
+    std::int32_t mine[2] = {0, -1}, all[2] = {0, -1};
+    if (failed) {
+        try {
+            std::rethrow_exception(failed);
+        } catch (const Error& e) {
+            mine[0] = e.exit_code();
+        } catch (...) {
+            mine[0] = exit_code::internal;
+        }
+        mine[1] = c.rank();
+    }
+    c.allreduce(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), DType::i32, Reduce::max);
+    if (all[0] == 0) return;
+    if (failed) std::rethrow_exception(failed);
+    throw Elsewhere("rank " + std::to_string(all[1]) + " failed (see its message); " + outcome, all[0]);
+}
+
 }  // namespace zinf::comm

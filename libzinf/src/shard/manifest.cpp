@@ -78,7 +78,7 @@ const std::set<std::string> kHeaderKeys = {"schema", "model", "preset", "tile", 
                                            "optim_tier", "grad_tier", "train", "states", "alignment", "seed",
                                            "tensors", "records", "parameters", "dir", "created_by"};
 const std::set<std::string> kRecordKeys = {"tensor", "shape", "dtype", "state", "tier", "rank",
-                                           "elements", "file", "offset", "bytes", "xxh3"};
+                                           "elements", "file", "offset", "bytes", "xxh3", "step"};
 
 constexpr std::uint64_t kMaxRecords = 1ull << 28;
 
@@ -225,6 +225,8 @@ json::Json record_json(const Manifest& m, const Partition& p) {
     r["bytes"] = p.bytes;
     if (p.xxh3) r["xxh3"] = hex64(*p.xxh3);
     else r.erase("xxh3");
+    if (p.step) r["step"] = p.step;
+    else r.erase("step");
     return r;
 }
 
@@ -401,6 +403,7 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
                 }
             });
         }
+        if (r.contains("step")) p.step = json::get_u64(r, "step", w);
         p.extra = unknown_keys(r, kRecordKeys);
         const std::size_t slot = (p.tensor * o.dp + p.rank) * m.states.size() + si->second;
         if (seen[slot])
