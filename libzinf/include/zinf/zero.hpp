@@ -14,10 +14,13 @@
 #pragma once
 
 #include <zinf/comm.hpp>
+#include <zinf/optim.hpp>
 #include <zinf/shard.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 
 namespace zinf::zero {
 
@@ -47,5 +50,104 @@ void reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, 
                     comm::Reduce reduce = comm::Reduce::avg);
 void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType dtype,
                     comm::Reduce reduce = comm::Reduce::avg);
+
+// ---------------------------------------------------------------------------
+// The tiered optimizer step (paper §5.2.2, §6.4): each rank updates the
+// partitions zinf-shard laid out for it, with the CPU AdamW of optim.hpp,
+// wherever the manifest says each state lives.
+//
+//   gpu, cpu  the rank's state sits in host memory for the whole run, loaded
+//             (and checked against its xxh3) when the optimizer opens; gpu
+//             runs the CPU update until the device layer brings its kernel.
+//   nvme      the state stays in its files and streams through the pinned
+//             pool in chunks: chunk i+1 is read (master, moments, gradient)
+//             while chunk i is updated while chunk i-1 is written, the
+//             working parameters written to their tier in the same pass.
+//
+// Gradients follow the optimizer state: in memory for gpu and cpu, for nvme
+// in a scratch file beside the state (rank<R>/grad.bin, removed on close).
+//
+// Consistency on disk: a step never writes over the values the manifest
+// names. Every state file has a twin (master.bin and master.alt.bin); a step
+// reads one and writes the other, syncs it, and then commits the manifest
+// (rank 0, atomically: temporary, fsync, rename) naming the twin, with each
+// written partition's new xxh3 and step. An interrupted step leaves the
+// manifest naming the old, complete files. States held in memory reach the
+// disk by save(), the same way. Every record says the step its values are
+// at, so a manifest whose states disagree (memory-held state not saved since
+// the last step) is refused when opened rather than taken for complete.
+struct OptimizerOptions {
+    optim::AdamW adamw;              // lr is the starting rate; set_lr() changes it
+    double grad_clip = 0;            // max global gradient norm (over all ranks); 0: none
+    bool decay_1d = false;           // weight decay for 1-D tensors (biases, LayerNorm) too
+    shard::DType grad_dtype = shard::DType::fp32;
+    // Update each tensor as soon as put_gradient() hands it over, on the
+    // optimizer's own thread, instead of all in step(): the update overlaps
+    // the rest of the backward pass. Needs the whole gradient norm first, so
+    // it refuses grad_clip and loss scaling (both need every gradient).
+    bool overlap = false;
+    unsigned slots = 3;              // chunks in flight on NVMe (read, update, write); 2 or more
+    optim::Kernel kernel;
+    std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
+};
+
+struct StepReport {
+    std::uint64_t step = 0;          // the rank's committed step after this one
+    double grad_norm = 0;            // global, unscaled; not finite on overflow
+    double clip = 1;                 // the clipping coefficient applied
+    bool overflow = false;           // a gradient was not finite: the step was skipped
+    double seconds = 0;              // the whole step, commit included
+    double update_seconds = 0;       // in the AdamW kernel
+    double wait_seconds = 0;         // the update waiting for reads (or for write space)
+    double commit_seconds = 0;       // sync of the written files and the manifest commit
+    std::uint64_t bytes_read = 0, bytes_written = 0;
+    std::uint64_t chunks = 0;        // chunks streamed (0 when every state is in memory)
+    std::uint64_t chunk_bytes = 0;   // the largest piece of a chunk, per state
+};
+
+class Optimizer {
+public:
+    // Opens this rank's state (comm.rank() of dp; comm.size() must equal the
+    // manifest's dp). `m` must outlive the optimizer: commits update it.
+    Optimizer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engine, mem::PinnedPool& pool,
+              const OptimizerOptions& opts);
+    ~Optimizer();
+    Optimizer(const Optimizer&) = delete;
+    Optimizer& operator=(const Optimizer&) = delete;
+
+    unsigned rank() const;
+    std::uint64_t step_count() const;  // steps committed (the records' step)
+    void set_lr(double lr);            // for the next step (schedules)
+
+    // This rank's gradient of `tensor`: its `count` real elements (shard::owned),
+    // fp32 or bf16 (converted to grad_dtype when that differs). Every tensor
+    // once per step. With overlap, the tensor's update starts now.
+    void put_gradient(std::size_t tensor, std::span<const float> grad);
+    void put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16);
+
+    // Clips, updates every partition (or waits for the overlapped updates),
+    // and commits. loss_scale divides the gradients (fp16); a gradient that is
+    // not finite on any rank skips the step on every rank (overflow).
+    StepReport step(double loss_scale = 1);
+
+    // Writes the state held in memory (gpu and cpu tiers) to new space and
+    // commits it, so the manifest holds the whole state at step_count().
+    void save();
+
+    // The working parameters of `tensor` (this rank's partition, `per`
+    // elements of the param dtype) when the param state is held in memory.
+    std::span<const std::byte> param(std::size_t tensor) const;
+
+    // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
+    std::uint64_t chunk_bytes() const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+// The twin of a state file: "rank0/master.bin" <-> "rank0/master.alt.bin".
+std::string twin_file(const std::string& file);
 
 }  // namespace zinf::zero

@@ -1,0 +1,450 @@
+// The tiered optimizer step (zero.hpp): this rank's partitions of every
+// state, held in memory or streamed from their files in chunks through the
+// pinned pool, read / update / write overlapped, committed by manifest.
+#include "optimizer.hpp"
+
+#include <zinf/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include <unistd.h>
+
+namespace zinf::zero {
+
+std::string twin_file(const std::string& file) {
+    const std::string alt = ".alt.bin", bin = ".bin";
+    if (file.size() > alt.size() && file.ends_with(alt)) return file.substr(0, file.size() - alt.size()) + bin;
+    if (file.ends_with(bin)) return file.substr(0, file.size() - bin.size()) + alt;
+    return file + ".alt";
+}
+
+using detail::Chunk;
+using detail::Piece;
+using detail::Role;
+using detail::RoleState;
+
+namespace {
+constexpr const char* kRoleNames[] = {"master", "exp_avg", "exp_avg_sq", "gradient", "param"};
+
+std::string where_of(const shard::Manifest& m, std::size_t t, unsigned rank, const std::string& state) {
+    return m.tensors[t].name + " rank " + std::to_string(rank) + " " + state;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------
+Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& eng, mem::PinnedPool& p,
+                      const OptimizerOptions& o)
+    : m(man), comm(c), engine(eng), pool(p), opts(o) {
+    opts.adamw.validate();
+    lr = opts.adamw.lr;
+    if (!(opts.grad_clip >= 0) || !std::isfinite(opts.grad_clip))
+        throw UsageError("--grad-clip must be finite and >= 0");
+    if (opts.overlap && opts.grad_clip > 0)
+        throw UsageError("overlapped optimizer steps cannot clip by the global gradient norm: each tensor is "
+                         "updated before the norm of the others is known (leave out --grad-clip or --overlap)");
+    if (opts.slots < 2) throw UsageError("the optimizer needs at least 2 chunks in flight (slots)");
+    if (!m.opts.train) throw DataError("the manifest holds no optimizer state (laid out with --inference)");
+    if (m.dir.empty()) throw DataError("the manifest has no data directory: run zinf-shard init first");
+    if (!m.initialised()) throw DataError("the manifest is not initialised (records without xxh3)");
+    if (static_cast<unsigned>(comm.size()) != m.opts.dp)
+        throw UsageError("the manifest is laid out for dp " + std::to_string(m.opts.dp) + ", but " +
+                         std::to_string(comm.size()) + " rank(s) run the optimizer");
+    rank = static_cast<unsigned>(comm.rank());
+    path = opts.manifest_path.empty() ? m.dir + "/manifest.jsonl" : opts.manifest_path;
+    A = m.opts.alignment;
+    T = m.tensors.size();
+
+    // Every record at one step: a manifest with memory-held state not saved
+    // since the last step is not a complete state.
+    step = m.parts.front().step;
+    for (const auto& part : m.parts)
+        if (part.step != step)
+            throw DataError("the manifest's states are at different steps (" + where_of(m, part.tensor, part.rank, part.state) +
+                            " at " + std::to_string(part.step) + ", " +
+                            where_of(m, m.parts.front().tensor, m.parts.front().rank, m.parts.front().state) + " at " +
+                            std::to_string(step) +
+                            "): state held in memory was not saved after the last step; resume from a manifest "
+                            "written by a save");
+
+    index_records();
+    const bool has_master = std::find(m.states.begin(), m.states.end(), "master") != m.states.end();
+    setup_role(Role::W, has_master ? "master" : "param");
+    setup_role(Role::M, "exp_avg");
+    setup_role(Role::V, "exp_avg_sq");
+    if (has_master) setup_role(Role::P, "param");
+    setup_grad();
+    plan_chunks();
+    if (opts.overlap) worker = std::thread([this] { work(); });
+}
+
+Optimizer::Impl::~Impl() {
+    if (worker.joinable()) {
+        {
+            std::lock_guard lk(mu);
+            quit = true;
+        }
+        cv.notify_all();
+        worker.join();
+    }
+    auto& g = roles[Role::G];
+    if (g.file) {
+        try {
+            g.cur_f.close();
+        } catch (const Error& e) {
+            log::warn(e.what());
+        }
+        ::unlink((m.dir + "/" + g.cur).c_str());
+    }
+}
+
+void Optimizer::Impl::index_records() {
+    by_key.assign(T * m.opts.dp * m.states.size(), nullptr);
+    for (auto& part : m.parts) {
+        const std::size_t s = static_cast<std::size_t>(
+            std::find(m.states.begin(), m.states.end(), part.state) - m.states.begin());
+        by_key[(part.tensor * m.opts.dp + part.rank) * m.states.size() + s] = &part;
+    }
+}
+
+shard::Partition* Optimizer::Impl::record(std::size_t t, unsigned r, const std::string& state) const {
+    const std::size_t s =
+        static_cast<std::size_t>(std::find(m.states.begin(), m.states.end(), state) - m.states.begin());
+    return by_key[(t * m.opts.dp + r) * m.states.size() + s];
+}
+
+io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::uint64_t bytes) {
+    const std::string full = m.dir + "/" + rel;
+    io::OpenOptions oo{.access = io::Access::read_write, .create = create};
+    io::File f = io::File::open(full, oo);
+    if (f.direct() && A % f.alignment() != 0) {
+        log::warn_once("optim-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
+                                                  "-byte alignment, the manifest aligns to " + std::to_string(A) +
+                                                  "; using buffered I/O");
+        oo.direct = io::Direct::buffered;
+        f = io::File::open(full, oo);
+    }
+    if (create && f.size() < bytes) f.preallocate(bytes);
+    if (f.size() < bytes)
+        throw DataError(full + ": " + std::to_string(f.size()) + " bytes, but this rank's partitions reach " +
+                        std::to_string(bytes));
+    return f;
+}
+
+void Optimizer::Impl::setup_role(Role r, const std::string& state) {
+    RoleState& rs = roles[r];
+    rs.present = true;
+    rs.written = true;
+    rs.state = state;
+    rs.dtype = shard::state_dtype(m.opts, state);
+    rs.dt = shard::dtype_bytes(rs.dtype);
+    rs.file = (state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::nvme;
+    rs.offset.resize(T);
+    rs.part.resize(T);
+    rs.hash.resize(T);
+    rs.new_hash.assign(T, 0);
+    for (std::size_t t = 0; t < T; ++t) {
+        shard::Partition* part = record(t, rank, state);
+        if (!part) throw DataError("the manifest has no record of " + where_of(m, t, rank, state));
+        if (t == 0) rs.cur = part->file;
+        else if (part->file != rs.cur)
+            throw DataError(where_of(m, t, rank, state) + " is in " + part->file + ", " +
+                            where_of(m, 0, rank, state) + " in " + rs.cur +
+                            ": the optimizer needs each rank's state in one file per state");
+        rs.part[t] = part;
+        rs.offset[t] = part->offset;
+        rs.end = std::max(rs.end, align_up(part->offset + part->bytes, A));
+    }
+    rs.alt = twin_file(rs.cur);
+    if (rs.file) {
+        rs.cur_f = open_file(rs.cur, false, rs.end);
+        rs.alt_f = open_file(rs.alt, true, rs.end);
+        return;
+    }
+    // Held in memory for the run: read now, every partition checked.
+    rs.image = AlignedBuffer::allocate(rs.end);
+    if (int err = rs.image.lock())
+        log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +
+                                          std::string(std::strerror(err)) + "); it stays pageable");
+    io::File f = open_file(rs.cur, false, rs.end);
+    engine.wait(engine.read(f, 0, rs.image.bytes()));
+    for (std::size_t t = 0; t < T; ++t) {
+        const shard::Partition& part = *rs.part[t];
+        const std::uint64_t h = xxh3(rs.image.bytes().subspan(part.offset, part.bytes));
+        if (part.xxh3 && h != *part.xxh3)
+            throw DataError(where_of(m, t, rank, state) + ": xxh3 " + hex64(h) + ", the manifest says " +
+                                hex64(*part.xxh3),
+                            {.path = m.dir + "/" + part.file, .offset = part.offset, .rank = static_cast<int>(rank)});
+    }
+}
+
+void Optimizer::Impl::setup_grad() {
+    RoleState& g = roles[Role::G];
+    g.present = true;
+    g.state = "gradient";
+    g.dtype = opts.grad_dtype;
+    g.dt = shard::dtype_bytes(g.dtype);
+    g.file = m.opts.optim_tier == shard::Tier::nvme;
+    g.offset.resize(T);
+    // Packed like zinf-shard's files: each partition at an aligned offset.
+    for (std::size_t t = 0; t < T; ++t) {
+        g.offset[t] = g.end;
+        g.end = align_up(g.end + per(t) * g.dt, A);
+    }
+    grad_sq.assign(T, 0);
+    have_grad.assign(T, false);
+    if (!g.file) {
+        g.image = AlignedBuffer::allocate(std::max<std::uint64_t>(g.end, 1));
+        g.image.lock();
+        return;
+    }
+    g.cur = std::filesystem::path(roles[Role::W].cur).parent_path().string();
+    g.cur = (g.cur.empty() ? "" : g.cur + "/") + "grad.bin";
+    const std::string full = m.dir + "/" + g.cur;
+    ::unlink(full.c_str());  // scratch: whatever a crashed run left is void
+    g.cur_f = open_file(g.cur, true, g.end);
+}
+
+std::uint64_t Optimizer::Impl::per(std::size_t t) const { return shard::owned(m.tensors[t].numel, m.opts.dp, 0).per; }
+
+// ---------------------------------------------------------------------------
+// Chunks: how much of each file one read or write covers. Every file role's
+// piece must fit K bytes; a chunk ends where a file's next partition is not
+// adjacent, and cuts inside a partition at multiples of U elements, where
+// every dtype's offset stays aligned.
+void Optimizer::Impl::plan_chunks() {
+    std::vector<Role> files;
+    for (int r = 0; r < Role::count; ++r)
+        if (roles[r].present && roles[r].file) files.push_back(static_cast<Role>(r));
+    file_roles = files;
+    std::vector<std::size_t> all(T);
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    if (files.empty()) {
+        all_chunks = cut(all);
+        return;
+    }
+    const std::size_t k = files.size(), N = pool.buffers(), B = pool.buffer_bytes();
+    const std::size_t reserve = opts.overlap && roles[Role::G].file ? 2 : 0;  // put_gradient's stream
+    slots = opts.slots;
+    const std::size_t avail = N > reserve ? N - reserve : 0;
+    if (avail < 2)
+        throw UsageError("the pinned pool has " + std::to_string(N) + " buffer(s); the optimizer step needs " +
+                         std::to_string(2 + reserve) + " or more (raise --pinned or lower --pinned-buffer)");
+    slots = std::min<std::size_t>(slots, avail);
+    per_buffer = (slots * k + avail - 1) / avail;
+    K = align_down(B / per_buffer, A);
+    const std::uint64_t block = engine.config().block_size;
+    if (K >= block) K = align_down(K, block);
+    U = A / 2;
+    if (K < 4 * U)
+        throw UsageError("the pinned pool's buffers (" + format_size(B) + ") are too small for " +
+                         std::to_string(slots) + " chunks of " + std::to_string(k) +
+                         " states: each piece would be under " + format_size(4 * U) +
+                         " (raise --pinned-buffer or --pinned)");
+    leases = (slots * k + per_buffer - 1) / per_buffer;
+    if (slots < opts.slots)
+        log::warn("the pinned pool has " + std::to_string(N) + " buffers: " + std::to_string(slots) +
+                  " chunks in flight instead of " + std::to_string(opts.slots));
+    all_chunks = cut(all);
+}
+
+bool Optimizer::Impl::adjacent(std::size_t a, std::size_t b) const {
+    for (Role r : file_roles) {
+        const RoleState& rs = roles[r];
+        if (rs.offset[b] != align_up(rs.offset[a] + per(a) * rs.dt, A)) return false;
+    }
+    return true;
+}
+
+std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors) const {
+    std::vector<Chunk> out;
+    if (file_roles.empty()) {
+        Chunk c;
+        for (std::size_t t : tensors) c.pieces.push_back({t, 0, per(t)});
+        out.push_back(std::move(c));
+        return out;
+    }
+    std::size_t max_dt = 0;
+    for (Role r : file_roles) max_dt = std::max(max_dt, roles[r].dt);
+    Chunk c;
+    std::uint64_t used = 0;  // the largest file span of the chunk so far
+    auto close = [&] {
+        if (c.pieces.empty()) return;
+        for (Role r : file_roles) {
+            const Piece &a = c.pieces.front(), &z = c.pieces.back();
+            c.lo[r] = roles[r].offset[a.tensor] + a.e0 * roles[r].dt;
+            c.hi[r] = z.e1 == per(z.tensor) ? align_up(roles[r].offset[z.tensor] + per(z.tensor) * roles[r].dt, A)
+                                            : roles[r].offset[z.tensor] + z.e1 * roles[r].dt;
+        }
+        out.push_back(std::move(c));
+        c = Chunk{};
+        used = 0;
+    };
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const std::size_t t = tensors[i];
+        if (!c.pieces.empty() && !adjacent(c.pieces.back().tensor, t)) close();
+        std::uint64_t e = 0;
+        const std::uint64_t n = per(t);
+        while (e < n) {
+            // The span the rest of this partition takes, gap included.
+            std::uint64_t need = 0;
+            for (Role r : file_roles) need = std::max(need, align_up(n * roles[r].dt, A) - e * roles[r].dt);
+            if (used + need <= K) {
+                c.pieces.push_back({t, e, n});
+                used += need;
+                break;
+            }
+            const std::uint64_t fit = align_down((K - used) / max_dt, U);
+            if (fit == 0) {
+                close();
+                continue;
+            }
+            c.pieces.push_back({t, e, e + fit});
+            e += fit;
+            close();
+        }
+    }
+    close();
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// The pipeline: slot s holds chunk i (s = i mod slots). While chunk i is
+// updated, chunk i+1 is being read and chunk i-1 written; once i-1's writes
+// are done its slot takes chunk i+slots-1.
+void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot) {
+    if (chunks.empty()) return;
+    std::vector<mem::Lease> held;
+    if (!file_roles.empty()) held = pool.lease_many(leases, "optimizer step");
+    const std::size_t k = file_roles.size();
+    auto piece_buf = [&](std::size_t slot, std::size_t j) {
+        const std::size_t q = slot * k + j;
+        return held[q / per_buffer].data() + (q % per_buffer) * K;
+    };
+    std::vector<std::vector<io::Ticket>> reads(chunks.size()), writes(chunks.size());
+    std::vector<bool> read_waited(chunks.size()), write_waited(chunks.size());
+
+    auto issue_reads = [&](std::size_t i) {
+        const Chunk& c = chunks[i];
+        for (std::size_t j = 0; j < k; ++j) {
+            const Role r = file_roles[j];
+            if (r == Role::P) continue;  // output only
+            RoleState& rs = roles[r];
+            const std::span<std::byte> dst(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
+            reads[i].push_back(engine.read(rs.cur_f, c.lo[r], dst));
+            tot.read += dst.size();
+        }
+    };
+    auto issue_writes = [&](std::size_t i) {
+        const Chunk& c = chunks[i];
+        for (std::size_t j = 0; j < k; ++j) {
+            const Role r = file_roles[j];
+            if (r == Role::G) continue;
+            RoleState& rs = roles[r];
+            const std::span<const std::byte> src(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
+            writes[i].push_back(engine.write(rs.alt_f, c.lo[r], src));
+            tot.written += src.size();
+        }
+    };
+    auto wait_all = [&](std::vector<io::Ticket>& ts) {
+        for (auto t : ts) engine.wait(t);
+        ts.clear();
+    };
+
+    try {
+        for (std::size_t i = 0; i + 1 < slots && i < chunks.size(); ++i) issue_reads(i);
+        for (std::size_t i = 0; i < chunks.size(); ++i) {
+            Timer w;
+            wait_all(reads[i]);
+            tot.wait += w.seconds();
+            update(chunks[i], i % slots, piece_buf, sc, tot);
+            issue_writes(i);
+            w.reset();
+            if (i >= 1) wait_all(writes[i - 1]);
+            tot.wait += w.seconds();
+            if (i + slots - 1 < chunks.size()) issue_reads(i + slots - 1);
+        }
+        Timer w;
+        wait_all(writes[chunks.size() - 1]);
+        tot.wait += w.seconds();
+    } catch (...) {
+        // The buffers go back to the pool only when nothing uses them.
+        for (auto* list : {&reads, &writes})
+            for (auto& ts : *list)
+                for (auto t : ts) try {
+                        engine.wait(t);
+                    } catch (...) {
+                    }
+        throw;
+    }
+    tot.chunks += chunks.size();
+}
+
+template <class PieceBuf>
+void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
+                             Totals& tot) {
+    // Where role r's bytes of piece p are: in the slot's buffer, or in memory.
+    std::byte* base[Role::count] = {};
+    for (int r = 0; r < Role::count; ++r)
+        if (roles[r].present && !roles[r].file) base[r] = roles[r].image.data();
+    for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(slot, j) - c.lo[file_roles[j]];
+    auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
+
+    std::vector<optim::Update> us;
+    std::vector<optim::Scalars> ss;
+    us.reserve(c.pieces.size());
+    ss.reserve(c.pieces.size());
+    for (const Piece& p : c.pieces) {
+        const std::size_t n = p.e1 - p.e0;
+        optim::Update u;
+        u.master = {reinterpret_cast<float*>(at(Role::W, p)), n};
+        u.exp_avg = {reinterpret_cast<float*>(at(Role::M, p)), n};
+        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::V, p)), n};
+        if (roles[Role::G].dtype == shard::DType::fp32)
+            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::G, p)), n};
+        else
+            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::G, p)), n};
+        if (roles[Role::P].present) {
+            u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::P, p)), n};
+            // The gap after a partition's last element is written too: zero it.
+            if (roles[Role::P].file && p.e1 == per(p.tensor)) {
+                std::byte* end = at(Role::P, p) + n * roles[Role::P].dt;
+                const std::uint64_t gap = align_up(per(p.tensor) * roles[Role::P].dt, A) - per(p.tensor) * roles[Role::P].dt;
+                std::memset(end, 0, gap);
+            }
+        }
+        us.push_back(u);
+        ss.push_back(sc[decays(p.tensor) ? 0 : 1]);
+    }
+    Timer t;
+    optim::adamw(us, ss, opts.kernel);
+    tot.update += t.seconds();
+
+    // The new xxh3 of every written file partition, piece by piece in order.
+    t.reset();
+    std::vector<Role> hashed;
+    for (Role r : file_roles)
+        if (r != Role::G) hashed.push_back(r);
+#pragma omp parallel for schedule(dynamic) num_threads(static_cast<int>(std::max<std::size_t>(hashed.size(), 1)))
+    for (std::size_t j = 0; j < hashed.size(); ++j) {
+        const Role r = hashed[j];
+        RoleState& rs = roles[r];
+        for (const Piece& p : c.pieces) {
+            auto& h = rs.hash[p.tensor];
+            if (p.e0 == 0) h = std::make_unique<Xxh3Stream>();
+            h->update({at(r, p), (p.e1 - p.e0) * rs.dt});
+            if (p.e1 == per(p.tensor)) {
+                rs.new_hash[p.tensor] = h->digest();
+                h.reset();
+            }
+        }
+    }
+    tot.hash += t.seconds();
+}
+
+bool Optimizer::Impl::decays(std::size_t t) const { return opts.decay_1d || m.tensors[t].shape.size() >= 2; }
+
+}  // namespace zinf::zero

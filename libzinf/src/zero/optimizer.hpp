@@ -1,0 +1,123 @@
+// The optimizer's insides, shared by optimizer.cpp (state, chunks, the
+// streaming pipeline) and step.cpp (gradients, the step, commits).
+#pragma once
+
+#include <zinf/zero.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace zinf::zero {
+namespace detail {
+
+// What a state is to the update: master weights (W, "param" itself when the
+// parameters are fp32), the moments (M, V), the gradient (G), and the bf16
+// working parameters written from W (P, only beside a master copy).
+enum Role { W, M, V, G, P, count };
+
+struct RoleState {
+    bool present = false;
+    bool file = false;      // streamed from its file (nvme); else held in memory
+    bool written = false;   // a step changes it (all but G)
+    std::string state;      // the manifest's state name
+    shard::DType dtype = shard::DType::fp32;
+    std::size_t dt = 4;     // bytes per element
+    std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
+    std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
+    std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
+    std::string cur, alt;   // the file the manifest names, and its twin (relative)
+    io::File cur_f, alt_f;  // file roles
+    AlignedBuffer image;    // memory roles: the file's first `end` bytes
+    std::vector<std::unique_ptr<Xxh3Stream>> hash;  // per tensor, while a step writes it
+    std::vector<std::uint64_t> new_hash;            // per tensor, when written whole
+};
+
+// Elements [e0, e1) of a tensor's partition (per elements, padding included).
+struct Piece {
+    std::size_t tensor;
+    std::uint64_t e0, e1;
+};
+
+// One chunk: its pieces, in file order, and each file role's byte range.
+struct Chunk {
+    std::vector<Piece> pieces;
+    std::uint64_t lo[Role::count] = {}, hi[Role::count] = {};
+};
+
+}  // namespace detail
+
+struct Optimizer::Impl {
+    using Role = detail::Role;
+    using Chunk = detail::Chunk;
+
+    Impl(shard::Manifest& m, comm::Communicator& c, io::Engine& e, mem::PinnedPool& p, const OptimizerOptions& o);
+    ~Impl();
+
+    shard::Manifest& m;
+    comm::Communicator& comm;
+    io::Engine& engine;
+    mem::PinnedPool& pool;
+    OptimizerOptions opts;
+    double lr = 0;
+    unsigned rank = 0;
+    std::string path;            // the manifest commits go to
+    std::uint64_t A = 4096;      // the manifest's alignment
+    std::size_t T = 0;           // tensors
+    std::uint64_t step = 0;      // committed steps
+    bool broken = false;         // a step failed half-way: the memory state is not a step's
+
+    detail::RoleState roles[Role::count];
+    std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)
+
+    // Chunks (file roles only): K bytes per piece, U the cut unit in elements.
+    std::vector<Role> file_roles;
+    std::size_t slots = 3, per_buffer = 1, leases = 0;
+    std::uint64_t K = 0, U = 2048;
+    std::vector<Chunk> all_chunks;
+
+    // Gradients of the current step.
+    std::vector<double> grad_sq;  // per tensor, sum of squares as handed over
+    std::vector<bool> have_grad;
+
+    // Overlap: the worker updates tensors as their gradients arrive.
+    std::thread worker;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::size_t> queue;
+    std::size_t done_tensors = 0;
+    bool quit = false;
+    std::exception_ptr worker_error;
+
+    struct Totals {
+        std::uint64_t read = 0, written = 0, chunks = 0;
+        double update = 0, wait = 0, hash = 0;
+    } totals;  // of the step under way
+
+    void index_records();
+    shard::Partition* record(std::size_t t, unsigned r, const std::string& state) const;
+    io::File open_file(const std::string& rel, bool create, std::uint64_t bytes);
+    void setup_role(Role r, const std::string& state);
+    void setup_grad();
+    std::uint64_t per(std::size_t t) const;
+    bool decays(std::size_t t) const;
+
+    void plan_chunks();
+    bool adjacent(std::size_t a, std::size_t b) const;
+    std::vector<Chunk> cut(const std::vector<std::size_t>& tensors) const;
+    void stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot);
+    template <class PieceBuf>
+    void update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot);
+
+    void put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16);
+    void scalars(double grad_scale, optim::Scalars (&sc)[2]) const;
+    void work();
+    StepReport run_step(double loss_scale);
+    void commit(const std::vector<Role>& changed, std::uint64_t new_step);
+    void save();
+};
+
+}  // namespace zinf::zero

@@ -1,0 +1,290 @@
+// The optimizer's step (zero.hpp): gradients handed over, the global norm,
+// the update (all at once, or tensor by tensor while backward runs), and the
+// commit by manifest.
+#include "optimizer.hpp"
+
+#include <zinf/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace zinf::zero {
+
+using Impl = Optimizer::Impl;
+using detail::Role;
+
+void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
+    optim::AdamW h = opts.adamw;
+    h.lr = lr;
+    sc[0] = optim::Scalars::make(h, step + 1, grad_scale, true);
+    sc[1] = optim::Scalars::make(h, step + 1, grad_scale, false);
+}
+
+void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16) {
+    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
+    if (t >= T) throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(T));
+    const std::string& name = m.tensors[t].name;
+    const shard::Owned own = shard::owned(m.tensors[t].numel, m.opts.dp, rank);
+    const std::size_t n = f32.empty() ? b16.size() : f32.size();
+    if (n != own.count)
+        throw InternalError("put_gradient: " + name + ": " + std::to_string(n) + " elements, rank " +
+                            std::to_string(rank) + " holds " + std::to_string(own.count));
+    {
+        std::lock_guard lk(mu);
+        if (have_grad[t]) throw InternalError("put_gradient: " + name + " handed over twice in one step");
+    }
+    const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
+    if (opts.overlap && !std::isfinite(sq)) {
+        broken = true;
+        throw DataError(name + " rank " + std::to_string(rank) +
+                        ": the gradient is not finite, and an overlapped step cannot be skipped: nothing was "
+                        "committed; open the optimizer again from the manifest");
+    }
+
+    // Stored in the gradient's dtype, padding zero.
+    detail::RoleState& g = roles[Role::G];
+    auto fill = [&](std::uint64_t e0, std::span<std::byte> out) {
+        const std::uint64_t e1 = e0 + out.size() / g.dt, real = std::min<std::uint64_t>(e1, std::max(e0, n));
+        const std::size_t k = static_cast<std::size_t>(real - std::min(e0, real));
+        if (g.dtype == shard::DType::fp32) {
+            auto* o = reinterpret_cast<float*>(out.data());
+            if (!f32.empty()) std::copy_n(f32.data() + e0, k, o);
+            else for (std::size_t i = 0; i < k; ++i) o[i] = from_bf16(b16[e0 + i]);
+        } else {
+            auto* o = reinterpret_cast<std::uint16_t*>(out.data());
+            if (!b16.empty()) std::copy_n(b16.data() + e0, k, o);
+            else to_bf16(f32.subspan(e0, k), std::span(o, k));
+        }
+        std::fill(out.begin() + static_cast<std::ptrdiff_t>(k * g.dt), out.end(), std::byte{0});
+    };
+    const std::uint64_t bytes = per(t) * g.dt;
+    if (!g.file) {
+        fill(0, g.image.bytes().subspan(g.offset[t], bytes));
+    } else {
+        mem::Stream s(engine, pool, {.buffers = opts.overlap ? 2u : 0u, .who = "gradient"});
+        s.write(g.cur_f, g.offset[t], align_up(bytes, A),
+                [&](std::uint64_t at, std::span<std::byte> piece) { fill(at / g.dt, piece); });
+    }
+
+    std::lock_guard lk(mu);
+    grad_sq[t] = sq;
+    have_grad[t] = true;
+    if (opts.overlap) {
+        queue.push_back(t);
+        cv.notify_all();
+    }
+}
+
+// Overlap: whatever gradients have arrived, in file order, streamed as one
+// run of chunks, until the step has every tensor.
+void Impl::work() {
+    std::unique_lock lk(mu);
+    for (;;) {
+        cv.wait(lk, [&] { return quit || !queue.empty(); });
+        if (quit) return;
+        std::vector<std::size_t> batch(queue.begin(), queue.end());
+        queue.clear();
+        const bool skip = worker_error != nullptr;
+        lk.unlock();
+        std::sort(batch.begin(), batch.end());
+        if (!skip) try {
+                optim::Scalars sc[2];
+                scalars(1, sc);
+                stream(cut(batch), sc, totals);
+            } catch (...) {
+                lk.lock();
+                worker_error = std::current_exception();
+                lk.unlock();
+            }
+        lk.lock();
+        done_tensors += batch.size();
+        cv.notify_all();
+    }
+}
+
+StepReport Impl::run_step(double loss_scale) {
+    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
+    if (!(loss_scale > 0) || !std::isfinite(loss_scale))
+        throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
+    if (opts.overlap && loss_scale != 1)
+        throw UsageError("overlapped optimizer steps cannot use a loss scale: an overflow could no longer skip the "
+                         "step");
+    Timer all;
+    StepReport rep;
+    {
+        std::unique_lock lk(mu);
+        for (std::size_t t = 0; t < T; ++t)
+            if (!have_grad[t])
+                throw InternalError("step: no gradient for " + m.tensors[t].name + " (rank " + std::to_string(rank) +
+                                    "); hand every tensor's over with put_gradient first");
+        if (opts.overlap) cv.wait(lk, [&] { return done_tensors == T; });
+    }
+    const double local = std::accumulate(grad_sq.begin(), grad_sq.end(), 0.0);
+    double total = local;
+    comm.allreduce(std::as_bytes(std::span(&local, 1)), std::as_writable_bytes(std::span(&total, 1)),
+                   comm::DType::f64);
+    auto next_step = [&] {
+        std::lock_guard lk(mu);
+        std::fill(have_grad.begin(), have_grad.end(), false);
+        done_tensors = 0;
+        totals = {};
+    };
+    rep.grad_norm = std::sqrt(total) / loss_scale;
+    rep.overflow = !std::isfinite(total);
+    if (rep.overflow && !opts.overlap) {
+        next_step();
+        rep.step = step;
+        rep.seconds = all.seconds();
+        return rep;
+    }
+    rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
+
+    broken = true;  // until the step is whole again
+    std::exception_ptr failed;
+    std::vector<Role> changed;
+    for (Role r : file_roles)
+        if (r != Role::G) changed.push_back(r);
+    Timer c;
+    try {
+        if (rep.overflow)
+            throw DataError("a gradient on another rank is not finite, and an overlapped step cannot be skipped");
+        if (opts.overlap) {
+            if (worker_error) std::rethrow_exception(worker_error);
+        } else {
+            optim::Scalars sc[2];
+            scalars(rep.clip / loss_scale, sc);
+            stream(all_chunks, sc, totals);
+        }
+        c.reset();
+        for (Role r : changed) engine.sync(roles[r].alt_f);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    comm::agree(comm, failed, "the step was not committed; the manifest names the state before it");
+    commit(changed, step + 1);
+    broken = false;
+    rep.commit_seconds = c.seconds();
+    rep.step = step;
+    rep.update_seconds = totals.update;
+    rep.wait_seconds = totals.wait;
+    rep.bytes_read = totals.read;
+    rep.bytes_written = totals.written;
+    rep.chunks = totals.chunks;
+    rep.chunk_bytes = K;
+    next_step();
+    rep.seconds = all.seconds();
+    return rep;
+}
+
+// Every rank's new xxh3s to every rank; rank 0 writes the manifest naming
+// the twins; all agree before anyone takes the old files as free space.
+void Impl::commit(const std::vector<Role>& changed, std::uint64_t new_step) {
+    if (changed.empty()) {
+        step = new_step;
+        return;
+    }
+    const unsigned dp = m.opts.dp;
+    std::vector<std::int64_t> mine, all(changed.size() * T * dp);
+    for (Role r : changed)
+        for (std::size_t t = 0; t < T; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
+    comm.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i64);
+
+    struct Old {
+        shard::Partition* p;
+        std::string file;
+        std::optional<std::uint64_t> xxh3;
+        std::uint64_t step;
+    };
+    std::vector<Old> old;
+    old.reserve(all.size());
+    std::size_t i = 0;
+    for (unsigned q = 0; q < dp; ++q)
+        for (Role r : changed)
+            for (std::size_t t = 0; t < T; ++t) {
+                shard::Partition* p = record(t, q, roles[r].state);
+                old.push_back({p, p->file, p->xxh3, p->step});
+                p->file = twin_file(p->file);
+                p->xxh3 = static_cast<std::uint64_t>(all[i++]);
+                p->step = new_step;
+            }
+    std::exception_ptr failed;
+    if (rank == 0) try {
+            shard::save_manifest(m, path);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    try {
+        comm::agree(comm, failed, "the manifest was not committed; it names the state before this step");
+    } catch (...) {
+        for (auto& o : old) {
+            o.p->file = o.file;
+            o.p->xxh3 = o.xxh3;
+            o.p->step = o.step;
+        }
+        throw;
+    }
+    for (Role r : changed) {
+        auto& rs = roles[r];
+        std::swap(rs.cur, rs.alt);
+        std::swap(rs.cur_f, rs.alt_f);
+    }
+    step = new_step;
+}
+
+void Impl::save() {
+    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
+    std::vector<Role> held;
+    for (Role r : {Role::W, Role::M, Role::V, Role::P})
+        if (roles[r].present && !roles[r].file) held.push_back(r);
+    std::exception_ptr failed;
+    try {
+        for (Role r : held) {
+            auto& rs = roles[r];
+            io::File f = open_file(rs.alt, true, rs.end);
+            engine.wait(engine.write(f, 0, rs.image.bytes().first(rs.end)));
+            engine.sync(f);
+            f.close();
+            for (std::size_t t = 0; t < T; ++t)
+                rs.new_hash[t] = xxh3(rs.image.bytes().subspan(rs.part[t]->offset, rs.part[t]->bytes));
+        }
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    comm::agree(comm, failed, "nothing was saved; the manifest names the state before");
+    commit(held, step);
+}
+
+// ---------------------------------------------------------------------------
+Optimizer::Optimizer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engine, mem::PinnedPool& pool,
+                     const OptimizerOptions& opts)
+    : impl_(std::make_unique<Impl>(m, comm, engine, pool, opts)) {}
+Optimizer::~Optimizer() = default;
+
+unsigned Optimizer::rank() const { return impl_->rank; }
+std::uint64_t Optimizer::step_count() const { return impl_->step; }
+std::uint64_t Optimizer::chunk_bytes() const { return impl_->K; }
+
+void Optimizer::set_lr(double lr) {
+    optim::AdamW h = impl_->opts.adamw;
+    h.lr = lr;
+    h.validate();
+    impl_->lr = lr;
+}
+
+void Optimizer::put_gradient(std::size_t tensor, std::span<const float> grad) { impl_->put(tensor, grad, {}); }
+void Optimizer::put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16) {
+    impl_->put(tensor, {}, grad_bf16);
+}
+
+StepReport Optimizer::step(double loss_scale) { return impl_->run_step(loss_scale); }
+void Optimizer::save() { impl_->save(); }
+
+std::span<const std::byte> Optimizer::param(std::size_t tensor) const {
+    const auto& rs = impl_->roles[impl_->roles[Role::P].present ? Role::P : Role::W];
+    if (rs.file) throw InternalError("param(): the working parameters live on nvme, not in memory");
+    if (tensor >= impl_->T) throw InternalError("param(): tensor " + std::to_string(tensor));
+    return rs.image.bytes().subspan(rs.offset[tensor], impl_->per(tensor) * rs.dt);
+}
+
+}  // namespace zinf::zero
