@@ -11,18 +11,28 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 
 using namespace zinf;
 
 namespace {
 
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+void check_stop() {
+    if (g_stop.load()) throw Interrupted("interrupted");
+}
+
 struct Options {
+    bool params_given = false;
     std::string params = "50M", model, state = "both", dir;
     unsigned steps = 5, threads = 0;
     std::string isa = "auto", param_dtype = "fp32", grad_dtype = "fp32";
@@ -87,39 +97,48 @@ void fill(std::span<float> v, std::uint64_t seed, float scale, bool positive = f
 double median(std::vector<double> v) { return bench::median(std::move(v)); }
 
 // Memory bandwidth in GiB/s (bytes read plus bytes written), all threads,
-// best of 5: `copy` from one buffer to another (memcpy, as STREAM's Copy),
-// and `in_place`, every element read and written back, the pattern of the
-// update (no read-for-ownership of a separate destination).
+// best of 5, on buffers well past the caches: `copy` from one buffer to
+// another (memcpy, as STREAM's Copy), and `streams`, the update's own
+// pattern with no arithmetic to speak of: four arrays read, three of them
+// written back in place (w += g, m += g, v += g).
 struct Bandwidth {
-    double copy = 0, in_place = 0;
-    double bound() const { return std::max(copy, in_place); }
+    double copy = 0, streams = 0;
+    double bound() const { return std::max(copy, streams); }
 };
 
-Bandwidth memory_gibps(std::size_t bytes, unsigned threads) {
-    AlignedBuffer a = AlignedBuffer::allocate(bytes), b = AlignedBuffer::allocate(bytes);
-    std::memset(a.data(), 1, bytes);
+Bandwidth memory_gibps(std::uint64_t n, unsigned threads) {
+    n = std::clamp<std::uint64_t>(n, 16 << 20, 64 << 20);  // 256MiB to 1GiB per array
+    const std::size_t bytes = n * 4;
     const int th = threads ? static_cast<int>(threads) : omp_get_max_threads();
-    const std::size_t piece = 1 << 20, pieces = (bytes + piece - 1) / piece;
-    auto best = [&](auto pass) {
+    auto best = [&](std::size_t moved, auto pass) {
         double t = 1e30;
         for (int round = 0; round < 6; ++round) {
             Timer tm;
             pass();
             if (round) t = std::min(t, tm.seconds());  // the first is a warm-up
         }
-        return 2.0 * static_cast<double>(bytes) / GiB / t;
+        return static_cast<double>(moved) / GiB / t;
     };
     Bandwidth bw;
-    bw.copy = best([&] {
+    AlignedBuffer a = AlignedBuffer::allocate(bytes), b = AlignedBuffer::allocate(bytes);
+    std::memset(a.data(), 1, bytes);
+    const std::size_t piece = 1 << 20, pieces = (bytes + piece - 1) / piece;
+    bw.copy = best(2 * bytes, [&] {
 #pragma omp parallel for num_threads(th) schedule(static)
         for (std::size_t i = 0; i < pieces; ++i)
             std::memcpy(b.data() + i * piece, a.data() + i * piece, std::min(piece, bytes - i * piece));
     });
-    float* x = reinterpret_cast<float*>(b.data());
-    const std::size_t n = bytes / 4;
-    bw.in_place = best([&] {
+    AlignedBuffer c = AlignedBuffer::allocate(bytes), d = AlignedBuffer::allocate(bytes);
+    float *w = reinterpret_cast<float*>(a.data()), *m = reinterpret_cast<float*>(b.data()),
+          *v = reinterpret_cast<float*>(c.data());
+    const float* g = reinterpret_cast<const float*>(d.data());
+    bw.streams = best(7 * bytes, [&] {
 #pragma omp parallel for simd num_threads(th) schedule(static)
-        for (std::size_t i = 0; i < n; ++i) x[i] = x[i] * 0.5f + 1.0f;
+        for (std::size_t i = 0; i < n; ++i) {
+            w[i] += g[i];
+            m[i] += g[i];
+            v[i] += g[i];
+        }
     });
     return bw;
 }
@@ -188,7 +207,9 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
     shard::Manifest m = shard::layout(spec, lo);
     const std::string dir = root + "/" + shard::tier_name(tier);
     log::info(std::string("writing the initial ") + shard::tier_name(tier) + " state: " + format_size(m.total_bytes()));
-    shard::init(m, dir, eng, pool, {}).commit();
+    shard::RunOptions ro;
+    ro.stop = &g_stop;
+    shard::init(m, dir, eng, pool, ro).commit();
     shard::save_manifest(m, m.dir + "/manifest.jsonl");
 
     comm::Communicator c(comm::Options{.backend = comm::Backend::self});
@@ -204,6 +225,7 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
     StepResult r;
     r.state = shard::tier_name(tier);
     for (unsigned s = 0; s <= o.steps; ++s) {
+        check_stop();
         fill(g, 100 + s, 1e-2f);
         for (std::size_t t = 0; t < m.tensors.size(); ++t)
             opt.put_gradient(t, std::span<const float>(g).first(m.tensors[t].numel));
@@ -221,6 +243,9 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
     }
     r.seconds = median(secs);
     r.best = *std::min_element(secs.begin(), secs.end());
+    // A kept folder holds whole states: what memory held goes to disk too.
+    if (o.keep) opt.save();
+    check_stop();
     if (tier != shard::Tier::nvme) return r;
 
     // The ideal: the same bytes read from the files the step reads, and
@@ -263,9 +288,7 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
 }
 
 int run(const Options& o) {
-    if (o.state != "cpu" && o.state != "nvme" && o.state != "both")
-        throw UsageError("--state must be cpu, nvme or both");
-    if (!o.model.empty() && o.params != "50M") throw UsageError("--params and --model exclude each other");
+    if (!o.model.empty() && o.params_given) throw UsageError("--params and --model exclude each other");
     const shard::ModelSpec spec = o.model.empty() ? shape_for(parse_count(o.params)) : shard::ModelSpec::parse(o.model);
     const std::uint64_t n = spec.parameters();
     optim::Kernel k;
@@ -277,21 +300,27 @@ int run(const Options& o) {
     shard::parse_dtype(o.param_dtype);
     shard::parse_dtype(o.grad_dtype);
 
-    log::info("copy bandwidth");
-    const Bandwidth bw = memory_gibps(std::min<std::uint64_t>(n * 4, 1 * GiB), o.threads);
+    // Everything that can be refused is, before minutes of timing.
+    std::optional<io::Engine> eng;
+    std::optional<mem::PinnedPool> pool;
+    std::optional<Scratch> scratch;
+    if (o.state != "update") {
+        eng.emplace(o.engine.resolve());
+        pool.emplace(o.pool.resolve(), &*eng);
+        scratch.emplace(o.dir, o.keep);
+    }
+
+    log::info("memory bandwidth");
+    const Bandwidth bw = memory_gibps(n, o.threads);
+    check_stop();
     log::info("AdamW update of " + std::to_string(n) + " parameters in memory");
     const UpdateResult up = time_update(n, o, k, bf16_param, bf16_grad);
     const double traffic = up.bytes_per_param * static_cast<double>(n) / GiB / up.seconds;
 
     std::vector<StepResult> steps;
-    if (o.state != "update") {
-        io::Engine eng(o.engine.resolve());
-        mem::PinnedPool pool(o.pool.resolve(), &eng);
-        Scratch scratch(o.dir, o.keep);
-        for (shard::Tier t : {shard::Tier::cpu, shard::Tier::nvme})
-            if (o.state == "both" || o.state == shard::tier_name(t))
-                steps.push_back(time_step(spec, t, scratch.path, o, k, eng, pool, up.seconds));
-    }
+    for (shard::Tier t : {shard::Tier::cpu, shard::Tier::nvme})
+        if (o.state == "both" || o.state == shard::tier_name(t))
+            steps.push_back(time_step(spec, t, scratch->path, o, k, *eng, *pool, up.seconds));
 
     json::Json base;
     base["schema"] = "zinf.optbench/1";
@@ -307,10 +336,10 @@ int run(const Options& o) {
         u["state"] = "cpu";
         u["seconds"] = up.seconds;
         u["params_per_s"] = static_cast<double>(n) / up.seconds;
-        u["bytes_per_param"] = up.bytes_per_param;
+        u["bytes_per_param"] = static_cast<int>(up.bytes_per_param);
         u["traffic_gibps"] = traffic;
         u["copy_gibps"] = bw.copy;
-        u["in_place_gibps"] = bw.in_place;
+        u["streams_gibps"] = bw.streams;
         u["bound_fraction"] = traffic / bw.bound();
         std::fputs(json::line(u).c_str(), stdout);
         for (const StepResult& s : steps) {
@@ -339,9 +368,9 @@ int run(const Options& o) {
         std::printf("# zinf-optbench %s: %s = %llu parameters, isa %s, %u threads, %s params, %s grads\n", version(),
                     spec.to_string().c_str(), static_cast<unsigned long long>(n), optim::isa_name(k.isa), threads,
                     o.param_dtype.c_str(), o.grad_dtype.c_str());
-        std::printf("# memory bandwidth (read + write): copy %.2f GiB/s, in place %.2f GiB/s; the update moves %.0f "
-                    "bytes per parameter\n",
-                    bw.copy, bw.in_place, up.bytes_per_param);
+        std::printf("# memory bandwidth (read + write): copy %.2f GiB/s, the update's streams %.2f GiB/s; the update "
+                    "moves %.0f bytes per parameter\n",
+                    bw.copy, bw.streams, up.bytes_per_param);
         std::printf("# %-6s %-5s %12s %10s %11s %8s  %s\n", "kind", "state", "params", "seconds", "Mparams/s", "GiB/s",
                     "note");
         std::printf("%-8s %-5s %12llu %10.4f %11.1f %8.2f  %.0f%% of the memory bound\n", "update", "cpu",
@@ -376,7 +405,8 @@ int main(int argc, char** argv) {
     Options o;
     cli::Common common;
     cli::add_common(app, common);
-    app.add_option("--params", o.params, "Parameters, as a GPT of about that size (50M, 1.5G)")->capture_default_str();
+    auto* params = app.add_option("--params", o.params, "Parameters, as a GPT of about that size (50M, 1.5G)")
+                       ->capture_default_str();
     app.add_option("--model", o.model, "A model spec or preset instead of --params (gpt2-124m)");
     app.add_option("--state", o.state, "Where the tiered step's state lives: cpu, nvme, both, or update (none)")
         ->capture_default_str()
@@ -400,5 +430,11 @@ int main(int argc, char** argv) {
     app.add_option("--max-ideal-ratio", o.max_ideal_ratio, "Exit 75 when the NVMe step takes more than this times its ideal");
     app.add_flag("--keep", o.keep, "Keep the scratch folder with the state");
     app.add_flag("--json", o.json, "JSON Lines (zinf.optbench/1) instead of the table");
-    return cli::run(app, argc, argv, "zinf-optbench", common, [&] { return run(o); });
+    return cli::run(app, argc, argv, "zinf-optbench", common, [&] {
+        o.params_given = params->count() > 0;
+        std::signal(SIGINT, on_signal);
+        std::signal(SIGTERM, on_signal);
+        std::signal(SIGHUP, on_signal);
+        return run(o);
+    });
 }

@@ -27,7 +27,7 @@ void throw_errno(std::string_view call, int err, const std::string& path,
     msg += " failed";
     if (err == ENOENT && !creating) throw MissingInputError(msg, w);
     if (creating && (err == EEXIST || err == ENOSPC || err == EACCES || err == EROFS ||
-                     err == EDQUOT || err == ENOENT || err == EISDIR))
+                     err == EDQUOT || err == ENOENT || err == EISDIR || err == ENOTDIR))
         throw CreateError(msg, w);
     throw IoError(msg, w);
 }
