@@ -16,10 +16,11 @@
 namespace zinf::zero {
 
 std::string twin_file(const std::string& file) {
-    const std::string alt = ".alt.bin", bin = ".bin";
-    if (file.size() > alt.size() && file.ends_with(alt)) return file.substr(0, file.size() - alt.size()) + bin;
-    if (file.ends_with(bin)) return file.substr(0, file.size() - bin.size()) + alt;
-    return file + ".alt";
+    const std::string alt = ".alt", bin = ".bin";
+    if (file.ends_with(alt + bin)) return file.substr(0, file.size() - alt.size() - bin.size()) + bin;
+    if (file.ends_with(bin)) return file.substr(0, file.size() - bin.size()) + alt + bin;
+    if (file.ends_with(alt)) return file.substr(0, file.size() - alt.size());
+    return file + alt;
 }
 
 using detail::Chunk;
@@ -165,6 +166,9 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
         return;
     }
     // Held in memory for the run: read now, every partition checked.
+    if ((state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::gpu)
+        log::warn_once("optim-gpu-tier", "gpu-tier state is held in host memory and updated by the CPU AdamW: "
+                                         "the device layer has no GPU kernel yet");
     rs.image = AlignedBuffer::allocate(rs.end);
     if (int err = rs.image.lock())
         log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +

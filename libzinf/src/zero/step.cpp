@@ -257,8 +257,17 @@ void Impl::save() {
 
 // ---------------------------------------------------------------------------
 Optimizer::Optimizer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engine, mem::PinnedPool& pool,
-                     const OptimizerOptions& opts)
-    : impl_(std::make_unique<Impl>(m, comm, engine, pool, opts)) {}
+                     const OptimizerOptions& opts) {
+    // Every rank opens, or none does (a rank left out would wait in the
+    // first step's collectives until its deadline).
+    std::exception_ptr failed;
+    try {
+        impl_ = std::make_unique<Impl>(m, comm, engine, pool, opts);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    comm::agree(comm, failed, "the optimizer was not opened");
+}
 Optimizer::~Optimizer() = default;
 
 unsigned Optimizer::rank() const { return impl_->rank; }
