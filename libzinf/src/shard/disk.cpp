@@ -396,6 +396,9 @@ void Written::discard() noexcept {
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
     const auto ranks = rank_set(m, opts);
     const unsigned jobs = resolve_jobs(opts.jobs);
+    // Initial values: no optimizer step applied to them.
+    for (auto& p : m.parts)
+        if (ranks.count(p.rank)) p.step = 0;
     // Each worker holds a ring of buffers for the fp32 values (the master
     // copy, or the param state when it is fp32) and, with bf16 params, a
     // ring half as long for them; one more buffer holds zeros for everyone.
@@ -599,6 +602,15 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
             });
             if (same) q.extra[it.key()] = it.value();
         }
+        // The optimizer step of the values: one for the whole tensor, or the
+        // old manifest is not one state.
+        q.step = olds.front()->step;
+        for (const Partition* o : olds)
+            if (o->step != q.step)
+                throw DataError(m.tensors[q.tensor].name + " " + q.state + ": rank " + std::to_string(o->rank) +
+                                " is at step " + std::to_string(o->step) + ", rank " +
+                                std::to_string(olds.front()->rank) + " at " + std::to_string(q.step) +
+                                ": the manifest is not one state");
     }
     std::set<unsigned> all;
     for (unsigned r = 0; r < dp; ++r) all.insert(r);
