@@ -384,7 +384,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
                     }
         throw;
     }
-    tot.chunks += chunks.size();
+    if (!file_roles.empty()) tot.chunks += chunks.size();
 }
 
 template <class PieceBuf>

@@ -1,0 +1,250 @@
+// What the tests of zero::Optimizer (test_optimizer.cpp, the equivalences;
+// test_optimizer_faults.cpp, faults, scaling, clipping and refusals) share:
+// the small model, the io engine and pool, a state committed in a fresh
+// folder, the optimizer's options, seeded gradients handed over, the state
+// read back, and byte-for-byte and relative comparisons of two states.
+#pragma once
+
+#include "testing.hpp"
+
+#include <zinf/comm.hpp>
+#include <zinf/io.hpp>
+#include <zinf/mem.hpp>
+#include <zinf/optim.hpp>
+#include <zinf/shard.hpp>
+#include <zinf/util.hpp>
+#include <zinf/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zinf::testing {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using shard::DType;
+using shard::Tier;
+using Bytes = std::vector<std::byte>;
+
+// 16 tensors; the largest (mlp.c_fc.weight, mlp.c_proj.weight) are 20,736
+// elements = 82,944 bytes of fp32, more than one pool buffer.
+inline constexpr const char* kModel = "gpt:layers=1,hidden=72,heads=2,vocab=97,seq=13";
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Runs `fn`, expecting exception E; returns its what() ("" and a failure otherwise).
+template <class E, class F>
+std::string what_of(F fn, const std::string& context) {
+    try {
+        fn();
+    } catch (const E& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        BOOST_ERROR(context << ": wrong exception type: " << e.what());
+        return "";
+    }
+    BOOST_ERROR(context << ": no exception");
+    return "";
+}
+
+inline std::uint64_t fresh_seed(const char* what) {
+    const std::uint64_t s = seed(what);
+    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
+    return s;
+}
+
+// 8 buffers of 64KiB: an fp32 step streams 4 files (master, moments,
+// gradient) with 3 chunks in flight, so each piece is 32KiB and the larger
+// partitions are cut in the middle.
+inline mem::PoolConfig small_pool() {
+    mem::PoolConfig c;
+    c.bytes = 8 * 64 * KiB;
+    c.buffer = 64 * KiB;
+    c.allocator = "host";
+    c.lease_timeout = 30s;
+    return c;
+}
+
+// The io engine and the pool (destroyed first, as it must be).
+struct Rig {
+    io::Engine engine;
+    mem::PinnedPool pool;
+    explicit Rig(const io::EngineConfig& ec = {}, const mem::PoolConfig& pc = small_pool())
+        : engine(ec), pool(pc, &engine) {}
+};
+
+// A state laid out, initialised and committed in a fresh folder under /var/tmp.
+struct Run {
+    TempDir tmp{"/var/tmp"};
+    shard::Manifest m;
+    Run(Rig& rig, const shard::LayoutOptions& lo, const char* spec = kModel) {
+        m = shard::layout(shard::ModelSpec::parse(spec), lo);
+        shard::init(m, tmp.file("state"), rig.engine, rig.pool, {}).commit();
+        shard::save_manifest(m, manifest_path());
+    }
+    std::string manifest_path() const { return m.dir + "/manifest.jsonl"; }
+};
+
+inline shard::LayoutOptions lay(DType param_dtype, Tier param_tier, Tier optim_tier, std::uint64_t s) {
+    shard::LayoutOptions lo;
+    lo.param_dtype = param_dtype;
+    lo.param_tier = param_tier;
+    lo.optim_tier = optim_tier;
+    lo.seed = s;
+    return lo;
+}
+
+inline comm::Communicator self_comm() { return comm::Communicator(comm::Options{.backend = comm::Backend::self}); }
+
+inline zero::OptimizerOptions options() {
+    zero::OptimizerOptions o;
+    o.adamw.lr = 1e-2;
+    o.adamw.weight_decay = 0.1;
+    return o;
+}
+
+inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// The full gradient of tensor t at step k: uniform in [-scale, scale), the
+// scale a power of two between 2^-8 and 2^-3 that differs by tensor.
+inline std::vector<float> gradient(std::uint64_t s, unsigned k, std::size_t t, std::uint64_t numel) {
+    std::mt19937_64 rng(mix(s ^ mix(1000003ull * k + t)));
+    const float scale = std::ldexp(1.0f, -3 - static_cast<int>(mix(s + t) % 6));
+    std::vector<float> g(numel);
+    for (auto& x : g) x = scale * (static_cast<float>(rng() >> 40) * 0x1p-23f - 1.0f);
+    return g;
+}
+
+// Every tensor's gradient of step k (this rank's part of it) handed over, in
+// tensor order or in reverse (as backward produces them). `edit` may change a
+// tensor's full gradient first.
+inline void put_all(zero::Optimizer& opt, const shard::Manifest& m, std::uint64_t s, unsigned k, bool reverse = false,
+                    const std::function<void(std::size_t, std::vector<float>&)>& edit = {}) {
+    const std::size_t T = m.tensors.size();
+    for (std::size_t i = 0; i < T; ++i) {
+        const std::size_t t = reverse ? T - 1 - i : i;
+        std::vector<float> g = gradient(s, k, t, m.tensors[t].numel);
+        if (edit) edit(t, g);
+        const shard::Owned o = shard::owned(m.tensors[t].numel, m.opts.dp, opt.rank());
+        opt.put_gradient(t, std::span<const float>(g).subspan(o.first, o.count));
+    }
+}
+
+inline Bytes slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    BOOST_REQUIRE_MESSAGE(in, "cannot open " << path);
+    std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Bytes out(c.size());
+    std::memcpy(out.data(), c.data(), c.size());
+    return out;
+}
+
+// Every file under the state folder but the gradient scratch, by relative path.
+inline std::map<std::string, Bytes> snapshot(const std::string& dir) {
+    std::map<std::string, Bytes> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+        if (e.is_regular_file() && e.path().filename() != "grad.bin")
+            out[fs::relative(e.path(), dir).string()] = slurp(e.path().string());
+    return out;
+}
+
+inline Bytes cat_bytes(const shard::Manifest& m, std::size_t t, const std::string& state, Rig& rig) {
+    Bytes out;
+    shard::cat(m, t, state, rig.engine, rig.pool, [&](std::span<const std::byte> piece) {
+        out.insert(out.end(), piece.begin(), piece.end());
+    });
+    return out;
+}
+
+inline std::vector<float> as_f32(const Bytes& b) {
+    std::vector<float> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
+    return v;
+}
+
+// The first differing byte of two arrays, reported once.
+inline bool same_bytes(const Bytes& a, const Bytes& b, const std::string& what) {
+    if (a.size() != b.size()) {
+        BOOST_ERROR(what << ": " << a.size() << " bytes vs " << b.size());
+        return false;
+    }
+    const auto mm = std::mismatch(a.begin(), a.end(), b.begin());
+    if (mm.first == a.end()) return true;
+    const std::size_t i = static_cast<std::size_t>(mm.first - a.begin());
+    std::size_t n = 0;
+    for (std::size_t j = i; j < a.size(); ++j) n += a[j] != b[j];
+    BOOST_ERROR(what << ": " << n << " of " << a.size() << " bytes differ, the first at byte " << i << " (0x"
+                     << std::hex << static_cast<int>(a[i]) << " vs 0x" << static_cast<int>(b[i]) << std::dec << ")");
+    return false;
+}
+
+// Every state of every tensor, gathered from the committed files, byte for byte.
+inline void same_state(const shard::Manifest& a, const shard::Manifest& b, Rig& rig, const std::string& what) {
+    BOOST_TEST_REQUIRE((a.states == b.states), what);
+    BOOST_TEST_REQUIRE(a.tensors.size() == b.tensors.size(), what);
+    for (const std::string& state : a.states)
+        for (std::size_t t = 0; t < a.tensors.size(); ++t)
+            same_bytes(cat_bytes(a, t, state, rig), cat_bytes(b, t, state, rig),
+                       what + ": " + state + " of " + a.tensors[t].name);
+}
+
+// The fp32 states within `rel` of each tensor's largest magnitude, element by
+// element. (Not of each element's own magnitude: the moments and weights are
+// sums of terms of both signs, and where they nearly cancel a last-bit
+// difference in a term is a large fraction of the small result.)
+inline void close_state(const shard::Manifest& a, const shard::Manifest& b, Rig& rig, double rel,
+                        const std::string& what) {
+    for (const std::string& state : a.states) {
+        if (shard::state_dtype(a.opts, state) != DType::fp32) continue;
+        for (std::size_t t = 0; t < a.tensors.size(); ++t) {
+            const auto x = as_f32(cat_bytes(a, t, state, rig)), y = as_f32(cat_bytes(b, t, state, rig));
+            BOOST_TEST_REQUIRE(x.size() == y.size());
+            double scale = 0;
+            for (std::size_t i = 0; i < x.size(); ++i)
+                scale = std::max({scale, std::abs(double(x[i])), std::abs(double(y[i]))});
+            std::size_t bad = 0, first = 0;
+            double worst = 0;
+            for (std::size_t i = 0; i < x.size(); ++i) {
+                const double d = std::abs(double(x[i]) - double(y[i]));
+                worst = std::max(worst, d);
+                if (d > rel * scale && !bad++) first = i;
+            }
+            BOOST_TEST(bad == 0u, what << ": " << state << " of " << a.tensors[t].name << ": " << bad
+                                        << " elements differ by more than " << rel << " of the largest, " << scale
+                                        << " (first at " << first << ", worst " << worst << ")");
+        }
+    }
+}
+
+inline void verify_from_disk(const std::string& manifest_path, Rig& rig, std::uint64_t step, const std::string& what) {
+    shard::Manifest back;
+    BOOST_REQUIRE_NO_THROW(back = shard::read_manifest_file(manifest_path));
+    try {
+        const auto r = shard::verify(back, rig.engine, rig.pool, {});
+        BOOST_TEST(r.partitions == back.parts.size(), what);
+    } catch (const std::exception& e) {
+        BOOST_ERROR(what << ": verify: " << e.what());
+    }
+    std::size_t off = 0;
+    for (const auto& p : back.parts) off += p.step != step;
+    BOOST_TEST(off == 0u, what << ": " << off << " records not at step " << step);
+}
+
+}  // namespace zinf::testing

@@ -1,0 +1,260 @@
+// Unit tests of libzinf zero's tiered optimizer step (zero::Optimizer), in one
+// process with the self communicator, the equivalences: the NVMe step
+// (streamed in chunks that cut inside partitions, through a pool of 64KiB
+// buffers) equal to the CPU step and to the AdamW kernel applied directly,
+// bitwise; the overlapped mode equal to the full step; mixed tiers and the
+// step every record carries; the pool bound. Faults, overflow, loss scaling,
+// clipping and the errors are in test_optimizer_faults.cpp; the helpers both
+// share in optimizer_fixture.hpp.
+//
+// Models are small and oddly shaped (hidden 72, vocab 97, seq 13), so no
+// partition is a multiple of anything; state lives in fresh folders on the
+// real disk (/var/tmp, which takes O_DIRECT), removed afterwards. Gradients
+// come from one printed seed (ZINF_TEST_SEED replays it).
+#define BOOST_TEST_MODULE optimizer
+#include "optimizer_fixture.hpp"
+
+#include <bit>
+#include <optional>
+#include <set>
+
+using namespace zinf;
+using namespace zinf::testing;
+
+namespace {
+
+bool decays(const shard::Tensor& t) { return t.shape.size() >= 2; }
+
+std::uint64_t largest_partition_bytes(const shard::Manifest& m) {
+    std::uint64_t most = 0;
+    for (const auto& p : m.parts) most = std::max(most, p.bytes);
+    return most;
+}
+
+}  // namespace
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(equivalence)
+
+// 1. The same step wherever the state lives: NVMe (streamed in chunks) and
+// CPU memory give the same bytes, fp32 and bf16 parameters, over 3 steps.
+BOOST_AUTO_TEST_CASE(nvme_step_equals_cpu_step) {
+    const std::uint64_t s = fresh_seed("nvme vs cpu");
+    for (DType pd : {DType::fp32, DType::bf16}) {
+        const std::string what = std::string("param ") + shard::dtype_name(pd);
+        Rig rig;
+        Run nv(rig, lay(pd, Tier::nvme, Tier::nvme, s)), cp(rig, lay(pd, Tier::cpu, Tier::cpu, s));
+        auto c = self_comm();
+        zero::Optimizer a(nv.m, c, rig.engine, rig.pool, options());
+        zero::Optimizer b(cp.m, c, rig.engine, rig.pool, options());
+        BOOST_TEST(a.chunk_bytes() < largest_partition_bytes(nv.m), what << ": the chunks cut partitions");
+        for (unsigned k = 1; k <= 3; ++k) {
+            put_all(a, nv.m, s, k);
+            put_all(b, cp.m, s, k);
+            const zero::StepReport ra = a.step(), rb = b.step();
+            BOOST_TEST(ra.step == k, what);
+            BOOST_TEST(rb.step == k, what);
+            BOOST_TEST(a.step_count() == k, what);
+            BOOST_TEST(!ra.overflow);
+            BOOST_TEST(ra.clip == 1.0);
+            BOOST_TEST(std::bit_cast<std::uint64_t>(ra.grad_norm) == std::bit_cast<std::uint64_t>(rb.grad_norm),
+                       what << ": norm " << ra.grad_norm << " vs " << rb.grad_norm);
+            BOOST_TEST(ra.chunks > nv.m.tensors.size() / 2, what);
+            BOOST_TEST(rb.chunks == 0u, what << ": " << rb.chunks << " chunk(s) reported with every state in memory");
+            // The cpu tier's working parameters, in memory, equal the nvme file's.
+            for (std::size_t t = 0; t < cp.m.tensors.size(); ++t) {
+                const auto p = b.param(t);
+                same_bytes(Bytes(p.begin(), p.end()), cat_bytes(nv.m, t, "param", rig),
+                           what + " step " + std::to_string(k) + ": param() of " + cp.m.tensors[t].name);
+            }
+        }
+        BOOST_CHECK_THROW(a.param(0), InternalError);  // on nvme, not in memory
+        b.save();
+        same_state(nv.m, cp.m, rig, what);
+        verify_from_disk(nv.manifest_path(), rig, 3, what + " nvme");
+        verify_from_disk(cp.manifest_path(), rig, 3, what + " cpu");
+        // The in-memory manifest the optimizer keeps is the one on disk.
+        const shard::Manifest back = shard::read_manifest_file(nv.manifest_path());
+        for (std::size_t i = 0; i < back.parts.size(); ++i) {
+            BOOST_TEST(back.parts[i].file == nv.m.parts[i].file);
+            BOOST_TEST((back.parts[i].xxh3 == nv.m.parts[i].xxh3));
+        }
+        // Three steps: the twin named after the first and third.
+        BOOST_TEST(contains(back.parts.front().file, ".alt.bin"), back.parts.front().file);
+    }
+}
+
+// 2. The NVMe step is the kernel on the whole partition: chunking changes nothing.
+BOOST_AUTO_TEST_CASE(nvme_step_equals_the_kernel) {
+    const std::uint64_t s = fresh_seed("kernel");
+    for (DType pd : {DType::fp32, DType::bf16}) {
+        const std::string what = std::string("param ") + shard::dtype_name(pd);
+        Rig rig;
+        Run nv(rig, lay(pd, Tier::nvme, Tier::nvme, s));
+        auto c = self_comm();
+        zero::OptimizerOptions oo = options();
+        oo.grad_dtype = pd;  // bf16 gradients with bf16 parameters
+        zero::Optimizer opt(nv.m, c, rig.engine, rig.pool, oo);
+        const bool master = pd != DType::fp32;
+        const std::string wstate = master ? "master" : "param";
+        for (unsigned k = 1; k <= 2; ++k) {
+            const std::size_t T = nv.m.tensors.size();
+            std::vector<std::vector<float>> w(T), mo(T), v(T);
+            for (std::size_t t = 0; t < T; ++t) {
+                w[t] = as_f32(cat_bytes(nv.m, t, wstate, rig));
+                mo[t] = as_f32(cat_bytes(nv.m, t, "exp_avg", rig));
+                v[t] = as_f32(cat_bytes(nv.m, t, "exp_avg_sq", rig));
+            }
+            // The second step at another learning rate (a schedule's set_lr).
+            optim::AdamW h = oo.adamw;
+            if (k == 2) {
+                h.lr = 3e-3;
+                opt.set_lr(h.lr);
+            }
+            put_all(opt, nv.m, s, k);
+            const zero::StepReport rep = opt.step();
+            BOOST_TEST(rep.step == k);
+            BOOST_TEST(rep.chunk_bytes == opt.chunk_bytes());
+            for (std::size_t t = 0; t < T; ++t) {
+                const auto& tensor = nv.m.tensors[t];
+                std::vector<float> g = gradient(s, k, t, tensor.numel);
+                std::vector<std::uint16_t> gb(g.size()), p(g.size());
+                optim::Update u;
+                u.master = w[t];
+                u.exp_avg = mo[t];
+                u.exp_avg_sq = v[t];
+                if (pd == DType::fp32) {
+                    u.grad_f32 = g;
+                } else {
+                    to_bf16(g, gb);
+                    u.grad_bf16 = gb;
+                    u.param_bf16 = p;
+                }
+                optim::adamw(u, optim::Scalars::make(h, k, 1.0, decays(tensor)));
+                auto bytes = [](const auto& vec) {
+                    const auto b = std::as_bytes(std::span(vec));
+                    return Bytes(b.begin(), b.end());
+                };
+                const std::string at = what + " step " + std::to_string(k) + ": " + tensor.name + " ";
+                same_bytes(cat_bytes(nv.m, t, wstate, rig), bytes(w[t]), at + wstate);
+                same_bytes(cat_bytes(nv.m, t, "exp_avg", rig), bytes(mo[t]), at + "exp_avg");
+                same_bytes(cat_bytes(nv.m, t, "exp_avg_sq", rig), bytes(v[t]), at + "exp_avg_sq");
+                if (master) same_bytes(cat_bytes(nv.m, t, "param", rig), bytes(p), at + "param (bf16)");
+            }
+        }
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(modes)
+
+// 6. The overlapped step (each tensor updated as its gradient arrives, in
+// reverse order as backward hands them over) is the full step, bitwise.
+BOOST_AUTO_TEST_CASE(overlap_equals_full_step) {
+    const std::uint64_t s = fresh_seed("overlap");
+    for (Tier tier : {Tier::nvme, Tier::cpu})
+        for (DType pd : {DType::fp32, DType::bf16}) {
+            const std::string what = std::string("tier ") + shard::tier_name(tier) + ", param " + shard::dtype_name(pd);
+            Rig rig;
+            const shard::LayoutOptions lo = lay(pd, tier, tier, s);
+            Run full(rig, lo), ov(rig, lo);
+            auto c = self_comm();
+            zero::OptimizerOptions oo = options();
+            oo.overlap = true;
+            zero::Optimizer of(full.m, c, rig.engine, rig.pool, options());
+            zero::Optimizer oov(ov.m, c, rig.engine, rig.pool, oo);
+            for (unsigned k = 1; k <= 3; ++k) {
+                put_all(of, full.m, s, k);
+                put_all(oov, ov.m, s, k, true);
+                const zero::StepReport rf = of.step(), ro = oov.step();
+                BOOST_TEST(ro.step == k, what);
+                BOOST_TEST(!ro.overflow, what);
+                BOOST_TEST(rf.grad_norm == ro.grad_norm, what);
+            }
+            BOOST_TEST(rig.pool.stats().high_water <= rig.pool.buffers(), what);
+            if (tier == Tier::cpu) {
+                of.save();
+                oov.save();
+            }
+            same_state(full.m, ov.m, rig, what + ": overlapped vs full");
+            verify_from_disk(ov.manifest_path(), rig, 3, what);
+        }
+}
+
+// 7. Mixed tiers: the state in memory reaches the manifest by save(); until
+// then the records disagree on the step and the manifest is refused.
+BOOST_AUTO_TEST_CASE(mixed_tiers_equal_cpu_and_need_save) {
+    const std::uint64_t s = fresh_seed("mixed tiers");
+    struct Mix {
+        Tier param, optim;
+    };
+    for (const Mix mix : {Mix{Tier::cpu, Tier::nvme}, Mix{Tier::nvme, Tier::cpu}}) {
+        const std::string what = std::string("param ") + shard::tier_name(mix.param) + ", optim " +
+                                 shard::tier_name(mix.optim);
+        Rig rig;
+        Run ref(rig, lay(DType::bf16, Tier::cpu, Tier::cpu, s)), mixed(rig, lay(DType::bf16, mix.param, mix.optim, s));
+        auto c = self_comm();
+        zero::Optimizer oref(ref.m, c, rig.engine, rig.pool, options());
+        std::optional<zero::Optimizer> om;
+        om.emplace(mixed.m, c, rig.engine, rig.pool, options());
+        for (unsigned k = 1; k <= 2; ++k) {
+            put_all(oref, ref.m, s, k);
+            put_all(*om, mixed.m, s, k);
+            oref.step();
+            BOOST_TEST(om->step().step == k, what);
+        }
+        {
+            shard::Manifest back = shard::read_manifest_file(mixed.manifest_path());
+            std::set<std::uint64_t> steps;
+            for (const auto& p : back.parts) steps.insert(p.step);
+            BOOST_TEST((steps == std::set<std::uint64_t>{0, 2}), what << ": the records' steps");
+            const std::string msg = what_of<DataError>(
+                [&] { zero::Optimizer o(back, c, rig.engine, rig.pool, options()); }, what + ": unsaved manifest");
+            BOOST_TEST(contains(msg, "different steps"), msg);
+        }
+        om->save();
+        oref.save();
+        same_state(mixed.m, ref.m, rig, what + " vs cpu");
+        verify_from_disk(mixed.manifest_path(), rig, 2, what + " saved");
+        om.reset();
+        // Saved: it opens, at step 2, and steps on like the reference.
+        shard::Manifest back = shard::read_manifest_file(mixed.manifest_path());
+        zero::Optimizer again(back, c, rig.engine, rig.pool, options());
+        BOOST_TEST(again.step_count() == 2u, what);
+        put_all(again, back, s, 3);
+        put_all(oref, ref.m, s, 3);
+        BOOST_TEST(again.step().step == 3u);
+        oref.step();
+        again.save();
+        oref.save();
+        same_state(back, ref.m, rig, what + " resumed vs cpu");
+    }
+}
+
+// 9. The step's memory is the pool: never more buffers than it has; the
+// report counts what the stream moved.
+BOOST_AUTO_TEST_CASE(memory_stays_within_the_pool) {
+    const std::uint64_t s = fresh_seed("pool");
+    Rig rig;
+    Run nv(rig, lay(DType::fp32, Tier::nvme, Tier::nvme, s));
+    auto c = self_comm();
+    zero::Optimizer opt(nv.m, c, rig.engine, rig.pool, options());
+    put_all(opt, nv.m, s, 1);
+    const zero::StepReport rep = opt.step();
+    const mem::PoolStats st = rig.pool.stats();
+    BOOST_TEST(st.high_water <= rig.pool.buffers());
+    BOOST_TEST(st.high_water >= 2u);
+    BOOST_TEST(st.in_use == 0u);
+    const std::uint64_t file = nv.m.file_bytes("rank0/param.alt.bin");
+    BOOST_TEST(file == nv.m.file_bytes("rank0/exp_avg.alt.bin"));
+    BOOST_TEST(rep.bytes_written == 3 * file);  // param (the master), exp_avg, exp_avg_sq
+    BOOST_TEST(rep.bytes_read == 4 * file);     // and the fp32 gradient
+    BOOST_TEST(rep.chunk_bytes == opt.chunk_bytes());
+    BOOST_TEST(rep.chunk_bytes <= rig.pool.buffer_bytes());
+    BOOST_TEST(rep.chunks * rep.chunk_bytes >= file);
+    BOOST_TEST(rep.seconds >= rep.commit_seconds);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
