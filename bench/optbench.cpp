@@ -107,7 +107,7 @@ struct Bandwidth {
 };
 
 Bandwidth memory_gibps(std::uint64_t n, unsigned threads) {
-    n = std::clamp<std::uint64_t>(n, 16 << 20, 64 << 20);  // 256MiB to 1GiB per array
+    n = std::clamp<std::uint64_t>(n, 16 << 20, 64 << 20);  // 64MiB to 256MiB per array
     const std::size_t bytes = n * 4;
     const int th = threads ? static_cast<int>(threads) : omp_get_max_threads();
     auto best = [&](std::size_t moved, auto pass) {
@@ -262,6 +262,7 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
         io::File file = io::File::open(m.dir + "/" + f, {});
         st.read(file, 0, file.size(), [](std::uint64_t, std::span<const std::byte>) {});
         rb += file.size();
+        check_stop();
     }
     const std::string grad = std::filesystem::path(m.files().front()).parent_path().string() + "/grad.bin";
     {
@@ -277,6 +278,7 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
         st.write(file, 0, size, [](std::uint64_t, std::span<std::byte>) {});
         eng.sync(file);
         wb += size;
+        check_stop();
     }
     const double write_s = tw.seconds();
     r.read_gibps = static_cast<double>(rb) / GiB / read_s;
@@ -315,6 +317,7 @@ int run(const Options& o) {
     check_stop();
     log::info("AdamW update of " + std::to_string(n) + " parameters in memory");
     const UpdateResult up = time_update(n, o, k, bf16_param, bf16_grad);
+    check_stop();
     const double traffic = up.bytes_per_param * static_cast<double>(n) / GiB / up.seconds;
 
     std::vector<StepResult> steps;
