@@ -198,9 +198,9 @@ private:
 };
 
 // Every rank learns whether any failed (one allreduce): with no failure it
-// returns; else the failing rank rethrows its own error and the others throw
-// Elsewhere naming the first failing rank, its exit code and `outcome`
-// ("nothing was committed").
+// returns; else each failing rank rethrows its own error and the others throw
+// Elsewhere naming the highest-numbered failing rank, the highest exit code
+// among the failures, and `outcome` ("nothing was committed").
 void agree(Communicator& c, const std::exception_ptr& failed, const std::string& outcome);
 
 }  // namespace zinf::comm

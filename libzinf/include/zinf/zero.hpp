@@ -68,14 +68,20 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
 // in a scratch file beside the state (rank<R>/grad.bin, removed on close).
 //
 // Consistency on disk: a step never writes over the values the manifest
-// names. Every state file has a twin (master.bin and master.alt.bin); a step
-// reads one and writes the other, syncs it, and then commits the manifest
-// (rank 0, atomically: temporary, fsync, rename) naming the twin, with each
-// written partition's new xxh3 and step. An interrupted step leaves the
-// manifest naming the old, complete files. States held in memory reach the
-// disk by save(), the same way. Every record says the step its values are
-// at, so a manifest whose states disagree (memory-held state not saved since
-// the last step) is refused when opened rather than taken for complete.
+// names. A state file has three generations (master.bin, master.alt.bin,
+// master.work.bin); a step reads the one holding the current values and
+// writes one that holds neither them nor what the manifest names.
+//   - Every state on nvme: each step syncs what it wrote and commits the
+//     manifest (rank 0, atomically: temporary, fsync, rename) naming the new
+//     files, each written partition with its new xxh3 and step. An
+//     interrupted step leaves the manifest naming the old, complete files.
+//   - Some state held in memory (gpu, cpu): steps commit nothing; the
+//     manifest stays at the last save() and the streamed files rotate around
+//     the ones it names. save() writes the memory-held state to new space
+//     and commits everything at the current step. A crash loses the steps
+//     since the last save, never the save.
+// Every record says the step its values are at; a manifest whose records
+// disagree is refused when opened rather than taken for complete.
 struct OptimizerOptions {
     optim::AdamW adamw;              // lr is the starting rate; set_lr() changes it
     double grad_clip = 0;            // max global gradient norm (over all ranks); 0: none
@@ -102,7 +108,7 @@ struct StepReport {
     double commit_seconds = 0;       // sync of the written files and the manifest commit
     std::uint64_t bytes_read = 0, bytes_written = 0;
     std::uint64_t chunks = 0;        // chunks streamed (0 when every state is in memory)
-    std::uint64_t chunk_bytes = 0;   // the largest piece of a chunk, per state
+    std::uint64_t chunk_bytes = 0;   // room for one state's piece of a chunk (K, from the pool)
 };
 
 class Optimizer {
@@ -117,7 +123,7 @@ public:
 
     unsigned rank() const;
     std::uint64_t step_count() const;  // steps committed (the records' step)
-    void set_lr(double lr);            // for the next step (schedules)
+    void set_lr(double lr);            // between steps (InternalError once a gradient is in)
 
     // This rank's gradient of `tensor`: its `count` real elements (shard::owned),
     // fp32 or bf16 (converted to grad_dtype when that differs). Every tensor
@@ -131,7 +137,9 @@ public:
     StepReport step(double loss_scale = 1);
 
     // Writes the state held in memory (gpu and cpu tiers) to new space and
-    // commits it, so the manifest holds the whole state at step_count().
+    // commits it with the streamed files' current generation, so the
+    // manifest holds the whole state at step_count(). Not while a step has
+    // gradients handed over.
     void save();
 
     // The working parameters of `tensor` (this rank's partition, `per`

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace zinf::zero {
@@ -23,13 +24,21 @@ std::string twin_file(const std::string& file) {
     return file + alt;
 }
 
+std::string detail::RoleState::name(int g) const { return base + kGenerations[g]; }
+
+using detail::base_of;
 using detail::Chunk;
+using detail::generation_of;
 using detail::Piece;
 using detail::Role;
 using detail::RoleState;
 
 namespace {
-constexpr const char* kRoleNames[] = {"master", "exp_avg", "exp_avg_sq", "gradient", "param"};
+void sync_folder(const std::string& path) {
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    Fd d = Fd::open(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
+    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, folder);
+}
 
 std::string where_of(const shard::Manifest& m, std::size_t t, unsigned rank, const std::string& state) {
     return m.tensors[t].name + " rank " + std::to_string(rank) + " " + state;
@@ -77,8 +86,16 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
     setup_role(Role::M, "exp_avg");
     setup_role(Role::V, "exp_avg_sq");
     if (has_master) setup_role(Role::P, "param");
+    for (Role r : {Role::W, Role::M, Role::V, Role::P})
+        if (roles[r].present && !roles[r].file) commit_steps = false;
     setup_grad();
-    plan_chunks();
+    try {
+        plan_chunks();
+        prepare_step();  // the files the first step writes exist before it starts
+    } catch (...) {
+        if (roles[Role::G].file) ::unlink((m.dir + "/" + roles[Role::G].name(0)).c_str());
+        throw;
+    }
     if (opts.overlap) worker = std::thread([this] { work(); });
 }
 
@@ -94,11 +111,11 @@ Optimizer::Impl::~Impl() {
     auto& g = roles[Role::G];
     if (g.file) {
         try {
-            g.cur_f.close();
+            g.gen_f[0].close();
         } catch (const Error& e) {
             log::warn(e.what());
         }
-        ::unlink((m.dir + "/" + g.cur).c_str());
+        ::unlink((m.dir + "/" + g.name(0)).c_str());
     }
 }
 
@@ -128,17 +145,24 @@ io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::ui
         oo.direct = io::Direct::buffered;
         f = io::File::open(full, oo);
     }
-    if (create && f.size() < bytes) f.preallocate(bytes);
+    if (create && f.size() < bytes) {
+        f.preallocate(bytes);
+        sync_folder(full);  // the name, too, must survive a crash before the commit names it
+    }
     if (f.size() < bytes)
         throw DataError(full + ": " + std::to_string(f.size()) + " bytes, but this rank's partitions reach " +
                         std::to_string(bytes));
     return f;
 }
 
+io::File& Optimizer::Impl::gen_file(detail::RoleState& rs, int g, bool create) {
+    if (!rs.gen_f[g].impl()) rs.gen_f[g] = open_file(rs.name(g), create, rs.end);
+    return rs.gen_f[g];
+}
+
 void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     RoleState& rs = roles[r];
     rs.present = true;
-    rs.written = true;
     rs.state = state;
     rs.dtype = shard::state_dtype(m.opts, state);
     rs.dt = shard::dtype_bytes(rs.dtype);
@@ -150,19 +174,24 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     for (std::size_t t = 0; t < T; ++t) {
         shard::Partition* part = record(t, rank, state);
         if (!part) throw DataError("the manifest has no record of " + where_of(m, t, rank, state));
-        if (t == 0) rs.cur = part->file;
-        else if (part->file != rs.cur)
+        if (t == 0) {
+            const int g = generation_of(part->file);
+            if (g < 0)
+                throw DataError(where_of(m, t, rank, state) + ": file " + part->file +
+                                " does not end in .bin, so the optimizer cannot name its next generation");
+            rs.base = base_of(part->file);
+            rs.cur = rs.committed = g;
+        } else if (part->file != rs.name(rs.cur)) {
             throw DataError(where_of(m, t, rank, state) + " is in " + part->file + ", " +
-                            where_of(m, 0, rank, state) + " in " + rs.cur +
+                            where_of(m, 0, rank, state) + " in " + rs.name(rs.cur) +
                             ": the optimizer needs each rank's state in one file per state");
+        }
         rs.part[t] = part;
         rs.offset[t] = part->offset;
         rs.end = std::max(rs.end, align_up(part->offset + part->bytes, A));
     }
-    rs.alt = twin_file(rs.cur);
     if (rs.file) {
-        rs.cur_f = open_file(rs.cur, false, rs.end);
-        rs.alt_f = open_file(rs.alt, true, rs.end);
+        gen_file(rs, rs.cur, false);
         return;
     }
     // Held in memory for the run: read now, every partition checked.
@@ -173,7 +202,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     if (int err = rs.image.lock())
         log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +
                                           std::string(std::strerror(err)) + "); it stays pageable");
-    io::File f = open_file(rs.cur, false, rs.end);
+    io::File f = open_file(rs.name(rs.cur), false, rs.end);
     engine.wait(engine.read(f, 0, rs.image.bytes()));
     for (std::size_t t = 0; t < T; ++t) {
         const shard::Partition& part = *rs.part[t];
@@ -205,11 +234,10 @@ void Optimizer::Impl::setup_grad() {
         g.image.lock();
         return;
     }
-    g.cur = std::filesystem::path(roles[Role::W].cur).parent_path().string();
-    g.cur = (g.cur.empty() ? "" : g.cur + "/") + "grad.bin";
-    const std::string full = m.dir + "/" + g.cur;
-    ::unlink(full.c_str());  // scratch: whatever a crashed run left is void
-    g.cur_f = open_file(g.cur, true, g.end);
+    const std::string folder = std::filesystem::path(roles[Role::W].base).parent_path().string();
+    g.base = (folder.empty() ? "" : folder + "/") + "grad";
+    ::unlink((m.dir + "/" + g.name(0)).c_str());  // scratch: whatever a crashed run left is void
+    gen_file(g, 0, true);
 }
 
 std::uint64_t Optimizer::Impl::per(std::size_t t) const { return shard::owned(m.tensors[t].numel, m.opts.dp, 0).per; }
@@ -338,7 +366,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             if (r == Role::P) continue;  // output only
             RoleState& rs = roles[r];
             const std::span<std::byte> dst(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
-            reads[i].push_back(engine.read(rs.cur_f, c.lo[r], dst));
+            reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
             tot.read += dst.size();
         }
     };
@@ -349,7 +377,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             if (r == Role::G) continue;
             RoleState& rs = roles[r];
             const std::span<const std::byte> src(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
-            writes[i].push_back(engine.write(rs.alt_f, c.lo[r], src));
+            writes[i].push_back(engine.write(rs.gen_f[rs.next], c.lo[r], src));
             tot.written += src.size();
         }
     };

@@ -8,6 +8,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -22,21 +24,40 @@ enum Role { W, M, V, G, P, count };
 struct RoleState {
     bool present = false;
     bool file = false;      // streamed from its file (nvme); else held in memory
-    bool written = false;   // a step changes it (all but G)
     std::string state;      // the manifest's state name
     shard::DType dtype = shard::DType::fp32;
     std::size_t dt = 4;     // bytes per element
     std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
     std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
     std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
-    std::string cur, alt;   // the file the manifest names, and its twin (relative)
-    io::File cur_f, alt_f;  // file roles
+    // The file in three generations, base + kGenerations[g] ("rank0/master" +
+    // ".bin", ".alt.bin", ".work.bin"): `committed` is the one the manifest
+    // names, `cur` holds the current values, `next` is where a step writes.
+    std::string base;
+    int cur = 0, committed = 0, next = 0;
+    io::File gen_f[3];      // opened when first used
+    std::string name(int g) const;
     AlignedBuffer image;    // memory roles: the file's first `end` bytes
     std::vector<std::unique_ptr<Xxh3Stream>> hash;  // per tensor, while a step writes it
     std::vector<std::uint64_t> new_hash;            // per tensor, when written whole
 };
 
-// Elements [e0, e1) of a tensor's partition (per elements, padding included).
+inline constexpr const char* kGenerations[3] = {".bin", ".alt.bin", ".work.bin"};
+
+// The generation a state file's name ends in (-1: none), and the name without it.
+inline int generation_of(const std::string& file) {
+    for (int g : {1, 2, 0}) {
+        const std::string_view suffix = kGenerations[g];
+        if (file.size() > suffix.size() && file.ends_with(suffix)) return g;
+    }
+    return -1;
+}
+inline std::string base_of(const std::string& file) {
+    const int g = generation_of(file);
+    return g < 0 ? file : file.substr(0, file.size() - std::string_view(kGenerations[g]).size());
+}
+
+// Piece: elements [e0, e1) of a tensor's partition (per elements, padding included).
 struct Piece {
     std::size_t tensor;
     std::uint64_t e0, e1;
@@ -69,6 +90,8 @@ struct Optimizer::Impl {
     std::size_t T = 0;           // tensors
     std::uint64_t step = 0;      // committed steps
     bool broken = false;         // a step failed half-way: the memory state is not a step's
+    bool commit_steps = true;    // every written state streams from NVMe: each step commits
+    optim::Scalars step_sc[2];   // overlap: the scalars of the step under way, set by its first gradient
 
     detail::RoleState roles[Role::count];
     std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)
@@ -100,6 +123,8 @@ struct Optimizer::Impl {
     void index_records();
     shard::Partition* record(std::size_t t, unsigned r, const std::string& state) const;
     io::File open_file(const std::string& rel, bool create, std::uint64_t bytes);
+    io::File& gen_file(detail::RoleState& rs, int g, bool create);
+    void check_entry(const char* what, const std::exception_ptr& local);
     void setup_role(Role r, const std::string& state);
     void setup_grad();
     std::uint64_t per(std::size_t t) const;
@@ -115,8 +140,10 @@ struct Optimizer::Impl {
     void put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16);
     void scalars(double grad_scale, optim::Scalars (&sc)[2]) const;
     void work();
+    void prepare_step();
     StepReport run_step(double loss_scale);
-    void commit(const std::vector<Role>& changed, std::uint64_t new_step);
+    // Each (role, generation) becomes what the manifest names, at new_step.
+    void commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step);
     void save();
 };
 

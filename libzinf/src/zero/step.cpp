@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 namespace zinf::zero {
 
 using Impl = Optimizer::Impl;
+
+using detail::base_of;
 using detail::Role;
 
 void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
@@ -32,7 +35,15 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
                             std::to_string(rank) + " holds " + std::to_string(own.count));
     {
         std::lock_guard lk(mu);
-        if (have_grad[t]) throw InternalError("put_gradient: " + name + " handed over twice in one step");
+        if (have_grad[t])
+            throw InternalError("put_gradient: " + name + " (rank " + std::to_string(rank) +
+                                ") handed over twice in one step");
+        // The first gradient of a step fixes its scalars (overlap updates
+        // start now; set_lr is refused until the step is done).
+        if (std::none_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; })) {
+            scalars(1, step_sc);
+            prepare_step();
+        }
     }
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
     if (opts.overlap && !std::isfinite(sq)) {
@@ -63,7 +74,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         fill(0, g.image.bytes().subspan(g.offset[t], bytes));
     } else {
         mem::Stream s(engine, pool, {.buffers = opts.overlap ? 2u : 0u, .who = "gradient"});
-        s.write(g.cur_f, g.offset[t], align_up(bytes, A),
+        s.write(g.gen_f[0], g.offset[t], align_up(bytes, A),
                 [&](std::uint64_t at, std::span<std::byte> piece) { fill(at / g.dt, piece); });
     }
 
@@ -86,11 +97,10 @@ void Impl::work() {
         std::vector<std::size_t> batch(queue.begin(), queue.end());
         queue.clear();
         const bool skip = worker_error != nullptr;
+        const optim::Scalars sc[2] = {step_sc[0], step_sc[1]};
         lk.unlock();
         std::sort(batch.begin(), batch.end());
         if (!skip) try {
-                optim::Scalars sc[2];
-                scalars(1, sc);
                 stream(cut(batch), sc, totals);
             } catch (...) {
                 lk.lock();
@@ -103,22 +113,47 @@ void Impl::work() {
     }
 }
 
+// Where this step writes each streamed state: a generation that holds
+// neither the current values nor what the manifest names.
+void Impl::prepare_step() {
+    for (Role r : file_roles) {
+        if (r == Role::G) continue;
+        auto& rs = roles[r];
+        rs.next = 0;
+        while (rs.next == rs.cur || rs.next == rs.committed) ++rs.next;
+        gen_file(rs, rs.next, true);
+    }
+}
+
+// Every rank learns whether any cannot go on before the step's collectives,
+// so that one rank's refusal is every rank's error, not a wait.
+void Impl::check_entry(const char* what, const std::exception_ptr& local) {
+    comm::agree(comm, local, std::string(what) + " did not start on every rank; nothing was written");
+}
+
 StepReport Impl::run_step(double loss_scale) {
-    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
-    if (!(loss_scale > 0) || !std::isfinite(loss_scale))
-        throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
-    if (opts.overlap && loss_scale != 1)
-        throw UsageError("overlapped optimizer steps cannot use a loss scale: an overflow could no longer skip the "
-                         "step");
     Timer all;
     StepReport rep;
-    {
-        std::unique_lock lk(mu);
+    std::exception_ptr refused;
+    try {
+        if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
+        if (!(loss_scale > 0) || !std::isfinite(loss_scale))
+            throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
+        if (opts.overlap && loss_scale != 1)
+            throw UsageError("overlapped optimizer steps cannot use a loss scale: an overflow could no longer skip "
+                             "the step");
+        std::lock_guard lk(mu);
         for (std::size_t t = 0; t < T; ++t)
             if (!have_grad[t])
                 throw InternalError("step: no gradient for " + m.tensors[t].name + " (rank " + std::to_string(rank) +
                                     "); hand every tensor's over with put_gradient first");
-        if (opts.overlap) cv.wait(lk, [&] { return done_tensors == T; });
+    } catch (...) {
+        refused = std::current_exception();
+    }
+    check_entry("the optimizer step", refused);
+    if (opts.overlap) {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return done_tensors == T; });
     }
     const double local = std::accumulate(grad_sq.begin(), grad_sq.end(), 0.0);
     double total = local;
@@ -142,9 +177,9 @@ StepReport Impl::run_step(double loss_scale) {
 
     broken = true;  // until the step is whole again
     std::exception_ptr failed;
-    std::vector<Role> changed;
+    std::vector<Role> written;
     for (Role r : file_roles)
-        if (r != Role::G) changed.push_back(r);
+        if (r != Role::G) written.push_back(r);
     Timer c;
     try {
         if (rep.overflow)
@@ -152,17 +187,27 @@ StepReport Impl::run_step(double loss_scale) {
         if (opts.overlap) {
             if (worker_error) std::rethrow_exception(worker_error);
         } else {
+            prepare_step();
             optim::Scalars sc[2];
             scalars(rep.clip / loss_scale, sc);
             stream(all_chunks, sc, totals);
         }
         c.reset();
-        for (Role r : changed) engine.sync(roles[r].alt_f);
+        for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
     } catch (...) {
         failed = std::current_exception();
     }
     comm::agree(comm, failed, "the step was not committed; the manifest names the state before it");
-    commit(changed, step + 1);
+    if (commit_steps) {
+        std::vector<std::pair<Role, int>> changed;
+        for (Role r : written) changed.emplace_back(r, roles[r].next);
+        commit(changed, step + 1);
+    } else {
+        // State held in memory reaches the disk only by save(): the manifest
+        // stays at the last save, and the streamed files rotate around it.
+        for (Role r : written) roles[r].cur = roles[r].next;
+        ++step;
+    }
     broken = false;
     rep.commit_seconds = c.seconds();
     rep.step = step;
@@ -178,15 +223,17 @@ StepReport Impl::run_step(double loss_scale) {
 }
 
 // Every rank's new xxh3s to every rank; rank 0 writes the manifest naming
-// the twins; all agree before anyone takes the old files as free space.
-void Impl::commit(const std::vector<Role>& changed, std::uint64_t new_step) {
+// the new generations; all agree before anyone takes the old files as free
+// space. A failure leaves the optimizer broken: the manifest on disk names
+// one state or the other, and only reopening from it is safe.
+void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step) {
     if (changed.empty()) {
         step = new_step;
         return;
     }
     const unsigned dp = m.opts.dp;
     std::vector<std::int64_t> mine, all(changed.size() * T * dp);
-    for (Role r : changed)
+    for (auto [r, g] : changed)
         for (std::size_t t = 0; t < T; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
     comm.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i64);
 
@@ -200,11 +247,11 @@ void Impl::commit(const std::vector<Role>& changed, std::uint64_t new_step) {
     old.reserve(all.size());
     std::size_t i = 0;
     for (unsigned q = 0; q < dp; ++q)
-        for (Role r : changed)
+        for (auto [r, g] : changed)
             for (std::size_t t = 0; t < T; ++t) {
                 shard::Partition* p = record(t, q, roles[r].state);
                 old.push_back({p, p->file, p->xxh3, p->step});
-                p->file = twin_file(p->file);
+                p->file = base_of(p->file) + detail::kGenerations[g];
                 p->xxh3 = static_cast<std::uint64_t>(all[i++]);
                 p->step = new_step;
             }
@@ -215,44 +262,57 @@ void Impl::commit(const std::vector<Role>& changed, std::uint64_t new_step) {
             failed = std::current_exception();
         }
     try {
-        comm::agree(comm, failed, "the manifest was not committed; it names the state before this step");
+        comm::agree(comm, failed,
+                    "the manifest was not committed, or not durably; open the optimizer again from " + path);
     } catch (...) {
         for (auto& o : old) {
             o.p->file = o.file;
             o.p->xxh3 = o.xxh3;
             o.p->step = o.step;
         }
+        broken = true;
         throw;
     }
-    for (Role r : changed) {
-        auto& rs = roles[r];
-        std::swap(rs.cur, rs.alt);
-        std::swap(rs.cur_f, rs.alt_f);
-    }
+    for (auto [r, g] : changed) roles[r].cur = roles[r].committed = g;
     step = new_step;
 }
 
 void Impl::save() {
-    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
-    std::vector<Role> held;
-    for (Role r : {Role::W, Role::M, Role::V, Role::P})
-        if (roles[r].present && !roles[r].file) held.push_back(r);
+    std::exception_ptr refused;
+    if (broken)
+        refused = std::make_exception_ptr(
+            InternalError("an earlier step failed half-way: open the optimizer again from the manifest"));
+    {
+        std::lock_guard lk(mu);
+        if (!refused && std::any_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; }))
+            refused = std::make_exception_ptr(InternalError("save: a step is under way (gradients handed over)"));
+    }
+    check_entry("save", refused);
+    std::vector<std::pair<Role, int>> changed;
     std::exception_ptr failed;
     try {
-        for (Role r : held) {
+        for (Role r : {Role::W, Role::M, Role::V, Role::P}) {
             auto& rs = roles[r];
-            io::File f = open_file(rs.alt, true, rs.end);
+            if (!rs.present) continue;
+            if (rs.file) {
+                // Synced by its step; only the manifest must name it.
+                if (rs.cur != rs.committed) changed.emplace_back(r, rs.cur);
+                continue;
+            }
+            const int g = rs.committed == 0 ? 1 : 0;
+            io::File f = open_file(rs.name(g), true, rs.end);
             engine.wait(engine.write(f, 0, rs.image.bytes().first(rs.end)));
             engine.sync(f);
             f.close();
             for (std::size_t t = 0; t < T; ++t)
                 rs.new_hash[t] = xxh3(rs.image.bytes().subspan(rs.part[t]->offset, rs.part[t]->bytes));
+            changed.emplace_back(r, g);
         }
     } catch (...) {
         failed = std::current_exception();
     }
     comm::agree(comm, failed, "nothing was saved; the manifest names the state before");
-    commit(held, step);
+    commit(changed, step);
 }
 
 // ---------------------------------------------------------------------------
@@ -278,6 +338,9 @@ void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
     h.lr = lr;
     h.validate();
+    std::lock_guard lk(impl_->mu);
+    if (std::any_of(impl_->have_grad.begin(), impl_->have_grad.end(), [](bool b) { return b; }))
+        throw InternalError("set_lr: gradients of this step were handed over already; set the rate between steps");
     impl_->lr = lr;
 }
 
