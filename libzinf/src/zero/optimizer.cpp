@@ -77,8 +77,8 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
                             " at " + std::to_string(part.step) + ", " +
                             where_of(m, m.parts.front().tensor, m.parts.front().rank, m.parts.front().state) + " at " +
                             std::to_string(step) +
-                            "): state held in memory was not saved after the last step; resume from a manifest "
-                            "written by a save");
+                            "): it is not one state (the optimizer never commits such a manifest; was it "
+                            "assembled from two runs?)");
 
     index_records();
     const bool has_master = std::find(m.states.begin(), m.states.end(), "master") != m.states.end();
