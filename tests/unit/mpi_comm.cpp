@@ -78,7 +78,6 @@ int me() { return world().rank(); }
 
 std::string where() { return "rank " + std::to_string(me()) + " of " + std::to_string(dp()); }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Rank 0's fresh seed (printed there), the same on every rank.
 std::uint64_t shared_seed(const char* what) {

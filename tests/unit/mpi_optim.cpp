@@ -17,6 +17,7 @@
 // from rank 0's seed (printed; ZINF_TEST_SEED replays it), the same full
 // gradient on every rank, each putting its own slice (shard::owned).
 #define BOOST_TEST_MODULE mpi_optim
+#include "optimizer_fixture.hpp"
 #include "testing.hpp"
 
 #include <zinf/comm.hpp>
@@ -45,13 +46,9 @@
 using namespace zinf;
 using namespace zinf::testing;
 using namespace std::chrono_literals;
-using shard::DType;
-using shard::Tier;
-using Bytes = std::vector<std::byte>;
 
 namespace {
 
-constexpr const char* kModel = "gpt:layers=1,hidden=72,heads=2,vocab=97,seq=13";
 
 // ---------------------------------------------------------------------------
 // One MPI communicator for the whole binary (MPI starts once per process),
@@ -73,7 +70,6 @@ comm::Communicator& world() {
 unsigned dp() { return static_cast<unsigned>(world().size()); }
 unsigned me() { return static_cast<unsigned>(world().rank()); }
 std::string where() { return "rank " + std::to_string(me()) + " of " + std::to_string(dp()); }
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 bool close(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
 
 std::uint64_t shared_seed(const char* what) {
@@ -106,23 +102,6 @@ std::vector<double> gather_all(double v) {
 }
 
 // ---------------------------------------------------------------------------
-mem::PoolConfig small_pool() {
-    mem::PoolConfig c;
-    c.bytes = 8 * 64 * KiB;
-    c.buffer = 64 * KiB;
-    c.allocator = "host";
-    c.lease_timeout = 30s;
-    return c;
-}
-
-struct Rig {
-    io::Engine engine;
-    mem::PinnedPool pool;
-    explicit Rig(const io::EngineConfig& ec = {}) : engine(ec), pool(small_pool(), &engine) {}
-};
-
-// Rank 0's folder under /var/tmp, its name on every rank; removed when the
-// case ends (after its last barrier).
 struct SharedDir {
     std::optional<TempDir> tmp;
     std::string root;
@@ -176,41 +155,6 @@ bool make_state(const std::string& dir, const shard::LayoutOptions& lo, Rig& rig
     return all_ranks(ok);
 }
 
-zero::OptimizerOptions options() {
-    zero::OptimizerOptions o;
-    o.adamw.lr = 1e-2;
-    o.adamw.weight_decay = 0.1;
-    return o;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-// The full gradient of tensor t at step k, the same on every rank.
-std::vector<float> gradient(std::uint64_t s, unsigned k, std::size_t t, std::uint64_t numel) {
-    std::mt19937_64 rng(mix(s ^ mix(1000003ull * k + t)));
-    const float scale = std::ldexp(1.0f, -3 - static_cast<int>(mix(s + t) % 6));
-    std::vector<float> g(numel);
-    for (auto& x : g) x = scale * (static_cast<float>(rng() >> 40) * 0x1p-23f - 1.0f);
-    return g;
-}
-
-// This rank's slice of every tensor's gradient of step k; `edit` may change
-// a full gradient first.
-void put_all(zero::Optimizer& opt, const shard::Manifest& m, std::uint64_t s, unsigned k,
-             const std::function<void(std::size_t, std::vector<float>&)>& edit = {}) {
-    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-        std::vector<float> g = gradient(s, k, t, m.tensors[t].numel);
-        if (edit) edit(t, g);
-        const shard::Owned o = shard::owned(m.tensors[t].numel, m.opts.dp, opt.rank());
-        opt.put_gradient(t, std::span<const float>(g).subspan(o.first, o.count));
-    }
-}
-
 double full_norm(const shard::Manifest& m, std::uint64_t s, unsigned k) {
     double sq = 0;
     for (std::size_t t = 0; t < m.tensors.size(); ++t)
@@ -218,28 +162,6 @@ double full_norm(const shard::Manifest& m, std::uint64_t s, unsigned k) {
     return std::sqrt(sq);
 }
 
-Bytes slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        BOOST_ERROR(where() << ": cannot open " << path);
-        return {};
-    }
-    std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Bytes out(c.size());
-    std::memcpy(out.data(), c.data(), c.size());
-    return out;
-}
-
-Bytes cat_bytes(const shard::Manifest& m, std::size_t t, const std::string& state, Rig& rig) {
-    Bytes out;
-    shard::cat(m, t, state, rig.engine, rig.pool, [&](std::span<const std::byte> piece) {
-        out.insert(out.end(), piece.begin(), piece.end());
-    });
-    return out;
-}
-
-// Two arrays of one state: fp32 within `rel` of the larger magnitude in
-// either (rel 0: the same bytes), bf16 within one bf16 step of each other.
 void compare(const Bytes& x, const Bytes& y, bool f32, double rel, const std::string& at) {
     if (x.size() != y.size()) {
         BOOST_ERROR(at << ": " << x.size() << " bytes vs " << y.size());
@@ -291,12 +213,6 @@ template <class T>
 Bytes bytes_of(const std::vector<T>& v) {
     const auto b = std::as_bytes(std::span(v));
     return Bytes(b.begin(), b.end());
-}
-
-std::vector<float> f32_of(const Bytes& b) {
-    std::vector<float> v(b.size() / 4);
-    std::memcpy(v.data(), b.data(), v.size() * 4);
-    return v;
 }
 
 // Counts of 4KiB pieces: a rank's bf16 gradient scratch (G) and one of its
@@ -372,9 +288,9 @@ BOOST_AUTO_TEST_CASE(clipping_by_the_norm_over_all_ranks) {
             std::vector<std::vector<float>> w(T), mo(T), v(T);
             std::vector<std::vector<std::uint16_t>> p(T);
             for (std::size_t t = 0; t < T; ++t) {
-                w[t] = f32_of(cat_bytes(one, t, "master", rig));
-                mo[t] = f32_of(cat_bytes(one, t, "exp_avg", rig));
-                v[t] = f32_of(cat_bytes(one, t, "exp_avg_sq", rig));
+                w[t] = as_f32(cat_bytes(one, t, "master", rig));
+                mo[t] = as_f32(cat_bytes(one, t, "exp_avg", rig));
+                v[t] = as_f32(cat_bytes(one, t, "exp_avg_sq", rig));
                 p[t].resize(w[t].size());
             }
             for (unsigned k = 1; k <= 2; ++k) {
@@ -435,7 +351,7 @@ BOOST_AUTO_TEST_CASE(overflow_on_one_rank_skips_everywhere) {
             const std::string at = where() + ", " + bad.name + " on rank " + std::to_string(bad.rank);
             // In this rank's own slice of the largest tensor, on that rank only.
             const std::size_t t = m.find_tensor("h.0.mlp.c_fc.weight");
-            put_all(opt, m, s, 2, [&](std::size_t ti, std::vector<float>& g) {
+            put_all(opt, m, s, 2, false, [&](std::size_t ti, std::vector<float>& g) {
                 if (ti != t || me() != bad.rank) return;
                 const shard::Owned o = shard::owned(g.size(), dp(), me());
                 g[o.first + o.count / 2] = bad.value;

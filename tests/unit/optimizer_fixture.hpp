@@ -42,22 +42,7 @@ using Bytes = std::vector<std::byte>;
 // elements = 82,944 bytes of fp32, more than one pool buffer.
 inline constexpr const char* kModel = "gpt:layers=1,hidden=72,heads=2,vocab=97,seq=13";
 
-inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// Runs `fn`, expecting exception E; returns its what() ("" and a failure otherwise).
-template <class E, class F>
-std::string what_of(F fn, const std::string& context) {
-    try {
-        fn();
-    } catch (const E& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        BOOST_ERROR(context << ": wrong exception type: " << e.what());
-        return "";
-    }
-    BOOST_ERROR(context << ": no exception");
-    return "";
-}
 
 inline std::uint64_t fresh_seed(const char* what) {
     const std::uint64_t s = seed(what);

@@ -33,7 +33,6 @@ PoolConfig small_pool(std::size_t buffers, std::uint64_t buffer = 64 * KiB) {
     return c;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -41,22 +41,7 @@ namespace {
 // A model small enough to lay out, write and read in milliseconds.
 constexpr const char* kSmall = "gpt:layers=2,hidden=64,heads=2,vocab=97,seq=16";
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// Runs `fn`, expecting exception E; returns its what() ("" and a failure otherwise).
-template <class E, class F>
-std::string what_of(F fn, const std::string& context) {
-    try {
-        fn();
-    } catch (const E& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        BOOST_ERROR(context << ": wrong exception type: " << e.what());
-        return "";
-    }
-    BOOST_ERROR(context << ": no exception");
-    return "";
-}
 
 std::uint64_t parse_label(std::string_view label) {
     std::size_t used = 0;

@@ -37,6 +37,23 @@ inline std::uint64_t seed(const char* what) {
     return s;
 }
 
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Runs `fn`, expecting exception E; returns its what() ("" and a failure otherwise).
+template <class E, class F>
+std::string what_of(F fn, const std::string& context) {
+    try {
+        fn();
+    } catch (const E& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        BOOST_ERROR(context << ": wrong exception type: " << e.what());
+        return "";
+    }
+    BOOST_ERROR(context << ": no exception");
+    return "";
+}
+
 inline void fill_random(std::span<std::byte> buf, std::mt19937_64& rng) {
     for (auto& b : buf) b = static_cast<std::byte>(rng());
 }
