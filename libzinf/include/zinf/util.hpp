@@ -143,6 +143,10 @@ private:
     int fd_ = -1;
 };
 
+// fsync(2) of a folder, so that names created or renamed in it survive a
+// crash ("" is the current folder); IoError naming it on failure.
+void fsync_dir(const std::string& dir);
+
 class Mmap {
 public:
     Mmap() = default;

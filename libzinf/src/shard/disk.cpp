@@ -343,11 +343,6 @@ std::string absolute_dir(const std::string& dir) {
     return (ec ? fs::absolute(dir) : p).lexically_normal().string();
 }
 
-void fsync_dir(const std::string& dir) {
-    Fd d = Fd::open(dir, O_RDONLY | O_DIRECTORY);
-    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, dir);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------

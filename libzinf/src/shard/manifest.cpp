@@ -256,9 +256,7 @@ void save_manifest(const Manifest& m, const std::string& path) {
         ::unlink(tmp.c_str());
         throw;
     }
-    const std::string folder = std::filesystem::path(path).parent_path().string();
-    Fd d = Fd::open(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
-    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, folder);
+    fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
 // ---------------------------------------------------------------------------

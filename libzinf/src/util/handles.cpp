@@ -8,6 +8,12 @@
 
 namespace zinf {
 
+void fsync_dir(const std::string& dir) {
+    const std::string d = dir.empty() ? "." : dir;
+    Fd fd = Fd::open(d, O_RDONLY | O_DIRECTORY);
+    if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, d);
+}
+
 Fd& Fd::operator=(Fd&& o) noexcept {
     if (this != &o) {
         if (fd_ >= 0) ::close(fd_);

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <numeric>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 namespace zinf::zero {
@@ -34,11 +33,6 @@ using detail::Role;
 using detail::RoleState;
 
 namespace {
-void sync_folder(const std::string& path) {
-    const std::string folder = std::filesystem::path(path).parent_path().string();
-    Fd d = Fd::open(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
-    if (::fsync(d.get()) != 0) throw_errno("fsync", errno, folder);
-}
 
 std::string where_of(const shard::Manifest& m, std::size_t t, unsigned rank, const std::string& state) {
     return m.tensors[t].name + " rank " + std::to_string(rank) + " " + state;
@@ -147,7 +141,7 @@ io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::ui
     }
     if (create && f.size() < bytes) {
         f.preallocate(bytes);
-        sync_folder(full);  // the name, too, must survive a crash before the commit names it
+        fsync_dir(std::filesystem::path(full).parent_path().string());  // the name, too, must survive a crash before the commit names it
     }
     if (f.size() < bytes)
         throw DataError(full + ": " + std::to_string(f.size()) + " bytes, but this rank's partitions reach " +
