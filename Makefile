@@ -95,6 +95,7 @@ LDLIBS += $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link))
 endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
+LDLIBS += $(shell pkg-config --libs openblas)
 endif
 
 # Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...).
@@ -204,6 +205,9 @@ $(BUILD)/libzinf/src/util/bf16.o $(BUILD)/libzinf/src/comm/host_math.o: CXXFLAGS
 # AdamW: -O3, OpenMP, and no fused multiply-add, so that every instruction-set
 # path rounds as the portable one does (optim.hpp).
 $(BUILD)/libzinf/src/optim/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno
+# The device kernels: the same, so that a kernel's bits do not depend on the
+# instruction set either (device.hpp: deterministic for any thread count).
+$(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno
 # The optimizer step hashes what it writes on OpenMP threads.
 $(BUILD)/libzinf/src/zero/optimizer.o $(BUILD)/bench/optbench.o: CXXFLAGS += -fopenmp
 

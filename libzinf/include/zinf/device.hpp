@@ -1,0 +1,218 @@
+// zinf device: where the model's arithmetic runs. A Device has streams
+// (in-order queues of work), events (a point in a stream others can wait
+// for), asynchronous copies, memory carved from a DeviceArena budget, and the
+// kernels a GPT needs forward and backward.
+//
+//   auto dev = zinf::device::open({.backend = "cpu", .memory_bytes = 2 * GiB});
+//   auto& s = dev->compute();
+//   auto x = dev->alloc<float>(B * T * C, "x");
+//   dev->layernorm_forward(s, ...);       // enqueued; returns at once
+//   dev->synchronize(s);                  // everything before it is done
+//
+// Backends: `cpu` (now): GEMMs through OpenBLAS, the rest vectorised and
+// threaded with OpenMP; a stream is a worker thread running its queue in
+// order; an event is a completion count; device memory is host memory from
+// the arena. `cuda` comes in its own issue behind the same interface, so the
+// interface holds only what both can do: spans given to kernels are device
+// memory and are never read on the host until a copy and a synchronize.
+//
+// Numbers: fp32 everywhere inside the kernels; bf16 only at the casts.
+// Every kernel is deterministic: the same inputs give the same bits for any
+// thread count (reductions over rows are split by columns, never by rows),
+// except where OpenBLAS itself decides how to cut a GEMM.
+//
+// Shapes are written (rows, cols), row-major, in comments beside each span.
+// N is a number of rows (tokens: B*T); C the channels. A kernel that
+// accumulates says "+=": it adds to what the span holds.
+#pragma once
+
+#include <zinf/mem.hpp>
+#include <zinf/optim.hpp>
+#include <zinf/util.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace zinf::device {
+
+struct Options {
+    std::string backend = "cpu";    // "cpu" ("cuda" comes in its own issue)
+    std::uint64_t memory_bytes = 0;  // the arena budget; 0 = 1 GiB
+    std::uint64_t max_block = 0;     // largest single allocation; 0 = no limit
+    unsigned threads = 0;            // kernel threads; 0 = the CPUs this process may use
+};
+
+// An in-order queue of work. Made by Device::stream(); lives as long as it.
+class Stream {
+public:
+    virtual ~Stream() = default;
+    virtual const std::string& name() const = 0;
+};
+
+// A point in a stream: done once everything enqueued on the stream before
+// it is done. Copyable; a default Event is always done.
+struct Event {
+    std::uint64_t ticket = 0;
+    const Stream* stream = nullptr;
+};
+
+// Device memory holding `count` elements of T: a mem::Block seen as a span.
+template <class T>
+class Array {
+public:
+    Array() = default;
+    explicit Array(mem::Block b) : block_(std::move(b)) {}
+    std::span<T> span() const noexcept {
+        return {reinterpret_cast<T*>(block_.data()), block_.size() / sizeof(T)};
+    }
+    operator std::span<T>() const noexcept { return span(); }
+    operator std::span<const T>() const noexcept { return span(); }
+    std::size_t size() const noexcept { return block_.size() / sizeof(T); }
+    T* data() const noexcept { return reinterpret_cast<T*>(block_.data()); }
+    explicit operator bool() const noexcept { return bool(block_); }
+
+private:
+    mem::Block block_;
+};
+
+// C (m,n) = alpha * op(A) (m,k) * op(B) (k,n) + beta * C, row-major, `batch`
+// times with the given element strides between matrices. op(X) is X or its
+// transpose; lda is the row stride of A as stored ((m,k) or (k,m) when ta).
+struct Gemm {
+    bool ta = false, tb = false;
+    std::uint64_t m = 0, n = 0, k = 0;
+    std::uint64_t lda = 0, ldb = 0, ldc = 0;  // 0 = packed (the stored row length)
+    float alpha = 1, beta = 0;
+    std::uint64_t batch = 1;
+    std::uint64_t stride_a = 0, stride_b = 0, stride_c = 0;  // 0 = packed (one matrix)
+};
+
+class Device {
+public:
+    virtual ~Device() = default;
+
+    virtual const std::string& backend() const = 0;
+    virtual unsigned threads() const = 0;
+    mem::DeviceArena& arena() { return *arena_; }
+
+    // ---- memory -----------------------------------------------------------
+    // From the arena (OutOfMemory names `what`); zero-filled.
+    template <class T>
+    Array<T> alloc(std::size_t count, std::string_view what) {
+        Array<T> a(arena_->allocate(count * sizeof(T), what));
+        fill_zero(std::as_writable_bytes(a.span()));
+        return a;
+    }
+
+    // ---- streams and events -------------------------------------------------
+    // The stream kernels go to by default, and a second one for copies.
+    virtual Stream& compute() = 0;
+    virtual Stream& copies() = 0;
+    virtual Event record(Stream& s) = 0;
+    // Work enqueued on `s` after this call starts once `e` is done.
+    virtual void wait(Stream& s, const Event& e) = 0;
+    virtual void synchronize(Stream& s) = 0;
+    virtual void synchronize(const Event& e) = 0;
+    // A kernel's error (a bad shape, a token past the vocabulary) is thrown by
+    // the next synchronize of its stream, and the stream drops the rest of its
+    // queue until then.
+
+    // Asynchronous copies: host <-> device <-> device. `dst` and `src` must
+    // stay alive and untouched until the stream passes this point.
+    virtual void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) = 0;
+    virtual void fill_zero(std::span<std::byte> dst) = 0;  // synchronous
+    virtual void zero(Stream& s, std::span<float> dst) = 0;
+
+    // ---- kernels (enqueued on `s`) -------------------------------------------
+    // See Gemm. A, B and C must hold every element the shape reaches.
+    virtual void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
+                      std::span<float> c) = 0;
+    // out (N,OC) += bias (OC) broadcast over rows.
+    virtual void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
+                          std::uint64_t OC) = 0;
+    // dbias (OC) += sum over rows of dout (N,OC).
+    virtual void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
+                               std::uint64_t OC) = 0;
+
+    // out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). A token >= V is
+    // an error (DataError naming the position) at synchronize.
+    virtual void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                   std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
+                                   std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    // dwte (V,C) += and dwpe (maxT,C) += the gradient dout (B,T,C) spreads.
+    virtual void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
+                                    std::span<const float> dout, std::span<const std::int32_t> tokens,
+                                    std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+
+    // out (N,C) = (inp - mean) * rstd * w (C) + b (C); mean, rstd (N) kept for
+    // backward. eps 1e-5 as torch.nn.LayerNorm.
+    virtual void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                   std::span<const float> inp, std::span<const float> w, std::span<const float> b,
+                                   std::uint64_t N, std::uint64_t C) = 0;
+    // dinp (N,C) +=, dw (C) +=, db (C) +=.
+    virtual void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                                    std::span<const float> dout, std::span<const float> inp,
+                                    std::span<const float> w, std::span<const float> mean,
+                                    std::span<const float> rstd, std::uint64_t N, std::uint64_t C) = 0;
+
+    // GELU, tanh form (GPT-2): out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (written, not +=).
+    virtual void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) = 0;
+    virtual void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                               std::span<const float> dout) = 0;
+
+    // Causal self-attention over qkv (B,T,3C) laid out [q | k | v], NH heads of
+    // C/NH: out (B,T,C); att (B,NH,T,T) keeps the softmax for backward (the
+    // entries above the diagonal are zero).
+    virtual void attention_forward(Stream& s, std::span<float> out, std::span<float> att,
+                                   std::span<const float> qkv, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                                   std::uint64_t NH) = 0;
+    // dqkv (B,T,3C) written (not +=); datt (B,NH,T,T) is scratch.
+    virtual void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                    std::span<const float> dout, std::span<const float> qkv,
+                                    std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                                    std::uint64_t NH) = 0;
+
+    // Softmax cross-entropy fused with the logits' gradient. logits (N,V):
+    // losses (N) = -log softmax(logits)[target]; then logits is overwritten
+    // with dloss * (softmax - onehot(target)). A target >= V is an error.
+    virtual void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                               std::span<const std::int32_t> targets, float dloss,
+                                               std::uint64_t N, std::uint64_t V) = 0;
+    // The same loss without the gradient (evaluation); logits untouched.
+    virtual void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                                      std::span<const std::int32_t> targets, std::uint64_t N, std::uint64_t V) = 0;
+
+    // out (n) = a + b; acc (n) += x.
+    virtual void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                                  std::span<const float> b) = 0;
+    virtual void accumulate(Stream& s, std::span<float> acc, std::span<const float> x) = 0;
+
+    // Casts, round to nearest even (zinf::to_bf16).
+    virtual void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) = 0;
+    virtual void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) = 0;
+
+    // AdamW over one piece (optim.hpp's definition and bits).
+    virtual void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) = 0;
+
+    // Runs `fn` on the stream in order with the kernels (host work that must
+    // wait for them, e.g. a collective over their output on the cpu backend).
+    virtual void host(Stream& s, std::function<void()> fn) = 0;
+
+protected:
+    std::unique_ptr<mem::DeviceArena> arena_;
+};
+
+// UsageError for an unknown backend, or "cuda" before its issue lands.
+std::unique_ptr<Device> open(const Options& opts);
+
+// The peer's sgemm rate on this device: C = A*B on n x n fp32 matrices,
+// `reps` times after one warm-up, FLOP/s (2 n^3 per product). On the cpu
+// backend that is OpenBLAS's cblas_sgemm on its own threads, as a user would
+// call it (the device's own GEMMs split over its OpenMP team instead). For --bench.
+double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps);
+
+}  // namespace zinf::device

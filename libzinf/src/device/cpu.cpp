@@ -1,0 +1,487 @@
+// The cpu backend: device memory is host memory from a budgeted arena, a
+// stream is a worker thread running a queue of jobs in order, an event is a
+// count of the jobs a stream had been given. Each kernel call checks its spans
+// against its shape here, on the caller's thread (a short span is a bug:
+// InternalError at once), then enqueues the kernel of kernels.hpp.
+#include "kernels.hpp"
+
+#include <zinf/device.hpp>
+
+#if ZINF_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#include <omp.h>
+#include <sched.h>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace zinf::device {
+
+namespace {
+
+using cpu::u64;
+
+// ---------------------------------------------------------------------------
+// A worker thread and its queue. Tickets count jobs from 1: job j is done
+// when completed_ >= j. After a job throws, the jobs behind it are dropped
+// (counted as completed, not run) until a synchronize reports the error;
+// jobs marked `always` (waits on other streams) still run, so that what
+// comes after a synchronize is ordered as it was asked.
+class CpuStream final : public Stream {
+public:
+    CpuStream(std::string name, unsigned threads) : name_(std::move(name)), worker_([this, threads] { run(threads); }) {}
+
+    // Runs what is queued, then stops.
+    ~CpuStream() override {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        work_.notify_all();
+        worker_.join();
+        if (error_) {
+            try {
+                std::rethrow_exception(error_);
+            } catch (const std::exception& e) {
+                log::warn("device: stream " + name_ + " closed with an error nobody synchronized: " + e.what());
+            } catch (...) {
+                log::warn("device: stream " + name_ + " closed with an error nobody synchronized");
+            }
+        }
+    }
+
+    const std::string& name() const override { return name_; }
+
+    // The job's ticket.
+    u64 enqueue(std::function<void()> job, bool always = false) {
+        u64 ticket;
+        {
+            std::lock_guard lk(mu_);
+            queue_.push_back({std::move(job), always});
+            ticket = ++enqueued_;
+        }
+        work_.notify_one();
+        return ticket;
+    }
+
+    u64 ticket() const {
+        std::lock_guard lk(mu_);
+        return enqueued_;
+    }
+
+    void wait_for(u64 ticket) const {
+        std::unique_lock lk(mu_);
+        done_.wait(lk, [&] { return completed_ >= ticket; });
+    }
+
+    // Waits for every job enqueued so far; rethrows a job's error (once).
+    void synchronize() { synchronize(ticket()); }
+
+    // Waits for the jobs up to `ticket`; rethrows an error one of them threw.
+    void synchronize(u64 ticket) {
+        std::unique_lock lk(mu_);
+        done_.wait(lk, [&] { return completed_ >= ticket; });
+        if (error_ && error_ticket_ <= ticket) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    // Waits for everything, reporting nothing (the device's destructor).
+    void drain() const { wait_for(ticket()); }
+
+private:
+    struct Job {
+        std::function<void()> fn;
+        bool always = false;
+    };
+
+    void run(unsigned threads) {
+        omp_set_num_threads(static_cast<int>(threads));
+        std::unique_lock lk(mu_);
+        for (;;) {
+            work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+            if (queue_.empty()) return;  // stopping, and nothing left
+            Job job = std::move(queue_.front());
+            queue_.pop_front();
+            const bool run_it = job.always || !error_;
+            lk.unlock();
+            std::exception_ptr err;
+            if (run_it) {
+                try {
+                    job.fn();
+                } catch (...) {
+                    err = std::current_exception();
+                }
+            }
+            job.fn = nullptr;  // what it captured goes before the job counts as done
+            lk.lock();
+            ++completed_;
+            if (err && !error_) {
+                error_ = err;
+                error_ticket_ = completed_;
+            }
+            done_.notify_all();
+        }
+    }
+
+    const std::string name_;
+    mutable std::mutex mu_;
+    std::condition_variable work_;
+    mutable std::condition_variable done_;
+    std::deque<Job> queue_;
+    u64 enqueued_ = 0, completed_ = 0;
+    std::exception_ptr error_;  // the first error not yet reported
+    u64 error_ticket_ = 0;      // the job that threw it
+    bool stop_ = false;
+    std::thread worker_;  // last: starts once the rest is built
+};
+
+CpuStream& as_cpu(const Stream& s) {
+    auto* c = dynamic_cast<const CpuStream*>(&s);
+    if (!c) throw InternalError("device: a stream of another backend given to the cpu backend");
+    return const_cast<CpuStream&>(*c);
+}
+
+// The CPUs this process may run on.
+unsigned affinity_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
+    return std::max(1, CPU_COUNT(&set));
+}
+
+// ---------------------------------------------------------------------------
+// A kernel's name and shape, for the InternalError a short span gets.
+class Shape {
+public:
+    Shape(const char* kernel, std::initializer_list<std::pair<const char*, u64>> dims) : kernel_(kernel) {
+        for (const auto& d : dims)
+            if (n_ < dims_.size()) dims_[n_++] = d;
+    }
+    void need(const char* span, std::size_t have, u64 want) const {
+        if (have < want) short_span(span, have, want);
+    }
+    [[noreturn, gnu::noinline, gnu::cold]] void short_span(const char* span, std::size_t have, u64 want) const {
+        std::string what = span;
+        what.append(" has ").append(std::to_string(have)).append(" elements, the shape needs ");
+        fail(what.append(std::to_string(want)));
+    }
+    [[noreturn, gnu::noinline, gnu::cold]] void fail(const std::string& what) const {
+        std::string msg = "device: ";
+        msg.append(kernel_);
+        for (std::size_t i = 0; i < n_; ++i)
+            msg.append(i ? ", " : " (").append(dims_[i].first).append("=").append(std::to_string(dims_[i].second));
+        throw InternalError(msg.append(n_ ? "): " : ": ").append(what));
+    }
+
+private:
+    const char* kernel_;
+    std::array<std::pair<const char*, u64>, 6> dims_{};
+    std::size_t n_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+class CpuDevice final : public Device {
+public:
+    explicit CpuDevice(const Options& opts) : threads_(opts.threads ? opts.threads : affinity_cpus()) {
+        arena_ = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{
+            .bytes = opts.memory_bytes ? opts.memory_bytes : 1 * GiB, .max_block = opts.max_block, .backend = "host"});
+        compute_ = std::make_unique<CpuStream>("compute", threads_);
+        copies_ = std::make_unique<CpuStream>("copies", threads_);
+    }
+
+    // A stream's jobs may wait on the other's: both drain before either stops.
+    ~CpuDevice() override {
+        compute_->drain();
+        copies_->drain();
+        compute_.reset();
+        copies_.reset();
+    }
+
+    const std::string& backend() const override {
+        static const std::string name = "cpu";
+        return name;
+    }
+    unsigned threads() const override { return threads_; }
+
+    Stream& compute() override { return *compute_; }
+    Stream& copies() override { return *copies_; }
+
+    Event record(Stream& s) override { return {.ticket = as_cpu(s).ticket(), .stream = &s}; }
+
+    void wait(Stream& s, const Event& e) override {
+        if (!e.stream || e.stream == &s) return;  // a stream is in order already
+        CpuStream& other = as_cpu(*e.stream);
+        as_cpu(s).enqueue([&other, t = e.ticket] { other.wait_for(t); }, true);
+    }
+
+    void synchronize(Stream& s) override { as_cpu(s).synchronize(); }
+    void synchronize(const Event& e) override {
+        if (e.stream) as_cpu(*e.stream).synchronize(e.ticket);
+    }
+
+    void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override {
+        Shape{"copy", {}}.need("dst", dst.size(), src.size());
+        if (src.empty()) return;
+        as_cpu(s).enqueue([d = dst.data(), p = src.data(), n = src.size()] { std::memcpy(d, p, n); });
+    }
+
+    void fill_zero(std::span<std::byte> dst) override {
+        if (!dst.empty()) std::memset(dst.data(), 0, dst.size());
+    }
+
+    void zero(Stream& s, std::span<float> dst) override {
+        if (dst.empty()) return;
+        as_cpu(s).enqueue([d = dst.data(), n = dst.size()] { std::memset(d, 0, n * sizeof(float)); });
+    }
+
+    // ---- kernels -----------------------------------------------------------
+    void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
+              std::span<float> c) override {
+        const Gemm r = cpu::resolve(g);
+        Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
+        sh.need("A", a.size(), cpu::gemm_extent_a(r));
+        sh.need("B", b.size(), cpu::gemm_extent_b(r));
+        sh.need("C", c.size(), cpu::gemm_extent_c(r));
+        as_cpu(s).enqueue([r, a = a.data(), b = b.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
+    }
+
+    void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
+        Shape sh{"bias_add", {{"N", N}, {"OC", OC}}};
+        sh.need("out", out.size(), N * OC);
+        sh.need("bias", bias.size(), OC);
+        as_cpu(s).enqueue([=, o = out.data(), b = bias.data()] { cpu::bias_add(o, b, N, OC); });
+    }
+
+    void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override {
+        Shape sh{"bias_backward", {{"N", N}, {"OC", OC}}};
+        sh.need("dbias", dbias.size(), OC);
+        sh.need("dout", dout.size(), N * OC);
+        as_cpu(s).enqueue([=, db = dbias.data(), d = dout.data()] { cpu::bias_backward(db, d, N, OC); });
+    }
+
+    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                           std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
+                           u64 V) override {
+        Shape sh{"embedding_forward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
+        sh.need("out", out.size(), B * T * C);
+        sh.need("tokens", tokens.size(), B * T);
+        sh.need("wte", wte.size(), V * C);
+        sh.need("wpe", wpe.size(), T * C);
+        as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(), pe = wpe.data()] {
+            cpu::embedding_forward(o, tok, te, pe, B, T, C, V);
+        });
+    }
+
+    void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
+                            std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
+        Shape sh{"embedding_backward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
+        sh.need("dwte", dwte.size(), V * C);
+        sh.need("dwpe", dwpe.size(), T * C);
+        sh.need("dout", dout.size(), B * T * C);
+        sh.need("tokens", tokens.size(), B * T);
+        as_cpu(s).enqueue([=, te = dwte.data(), pe = dwpe.data(), d = dout.data(), tok = tokens.data()] {
+            cpu::embedding_backward(te, pe, d, tok, B, T, C, V);
+        });
+    }
+
+    void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                           std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
+                           u64 C) override {
+        Shape sh{"layernorm_forward", {{"N", N}, {"C", C}}};
+        sh.need("out", out.size(), N * C);
+        sh.need("mean", mean.size(), N);
+        sh.need("rstd", rstd.size(), N);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        sh.need("b", b.size(), C);
+        as_cpu(s).enqueue([=, o = out.data(), m = mean.data(), r = rstd.data(), x = inp.data(), w = w.data(),
+                           b = b.data()] { cpu::layernorm_forward(o, m, r, x, w, b, N, C); });
+    }
+
+    void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                            std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
+                            std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
+        Shape sh{"layernorm_backward", {{"N", N}, {"C", C}}};
+        sh.need("dinp", dinp.size(), N * C);
+        sh.need("dw", dw.size(), C);
+        sh.need("db", db.size(), C);
+        sh.need("dout", dout.size(), N * C);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        sh.need("mean", mean.size(), N);
+        sh.need("rstd", rstd.size(), N);
+        as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), db = db.data(), d = dout.data(), x = inp.data(),
+                           w = w.data(), m = mean.data(), r = rstd.data()] {
+            cpu::layernorm_backward(di, dw, db, d, x, w, m, r, N, C);
+        });
+    }
+
+    // Element-wise kernels: n is the size of the span they write.
+    void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override {
+        const u64 n = out.size();
+        Shape{"gelu_forward", {{"n", n}}}.need("inp", inp.size(), n);
+        as_cpu(s).enqueue([=, o = out.data(), x = inp.data()] { cpu::gelu_forward(o, x, n); });
+    }
+
+    void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                       std::span<const float> dout) override {
+        const u64 n = dinp.size();
+        Shape sh{"gelu_backward", {{"n", n}}};
+        sh.need("inp", inp.size(), n);
+        sh.need("dout", dout.size(), n);
+        as_cpu(s).enqueue([=, di = dinp.data(), x = inp.data(), d = dout.data()] { cpu::gelu_backward(di, x, d, n); });
+    }
+
+    void attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
+                           u64 T, u64 C, u64 NH) override {
+        Shape sh{"attention_forward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
+        check_heads(sh, C, NH);
+        sh.need("out", out.size(), B * T * C);
+        sh.need("att", att.size(), B * NH * T * T);
+        sh.need("qkv", qkv.size(), B * T * 3 * C);
+        as_cpu(s).enqueue([=, o = out.data(), a = att.data(), x = qkv.data()] {
+            cpu::attention_forward(o, a, x, B, T, C, NH);
+        });
+    }
+
+    void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                            std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
+                            u64 NH) override {
+        Shape sh{"attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
+        check_heads(sh, C, NH);
+        sh.need("dqkv", dqkv.size(), B * T * 3 * C);
+        sh.need("datt", datt.size(), B * NH * T * T);
+        sh.need("dout", dout.size(), B * T * C);
+        sh.need("qkv", qkv.size(), B * T * 3 * C);
+        sh.need("att", att.size(), B * NH * T * T);
+        as_cpu(s).enqueue([=, dx = dqkv.data(), da = datt.data(), d = dout.data(), x = qkv.data(), a = att.data()] {
+            cpu::attention_backward(dx, da, d, x, a, B, T, C, NH);
+        });
+    }
+
+    void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                       std::span<const std::int32_t> targets, float dloss, u64 N,
+                                       u64 V) override {
+        Shape sh{"crossentropy_forward_backward", {{"N", N}, {"V", V}}};
+        sh.need("losses", losses.size(), N);
+        sh.need("logits", logits.size(), N * V);
+        sh.need("targets", targets.size(), N);
+        as_cpu(s).enqueue([=, l = losses.data(), x = logits.data(), t = targets.data()] {
+            cpu::crossentropy_forward_backward(l, x, t, dloss, N, V);
+        });
+    }
+
+    void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                              std::span<const std::int32_t> targets, u64 N, u64 V) override {
+        Shape sh{"crossentropy_forward", {{"N", N}, {"V", V}}};
+        sh.need("losses", losses.size(), N);
+        sh.need("logits", logits.size(), N * V);
+        sh.need("targets", targets.size(), N);
+        as_cpu(s).enqueue([=, l = losses.data(), x = logits.data(), t = targets.data()] {
+            cpu::crossentropy_forward(l, x, t, N, V);
+        });
+    }
+
+    void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                          std::span<const float> b) override {
+        const u64 n = out.size();
+        Shape sh{"residual_forward", {{"n", n}}};
+        sh.need("a", a.size(), n);
+        sh.need("b", b.size(), n);
+        as_cpu(s).enqueue([=, o = out.data(), a = a.data(), b = b.data()] { cpu::residual_forward(o, a, b, n); });
+    }
+
+    void accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override {
+        const u64 n = acc.size();
+        Shape{"accumulate", {{"n", n}}}.need("x", x.size(), n);
+        as_cpu(s).enqueue([=, a = acc.data(), x = x.data()] { cpu::accumulate(a, x, n); });
+    }
+
+    void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override {
+        const u64 n = dst.size();
+        Shape{"cast to bf16", {{"n", n}}}.need("src", src.size(), n);
+        as_cpu(s).enqueue([=, d = dst.data(), x = src.data()] { cpu::to_bf16(d, x, n); });
+    }
+
+    void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override {
+        const u64 n = dst.size();
+        Shape{"cast from bf16", {{"n", n}}}.need("src", src.size(), n);
+        as_cpu(s).enqueue([=, d = dst.data(), x = src.data()] { cpu::from_bf16(d, x, n); });
+    }
+
+    void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override {
+        u.check();
+        as_cpu(s).enqueue([u, k, kernel = optim::Kernel{.isa = optim::default_isa(), .threads = threads_}] {
+            optim::adamw(u, k, kernel);
+        });
+    }
+
+    void host(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
+
+private:
+    static void check_heads(const Shape& sh, u64 C, u64 NH) {
+        if (NH == 0 || C % NH != 0) sh.fail("C is not a multiple of NH");
+    }
+
+    const unsigned threads_;
+    std::unique_ptr<CpuStream> compute_, copies_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+std::unique_ptr<Device> open(const Options& opts) {
+    if (opts.backend == "cuda")
+        throw UsageError("device backend 'cuda' is not built yet (it comes with its own issue); the backends: cpu");
+    if (opts.backend != "cpu") throw UsageError("unknown device backend '" + opts.backend + "' (the backends: cpu)");
+    auto dev = std::make_unique<CpuDevice>(opts);
+#if ZINF_HAVE_OPENBLAS
+    // One thread inside each call: the device splits a GEMM over its own
+    // OpenMP team (gemm.cpp), so no second pool of threads spins on the cores.
+    openblas_set_num_threads(1);
+#endif
+    return dev;
+}
+
+double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps) {
+    if (n == 0 || reps == 0) throw UsageError("measure_gemm_flops: n and reps must be positive");
+    Stream& s = dev.compute();
+    auto a = dev.alloc<float>(n * n, "gemm benchmark A");
+    auto b = dev.alloc<float>(n * n, "gemm benchmark B");
+    auto c = dev.alloc<float>(n * n, "gemm benchmark C");
+    std::vector<float> host(n * n);
+    std::mt19937 rng(12345);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (auto& v : host) v = dist(rng);
+    dev.copy(s, std::as_writable_bytes(a.span()), std::as_bytes(std::span<const float>(host)));
+    dev.copy(s, std::as_writable_bytes(b.span()), std::as_bytes(std::span<const float>(host)));
+    const Gemm g = cpu::resolve(Gemm{.m = n, .n = n, .k = n});
+    // OpenBLAS as a user would call it: one cblas_sgemm on its own threads.
+    auto run = [&, threads = static_cast<int>(dev.threads())] {
+#if ZINF_HAVE_OPENBLAS
+        cpu::blas_threaded(g, a.data(), b.data(), c.data(), threads);
+#else
+        cpu::gemm(g, a.data(), b.data(), c.data());
+#endif
+    };
+    dev.host(s, run);  // warm-up
+    dev.synchronize(s);
+    Timer timer;
+    for (unsigned r = 0; r < reps; ++r) dev.host(s, run);
+    dev.synchronize(s);
+    const double seconds = timer.seconds();
+    return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) * reps / seconds;
+}
+
+}  // namespace zinf::device

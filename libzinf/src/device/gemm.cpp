@@ -1,0 +1,169 @@
+// The cpu backend's GEMM: OpenBLAS's cblas_sgemm, one call per batch entry
+// (Debian 12's OpenBLAS has no strided batch), or without OpenBLAS a plain
+// OpenMP loop over C's rows, so that the build works everywhere.
+#include "kernels.hpp"
+
+#include <zinf/util.hpp>
+
+#if ZINF_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace zinf::device::cpu {
+
+namespace {
+// op(A) is (m,k): stored (m,k), or (k,m) when ta.
+u64 rows_a(const Gemm& g) { return g.ta ? g.k : g.m; }
+u64 cols_a(const Gemm& g) { return g.ta ? g.m : g.k; }
+u64 rows_b(const Gemm& g) { return g.tb ? g.n : g.k; }
+u64 cols_b(const Gemm& g) { return g.tb ? g.k : g.n; }
+
+u64 extent(u64 batch, u64 stride, u64 rows, u64 ld, u64 cols) {
+    return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+void check_ld(const char* name, u64 ld, u64 cols) {
+    if (ld < cols)
+        throw InternalError(std::string("device: gemm: ") + name + " " + std::to_string(ld) +
+                            " is less than the stored row length " + std::to_string(cols));
+}
+
+// C = beta * C, with beta 0 writing zeros (BLAS: C is not read then).
+void scale_c(const Gemm& g, float* c) {
+    for (u64 e = 0; e < g.batch; ++e)
+        for (u64 i = 0; i < g.m; ++i) {
+            float* row = c + e * g.stride_c + i * g.ldc;
+            for (u64 j = 0; j < g.n; ++j) row[j] = g.beta == 0 ? 0.0f : g.beta * row[j];
+        }
+}
+
+#if !ZINF_HAVE_OPENBLAS
+// One product: C's rows shared over the threads; each row accumulates
+// alpha-free sums over p in order, B's rows contiguous (op(B) packed first
+// when it is stored transposed).
+void gemm_portable(const Gemm& g, const float* a, const float* b, float* c) {
+    std::vector<float> packed;
+    const float* bk = b;  // op(B) as (k,n) rows of length ldbk
+    u64 ldbk = g.ldb;
+    if (g.tb) {
+        packed.resize(g.k * g.n);
+        for (u64 j = 0; j < g.n; ++j)
+            for (u64 p = 0; p < g.k; ++p) packed[p * g.n + j] = b[j * g.ldb + p];
+        bk = packed.data();
+        ldbk = g.n;
+    }
+#pragma omp parallel if (g.m * g.n * g.k >= kParallelMin)
+    {
+        std::vector<float> acc(g.n);
+#pragma omp for schedule(static)
+        for (u64 i = 0; i < g.m; ++i) {
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (u64 p = 0; p < g.k; ++p) {
+                const float aip = g.ta ? a[p * g.lda + i] : a[i * g.lda + p];
+                const float* brow = bk + p * ldbk;
+                for (u64 j = 0; j < g.n; ++j) acc[j] += aip * brow[j];
+            }
+            float* crow = c + i * g.ldc;
+            if (g.beta == 0)
+                for (u64 j = 0; j < g.n; ++j) crow[j] = g.alpha * acc[j];
+            else
+                for (u64 j = 0; j < g.n; ++j) crow[j] = g.alpha * acc[j] + g.beta * crow[j];
+        }
+    }
+}
+#endif
+}  // namespace
+
+Gemm resolve(const Gemm& g) {
+    Gemm r = g;
+    if (r.lda == 0) r.lda = cols_a(r);
+    if (r.ldb == 0) r.ldb = cols_b(r);
+    if (r.ldc == 0) r.ldc = r.n;
+    check_ld("lda", r.lda, cols_a(r));
+    check_ld("ldb", r.ldb, cols_b(r));
+    check_ld("ldc", r.ldc, r.n);
+    if (r.stride_a == 0) r.stride_a = rows_a(r) * r.lda;
+    if (r.stride_b == 0) r.stride_b = rows_b(r) * r.ldb;
+    if (r.stride_c == 0) r.stride_c = r.m * r.ldc;
+    // BLAS takes its sizes as int.
+    for (u64 v : {r.m, r.n, r.k, r.lda, r.ldb, r.ldc})
+        if (v > static_cast<u64>(std::numeric_limits<int>::max()))
+            throw InternalError("device: gemm: a size or leading dimension (" + std::to_string(v) +
+                                ") is past what BLAS takes (2^31 - 1)");
+    return r;
+}
+
+u64 gemm_extent_a(const Gemm& g) {
+    if (!g.batch || !g.m || !g.n || !g.k) return 0;
+    return extent(g.batch, g.stride_a, rows_a(g), g.lda, cols_a(g));
+}
+u64 gemm_extent_b(const Gemm& g) {
+    if (!g.batch || !g.m || !g.n || !g.k) return 0;
+    return extent(g.batch, g.stride_b, rows_b(g), g.ldb, cols_b(g));
+}
+u64 gemm_extent_c(const Gemm& g) {
+    if (!g.batch || !g.m || !g.n) return 0;
+    return extent(g.batch, g.stride_c, g.m, g.ldc, g.n);
+}
+
+#if ZINF_HAVE_OPENBLAS
+namespace {
+void blas(const Gemm& g, u64 m, u64 n, const float* a, const float* b, float* c) {
+    cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(g.k), g.alpha, a,
+                static_cast<blasint>(g.lda), b, static_cast<blasint>(g.ldb), g.beta, c, static_cast<blasint>(g.ldc));
+}
+
+// One product over the OpenMP team, OpenBLAS single-threaded inside it: C
+// cut into column blocks (or row blocks when it is tall), each computed by
+// one call with the whole k. OpenBLAS's own threads would spin against the
+// kernels' OpenMP team on the same cores (half the time went to spinning).
+void blas_split(const Gemm& g, const float* a, const float* b, float* c) {
+    const int team = omp_get_max_threads();
+    if (team <= 1 || g.m * g.n * g.k < (u64{1} << 18)) return blas(g, g.m, g.n, a, b, c);
+    const bool by_cols = g.n >= g.m;
+    const u64 extent = by_cols ? g.n : g.m, unit = by_cols ? 16 : 4;
+    const u64 pieces = std::min<u64>(static_cast<u64>(team), (extent + unit - 1) / unit);
+    const u64 per = (extent / pieces + unit - 1) / unit * unit;
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(pieces))
+    for (u64 p = 0; p < pieces; ++p) {
+        const u64 lo = std::min(extent, p * per), hi = std::min(extent, lo + per);
+        if (lo >= hi) continue;
+        if (by_cols)  // C[:, lo:hi] = op(A) op(B)[:, lo:hi]
+            blas(g, g.m, hi - lo, a, g.tb ? b + lo * g.ldb : b + lo, c + lo);
+        else  // C[lo:hi, :] = op(A)[lo:hi, :] op(B)
+            blas(g, hi - lo, g.n, g.ta ? a + lo : a + lo * g.lda, b, c + lo * g.ldc);
+    }
+}
+}  // namespace
+
+void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int threads) {
+    openblas_set_num_threads(threads);
+    blas(g, g.m, g.n, a, b, c);
+    openblas_set_num_threads(1);
+}
+#endif
+
+void gemm(const Gemm& g, const float* a, const float* b, float* c) {
+    if (!g.batch || !g.m || !g.n) return;
+    if (!g.k) return scale_c(g, c);  // op(A) op(B) is all zeros
+    for (u64 e = 0; e < g.batch; ++e) {
+        const float* ae = a + e * g.stride_a;
+        const float* be = b + e * g.stride_b;
+        float* ce = c + e * g.stride_c;
+#if ZINF_HAVE_OPENBLAS
+        blas_split(g, ae, be, ce);
+#else
+        gemm_portable(g, ae, be, ce);
+#endif
+    }
+}
+
+}  // namespace zinf::device::cpu

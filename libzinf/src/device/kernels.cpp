@@ -1,0 +1,208 @@
+// The cpu backend's row-wise and element-wise kernels: bias, embedding,
+// layernorm, GELU, residual, casts. Forward and backward follow llm.c's
+// train_gpt2.c, with its sums over rows (dbias, dwte, dwpe, dw, db) done
+// per column block so that each element's sum runs over the rows in order
+// whatever the thread count.
+#include "kernels.hpp"
+
+#include <zinf/util.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zinf::device::cpu {
+
+namespace {
+
+u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
+
+// tokens (B,T): each in [0, V), else DataError naming where.
+void check_tokens(const std::int32_t* tokens, u64 B, u64 T, u64 V) {
+    for (u64 b = 0; b < B; ++b)
+        for (u64 t = 0; t < T; ++t) {
+            const std::int64_t v = tokens[b * T + t];
+            if (v < 0 || static_cast<u64>(v) >= V)
+                throw DataError("token " + std::to_string(v) + " at batch row " + std::to_string(b) + ", position " +
+                                std::to_string(t) + " is not " + (v < 0 ? "a valid token id (negative)" :
+                                "below the vocabulary size " + std::to_string(V)));
+        }
+}
+
+// GELU's tanh form (GPT-2; torch.nn.functional.gelu(approximate='tanh')).
+// sqrt(2/pi) rounded once from double, as torch's kBeta.
+const float kGeluScale = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+constexpr float kGeluCube = 0.044715f;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+void bias_add(float* out, const float* bias, u64 N, u64 OC) {
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
+    for (u64 r = 0; r < N; ++r) {
+        float* row = out + r * OC;
+        for (u64 o = 0; o < OC; ++o) row[o] += bias[o];
+    }
+}
+
+void bias_backward(float* dbias, const float* dout, u64 N, u64 OC) {
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
+    for (u64 blk = 0; blk < column_blocks(OC); ++blk) {
+        const u64 c0 = blk * kColumnBlock, c1 = std::min(OC, c0 + kColumnBlock);
+        for (u64 r = 0; r < N; ++r) {
+            const float* row = dout + r * OC;
+            for (u64 o = c0; o < c1; ++o) dbias[o] += row[o];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
+                       u64 C, u64 V) {
+    check_tokens(tokens, B, T, V);
+#pragma omp parallel for schedule(static) if (B * T * C >= kParallelMin)
+    for (u64 bt = 0; bt < B * T; ++bt) {
+        const u64 t = bt % T;
+        const float* te = wte + static_cast<u64>(tokens[bt]) * C;
+        const float* pe = wpe + t * C;
+        float* o = out + bt * C;
+        for (u64 c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+    }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,
+                        u64 C, u64 V) {
+    check_tokens(tokens, B, T, V);
+#pragma omp parallel for schedule(static) if (B * T * C >= kParallelMin)
+    for (u64 blk = 0; blk < column_blocks(C); ++blk) {
+        const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+        for (u64 bt = 0; bt < B * T; ++bt) {
+            const float* d = dout + bt * C;
+            float* te = dwte + static_cast<u64>(tokens[bt]) * C;
+            float* pe = dwpe + (bt % T) * C;
+            for (u64 c = c0; c < c1; ++c) {
+                te[c] += d[c];
+                pe[c] += d[c];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       u64 N, u64 C) {
+    const float inv_c = 1.0f / static_cast<float>(C);
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+    for (u64 r = 0; r < N; ++r) {
+        const float* x = inp + r * C;
+        float* o = out + r * C;
+        const float m = sum(x, C) * inv_c;
+        // The centred values go through `o` first: a two-pass variance.
+        for (u64 c = 0; c < C; ++c) o[c] = x[c] - m;
+        const float var = dot(o, o, C) * inv_c;  // biased, as torch
+        const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+        for (u64 c = 0; c < C; ++c) o[c] = o[c] * s * w[c] + b[c];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, u64 N, u64 C) {
+    const float inv_c = 1.0f / static_cast<float>(C);
+    // dinp: each row on its own.
+#pragma omp parallel if (N * C >= kParallelMin)
+    {
+        std::vector<float> norm(C), dnorm(C);
+#pragma omp for schedule(static)
+        for (u64 r = 0; r < N; ++r) {
+            const float* x = inp + r * C;
+            const float* d = dout + r * C;
+            const float m = mean[r], s = rstd[r];
+            for (u64 c = 0; c < C; ++c) {
+                norm[c] = (x[c] - m) * s;
+                dnorm[c] = w[c] * d[c];
+            }
+            const float dnorm_mean = sum(dnorm.data(), C) * inv_c;
+            const float dnorm_norm_mean = dot(dnorm.data(), norm.data(), C) * inv_c;
+            float* di = dinp + r * C;
+            for (u64 c = 0; c < C; ++c) di[c] += (dnorm[c] - dnorm_mean - norm[c] * dnorm_norm_mean) * s;
+        }
+    }
+    // dw, db: sums over the rows, per column block.
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+    for (u64 blk = 0; blk < column_blocks(C); ++blk) {
+        const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+        for (u64 r = 0; r < N; ++r) {
+            const float* x = inp + r * C;
+            const float* d = dout + r * C;
+            const float m = mean[r], s = rstd[r];
+            for (u64 c = c0; c < c1; ++c) {
+                dw[c] += (x[c] - m) * s * d[c];
+                db[c] += d[c];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+void gelu_forward(float* out, const float* inp, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) {
+        const float x = inp[i];
+        const float cube = kGeluCube * x * x * x;
+        out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
+    }
+}
+
+// d/dx of 0.5 x (1 + tanh(u)), u = s (x + a x^3):
+//   0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2), as torch writes it.
+void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) {
+        const float x = inp[i];
+        const float th = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
+        const float inner = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+        const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
+        dinp[i] = local * dout[i];
+    }
+}
+
+// ---------------------------------------------------------------------------
+void residual_forward(float* out, const float* a, const float* b, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void accumulate(float* acc, const float* x, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+void to_bf16(std::uint16_t* dst, const float* src, u64 n) {
+    // util's vectorised rounding, one piece per task.
+    constexpr u64 kPiece = 1 << 16;
+    const u64 pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (u64 p = 0; p < pieces; ++p) {
+        const u64 first = p * kPiece, len = std::min(kPiece, n - first);
+        zinf::to_bf16(std::span<const float>(src + first, len), std::span<std::uint16_t>(dst + first, len));
+    }
+}
+
+void from_bf16(float* dst, const std::uint16_t* src, u64 n) {
+    // zinf::from_bf16 inline: the bf16 is the top half of the fp32, exactly.
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) {
+        const std::uint32_t u = std::uint32_t{src[i]} << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        dst[i] = f;
+    }
+}
+
+}  // namespace zinf::device::cpu

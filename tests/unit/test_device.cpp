@@ -1,0 +1,836 @@
+// Unit tests of libzinf device (the cpu backend): every kernel against a
+// naive double-precision reference written here, every backward also against
+// central finite differences of the double forward (which proves the
+// references' formulas), GEMM in all transpose, padding, batch, alpha and beta
+// cases, every kernel but GEMM bitwise the same on 1 and 2 threads, streams
+// (order, events across the two streams, a job's error at synchronize and the
+// stream afterwards), and the errors: a token or target past the vocabulary,
+// a span too short for its shape, an unknown backend, an arena too small.
+#define BOOST_TEST_MODULE device
+#include "testing.hpp"
+
+#include <zinf/device.hpp>
+#include <zinf/mem.hpp>
+#include <zinf/optim.hpp>
+#include <zinf/util.hpp>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using namespace zinf;
+using namespace zinf::device;
+using u64 = std::uint64_t;
+using Vf = std::vector<float>;
+using Vd = std::vector<double>;
+using Vi = std::vector<std::int32_t>;
+
+namespace {
+
+std::uint64_t fresh_seed(const char* what) {
+    const std::uint64_t s = testing::seed(what);
+    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
+    return s;
+}
+
+Vf randn(std::size_t n, std::mt19937_64& rng, float scale = 1) {
+    std::normal_distribution<float> normal;
+    Vf v(n);
+    for (auto& x : v) x = normal(rng) * scale;
+    return v;
+}
+
+Vi random_tokens(std::size_t n, std::int32_t V, std::mt19937_64& rng) {
+    std::uniform_int_distribution<std::int32_t> d(0, V - 1);
+    Vi v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+Vd dbl(const Vf& v) { return Vd(v.begin(), v.end()); }
+
+// max |got - ref| over max |ref|: the error relative to the values' magnitude.
+template <class G>
+double max_err(const std::vector<G>& got, const Vd& ref) {
+    BOOST_REQUIRE_EQUAL(got.size(), ref.size());
+    double scale = 0, err = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        scale = std::max(scale, std::abs(ref[i]));
+        err = std::max(err, std::abs(double(got[i]) - ref[i]));
+        if (!std::isfinite(double(got[i]))) return INFINITY;
+    }
+    return scale > 0 ? err / scale : err;
+}
+
+Vd plus(const Vf& a, const Vd& b) {
+    Vd r(b.size());
+    for (std::size_t i = 0; i < b.size(); ++i) r[i] = a[i] + b[i];
+    return r;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The gradient of f at x by central differences, in double.
+Vd numeric_grad(const std::function<double(const Vd&)>& f, Vd x, double h = 1e-6) {
+    Vd g(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        const double keep = x[i];
+        x[i] = keep + h;
+        const double up = f(x);
+        x[i] = keep - h;
+        const double down = f(x);
+        x[i] = keep;
+        g[i] = (up - down) / (2 * h);
+    }
+    return g;
+}
+
+double dot(const Vd& a, const Vd& b) {
+    double s = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+}
+
+// A device and the copies in and out of it, all on the compute stream.
+struct Rig {
+    std::unique_ptr<Device> dev;
+    std::vector<std::shared_ptr<void>> held;  // after dev: freed before it
+    explicit Rig(unsigned threads = 0, u64 bytes = 256 * MiB)
+        : dev(open({.backend = "cpu", .memory_bytes = bytes, .threads = threads})) {}
+    Stream& s() { return dev->compute(); }
+    Device* operator->() { return dev.get(); }
+
+    template <class T>
+    Array<T> up(const std::vector<T>& v) {
+        auto a = dev->alloc<T>(v.size(), "test input");
+        dev->copy(s(), std::as_writable_bytes(a.span()), std::as_bytes(std::span<const T>(v)));
+        dev->synchronize(s());  // `v` may go as soon as this returns
+        return a;
+    }
+    // An input that lives as long as the rig: work on a stream may still read
+    // it after the statement that enqueued that work.
+    template <class T>
+    std::span<const T> in(const std::vector<T>& v) {
+        auto a = std::make_shared<Array<T>>(up(v));
+        held.push_back(a);
+        return *a;
+    }
+    template <class T>
+    std::vector<T> down(const Array<T>& a) {
+        std::vector<T> v(a.size());
+        dev->copy(s(), std::as_writable_bytes(std::span<T>(v)), std::as_bytes(a.span()));
+        dev->synchronize(s());
+        return v;
+    }
+};
+
+// ---------------------------------------------------------------------------
+// The references, in double.
+
+// op(A) (m,k) op(B) (k,n), row-major with leading dimensions and strides.
+struct GemmShape {
+    bool ta, tb;
+    u64 m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
+};
+
+GemmShape shape_of(const Gemm& g) {
+    GemmShape s{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c};
+    if (!s.lda) s.lda = g.ta ? g.m : g.k;
+    if (!s.ldb) s.ldb = g.tb ? g.k : g.n;
+    if (!s.ldc) s.ldc = g.n;
+    if (!s.sa) s.sa = (g.ta ? g.k : g.m) * s.lda;
+    if (!s.sb) s.sb = (g.tb ? g.n : g.k) * s.ldb;
+    if (!s.sc) s.sc = g.m * s.ldc;
+    return s;
+}
+
+Vd gemm_ref(const Gemm& g, const Vf& a, const Vf& b, const Vf& c) {
+    const GemmShape s = shape_of(g);
+    Vd out = dbl(c);
+    for (u64 e = 0; e < s.batch; ++e)
+        for (u64 i = 0; i < s.m; ++i)
+            for (u64 j = 0; j < s.n; ++j) {
+                double acc = 0;
+                for (u64 p = 0; p < s.k; ++p) {
+                    const double x = s.ta ? a[e * s.sa + p * s.lda + i] : a[e * s.sa + i * s.lda + p];
+                    const double y = s.tb ? b[e * s.sb + j * s.ldb + p] : b[e * s.sb + p * s.ldb + j];
+                    acc += x * y;
+                }
+                double& o = out[e * s.sc + i * s.ldc + j];
+                o = g.alpha * acc + (g.beta == 0 ? 0.0 : g.beta * o);
+            }
+    return out;
+}
+
+struct LayerNorm {
+    Vd out, mean, rstd;
+};
+
+LayerNorm ln_forward(const Vd& x, const Vd& w, const Vd& b, u64 N, u64 C) {
+    LayerNorm r{Vd(N * C), Vd(N), Vd(N)};
+    for (u64 i = 0; i < N; ++i) {
+        double m = 0, v = 0;
+        for (u64 c = 0; c < C; ++c) m += x[i * C + c];
+        m /= C;
+        for (u64 c = 0; c < C; ++c) v += (x[i * C + c] - m) * (x[i * C + c] - m);
+        v /= C;
+        const double s = 1 / std::sqrt(v + 1e-5);
+        for (u64 c = 0; c < C; ++c) r.out[i * C + c] = (x[i * C + c] - m) * s * w[c] + b[c];
+        r.mean[i] = m;
+        r.rstd[i] = s;
+    }
+    return r;
+}
+
+// The analytic gradients of sum(out * dout).
+void ln_backward(const Vd& dout, const Vd& x, const Vd& w, u64 N, u64 C, Vd& dinp, Vd& dw, Vd& db) {
+    const LayerNorm f = ln_forward(x, w, Vd(C, 0.0), N, C);
+    dinp.assign(N * C, 0);
+    dw.assign(C, 0);
+    db.assign(C, 0);
+    for (u64 i = 0; i < N; ++i) {
+        double mean_dn = 0, mean_dn_norm = 0;
+        for (u64 c = 0; c < C; ++c) {
+            const double norm = (x[i * C + c] - f.mean[i]) * f.rstd[i], dn = w[c] * dout[i * C + c];
+            mean_dn += dn / C;
+            mean_dn_norm += dn * norm / C;
+            dw[c] += norm * dout[i * C + c];
+            db[c] += dout[i * C + c];
+        }
+        for (u64 c = 0; c < C; ++c) {
+            const double norm = (x[i * C + c] - f.mean[i]) * f.rstd[i], dn = w[c] * dout[i * C + c];
+            dinp[i * C + c] = f.rstd[i] * (dn - mean_dn - norm * mean_dn_norm);
+        }
+    }
+}
+
+const double kGeluS = std::sqrt(2 / std::numbers::pi);
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(kGeluS * (x + 0.044715 * x * x * x))); }
+double gelu_grad(double x) {
+    const double t = std::tanh(kGeluS * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kGeluS * (1 + 3 * 0.044715 * x * x);
+}
+
+struct AttnShape {
+    u64 B, T, C, NH;
+    u64 hs() const { return C / NH; }
+    u64 q(u64 b, u64 t, u64 h) const { return (b * T + t) * 3 * C + h * hs(); }
+    u64 k(u64 b, u64 t, u64 h) const { return q(b, t, h) + C; }
+    u64 v(u64 b, u64 t, u64 h) const { return q(b, t, h) + 2 * C; }
+    u64 o(u64 b, u64 t, u64 h) const { return (b * T + t) * C + h * hs(); }
+    u64 a(u64 b, u64 h, u64 t) const { return ((b * NH + h) * T + t) * T; }
+};
+
+void attn_forward(const Vd& qkv, const AttnShape& s, Vd& out, Vd& att) {
+    out.assign(s.B * s.T * s.C, 0);
+    att.assign(s.B * s.NH * s.T * s.T, 0);
+    const double scale = 1 / std::sqrt(double(s.hs()));
+    for (u64 b = 0; b < s.B; ++b)
+        for (u64 h = 0; h < s.NH; ++h)
+            for (u64 t = 0; t < s.T; ++t) {
+                Vd pre(t + 1);
+                double mx = -INFINITY, sum = 0;
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    for (u64 i = 0; i < s.hs(); ++i) pre[t2] += qkv[s.q(b, t, h) + i] * qkv[s.k(b, t2, h) + i];
+                    pre[t2] *= scale;
+                    mx = std::max(mx, pre[t2]);
+                }
+                for (u64 t2 = 0; t2 <= t; ++t2) sum += std::exp(pre[t2] - mx);
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    const double p = std::exp(pre[t2] - mx) / sum;
+                    att[s.a(b, h, t) + t2] = p;
+                    for (u64 i = 0; i < s.hs(); ++i) out[s.o(b, t, h) + i] += p * qkv[s.v(b, t2, h) + i];
+                }
+            }
+}
+
+Vd attn_backward(const Vd& dout, const Vd& qkv, const AttnShape& s) {
+    Vd out, att, d(qkv.size(), 0);
+    attn_forward(qkv, s, out, att);
+    const double scale = 1 / std::sqrt(double(s.hs()));
+    for (u64 b = 0; b < s.B; ++b)
+        for (u64 h = 0; h < s.NH; ++h)
+            for (u64 t = 0; t < s.T; ++t) {
+                const double* p = &att[s.a(b, h, t)];
+                Vd datt(t + 1);
+                double pd = 0;
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    for (u64 i = 0; i < s.hs(); ++i) {
+                        datt[t2] += dout[s.o(b, t, h) + i] * qkv[s.v(b, t2, h) + i];
+                        d[s.v(b, t2, h) + i] += p[t2] * dout[s.o(b, t, h) + i];
+                    }
+                    pd += p[t2] * datt[t2];
+                }
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    const double dpre = p[t2] * (datt[t2] - pd) * scale;
+                    for (u64 i = 0; i < s.hs(); ++i) {
+                        d[s.q(b, t, h) + i] += dpre * qkv[s.k(b, t2, h) + i];
+                        d[s.k(b, t2, h) + i] += dpre * qkv[s.q(b, t, h) + i];
+                    }
+                }
+            }
+    return d;
+}
+
+Vd ce_losses(const Vd& x, const Vi& tgt, u64 N, u64 V) {
+    Vd l(N);
+    for (u64 i = 0; i < N; ++i) {
+        double mx = -INFINITY, sum = 0;
+        for (u64 j = 0; j < V; ++j) mx = std::max(mx, x[i * V + j]);
+        for (u64 j = 0; j < V; ++j) sum += std::exp(x[i * V + j] - mx);
+        l[i] = std::log(sum) + mx - x[i * V + tgt[i]];
+    }
+    return l;
+}
+
+Vd ce_grad(const Vd& x, const Vi& tgt, double dloss, u64 N, u64 V) {
+    Vd g(N * V);
+    for (u64 i = 0; i < N; ++i) {
+        double mx = -INFINITY, sum = 0;
+        for (u64 j = 0; j < V; ++j) mx = std::max(mx, x[i * V + j]);
+        for (u64 j = 0; j < V; ++j) sum += std::exp(x[i * V + j] - mx);
+        for (u64 j = 0; j < V; ++j)
+            g[i * V + j] = dloss * (std::exp(x[i * V + j] - mx) / sum - (j == u64(tgt[i]) ? 1 : 0));
+    }
+    return g;
+}
+
+}  // namespace
+
+// ===========================================================================
+BOOST_AUTO_TEST_CASE(open_backends_and_threads) {
+    Rig r;
+    BOOST_TEST(r->backend() == "cpu");
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    BOOST_REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+    BOOST_TEST(r->threads() == unsigned(CPU_COUNT(&set)));
+    BOOST_TEST(Rig(3)->threads() == 3u);
+    BOOST_TEST(r->arena().stats().bytes == 256 * MiB);
+    BOOST_TEST(r->arena().backend() == "host");
+
+    const std::string cuda = testing::what_of<UsageError>([] { open({.backend = "cuda"}); }, "cuda");
+    BOOST_TEST(testing::contains(cuda, "not built yet"), cuda);
+    const std::string nope = testing::what_of<UsageError>([] { open({.backend = "nope"}); }, "nope");
+    BOOST_TEST(testing::contains(nope, "'nope'"), nope);
+    BOOST_TEST(testing::contains(nope, "cpu"), nope);
+}
+
+BOOST_AUTO_TEST_CASE(memory_alloc_copy_and_out_of_memory) {
+    std::mt19937_64 rng(fresh_seed("device memory"));
+    Rig r(0, 1 * MiB);
+    auto a = r->alloc<float>(1000, "a");
+    BOOST_TEST(a.size() == 1000u);
+    const Vf zeros(1000, 0.0f);
+    BOOST_TEST(same_bits(r.down(a), zeros));  // alloc zero-fills
+    const Vf x = randn(1000, rng);
+    auto b = r.up(x);
+    r->copy(r.s(), std::as_writable_bytes(a.span()), std::as_bytes(b.span()));  // device to device
+    BOOST_TEST(same_bits(r.down(a), x));
+    r->zero(r.s(), a.span().subspan(10, 20));
+    const Vf z = r.down(a);
+    for (std::size_t i = 0; i < z.size(); ++i) BOOST_TEST_REQUIRE(z[i] == (i >= 10 && i < 30 ? 0.0f : x[i]));
+
+    const std::string oom =
+        testing::what_of<mem::OutOfMemory>([&] { r->alloc<float>(512 * 1024, "the big one"); }, "arena too small");
+    BOOST_TEST(testing::contains(oom, "the big one"), oom);
+    testing::what_of<mem::OutOfMemory>([&] { measure_gemm_flops(*r.dev, 1024, 1); }, "gemm benchmark too big");
+
+    auto capped = open({.memory_bytes = 1 * MiB, .max_block = 4 * KiB});
+    testing::what_of<mem::OutOfMemory>([&] { capped->alloc<float>(2 * KiB, "past max_block"); }, "max_block");
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(gemm_transposes_padding_batch_alpha_beta) {
+    std::mt19937_64 rng(fresh_seed("gemm"));
+    Rig r;
+    auto run = [&](const Gemm& g, const char* what) {
+        const GemmShape s = shape_of(g);
+        const u64 na = (s.batch - 1) * s.sa + ((g.ta ? g.k : g.m) - 1) * s.lda + (g.ta ? g.m : g.k);
+        const u64 nb = (s.batch - 1) * s.sb + ((g.tb ? g.n : g.k) - 1) * s.ldb + (g.tb ? g.k : g.n);
+        const u64 nc = (s.batch - 1) * s.sc + (g.m - 1) * s.ldc + g.n;
+        const Vf a = randn(na, rng), b = randn(nb, rng);
+        Vf c = randn(nc, rng);
+        if (g.beta == 0) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+        auto da = r.up(a), db = r.up(b), dc = r.up(c);
+        r->gemm(r.s(), g, da, db, dc);
+        const Vf got = r.down(dc);
+        const Vd want = gemm_ref(g, a, b, c);
+        BOOST_TEST_CONTEXT(what << ": ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k
+                                << " batch " << g.batch << " alpha " << g.alpha << " beta " << g.beta) {
+            // Elements outside every C are left as they were, bit for bit.
+            std::size_t touched_outside = 0;
+            Vf got_in, c_in;
+            Vd want_in;
+            for (u64 i = 0; i < nc; ++i) {
+                const u64 e = i / s.sc, row = i % s.sc / s.ldc, col = i % s.sc % s.ldc;
+                if (e < s.batch && row < g.m && col < g.n) {
+                    got_in.push_back(got[i]);
+                    want_in.push_back(want[i]);
+                } else if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(c[i])) {
+                    ++touched_outside;
+                }
+            }
+            BOOST_TEST(touched_outside == 0u);
+            BOOST_TEST(max_err(got_in, want_in) < 1e-5);
+        }
+    };
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            run({.ta = ta, .tb = tb, .m = 7, .n = 9, .k = 5}, "packed, beta 0 over NaN");
+            run({.ta = ta, .tb = tb, .m = 7, .n = 9, .k = 5, .lda = (ta ? 7u : 5u) + 3, .ldb = (tb ? 5u : 9u) + 2,
+                 .ldc = 9 + 4, .alpha = 0.5f, .beta = -1.5f},
+                "padded");
+            run({.ta = ta, .tb = tb, .m = 6, .n = 4, .k = 11, .alpha = 2, .beta = 0.25f, .batch = 3}, "batch packed");
+            run({.ta = ta, .tb = tb, .m = 5, .n = 3, .k = 4, .lda = 13, .ldb = 7, .ldc = 6, .alpha = -1, .beta = 1,
+                 .batch = 4, .stride_a = 70, .stride_b = 40, .stride_c = 35},
+                "batch padded with gaps");
+            run({.ta = ta, .tb = tb, .m = 65, .n = 70, .k = 129, .alpha = 1, .beta = 1}, "larger");
+        }
+    run({.m = 4, .n = 5, .k = 0, .beta = 0.5f}, "k 0 scales C");
+    run({.m = 4, .n = 5, .k = 0, .beta = 0}, "k 0, beta 0 zeroes C");
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(bias_embedding_residual_match_reference) {
+    std::mt19937_64 rng(fresh_seed("bias, embedding, residual"));
+    Rig r;
+    const u64 N = 133, OC = 150;
+    const Vf out0 = randn(N * OC, rng), bias = randn(OC, rng), dout = randn(N * OC, rng), db0 = randn(OC, rng);
+    auto out = r.up(out0), dbias = r.up(db0);
+    r->bias_add(r.s(), out, r.in(bias), N, OC);
+    r->bias_backward(r.s(), dbias, r.in(dout), N, OC);
+    Vd want_out(N * OC), want_db(OC, 0);
+    for (u64 i = 0; i < N; ++i)
+        for (u64 o = 0; o < OC; ++o) {
+            want_out[i * OC + o] = double(out0[i * OC + o]) + bias[o];
+            want_db[o] += dout[i * OC + o];
+        }
+    BOOST_TEST(max_err(r.down(out), want_out) < 1e-6);
+    BOOST_TEST(max_err(r.down(dbias), plus(db0, want_db)) < 1e-5);
+
+    const u64 B = 3, T = 37, C = 150, V = 41, maxT = 40;
+    const Vi tok = random_tokens(B * T, V, rng);
+    const Vf wte = randn(V * C, rng), wpe = randn(maxT * C, rng), d = randn(B * T * C, rng);
+    const Vf dwte0 = randn(V * C, rng), dwpe0 = randn(maxT * C, rng);
+    auto emb = r->alloc<float>(B * T * C, "emb");
+    auto dwte = r.up(dwte0), dwpe = r.up(dwpe0);
+    auto dtok = r.up(tok);
+    r->embedding_forward(r.s(), emb, dtok, r.in(wte), r.in(wpe), B, T, C, V);
+    r->embedding_backward(r.s(), dwte, dwpe, r.in(d), dtok, B, T, C, V);
+    Vd want_emb(B * T * C), want_dwte(V * C, 0), want_dwpe(maxT * C, 0);
+    for (u64 bt = 0; bt < B * T; ++bt)
+        for (u64 c = 0; c < C; ++c) {
+            want_emb[bt * C + c] = double(wte[tok[bt] * C + c]) + wpe[bt % T * C + c];
+            want_dwte[tok[bt] * C + c] += d[bt * C + c];
+            want_dwpe[bt % T * C + c] += d[bt * C + c];
+        }
+    BOOST_TEST(max_err(r.down(emb), want_emb) < 1e-6);
+    BOOST_TEST(max_err(r.down(dwte), plus(dwte0, want_dwte)) < 1e-5);
+    BOOST_TEST(max_err(r.down(dwpe), plus(dwpe0, want_dwpe)) < 1e-5);
+
+    const u64 n = 20011;
+    const Vf a = randn(n, rng), b = randn(n, rng), acc0 = randn(n, rng);
+    auto res = r->alloc<float>(n, "res");
+    auto acc = r.up(acc0);
+    r->residual_forward(r.s(), res, r.in(a), r.in(b));
+    r->accumulate(r.s(), acc, r.in(b));
+    const Vf got_res = r.down(res), got_acc = r.down(acc);
+    std::size_t wrong = 0;
+    for (u64 i = 0; i < n; ++i) wrong += got_res[i] != a[i] + b[i] || got_acc[i] != acc0[i] + b[i];
+    BOOST_TEST(wrong == 0u);  // one fp32 add each: exact
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(layernorm_matches_reference_and_finite_differences) {
+    std::mt19937_64 rng(fresh_seed("layernorm"));
+    {
+        // The analytic gradient of the double reference against central differences.
+        const u64 N = 3, C = 7;
+        const Vd x = dbl(randn(N * C, rng)), w = dbl(randn(C, rng)), b = dbl(randn(C, rng)),
+                 dout = dbl(randn(N * C, rng));
+        Vd dinp, dw, db;
+        ln_backward(dout, x, w, N, C, dinp, dw, db);
+        BOOST_TEST(max_err(dinp, numeric_grad([&](const Vd& v) { return dot(ln_forward(v, w, b, N, C).out, dout); }, x)) < 1e-7);
+        BOOST_TEST(max_err(dw, numeric_grad([&](const Vd& v) { return dot(ln_forward(x, v, b, N, C).out, dout); }, w)) < 1e-7);
+        BOOST_TEST(max_err(db, numeric_grad([&](const Vd& v) { return dot(ln_forward(x, w, v, N, C).out, dout); }, b)) < 1e-7);
+    }
+    Rig r;
+    const u64 N = 130, C = 150;
+    const Vf x = randn(N * C, rng, 2), w = randn(C, rng), b = randn(C, rng), dout = randn(N * C, rng);
+    const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng), db0 = randn(C, rng);
+    auto out = r->alloc<float>(N * C, "out");
+    auto mean = r->alloc<float>(N, "mean");
+    auto rstd = r->alloc<float>(N, "rstd");
+    auto dx = r.up(x), dwt = r.up(w);
+    auto dinp = r.up(dinp0), dw = r.up(dw0), db = r.up(db0);
+    r->layernorm_forward(r.s(), out, mean, rstd, dx, dwt, r.in(b), N, C);
+    r->layernorm_backward(r.s(), dinp, dw, db, r.in(dout), dx, dwt, mean, rstd, N, C);
+    const LayerNorm want = ln_forward(dbl(x), dbl(w), dbl(b), N, C);
+    BOOST_TEST(max_err(r.down(out), want.out) < 1e-5);
+    BOOST_TEST(max_err(r.down(mean), want.mean) < 1e-5);
+    BOOST_TEST(max_err(r.down(rstd), want.rstd) < 1e-5);
+    Vd want_dinp, want_dw, want_db;
+    ln_backward(dbl(dout), dbl(x), dbl(w), N, C, want_dinp, want_dw, want_db);
+    BOOST_TEST(max_err(r.down(dinp), plus(dinp0, want_dinp)) < 1e-5);
+    BOOST_TEST(max_err(r.down(dw), plus(dw0, want_dw)) < 1e-5);
+    BOOST_TEST(max_err(r.down(db), plus(db0, want_db)) < 1e-5);
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(gelu_matches_reference_and_finite_differences) {
+    std::mt19937_64 rng(fresh_seed("gelu"));
+    {
+        Vd x = dbl(randn(64, rng, 3)), fd(64), an(64);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            fd[i] = (gelu(x[i] + 1e-6) - gelu(x[i] - 1e-6)) / 2e-6;
+            an[i] = gelu_grad(x[i]);
+        }
+        BOOST_TEST(max_err(an, fd) < 1e-8);
+    }
+    Rig r;
+    const u64 n = 20011;
+    Vf x = randn(n, rng, 3);
+    x[0] = 20;  // tanh saturated: the gradient is 1, not NaN
+    x[1] = -20;
+    const Vf dout = randn(n, rng);
+    auto out = r->alloc<float>(n, "out");
+    auto dinp = r.up(Vf(n, std::numeric_limits<float>::quiet_NaN()));  // written, not +=
+    auto dx = r.up(x);
+    r->gelu_forward(r.s(), out, dx);
+    r->gelu_backward(r.s(), dinp, dx, r.in(dout));
+    Vd want(n), want_d(n);
+    for (u64 i = 0; i < n; ++i) {
+        want[i] = gelu(x[i]);
+        want_d[i] = gelu_grad(x[i]) * dout[i];
+    }
+    const Vf got = r.down(out), got_d = r.down(dinp);
+    BOOST_TEST(max_err(got, want) < 1e-6);
+    BOOST_TEST(max_err(got_d, want_d) < 1e-5);
+    BOOST_TEST(got[0] == 20.0f);
+    BOOST_TEST(got_d[0] == dout[0]);
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(attention_matches_reference_and_finite_differences) {
+    std::mt19937_64 rng(fresh_seed("attention"));
+    {
+        const AttnShape s{2, 4, 6, 2};
+        const Vd qkv = dbl(randn(s.B * s.T * 3 * s.C, rng)), dout = dbl(randn(s.B * s.T * s.C, rng));
+        const Vd an = attn_backward(dout, qkv, s);
+        const Vd fd = numeric_grad(
+            [&](const Vd& v) {
+                Vd out, att;
+                attn_forward(v, s, out, att);
+                return dot(out, dout);
+            },
+            qkv);
+        BOOST_TEST(max_err(an, fd) < 1e-7);
+    }
+    Rig r;
+    const AttnShape s{2, 17, 48, 4};
+    const Vf qkv = randn(s.B * s.T * 3 * s.C, rng), dout = randn(s.B * s.T * s.C, rng);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    auto out = r->alloc<float>(s.B * s.T * s.C, "out");
+    auto att = r.up(Vf(s.B * s.NH * s.T * s.T, nan));  // every entry written, the zeros too
+    auto dqkv = r.up(Vf(qkv.size(), nan));              // written, not +=
+    auto datt = r.up(Vf(att.size(), nan));               // scratch
+    auto dq = r.up(qkv);
+    r->attention_forward(r.s(), out, att, dq, s.B, s.T, s.C, s.NH);
+    r->attention_backward(r.s(), dqkv, datt, r.in(dout), dq, att, s.B, s.T, s.C, s.NH);
+    Vd want_out, want_att;
+    attn_forward(dbl(qkv), s, want_out, want_att);
+    const Vf got_att = r.down(att);
+    BOOST_TEST(max_err(r.down(out), want_out) < 1e-5);
+    BOOST_TEST(max_err(got_att, want_att) < 1e-5);
+    std::size_t nonzero_above = 0;
+    for (u64 bh = 0; bh < s.B * s.NH; ++bh)
+        for (u64 t = 0; t < s.T; ++t)
+            for (u64 t2 = t + 1; t2 < s.T; ++t2) nonzero_above += got_att[(bh * s.T + t) * s.T + t2] != 0.0f;
+    BOOST_TEST(nonzero_above == 0u);
+    BOOST_TEST(max_err(r.down(dqkv), attn_backward(dbl(dout), dbl(qkv), s)) < 1e-5);
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(crossentropy_matches_reference_and_finite_differences) {
+    std::mt19937_64 rng(fresh_seed("crossentropy"));
+    {
+        const u64 N = 3, V = 11;
+        const Vd x = dbl(randn(N * V, rng, 2));
+        const Vi tgt = random_tokens(N, V, rng);
+        const double dloss = 0.37;
+        const Vd fd = numeric_grad(
+            [&](const Vd& v) {
+                double s = 0;
+                for (double l : ce_losses(v, tgt, N, V)) s += dloss * l;
+                return s;
+            },
+            x);
+        BOOST_TEST(max_err(ce_grad(x, tgt, dloss, N, V), fd) < 1e-7);
+    }
+    Rig r;
+    const u64 N = 20, V = 1001;
+    const float dloss = 1.0f / N;
+    const Vf x = randn(N * V, rng, 3);
+    const Vi tgt = random_tokens(N, V, rng);
+    auto logits = r.up(x);
+    auto dt = r.up(tgt);
+    auto losses = r->alloc<float>(N, "losses");
+    auto losses_only = r->alloc<float>(N, "losses only");
+    r->crossentropy_forward(r.s(), losses_only, logits, dt, N, V);
+    const Vf untouched = r.down(logits);
+    BOOST_TEST(same_bits(untouched, x));
+    r->crossentropy_forward_backward(r.s(), losses, logits, dt, dloss, N, V);
+    const Vd want = ce_losses(dbl(x), tgt, N, V);
+    const Vf got = r.down(losses);
+    BOOST_TEST(max_err(got, want) < 1e-6);
+    BOOST_TEST(same_bits(r.down(losses_only), got));  // one loss, with or without the gradient
+    BOOST_TEST(max_err(r.down(logits), ce_grad(dbl(x), tgt, dloss, N, V)) < 1e-5);
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(casts_and_adamw_bitwise) {
+    std::mt19937_64 rng(fresh_seed("casts, adamw"));
+    Rig r;
+    const u64 n = 70001;
+    Vf x = randn(n, rng, 100);
+    const std::uint32_t special[] = {0x3f808000, 0x3f818000, 0x7f800000, 0xff800000, 0x7fc12345, 0x7f7fffff, 0};
+    for (std::size_t i = 0; i < std::size(special); ++i) x[i * 997] = std::bit_cast<float>(special[i]);
+    auto half = r->alloc<std::uint16_t>(n, "bf16");
+    auto back = r->alloc<float>(n, "back");
+    r->cast(r.s(), half, r.in(x));
+    r->cast(r.s(), back, half);
+    const auto got_half = r.down(half);
+    const Vf got_back = r.down(back);
+    std::size_t wrong = 0;
+    for (u64 i = 0; i < n; ++i)
+        wrong += got_half[i] != to_bf16(x[i]) ||
+                 std::bit_cast<std::uint32_t>(got_back[i]) != std::uint32_t{got_half[i]} << 16;
+    BOOST_TEST(wrong == 0u);
+
+    const u64 m = 5003;
+    Vf w = randn(m, rng), mo = randn(m, rng, 0.1f), v = randn(m, rng, 0.01f), g = randn(m, rng);
+    for (auto& e : v) e = std::abs(e);
+    auto dw = r.up(w), dm = r.up(mo), dv = r.up(v), dg = r.up(g);
+    auto dp = r->alloc<std::uint16_t>(m, "param bf16");
+    const optim::Scalars k = optim::Scalars::make({.lr = 1e-3}, 3, 0.5);
+    r->adamw(r.s(), {.master = dw, .exp_avg = dm, .exp_avg_sq = dv, .grad_f32 = dg, .param_bf16 = dp}, k);
+    std::vector<std::uint16_t> p(m);
+    optim::adamw({.master = w, .exp_avg = mo, .exp_avg_sq = v, .grad_f32 = g, .param_bf16 = p}, k);
+    BOOST_TEST(same_bits(r.down(dw), w));
+    BOOST_TEST(same_bits(r.down(dm), mo));
+    BOOST_TEST(same_bits(r.down(dv), v));
+    BOOST_TEST(same_bits(r.down(dp), p));
+    testing::what_of<InternalError>(
+        [&] {
+            r->adamw(r.s(), {.master = dw, .exp_avg = dm.span().first(5), .exp_avg_sq = dv, .grad_f32 = dg}, k);
+        },
+        "adamw span");
+}
+
+// ---------------------------------------------------------------------------
+// Every kernel but GEMM on 1 and on 2 threads: the same bits.
+BOOST_AUTO_TEST_CASE(kernels_bitwise_same_for_1_and_2_threads) {
+    const std::uint64_t seed = fresh_seed("determinism");
+    auto run_all = [seed](unsigned threads) {
+        std::mt19937_64 rng(seed);
+        Rig r(threads);
+        std::vector<Vf> outs;
+        auto keep = [&](const Array<float>& a) { outs.push_back(r.down(a)); };
+        const u64 N = 128, C = 200;
+        {
+            auto out = r.up(randn(N * C, rng)), db = r.up(randn(C, rng));
+            auto dout = r.up(randn(N * C, rng));
+            r->bias_add(r.s(), out, r.in(randn(C, rng)), N, C);
+            r->bias_backward(r.s(), db, dout, N, C);
+            keep(out), keep(db);
+            auto y = r->alloc<float>(N * C, "y"), mean = r->alloc<float>(N, "m"), rstd = r->alloc<float>(N, "r");
+            auto x = r.up(randn(N * C, rng)), w = r.up(randn(C, rng));
+            auto dinp = r.up(randn(N * C, rng)), dw = r.up(randn(C, rng)), dbb = r.up(randn(C, rng));
+            r->layernorm_forward(r.s(), y, mean, rstd, x, w, r.in(randn(C, rng)), N, C);
+            r->layernorm_backward(r.s(), dinp, dw, dbb, dout, x, w, mean, rstd, N, C);
+            keep(y), keep(mean), keep(rstd), keep(dinp), keep(dw), keep(dbb);
+            auto g = r->alloc<float>(N * C, "g"), dg = r->alloc<float>(N * C, "dg");
+            r->gelu_forward(r.s(), g, x);
+            r->gelu_backward(r.s(), dg, x, dout);
+            keep(g), keep(dg);
+            auto res = r->alloc<float>(N * C, "res");
+            r->residual_forward(r.s(), res, x, dout);
+            r->accumulate(r.s(), dinp, dout);
+            keep(res), keep(dinp);
+        }
+        {
+            const u64 B = 4, T = 32, V = 50;
+            auto tok = r.up(random_tokens(B * T, V, rng));
+            auto emb = r->alloc<float>(B * T * C, "emb");
+            auto dwte = r.up(randn(V * C, rng)), dwpe = r.up(randn(T * C, rng));
+            r->embedding_forward(r.s(), emb, tok, r.in(randn(V * C, rng)), r.in(randn(T * C, rng)), B, T, C, V);
+            r->embedding_backward(r.s(), dwte, dwpe, r.in(randn(B * T * C, rng)), tok, B, T, C, V);
+            keep(emb), keep(dwte), keep(dwpe);
+        }
+        {
+            const AttnShape s{2, 24, 64, 4};
+            auto qkv = r.up(randn(s.B * s.T * 3 * s.C, rng));
+            auto out = r->alloc<float>(s.B * s.T * s.C, "o"), att = r->alloc<float>(s.B * s.NH * s.T * s.T, "a");
+            auto dqkv = r->alloc<float>(s.B * s.T * 3 * s.C, "dqkv"), datt = r->alloc<float>(att.size(), "datt");
+            r->attention_forward(r.s(), out, att, qkv, s.B, s.T, s.C, s.NH);
+            r->attention_backward(r.s(), dqkv, datt, r.in(randn(s.B * s.T * s.C, rng)), qkv, att, s.B, s.T, s.C,
+                                  s.NH);
+            keep(out), keep(att), keep(dqkv);
+        }
+        {
+            const u64 n = 32, V = 1000;
+            auto logits = r.up(randn(n * V, rng, 3));
+            auto tgt = r.up(random_tokens(n, V, rng));
+            auto l1 = r->alloc<float>(n, "l1"), l2 = r->alloc<float>(n, "l2");
+            r->crossentropy_forward(r.s(), l1, logits, tgt, n, V);
+            r->crossentropy_forward_backward(r.s(), l2, logits, tgt, 0.03f, n, V);
+            keep(l1), keep(l2), keep(logits);
+        }
+        return outs;
+    };
+    const auto one = run_all(1), two = run_all(2);
+    BOOST_REQUIRE_EQUAL(one.size(), two.size());
+    for (std::size_t i = 0; i < one.size(); ++i) BOOST_TEST(same_bits(one[i], two[i]), "output " << i);
+}
+
+// ---------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(streams_run_in_order) {
+    Rig r;
+    std::vector<int> seen;
+    for (int i = 0; i < 1000; ++i) r->host(r.s(), [&seen, i] { seen.push_back(i); });
+    r->synchronize(r.s());
+    std::vector<int> want(1000);
+    for (int i = 0; i < 1000; ++i) want[i] = i;
+    BOOST_TEST(seen == want, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(events_order_work_across_streams) {
+    Rig r;
+    Stream &compute = r->compute(), &copies = r->copies();
+    BOOST_TEST(compute.name() == "compute");
+    BOOST_TEST(copies.name() == "copies");
+    for (int dir = 0; dir < 2; ++dir) {
+        Stream& from = dir ? compute : copies;
+        Stream& to = dir ? copies : compute;
+        BOOST_TEST_CONTEXT((dir ? "compute -> copies" : "copies -> compute")) {
+            std::promise<void> go;
+            std::shared_future<void> released = go.get_future().share();
+            std::atomic<int> step{0}, seen{-1};
+            const Event before = r->record(from);
+            r->host(from, [&] {
+                released.wait();
+                step = 1;
+            });
+            const Event after = r->record(from);
+            r->wait(to, after);
+            r->host(to, [&] { seen = step.load(); });
+            r->synchronize(before);  // done already: `from` is blocked only behind it
+            r->synchronize(Event{});  // a default event is always done
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            BOOST_TEST(seen.load() == -1);  // `to` waits for `from`
+            go.set_value();
+            r->synchronize(to);
+            BOOST_TEST(seen.load() == 1);
+            r->synchronize(after);
+            BOOST_TEST(step.load() == 1);
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(job_error_surfaces_at_synchronize_and_stream_recovers) {
+    Rig r;
+    std::atomic<int> ran{0};
+    r->host(r.s(), [&] { ran += 1; });
+    r->host(r.s(), [] { throw std::runtime_error("boom"); });
+    const Event covering = r->record(r.s());
+    r->host(r.s(), [&] { ran += 10; });  // dropped: behind the error
+    const std::string what = testing::what_of<std::runtime_error>([&] { r->synchronize(r.s()); }, "job error");
+    BOOST_TEST(what == "boom");
+    BOOST_TEST(ran.load() == 1);
+    r->synchronize(r.s());  // reported once
+    r->host(r.s(), [&] { ran += 100; });
+    r->synchronize(r.s());
+    BOOST_TEST(ran.load() == 101);
+
+    // Reported through an event that covers the failed job, too.
+    r->host(r.s(), [] { throw DataError("bad data"); });
+    const Event e = r->record(r.s());
+    testing::what_of<DataError>([&] { r->synchronize(e); }, "event after error");
+    r->synchronize(covering);  // long done, its error reported
+    r->synchronize(r.s());
+}
+
+BOOST_AUTO_TEST_CASE(tokens_and_targets_past_vocabulary_are_data_errors) {
+    std::mt19937_64 rng(fresh_seed("bad tokens"));
+    Rig r;
+    const u64 B = 2, T = 5, C = 8, V = 50;
+    Vi tok = random_tokens(B * T, V, rng);
+    tok[1 * T + 2] = 50;
+    auto emb = r->alloc<float>(B * T * C, "emb");
+    auto wte = r.up(randn(V * C, rng)), wpe = r.up(randn(T * C, rng));
+    auto dtok = r.up(tok);
+    r->embedding_forward(r.s(), emb, dtok, wte, wpe, B, T, C, V);
+    std::string what = testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "token = V");
+    BOOST_TEST(testing::contains(what, "token 50 at batch row 1, position 2 is not below the vocabulary size 50"),
+               what);
+    tok[1 * T + 2] = 3;
+    tok[0 * T + 4] = -7;
+    dtok = r.up(tok);
+    r->embedding_backward(r.s(), wte, wpe, emb, dtok, B, T, C, V);
+    what = testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "token < 0");
+    BOOST_TEST(testing::contains(what, "token -7 at batch row 0, position 4"), what);
+
+    Vi tgt = random_tokens(B * T, V, rng);
+    tgt[7] = 51;
+    auto logits = r.up(randn(B * T * V, rng));
+    auto losses = r->alloc<float>(B * T, "losses");
+    auto dtgt = r.up(tgt);
+    r->crossentropy_forward_backward(r.s(), losses, logits, dtgt, 1, B * T, V);
+    what = testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "target > V");
+    BOOST_TEST(testing::contains(what, "target 51 at row 7 is not below the vocabulary size 50"), what);
+    r->crossentropy_forward(r.s(), losses, logits, dtgt, B * T, V);
+    testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "target > V, loss only");
+}
+
+BOOST_AUTO_TEST_CASE(short_spans_are_internal_errors_at_the_call) {
+    Rig r;
+    auto a = r->alloc<float>(100, "a"), b = r->alloc<float>(100, "b"), c = r->alloc<float>(10, "c");
+    auto check = [&](const char* what, const std::function<void()>& fn, std::initializer_list<const char*> parts) {
+        const std::string msg = testing::what_of<InternalError>(fn, what);
+        for (const char* p : parts) BOOST_TEST(testing::contains(msg, p), what << ": " << msg);
+    };
+    check("gemm C", [&] { r->gemm(r.s(), {.m = 4, .n = 4, .k = 4}, a, b, c); }, {"gemm", "C has 10", "needs 16"});
+    check("gemm lda", [&] { r->gemm(r.s(), {.m = 4, .n = 4, .k = 4, .lda = 3}, a, b, a); }, {"gemm", "lda"});
+    check("layernorm mean",
+          [&] { r->layernorm_forward(r.s(), a, c, a, a, b, b, 11, 9); }, {"layernorm_forward", "mean has 10", "N=11"});
+    check("attention heads", [&] { r->attention_forward(r.s(), a, a, a, 1, 2, 6, 4); },
+          {"attention_forward", "multiple of NH"});
+    check("gelu inp", [&] { r->gelu_backward(r.s(), a, b, c); }, {"gelu_backward", "dout has 10"});
+    check("copy", [&] { r->copy(r.s(), std::as_writable_bytes(c.span()), std::as_bytes(a.span())); }, {"copy", "dst"});
+    r->synchronize(r.s());  // nothing was enqueued
+}
+
+BOOST_AUTO_TEST_CASE(gemm_rate_is_measured) {
+    Rig r;
+    const double flops = measure_gemm_flops(*r.dev, 256, 4);
+    BOOST_TEST(flops > 0);
+    BOOST_TEST_MESSAGE("sgemm 256: " << flops / 1e9 << " GFLOP/s on " << r->threads() << " threads");
+}
