@@ -1,0 +1,128 @@
+// zinf data: the trainer's tokens — llm.c's token files (mapped, never read
+// into memory) or a text file's bytes — their held-out split, and batches cut
+// from them by batch index alone, so a resumed run needs no saved position.
+//
+//   auto toks = zinf::data::Tokens::open("fineweb_train_000001.bin");  // or Tokens::text("book.txt")
+//   zinf::data::check_vocab(toks, 50257);                   // DataError naming the first bad token
+//   auto [train, val] = zinf::data::split(toks.tokens(), 0.01);
+//   zinf::data::Loader loader(train, toks.path(), {.batch = 4, .seq = 1024, .rank = r, .ranks = n});
+//   std::vector<std::int32_t> x(4 * 1024), y(4 * 1024);
+//   loader.batch(step, x, y);                                 // (B, T) inputs, targets shifted by one
+//
+// Token file (llm.c's, version 1): 256 little-endian int32 of header — magic
+// 20240520, version 1, token count n, the rest zero — then n uint16 tokens;
+// the file is exactly 1024 + 2n bytes.
+//
+// In order, rank r of N reads batch i at token offset
+//   (r + (i mod W) * N) * B*T,   W = floor((n - 1) / (N*B*T))
+// (B*T+1 consecutive tokens, the last one only as a target), so N ranks of
+// batch B read together exactly what one rank of batch N*B reads, rank 0's
+// rows first, and every W batches the data starts again from the top. Shuffled,
+// batch i of rank r starts at a Philox draw from (seed, i, r), uniform over
+// every offset where a window fits.
+#pragma once
+
+#include <zinf/util.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zinf::data {
+
+inline constexpr std::int32_t kMagic = 20240520;       // header[0]
+inline constexpr std::int32_t kVersion = 1;            // header[1]: uint16 tokens
+inline constexpr std::size_t kHeaderInts = 256;        // int32 words
+inline constexpr std::size_t kHeaderBytes = kHeaderInts * 4;
+inline constexpr std::uint32_t kTextVocab = 256;       // byte-level tokens
+
+// ---------------------------------------------------------------------------
+// A run's tokens: a read-only mapping of a token file, or a text file's bytes
+// widened to tokens 0..255. Move-only; tokens() stays valid across moves.
+class Tokens {
+public:
+    Tokens() = default;
+
+    // Maps an llm.c token file. MissingInputError when absent; DataError naming
+    // the file and what is wrong (with the byte offset of a bad header field)
+    // when it is shorter than the header, has another magic or version, holds
+    // zero (or a negative number of) tokens, or is not 1024 + 2n bytes long.
+    static Tokens open(const std::string& path);
+    // Every byte of the file is a token (vocabulary 256). DataError when empty.
+    static Tokens text(const std::string& path);
+
+    std::span<const std::uint16_t> tokens() const noexcept { return tokens_; }
+    const std::string& path() const noexcept { return path_; }
+    // The largest token, found once when the tokens were opened.
+    std::uint32_t max_token() const noexcept { return max_token_; }
+
+private:
+    std::string path_;
+    Mmap map_;                          // a token file, whole (header included)
+    std::vector<std::uint16_t> text_;   // a text file's bytes, as tokens
+    std::span<const std::uint16_t> tokens_;
+    std::uint32_t max_token_ = 0;
+};
+
+// Writes an llm.c token file (version 1) atomically: a temporary name in the
+// same folder, fsync, rename, fsync of the folder. DataError when `tokens` is
+// empty or holds more than INT32_MAX tokens (the header could not say so);
+// CreateError/IoError naming the file when the system refuses.
+void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens);
+
+// DataError "<file>: token <v> at token offset <i> is not below the model's
+// vocabulary <V>" for the first such token; returns at once when max_token()
+// is below `vocab`.
+void check_vocab(const Tokens& tokens, std::uint64_t vocab);
+
+// (train, val): val is the last ceil(n * val_fraction) tokens, train the rest
+// before them (a product within rounding of a whole number counts as that
+// number: 100 * 0.07 gives 7, not 8). UsageError unless 0 <= val_fraction <= 0.5.
+std::pair<std::span<const std::uint16_t>, std::span<const std::uint16_t>>
+split(std::span<const std::uint16_t> tokens, double val_fraction);
+
+// Entropy of the tokens' frequency distribution, -sum p ln p, in nats: the
+// loss of a model that learnt only how often each token occurs. 0 when empty.
+double unigram_entropy_nats(std::span<const std::uint16_t> tokens);
+
+// ---------------------------------------------------------------------------
+struct LoaderOptions {
+    std::uint64_t batch = 0, seq = 0;  // B rows of T tokens per rank and batch
+    unsigned rank = 0, ranks = 1;      // this rank of the data-parallel ranks
+    bool shuffle = false;              // windows at random offsets instead of in order
+    std::uint64_t seed = 0;            // for shuffle
+};
+
+// Batches of (B, T) inputs and targets by batch index, stateless: batch(i)
+// depends only on the tokens, the options and i. The tokens must outlive it.
+class Loader {
+public:
+    // UsageError when batch or seq is 0 or B*T overflows; InternalError when
+    // rank >= ranks; DataError "<source>: <n> tokens, fewer than one global
+    // batch needs (...)" when the tokens hold fewer than N*B*T + 1 (also when
+    // shuffled, so that a run's data does not depend on the flag).
+    Loader(std::span<const std::uint16_t> tokens, std::string source, LoaderOptions opts);
+
+    // inputs (B, T) = tokens[offset(index) ...], targets (B, T) the same one
+    // token later. InternalError unless both spans hold exactly B*T.
+    void batch(std::uint64_t index, std::span<std::int32_t> inputs, std::span<std::int32_t> targets) const;
+    // W: the global batches that fit in order, before the data wraps.
+    std::uint64_t windows() const noexcept { return windows_; }
+    // First token of batch `index` on this rank (see the top of this file).
+    std::uint64_t offset(std::uint64_t index) const;
+
+    std::uint64_t batch_tokens() const noexcept { return bt_; }  // B*T
+    const LoaderOptions& options() const noexcept { return opts_; }
+    const std::string& source() const noexcept { return source_; }
+
+private:
+    std::span<const std::uint16_t> tokens_;
+    std::string source_;
+    LoaderOptions opts_;
+    std::uint64_t bt_ = 0;       // B*T
+    std::uint64_t windows_ = 0;  // W
+};
+
+}  // namespace zinf::data

@@ -1,0 +1,168 @@
+// Token files in llm.c's format, text files as byte tokens, the vocabulary
+// check, the held-out split and the unigram entropy.
+#include <zinf/data.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+namespace zinf::data {
+
+// The header's int32 words and the uint16 tokens are used as they lie on disk.
+static_assert(std::endian::native == std::endian::little, "token files are little-endian");
+
+namespace {
+
+// The size of a regular file open on `fd`; DataError for anything else.
+std::uint64_t regular_size(const Fd& fd, const std::string& path) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", errno, path);
+    if (!S_ISREG(st.st_mode)) throw DataError("not a regular file", {0, path, {}, -1});
+    return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::uint32_t max_of(std::span<const std::uint16_t> t) {
+    std::uint16_t m = 0;
+    for (std::uint16_t v : t) m = std::max(m, v);
+    return m;
+}
+
+// Writes all of `iov` at the file's position, through short writes and EINTR.
+void write_all(const Fd& fd, std::array<iovec, 2> iov, const std::string& path) {
+    std::uint64_t done = 0;
+    for (std::size_t first = 0; first < iov.size();) {
+        ssize_t n = ::writev(fd.get(), iov.data() + first, static_cast<int>(iov.size() - first));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("writev", errno, path, done);
+        done += static_cast<std::uint64_t>(n);
+        auto left = static_cast<std::size_t>(n);
+        while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+        if (left) {  // a short write inside iov[first]
+            iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+            iov[first].iov_len -= left;
+        }
+    }
+}
+
+}  // namespace
+
+Tokens Tokens::open(const std::string& path) {
+    Fd fd = Fd::open(path, O_RDONLY);
+    const std::uint64_t bytes = regular_size(fd, path);
+    auto bad = [&](const std::string& what, std::optional<std::uint64_t> at = {}) {
+        return DataError(what, {0, path, at, -1});
+    };
+    if (bytes < kHeaderBytes)
+        throw bad("file is " + std::to_string(bytes) + " bytes, shorter than the " + std::to_string(kHeaderBytes) +
+                  "-byte header of a token file");
+    Tokens t;
+    t.path_ = path;
+    t.map_ = Mmap::file_readonly(fd, bytes, path);
+    std::array<std::int32_t, 3> h{};
+    std::memcpy(h.data(), t.map_.data(), sizeof h);
+    if (h[0] != kMagic)
+        throw bad("magic " + std::to_string(h[0]) + " is not a token file's " + std::to_string(kMagic), 0);
+    if (h[1] != kVersion)
+        throw bad("token file version " + std::to_string(h[1]) + " is not supported (only " +
+                      std::to_string(kVersion) + ", uint16 tokens)",
+                  4);
+    if (h[2] <= 0) throw bad("token count " + std::to_string(h[2]) + " in the header is not positive", 8);
+    const auto n = static_cast<std::uint64_t>(h[2]);
+    const std::uint64_t want = kHeaderBytes + 2 * n;
+    if (bytes != want)
+        throw bad("file is " + std::to_string(bytes) + " bytes, but its header's " + std::to_string(n) +
+                  " tokens need " + std::to_string(kHeaderBytes) + " + 2*" + std::to_string(n) + " = " +
+                  std::to_string(want) + " bytes" + (bytes < want ? " (truncated?)" : ""));
+    t.tokens_ = {reinterpret_cast<const std::uint16_t*>(t.map_.data() + kHeaderBytes), static_cast<std::size_t>(n)};
+    t.max_token_ = max_of(t.tokens_);
+    return t;
+}
+
+Tokens Tokens::text(const std::string& path) {
+    Fd fd = Fd::open(path, O_RDONLY);
+    const std::uint64_t bytes = regular_size(fd, path);
+    if (bytes == 0) throw DataError("text file is empty: byte-level tokens need at least one byte", {0, path, {}, -1});
+    // Mapped only to be widened: the vector is what the tokens live in.
+    const Mmap map = Mmap::file_readonly(fd, bytes, path);
+    Tokens t;
+    t.path_ = path;
+    t.text_.resize(bytes);
+    const auto* src = reinterpret_cast<const unsigned char*>(map.data());
+    std::copy(src, src + bytes, t.text_.begin());
+    t.tokens_ = t.text_;
+    t.max_token_ = max_of(t.tokens_);
+    return t;
+}
+
+void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) {
+    if (tokens.empty()) throw DataError("no tokens to write: a token file holds at least one", {0, path, {}, -1});
+    if (tokens.size() > static_cast<std::size_t>(INT32_MAX))
+        throw DataError(std::to_string(tokens.size()) + " tokens are more than a token file's header can count (" +
+                            std::to_string(INT32_MAX) + ")",
+                        {0, path, {}, -1});
+    std::array<std::int32_t, kHeaderInts> header{};
+    header[0] = kMagic;
+    header[1] = kVersion;
+    header[2] = static_cast<std::int32_t>(tokens.size());
+
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    try {
+        write_all(fd,
+                  {iovec{header.data(), sizeof header},
+                   iovec{const_cast<std::uint16_t*>(tokens.data()), tokens.size_bytes()}},
+                  tmp);
+        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
+        fd.close(tmp);
+        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    fsync_dir(std::filesystem::path(path).parent_path().string());
+}
+
+void check_vocab(const Tokens& tokens, std::uint64_t vocab) {
+    if (tokens.max_token() < vocab) return;
+    const auto t = tokens.tokens();
+    const auto bad = std::find_if(t.begin(), t.end(), [&](std::uint16_t v) { return v >= vocab; });
+    throw DataError("token " + std::to_string(*bad) + " at token offset " + std::to_string(bad - t.begin()) +
+                        " is not below the model's vocabulary " + std::to_string(vocab),
+                    {0, tokens.path(), {}, -1});
+}
+
+std::pair<std::span<const std::uint16_t>, std::span<const std::uint16_t>>
+split(std::span<const std::uint16_t> tokens, double val_fraction) {
+    if (!(val_fraction >= 0.0 && val_fraction <= 0.5))
+        throw UsageError("validation fraction " + std::to_string(val_fraction) + " is outside [0, 0.5]");
+    const double want = static_cast<double>(tokens.size()) * val_fraction;
+    const double whole = std::nearbyint(want);
+    const double val = std::abs(want - whole) <= 1e-9 * std::max(1.0, want) ? whole : std::ceil(want);
+    const auto n_val = std::min(tokens.size(), static_cast<std::size_t>(val));
+    return {tokens.first(tokens.size() - n_val), tokens.last(n_val)};
+}
+
+double unigram_entropy_nats(std::span<const std::uint16_t> tokens) {
+    if (tokens.empty()) return 0.0;
+    std::vector<std::uint64_t> count(std::size_t{1} << 16);
+    for (std::uint16_t v : tokens) ++count[v];
+    const double n = static_cast<double>(tokens.size());
+    double h = 0.0;
+    for (std::uint64_t c : count)
+        if (c) {
+            const double p = static_cast<double>(c) / n;
+            h -= p * std::log(p);
+        }
+    return h;
+}
+
+}  // namespace zinf::data
