@@ -18,6 +18,7 @@
 #include <zinf/shard.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +96,12 @@ struct OptimizerOptions {
     unsigned slots = 3;              // chunks in flight on NVMe (read, update, write); 2 or more
     optim::Kernel kernel;
     std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
+    // Called with the new working parameters of every piece a step updates:
+    // elements [first, first + n) of the tensor's partition (padding included)
+    // in the param dtype, on the thread that ran the update, before they are
+    // written. A trainer keeping the parameters resident copies them here
+    // instead of reading them back.
+    std::function<void(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values)> on_param;
 };
 
 struct StepReport {

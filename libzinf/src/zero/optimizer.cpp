@@ -448,6 +448,10 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
     Timer t;
     optim::adamw(us, ss, opts.kernel);
     tot.update += t.seconds();
+    if (opts.on_param) {
+        const Role out = roles[Role::P].present ? Role::P : Role::W;
+        for (const Piece& p : c.pieces) opts.on_param(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
+    }
 
     // The new xxh3 of every written file partition, piece by piece in order.
     t.reset();
