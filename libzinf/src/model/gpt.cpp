@@ -1,0 +1,201 @@
+// The block, the tied output head, the GPT that strings them together with
+// activation checkpointing, and the resident engine.
+#include <zinf/model.hpp>
+
+namespace zinf::model {
+
+using device::Gemm;
+
+Block::Block(ParamTable& t, std::uint64_t layer, const Config& cfg)
+    : Module("h." + std::to_string(layer)), cfg_(cfg) {
+    const std::string h = name() + ".";
+    ln_1_ = std::make_unique<LayerNorm>(t, h + "ln_1", cfg.hidden);
+    attn_ = std::make_unique<CausalSelfAttention>(t, h + "attn", cfg);
+    ln_2_ = std::make_unique<LayerNorm>(t, h + "ln_2", cfg.hidden);
+    mlp_ = std::make_unique<MLP>(t, h + "mlp", cfg);
+}
+
+void Block::forward(Context& c, std::span<float> out, std::span<const float> x, BlockActivations& a,
+                    std::uint64_t B, std::uint64_t T) {
+    ForwardScope scope(c.engine, *this);
+    const std::uint64_t N = B * T;
+    ln_1_->forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, x, N);
+    attn_->forward(c, a.res2, a.ln1, a, B, T);
+    c.dev.accumulate(c.stream, a.res2, x);   // res2 = x + attn(ln_1(x))
+    ln_2_->forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, N);
+    mlp_->forward(c, out, a.ln2, a, N);
+    c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(ln_2(res2))
+}
+
+void Block::backward(Context& c, std::span<float> dres, std::span<const float> x, BlockActivations& a,
+                     BlockScratch& s, std::uint64_t B, std::uint64_t T, std::span<float> recompute_out) {
+    BackwardScope scope(c.engine, *this);
+    if (!recompute_out.empty()) forward(c, recompute_out, x, a, B, T);
+    const std::uint64_t N = B * T;
+    // dres holds d out; the MLP branch adds its part, giving d res2 ...
+    mlp_->backward(c, s.dbtc, dres, a.ln2, a, s, N);
+    ln_2_->backward(c, dres, s.dbtc, a.res2, a.ln2_mean, a.ln2_rstd, N);
+    // ... and the attention branch its part, giving d x.
+    attn_->backward(c, s.dbtc, dres, a.ln1, a, s, B, T);
+    ln_1_->backward(c, dres, s.dbtc, x, a.ln1_mean, a.ln1_rstd, N);
+}
+
+// ---------------------------------------------------------------------------
+LMHead::LMHead(ParamTable&, std::size_t wte, const Config& cfg) : Module("lm_head"), cfg_(cfg), wte_(wte) {
+    use_external(wte);
+}
+
+void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C)
+    c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x,
+               c.engine.weight(*this, wte_), logits);
+}
+
+void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
+                      std::uint64_t N) {
+    BackwardScope scope(c.engine, *this);
+    // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x
+    c.dev.gemm(c.stream, Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, wte_), dx);
+    c.dev.gemm(c.stream, Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
+               c.engine.grad(*this, wte_));
+}
+
+// ---------------------------------------------------------------------------
+GPT::GPT(const Config& cfg) : Module("gpt"), cfg_(cfg), table_(cfg) {
+    if (!cfg.layers || !cfg.hidden || !cfg.heads || !cfg.vocab || !cfg.max_seq || cfg.hidden % cfg.heads)
+        throw UsageError("GPT: layers, hidden, heads, vocab and seq must be positive, hidden a multiple of heads");
+    embed_ = std::make_unique<Embedding>(table_, cfg);
+    for (std::uint64_t l = 0; l < cfg.layers; ++l) blocks_.push_back(std::make_unique<Block>(table_, l, cfg));
+    ln_f_ = std::make_unique<LayerNorm>(table_, "ln_f", cfg.hidden);
+    head_ = std::make_unique<LMHead>(table_, embed_->wte(), cfg);
+    for (const auto& p : table_.all())
+        if (!p.owner) throw InternalError("parameter " + p.name + " has no module");
+}
+
+GPT::~GPT() = default;
+
+Activations GPT::plan(device::Device& dev, const Shape& shape) const {
+    const std::uint64_t B = shape.batch, T = shape.seq, C = cfg_.hidden, NH = cfg_.heads, V = cfg_.vocab;
+    if (!B || !T) throw UsageError("batch and sequence length must be positive");
+    if (T > cfg_.max_seq)
+        throw UsageError("sequence length " + std::to_string(T) + " is longer than the model's " +
+                         std::to_string(cfg_.max_seq) + " positions");
+    const std::uint64_t N = B * T;
+    Activations a;
+    a.shape = shape;
+    auto f = [&](std::uint64_t n, const char* what) {
+        a.bytes += n * sizeof(float);
+        return dev.alloc<float>(n, what);
+    };
+    a.inputs = dev.alloc<std::int32_t>(N, "inputs");
+    a.targets = dev.alloc<std::int32_t>(N, "targets");
+    a.bytes += 2 * N * sizeof(std::int32_t);
+    for (std::uint64_t l = 0; l <= cfg_.layers; ++l) a.residual.push_back(f(N * C, "residual"));
+    const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
+    for (std::uint64_t l = 0; l < sets; ++l) {
+        BlockActivations b;
+        b.ln1 = f(N * C, "ln_1");
+        b.ln1_mean = f(N, "ln_1 mean");
+        b.ln1_rstd = f(N, "ln_1 rstd");
+        b.qkv = f(N * 3 * C, "qkv");
+        b.att = f(B * NH * T * T, "attention");
+        b.atty = f(N * C, "attention output");
+        b.res2 = f(N * C, "residual 2");
+        b.ln2 = f(N * C, "ln_2");
+        b.ln2_mean = f(N, "ln_2 mean");
+        b.ln2_rstd = f(N, "ln_2 rstd");
+        b.fch = f(N * 4 * C, "fc");
+        b.fch_gelu = f(N * 4 * C, "gelu");
+        a.blocks.push_back(std::move(b));
+    }
+    a.scratch.dbtc = f(N * C, "d (N,C)");
+    a.scratch.dqkv = f(N * 3 * C, "d qkv");
+    a.scratch.datt = f(B * NH * T * T, "d attention");
+    a.scratch.dbt4c = f(N * 4 * C, "d fc");
+    a.lnf = f(N * C, "ln_f");
+    a.lnf_mean = f(N, "ln_f mean");
+    a.lnf_rstd = f(N, "ln_f rstd");
+    a.logits = f(N * V, "logits");
+    a.losses = f(N, "losses");
+    a.dres = f(N * C, "d residual");
+    return a;
+}
+
+void GPT::forward(Context& c, Activations& a, bool for_backward) {
+    ForwardScope scope(c.engine, *this);
+    const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
+    embed_->forward(c, a.residual[0], a.inputs, B, T);
+    for (std::uint64_t l = 0; l < cfg_.layers; ++l)
+        blocks_[l]->forward(c, a.residual[l + 1], a.residual[l], a.blocks[a.shape.checkpoint ? 0 : l], B, T);
+    ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, a.residual[cfg_.layers], N);
+    head_->forward(c, a.logits, a.lnf, N);
+    if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
+        c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
+                                            cfg_.vocab);
+    else
+        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab);
+}
+
+void GPT::backward(Context& c, Activations& a) {
+    BackwardScope scope(c.engine, *this);
+    const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
+    head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
+    c.dev.zero(c.stream, a.dres);
+    ln_f_->backward(c, a.dres, a.scratch.dbtc, a.residual[cfg_.layers], a.lnf_mean, a.lnf_rstd, N);
+    for (std::uint64_t l = cfg_.layers; l-- > 0;) {
+        if (a.shape.checkpoint)
+            blocks_[l]->backward(c, a.dres, a.residual[l], a.blocks[0], a.scratch, B, T, a.residual[l + 1]);
+        else
+            blocks_[l]->backward(c, a.dres, a.residual[l], a.blocks[l], a.scratch, B, T);
+    }
+    embed_->backward(c, a.dres, a.inputs, B, T);
+}
+
+double GPT::flops_per_step(std::uint64_t B, std::uint64_t T) const {
+    // Every weight but the position table is used in one multiply-add per
+    // token forward and two backward: 6 FLOPs per parameter per token. The
+    // causal attention scores and their use take 4*C*(t+1) FLOPs at position t
+    // forward, twice that backward: 6*C*T*(T+1) per row per layer in all.
+    const double N = static_cast<double>(B * T);
+    const double weights = static_cast<double>(table_.numel() - cfg_.max_seq * cfg_.hidden);
+    return 6.0 * weights * N +
+           6.0 * static_cast<double>(cfg_.layers * B * cfg_.hidden) * static_cast<double>(T) * static_cast<double>(T + 1);
+}
+
+// ---------------------------------------------------------------------------
+ResidentEngine::ResidentEngine(device::Device& dev, const ParamTable& params) : dev_(dev) {
+    std::uint64_t at = 0;
+    for (const auto& p : params.all()) {
+        offsets_.push_back(at);
+        sizes_.push_back(p.numel);
+        at += (p.numel + 15) / 16 * 16;  // 64-byte aligned starts
+    }
+    values_ = dev.alloc<float>(at, "parameters");
+    grads_ = dev.alloc<float>(at, "gradients");
+}
+
+std::span<float> ResidentEngine::values(std::size_t param) {
+    return values_.span().subspan(offsets_.at(param), sizes_[param]);
+}
+
+std::span<float> ResidentEngine::gradient(std::size_t param) {
+    return grads_.span().subspan(offsets_.at(param), sizes_[param]);
+}
+
+void ResidentEngine::zero_grad(device::Stream& s) { dev_.zero(s, grads_); }
+
+void ResidentEngine::before_forward(const Module& m) {
+    if (tracing) trace.push_back({Hook::before_forward, m.name()});
+}
+void ResidentEngine::after_forward(const Module& m) {
+    if (tracing) trace.push_back({Hook::after_forward, m.name()});
+}
+void ResidentEngine::before_backward(const Module& m) {
+    if (tracing) trace.push_back({Hook::before_backward, m.name()});
+}
+void ResidentEngine::after_backward(const Module& m) {
+    if (tracing) trace.push_back({Hook::after_backward, m.name()});
+}
+
+}  // namespace zinf::model

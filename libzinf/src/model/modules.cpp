@@ -1,0 +1,253 @@
+// The modules below the block: parameters, Linear and TiledLinear, LayerNorm,
+// Embedding, attention and MLP. Every forward and backward runs between the
+// engine's hooks and reaches its parameters through the engine.
+#include <zinf/model.hpp>
+
+#include <algorithm>
+
+namespace zinf::model {
+
+using device::Gemm;
+
+Config Config::from(const shard::ModelSpec& spec, unsigned tile) {
+    Config c;
+    c.layers = spec.layers;
+    c.hidden = spec.hidden;
+    c.heads = spec.heads;
+    c.vocab = spec.vocab;
+    c.max_seq = spec.seq;
+    c.tile = tile;
+    return c;
+}
+
+shard::ModelSpec Config::spec() const {
+    shard::ModelSpec s;
+    s.layers = layers;
+    s.hidden = hidden;
+    s.heads = heads;
+    s.vocab = vocab;
+    s.seq = max_seq;
+    return s;
+}
+
+// ---------------------------------------------------------------------------
+ParamTable::ParamTable(const Config& c) {
+    for (const auto& t : shard::tensors(c.spec(), c.tile)) params_.push_back(Param{t.name, t.shape, t.numel, nullptr});
+}
+
+std::uint64_t ParamTable::numel() const {
+    std::uint64_t n = 0;
+    for (const auto& p : params_) n += p.numel;
+    return n;
+}
+
+std::size_t ParamTable::claim(const std::string& name, const std::vector<std::uint64_t>& shape, const Module* owner) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (params_[i].name != name) continue;
+        if (params_[i].shape != shape)
+            throw InternalError("parameter " + name + ": declared with another shape than zinf-shard lays out");
+        if (params_[i].owner) throw InternalError("parameter " + name + " declared twice");
+        params_[i].owner = owner;
+        return i;
+    }
+    throw InternalError("parameter " + name + " is not in zinf-shard's layout");
+}
+
+bool Module::uses(std::size_t param) const {
+    return std::find(own_.begin(), own_.end(), param) != own_.end() ||
+           std::find(external_.begin(), external_.end(), param) != external_.end();
+}
+
+std::size_t Module::declare(ParamTable& t, const std::string& param_name, std::vector<std::uint64_t> shape) {
+    const std::size_t i = t.claim(param_name, shape, this);
+    own_.push_back(i);
+    return i;
+}
+
+std::span<const float> Engine::weight(const Module& m, std::size_t param) {
+    if (!m.uses(param))
+        throw InternalError("module " + m.name() + " asked for parameter " + std::to_string(param) +
+                            ", which it neither declared nor registered as external");
+    return weight_of(param);
+}
+
+std::span<float> Engine::grad(const Module& m, std::size_t param) {
+    if (!m.uses(param))
+        throw InternalError("module " + m.name() + " asked for the gradient of parameter " + std::to_string(param) +
+                            ", which it neither declared nor registered as external");
+    return grad_of(param);
+}
+
+// ---------------------------------------------------------------------------
+Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_) : LinearBase(name) {
+    in = in_;
+    out = out_;
+    w_ = declare(t, name + ".weight", {in, out});
+    b_ = declare(t, name + ".bias", {out});
+}
+
+void Linear::forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    // y (N,out) = x (N,in) @ W (in,out) + b
+    c.dev.gemm(c.stream, Gemm{.m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_), y);
+    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
+}
+
+void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+                      std::uint64_t N) {
+    BackwardScope scope(c.engine, *this);
+    // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
+    c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.weight(*this, w_), dx);
+    c.dev.gemm(c.stream, Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, dy, c.engine.grad(*this, w_));
+    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
+}
+
+// One tile: a module of its own, so the engine's hooks see it alone.
+struct TiledLinear::Tile : Module {
+    Tile(ParamTable& t, const std::string& name, unsigned k, std::uint64_t in, std::uint64_t c0_, std::uint64_t c1_)
+        : Module(name + ".tile" + std::to_string(k)), c0(c0_), c1(c1_) {
+        w = declare(t, name + ".weight.tile" + std::to_string(k), {in, c1 - c0});
+    }
+    std::uint64_t c0, c1;
+    std::size_t w;
+};
+
+TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_,
+                         unsigned tiles)
+    : LinearBase(name) {
+    in = in_;
+    out = out_;
+    // The column split zinf-shard uses: tile k holds [out*k/tiles, out*(k+1)/tiles).
+    for (unsigned k = 0; k < tiles; ++k)
+        tiles_.push_back(std::make_unique<Tile>(t, name, k, in, out * k / tiles, out * (k + 1) / tiles));
+    b_ = declare(t, name + ".bias", {out});
+}
+
+TiledLinear::~TiledLinear() = default;
+
+void TiledLinear::forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    for (auto& tp : tiles_) {
+        Tile& t = *tp;
+        ForwardScope tile_scope(c.engine, t);
+        // y[:, c0:c1] (N,w) = x (N,in) @ W_k (in,w), rows of y `out` apart
+        const std::uint64_t w = t.c1 - t.c0;
+        c.dev.gemm(c.stream, Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.weight(t, t.w),
+                   y.subspan(t.c0));
+    }
+    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
+}
+
+void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+                           std::uint64_t N) {
+    BackwardScope scope(c.engine, *this);
+    for (std::size_t k = 0; k < tiles_.size(); ++k) {
+        Tile& t = *tiles_[k];
+        BackwardScope tile_scope(c.engine, t);
+        const std::uint64_t w = t.c1 - t.c0;
+        // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
+        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
+                   dy.subspan(t.c0), c.engine.weight(t, t.w), dx);
+        c.dev.gemm(c.stream, Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, dy.subspan(t.c0),
+                   c.engine.grad(t, t.w));
+    }
+    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
+}
+
+std::unique_ptr<LinearBase> make_linear(ParamTable& t, const std::string& name, std::uint64_t in,
+                                        std::uint64_t out, unsigned tiles) {
+    if (tiles <= 1) return std::make_unique<Linear>(t, name, in, out);
+    return std::make_unique<TiledLinear>(t, name, in, out, tiles);
+}
+
+// ---------------------------------------------------------------------------
+LayerNorm::LayerNorm(ParamTable& t, const std::string& name, std::uint64_t C) : Module(name), C_(C) {
+    w_ = declare(t, name + ".weight", {C});
+    b_ = declare(t, name + ".bias", {C});
+}
+
+void LayerNorm::forward(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                        std::span<const float> inp, std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.layernorm_forward(c.stream, out, mean, rstd, inp, c.engine.weight(*this, w_), c.engine.weight(*this, b_),
+                            N, C_);
+}
+
+void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                         std::span<const float> mean, std::span<const float> rstd, std::uint64_t N) {
+    BackwardScope scope(c.engine, *this);
+    c.dev.layernorm_backward(c.stream, dinp, c.engine.grad(*this, w_), c.engine.grad(*this, b_), dout, inp,
+                             c.engine.weight(*this, w_), mean, rstd, N, C_);
+}
+
+// ---------------------------------------------------------------------------
+Embedding::Embedding(ParamTable& t, const Config& cfg) : Module("embedding"), cfg_(cfg) {
+    wte_ = declare(t, "wte.weight", {cfg.vocab, cfg.hidden});
+    wpe_ = declare(t, "wpe.weight", {cfg.max_seq, cfg.hidden});
+}
+
+void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
+                        std::uint64_t T) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.embedding_forward(c.stream, out, tokens, c.engine.weight(*this, wte_), c.engine.weight(*this, wpe_), B, T,
+                            cfg_.hidden, cfg_.vocab);
+}
+
+void Embedding::backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens,
+                         std::uint64_t B, std::uint64_t T) {
+    BackwardScope scope(c.engine, *this);
+    c.dev.embedding_backward(c.stream, c.engine.grad(*this, wte_), c.engine.grad(*this, wpe_), dout, tokens, B, T,
+                             cfg_.hidden, cfg_.vocab);
+}
+
+// ---------------------------------------------------------------------------
+CausalSelfAttention::CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg)
+    : Module(name), cfg_(cfg) {
+    c_attn_ = make_linear(t, name + ".c_attn", cfg.hidden, 3 * cfg.hidden, cfg.tile);
+    c_proj_ = make_linear(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
+}
+
+void CausalSelfAttention::forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
+                                  std::uint64_t B, std::uint64_t T) {
+    ForwardScope scope(c.engine, *this);
+    const std::uint64_t N = B * T;
+    c_attn_->forward(c, a.qkv, inp, N);                                          // (N,3C)
+    c.dev.attention_forward(c.stream, a.atty, a.att, a.qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    c_proj_->forward(c, out, a.atty, N);                                         // (N,C)
+}
+
+void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<const float> dout,
+                                   std::span<const float> inp, BlockActivations& a, BlockScratch& s, std::uint64_t B,
+                                   std::uint64_t T) {
+    BackwardScope scope(c.engine, *this);
+    const std::uint64_t N = B * T;
+    // datty lives in s.dbtc until attention's backward has read it; then
+    // c_attn's backward writes dinp, which may be the same buffer.
+    c_proj_->backward(c, s.dbtc, dout, a.atty, N);
+    c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, a.qkv, a.att, B, T, cfg_.hidden, cfg_.heads);
+    c_attn_->backward(c, dinp, s.dqkv, inp, N);
+}
+
+// ---------------------------------------------------------------------------
+MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
+    c_fc_ = make_linear(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
+    c_proj_ = make_linear(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
+}
+
+void MLP::forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
+                  std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    c_fc_->forward(c, a.fch, inp, N);                       // (N,4C)
+    c.dev.gelu_forward(c.stream, a.fch_gelu, a.fch);        // (N,4C)
+    c_proj_->forward(c, out, a.fch_gelu, N);                // (N,C)
+}
+
+void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                   BlockActivations& a, BlockScratch& s, std::uint64_t N) {
+    BackwardScope scope(c.engine, *this);
+    c_proj_->backward(c, s.dbt4c, dout, a.fch_gelu, N);     // d fch_gelu (N,4C)
+    c.dev.gelu_backward(c.stream, s.dbt4c, a.fch, s.dbt4c); // d fch, in place
+    c_fc_->backward(c, dinp, s.dbt4c, inp, N);
+}
+
+}  // namespace zinf::model

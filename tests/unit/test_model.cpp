@@ -1,0 +1,340 @@
+// Unit tests of libzinf model and train: the GPT against PyTorch
+// (tests/data/gpt_tiny.ref, written by scripts/gen_reference.py from weights
+// zinf-shard made): logits, loss, every gradient and ten AdamW steps; then
+// TiledLinear against Linear, activation checkpointing against keeping every
+// activation, the engine hooks' order, and the engine's refusal of a
+// parameter a module did not register.
+#define BOOST_TEST_MODULE model
+#include "optimizer_fixture.hpp"
+
+#include <zinf/data.hpp>
+#include <zinf/device.hpp>
+#include <zinf/model.hpp>
+#include <zinf/train.hpp>
+
+#include <bit>
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+using namespace zinf;
+using namespace zinf::testing;
+
+namespace {
+
+// The reference file (see scripts/gen_reference.py): 256 int32 of header,
+// then inputs, targets, logits, loss, each gradient, the AdamW losses.
+struct Reference {
+    std::int32_t h[256];
+    std::uint64_t L, C, NH, V, maxT, B, T, tensors, steps, seed;
+    float lr, beta1, beta2, eps, wd;
+    std::vector<std::int32_t> inputs, targets;
+    std::vector<float> logits;
+    float loss = 0;
+    std::vector<std::vector<float>> grads;
+    std::vector<float> losses;
+};
+
+std::string data_dir() {
+    // The tests run from the repository root (make test); ZINF_TEST_DATA overrides.
+    const char* d = std::getenv("ZINF_TEST_DATA");
+    return d && *d ? d : "tests/data";
+}
+
+Reference read_reference(const std::string& path, const std::vector<std::uint64_t>& numels) {
+    std::ifstream in(path, std::ios::binary);
+    BOOST_REQUIRE_MESSAGE(in, "cannot open " << path << " (run the tests from the repository root)");
+    Reference r{};
+    auto get = [&](void* dst, std::size_t bytes) {
+        in.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
+        BOOST_REQUIRE_MESSAGE(in.gcount() == static_cast<std::streamsize>(bytes), path << ": short file");
+    };
+    get(r.h, sizeof r.h);
+    BOOST_REQUIRE_EQUAL(r.h[0], 0x5A494E46);
+    BOOST_REQUIRE_EQUAL(r.h[1], 1);
+    r.L = r.h[2], r.C = r.h[3], r.NH = r.h[4], r.V = r.h[5], r.maxT = r.h[6], r.B = r.h[7], r.T = r.h[8];
+    r.tensors = r.h[9], r.steps = r.h[10];
+    r.seed = static_cast<std::uint32_t>(r.h[11]) | (std::uint64_t(static_cast<std::uint32_t>(r.h[12])) << 32);
+    r.lr = std::bit_cast<float>(r.h[13]), r.beta1 = std::bit_cast<float>(r.h[14]);
+    r.beta2 = std::bit_cast<float>(r.h[15]), r.eps = std::bit_cast<float>(r.h[16]), r.wd = std::bit_cast<float>(r.h[17]);
+    BOOST_REQUIRE_EQUAL(r.tensors, numels.size());
+    const std::uint64_t N = r.B * r.T;
+    r.inputs.resize(N), r.targets.resize(N), r.logits.resize(N * r.V), r.losses.resize(r.steps);
+    get(r.inputs.data(), N * 4);
+    get(r.targets.data(), N * 4);
+    get(r.logits.data(), N * r.V * 4);
+    get(&r.loss, 4);
+    for (auto n : numels) {
+        r.grads.emplace_back(n);
+        get(r.grads.back().data(), n * 4);
+    }
+    get(r.losses.data(), r.steps * 4);
+    in.peek();
+    BOOST_REQUIRE_MESSAGE(in.eof(), path << ": longer than its header says");
+    return r;
+}
+
+std::string spec_of(const Reference& r) {
+    return "gpt:layers=" + std::to_string(r.L) + ",hidden=" + std::to_string(r.C) + ",heads=" + std::to_string(r.NH) +
+           ",vocab=" + std::to_string(r.V) + ",seq=" + std::to_string(r.maxT);
+}
+
+// max |a - b| / max |b|: the error relative to the tensor's scale.
+double rel_error(std::span<const float> a, std::span<const float> b) {
+    BOOST_REQUIRE_EQUAL(a.size(), b.size());
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+        scale = std::max(scale, std::abs(double(b[i])));
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
+std::unique_ptr<device::Device> cpu(unsigned threads = 2) {
+    return device::open({.backend = "cpu", .memory_bytes = 256 * MiB, .threads = threads});
+}
+
+// A GPT with its resident engine, weights from a manifest's param state or
+// drawn from the seed.
+struct Net {
+    std::unique_ptr<device::Device> dev;
+    model::GPT gpt;
+    model::ResidentEngine eng;
+    model::Activations acts;
+    Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2)
+        : dev(cpu(threads)), gpt(cfg), eng(*dev, gpt.params_table()), acts(gpt.plan(*dev, shape)) {}
+    model::Context ctx() { return {*dev, dev->compute(), eng}; }
+    void set_batch(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
+        auto& s = dev->compute();
+        dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(in));
+        dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(tg));
+    }
+    void fill(std::uint64_t seed) {
+        const auto spec = gpt.config().spec();
+        const auto ts = shard::tensors(spec, gpt.config().tile);
+        for (std::size_t t = 0; t < ts.size(); ++t) shard::fill_fp32(ts[t], spec, seed, 0, eng.values(t));
+    }
+    double loss() {
+        std::vector<float> l(acts.losses.size());
+        dev->copy(dev->compute(), std::as_writable_bytes(std::span(l)), std::as_bytes(acts.losses.span()));
+        dev->synchronize(dev->compute());
+        double s = 0;
+        for (float x : l) s += x;
+        return s / static_cast<double>(l.size());
+    }
+    void step() {
+        auto c = ctx();
+        eng.zero_grad(c.stream);
+        gpt.forward(c, acts);
+        gpt.backward(c, acts);
+        dev->synchronize(c.stream);
+    }
+};
+
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::uint64_t V) {
+    std::vector<std::int32_t> v(n);
+    for (auto& x : v) x = static_cast<std::int32_t>(rng() % V);
+    return v;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(matches_pytorch) {
+    const std::string path = data_dir() + "/gpt_tiny.ref";
+    // The layout the reference was made with: fp32 parameters, state in memory.
+    std::ifstream probe(path, std::ios::binary);
+    BOOST_REQUIRE_MESSAGE(probe, "cannot open " << path);
+    std::int32_t h[19];
+    probe.read(reinterpret_cast<char*>(h), sizeof h);
+    const std::string spec = "gpt:layers=" + std::to_string(h[2]) + ",hidden=" + std::to_string(h[3]) +
+                             ",heads=" + std::to_string(h[4]) + ",vocab=" + std::to_string(h[5]) +
+                             ",seq=" + std::to_string(h[6]);
+    Rig rig;
+    shard::LayoutOptions lo = lay(DType::fp32, Tier::cpu, Tier::cpu,
+                                  static_cast<std::uint32_t>(h[11]) | (std::uint64_t(std::uint32_t(h[12])) << 32));
+    Run run(rig, lo, spec.c_str());
+    std::vector<std::uint64_t> numels;
+    for (const auto& t : run.m.tensors) numels.push_back(t.numel);
+    const Reference r = read_reference(path, numels);
+    BOOST_REQUIRE_EQUAL(spec_of(r), spec);
+
+    // Forward and backward on the reference's batch, weights from the manifest.
+    Net net(model::Config::from(run.m.spec), {.batch = r.B, .seq = r.T, .checkpoint = true});
+    for (std::size_t t = 0; t < numels.size(); ++t) {
+        const auto w = as_f32(cat_bytes(run.m, t, "param", rig));
+        std::copy(w.begin(), w.end(), net.eng.values(t).begin());
+    }
+    net.set_batch(r.inputs, r.targets);
+    auto c = net.ctx();
+    net.gpt.forward(c, net.acts, false);  // logits kept
+    std::vector<float> logits(net.acts.logits.size());
+    net.dev->copy(c.stream, std::as_writable_bytes(std::span(logits)), std::as_bytes(net.acts.logits.span()));
+    const double loss = net.loss();
+    const double e_logits = rel_error(logits, r.logits);
+    BOOST_TEST_MESSAGE("logits: relative error " << e_logits);
+    BOOST_TEST(e_logits < 1e-4);
+    BOOST_TEST(std::abs(loss - r.loss) / r.loss < 1e-5, "loss " << loss << " vs PyTorch " << r.loss);
+
+    net.step();
+    BOOST_TEST(std::abs(net.loss() - r.loss) / r.loss < 1e-5);
+    double worst = 0;
+    for (std::size_t t = 0; t < numels.size(); ++t) {
+        const double e = rel_error(net.eng.gradient(t), r.grads[t]);
+        worst = std::max(worst, e);
+        BOOST_TEST(e < 1e-4, "gradient of " << run.m.tensors[t].name << ": relative error " << e);
+    }
+    BOOST_TEST_MESSAGE("gradients: worst relative error " << worst);
+
+    // Ten AdamW steps through the trainer on the same batch: the tokens are
+    // exactly one window, so every batch the loader gives is this one.
+    std::vector<std::uint16_t> stream(r.inputs.begin(), r.inputs.end());
+    for (std::uint64_t i = 0; i + 1 < r.B * r.T; ++i)  // the targets are the inputs one token on
+        BOOST_REQUIRE_EQUAL(r.targets[i], r.inputs[i + 1]);
+    stream.push_back(static_cast<std::uint16_t>(r.targets.back()));
+    data::Loader loader(stream, "reference", {.batch = r.B, .seq = r.T});
+    train::Options to;
+    to.batch = r.B;
+    to.seq = r.T;
+    to.schedule = {.lr = r.lr, .warmup = 0, .total = r.steps, .cosine = false};
+    to.adamw = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.wd};
+    to.grad_clip = 0;
+    to.manifest_path = run.manifest_path();
+    auto dev = cpu();
+    auto comm = self_comm();
+    train::Trainer trainer(run.m, comm, rig.engine, rig.pool, *dev, to);
+    for (std::uint64_t k = 0; k < r.steps; ++k) {
+        const auto log = trainer.step(loader);
+        BOOST_TEST(log.step == k + 1);
+        const double e = std::abs(log.loss - r.losses[k]) / r.losses[k];
+        BOOST_TEST(e < 1e-4, "AdamW step " << k + 1 << ": loss " << log.loss << " vs PyTorch " << r.losses[k]);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(tiled_linear_is_linear) {
+    const auto seed = fresh_seed("tiled_linear_is_linear");
+    std::mt19937_64 rng(seed);
+    const auto spec = shard::ModelSpec::parse("gpt:layers=2,hidden=40,heads=4,vocab=53,seq=9");
+    const std::uint64_t B = 3, T = 7;
+    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
+    // 7 tiles: uneven column splits (40*k/7), as zinf-shard cuts them.
+    Net whole(model::Config::from(spec, 1), {.batch = B, .seq = T});
+    Net tiled(model::Config::from(spec, 7), {.batch = B, .seq = T});
+    whole.fill(seed);
+    tiled.fill(seed);  // a tile's values are the same columns of the untiled weight
+    whole.set_batch(in, tg);
+    tiled.set_batch(in, tg);
+    whole.step();
+    tiled.step();
+    BOOST_TEST(std::abs(whole.loss() - tiled.loss()) / whole.loss() < 1e-6);
+    const auto wt = shard::tensors(spec, 1), tt = shard::tensors(spec, 7);
+    for (std::size_t j = 0; j < tt.size(); ++j) {
+        const auto& t = tt[j];
+        std::size_t i = 0;
+        while (wt[i].name != t.key) ++i;
+        // The tile's gradient is the same columns of the whole weight's.
+        std::vector<float> cols(t.numel);
+        const auto g = whole.eng.gradient(i);
+        for (std::uint64_t row = 0, k = 0; row < t.numel / t.cols; ++row)
+            for (std::uint64_t col = 0; col < t.cols; ++col) cols[k++] = g[row * t.key_cols + t.col0 + col];
+        const double e = rel_error(tiled.eng.gradient(j), cols);
+        BOOST_TEST(e < 1e-6, t.name << ": relative error " << e);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
+    const auto seed = fresh_seed("checkpointing_changes_no_bit");
+    std::mt19937_64 rng(seed);
+    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
+    const std::uint64_t B = 2, T = 16;
+    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
+    Net keep(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = false});
+    Net ckpt(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt}) {
+        n->fill(seed);
+        n->set_batch(in, tg);
+        n->step();
+    }
+    BOOST_TEST(keep.loss() == ckpt.loss());
+    const auto a = keep.eng.all_gradients(), b = ckpt.eng.all_gradients();
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+    BOOST_TEST(ckpt.acts.bytes < keep.acts.bytes);
+    // And the gradient is not trivially zero.
+    double sq = 0;
+    for (float g : a) sq += double(g) * g;
+    BOOST_TEST(sq > 0);
+}
+
+BOOST_AUTO_TEST_CASE(hooks_bracket_every_module) {
+    const auto spec = shard::ModelSpec::parse("gpt:layers=2,hidden=16,heads=2,vocab=11,seq=4");
+    for (bool checkpoint : {false, true}) {
+        Net n(model::Config::from(spec, 2), {.batch = 1, .seq = 4, .checkpoint = checkpoint});
+        std::mt19937_64 rng(7);
+        n.fill(1);
+        const auto in = random_tokens(rng, 4, 11), tg = random_tokens(rng, 4, 11);
+        n.set_batch(in, tg);  // copied by the time step() synchronizes
+        n.eng.tracing = true;
+        n.step();
+        using H = model::ResidentEngine::Hook;
+        // Properly nested, and every forward hook pair inside the forward or a
+        // checkpointed block's backward.
+        std::vector<std::string> open;
+        std::map<std::string, int> forwards, backwards;
+        std::string in_backward_of;
+        for (const auto& h : n.eng.trace) {
+            if (h.kind == H::before_forward || h.kind == H::before_backward) {
+                open.push_back(h.module);
+                (h.kind == H::before_forward ? forwards : backwards)[h.module]++;
+            } else {
+                BOOST_REQUIRE(!open.empty());
+                BOOST_TEST(open.back() == h.module);
+                open.pop_back();
+            }
+        }
+        BOOST_TEST(open.empty());
+        // Every module with parameters ran forward once (twice for a
+        // checkpointed block's insides) and backward once.
+        for (const auto& p : n.gpt.params_table().all()) {
+            const std::string& m = p.owner->name();
+            BOOST_TEST(backwards[m] == 1, m);
+            const bool in_block = m.starts_with("h.");
+            BOOST_TEST(forwards[m] == (checkpoint && in_block ? 2 : 1), m << " forwards " << forwards[m]);
+        }
+        BOOST_TEST(forwards["h.0.mlp.c_fc.tile1"] == (checkpoint ? 2 : 1));
+        BOOST_TEST(backwards["lm_head"] == 1);
+        // The first hook is the GPT's, the last its backward's end.
+        BOOST_TEST(n.eng.trace.front().module == "gpt");
+        BOOST_TEST(n.eng.trace.back().module == "gpt");
+        BOOST_TEST((n.eng.trace.back().kind == H::after_backward));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(engine_refuses_unregistered_parameters) {
+    const auto spec = shard::ModelSpec::parse("gpt:layers=1,hidden=8,heads=2,vocab=5,seq=4");
+    auto dev = cpu(1);
+    model::GPT gpt(model::Config::from(spec));
+    model::ResidentEngine eng(*dev, gpt.params_table());
+    const auto& table = gpt.params_table();
+    const model::Module* ln_f = nullptr;
+    std::size_t wte = 0;
+    for (std::size_t i = 0; i < table.size(); ++i) {
+        if (table[i].name == "ln_f.weight") ln_f = table[i].owner;
+        if (table[i].name == "wte.weight") wte = i;
+    }
+    BOOST_REQUIRE(ln_f);
+    const std::string what = what_of<InternalError>([&] { eng.weight(*ln_f, wte); }, "ln_f asks for wte");
+    BOOST_TEST(contains(what, "ln_f"));
+    BOOST_TEST(contains(what, "neither declared nor registered"));
+    // The tied head uses wte as an external parameter; the embedding owns it.
+    BOOST_TEST(table[wte].owner->name() == "embedding");
+}
+
+BOOST_AUTO_TEST_CASE(schedule_warms_up_and_decays) {
+    train::Schedule s{.lr = 1.0, .min_ratio = 0.1, .warmup = 4, .total = 104};
+    BOOST_TEST(s.at(1) == 0.25);
+    BOOST_TEST(s.at(4) == 1.0);
+    BOOST_TEST(std::abs(s.at(54) - 0.55) < 1e-12);  // half way: the mean of lr and min
+    BOOST_TEST(std::abs(s.at(104) - 0.1) < 1e-12);
+    BOOST_TEST(std::abs(s.at(500) - 0.1) < 1e-12);  // past the end it stays at the floor
+    s.cosine = false;
+    BOOST_TEST(s.at(80) == 1.0);
+}
