@@ -1,0 +1,159 @@
+// zinf-train --bench: the achieved FLOP/s of a whole training step (forward,
+// backward with recomputation, AdamW) of a GPT held in device memory,
+// against the sgemm rate of the same device measured in the same run.
+#include "bench.hpp"
+
+#include <zinf/device.hpp>
+#include <zinf/model.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sched.h>
+#include <thread>
+
+namespace zinf::trainer {
+
+void BenchOptions::add(CLI::App& app) {
+    app.add_flag("--bench", enabled, "Benchmark: a training step's FLOP/s against OpenBLAS sgemm (no manifest)");
+    options = {app.add_option("--bench-model", model, "The model --bench times")->capture_default_str(),
+               app.add_option("--bench-steps", steps, "Timed steps after one warm-up (the median is reported)")
+                   ->capture_default_str()
+                   ->check(CLI::Range(1u, 10000u)),
+               app.add_option("--bench-gemm", gemm_n, "Size n of the n x n sgemm the step is compared with")
+                   ->capture_default_str()
+                   ->check(CLI::Range(64, 16384)),
+               app.add_option("--min-ratio", min_ratio,
+                              "--bench: exit 75 when the step's FLOP/s is below this times sgemm's")};
+}
+
+void BenchOptions::check() const {
+    if (enabled) return;
+    for (const CLI::Option* opt : options)
+        if (opt->count() > 0) throw UsageError(opt->get_name() + " needs --bench");
+}
+
+namespace {
+
+unsigned affinity_cpus() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+    return std::max(1u, std::thread::hardware_concurrency());
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
+    if (threads) return threads;
+    // What the launcher bound this rank to, but never more than its share of
+    // the node: Open MPI binds to a core for 2 ranks and to a whole socket
+    // past that, where every rank on the socket would take all of it.
+    const unsigned all = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned share = std::max(1u, all / static_cast<unsigned>(std::max(1, comm.local_size())));
+    return std::min(affinity_cpus(), share);
+}
+
+std::uint64_t device_memory(const std::string& text) {
+    if (text != "auto") return cli::parse_sizes({text}, "--device-memory")[0];
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    std::uint64_t kib = 0;
+    while (in >> key >> kib)
+        if (key == "MemAvailable:") return kib * 1024 / 4 * 3;  // what the kernel lets one mapping take
+    return 4 * GiB;
+}
+
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,
+              std::uint64_t device_bytes, bool json, bool checkpoint, const std::atomic<bool>& stop) {
+    const shard::ModelSpec spec = shard::ModelSpec::parse(o.model);
+    const unsigned cores = threads ? threads : affinity_cpus();
+    auto dev = device::open({.backend = "cpu", .memory_bytes = device_bytes, .threads = cores});
+    auto& s = dev->compute();
+
+    model::GPT gpt(model::Config::from(spec));
+    model::ResidentEngine eng(*dev, gpt.params_table());
+    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint});
+    const auto tensors = shard::tensors(spec);
+    for (std::size_t t = 0; t < tensors.size(); ++t) shard::fill_fp32(tensors[t], spec, 0x5eed, 0, eng.values(t));
+    std::mt19937 rng(1234);
+    std::vector<std::int32_t> tokens(batch * seq);
+    for (auto& v : tokens) v = static_cast<std::int32_t>(rng() % spec.vocab);
+    dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(tokens)));
+    std::rotate(tokens.begin(), tokens.begin() + 1, tokens.end());
+    dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(tokens)));
+    auto m1 = dev->alloc<float>(eng.all_values().size(), "exp_avg");
+    auto m2 = dev->alloc<float>(eng.all_values().size(), "exp_avg_sq");
+    const optim::AdamW h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+    model::Context ctx{*dev, s, eng};
+    log::info(spec.to_string() + ", batch " + std::to_string(batch) + " x " + std::to_string(seq) + ", " +
+              std::to_string(dev->threads()) + " threads: " + std::to_string(o.steps) + " steps after a warm-up");
+    std::vector<double> times;
+    for (unsigned i = 0; i <= o.steps; ++i) {
+        if (stop.load()) throw Interrupted("interrupted after " + std::to_string(times.size()) + " timed steps");
+        Timer t;
+        eng.zero_grad(s);
+        gpt.forward(ctx, acts);
+        gpt.backward(ctx, acts);
+        optim::Update u{.master = eng.all_values(), .exp_avg = m1.span(), .exp_avg_sq = m2.span(),
+                        .grad_f32 = eng.all_gradients()};
+        dev->adamw(s, u, optim::Scalars::make(h, i + 1));
+        dev->synchronize(s);
+        if (i) times.push_back(t.seconds());
+    }
+    const double step_s = median(times);
+    const double model_flops = gpt.flops_per_step(batch, seq);
+    // The blocks' forward runs twice with checkpointing: the work done, not the model's.
+    const double C = static_cast<double>(spec.hidden), L = static_cast<double>(spec.layers);
+    const double N = static_cast<double>(batch * seq), T = static_cast<double>(seq);
+    const double recompute = checkpoint ? L * (2.0 * 12.0 * C * C * N + 2.0 * C * T * (T + 1) * batch) : 0.0;
+
+    log::info("sgemm " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n));
+    double gemm = 0;
+    for (int r = 0; r < 3 && !stop.load(); ++r) gemm = std::max(gemm, device::measure_gemm_flops(*dev, o.gemm_n, 3));
+    if (stop.load()) throw Interrupted("interrupted while timing sgemm");
+
+    const double rate = model_flops / step_s, ratio = rate / gemm;
+    if (json) {
+        json::Json j;
+        j["schema"] = "zinf.train-bench/1";
+        j["model"] = spec.to_string();
+        j["batch"] = batch;
+        j["seq"] = seq;
+        j["threads"] = dev->threads();
+        j["checkpoint"] = checkpoint;
+        j["steps"] = o.steps;
+        j["step_s"] = step_s;
+        j["flops_per_step"] = model_flops;
+        j["flops_per_s"] = rate;
+        j["executed_flops_per_s"] = (model_flops + recompute) / step_s;
+        j["sgemm_n"] = o.gemm_n;
+        j["sgemm_flops_per_s"] = gemm;
+        j["ratio"] = ratio;
+        std::cout << j.dump() << '\n';
+    } else {
+        std::printf("# zinf-train --bench: %s, batch %llu x %llu, %u threads\n", spec.to_string().c_str(),
+                    static_cast<unsigned long long>(batch), static_cast<unsigned long long>(seq), dev->threads());
+        std::printf("# step_s  model_GFLOP/s  executed_GFLOP/s  sgemm_GFLOP/s  ratio\n");
+        std::printf("%.4f  %.2f  %.2f  %.2f  %.3f\n", step_s, rate / 1e9, (model_flops + recompute) / step_s / 1e9,
+                    gemm / 1e9, ratio);
+    }
+    std::cout.flush();
+    if (o.min_ratio > 0 && ratio < o.min_ratio) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "the step ran at %.3f of sgemm's rate, below --min-ratio %.3f", ratio,
+                      o.min_ratio);
+        throw ThresholdError(buf);
+    }
+    return 0;
+}
+
+}  // namespace zinf::trainer

@@ -1,0 +1,40 @@
+// zinf-train's helpers beside main: how many cores a rank takes, the device
+// budget, and --bench (a training step's FLOP/s against OpenBLAS's sgemm).
+#pragma once
+
+#include <zinf/cli.hpp>
+#include <zinf/comm.hpp>
+#include <zinf/shard.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zinf::trainer {
+
+struct BenchOptions {
+    bool enabled = false;
+    std::string model = "gpt2-124m";
+    unsigned steps = 5;        // timed, after one warm-up; the median is reported
+    std::uint64_t gemm_n = 2048;
+    double min_ratio = 0;      // exit 75 below it
+    std::vector<CLI::Option*> options;  // all but --bench itself
+    void add(CLI::App& app);
+    void check() const;  // UsageError: a --bench-* option without --bench
+};
+
+// The kernel threads of one rank: `threads` when given; else the CPUs this
+// process may run on, shared out over the node's ranks unless mpirun bound
+// each rank to its own set already.
+unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
+
+// The device budget: a size ("4GiB"), or "auto": three quarters of the memory
+// available now, as the cpu backend's arena takes pages only as they are used.
+std::uint64_t device_memory(const std::string& text);
+
+// Stops (Interrupted) between steps once `stop` is set.
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,
+              std::uint64_t device_bytes, bool json, bool checkpoint, const std::atomic<bool>& stop);
+
+}  // namespace zinf::trainer

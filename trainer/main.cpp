@@ -1,0 +1,299 @@
+// zinf-train: trains the GPT a manifest describes, from the state zinf-shard
+// wrote, on llm.c token files or any text (byte-level), alone or under
+// mpirun as plain data parallel. One line per step on stdout (JSON Lines
+// with --json), progress on stderr, checkpoints committed by the manifest.
+// See man/zinf-train.1.
+#include "bench.hpp"
+
+#include <zinf/data.hpp>
+#include <zinf/options.hpp>
+#include <zinf/train.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+using namespace zinf;
+
+namespace {
+
+struct Options {
+    std::string manifest, data, text, val_data, val_text;
+    double val_fraction = 0.1;
+    std::uint64_t steps = 0, batch = 4, seq = 64;
+    double lr = 3e-4, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    double grad_clip = 1.0;
+    std::uint64_t warmup = 0;
+    std::string schedule = "cosine";
+    std::uint64_t seed = 0;
+    bool shuffle = false, no_checkpoint = false, resume = false, json = false;
+    std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
+    unsigned threads = 0;
+    std::string device_memory = "auto";
+    cli::EngineOptions engine;
+    cli::PoolOptions pool;
+    cli::CommOptions comm;
+    trainer::BenchOptions bench;
+};
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+std::string fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+}
+std::string sci(double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3e", v);
+    return buf;
+}
+
+void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::optional<double> val) {
+    if (o.json) {
+        json::Json j;
+        j["schema"] = "zinf.train/1";
+        j["step"] = s.step;
+        j["loss"] = s.loss;
+        j["lr"] = s.lr;
+        j["grad_norm"] = std::isfinite(s.grad_norm) ? json::Json(s.grad_norm) : json::Json(nullptr);
+        j["overflow"] = s.overflow;
+        j["tokens"] = s.tokens;
+        j["tokens_per_s"] = s.tokens_per_s;
+        j["flops_per_s"] = s.flops_per_s;
+        j["step_s"] = s.seconds;
+        j["forward_s"] = s.forward_seconds;
+        j["backward_s"] = s.backward_seconds;
+        j["optimizer_s"] = s.optimizer_seconds;
+        if (val) j["val_loss"] = *val;
+        std::cout << j.dump() << '\n';
+    } else {
+        std::string line = "step " + std::to_string(s.step) + "/" + std::to_string(total) + "  loss " +
+                           fixed(s.loss, 4) + "  lr " + sci(s.lr) + "  norm " + fixed(s.grad_norm, 4) + "  " +
+                           fixed(s.tokens_per_s, 0) + " tok/s  " + fixed(s.flops_per_s / 1e9, 2) + " GFLOP/s  fwd " +
+                           fixed(s.forward_seconds, 3) + " bwd " + fixed(s.backward_seconds, 3) + " opt " +
+                           fixed(s.optimizer_seconds, 3) + " s";
+        if (s.overflow) line += "  (overflow: skipped)";
+        if (val) line += "  val " + fixed(*val, 4);
+        std::cout << line << '\n';
+    }
+    std::cout.flush();
+    if (!std::cout) throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
+}
+
+// The token streams: the training file, and held-out data from its own file
+// or the last --val-fraction of the training tokens.
+struct Data {
+    std::optional<data::Tokens> train_file, val_file;
+    std::span<const std::uint16_t> train, val;
+    std::string train_source, val_source;
+};
+
+Data load_data(const Options& o, std::uint64_t vocab) {
+    Data d;
+    if (!o.data.empty() == !o.text.empty()) throw UsageError("give one of --data FILE (llm.c tokens) or --text FILE");
+    if (!o.val_data.empty() && !o.val_text.empty()) throw UsageError("--val-data and --val-text exclude each other");
+    d.train_file = o.data.empty() ? data::Tokens::text(o.text) : data::Tokens::open(o.data);
+    data::check_vocab(*d.train_file, vocab);
+    d.train_source = d.train_file->path();
+    if (!o.val_data.empty() || !o.val_text.empty()) {
+        d.val_file = o.val_data.empty() ? data::Tokens::text(o.val_text) : data::Tokens::open(o.val_data);
+        data::check_vocab(*d.val_file, vocab);
+        d.train = d.train_file->tokens();
+        d.val = d.val_file->tokens();
+        d.val_source = d.val_file->path();
+    } else {
+        std::tie(d.train, d.val) = data::split(d.train_file->tokens(), o.val_fraction);
+        d.val_source = d.train_source + " (last " + fixed(o.val_fraction * 100, 0) + "%)";
+    }
+    return d;
+}
+
+int run(Options& o) {
+    if (o.steps == 0) throw UsageError("--steps must be at least 1");
+    if (o.schedule != "cosine" && o.schedule != "constant")
+        throw UsageError("--schedule " + o.schedule + ": expected cosine or constant");
+    shard::Manifest m = shard::read_manifest_file(o.manifest);
+    if (m.dir.empty()) throw DataError("manifest " + o.manifest + " has no data directory: run zinf-shard init first");
+    // The checkpoint is the data directory's manifest.jsonl: every commit
+    // goes there (zinf-manifest(5)), and a copy elsewhere (what init printed)
+    // goes stale with the first step. Read and commit that one.
+    const std::string committed = m.dir + "/manifest.jsonl";
+    std::error_code ec;
+    if (!std::filesystem::equivalent(o.manifest, committed, ec)) {
+        if (!std::filesystem::exists(committed))
+            throw DataError("manifest " + o.manifest + ": its data directory " + m.dir +
+                            " holds no manifest.jsonl (was it made by zinf-shard init?)");
+        m = shard::read_manifest_file(committed);
+        log::info("the checkpoint is " + committed + " (" + o.manifest + " is a copy): reading and committing it");
+    }
+
+    comm::Communicator comm(o.comm.resolve());
+    const unsigned cores = trainer::cores_per_rank(comm, o.threads);
+    device::Options dopts{.backend = "cpu", .memory_bytes = 0, .threads = cores};
+    dopts.memory_bytes = trainer::device_memory(o.device_memory);
+    auto dev = device::open(dopts);
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+
+    Data d = load_data(o, m.spec.vocab);
+    const unsigned rank = static_cast<unsigned>(comm.rank()), ranks = static_cast<unsigned>(comm.size());
+    data::Loader train_loader(d.train, d.train_source,
+                              {.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks, .shuffle = o.shuffle,
+                               .seed = o.seed});
+    std::optional<data::Loader> val_loader;
+    if (o.eval_every)
+        val_loader.emplace(d.val, d.val_source,
+                           data::LoaderOptions{.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks});
+
+    train::Options to;
+    to.batch = o.batch;
+    to.seq = o.seq;
+    to.checkpoint = !o.no_checkpoint;
+    to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
+                   .cosine = o.schedule == "cosine"};
+    to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
+    to.adamw.validate();
+    to.grad_clip = o.grad_clip;
+    to.manifest_path = committed;
+    to.kernel.threads = cores;
+
+    // A manifest past step 0 is a checkpoint: continue it only when asked.
+    std::uint64_t at = 0;
+    for (const auto& p : m.parts) at = std::max(at, p.step);
+    if (at > 0 && !o.resume)
+        throw UsageError("manifest " + committed + " is a checkpoint at step " + std::to_string(at) +
+                         ": pass --resume to continue it, or lay out and init a new one");
+    if (at >= o.steps)
+        throw UsageError("manifest " + committed + " is already at step " + std::to_string(at) + " of --steps " +
+                         std::to_string(o.steps));
+
+    train::Trainer t(m, comm, engine, pool, *dev, to);
+    const bool lead = rank == 0;
+    if (lead) {
+        log::info(comm.describe());
+        log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
+                  std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
+                  " ranks, " + std::to_string(dev->threads()) + " threads per rank; activations " +
+                  format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
+        log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
+                  d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
+                  fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
+        if (at) log::info("resuming at step " + std::to_string(at));
+        if (!o.json)
+            std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
+                         "tokens/s  model FLOP/s  forward backward optimizer seconds\n";
+    }
+
+    for (std::uint64_t s = t.step_count(); s < o.steps; ++s) {
+        const train::StepLog log = t.step(train_loader);
+        if (log.overflow) {
+            // fp32 with no loss scaling: a gradient that is not finite will be
+            // again on the same batch. Stop rather than repeat the step.
+            if (lead) emit(o, log, o.steps, std::nullopt);
+            throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
+                            fixed(log.loss, 4) + "): training diverged; " + committed + " stays at step " +
+                            std::to_string(t.step_count()) + " (lower --lr or raise --warmup)");
+        }
+        std::optional<double> val;
+        if (o.eval_every && (log.step % o.eval_every == 0 || log.step == o.steps))
+            val = t.evaluate(*val_loader, o.eval_batches);
+        if (o.checkpoint_every && log.step % o.checkpoint_every == 0 && log.step != o.steps) {
+            t.save();
+            if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
+        }
+        if (lead) try {
+                emit(o, log, o.steps, val);
+            } catch (...) {
+                t.save();  // the steps taken are not lost with the output
+                throw;
+            }
+        // Every rank stops at the same step: agree on the flag.
+        std::uint8_t stop = g_stop.load() ? 1 : 0;
+        if (ranks > 1) comm.allreduce(std::as_bytes(std::span(&stop, 1)), std::as_writable_bytes(std::span(&stop, 1)),
+                                      comm::DType::u8, comm::Reduce::max);
+        if (stop && log.step < o.steps) {
+            t.save();
+            if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +
+                                "; continue with --resume");
+            throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
+        }
+    }
+    t.save();
+    if (lead) log::info("done: " + committed + " is committed at step " + std::to_string(t.step_count()));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"zinf-train: trains the GPT a manifest describes (zinf-shard layout | zinf-shard init) on\n"
+                 "llm.c token files or any text, alone or under mpirun as data parallel."};
+    app.name("zinf-train");
+    Options o;
+    cli::Common common;
+    cli::add_common(app, common);
+    app.add_option("--manifest", o.manifest, "The manifest zinf-shard init wrote (the checkpoint)");
+    app.add_option("--data", o.data, "Training tokens: an llm.c token file (uint16, magic 20240520)");
+    app.add_option("--text", o.text, "Training text: any file, one token per byte (vocabulary 256)");
+    app.add_option("--val-data", o.val_data, "Validation tokens (llm.c file); default: the last --val-fraction");
+    app.add_option("--val-text", o.val_text, "Validation text (byte-level)");
+    app.add_option("--val-fraction", o.val_fraction, "Held out from the training tokens without a validation file")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 0.5));
+    app.add_option("--steps", o.steps, "Train until this step (a resumed run counts from its checkpoint)");
+    app.add_option("--batch,-B", o.batch, "Rows per rank and step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    app.add_option("--seq,-T", o.seq, "Tokens per row (at most the model's seq)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 24));
+    app.add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+    app.add_option("--min-lr-ratio", o.min_lr_ratio, "Cosine decay ends at lr times this")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--warmup", o.warmup, "Steps of linear warm-up")->capture_default_str();
+    app.add_option("--schedule", o.schedule, "After warm-up: cosine or constant")->capture_default_str();
+    app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
+    app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+    app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+    app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+    app.add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: no clipping)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--seed", o.seed, "Seed of --shuffle's window offsets")->capture_default_str();
+    app.add_flag("--shuffle", o.shuffle, "Draw each batch's window from the seed instead of reading in order");
+    app.add_flag("--no-checkpoint", o.no_checkpoint, "Keep every block's activations (no recomputation)");
+    app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: never)")->capture_default_str();
+    app.add_option("--eval-batches", o.eval_batches, "Batches per validation")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--checkpoint-every", o.checkpoint_every, "Commit a checkpoint every N steps (0: at the end only)")
+        ->capture_default_str();
+    app.add_flag("--resume", o.resume, "Continue the checkpoint the manifest holds");
+    app.add_option("--threads", o.threads, "Kernel threads per rank (0: the cores shared out over the node's ranks)")
+        ->capture_default_str();
+    app.add_option("--device-memory", o.device_memory,
+                   "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
+        ->capture_default_str();
+    app.add_flag("--json", o.json, "JSON Lines (zinf.train/1) instead of the human lines");
+    o.engine.add(app);
+    o.pool.add(app);
+    o.comm.add(app);
+    o.bench.add(app);
+    return cli::run(app, argc, argv, "zinf-train", common, [&] {
+        std::signal(SIGINT, on_signal);
+        std::signal(SIGTERM, on_signal);
+        std::signal(SIGHUP, on_signal);
+        std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
+        o.bench.check();
+        if (o.bench.enabled)
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.threads, trainer::device_memory(o.device_memory),
+                                      o.json, !o.no_checkpoint, g_stop);
+        if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
+        return run(o);
+    });
+}
