@@ -196,8 +196,9 @@ int run(Options& o) {
             // fp32 with no loss scaling: a gradient that is not finite will be
             // again on the same batch. Stop rather than repeat the step.
             if (lead) emit(o, log, o.steps, std::nullopt);
+            t.save();  // the update was skipped on every rank: the state before it is whole
             throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
-                            fixed(log.loss, 4) + "): training diverged; " + committed + " stays at step " +
+                            fixed(log.loss, 4) + "): training diverged; " + committed + " is committed at step " +
                             std::to_string(t.step_count()) + " (lower --lr or raise --warmup)");
         }
         std::optional<double> val;

@@ -37,7 +37,10 @@ struct Trainer::Impl {
     // its new working parameters (param dtype), per elements each.
     std::vector<std::vector<float>> own_grad;
     std::vector<AlignedBuffer> own_param;
-    std::vector<std::uint16_t> staging;  // a whole bf16 tensor, for the gather
+    std::vector<std::uint16_t> staging;  // the largest bf16 tensor, for the gather
+    // The collectives' buckets, made once: every tensor in one collective.
+    std::vector<zero::Scatter> grad_bucket;
+    std::vector<zero::Gather> param_bucket;
     std::vector<std::int32_t> inputs, targets;
     std::vector<float> losses;
 
@@ -97,6 +100,14 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         std::memcpy(own_param[t].data() + first * pbytes, v.data(), v.size());
     };
     optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    std::uint64_t largest = 0;
+    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+        const std::uint64_t n = m.tensors[t].numel;
+        largest = std::max(largest, n);
+        grad_bucket.push_back({std::as_bytes(engine.gradient(t)), std::as_writable_bytes(std::span(own_grad[t])), n});
+        param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(engine.values(t)), n});
+    }
+    if (dp > 1 && param_dtype == shard::DType::bf16) staging.resize(largest);
     inputs.resize(o.batch * o.seq);
     targets.resize(o.batch * o.seq);
     losses.resize(o.batch * o.seq);
@@ -183,13 +194,7 @@ StepLog Trainer::step(const data::Loader& train) {
     // The gradients averaged over the ranks, each rank getting its partitions.
     t.reset();
     const std::size_t T = I.m.tensors.size();
-    if (I.dp > 1) {
-        std::vector<zero::Scatter> bucket(T);
-        for (std::size_t i = 0; i < T; ++i)
-            bucket[i] = {std::as_bytes(I.engine.gradient(i)), std::as_writable_bytes(std::span(I.own_grad[i])),
-                         I.m.tensors[i].numel};
-        zero::reduce_scatter(I.comm, bucket, comm::DType::f32);
-    }
+    if (I.dp > 1) zero::reduce_scatter(I.comm, I.grad_bucket, comm::DType::f32);
     I.optim->set_lr(log.lr);
     for (std::size_t i = 0; i < T; ++i) {
         const auto own = shard::owned(I.m.tensors[i].numel, I.dp, I.rank);
@@ -207,18 +212,14 @@ StepLog Trainer::step(const data::Loader& train) {
             for (std::size_t i = 0; i < T; ++i)
                 I.install(i, I.own_param[i].bytes().first(I.m.tensors[i].numel * I.pbytes));
         } else if (I.param_dtype == shard::DType::fp32) {
-            std::vector<zero::Gather> bucket(T);
-            for (std::size_t i = 0; i < T; ++i)
-                bucket[i] = {I.own_param[i].bytes(), std::as_writable_bytes(I.engine.values(i)),
-                             I.m.tensors[i].numel};
-            zero::gather(I.comm, bucket, comm::DType::f32);
-        } else {
+            zero::gather(I.comm, I.param_bucket, comm::DType::f32);
+        } else {  // bf16 on the wire, one tensor at a time through the staging buffer
             for (std::size_t i = 0; i < T; ++i) {
-                I.staging.resize(I.m.tensors[i].numel);
-                zero::gather(I.comm, zero::Gather{I.own_param[i].bytes(), std::as_writable_bytes(std::span(I.staging)),
-                                                  I.m.tensors[i].numel},
+                const std::uint64_t n = I.m.tensors[i].numel;
+                const auto full = std::span(I.staging).first(n);
+                zero::gather(I.comm, zero::Gather{I.own_param[i].bytes(), std::as_writable_bytes(full), n},
                              comm::DType::bf16);
-                I.install(i, std::as_bytes(std::span(I.staging)));
+                I.install(i, std::as_bytes(full));
             }
         }
     }

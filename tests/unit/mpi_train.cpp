@@ -1,0 +1,418 @@
+// MPI tests of libzinf train, run under mpirun (-np 2 and 4): plain data
+// parallel is the same training as one rank on the same global batch.
+//
+// Every process is one rank of a dp=N state; each trains it with batch B on
+// its share of one token array (data::Loader, rank r of N, in order), so the
+// ranks read together exactly what one rank of batch N*B reads. Rank 0 also
+// trains a dp=1 state of the same model and seed (the values do not depend on
+// dp) with a one-rank communicator and batch N*B on the same tokens. Then:
+//   - every rank reports the same loss and gradient norm, to the bit, and
+//     holds the same resident parameters;
+//   - the losses of every step match the one rank's within 1e-5 relative
+//     (the gradient norms too at step 1, 2e-4 later), with gradient
+//     clipping active and without it;
+//   - the resident parameters after the last step, and the committed master
+//     weights, match the one rank's within 2e-3 of each tensor's largest
+//     magnitude (bf16 parameters: or one bf16 step); why not closer is said
+//     where they are compared.
+// fp32 and bf16 parameters, with every state in memory (cpu tiers) or
+// streamed from NVMe (nvme tiers, the default layout).
+//
+// Rank 0 lays out and initialises both states in a folder of its own under
+// /var/tmp (its name broadcast). Tokens and initial values come from rank 0's
+// seed (printed; ZINF_TEST_SEED replays it). Every rank runs every case in
+// the same order, so the collectives match; no BOOST_REQUIRE sits where one
+// rank could leave a case early.
+#define BOOST_TEST_MODULE mpi_train
+#include "optimizer_fixture.hpp"
+#include "testing.hpp"
+
+#include <zinf/comm.hpp>
+#include <zinf/data.hpp>
+#include <zinf/device.hpp>
+#include <zinf/model.hpp>
+#include <zinf/shard.hpp>
+#include <zinf/train.hpp>
+#include <zinf/util.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace zinf;
+using namespace zinf::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kGPT = "gpt:layers=2,hidden=32,heads=2,vocab=61,seq=16";
+constexpr std::uint64_t kB = 2, kT = 16, kSteps = 5;  // B rows of T tokens per rank
+
+// ---------------------------------------------------------------------------
+// One MPI communicator for the whole binary (MPI starts once per process),
+// with a timeout so that a bug fails a case instead of hanging the job.
+comm::Options world_options() {
+    comm::Options o;
+    o.backend = comm::Backend::mpi;
+    o.memory = comm::Memory::host;
+    const char* env = std::getenv("ZINF_COMM_TIMEOUT");
+    o.timeout = env && *env ? comm::default_timeout() : std::chrono::milliseconds(60s);
+    return o;
+}
+
+comm::Communicator& world() {
+    static comm::Communicator c(world_options());
+    return c;
+}
+
+unsigned dp() { return static_cast<unsigned>(world().size()); }
+unsigned me() { return static_cast<unsigned>(world().rank()); }
+std::string where() { return "rank " + std::to_string(me()) + " of " + std::to_string(dp()); }
+bool close(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
+
+std::uint64_t shared_seed(const char* what) {
+    std::uint64_t s = me() == 0 ? seed(what) : 0;
+    world().broadcast(std::as_writable_bytes(std::span(&s, 1)), comm::DType::i64, 0);
+    return s;
+}
+
+std::string broadcast_string(std::string s, int root) {
+    std::int64_t n = static_cast<std::int64_t>(s.size());
+    world().broadcast(std::as_writable_bytes(std::span(&n, 1)), comm::DType::i64, root);
+    s.resize(static_cast<std::size_t>(n));
+    world().broadcast(std::as_writable_bytes(std::span(s.data(), s.size())), comm::DType::u8, root);
+    return s;
+}
+
+// Whether `ok` holds on every rank (a collective: every rank must call it).
+bool all_ranks(bool ok) {
+    std::int32_t v = ok ? 1 : 0, all = 0;
+    world().allreduce(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(&all, 1)),
+                      comm::DType::i32, comm::Reduce::sum);
+    return all == world().size();
+}
+
+// Every rank's value of `v`, in rank order.
+std::vector<double> gather_all(double v) {
+    std::vector<double> all(dp());
+    world().allgather(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(all)), comm::DType::f64);
+    return all;
+}
+
+// A one-rank communicator inside the mpirun job, for the dp=1 reference.
+// comm refuses backend self when the launcher's environment says it started
+// more than one process, so the launchers' size variables are hidden while
+// it starts and put back at once (the self backend uses no library).
+class HiddenLaunch {
+public:
+    HiddenLaunch() {
+        for (const char* key : {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_SIZE"})
+            if (const char* v = std::getenv(key)) {
+                saved_.emplace_back(key, v);
+                ::unsetenv(key);
+            }
+    }
+    ~HiddenLaunch() {
+        for (const auto& [key, value] : saved_) ::setenv(key.c_str(), value.c_str(), 1);
+    }
+    HiddenLaunch(const HiddenLaunch&) = delete;
+    HiddenLaunch& operator=(const HiddenLaunch&) = delete;
+
+private:
+    std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+comm::Communicator one_rank() {
+    HiddenLaunch hidden;
+    return comm::Communicator(comm::Options{.backend = comm::Backend::self});
+}
+
+// ---------------------------------------------------------------------------
+struct SharedDir {
+    std::optional<TempDir> tmp;
+    std::string root;
+    SharedDir() {
+        if (me() == 0) {
+            try {
+                tmp.emplace("/var/tmp");
+                root = tmp->path.string();
+            } catch (const std::exception& e) {
+                BOOST_ERROR("temporary directory: " << e.what());
+            }
+        }
+        root = broadcast_string(root, 0);
+    }
+};
+
+struct Layout {
+    DType param_dtype;
+    Tier tier;  // of the parameters and the optimizer state
+};
+
+shard::LayoutOptions lay_out(unsigned ranks, const Layout& l, std::uint64_t s) {
+    shard::LayoutOptions lo;
+    lo.dp = ranks;
+    lo.param_dtype = l.param_dtype;
+    lo.param_tier = l.tier;
+    lo.optim_tier = l.tier;
+    lo.seed = s;
+    return lo;
+}
+
+// Lays out and initialises a state in `dir` and saves its manifest.
+shard::Manifest make_state(const std::string& dir, const shard::LayoutOptions& lo, Rig& rig) {
+    shard::Manifest m = shard::layout(shard::ModelSpec::parse(kGPT), lo);
+    shard::init(m, dir, rig.engine, rig.pool, {}).commit();
+    shard::save_manifest(m, m.dir + "/manifest.jsonl");
+    return m;
+}
+
+// The tokens every rank trains on: the same on every rank (from the shared
+// seed), with some structure to learn (runs that repeat) besides noise.
+std::vector<std::uint16_t> make_tokens(std::uint64_t s, std::uint64_t vocab, std::size_t n) {
+    std::mt19937_64 rng(mix(s));
+    std::vector<std::uint16_t> t(n);
+    for (std::size_t i = 0; i < n; ++i)
+        t[i] = static_cast<std::uint16_t>(rng() % 4 == 0 ? rng() % vocab : (i * 7 + i / 5) % vocab);
+    return t;
+}
+
+std::unique_ptr<device::Device> one_thread_device() {
+    return device::open({.backend = "cpu", .memory_bytes = 256 * MiB, .threads = 1});
+}
+
+train::Options train_options(std::uint64_t batch, double clip, const std::string& manifest_path) {
+    train::Options o;
+    o.batch = batch;
+    o.seq = kT;
+    o.schedule = {.lr = 3e-3, .min_ratio = 0.1, .warmup = 2, .total = kSteps, .cosine = true};
+    o.adamw = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    o.grad_clip = clip;
+    o.manifest_path = manifest_path;
+    o.kernel.threads = 1;
+    return o;
+}
+
+// What a run gives: each step's log, the resident parameters after the last
+// step (each tensor whole), and the manifest it committed at the end.
+struct Outcome {
+    std::vector<train::StepLog> logs;
+    std::vector<std::vector<float>> values;
+    shard::Manifest committed;
+};
+
+Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span<const std::uint16_t> tokens,
+                  unsigned rank, unsigned ranks, std::uint64_t batch, double clip) {
+    Outcome out;
+    auto dev = one_thread_device();
+    const std::string mpath = m.dir + "/manifest.jsonl";
+    data::Loader loader(tokens, "tokens", {.batch = batch, .seq = kT, .rank = rank, .ranks = ranks});
+    train::Trainer t(m, c, rig.engine, rig.pool, *dev, train_options(batch, clip, mpath));
+    for (std::uint64_t s = t.step_count(); s < kSteps; ++s) out.logs.push_back(t.step(loader));
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+        const auto v = t.engine().values(i);
+        out.values.emplace_back(v.begin(), v.end());
+    }
+    t.save();
+    out.committed = shard::read_manifest_file(mpath);
+    return out;
+}
+
+// Steps of bf16 between two values (magnitudes in bit order).
+int bf16_steps(float a, float b) {
+    const int p = to_bf16(a) & 0x7fff, q = to_bf16(b) & 0x7fff;
+    return ((to_bf16(a) ^ to_bf16(b)) & 0x8000) ? p + q : std::abs(p - q);
+}
+
+// Element by element at most `tol` apart (absolute); bf16 values may also
+// be one bf16 step apart (a master weight near a rounding tie goes either
+// way). Also the root mean square of the differences, at most `rms_tol`.
+void compare_tensor(std::span<const float> x, std::span<const float> y, bool bf16, double tol, double rms_tol,
+                    const std::string& what) {
+    BOOST_TEST(x.size() == y.size(), what);
+    if (x.size() != y.size() || x.empty()) return;
+    double worst = 0, sq = 0;
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        const double d = std::abs(double(x[i]) - double(y[i]));
+        worst = std::max(worst, d);
+        const bool step = bf16 && bf16_steps(x[i], y[i]) <= 1;
+        if (!step) sq += d * d;
+        if (d > tol && !step && !bad++) first = i;
+    }
+    const double rms = std::sqrt(sq / static_cast<double>(x.size()));
+    BOOST_TEST_MESSAGE(what << ": at most " << worst << " apart, rms " << rms);
+    BOOST_TEST(bad == 0u, what << ": " << bad << " of " << x.size() << " elements more than " << tol
+                               << " apart (the first at " << first << ": " << x[first] << " vs " << y[first]
+                               << "; the worst " << worst << ")");
+    BOOST_TEST(rms <= rms_tol, what << ": the differences' root mean square " << rms << " is over " << rms_tol);
+}
+
+// The case: dp=N with batch B against dp=1 with batch N*B.
+void dp_is_one_rank(const Layout& l, double clip, const char* title) {
+    SharedDir dir;
+    const std::uint64_t s = shared_seed(title);
+    const auto spec = shard::ModelSpec::parse(kGPT);
+    // Enough for every step in order without wrapping, plus the last target.
+    const auto tokens = make_tokens(s, spec.vocab, (kSteps + 3) * dp() * kB * kT + 1);
+    Rig rig;  // optimizer_fixture's small pool: nvme states stream in several chunks
+
+    // Rank 0 lays out both states; every rank reads the dp=N one.
+    bool ok = !dir.root.empty();
+    if (me() == 0 && ok) try {
+            make_state(dir.root + "/dp", lay_out(dp(), l, s), rig);
+            make_state(dir.root + "/one", lay_out(1, l, s), rig);
+        } catch (const std::exception& e) {
+            BOOST_ERROR("rank 0: zinf-shard init in " << dir.root << ": " << e.what());
+            ok = false;
+        }
+    if (!all_ranks(ok)) {
+        world().barrier();
+        return;
+    }
+
+    // Every rank: the data-parallel run.
+    Outcome par;
+    ok = true;
+    try {
+        shard::Manifest m = shard::read_manifest_file(dir.root + "/dp/manifest.jsonl");
+        par = train_run(m, world(), rig, tokens, me(), dp(), kB, clip);
+    } catch (const std::exception& e) {
+        BOOST_ERROR(where() << ": the dp " << dp() << " run: " << e.what());
+        ok = false;
+    }
+    if (!all_ranks(ok)) {
+        world().barrier();
+        return;
+    }
+    BOOST_TEST(par.logs.size() == kSteps, where());
+    for (std::size_t k = 0; k < par.logs.size(); ++k) {
+        const train::StepLog& g = par.logs[k];
+        BOOST_TEST(g.step == k + 1, where());
+        BOOST_TEST(!g.overflow, where());
+        BOOST_TEST(g.tokens == dp() * kB * kT, where());
+        BOOST_TEST(std::isfinite(g.loss), where());
+        // One loss and one norm on every rank, to the bit.
+        const auto losses = gather_all(g.loss), norms = gather_all(g.grad_norm);
+        for (unsigned q = 0; q < dp(); ++q) {
+            BOOST_TEST(std::bit_cast<std::uint64_t>(losses[q]) == std::bit_cast<std::uint64_t>(g.loss),
+                       where() << " step " << k + 1 << ": rank " << q << "'s loss " << losses[q] << " vs " << g.loss);
+            BOOST_TEST(std::bit_cast<std::uint64_t>(norms[q]) == std::bit_cast<std::uint64_t>(g.grad_norm),
+                       where() << " step " << k + 1 << ": rank " << q << "'s norm " << norms[q] << " vs "
+                               << g.grad_norm);
+        }
+    }
+    // Every rank holds the same resident parameters, to the bit: compare
+    // each rank's checksum of them with rank 0's.
+    {
+        std::uint64_t h = 0xcbf29ce484222325ull;
+        for (const auto& v : par.values)
+            for (float x : v) h = mix(h ^ std::bit_cast<std::uint32_t>(x));
+        std::vector<std::uint64_t> hs(dp());
+        world().allgather(std::as_bytes(std::span(&h, 1)), std::as_writable_bytes(std::span(hs)), comm::DType::i64);
+        for (unsigned q = 0; q < dp(); ++q)
+            BOOST_TEST(hs[q] == hs[0], where() << ": rank " << q << "'s parameters differ from rank 0's");
+    }
+
+    // Rank 0: one rank with the whole global batch, then the comparisons.
+    if (me() == 0) try {
+            auto self = one_rank();
+            shard::Manifest one = shard::read_manifest_file(dir.root + "/one/manifest.jsonl");
+            const shard::Manifest one_initial = one;  // the run's commits update `one`
+            const Outcome ref = train_run(one, self, rig, tokens, 0, 1, dp() * kB, clip);
+            BOOST_TEST(ref.logs.size() == par.logs.size());
+            const std::string vs = "dp " + std::to_string(dp()) + " vs dp 1";
+            for (std::size_t k = 0; k < std::min(ref.logs.size(), par.logs.size()); ++k) {
+                const train::StepLog &a = par.logs[k], &b = ref.logs[k];
+                BOOST_TEST_MESSAGE(vs << " step " << k + 1 << ": loss " << a.loss << " vs " << b.loss << ", norm "
+                                      << a.grad_norm << " vs " << b.grad_norm << " (relative differences "
+                                      << std::abs(a.loss - b.loss) / b.loss << ", "
+                                      << std::abs(a.grad_norm - b.grad_norm) / b.grad_norm << ")");
+                BOOST_TEST(close(a.loss, b.loss, 1e-5), vs << " step " << k + 1 << ": loss " << a.loss << " vs " << b.loss);
+                // The norm of step 1 comes from the same weights (its runs
+                // agree to ~1e-7); later ones from weights as far apart as
+                // the comparison below allows, which the norm, a sum over
+                // every element, shows more than the loss (seen: 4e-5).
+                const double norm_rel = k == 0 ? 1e-5 : 2e-4;
+                BOOST_TEST(close(a.grad_norm, b.grad_norm, norm_rel),
+                           vs << " step " << k + 1 << ": norm " << a.grad_norm << " vs " << b.grad_norm);
+                BOOST_TEST(a.lr == b.lr, vs << " step " << k + 1);
+                BOOST_TEST(a.tokens == b.tokens, vs << " step " << k + 1);
+            }
+            // Clipping did something: the first norm is above the limit.
+            if (clip > 0 && !ref.logs.empty())
+                BOOST_TEST(ref.logs[0].grad_norm > clip, "the clip is active: norm " << ref.logs[0].grad_norm);
+            // The runs trained: wte moved from its initial values.
+            const auto wte0 = as_f32(cat_bytes(one_initial, 0, l.param_dtype == DType::bf16 ? "master" : "param", rig));
+            std::size_t moved = 0;
+            for (std::size_t i = 0; i < wte0.size() && i < par.values[0].size(); ++i)
+                moved += std::abs(par.values[0][i] - wte0[i]) > 1e-4f;
+            BOOST_TEST(moved > wte0.size() / 2, moved << " of " << wte0.size() << " elements of wte moved");
+
+            // The parameters: fp32 ones are the master weights; bf16 ones
+            // have their own, compared too. In units of lr, not relative as
+            // the losses: AdamW divides each element's gradient by its own
+            // running magnitude, so where a gradient element is near zero
+            // the rounding of a different summation order (N partial means
+            // averaged vs one mean) moves that element's update by a
+            // fraction of lr. Two correct runs put single elements up to
+            // 0.1 lr apart (of 5 steps of up to about lr each), the root mean
+            // square of the differences under 0.002 lr; a wrong
+            // partition, gradient or gather moves elements by whole steps,
+            // or by their initial values (about 7 lr).
+            const bool bf16 = l.param_dtype == DType::bf16;
+            const std::string master = bf16 ? "master" : "param";
+            const double lr = train_options(kB, clip, "").adamw.lr;
+            for (std::size_t t = 0; t < one.tensors.size(); ++t) {
+                const std::string& name = one.tensors[t].name;
+                compare_tensor(par.values[t], ref.values[t], bf16, 0.5 * lr, 0.01 * lr,
+                               vs + ": resident " + name + " after step " + std::to_string(kSteps));
+                compare_tensor(as_f32(cat_bytes(par.committed, t, master, rig)),
+                               as_f32(cat_bytes(ref.committed, t, master, rig)), false, 0.5 * lr, 0.01 * lr,
+                               vs + ": committed " + master + " of " + name);
+            }
+            for (const shard::Manifest* c : {&std::as_const(par).committed, &ref.committed}) {
+                std::size_t off = 0;
+                for (const auto& p : c->parts) off += p.step != kSteps;
+                BOOST_TEST(off == 0u, vs << ": " << off << " records not at step " << kSteps);
+                shard::verify(*c, rig.engine, rig.pool, {});
+            }
+        } catch (const std::exception& e) {
+            BOOST_ERROR("rank 0, the dp 1 run: " << e.what());
+        }
+    world().barrier();  // before rank 0 removes the folder
+}
+
+}  // namespace
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(data_parallel)
+
+BOOST_AUTO_TEST_CASE(fp32_cpu_tiers_clipped) {
+    dp_is_one_rank({DType::fp32, Tier::cpu}, 0.5, "dp vs one rank, fp32, cpu tiers, clip 0.5");
+}
+
+BOOST_AUTO_TEST_CASE(fp32_cpu_tiers_unclipped) {
+    dp_is_one_rank({DType::fp32, Tier::cpu}, 0, "dp vs one rank, fp32, cpu tiers, no clip");
+}
+
+BOOST_AUTO_TEST_CASE(bf16_nvme_tiers_clipped) {
+    dp_is_one_rank({DType::bf16, Tier::nvme}, 0.5, "dp vs one rank, bf16, nvme tiers, clip 0.5");
+}
+
+BOOST_AUTO_TEST_CASE(bf16_cpu_tiers_unclipped) {
+    dp_is_one_rank({DType::bf16, Tier::cpu}, 0, "dp vs one rank, bf16, cpu tiers, no clip");
+}
+
+BOOST_AUTO_TEST_CASE(fp32_nvme_tiers_clipped) {
+    dp_is_one_rank({DType::fp32, Tier::nvme}, 0.5, "dp vs one rank, fp32, nvme tiers, clip 0.5");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
