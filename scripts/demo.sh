@@ -17,6 +17,10 @@
 #      zinf's communicator beside the bare MPI calls, every result checked
 #  11. zinf-optbench: the CPU AdamW update against the memory bandwidth, then
 #      the optimizer step with its state in memory and streamed from disk
+#  12. zinf-train: a small GPT (byte-level, vocab 256) laid out over 2 ranks
+#      and initialised on disk, then trained under mpirun -np 2 on a corpus
+#      made of the repository's own sources and man pages: the loss falls
+#      below the text's unigram entropy, the validation loss with it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parent=${ZINF_DEMO_DIR:-${TMPDIR:-/var/tmp}}
@@ -29,48 +33,58 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 launch=()
 command -v mpirun >/dev/null && launch=(mpirun -np 2)
 
-say "1/11 zinf-nvmebench: sweep in $dir"
+say "1/12 zinf-nvmebench: sweep in $dir"
 bin/zinf-nvmebench --dir "$dir" --size 256MiB -b 128KiB,1MiB,4MiB -d 4,32 -Q 1,2
 
-say "2/11 zinf-nvmebench --best: the engine configuration, in the keys the engine reads"
+say "2/12 zinf-nvmebench --best: the engine configuration, in the keys the engine reads"
 bin/zinf-nvmebench --dir "$dir" --size 256MiB -b 1MiB,4MiB -d 16,32 -Q 1,2 --best -q >"$dir/engine.json"
 cat "$dir/engine.json"
 
-say "3/11 a 512MiB state file, written and read back with an xxh3 check of every 4KiB"
+say "3/12 a 512MiB state file, written and read back with an xxh3 check of every 4KiB"
 bin/zinf-nvmebench --file "$dir/state.bin" --size 512MiB -b 1MiB -d 32 -Q 2 --verify --keep --json -q |
   jq -c '{op, engine, block_size, gibps: (.gibps * 1000 | round / 1000), verify}'
 
-say "4/11 zinf-iobench: one Engine::read of the whole file with engine.json"
+say "4/12 zinf-iobench: one Engine::read of the whole file with engine.json"
 bin/zinf-iobench --file "$dir/state.bin" --config "$dir/engine.json" --rounds 3 -q
 
-say "5/11 zinf-pinstress: 4 threads lease, fill, hash and check a 128MiB pinned pool for 3s"
+say "5/12 zinf-pinstress: 4 threads lease, fill, hash and check a 128MiB pinned pool for 3s"
 bin/zinf-pinstress --pinned 128MiB --pinned-buffer 8MiB -t 4 -s 3s --max-lease 3 -q
 
-say "6/11 zinf-streambench: the 512MiB state file through a 64MiB pinned pool"
+say "6/12 zinf-streambench: the 512MiB state file through a 64MiB pinned pool"
 bin/zinf-streambench --file "$dir/state.bin" --config "$dir/engine.json" --pinned 64MiB --pinned-buffer 8MiB -q
 
-say "7/11 zinf-shard: layout gpt2-124m --dp 2 | ${launch[*]:+${launch[*]} }init --dir $dir/run | verify > run.manifest"
+say "7/12 zinf-shard: layout gpt2-124m --dp 2 | ${launch[*]:+${launch[*]} }init --dir $dir/run | verify > run.manifest"
 bin/zinf-shard layout --model gpt2-124m --dp 2 |
   "${launch[@]}" bin/zinf-shard init --dir "$dir/run" --config "$dir/engine.json" |
   bin/zinf-shard verify --config "$dir/engine.json" >"$dir/run.manifest"
 head -c 400 "$dir/run.manifest"; echo " ..."
 
-say "8/11 zinf-shard inspect: the first tensors and the totals"
+say "8/12 zinf-shard inspect: the first tensors and the totals"
 bin/zinf-shard inspect -m "$dir/run.manifest" | sed -n '1,9p;/^# tier/,$p'
 
-say "9/11 zinf-shard reshard --dp 3, then cat wte.weight (master, fp32) from both layouts"
+say "9/12 zinf-shard reshard --dp 3, then cat wte.weight (master, fp32) from both layouts"
 bin/zinf-shard reshard --dp 3 --dir "$dir/run3" -m "$dir/run.manifest" >"$dir/run3.manifest"
 for m in run run3; do
   printf '%-5s wte.weight master sha256 %s\n' "$m" \
     "$(bin/zinf-shard cat -m "$dir/$m.manifest" --tensor wte.weight --state master | sha256sum | cut -c1-16)"
 done
 
-say "10/11 zinf-commbench: allgather and reduce-scatter over ${launch[*]:-one process}, beside the bare MPI calls"
+say "10/12 zinf-commbench: allgather and reduce-scatter over ${launch[*]:-one process}, beside the bare MPI calls"
 for op in allgather reduce-scatter; do
   "${launch[@]}" bin/zinf-commbench --op "$op" -b 64KiB -e 16MiB -f 4 -n 10 --raw --check | grep -v '^# \(zinf\|[0-9]\)'
 done
 
-say "11/11 zinf-optbench: CPU AdamW alone, then the optimizer step with its state in memory and on NVMe"
+say "11/12 zinf-optbench: CPU AdamW alone, then the optimizer step with its state in memory and on NVMe"
 bin/zinf-optbench --params 20M --steps 3 --dir "$dir" -q
+
+say "12/12 zinf-train: a 4-layer byte-level GPT over ${launch[*]:-one process}, on the repository's own sources"
+ranks=$(( ${#launch[@]} ? 2 : 1 ))
+cat man/*.[157] README.md libzinf/include/zinf/*.hpp libzinf/src/*/*.cpp >"$dir/corpus.txt"
+bin/zinf-shard layout --model gpt:layers=4,hidden=128,heads=4,vocab=256,seq=128 --dp "$ranks" --param-dtype fp32 \
+    --param cpu --optim cpu |
+  "${launch[@]}" bin/zinf-shard init --dir "$dir/gpt" -q >"$dir/gpt.manifest"
+"${launch[@]}" bin/zinf-train --manifest "$dir/gpt.manifest" --text "$dir/corpus.txt" --steps 150 \
+  --batch $(( 8 / ranks )) --seq 128 --lr 2e-3 --warmup 10 --shuffle --eval-every 25 --eval-batches 4 |
+  awk '/^#/ || /val/ || NR % 25 == 2'
 
 say "done: every program and its options are in man/ (man -l man/zinf-nvmebench.1)"
