@@ -86,9 +86,11 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, uns
     std::mt19937 rng(1234);
     std::vector<std::int32_t> tokens(batch * seq);
     for (auto& v : tokens) v = static_cast<std::int32_t>(rng() % spec.vocab);
+    std::vector<std::int32_t> targets(tokens.begin() + 1, tokens.end());
+    targets.push_back(tokens.front());
     dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(tokens)));
-    std::rotate(tokens.begin(), tokens.begin() + 1, tokens.end());
-    dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(tokens)));
+    dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(targets)));
+    dev->synchronize(s);
     auto m1 = dev->alloc<float>(eng.all_values().size(), "exp_avg");
     auto m2 = dev->alloc<float>(eng.all_values().size(), "exp_avg_sq");
     const optim::AdamW h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};

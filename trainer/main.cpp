@@ -208,16 +208,25 @@ int run(Options& o) {
             t.save();
             if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
         }
+        // A failed write of the step line (a closed pipe, a full disk) stops
+        // the run like an interrupt: every rank saves together, then rank 0
+        // reports the write's error.
+        std::exception_ptr output_failed;
         if (lead) try {
                 emit(o, log, o.steps, val);
-            } catch (...) {
-                t.save();  // the steps taken are not lost with the output
-                throw;
+            } catch (const Error&) {
+                output_failed = std::current_exception();
             }
         // Every rank stops at the same step: agree on the flag.
-        std::uint8_t stop = g_stop.load() ? 1 : 0;
+        std::uint8_t stop = output_failed ? 2 : g_stop.load() ? 1 : 0;
         if (ranks > 1) comm.allreduce(std::as_bytes(std::span(&stop, 1)), std::as_writable_bytes(std::span(&stop, 1)),
                                       comm::DType::u8, comm::Reduce::max);
+        if (stop == 2) {
+            t.save();  // the steps taken are not lost with the output
+            if (output_failed) std::rethrow_exception(output_failed);
+            throw IoError("rank 0 could not write its output: stopped at step " + std::to_string(t.step_count()) +
+                          ", committed");
+        }
         if (stop && log.step < o.steps) {
             t.save();
             if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +

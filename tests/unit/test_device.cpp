@@ -409,6 +409,31 @@ BOOST_AUTO_TEST_CASE(gemm_transposes_padding_batch_alpha_beta) {
 }
 
 // ---------------------------------------------------------------------------
+// A GEMM large enough to be split over the device's threads, into pieces of
+// whole units (16 columns or 4 rows) that do not divide C evenly: every row
+// and column must still be computed (the last one was once left out).
+BOOST_AUTO_TEST_CASE(gemm_split_over_threads_covers_all_of_c) {
+    std::mt19937_64 rng(fresh_seed("gemm split"));
+    for (unsigned threads : {2u, 3u, 4u}) {
+        Rig r(threads);
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (auto [m, n] : {std::pair<u64, u64>{17, 16}, {8, 33}, {37, 5}, {3, 101}}) {
+                    const u64 k = (u64{1} << 18) / (m * n) + 1;  // past the size that is split
+                    const Gemm g{.ta = ta, .tb = tb, .m = m, .n = n, .k = k};
+                    const Vf a = randn(m * k, rng), b = randn(k * n, rng);
+                    const Vf c(m * n, std::numeric_limits<float>::quiet_NaN());
+                    auto da = r.up(a), db = r.up(b), dc = r.up(c);
+                    r->gemm(r.s(), g, da, db, dc);
+                    const Vf got = r.down(dc);
+                    BOOST_TEST_CONTEXT("threads " << threads << " ta " << ta << " tb " << tb << " m " << m << " n "
+                                                  << n << " k " << k) {
+                        BOOST_TEST(max_err(got, gemm_ref(g, a, b, c)) < 1e-5);
+                    }
+                }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(bias_embedding_residual_match_reference) {
     std::mt19937_64 rng(fresh_seed("bias, embedding, residual"));
     Rig r;

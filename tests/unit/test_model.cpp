@@ -279,7 +279,6 @@ BOOST_AUTO_TEST_CASE(hooks_bracket_every_module) {
         // checkpointed block's backward.
         std::vector<std::string> open;
         std::map<std::string, int> forwards, backwards;
-        std::string in_backward_of;
         for (const auto& h : n.eng.trace) {
             if (h.kind == H::before_forward || h.kind == H::before_backward) {
                 open.push_back(h.module);
@@ -300,6 +299,25 @@ BOOST_AUTO_TEST_CASE(hooks_bracket_every_module) {
             BOOST_TEST(forwards[m] == (checkpoint && in_block ? 2 : 1), m << " forwards " << forwards[m]);
         }
         BOOST_TEST(forwards["h.0.mlp.c_fc.tile1"] == (checkpoint ? 2 : 1));
+        // With checkpointing a block's forward runs again inside its own
+        // backward scope, before its children's backward; without, never.
+        for (const std::string block : {"h.0", "h.1"}) {
+            auto at = [&](H::Kind k, const std::string& m) {
+                for (std::size_t i = 0; i < n.eng.trace.size(); ++i)
+                    if (n.eng.trace[i].kind == k && n.eng.trace[i].module == m) return i;
+                BOOST_FAIL("no hook " << int(k) << " for " << m);
+                return std::size_t{0};
+            };
+            const std::size_t b0 = at(H::before_backward, block), b1 = at(H::after_backward, block);
+            const std::size_t mlp_back = at(H::before_backward, block + ".mlp");
+            int inside = 0;
+            for (std::size_t i = b0; i < b1; ++i)
+                if (n.eng.trace[i].kind == H::before_forward && n.eng.trace[i].module == block) {
+                    ++inside;
+                    BOOST_TEST(i < mlp_back, block << ": recomputed after its children's backward began");
+                }
+            BOOST_TEST(inside == (checkpoint ? 1 : 0), block << ": forwards inside its backward " << inside);
+        }
         BOOST_TEST(backwards["lm_head"] == 1);
         // The first hook is the GPT's, the last its backward's end.
         BOOST_TEST(n.eng.trace.front().module == "gpt");

@@ -14,12 +14,15 @@
 // order; an event is a completion count; device memory is host memory from
 // the arena. `cuda` comes in its own issue behind the same interface, so the
 // interface holds only what both can do: spans given to kernels are device
-// memory and are never read on the host until a copy and a synchronize.
+// memory, to be read on the host only after a copy and a synchronize. (The
+// trainer of this stage still reads and writes the resident parameters and
+// gradients from the host, which only the cpu backend allows; see train.hpp.)
 //
 // Numbers: fp32 everywhere inside the kernels; bf16 only at the casts.
 // Every kernel is deterministic: the same inputs give the same bits for any
 // thread count (reductions over rows are split by columns, never by rows),
-// except where OpenBLAS itself decides how to cut a GEMM.
+// except GEMM, which the device cuts into column or row blocks by its thread
+// count: its bits are the same for the same thread count.
 //
 // Shapes are written (rows, cols), row-major, in comments beside each span.
 // N is a number of rows (tokens: B*T); C the channels. A kernel that
@@ -118,8 +121,8 @@ public:
     virtual void synchronize(Stream& s) = 0;
     virtual void synchronize(const Event& e) = 0;
     // A kernel's error (a bad shape, a token past the vocabulary) is thrown by
-    // the next synchronize of its stream, and the stream drops the rest of its
-    // queue until then.
+    // the next synchronize of its stream (or of an event after it), and the
+    // stream drops the rest of its queue until that synchronize reports it.
 
     // Asynchronous copies: host <-> device <-> device. `dst` and `src` must
     // stay alive and untouched until the stream passes this point.

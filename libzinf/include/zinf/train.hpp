@@ -12,6 +12,11 @@
 // A step's batch is the loader's batch number step_count() (0-based), so a
 // run resumed from a committed step reads exactly the batches the
 // uninterrupted run would have read.
+//
+// This stage runs on the cpu device only: the trainer loads and updates the
+// resident parameters and hands the gradients to the optimizer and the
+// collectives straight from device memory, which is host memory there. The
+// cuda backend will stage these through copies.
 #pragma once
 
 #include <zinf/comm.hpp>

@@ -131,7 +131,8 @@ void blas_split(const Gemm& g, const float* a, const float* b, float* c) {
     const bool by_cols = g.n >= g.m;
     const u64 extent = by_cols ? g.n : g.m, unit = by_cols ? 16 : 4;
     const u64 pieces = std::min<u64>(static_cast<u64>(team), (extent + unit - 1) / unit);
-    const u64 per = (extent / pieces + unit - 1) / unit * unit;
+    // Every piece a whole number of units, the pieces together covering all of C.
+    const u64 per = ((extent + pieces - 1) / pieces + unit - 1) / unit * unit;
 #pragma omp parallel for schedule(static) num_threads(static_cast<int>(pieces))
     for (u64 p = 0; p < pieces; ++p) {
         const u64 lo = std::min(extent, p * per), hi = std::min(extent, lo + per);

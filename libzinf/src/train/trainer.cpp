@@ -44,6 +44,16 @@ struct Trainer::Impl {
     std::vector<std::int32_t> inputs, targets;
     std::vector<float> losses;
 
+    // Queued work reads the activations and the host vectors below: it must be
+    // done before they go (an error thrown between two enqueues leaves some).
+    ~Impl() {
+        try {
+            dev.synchronize(dev.compute());
+        } catch (const std::exception& e) {
+            log::warn(std::string("the device's last work failed as the trainer closed: ") + e.what());
+        }
+    }
+
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
     double mean_loss();
