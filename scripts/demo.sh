@@ -82,8 +82,8 @@ ranks=$(( ${#launch[@]} ? 2 : 1 ))
 cat man/*.[157] README.md libzinf/include/zinf/*.hpp libzinf/src/*/*.cpp >"$dir/corpus.txt"
 bin/zinf-shard layout --model gpt:layers=4,hidden=128,heads=4,vocab=256,seq=128 --dp "$ranks" --param-dtype fp32 \
     --param cpu --optim cpu |
-  "${launch[@]}" bin/zinf-shard init --dir "$dir/gpt" -q >"$dir/gpt.manifest"
-"${launch[@]}" bin/zinf-train --manifest "$dir/gpt.manifest" --text "$dir/corpus.txt" --steps 150 \
+  "${launch[@]}" bin/zinf-shard init --dir "$dir/gpt" -q >/dev/null
+"${launch[@]}" bin/zinf-train --manifest "$dir/gpt/manifest.jsonl" --text "$dir/corpus.txt" --steps 150 \
   --batch $(( 8 / ranks )) --seq 128 --lr 2e-3 --warmup 10 --shuffle --eval-every 25 --eval-batches 4 |
   awk '/^#/ || /val/ || NR % 25 == 2'
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <unistd.h>
 
 using namespace zinf;
 
@@ -72,6 +73,14 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["optimizer_s"] = s.optimizer_seconds;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
+        // The JSON goes to a file or a pipe; a person at the terminal sees the
+        // step count on stderr, redrawn in place.
+        if (::isatty(2) && log::level() >= LogLevel::info) {
+            std::lock_guard lock(log::stderr_mutex());
+            std::fprintf(stderr, "\rzinf-train: step %llu/%llu  loss %.4f%s", static_cast<unsigned long long>(s.step),
+                         static_cast<unsigned long long>(total), s.loss, s.step == total ? "\n" : "");
+            std::fflush(stderr);
+        }
     } else {
         std::string line = "step " + std::to_string(s.step) + "/" + std::to_string(total) + "  loss " +
                            fixed(s.loss, 4) + "  lr " + sci(s.lr) + "  norm " + fixed(s.grad_norm, 4) + "  " +
@@ -124,13 +133,14 @@ int run(Options& o) {
     // goes there (zinf-manifest(5)), and a copy elsewhere (what init printed)
     // goes stale with the first step. Read and commit that one.
     const std::string committed = m.dir + "/manifest.jsonl";
+    std::string copy_of;
     std::error_code ec;
     if (!std::filesystem::equivalent(o.manifest, committed, ec)) {
         if (!std::filesystem::exists(committed))
             throw DataError("manifest " + o.manifest + ": its data directory " + m.dir +
                             " holds no manifest.jsonl (was it made by zinf-shard init?)");
         m = shard::read_manifest_file(committed);
-        log::info("the checkpoint is " + committed + " (" + o.manifest + " is a copy): reading and committing it");
+        copy_of = o.manifest;
     }
 
     comm::Communicator comm(o.comm.resolve());
@@ -176,6 +186,8 @@ int run(Options& o) {
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;
     if (lead) {
+        if (!copy_of.empty())
+            log::info("the checkpoint is " + committed + " (" + copy_of + " is a copy): reading and committing it");
         log::info(comm.describe());
         log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
                   std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
