@@ -217,8 +217,10 @@ $(BUILD)/libzinf/src/util/bf16.o $(BUILD)/libzinf/src/comm/host_math.o: CXXFLAGS
 # path rounds as the portable one does (optim.hpp).
 $(BUILD)/libzinf/src/optim/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno
 # The device kernels: the same, so that a kernel's bits do not depend on the
-# instruction set either (device.hpp: deterministic for any thread count).
-$(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno
+# instruction set either (device.hpp: deterministic for any thread count);
+# -fno-trapping-math lets GCC turn float compares into selects, which GELU's
+# clamp needs to vectorise (no value changes: only FP exception flags).
+$(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math
 # The optimizer step hashes what it writes on OpenMP threads.
 $(BUILD)/libzinf/src/zero/optimizer.o $(BUILD)/bench/optbench.o: CXXFLAGS += -fopenmp
 
