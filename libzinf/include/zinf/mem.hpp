@@ -43,6 +43,7 @@ namespace zinf::mem {
 struct GpuInfo {
     int count = 0;        // CUDA devices visible to this process
     std::string name;     // the first device's name, when count > 0
+    std::uint64_t bytes = 0;  // the first device's global memory, when count > 0
     std::string why_not;  // why count is 0 ("built without CUDA", "no CUDA driver", ...)
 };
 GpuInfo gpu_info();

@@ -211,7 +211,10 @@ void Block::reset() noexcept {
 GpuInfo gpu_info() {
     GpuInfo g;
     g.count = gpu::device_count(&g.why_not);
-    if (g.count > 0) g.name = gpu::device_name(0);
+    if (g.count > 0) {
+        g.name = gpu::device_name(0);
+        g.bytes = gpu::device_memory(0);
+    }
     return g;
 }
 

@@ -12,6 +12,7 @@ namespace zinf::mem::gpu {
 // Visible CUDA devices; 0 with `why` set when there are none or no runtime.
 int device_count(std::string* why);
 std::string device_name(int device);
+std::size_t device_memory(int device);  // bytes of global memory
 
 void* host_alloc(std::size_t bytes);   // cudaHostAlloc (portable, page-locked)
 void host_free(void* p) noexcept;

@@ -44,6 +44,12 @@ std::string device_name(int device) {
     return prop.name;
 }
 
+std::size_t device_memory(int device) {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    return prop.totalGlobalMem;
+}
+
 void* host_alloc(std::size_t bytes) {
     void* p = nullptr;
     check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc of " + format_size(bytes));

@@ -16,6 +16,7 @@ int device_count(std::string* why) {
 }
 
 std::string device_name(int) { no_cuda("device_name"); }
+std::size_t device_memory(int) { no_cuda("device_memory"); }
 void* host_alloc(std::size_t) { no_cuda("cudaHostAlloc"); }
 void host_free(void*) noexcept {}
 void* device_alloc(std::size_t) { no_cuda("cudaMalloc"); }

@@ -1,0 +1,142 @@
+// zinf plan: the paper's memory and bandwidth model (ZeRO-Infinity §3-4), fed
+// by measured bandwidths. Every formula is defined once here and in
+// plan.cpp, and written out in man/zinf-plan.1.
+//
+//   zinf::plan::Workload w{.spec = ModelSpec::parse("paper-1t"), .dp = 512, .batch = 1};
+//   zinf::plan::Hardware h;                  // peak 70 TFLOP/s, bandwidths from bench JSON
+//   zinf::plan::read_bench(json_line, h);    // zinf-nvmebench / pinstress / commbench / optbench
+//   auto report = zinf::plan::plan(w, h, 0.9);
+//
+// Units: bytes, FLOP/s and bytes/s throughout; bandwidths are printed in GB/s
+// (10^9 bytes/s) as the paper gives them.
+#pragma once
+
+#include <zinf/shard.hpp>
+#include <zinf/util.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zinf::plan {
+
+using shard::DType;
+using shard::Tier;
+
+struct Workload {
+    shard::ModelSpec spec;
+    unsigned dp = 1;                 // data-parallel ranks (one device each)
+    unsigned nodes = 1;              // dp ranks spread evenly over this many nodes
+    unsigned tile = 1;               // memory-centric tiling factor of the linear weights
+    std::uint64_t batch = 1;         // per device (bsz)
+    std::uint64_t seq = 0;           // 0: the model's
+    unsigned ci = 1;                 // transformer blocks between activation checkpoints
+    DType param_dtype = DType::bf16, grad_dtype = DType::bf16;
+    void validate() const;           // UsageError
+    std::uint64_t sequence() const { return seq ? seq : spec.seq; }
+    unsigned ranks_per_node() const { return (dp + nodes - 1) / nodes; }
+};
+
+// Capacities per device (gpu) or per node (cpu, nvme), and bandwidths, each
+// with where it came from ("flag", "bench FILE", "machine", "default").
+struct Hardware {
+    double peak_flops = 70e12;           // achievable per device (the paper's V100 figure)
+    std::uint64_t gpu_bytes = 0;         // per device
+    std::uint64_t gpu_max_block = 0;     // largest contiguous allocation; 0: gpu_bytes
+    std::uint64_t cpu_bytes = 0;         // per node
+    std::uint64_t nvme_bytes = 0;        // per node
+    double gpu_gpu_bps = 0;              // per device, allgather bus bandwidth
+    double cpu_gpu_bps = 0;              // per device, pinned host <-> device
+    double nvme_read_bps = 0, nvme_write_bps = 0;  // per node
+    double cpu_update_bps = 0;           // per node: the CPU optimizer's memory traffic (zinf-optbench)
+    std::string source_peak = "default", source_gpu_gpu, source_cpu_gpu, source_nvme, source_cpu_update;
+};
+
+// A bench program's JSON record (one line of zinf-nvmebench, -pinstress,
+// -commbench or -optbench --json) folded into `h`: the best figure of each
+// kind wins. Returns false for a record of another schema (ignored);
+// DataError naming `source` for a record that is not what its schema says.
+bool read_bench(const json::Json& record, const std::string& source, Hardware& h);
+
+// ---------------------------------------------------------------------------
+// §3, memory.
+std::uint64_t paper_parameters(const shard::ModelSpec& s);  // 12 nl hd^2
+
+struct StateBytes {
+    std::uint64_t params = 0;        // exact count from the layout
+    std::uint64_t param = 0;         // working parameters, param dtype
+    std::uint64_t grad = 0;          // gradients, grad dtype
+    std::uint64_t master = 0;        // fp32 master weights (when the params are not fp32)
+    std::uint64_t moments = 0;       // fp32 exp_avg and exp_avg_sq
+    std::uint64_t total() const { return param + grad + master + moments; }
+    std::uint64_t optimizer() const { return grad + master + moments; }  // what the optim tier holds
+};
+StateBytes state_bytes(const Workload& w);
+// The paper's mixed-precision Adam accounting: 20 bytes a parameter (fp16
+// parameters and gradients; fp32 parameters, gradients, momentum, variance).
+inline constexpr std::uint64_t kPaperBytesPerParam = 20;
+
+std::uint64_t activation_checkpoint_bytes(const Workload& w);  // 2 bsz seq hd nl / ci, per device
+std::uint64_t mswm_bytes(const Workload& w);                   // 4 hd 4hd / tile
+std::uint64_t awm_bytes(const Workload& w);                    // bsz seq ci (16 hd + 2 heads seq)
+
+// ---------------------------------------------------------------------------
+// §4, bandwidth.
+double ait_param(const Workload& w);       // seq bsz
+double ait_optimizer(const Workload& w);   // seq bsz / 4
+double ait_activation(const Workload& w);  // 24 hd ci
+// ait bw / (ait bw + peak); 1 when bw is infinite (the state is where it is used).
+double efficiency(double ait, double bw_bps, double peak_flops);
+// The bandwidth that gives `eff`: eff/(1-eff) peak/ait.
+double bandwidth_for(double eff, double ait, double peak_flops);
+
+// ---------------------------------------------------------------------------
+// Placements.
+struct TierUse {
+    std::uint64_t need = 0, capacity = 0;  // bytes per node (gpu: per device)
+    bool fits() const { return need <= capacity; }
+    double headroom() const;               // capacity/need - 1 (inf when need is 0)
+};
+
+struct Placement {
+    Tier param = Tier::gpu, optim = Tier::gpu;
+    Tier activations = Tier::gpu;          // where the checkpoints go: gpu when they fit beside the rest, else cpu
+    TierUse gpu, cpu, nvme;
+    bool fits = false;
+    double param_bps = 0, optim_bps = 0, activation_bps = 0;  // effective per device (inf: in device memory)
+    double efficiency_param = 1, efficiency_optimizer = 1, efficiency_activation = 1;
+    double min_efficiency() const;
+    std::string name() const;              // "param=nvme,optim=cpu"
+};
+
+// Every (param, optim) tier pair, evaluated.
+std::vector<Placement> placements(const Workload& w, const Hardware& h);
+
+struct Report {
+    Workload w;
+    Hardware h;
+    double target = 0.9;
+    std::uint64_t paper_params = 0;
+    StateBytes states;
+    std::uint64_t model_state_bytes = 0, model_state_bytes_per_rank = 0, paper_model_state_bytes = 0;
+    std::uint64_t activation_checkpoint_bytes = 0, mswm_bytes = 0, awm_bytes = 0;
+    double ait_param = 0, ait_optimizer = 0, ait_activation = 0;
+    // Bandwidth each state needs per device for `target` (bytes/s).
+    double need_param_bps = 0, need_optimizer_bps = 0, need_activation_bps = 0;
+    std::vector<Placement> all;
+    // The cheapest placement that fits and keeps every efficiency at or above
+    // the target; else the one that fits with the best least efficiency, the
+    // cheapest among equals (meets_target false); none when nothing fits.
+    std::optional<Placement> placement;
+    bool meets_target = false;
+    unsigned tile = 1;                    // smallest tile factor whose MSWM fits the largest block
+    std::uint64_t batch_for_target = 0;   // per device, for the recommended placement (0: none reaches it)
+};
+Report plan(const Workload& w, const Hardware& h, double target);
+
+json::Json to_json(const Report& r);  // zinf.plan/1
+
+}  // namespace zinf::plan

@@ -1,0 +1,363 @@
+// The paper's memory and bandwidth model: §3's bytes, §4's arithmetic
+// intensities and efficiency, evaluated for every placement of the
+// parameters and the optimizer state, and the cheapest one that meets a target.
+#include <zinf/plan.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace zinf::plan {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1) / b : 0; }
+
+// What memory a tier is worth per byte, for "cheapest": NVMe < CPU < GPU.
+int cost(Tier t) { return t == Tier::nvme ? 0 : t == Tier::cpu ? 1 : 2; }
+
+double harmonic(double a, double b, double wa, double wb) {  // bytes wa at a and wb at b: the mean rate
+    if (a <= 0 || b <= 0) return 0;
+    return (wa + wb) / (wa / a + wb / b);
+}
+
+double positive(const json::Json& j, const char* key, const std::string& source) {
+    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0))
+        throw DataError(source + ": a " + j.value("schema", std::string("?")) + " record without a number " + key);
+    return j[key].get<double>();
+}
+
+}  // namespace
+
+void Workload::validate() const {
+    if (!dp) throw UsageError("--dp must be at least 1");
+    if (!nodes || nodes > dp) throw UsageError("--nodes must be between 1 and --dp");
+    if (!batch) throw UsageError("--batch must be at least 1");
+    if (!ci || ci > spec.layers) throw UsageError("--ci must be between 1 and the layers (" +
+                                                  std::to_string(spec.layers) + ")");
+    if (!tile || tile > spec.hidden) throw UsageError("--tile must be between 1 and the hidden size");
+    if (sequence() > spec.seq)
+        throw UsageError("--seq " + std::to_string(seq) + " is longer than the model's " + std::to_string(spec.seq));
+}
+
+bool read_bench(const json::Json& j, const std::string& source, Hardware& h) {
+    if (!j.is_object() || !j.contains("schema") || !j["schema"].is_string())
+        throw DataError(source + ": not a bench record (no \"schema\")");
+    const std::string schema = j["schema"].get<std::string>();
+    if (schema == "zinf.nvmebench/1") {
+        const double bps = positive(j, "gibps", source) * kGiB;
+        const std::string op = j.value("op", std::string());
+        if (op == "read") h.nvme_read_bps = std::max(h.nvme_read_bps, bps);
+        else if (op == "write") h.nvme_write_bps = std::max(h.nvme_write_bps, bps);
+        else throw DataError(source + ": a zinf.nvmebench/1 record whose op is neither read nor write");
+        h.source_nvme = source;
+        return true;
+    }
+    if (schema == "zinf.pinstress/1") {
+        if (!j.contains("copies") || !j["copies"].is_array())
+            throw DataError(source + ": a zinf.pinstress/1 record without its copies");
+        double h2d = 0, d2h = 0;
+        for (const auto& c : j["copies"]) {
+            const double bps = positive(c, "pinned_gibps", source) * kGiB;
+            const std::string what = c.value("copy", std::string());
+            if (what.find("h2d") != std::string::npos) h2d = std::max(h2d, bps);
+            if (what.find("d2h") != std::string::npos) d2h = std::max(d2h, bps);
+        }
+        const double both = h2d > 0 && d2h > 0 ? std::min(h2d, d2h) : std::max(h2d, d2h);
+        if (both > 0) {
+            h.cpu_gpu_bps = std::max(h.cpu_gpu_bps, both);
+            h.source_cpu_gpu = source;
+        }
+        return true;
+    }
+    if (schema == "zinf.commbench/1") {
+        if (j.value("op", std::string()) != "allgather") return true;  // the parameters' path is the allgather
+        const double bps = positive(j, "busbw_gbps", source) * 1e9;
+        if (bps > h.gpu_gpu_bps) {
+            h.gpu_gpu_bps = bps;
+            h.source_gpu_gpu = source;
+        }
+        return true;
+    }
+    if (schema == "zinf.optbench/1") {
+        if (j.value("kind", std::string()) != "update") return true;
+        h.cpu_update_bps = std::max(h.cpu_update_bps, positive(j, "traffic_gibps", source) * kGiB);
+        h.source_cpu_update = source;
+        return true;
+    }
+    return false;
+}
+
+std::uint64_t paper_parameters(const shard::ModelSpec& s) { return s.paper_estimate(); }
+
+StateBytes state_bytes(const Workload& w) {
+    StateBytes b;
+    b.params = w.spec.parameters();
+    b.param = b.params * shard::dtype_bytes(w.param_dtype);
+    b.grad = b.params * shard::dtype_bytes(w.grad_dtype);
+    b.master = w.param_dtype == DType::fp32 ? 0 : 4 * b.params;  // fp32 params are their own master
+    b.moments = 8 * b.params;
+    return b;
+}
+
+std::uint64_t activation_checkpoint_bytes(const Workload& w) {
+    return 2 * w.batch * w.sequence() * w.spec.hidden * w.spec.layers / w.ci;
+}
+
+std::uint64_t mswm_bytes(const Workload& w) { return ceil_div(4 * w.spec.hidden * 4 * w.spec.hidden, w.tile); }
+
+std::uint64_t awm_bytes(const Workload& w) {
+    const std::uint64_t T = w.sequence();
+    return w.batch * T * w.ci * (16 * w.spec.hidden + 2 * w.spec.heads * T);
+}
+
+double ait_param(const Workload& w) { return static_cast<double>(w.sequence() * w.batch); }
+double ait_optimizer(const Workload& w) { return static_cast<double>(w.sequence() * w.batch) / 4.0; }
+double ait_activation(const Workload& w) { return 24.0 * static_cast<double>(w.spec.hidden * w.ci); }
+
+double efficiency(double ait, double bw_bps, double peak_flops) {
+    if (std::isinf(bw_bps)) return 1.0;
+    if (bw_bps <= 0) return 0.0;
+    return ait * bw_bps / (ait * bw_bps + peak_flops);
+}
+
+double bandwidth_for(double eff, double ait, double peak_flops) {
+    if (eff <= 0) return 0;
+    if (eff >= 1) return kInf;
+    return eff / (1 - eff) * peak_flops / ait;
+}
+
+double TierUse::headroom() const { return need ? static_cast<double>(capacity) / static_cast<double>(need) - 1 : kInf; }
+
+double Placement::min_efficiency() const {
+    return std::min({efficiency_param, efficiency_optimizer, efficiency_activation});
+}
+
+std::string Placement::name() const {
+    return std::string("param=") + shard::tier_name(param) + ",optim=" + shard::tier_name(optim);
+}
+
+std::vector<Placement> placements(const Workload& w, const Hardware& h) {
+    const StateBytes b = state_bytes(w);
+    const std::uint64_t rpn = w.ranks_per_node();
+    // Every state is partitioned over all dp ranks; a node holds its ranks' share.
+    auto per_rank = [&](std::uint64_t bytes) { return ceil_div(bytes, w.dp); };
+    auto per_node = [&](std::uint64_t bytes) { return per_rank(bytes) * rpn; };
+    const std::uint64_t ckpt = activation_checkpoint_bytes(w), working = mswm_bytes(w) + awm_bytes(w);
+    const double dp = w.dp, nodes = w.nodes;
+    // The parameters reach every device by allgather once there is more than one rank.
+    const double gather = w.dp > 1 ? h.gpu_gpu_bps : kInf;
+
+    std::vector<Placement> out;
+    for (Tier pt : {Tier::gpu, Tier::cpu, Tier::nvme})
+        for (Tier ot : {Tier::gpu, Tier::cpu, Tier::nvme}) {
+            Placement p;
+            p.param = pt;
+            p.optim = ot;
+            p.gpu.capacity = h.gpu_bytes;
+            p.cpu.capacity = h.cpu_bytes;
+            p.nvme.capacity = h.nvme_bytes;
+            auto put = [&](Tier t, std::uint64_t bytes) {
+                if (t == Tier::gpu) p.gpu.need += per_rank(bytes);
+                else if (t == Tier::cpu) p.cpu.need += per_node(bytes);
+                else p.nvme.need += per_node(bytes);
+            };
+            put(pt, b.param);
+            put(ot, b.optimizer());
+            p.gpu.need += working;
+            // Checkpoints stay on the device when they fit beside the rest, else go to CPU memory.
+            if (p.gpu.need + ckpt <= p.gpu.capacity) {
+                p.gpu.need += ckpt;
+                p.activations = Tier::gpu;
+            } else {
+                p.cpu.need += ckpt * rpn;
+                p.activations = Tier::cpu;
+            }
+            p.fits = p.gpu.fits() && p.cpu.fits() && p.nvme.fits();
+
+            // Effective bandwidth per device: each rank moves its 1/dp share over
+            // its own link, so the ranks' links add up (bandwidth-centric partitioning).
+            const double cpu_links = h.cpu_gpu_bps * dp;
+            const double nvme_param = harmonic(h.nvme_read_bps, h.nvme_write_bps, 3, 1) * nodes;  // 3 reads, 1 write
+            if (pt == Tier::gpu) p.param_bps = gather;
+            else if (pt == Tier::cpu) p.param_bps = std::min(cpu_links, gather);
+            else p.param_bps = std::min({nvme_param, cpu_links, gather});
+            const double update = h.cpu_update_bps * nodes;
+            const double nvme_optim = harmonic(h.nvme_read_bps, h.nvme_write_bps, 1, 1) * nodes;  // read once, write once
+            if (ot == Tier::gpu) p.optim_bps = kInf;
+            else if (ot == Tier::cpu) p.optim_bps = update;
+            else p.optim_bps = std::min(nvme_optim, update);
+            p.activation_bps = p.activations == Tier::gpu ? kInf : h.cpu_gpu_bps;
+
+            p.efficiency_param = efficiency(ait_param(w), p.param_bps, h.peak_flops);
+            p.efficiency_optimizer = efficiency(ait_optimizer(w), p.optim_bps, h.peak_flops);
+            p.efficiency_activation = efficiency(ait_activation(w), p.activation_bps, h.peak_flops);
+            out.push_back(p);
+        }
+    return out;
+}
+
+Report plan(const Workload& w, const Hardware& h, double target) {
+    w.validate();
+    if (!(target > 0 && target < 1)) throw UsageError("--target must be between 0 and 1 (exclusive)");
+    Report r;
+    r.w = w;
+    r.h = h;
+    r.target = target;
+    r.paper_params = paper_parameters(w.spec);
+    r.states = state_bytes(w);
+    r.model_state_bytes = r.states.total();
+    r.model_state_bytes_per_rank = ceil_div(r.model_state_bytes, w.dp);
+    r.paper_model_state_bytes = kPaperBytesPerParam * r.paper_params;
+    r.activation_checkpoint_bytes = activation_checkpoint_bytes(w);
+    r.mswm_bytes = mswm_bytes(w);
+    r.awm_bytes = awm_bytes(w);
+    r.ait_param = ait_param(w);
+    r.ait_optimizer = ait_optimizer(w);
+    r.ait_activation = ait_activation(w);
+    r.need_param_bps = bandwidth_for(target, r.ait_param, h.peak_flops);
+    r.need_optimizer_bps = bandwidth_for(target, r.ait_optimizer, h.peak_flops);
+    r.need_activation_bps = bandwidth_for(target, r.ait_activation, h.peak_flops);
+    r.all = placements(w, h);
+
+    // Cheapest: the fewest bytes on expensive memory (GPU 2, CPU 1, NVMe 0 a byte).
+    const StateBytes& b = r.states;
+    auto price = [&](const Placement& p) {
+        return static_cast<double>(cost(p.param)) * static_cast<double>(b.param) +
+               static_cast<double>(cost(p.optim)) * static_cast<double>(b.optimizer());
+    };
+    const Placement* best = nullptr;
+    for (const auto& p : r.all) {
+        if (!p.fits || p.min_efficiency() < target) continue;
+        if (!best || price(p) < price(*best) || (price(p) == price(*best) && p.min_efficiency() > best->min_efficiency()))
+            best = &p;
+    }
+    r.meets_target = best != nullptr;
+    if (!best)  // the best least efficiency; among equals, the cheapest
+        for (const auto& p : r.all)
+            if (p.fits && (!best || p.min_efficiency() > best->min_efficiency() ||
+                           (p.min_efficiency() == best->min_efficiency() && price(p) < price(*best))))
+                best = &p;
+    if (best) r.placement = *best;
+
+    // The smallest tile factor whose working memory fits the largest block.
+    const std::uint64_t block = h.gpu_max_block ? h.gpu_max_block : h.gpu_bytes;
+    r.tile = 0;
+    if (block) {
+        const std::uint64_t whole = 4 * w.spec.hidden * 4 * w.spec.hidden;
+        const std::uint64_t t = std::max<std::uint64_t>(1, ceil_div(whole, block));
+        if (t <= w.spec.hidden) r.tile = static_cast<unsigned>(t);
+    }
+
+    // The batch per device that brings the placement's parameter and optimizer
+    // efficiencies to the target (activations' do not depend on it).
+    if (r.placement) {
+        const auto& p = *r.placement;
+        const double T = static_cast<double>(w.sequence());
+        auto batch_for = [&](double bw, double per_batch_ait) -> double {
+            if (std::isinf(bw)) return 1;
+            if (bw <= 0) return 0;
+            return std::max(1.0, std::ceil(target / (1 - target) * h.peak_flops / bw / per_batch_ait - 1e-9));
+        };
+        const double bp = batch_for(p.param_bps, T), bo = batch_for(p.optim_bps, T / 4);
+        r.batch_for_target = bp > 0 && bo > 0 ? static_cast<std::uint64_t>(std::max(bp, bo)) : 0;
+    }
+    return r;
+}
+
+namespace {
+
+json::Json bps_json(double bps) {  // GB/s (10^9), null when infinite (the state is in device memory)
+    return std::isinf(bps) ? json::Json(nullptr) : json::Json(bps / 1e9);
+}
+
+json::Json placement_json(const Placement& p) {
+    auto use = [](const TierUse& u) {
+        return json::Json{{"need_bytes", u.need},
+                          {"capacity_bytes", u.capacity},
+                          {"fits", u.fits()},
+                          {"headroom", std::isinf(u.headroom()) ? json::Json(nullptr) : json::Json(u.headroom())}};
+    };
+    return json::Json{{"placement", p.name()},
+                      {"param", shard::tier_name(p.param)},
+                      {"optim", shard::tier_name(p.optim)},
+                      {"activations", shard::tier_name(p.activations)},
+                      {"fits", p.fits},
+                      {"gpu", use(p.gpu)},
+                      {"cpu", use(p.cpu)},
+                      {"nvme", use(p.nvme)},
+                      {"bw_param_gbps", bps_json(p.param_bps)},
+                      {"bw_optimizer_gbps", bps_json(p.optim_bps)},
+                      {"bw_activation_gbps", bps_json(p.activation_bps)},
+                      {"efficiency_param", p.efficiency_param},
+                      {"efficiency_optimizer", p.efficiency_optimizer},
+                      {"efficiency_activation", p.efficiency_activation}};
+}
+
+}  // namespace
+
+json::Json to_json(const Report& r) {
+    json::Json j;
+    j["schema"] = "zinf.plan/1";
+    j["model"] = r.w.spec.to_string();
+    j["dp"] = r.w.dp;
+    j["nodes"] = r.w.nodes;
+    j["batch"] = r.w.batch;
+    j["seq"] = r.w.sequence();
+    j["ci"] = r.w.ci;
+    j["param_dtype"] = shard::dtype_name(r.w.param_dtype);
+    j["grad_dtype"] = shard::dtype_name(r.w.grad_dtype);
+    j["target"] = r.target;
+    j["params"] = r.states.params;
+    j["paper_params"] = r.paper_params;
+    j["param_bytes"] = r.states.param;
+    j["grad_bytes"] = r.states.grad;
+    j["master_bytes"] = r.states.master;
+    j["moment_bytes"] = r.states.moments;
+    j["model_state_bytes"] = r.model_state_bytes;
+    j["model_state_bytes_per_rank"] = r.model_state_bytes_per_rank;
+    j["paper_model_state_bytes"] = r.paper_model_state_bytes;
+    j["activation_checkpoint_bytes"] = r.activation_checkpoint_bytes;
+    j["mswm_bytes"] = r.mswm_bytes;
+    j["awm_bytes"] = r.awm_bytes;
+    j["ait_param"] = r.ait_param;
+    j["ait_optimizer"] = r.ait_optimizer;
+    j["ait_activation"] = r.ait_activation;
+    j["need_param_gbps"] = bps_json(r.need_param_bps);
+    j["need_optimizer_gbps"] = bps_json(r.need_optimizer_bps);
+    j["need_activation_gbps"] = bps_json(r.need_activation_bps);
+    j["peak_tflops"] = r.h.peak_flops / 1e12;
+    json::Json hw;
+    hw["gpu_bytes"] = r.h.gpu_bytes;
+    hw["gpu_max_block_bytes"] = r.h.gpu_max_block ? r.h.gpu_max_block : r.h.gpu_bytes;
+    hw["cpu_bytes"] = r.h.cpu_bytes;
+    hw["nvme_bytes"] = r.h.nvme_bytes;
+    hw["gpu_gpu_gbps"] = r.h.gpu_gpu_bps / 1e9;
+    hw["cpu_gpu_gbps"] = r.h.cpu_gpu_bps / 1e9;
+    hw["nvme_read_gbps"] = r.h.nvme_read_bps / 1e9;
+    hw["nvme_write_gbps"] = r.h.nvme_write_bps / 1e9;
+    hw["cpu_update_gbps"] = r.h.cpu_update_bps / 1e9;
+    j["hardware"] = hw;
+    json::Json all = json::Json::array();
+    for (const auto& p : r.all) all.push_back(placement_json(p));
+    j["placements"] = all;
+    j["fits"] = r.placement.has_value();
+    j["meets_target"] = r.meets_target;
+    if (r.placement) {
+        j["placement"] = r.placement->name();
+        j["efficiency_param"] = r.placement->efficiency_param;
+        j["efficiency_optimizer"] = r.placement->efficiency_optimizer;
+        j["efficiency_activation"] = r.placement->efficiency_activation;
+    } else {
+        j["placement"] = nullptr;
+        j["efficiency_param"] = j["efficiency_optimizer"] = j["efficiency_activation"] = nullptr;
+    }
+    j["tile"] = r.tile ? json::Json(r.tile) : json::Json(nullptr);
+    j["batch_for_target"] = r.batch_for_target ? json::Json(r.batch_for_target) : json::Json(nullptr);
+    return j;
+}
+
+}  // namespace zinf::plan
