@@ -199,6 +199,16 @@ int run(Options& o) {
     h.nvme_bytes = nvme_capacity(o.nvme, nvme_source);
     log::info("nvme capacity: " + format_size(h.nvme_bytes) + " (" + nvme_source + ")");
 
+    // A bandwidth nobody measured counts as 0: say which, and where to get it.
+    auto unknown = [](double bps, const char* what, const char* how) {
+        if (bps <= 0) log::warn(std::string("no ") + what + " bandwidth: placements that use it get efficiency 0 (" + how + ")");
+    };
+    if (w.dp > 1) unknown(h.gpu_gpu_bps, "allgather", "--bench from zinf-commbench --json, or --bw-gpu-gpu");
+    unknown(h.cpu_gpu_bps, "host-device", "--bench from zinf-pinstress --json on a GPU machine, or --bw-cpu-gpu");
+    unknown(h.nvme_read_bps, "NVMe read", "--bench from zinf-nvmebench --json, or --bw-nvme-read");
+    unknown(h.nvme_write_bps, "NVMe write", "--bench from zinf-nvmebench --json, or --bw-nvme-write");
+    unknown(h.cpu_update_bps, "CPU optimizer", "--bench from zinf-optbench --json, or --bw-cpu-update");
+
     const plan::Report r = plan::plan(w, h, o.target);
     if (o.json) {
         std::cout << plan::to_json(r).dump() << '\n';
