@@ -26,6 +26,7 @@ struct Options {
     double bw_gpu_gpu = -1, bw_cpu_gpu = -1, bw_nvme_read = -1, bw_nvme_write = -1, bw_cpu_update = -1;
     std::vector<std::string> bench;
     bool json = false;
+    bool peak_given = false;
 };
 
 std::uint64_t size_of(const std::string& text, const std::string& option) {
@@ -41,13 +42,18 @@ std::uint64_t meminfo_total() {
     return 0;
 }
 
-// --nvme: a size, or a folder whose file system's free space is the capacity.
+// --nvme: a size ("28TiB"), or else a folder whose file system's free space
+// is the capacity.
 std::uint64_t nvme_capacity(const std::string& text, std::string& source) {
-    struct statvfs st {};
-    if (!text.empty() && ::statvfs(text.c_str(), &st) != 0) {
-        source = "--nvme";
-        return size_of(text, "--nvme");
+    if (!text.empty()) {
+        try {
+            const std::uint64_t bytes = parse_size(text);
+            source = "--nvme";
+            return bytes;
+        } catch (const UsageError&) {
+        }  // not a size: a folder
     }
+    struct statvfs st {};
     const std::string path = text.empty() ? (::getenv("TMPDIR") && *::getenv("TMPDIR") ? ::getenv("TMPDIR") : "/var/tmp")
                                           : text;
     if (::statvfs(path.c_str(), &st) != 0) throw_errno("statvfs", errno, path);
@@ -170,7 +176,7 @@ int run(Options& o) {
 
     plan::Hardware h;
     h.peak_flops = o.peak_tflops * 1e12;
-    h.source_peak = o.peak_tflops == 70 ? "default: the paper's V100 figure" : "--peak-tflops";
+    h.source_peak = o.peak_given ? "--peak-tflops" : "default: the paper's V100 figure";
     for (const auto& f : o.bench) read_bench_file(f, h);
     // Flags win over the bench files.
     auto flag = [](double v, double& dst, std::string& src, const char* name) {
@@ -244,7 +250,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"bf16", "fp32"}));
     app.add_option("--target", o.target, "Efficiency each state must keep (0-1)")->capture_default_str();
-    app.add_option("--peak-tflops", o.peak_tflops, "Achievable peak per device, TFLOP/s")->capture_default_str();
+    auto* peak = app.add_option("--peak-tflops", o.peak_tflops, "Achievable peak per device, TFLOP/s")->capture_default_str();
     app.add_option("--gpu-mem", o.gpu_mem, "Device memory per device (default: the first CUDA device's)");
     app.add_option("--gpu-max-block", o.gpu_max_block, "Largest contiguous device allocation (default: --gpu-mem)");
     app.add_option("--cpu-mem", o.cpu_mem, "CPU memory per node (default: this machine's)");
@@ -256,5 +262,8 @@ int main(int argc, char** argv) {
     app.add_option("--bw-nvme-write", o.bw_nvme_write, "NVMe write bandwidth per node, GB/s");
     app.add_option("--bw-cpu-update", o.bw_cpu_update, "CPU optimizer memory traffic per node, GB/s");
     app.add_flag("--json", o.json, "One JSON record (zinf.plan/1) instead of the report");
-    return cli::run(app, argc, argv, "zinf-plan", common, [&] { return run(o); });
+    return cli::run(app, argc, argv, "zinf-plan", common, [&] {
+        o.peak_given = peak->count() > 0;
+        return run(o);
+    });
 }

@@ -24,9 +24,11 @@ double harmonic(double a, double b, double wa, double wb) {  // bytes wa at a an
     return (wa + wb) / (wa / a + wb / b);
 }
 
-double positive(const json::Json& j, const char* key, const std::string& source) {
-    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0))
-        throw DataError(source + ": a " + j.value("schema", std::string("?")) + " record without a number " + key);
+// `schema` is the record's: j may be an element of it (a pinstress copy), and
+// need not be an object.
+double positive(const json::Json& j, const char* key, const std::string& source, const std::string& schema) {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0))
+        throw DataError(source + ": a " + schema + " record without a number " + key + " (at least 0)");
     return j[key].get<double>();
 }
 
@@ -43,12 +45,26 @@ void Workload::validate() const {
         throw UsageError("--seq " + std::to_string(seq) + " is longer than the model's " + std::to_string(spec.seq));
 }
 
+namespace {
+bool read_bench_record(const json::Json& j, const std::string& source, Hardware& h);
+}
+
 bool read_bench(const json::Json& j, const std::string& source, Hardware& h) {
+    // A key of the wrong JSON type (an op that is a number) is bad data too.
+    try {
+        return read_bench_record(j, source, h);
+    } catch (const json::Json::exception& e) {
+        throw DataError(source + ": a bench record with a key of the wrong type (" + e.what() + ")");
+    }
+}
+
+namespace {
+bool read_bench_record(const json::Json& j, const std::string& source, Hardware& h) {
     if (!j.is_object() || !j.contains("schema") || !j["schema"].is_string())
         throw DataError(source + ": not a bench record (no \"schema\")");
     const std::string schema = j["schema"].get<std::string>();
     if (schema == "zinf.nvmebench/1") {
-        const double bps = positive(j, "gibps", source) * kGiB;
+        const double bps = positive(j, "gibps", source, schema) * kGiB;
         const std::string op = j.value("op", std::string());
         if (op == "read") h.nvme_read_bps = std::max(h.nvme_read_bps, bps);
         else if (op == "write") h.nvme_write_bps = std::max(h.nvme_write_bps, bps);
@@ -61,7 +77,7 @@ bool read_bench(const json::Json& j, const std::string& source, Hardware& h) {
             throw DataError(source + ": a zinf.pinstress/1 record without its copies");
         double h2d = 0, d2h = 0;
         for (const auto& c : j["copies"]) {
-            const double bps = positive(c, "pinned_gibps", source) * kGiB;
+            const double bps = positive(c, "pinned_gibps", source, schema) * kGiB;
             const std::string what = c.value("copy", std::string());
             if (what.find("h2d") != std::string::npos) h2d = std::max(h2d, bps);
             if (what.find("d2h") != std::string::npos) d2h = std::max(d2h, bps);
@@ -75,7 +91,7 @@ bool read_bench(const json::Json& j, const std::string& source, Hardware& h) {
     }
     if (schema == "zinf.commbench/1") {
         if (j.value("op", std::string()) != "allgather") return true;  // the parameters' path is the allgather
-        const double bps = positive(j, "busbw_gbps", source) * 1e9;
+        const double bps = positive(j, "busbw_gbps", source, schema) * 1e9;
         if (bps > h.gpu_gpu_bps) {
             h.gpu_gpu_bps = bps;
             h.source_gpu_gpu = source;
@@ -84,12 +100,14 @@ bool read_bench(const json::Json& j, const std::string& source, Hardware& h) {
     }
     if (schema == "zinf.optbench/1") {
         if (j.value("kind", std::string()) != "update") return true;
-        h.cpu_update_bps = std::max(h.cpu_update_bps, positive(j, "traffic_gibps", source) * kGiB);
+        h.cpu_update_bps = std::max(h.cpu_update_bps, positive(j, "traffic_gibps", source, schema) * kGiB);
         h.source_cpu_update = source;
         return true;
     }
     return false;
 }
+
+}  // namespace
 
 std::uint64_t paper_parameters(const shard::ModelSpec& s) { return s.paper_estimate(); }
 

@@ -1,0 +1,668 @@
+// Unit tests of libzinf plan: the paper's figures (§3 memory, §4 bandwidth,
+// §9 future hardware) reproduced from the formulas, efficiency() and
+// bandwidth_for() as inverses, the placements and the recommendation on
+// made-up hardware, the tile factor and the batch for a target, the bench
+// records read_bench() takes and refuses, the usage errors and the JSON report.
+#define BOOST_TEST_MODULE plan
+#include "testing.hpp"
+
+#include <zinf/plan.hpp>
+#include <zinf/shard.hpp>
+#include <zinf/util.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace zinf;
+using namespace zinf::plan;
+namespace tt = boost::test_tools;
+
+namespace zinf::shard {
+// Boost.Test prints the values of failed checks.
+inline std::ostream& boost_test_print_type(std::ostream& os, Tier t) { return os << tier_name(t); }
+}  // namespace zinf::shard
+
+namespace {
+
+constexpr double kPeak = 70e12;  // the paper's achievable V100 peak (§4)
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kGiBd = 1024.0 * 1024.0 * 1024.0;
+
+Workload paper_1t(std::uint64_t batch = 1, unsigned dp = 512) {
+    return Workload{.spec = shard::ModelSpec::parse("paper-1t"), .dp = dp, .batch = batch};
+}
+
+// gpt:layers=24,hidden=2048,heads=16 (vocab 50257, seq 1024): 1,313,626,112
+// parameters, 21.0 GB of model states in bf16, more than the 16 GiB device below.
+Workload small(unsigned dp, std::uint64_t batch = 1, unsigned nodes = 1) {
+    return Workload{.spec = shard::ModelSpec::parse("gpt:layers=24,hidden=2048,heads=16"),
+                    .dp = dp, .nodes = nodes, .batch = batch};
+}
+constexpr std::uint64_t kSmallParams = 1313626112;
+
+// Made-up hardware: 16 GiB devices, 64 GiB of CPU memory and 1 TiB of NVMe a node.
+Hardware made_up() {
+    Hardware h;
+    h.gpu_bytes = 16 * GiB;
+    h.cpu_bytes = 64 * GiB;
+    h.nvme_bytes = 1024 * GiB;
+    h.gpu_gpu_bps = 100e9;
+    h.cpu_gpu_bps = 12e9;
+    h.nvme_read_bps = 3e9;
+    h.nvme_write_bps = 2e9;
+    h.cpu_update_bps = 40e9;
+    return h;
+}
+
+// The same capacities with links fast enough for NVMe to carry everything.
+Hardware ample() {
+    Hardware h = made_up();
+    h.gpu_gpu_bps = 1e12;
+    h.cpu_gpu_bps = 50e9;
+    h.nvme_read_bps = h.nvme_write_bps = 200e9;
+    h.cpu_update_bps = 1e12;
+    return h;
+}
+
+const Placement& placement_of(const std::vector<Placement>& all, Tier param, Tier optim) {
+    for (const auto& p : all)
+        if (p.param == param && p.optim == optim) return p;
+    BOOST_FAIL("no placement param=" << shard::tier_name(param) << ",optim=" << shard::tier_name(optim));
+    return all.front();
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// §3: parameters and model-state bytes.
+
+BOOST_AUTO_TEST_CASE(paper_1t_parameters_and_model_states) {
+    const Workload w = paper_1t();
+    BOOST_TEST(w.spec.layers == 128u);
+    BOOST_TEST(w.spec.hidden == 25600u);
+    // 12 nl hd^2 = 12 * 128 * 25600^2.
+    BOOST_TEST(paper_parameters(w.spec) == 1006632960000ull);
+    BOOST_TEST(rel(static_cast<double>(paper_parameters(w.spec)), 1.007e12) < 1e-3);
+    // The exact layout count adds embeddings, biases and norms: within a few %.
+    const StateBytes b = state_bytes(w);
+    BOOST_TEST(b.params == w.spec.parameters());
+    BOOST_TEST(b.params > paper_parameters(w.spec));
+    BOOST_TEST(rel(static_cast<double>(b.params), static_cast<double>(paper_parameters(w.spec))) < 0.03);
+
+    // 20 bytes a parameter: 240 nl hd^2, about 20 TB for a trillion.
+    BOOST_TEST(kPaperBytesPerParam == 20u);
+    const Report r = plan::plan(w, made_up(), 0.9);
+    BOOST_TEST(r.paper_params == paper_parameters(w.spec));
+    BOOST_TEST(r.paper_model_state_bytes == 240ull * 128 * 25600 * 25600);
+    BOOST_TEST(rel(static_cast<double>(r.paper_model_state_bytes), 20e12) < 0.01);
+
+    // Our layout with bf16 params and grads: 2 + 2 + 4 (master) + 4 + 4 (moments).
+    BOOST_TEST(b.param == 2 * b.params);
+    BOOST_TEST(b.grad == 2 * b.params);
+    BOOST_TEST(b.master == 4 * b.params);
+    BOOST_TEST(b.moments == 8 * b.params);
+    BOOST_TEST(b.total() == 16 * b.params);
+    BOOST_TEST(b.optimizer() == 14 * b.params);
+    BOOST_TEST(r.model_state_bytes == 16 * b.params);
+    BOOST_TEST(r.model_state_bytes_per_rank == (16 * b.params + 511) / 512);
+}
+
+BOOST_AUTO_TEST_CASE(state_bytes_by_dtype) {
+    Workload w = small(1);
+    const std::uint64_t P = kSmallParams;
+    BOOST_TEST(w.spec.parameters() == P);
+    struct Case {
+        DType param, grad;
+        std::uint64_t param_b, grad_b, master_b, total_b;
+    };
+    // fp32 parameters are their own master: 4 + grad + 8.
+    const Case cases[] = {{DType::bf16, DType::bf16, 2, 2, 4, 16},
+                          {DType::bf16, DType::fp32, 2, 4, 4, 18},
+                          {DType::fp32, DType::bf16, 4, 2, 0, 14},
+                          {DType::fp32, DType::fp32, 4, 4, 0, 16}};
+    for (const auto& c : cases) {
+        w.param_dtype = c.param;
+        w.grad_dtype = c.grad;
+        const StateBytes b = state_bytes(w);
+        BOOST_TEST_CONTEXT(shard::dtype_name(c.param) << " params, " << shard::dtype_name(c.grad) << " grads") {
+            BOOST_TEST(b.params == P);
+            BOOST_TEST(b.param == c.param_b * P);
+            BOOST_TEST(b.grad == c.grad_b * P);
+            BOOST_TEST(b.master == c.master_b * P);
+            BOOST_TEST(b.moments == 8 * P);
+            BOOST_TEST(b.total() == c.total_b * P);
+            BOOST_TEST(b.optimizer() == (c.total_b - c.param_b) * P);
+        }
+    }
+}
+
+// The figure fig:model_mem_rqmts is an image in the .tex (no numbers there), so
+// its columns are checked against the formulas of §3 and the claims the text
+// makes about them.
+BOOST_AUTO_TEST_CASE(residual_and_working_memory_formulas) {
+    // Column 7: activation checkpoints for bsz 32, seq 1024, ci 1.
+    Workload w = paper_1t(32);
+    BOOST_TEST(activation_checkpoint_bytes(w) == 2ull * 32 * 1024 * 25600 * 128);  // 0.195 TiB
+    BOOST_TEST(rel(activation_checkpoint_bytes(w) / (kGiBd * 1024), 0.195) < 0.01);
+    w.ci = 4;  // one checkpoint every ci blocks
+    BOOST_TEST(activation_checkpoint_bytes(w) == 2ull * 32 * 1024 * 25600 * 128 / 4);
+    w.seq = 512;
+    BOOST_TEST(activation_checkpoint_bytes(w) == 2ull * 32 * 512 * 25600 * 128 / 4);
+
+    // Column 8: MSWM, the (hd, 4hd) linear's parameter and gradient: 4 hd 4hd.
+    w = paper_1t();
+    BOOST_TEST(mswm_bytes(w) == 4ull * 25600 * 4 * 25600);  // 9.77 GiB, "multiple gigabytes"
+    BOOST_TEST(rel(mswm_bytes(w) / kGiBd, 9.766) < 1e-3);
+    w.tile = 5;
+    BOOST_TEST(mswm_bytes(w) == (4ull * 25600 * 4 * 25600 + 4) / 5);
+
+    // AWM: bsz seq ci (16 hd + 2 heads seq).
+    w = paper_1t(4);
+    w.ci = 2;
+    BOOST_TEST(awm_bytes(w) == 4ull * 1024 * 2 * (16 * 25600 + 2 * 256 * 1024));
+
+    // The text: a 100B model needs 64 32-GB V100s (four 16-GPU DGX-2 boxes)
+    // just for its model states, a trillion over 512, ten trillion more than 1536.
+    const double v100 = 32 * kGiBd;
+    const double gpus_100b = std::ceil(kPaperBytesPerParam * 100e9 / v100);
+    BOOST_TEST(gpus_100b > 48);
+    BOOST_TEST(gpus_100b <= 64);
+    BOOST_TEST(paper_1t().spec.paper_estimate() * kPaperBytesPerParam / v100 > 512);
+    BOOST_TEST(kPaperBytesPerParam * 10e12 > 1536 * v100);
+}
+
+// ---------------------------------------------------------------------------
+// §4: arithmetic intensities and the bandwidths the text quotes (peak 70 TFLOP/s, seq 1024).
+
+BOOST_AUTO_TEST_CASE(arithmetic_intensities) {
+    Workload w = paper_1t(3);
+    w.ci = 2;
+    BOOST_TEST(ait_param(w) == 1024.0 * 3);
+    BOOST_TEST(ait_optimizer(w) == 1024.0 * 3 / 4);
+    BOOST_TEST(ait_activation(w) == 24.0 * 25600 * 2);
+    w.seq = 256;
+    BOOST_TEST(ait_param(w) == 256.0 * 3);
+}
+
+BOOST_AUTO_TEST_CASE(section4_bandwidths) {
+    const Workload b1 = paper_1t(1), b2 = paper_1t(2);
+    BOOST_TEST(b1.sequence() == 1024u);
+
+    // Parameters and gradients: 50% at batch 1 needs 70e12/1024 = 68.4 GB/s,
+    // so "over 70 GB/s" gives over 50% even for the smallest batch.
+    const double param50 = bandwidth_for(0.5, ait_param(b1), kPeak);
+    BOOST_TEST(param50 == 68.359375e9, tt::tolerance(1e-12));
+    BOOST_TEST(efficiency(ait_param(b1), 70e9, kPeak) > 0.5);
+    BOOST_TEST(efficiency(ait_param(b1), 60e9, kPeak) < 0.5);
+
+    // Optimizer states: nearly 4x the parameters' bandwidth at 50% (exactly
+    // 4x here: ait seq bsz / 4); 90% at batch 2 needs 1.23 TB/s ("nearly 1.5 TB/s").
+    BOOST_TEST(bandwidth_for(0.5, ait_optimizer(b1), kPeak) / param50 == 4.0, tt::tolerance(1e-12));
+    const double optim90 = bandwidth_for(0.9, ait_optimizer(b2), kPeak);
+    BOOST_TEST(optim90 == 9 * 70e12 / 512, tt::tolerance(1e-12));
+    BOOST_TEST(rel(optim90, 1.23e12) < 0.01);
+    BOOST_TEST(optim90 < 1.5e12);
+    BOOST_TEST(optim90 > 1.5e12 * 0.75);
+
+    // Activation checkpoints: hidden 2K, ci 1 needs 1.42 GB/s for 50%, so
+    // 2 GB/s sustains over 50%; past 8K it is under 1 GB/s.
+    Workload h2k{.spec = shard::ModelSpec::parse("gpt:layers=4,hidden=2048,heads=16")};
+    BOOST_TEST(ait_activation(h2k) == 24.0 * 2048);
+    const double act50 = bandwidth_for(0.5, ait_activation(h2k), kPeak);
+    BOOST_TEST(rel(act50, 1.42e9) < 0.01);
+    BOOST_TEST(efficiency(ait_activation(h2k), 2e9, kPeak) > 0.5);
+    Workload h8k{.spec = shard::ModelSpec::parse("paper-8b")};
+    BOOST_TEST(h8k.spec.hidden == 8192u);
+    BOOST_TEST(bandwidth_for(0.5, ait_activation(h8k), kPeak) < 1e9);
+}
+
+// ---------------------------------------------------------------------------
+// §9, tab:future_hardware: 512 devices at 0.07, 0.7 and 7 PFLOP/s each.
+
+BOOST_AUTO_TEST_CASE(future_hardware_table) {
+    struct Column {
+        double peak, gpu_gpu, aggregate, per_device;  // the table's figures
+    };
+    const Column table[] = {{0.07e15, 70e9, 1.5e12, 3e9}, {0.7e15, 700e9, 15e12, 30e9}, {7e15, 7000e9, 150e12, 300e9}};
+    const unsigned devices = 512;
+    const Workload b1 = paper_1t(1, devices), b2 = paper_1t(2, devices);
+    for (const auto& c : table) {
+        BOOST_TEST_CONTEXT("peak " << c.peak / 1e15 << " PFLOP/s") {
+            // GPU-to-GPU: the parameters at 50% with batch 1 (68.4, 684, 6836 GB/s).
+            const double gg = bandwidth_for(0.5, ait_param(b1), c.peak);
+            BOOST_TEST(rel(gg, c.gpu_gpu) < 0.05);
+            // The slow memory: the optimizer states at 90% with batch 2. The
+            // paper rounds 1.23/12.3/123 TB/s up to 1.5/15/150 and, per device
+            // (aggregate/512), 2.4/24/240 GB/s up to 3/30/300.
+            const double agg = bandwidth_for(0.9, ait_optimizer(b2), c.peak);
+            BOOST_TEST(rel(agg, c.aggregate) < 0.25);
+            BOOST_TEST(agg <= c.aggregate);
+            BOOST_TEST(rel(agg / devices, c.per_device) < 0.25);
+            BOOST_TEST(agg / devices <= c.per_device);
+
+            // The placements add the devices' links up (bandwidth-centric
+            // partitioning): 32 nodes of 16 devices whose NVMe gives each device
+            // the table's per-device figure reach 90% on the optimizer at batch
+            // 2, and the table's GPU-to-GPU figure gives over 50% on the parameters at batch 1.
+            Hardware h = made_up();
+            h.peak_flops = c.peak;
+            h.nvme_bytes = 1024 * 1024 * GiB;
+            h.cpu_bytes = 2048 * GiB;
+            h.gpu_gpu_bps = c.gpu_gpu;
+            h.cpu_gpu_bps = c.per_device;
+            h.nvme_read_bps = h.nvme_write_bps = c.per_device * 16;
+            h.cpu_update_bps = kInf;
+            for (std::uint64_t batch : {1, 2}) {
+                Workload w = paper_1t(batch, devices);
+                w.nodes = 32;
+                const Placement& p = placement_of(placements(w, h), Tier::nvme, Tier::nvme);
+                BOOST_TEST(p.optim_bps == c.per_device * devices, tt::tolerance(1e-12));
+                BOOST_TEST(p.param_bps == c.gpu_gpu, tt::tolerance(1e-12));
+                if (batch == 1) BOOST_TEST(p.efficiency_param > 0.5);
+                if (batch == 2) BOOST_TEST(p.efficiency_optimizer >= 0.9);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// efficiency() and bandwidth_for().
+
+BOOST_AUTO_TEST_CASE(efficiency_and_its_inverse) {
+    const double ait = 1024;
+    BOOST_TEST(efficiency(ait, 0, kPeak) == 0.0);
+    BOOST_TEST(efficiency(ait, kInf, kPeak) == 1.0);
+    BOOST_TEST(efficiency(ait, kPeak / ait, kPeak) == 0.5, tt::tolerance(1e-15));
+    double last = 0;
+    for (double bw = 1e6; bw < 1e16; bw *= 1.7) {
+        const double e = efficiency(ait, bw, kPeak);
+        BOOST_TEST(e > last);
+        BOOST_TEST(e < 1.0);
+        last = e;
+    }
+    BOOST_TEST(bandwidth_for(0, ait, kPeak) == 0.0);
+    BOOST_TEST(std::isinf(bandwidth_for(1, ait, kPeak)));
+    for (double a : {256.0, 1024.0, 49152.0})
+        for (double e : {0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999}) {
+            const double bw = bandwidth_for(e, a, kPeak);
+            BOOST_TEST(efficiency(a, bw, kPeak) == e, tt::tolerance(1e-12));
+            BOOST_TEST(bw == e / (1 - e) * kPeak / a, tt::tolerance(1e-12));
+        }
+}
+
+// ---------------------------------------------------------------------------
+// Placements on made-up hardware.
+
+BOOST_AUTO_TEST_CASE(placements_fit_by_hand) {
+    const Hardware h = made_up();
+    // One device: 21.0 GB of states do not fit a 16 GiB device, but fit CPU memory.
+    {
+        const Workload w = small(1);
+        const auto all = placements(w, h);
+        BOOST_TEST(all.size() == 9u);
+        BOOST_TEST(state_bytes(w).total() > h.gpu_bytes);
+        const Placement& gg = placement_of(all, Tier::gpu, Tier::gpu);
+        BOOST_TEST(!gg.fits);
+        BOOST_TEST(!gg.gpu.fits());
+        BOOST_TEST(placement_of(all, Tier::cpu, Tier::cpu).fits);
+        BOOST_TEST(placement_of(all, Tier::nvme, Tier::nvme).fits);
+        // One rank: no allgather, the parameters reach the device over its own link.
+        BOOST_TEST(std::isinf(gg.param_bps));
+        BOOST_TEST(placement_of(all, Tier::cpu, Tier::gpu).param_bps == 12e9);
+    }
+    // Four ranks on one node, param=cpu, optim=nvme, batch 1, by hand.
+    const Workload w = small(4);
+    const auto all = placements(w, h);
+    BOOST_TEST(all.size() == 9u);
+    const Placement& p = placement_of(all, Tier::cpu, Tier::nvme);
+    BOOST_TEST(p.name() == "param=cpu,optim=nvme");
+    const std::uint64_t P = kSmallParams;
+    // Params 2P over 4 ranks, all 4 on the node: 4 * ceil(2P/4).
+    BOOST_TEST(p.cpu.need == 2627252224ull);
+    BOOST_TEST(p.cpu.need == 4 * ((2 * P + 3) / 4));
+    // Grad 2 + master 4 + moments 8 = 14P on the node's NVMe.
+    BOOST_TEST(p.nvme.need == 18390765568ull);
+    BOOST_TEST(p.nvme.need == 4 * ((14 * P + 3) / 4));
+    // The device: MSWM 16 hd^2 = 64 MiB, AWM 1024 (16*2048 + 2*16*1024) = 64 MiB,
+    // checkpoints 2 * 1024 * 2048 * 24 = 96 MiB (they fit, so they stay).
+    BOOST_TEST(mswm_bytes(w) == 64 * MiB);
+    BOOST_TEST(awm_bytes(w) == 64 * MiB);
+    BOOST_TEST(activation_checkpoint_bytes(w) == 96 * MiB);
+    BOOST_TEST(p.gpu.need == 224 * MiB);
+    BOOST_TEST(p.activations == Tier::gpu);
+    BOOST_TEST(p.gpu.capacity == 16 * GiB);
+    BOOST_TEST(p.cpu.capacity == 64 * GiB);
+    BOOST_TEST(p.nvme.capacity == 1024 * GiB);
+    BOOST_TEST(p.fits);
+    BOOST_TEST(p.nvme.headroom() == 1024.0 * GiB / 18390765568.0 - 1, tt::tolerance(1e-12));
+    // Bandwidths: 4 PCIe links (48 GB/s, under the 100 GB/s allgather); NVMe read
+    // once and written once (harmonic mean of 3 and 2 GB/s: 2.4 GB/s).
+    BOOST_TEST(p.param_bps == 48e9, tt::tolerance(1e-12));
+    BOOST_TEST(p.optim_bps == 2.4e9, tt::tolerance(1e-12));
+    BOOST_TEST(std::isinf(p.activation_bps));
+    BOOST_TEST(p.efficiency_param == 1024 * 48e9 / (1024 * 48e9 + kPeak), tt::tolerance(1e-12));
+    BOOST_TEST(p.efficiency_optimizer == 256 * 2.4e9 / (256 * 2.4e9 + kPeak), tt::tolerance(1e-12));
+    BOOST_TEST(p.efficiency_activation == 1.0);
+    BOOST_TEST(p.min_efficiency() == p.efficiency_optimizer);
+
+    // NVMe parameters: 3 reads and a write, 4 / (3/3 + 1/2) = 2.67 GB/s.
+    BOOST_TEST(placement_of(all, Tier::nvme, Tier::gpu).param_bps == 4e9 / 1.5, tt::tolerance(1e-12));
+    BOOST_TEST(placement_of(all, Tier::gpu, Tier::cpu).optim_bps == 40e9);
+    BOOST_TEST(placement_of(all, Tier::gpu, Tier::gpu).param_bps == 100e9);
+    BOOST_TEST(std::isinf(placement_of(all, Tier::gpu, Tier::gpu).optim_bps));
+    // With 4 ranks the states fit beside each other on every device.
+    BOOST_TEST(placement_of(all, Tier::gpu, Tier::gpu).fits);
+    for (const auto& q : all) BOOST_TEST(q.fits, q.name());
+
+    // Checkpoints that do not fit on the device go to CPU memory, each rank's.
+    const Workload big = small(4, 128);  // AWM 8 GiB + checkpoints 12 GiB > 16 GiB
+    BOOST_TEST(activation_checkpoint_bytes(big) == 128 * 96 * MiB);
+    const Placement& c = placement_of(placements(big, h), Tier::nvme, Tier::nvme);
+    BOOST_TEST(c.activations == Tier::cpu);
+    BOOST_TEST(c.cpu.need == 4 * activation_checkpoint_bytes(big));
+    BOOST_TEST(c.activation_bps == 12e9);
+    BOOST_TEST(c.efficiency_activation == 24 * 2048 * 12e9 / (24 * 2048 * 12e9 + kPeak), tt::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(recommendation_is_the_cheapest_that_meets_the_target) {
+    const Hardware h = made_up();
+    const Workload w = small(4);
+    // Batch 1: gpu/gpu 0.594 (the allgather), cpu/gpu 0.41; CPU optimizer 0.128, NVMe 0.009.
+    struct Case {
+        double target;
+        Tier param, optim;
+        bool meets;
+    };
+    const Case cases[] = {{0.9, Tier::gpu, Tier::gpu, false},  // nothing reaches it: the best
+                          {0.5, Tier::gpu, Tier::gpu, true},
+                          {0.4, Tier::cpu, Tier::gpu, true},
+                          {0.1, Tier::cpu, Tier::cpu, true},
+                          {0.005, Tier::nvme, Tier::nvme, true}};
+    for (const auto& c : cases) {
+        BOOST_TEST_CONTEXT("target " << c.target) {
+            const Report r = plan::plan(w, h, c.target);
+            BOOST_TEST(r.all.size() == 9u);
+            BOOST_TEST_REQUIRE(r.placement.has_value());
+            BOOST_TEST(r.placement->name() ==
+                       std::string("param=") + shard::tier_name(c.param) + ",optim=" + shard::tier_name(c.optim));
+            BOOST_TEST(r.meets_target == c.meets);
+            BOOST_TEST(r.placement->fits);
+            if (c.meets) {
+                BOOST_TEST(r.placement->min_efficiency() >= c.target);
+            } else {
+                for (const auto& p : r.all)
+                    if (p.fits) BOOST_TEST(p.min_efficiency() <= r.placement->min_efficiency());
+            }
+            BOOST_TEST(r.need_param_bps == bandwidth_for(c.target, 1024, kPeak));
+            BOOST_TEST(r.need_optimizer_bps == bandwidth_for(c.target, 256, kPeak));
+            BOOST_TEST(r.need_activation_bps == bandwidth_for(c.target, 24 * 2048, kPeak));
+        }
+    }
+    // Fast links and a large batch: everything on NVMe meets 90%.
+    const Report r = plan::plan(small(4, 16), ample(), 0.9);
+    BOOST_TEST_REQUIRE(r.placement.has_value());
+    BOOST_TEST(r.placement->name() == "param=nvme,optim=nvme");
+    BOOST_TEST(r.meets_target);
+    BOOST_TEST(r.placement->min_efficiency() >= 0.9);
+    // One device: gpu/gpu does not fit, so it is never recommended.
+    const Report one = plan::plan(small(1), h, 0.9);
+    BOOST_TEST_REQUIRE(one.placement.has_value());
+    BOOST_TEST(one.placement->name() != "param=gpu,optim=gpu");
+    BOOST_TEST(!one.meets_target);
+}
+
+BOOST_AUTO_TEST_CASE(nothing_fits) {
+    Hardware h = made_up();
+    h.gpu_bytes = h.cpu_bytes = h.nvme_bytes = GiB;
+    const Report r = plan::plan(small(1), h, 0.9);
+    BOOST_TEST(r.all.size() == 9u);
+    for (const auto& p : r.all) BOOST_TEST(!p.fits, p.name());
+    BOOST_TEST(!r.placement.has_value());
+    BOOST_TEST(!r.meets_target);
+    BOOST_TEST(r.batch_for_target == 0u);
+    const json::Json j = to_json(r);
+    BOOST_TEST(j["fits"].get<bool>() == false);
+    BOOST_TEST(j["placement"].is_null());
+    BOOST_TEST(j["efficiency_param"].is_null());
+    BOOST_TEST(j["batch_for_target"].is_null());
+}
+
+BOOST_AUTO_TEST_CASE(tile_factor) {
+    // hd 25600, largest block 2 GiB: ceil(16 * 25600^2 / 2^31) = 5.
+    Hardware h = made_up();
+    h.gpu_max_block = 2 * GiB;
+    const Workload w = paper_1t();
+    BOOST_TEST(plan::plan(w, h, 0.9).tile == 5u);
+    Workload w5 = w;
+    w5.tile = 5;
+    BOOST_TEST(mswm_bytes(w5) <= h.gpu_max_block);
+    w5.tile = 4;
+    BOOST_TEST(mswm_bytes(w5) > h.gpu_max_block);
+    // Without a largest block, the device's memory: 9.77 GiB fits 16 GiB whole.
+    h.gpu_max_block = 0;
+    BOOST_TEST(plan::plan(w, h, 0.9).tile == 1u);
+    h.gpu_bytes = 4 * GiB;
+    BOOST_TEST(plan::plan(w, h, 0.9).tile == 3u);  // ceil(9.77 / 4)
+    // Exactly a block: no tiling.
+    h.gpu_max_block = 16ull * 25600 * 25600;
+    BOOST_TEST(plan::plan(w, h, 0.9).tile == 1u);
+    h.gpu_max_block = 16ull * 25600 * 25600 - 1;
+    BOOST_TEST(plan::plan(w, h, 0.9).tile == 2u);
+    // No memory known: no tile (null in the JSON).
+    h.gpu_bytes = h.gpu_max_block = 0;
+    const Report r = plan::plan(w, h, 0.9);
+    BOOST_TEST(r.tile == 0u);
+    BOOST_TEST(to_json(r)["tile"].is_null());
+}
+
+BOOST_AUTO_TEST_CASE(batch_for_target) {
+    struct Case {
+        Workload w;
+        Hardware h;
+        double target;
+    };
+    const Case cases[] = {{small(4), made_up(), 0.9},  // gpu/gpu, the allgather's 100 GB/s: 7
+                          {small(4), made_up(), 0.1},  // cpu/cpu
+                          {small(4, 16), ample(), 0.9},  // nvme/nvme: the optimizer's 13
+                          {small(4, 16), ample(), 0.75}};
+    for (const auto& c : cases) {
+        const Report r = plan::plan(c.w, c.h, c.target);
+        BOOST_TEST_REQUIRE(r.placement.has_value());
+        const Placement& p = *r.placement;
+        BOOST_TEST_CONTEXT(p.name() << ", target " << c.target) {
+            const std::uint64_t b = r.batch_for_target;
+            BOOST_TEST_REQUIRE(b >= 1u);
+            auto effs = [&](std::uint64_t batch) {
+                Workload w = c.w;
+                w.batch = batch;
+                return std::min(efficiency(ait_param(w), p.param_bps, c.h.peak_flops),
+                                efficiency(ait_optimizer(w), p.optim_bps, c.h.peak_flops));
+            };
+            BOOST_TEST(effs(b) >= c.target);
+            if (b > 1) BOOST_TEST(effs(b - 1) < c.target);
+        }
+    }
+    BOOST_TEST(plan::plan(small(4), made_up(), 0.9).batch_for_target == 7u);
+    BOOST_TEST(plan::plan(small(4, 16), ample(), 0.9).batch_for_target == 13u);
+    // Everything in device memory of one device: batch 1 is enough.
+    Hardware big = made_up();
+    big.gpu_bytes = 64 * GiB;
+    const Report r = plan::plan(small(1), big, 0.9);
+    BOOST_TEST(r.placement->name() == "param=gpu,optim=gpu");
+    BOOST_TEST(r.batch_for_target == 1u);
+}
+
+// ---------------------------------------------------------------------------
+// read_bench().
+
+BOOST_AUTO_TEST_CASE(read_bench_records) {
+    Hardware h;
+    const json::Json nv = {{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", 2.5}, {"engine", "uring"}};
+    BOOST_TEST(read_bench(nv, "nvme.jsonl", h));
+    BOOST_TEST(h.nvme_read_bps == 2.5 * kGiBd);
+    BOOST_TEST(h.source_nvme == "nvme.jsonl");
+    BOOST_TEST(read_bench({{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", 3.0}}, "a", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", 2.0}}, "a", h));
+    BOOST_TEST(h.nvme_read_bps == 3.0 * kGiBd);  // the best kept
+    BOOST_TEST(read_bench({{"schema", "zinf.nvmebench/1"}, {"op", "write"}, {"gibps", 1.5}}, "a", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.nvmebench/1"}, {"op", "write"}, {"gibps", 1.25}}, "a", h));
+    BOOST_TEST(h.nvme_write_bps == 1.5 * kGiBd);
+    BOOST_TEST(h.nvme_read_bps == 3.0 * kGiBd);
+
+    // commbench: the allgather's bus bandwidth, GB/s of 10^9; reduce-scatter ignored.
+    BOOST_TEST(read_bench({{"schema", "zinf.commbench/1"}, {"op", "allgather"}, {"busbw_gbps", 80.0},
+                           {"algbw_gbps", 95.0}}, "comm.jsonl", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.commbench/1"}, {"op", "allgather"}, {"busbw_gbps", 60.0}}, "b", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.commbench/1"}, {"op", "reduce-scatter"}, {"busbw_gbps", 500.0}}, "c", h));
+    BOOST_TEST(h.gpu_gpu_bps == 80e9);
+    BOOST_TEST(h.source_gpu_gpu == "comm.jsonl");
+
+    // pinstress: the lesser of the best h2d and the best d2h.
+    const json::Json pin = {{"schema", "zinf.pinstress/1"},
+                            {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", 12.0}, {"pageable_gibps", 5.0}},
+                                                          {{"copy", "d2h"}, {"pinned_gibps", 10.0}},
+                                                          {{"copy", "h2d"}, {"pinned_gibps", 11.0}},
+                                                          {{"copy", "d2h"}, {"pinned_gibps", 9.0}}})}};
+    BOOST_TEST(read_bench(pin, "pin.json", h));
+    BOOST_TEST(h.cpu_gpu_bps == 10.0 * kGiBd);
+    BOOST_TEST(h.source_cpu_gpu == "pin.json");
+    // A record with no copies measured (no GPU) changes nothing.
+    BOOST_TEST(read_bench({{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array()}}, "nogpu.json", h));
+    BOOST_TEST(h.cpu_gpu_bps == 10.0 * kGiBd);
+    BOOST_TEST(h.source_cpu_gpu == "pin.json");
+
+    // optbench: the update's memory traffic, GiB/s; the step records ignored.
+    BOOST_TEST(read_bench({{"schema", "zinf.optbench/1"}, {"kind", "update"}, {"traffic_gibps", 61.0}}, "opt", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.optbench/1"}, {"kind", "step"}, {"read_gibps", 3.3}}, "opt2", h));
+    BOOST_TEST(h.cpu_update_bps == 61.0 * kGiBd);
+    BOOST_TEST(h.source_cpu_update == "opt");
+
+    // Another schema: false, nothing changed.
+    const Hardware before = h;
+    BOOST_TEST(!read_bench({{"schema", "zinf.plan/1"}, {"gibps", 100.0}}, "x", h));
+    BOOST_TEST(!read_bench({{"schema", "zinf.manifest/1"}}, "x", h));
+    BOOST_TEST(h.nvme_read_bps == before.nvme_read_bps);
+    BOOST_TEST(h.gpu_gpu_bps == before.gpu_gpu_bps);
+    BOOST_TEST(h.cpu_gpu_bps == before.cpu_gpu_bps);
+    BOOST_TEST(h.cpu_update_bps == before.cpu_update_bps);
+}
+
+BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
+    const std::vector<std::pair<std::string, json::Json>> bad = {
+        {"no schema", {{"op", "read"}, {"gibps", 1.0}}},
+        {"schema not a string", {{"schema", 1}, {"gibps", 1.0}}},
+        {"not an object", json::Json::array({1, 2})},
+        {"nvmebench without gibps", {{"schema", "zinf.nvmebench/1"}, {"op", "read"}}},
+        {"nvmebench negative gibps", {{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", -1.0}}},
+        {"nvmebench string gibps", {{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", "3.0"}}},
+        {"nvmebench other op", {{"schema", "zinf.nvmebench/1"}, {"op", "trim"}, {"gibps", 1.0}}},
+        {"commbench allgather without busbw", {{"schema", "zinf.commbench/1"}, {"op", "allgather"}}},
+        {"pinstress without copies", {{"schema", "zinf.pinstress/1"}}},
+        {"pinstress string gibps",
+         {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", "fast"}}})}}},
+        {"pinstress copy not an object", {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({5})}}},
+        {"optbench update without traffic", {{"schema", "zinf.optbench/1"}, {"kind", "update"}}},
+    };
+    for (const auto& [what, record] : bad) {
+        Hardware h;
+        const std::string msg = testing::what_of<DataError>([&] { read_bench(record, "bench-" + what, h); }, what);
+        BOOST_TEST(testing::contains(msg, "bench-" + what), what << ": " << msg);
+        BOOST_TEST(h.nvme_read_bps == 0.0);
+        BOOST_TEST(h.cpu_gpu_bps == 0.0);
+    }
+    // The message names the record's schema and the key.
+    Hardware h;
+    const std::string msg = testing::what_of<DataError>(
+        [&] {
+            read_bench({{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "d2h"}}})}}, "p.json", h);
+        },
+        "pinstress copy without gibps");
+    BOOST_TEST(testing::contains(msg, "zinf.pinstress/1"), msg);
+    BOOST_TEST(testing::contains(msg, "pinned_gibps"), msg);
+}
+
+// ---------------------------------------------------------------------------
+// Usage errors and the JSON report.
+
+BOOST_AUTO_TEST_CASE(workload_validation) {
+    const Hardware h = made_up();
+    struct Case {
+        const char* what;
+        Workload w;
+        const char* says;
+    };
+    auto with = [](auto change) {
+        Workload w = small(4);
+        change(w);
+        return w;
+    };
+    const Case cases[] = {
+        {"dp 0", with([](Workload& w) { w.dp = 0; }), "--dp"},
+        {"nodes 0", with([](Workload& w) { w.nodes = 0; }), "--nodes"},
+        {"nodes > dp", with([](Workload& w) { w.nodes = 5; }), "--nodes"},
+        {"batch 0", with([](Workload& w) { w.batch = 0; }), "--batch"},
+        {"ci 0", with([](Workload& w) { w.ci = 0; }), "--ci"},
+        {"ci > layers", with([](Workload& w) { w.ci = 25; }), "--ci"},
+        {"seq > model's", with([](Workload& w) { w.seq = 1025; }), "--seq"},
+        {"tile 0", with([](Workload& w) { w.tile = 0; }), "--tile"},
+        {"tile > hidden", with([](Workload& w) { w.tile = 2049; }), "--tile"},
+    };
+    for (const auto& c : cases) {
+        const std::string msg = testing::what_of<UsageError>([&] { c.w.validate(); }, c.what);
+        BOOST_TEST(testing::contains(msg, c.says), c.what << ": " << msg);
+        testing::what_of<UsageError>([&] { plan::plan(c.w, h, 0.9); }, std::string("plan, ") + c.what);
+    }
+    // The edges that are fine.
+    BOOST_CHECK_NO_THROW(with([](Workload& w) { w.nodes = 4; w.ci = 24; w.seq = 1024; w.tile = 2048; }).validate());
+    BOOST_CHECK_NO_THROW(with([](Workload& w) { w.seq = 1; }).validate());
+    BOOST_TEST(with([](Workload& w) { w.seq = 0; }).sequence() == 1024u);
+    BOOST_TEST(with([](Workload& w) { w.seq = 512; }).sequence() == 512u);
+    BOOST_TEST(with([](Workload& w) { w.dp = 10; w.nodes = 4; }).ranks_per_node() == 3u);
+
+    for (double t : {0.0, 1.0, -0.5, 1.5, std::nan("")}) {
+        const std::string msg = testing::what_of<UsageError>([&] { plan::plan(small(4), h, t); }, "target");
+        BOOST_TEST(testing::contains(msg, "--target"), msg);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(report_json) {
+    const Report r = plan::plan(small(4), made_up(), 0.9);
+    const json::Json j = to_json(r);
+    BOOST_TEST(j["schema"].get<std::string>() == "zinf.plan/1");
+    for (const char* key : {"params", "model_state_bytes", "activation_checkpoint_bytes", "mswm_bytes", "awm_bytes",
+                            "ait_param", "ait_optimizer", "ait_activation", "efficiency_param",
+                            "efficiency_optimizer", "efficiency_activation", "placement", "tile", "fits"})
+        BOOST_TEST(j.contains(key), key);
+    BOOST_TEST(j["params"].get<std::uint64_t>() == kSmallParams);
+    BOOST_TEST(j["model_state_bytes"].get<std::uint64_t>() == 16 * kSmallParams);
+    BOOST_TEST(j["activation_checkpoint_bytes"].get<std::uint64_t>() == 96 * MiB);
+    BOOST_TEST(j["mswm_bytes"].get<std::uint64_t>() == 64 * MiB);
+    BOOST_TEST(j["awm_bytes"].get<std::uint64_t>() == 64 * MiB);
+    BOOST_TEST(j["ait_param"].get<double>() == 1024.0);
+    BOOST_TEST(j["ait_optimizer"].get<double>() == 256.0);
+    BOOST_TEST(j["ait_activation"].get<double>() == 24.0 * 2048);
+    BOOST_TEST(j["placement"].get<std::string>() == "param=gpu,optim=gpu");
+    BOOST_TEST(j["efficiency_param"].get<double>() == r.placement->efficiency_param);
+    BOOST_TEST(j["efficiency_optimizer"].get<double>() == 1.0);
+    BOOST_TEST(j["efficiency_activation"].get<double>() == 1.0);
+    BOOST_TEST(j["tile"].get<unsigned>() == 1u);
+    BOOST_TEST(j["fits"].get<bool>() == true);
+    BOOST_TEST(j["meets_target"].get<bool>() == false);
+    BOOST_TEST(j["batch_for_target"].get<std::uint64_t>() == 7u);
+    BOOST_TEST(j["placements"].size() == 9u);
+    // Infinite bandwidths (states in device memory) are null, the rest GB/s.
+    const json::Json& gg = j["placements"][0];
+    BOOST_TEST(gg["placement"].get<std::string>() == "param=gpu,optim=gpu");
+    BOOST_TEST(gg["bw_optimizer_gbps"].is_null());
+    BOOST_TEST(gg["bw_param_gbps"].get<double>() == 100.0);
+    BOOST_TEST(j["need_param_gbps"].get<double>() == 9 * 70e12 / 1024 / 1e9, tt::tolerance(1e-12));
+    // The record is one JSON Lines line and parses back the same.
+    const std::string line = json::line(j);
+    BOOST_TEST(line.back() == '\n');
+    BOOST_TEST(json::parse_line(line, "plan", 1) == j);
+}
