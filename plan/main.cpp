@@ -5,6 +5,7 @@
 #include <zinf/mem.hpp>
 #include <zinf/plan.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -56,7 +57,11 @@ std::uint64_t nvme_capacity(const std::string& text, std::string& source) {
     struct statvfs st {};
     const std::string path = text.empty() ? (::getenv("TMPDIR") && *::getenv("TMPDIR") ? ::getenv("TMPDIR") : "/var/tmp")
                                           : text;
-    if (::statvfs(path.c_str(), &st) != 0) throw_errno("statvfs", errno, path);
+    if (::statvfs(path.c_str(), &st) != 0) {
+        if (!text.empty() && text.find('/') == std::string::npos && std::isdigit(static_cast<unsigned char>(text[0])))
+            throw UsageError("--nvme " + text + ": neither a size (4TiB, 800GB) nor a folder");
+        throw_errno("statvfs", errno, path);
+    }
     source = "free space of " + path;
     return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
@@ -112,8 +117,12 @@ void human(const plan::Report& r, const plan::Hardware& h) {
                 h.source_peak.c_str(), r.target);
     std::printf("#\n# memory (§3)\n");
     auto row = [](const char* key, const std::string& value, const std::string& note) {
-        std::printf("%-30s %-22s %s\n", key, value.c_str(), note.empty() ? "" : ("# " + note).c_str());
+        if (note.empty())
+            std::printf("%-30s %s\n", key, value.c_str());
+        else
+            std::printf("%-30s %-22s # %s\n", key, value.c_str(), note.c_str());
     };
+    auto at = [](double bps) { return std::isinf(bps) ? std::string("in device memory") : "at " + gb(bps); };
     row("params", std::to_string(r.states.params), "exact, from the layout");
     row("paper_params", std::to_string(r.paper_params), "12 nl hd^2");
     row("model_state_bytes", format_size(r.model_state_bytes),
@@ -136,7 +145,7 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     auto src = [](double bps, const std::string& s) { return bps > 0 ? gb(bps) + " (" + s + ")" : "unknown"; };
     std::printf("#   gpu-gpu %s; cpu-gpu %s; nvme read %s, write %s; cpu update %s\n",
                 src(h.gpu_gpu_bps, h.source_gpu_gpu).c_str(), src(h.cpu_gpu_bps, h.source_cpu_gpu).c_str(),
-                src(h.nvme_read_bps, h.source_nvme).c_str(), src(h.nvme_write_bps, h.source_nvme).c_str(),
+                src(h.nvme_read_bps, h.source_nvme_read).c_str(), src(h.nvme_write_bps, h.source_nvme_write).c_str(),
                 src(h.cpu_update_bps, h.source_cpu_update).c_str());
     std::printf("#\n# %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s\n", "param", "optim", "acts", "fits", "gpu_need",
                 "cpu_need", "nvme_need", "eff_param", "eff_optim", "eff_acts");
@@ -153,8 +162,8 @@ void human(const plan::Report& r, const plan::Hardware& h) {
         row("placement", r.placement->name(),
             r.meets_target ? "the cheapest that fits and meets the target"
                            : "fits, but no placement meets the target: the best least efficiency");
-        row("efficiency_param", pct(r.placement->efficiency_param), "at " + gb(r.placement->param_bps));
-        row("efficiency_optimizer", pct(r.placement->efficiency_optimizer), "at " + gb(r.placement->optim_bps));
+        row("efficiency_param", pct(r.placement->efficiency_param), at(r.placement->param_bps));
+        row("efficiency_optimizer", pct(r.placement->efficiency_optimizer), at(r.placement->optim_bps));
         row("efficiency_activation", pct(r.placement->efficiency_activation),
             std::string("checkpoints on ") + shard::tier_name(r.placement->activations));
         row("batch_for_target", r.batch_for_target ? std::to_string(r.batch_for_target) : "none",
@@ -187,9 +196,8 @@ int run(Options& o) {
     };
     flag(o.bw_gpu_gpu, h.gpu_gpu_bps, h.source_gpu_gpu, "--bw-gpu-gpu");
     flag(o.bw_cpu_gpu, h.cpu_gpu_bps, h.source_cpu_gpu, "--bw-cpu-gpu");
-    flag(o.bw_nvme_read, h.nvme_read_bps, h.source_nvme, "--bw-nvme-read");
-    flag(o.bw_nvme_write, h.nvme_write_bps, h.source_nvme,
-         o.bw_nvme_read >= 0 ? "--bw-nvme-read, --bw-nvme-write" : "--bw-nvme-write");
+    flag(o.bw_nvme_read, h.nvme_read_bps, h.source_nvme_read, "--bw-nvme-read");
+    flag(o.bw_nvme_write, h.nvme_write_bps, h.source_nvme_write, "--bw-nvme-write");
     flag(o.bw_cpu_update, h.cpu_update_bps, h.source_cpu_update, "--bw-cpu-update");
 
     if (!o.gpu_mem.empty()) {

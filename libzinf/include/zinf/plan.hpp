@@ -52,7 +52,9 @@ struct Hardware {
     double cpu_gpu_bps = 0;              // per device, pinned host <-> device
     double nvme_read_bps = 0, nvme_write_bps = 0;  // per node
     double cpu_update_bps = 0;           // per node: the CPU optimizer's memory traffic (zinf-optbench)
-    std::string source_peak = "default", source_gpu_gpu, source_cpu_gpu, source_nvme, source_cpu_update;
+    // Where each figure came from: the record (file:line) or flag that set the value in force.
+    std::string source_peak = "default", source_gpu_gpu, source_cpu_gpu, source_nvme_read, source_nvme_write,
+                source_cpu_update;
 };
 
 // A bench program's JSON record (one line of zinf-nvmebench, -pinstress,

@@ -66,10 +66,12 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
     if (schema == "zinf.nvmebench/1") {
         const double bps = positive(j, "gibps", source, schema) * kGiB;
         const std::string op = j.value("op", std::string());
-        if (op == "read") h.nvme_read_bps = std::max(h.nvme_read_bps, bps);
-        else if (op == "write") h.nvme_write_bps = std::max(h.nvme_write_bps, bps);
-        else throw DataError(source + ": a zinf.nvmebench/1 record whose op is neither read nor write");
-        h.source_nvme = source;
+        double* best = op == "read" ? &h.nvme_read_bps : op == "write" ? &h.nvme_write_bps : nullptr;
+        if (!best) throw DataError(source + ": a zinf.nvmebench/1 record whose op is neither read nor write");
+        if (bps > *best) {
+            *best = bps;
+            (op == "read" ? h.source_nvme_read : h.source_nvme_write) = source;
+        }
         return true;
     }
     if (schema == "zinf.pinstress/1") {
@@ -83,8 +85,8 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
             if (what.find("d2h") != std::string::npos) d2h = std::max(d2h, bps);
         }
         const double both = h2d > 0 && d2h > 0 ? std::min(h2d, d2h) : std::max(h2d, d2h);
-        if (both > 0) {
-            h.cpu_gpu_bps = std::max(h.cpu_gpu_bps, both);
+        if (both > h.cpu_gpu_bps) {
+            h.cpu_gpu_bps = both;
             h.source_cpu_gpu = source;
         }
         return true;
@@ -100,8 +102,11 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
     }
     if (schema == "zinf.optbench/1") {
         if (j.value("kind", std::string()) != "update") return true;
-        h.cpu_update_bps = std::max(h.cpu_update_bps, positive(j, "traffic_gibps", source, schema) * kGiB);
-        h.source_cpu_update = source;
+        const double bps = positive(j, "traffic_gibps", source, schema) * kGiB;
+        if (bps > h.cpu_update_bps) {
+            h.cpu_update_bps = bps;
+            h.source_cpu_update = source;
+        }
         return true;
     }
     return false;
@@ -326,6 +331,7 @@ json::Json to_json(const Report& r) {
     j["batch"] = r.w.batch;
     j["seq"] = r.w.sequence();
     j["ci"] = r.w.ci;
+    j["layout_tile"] = r.w.tile;  // --tile, which MSWM is divided by; "tile" is the recommendation
     j["param_dtype"] = shard::dtype_name(r.w.param_dtype);
     j["grad_dtype"] = shard::dtype_name(r.w.grad_dtype);
     j["target"] = r.target;
