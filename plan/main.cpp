@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -24,7 +25,7 @@ struct Options {
     std::string param_dtype = "bf16", grad_dtype = "bf16";
     double target = 0.9, peak_tflops = 70;
     std::string gpu_mem, gpu_max_block, cpu_mem, nvme;
-    double bw_gpu_gpu = -1, bw_cpu_gpu = -1, bw_nvme_read = -1, bw_nvme_write = -1, bw_cpu_update = -1;
+    std::optional<double> bw_gpu_gpu, bw_cpu_gpu, bw_nvme_read, bw_nvme_write, bw_cpu_update;  // GB/s
     std::vector<std::string> bench;
     bool json = false;
     bool peak_given = false;
@@ -188,8 +189,12 @@ int run(Options& o) {
     h.source_peak = o.peak_given ? "--peak-tflops" : "default: the paper's V100 figure";
     for (const auto& f : o.bench) read_bench_file(f, h);
     // Flags win over the bench files.
-    auto flag = [](double v, double& dst, std::string& src, const char* name) {
-        if (v >= 0) {
+    auto flag = [](const std::optional<double>& given, double& dst, std::string& src, const char* name) {
+        if (!given) return;
+        const double v = *given;
+        if (!(v >= 0) || !std::isfinite(v))
+            throw UsageError(std::string(name) + " " + std::to_string(v) + ": a bandwidth is a finite number of GB/s, 0 or more");
+        {
             dst = v * 1e9;
             src = name;
         }

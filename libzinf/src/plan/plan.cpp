@@ -35,7 +35,7 @@ double positive(const json::Json& j, const char* key, const std::string& source,
 }  // namespace
 
 void Workload::validate() const {
-    if (!dp) throw UsageError("--dp must be at least 1");
+    if (!dp || dp > (1u << 20)) throw UsageError("--dp must be between 1 and 1048576");
     if (!nodes || nodes > dp) throw UsageError("--nodes must be between 1 and --dp");
     if (!batch) throw UsageError("--batch must be at least 1");
     if (!ci || ci > spec.layers) throw UsageError("--ci must be between 1 and the layers (" +
@@ -43,6 +43,15 @@ void Workload::validate() const {
     if (!tile || tile > spec.hidden) throw UsageError("--tile must be between 1 and the hidden size");
     if (sequence() > spec.seq)
         throw UsageError("--seq " + std::to_string(seq) + " is longer than the model's " + std::to_string(spec.seq));
+    // The byte counts below must fit 64 bits (the spec's own sizes are checked by its parser).
+    using u128 = unsigned __int128;
+    const u128 T = sequence(), C = spec.hidden;
+    const u128 ckpt = 2 * u128{batch} * T * C * spec.layers, awm = u128{batch} * T * ci * (16 * C + 2 * u128{spec.heads} * T);
+    if (ckpt >= (u128{1} << 63) || awm >= (u128{1} << 63))
+        throw UsageError("--batch " + std::to_string(batch) + ": too large (the activation bytes pass 2^63)");
+    // And the state bytes: 20 bytes a parameter at most, by either count.
+    if (std::max(spec.parameters(), spec.paper_estimate()) >= (std::uint64_t{1} << 59))
+        throw UsageError("model " + spec.to_string() + ": too large to count its bytes (2^59 parameters or more)");
 }
 
 namespace {
@@ -137,8 +146,8 @@ std::uint64_t awm_bytes(const Workload& w) {
     return w.batch * T * w.ci * (16 * w.spec.hidden + 2 * w.spec.heads * T);
 }
 
-double ait_param(const Workload& w) { return static_cast<double>(w.sequence() * w.batch); }
-double ait_optimizer(const Workload& w) { return static_cast<double>(w.sequence() * w.batch) / 4.0; }
+double ait_param(const Workload& w) { return static_cast<double>(w.sequence()) * static_cast<double>(w.batch); }
+double ait_optimizer(const Workload& w) { return ait_param(w) / 4.0; }
 double ait_activation(const Workload& w) { return 24.0 * static_cast<double>(w.spec.hidden * w.ci); }
 
 double efficiency(double ait, double bw_bps, double peak_flops) {
@@ -286,7 +295,9 @@ Report plan(const Workload& w, const Hardware& h, double target) {
             return std::max(1.0, std::ceil(target / (1 - target) * h.peak_flops / bw / per_batch_ait - 1e-9));
         };
         const double bp = batch_for(p.param_bps, T), bo = batch_for(p.optim_bps, T / 4);
-        r.batch_for_target = bp > 0 && bo > 0 ? static_cast<std::uint64_t>(std::max(bp, bo)) : 0;
+        const double need = std::max(bp, bo);
+        // 0 (none) when a bandwidth is unknown or the batch is past any sense.
+        r.batch_for_target = bp > 0 && bo > 0 && need < 0x1p53 ? static_cast<std::uint64_t>(need) : 0;
     }
     return r;
 }
