@@ -35,15 +35,6 @@ std::uint64_t size_of(const std::string& text, const std::string& option) {
     return cli::parse_sizes({text}, option)[0];
 }
 
-std::uint64_t meminfo_total() {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    std::uint64_t kib = 0;
-    while (in >> key >> kib)
-        if (key == "MemTotal:") return kib * 1024;
-    return 0;
-}
-
 // --nvme: a size ("28TiB"), or else a folder whose file system's free space
 // is the capacity.
 std::uint64_t nvme_capacity(const std::string& text, std::string& source) {
@@ -213,7 +204,7 @@ int run(Options& o) {
         if (!g.count) log::warn("no GPU (" + g.why_not + "): GPU memory taken as 0; give --gpu-mem to plan for one");
     }
     if (!o.gpu_max_block.empty()) h.gpu_max_block = size_of(o.gpu_max_block, "--gpu-max-block");
-    h.cpu_bytes = o.cpu_mem.empty() ? meminfo_total() : size_of(o.cpu_mem, "--cpu-mem");
+    h.cpu_bytes = o.cpu_mem.empty() ? meminfo_bytes("MemTotal") : size_of(o.cpu_mem, "--cpu-mem");
     std::string nvme_source;
     h.nvme_bytes = nvme_capacity(o.nvme, nvme_source);
     log::info("nvme capacity: " + format_size(h.nvme_bytes) + " (" + nvme_source + ")");

@@ -63,12 +63,8 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
 
 std::uint64_t device_memory(const std::string& text) {
     if (text != "auto") return cli::parse_sizes({text}, "--device-memory")[0];
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    std::uint64_t kib = 0;
-    while (in >> key >> kib)
-        if (key == "MemAvailable:") return kib * 1024 / 4 * 3;  // what the kernel lets one mapping take
-    return 4 * GiB;
+    const std::uint64_t available = meminfo_bytes("MemAvailable");
+    return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
 }
 
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,

@@ -147,6 +147,11 @@ private:
 // crash ("" is the current folder); IoError naming it on failure.
 void fsync_dir(const std::string& dir);
 
+// Writes `pieces`, one after another, as the whole of `path`, complete or not
+// at all: a temporary beside it ("<path>.tmp.<pid>"), fsync, rename over
+// `path`, fsync of the folder. The temporary is removed on failure.
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
+
 class Mmap {
 public:
     Mmap() = default;
@@ -264,6 +269,9 @@ private:
 // bytes, from /proc/self/status; 0 where it cannot be read.
 std::uint64_t resident_bytes();
 std::uint64_t peak_resident_bytes();
+// A /proc/meminfo figure ("MemTotal", "MemAvailable") in bytes; 0 where it
+// cannot be read.
+std::uint64_t meminfo_bytes(std::string_view key);
 
 // ---------------------------------------------------------------------------
 // JSON helpers over nlohmann-json.

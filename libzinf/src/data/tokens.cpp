@@ -36,23 +36,6 @@ std::uint32_t max_of(std::span<const std::uint16_t> t) {
     return m;
 }
 
-// Writes all of `iov` at the file's position, through short writes and EINTR.
-void write_all(const Fd& fd, std::array<iovec, 2> iov, const std::string& path) {
-    std::uint64_t done = 0;
-    for (std::size_t first = 0; first < iov.size();) {
-        ssize_t n = ::writev(fd.get(), iov.data() + first, static_cast<int>(iov.size() - first));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw_errno("writev", errno, path, done);
-        done += static_cast<std::uint64_t>(n);
-        auto left = static_cast<std::size_t>(n);
-        while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-        if (left) {  // a short write inside iov[first]
-            iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-            iov[first].iov_len -= left;
-        }
-    }
-}
-
 }  // namespace
 
 Tokens Tokens::open(const std::string& path) {
@@ -114,21 +97,8 @@ void write_token_file(const std::string& path, std::span<const std::uint16_t> to
     header[1] = kVersion;
     header[2] = static_cast<std::int32_t>(tokens.size());
 
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    try {
-        write_all(fd,
-                  {iovec{header.data(), sizeof header},
-                   iovec{const_cast<std::uint16_t*>(tokens.data()), tokens.size_bytes()}},
-                  tmp);
-        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
-        fd.close(tmp);
-        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
-    } catch (...) {
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    fsync_dir(std::filesystem::path(path).parent_path().string());
+    const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)), std::as_bytes(tokens)};
+    write_file_atomic(path, pieces);
 }
 
 void check_vocab(const Tokens& tokens, std::uint64_t vocab) {

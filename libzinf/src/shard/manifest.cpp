@@ -240,23 +240,8 @@ void save_manifest(const Manifest& m, const std::string& path) {
     std::ostringstream text;
     write_manifest(text, m);
     const std::string s = text.str();
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    try {
-        for (std::size_t done = 0; done < s.size();) {
-            ssize_t n = ::write(fd.get(), s.data() + done, s.size() - done);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) throw_errno("write", errno, tmp, done);
-            done += static_cast<std::size_t>(n);
-        }
-        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
-        fd.close(tmp);
-        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
-    } catch (...) {
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    fsync_dir(std::filesystem::path(path).parent_path().string());
+    const std::span<const std::byte> piece = std::as_bytes(std::span(s));
+    write_file_atomic(path, {&piece, 1});
 }
 
 // ---------------------------------------------------------------------------

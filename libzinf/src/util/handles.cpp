@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <filesystem>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,6 +13,29 @@ void fsync_dir(const std::string& dir) {
     const std::string d = dir.empty() ? "." : dir;
     Fd fd = Fd::open(d, O_RDONLY | O_DIRECTORY);
     if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, d);
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    try {
+        std::uint64_t at = 0;  // through short writes and EINTR
+        for (const auto& piece : pieces)
+            for (std::size_t done = 0; done < piece.size();) {
+                const ssize_t n = ::write(fd.get(), piece.data() + done, piece.size() - done);
+                if (n < 0 && errno == EINTR) continue;
+                if (n < 0) throw_errno("write", errno, tmp, at);
+                done += static_cast<std::size_t>(n);
+                at += static_cast<std::uint64_t>(n);
+            }
+        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
+        fd.close(tmp);
+        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
 Fd& Fd::operator=(Fd&& o) noexcept {

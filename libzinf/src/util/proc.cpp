@@ -5,9 +5,9 @@
 
 namespace zinf {
 
-// "VmRSS:     1234 kB" -> bytes.
-static std::uint64_t status_kib(const char* key) {
-    std::ifstream in("/proc/self/status");
+// "VmRSS:     1234 kB" in `file` -> bytes.
+static std::uint64_t kib_line(const char* file, std::string_view key) {
+    std::ifstream in(file);
     std::string line;
     const std::string prefix = std::string(key) + ":";
     while (std::getline(in, line))
@@ -15,7 +15,8 @@ static std::uint64_t status_kib(const char* key) {
     return 0;
 }
 
-std::uint64_t resident_bytes() { return status_kib("VmRSS"); }
-std::uint64_t peak_resident_bytes() { return status_kib("VmHWM"); }
+std::uint64_t resident_bytes() { return kib_line("/proc/self/status", "VmRSS"); }
+std::uint64_t peak_resident_bytes() { return kib_line("/proc/self/status", "VmHWM"); }
+std::uint64_t meminfo_bytes(std::string_view key) { return kib_line("/proc/meminfo", key); }
 
 }  // namespace zinf
