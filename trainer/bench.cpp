@@ -75,7 +75,7 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, uns
     auto& s = dev->compute();
 
     model::GPT gpt(model::Config::from(spec));
-    model::ResidentEngine eng(*dev, gpt.params_table());
+    model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
     auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint});
     const auto tensors = shard::tensors(spec);
     for (std::size_t t = 0; t < tensors.size(); ++t) shard::fill_fp32(tensors[t], spec, 0x5eed, 0, eng.values(t));

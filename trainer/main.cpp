@@ -31,7 +31,9 @@ struct Options {
     std::uint64_t warmup = 0;
     std::string schedule = "cosine";
     std::uint64_t seed = 0;
-    bool shuffle = false, no_checkpoint = false, resume = false, json = false;
+    bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
+    std::string prefetch_bytes = "64MiB";
+    std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
     std::string device_memory = "auto";
@@ -71,6 +73,13 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["forward_s"] = s.forward_seconds;
         j["backward_s"] = s.backward_seconds;
         j["optimizer_s"] = s.optimizer_seconds;
+        j["fetched_gpu_bytes"] = s.fetched_bytes[0];
+        j["fetched_cpu_bytes"] = s.fetched_bytes[1];
+        j["fetched_nvme_bytes"] = s.fetched_bytes[2];
+        j["stall_seconds"] = s.stall_seconds;
+        j["device_peak_bytes"] = s.device_peak_bytes;
+        j["peak_rss_bytes"] = s.peak_rss_bytes;
+        if (s.trace_diverged) j["trace_diverged"] = true;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the
@@ -86,7 +95,10 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
                            fixed(s.loss, 4) + "  lr " + sci(s.lr) + "  norm " + fixed(s.grad_norm, 4) + "  " +
                            fixed(s.tokens_per_s, 0) + " tok/s  " + fixed(s.flops_per_s / 1e9, 2) + " GFLOP/s  fwd " +
                            fixed(s.forward_seconds, 3) + " bwd " + fixed(s.backward_seconds, 3) + " opt " +
-                           fixed(s.optimizer_seconds, 3) + " s";
+                           fixed(s.optimizer_seconds, 3) + " s  fetched " +
+                           format_size(s.fetched_bytes[0] + s.fetched_bytes[1] + s.fetched_bytes[2]) + " stall " +
+                           fixed(s.stall_seconds, 3) + " s  device " + format_size(s.device_peak_bytes) + " rss " +
+                           format_size(s.peak_rss_bytes);
         if (s.overflow) line += "  (overflow: skipped)";
         if (val) line += "  val " + fixed(*val, 4);
         std::cout << line << '\n';
@@ -172,6 +184,9 @@ int run(Options& o) {
     to.grad_clip = o.grad_clip;
     to.manifest_path = committed;
     to.kernel.threads = cores;
+    to.resident = o.resident;
+    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
+    to.infinity.persist_below = o.persist_below;
 
     // A manifest past step 0 is a checkpoint: continue it only when asked.
     std::uint64_t at = 0;
@@ -193,13 +208,22 @@ int run(Options& o) {
                   std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
                   " ranks, " + std::to_string(dev->threads()) + " threads per rank; activations " +
                   format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
+        if (o.resident)
+            log::info("engine: resident (every parameter on every rank's device, the reference)");
+        else
+            log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
+                      " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
+                      format_size(to.infinity.prefetch_bytes) + ", persistent below " +
+                      std::to_string(o.persist_below) + " elements; the run needs a device budget of " +
+                      format_size(t.device_need()) + " of " + format_size(dev->arena().stats().bytes));
         log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
                   d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
                   fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
         if (at) log::info("resuming at step " + std::to_string(at));
         if (!o.json)
             std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
-                         "tokens/s  model FLOP/s  forward backward optimizer seconds\n";
+                         "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
+                         "stall, device peak, peak resident memory\n";
     }
 
     for (std::uint64_t s = t.step_count(); s < o.steps; ++s) {
@@ -302,6 +326,14 @@ int main(int argc, char** argv) {
                    "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
         ->capture_default_str();
     app.add_flag("--json", o.json, "JSON Lines (zinf.train/1) instead of the human lines");
+    app.add_flag("--resident", o.resident,
+                 "The reference engine: every parameter resident on every rank (plain data parallel)");
+    app.add_option("--prefetch-bytes", o.prefetch_bytes,
+                   "Device bytes the engine fetches ahead of compute along the recorded trace (0: on demand)")
+        ->capture_default_str();
+    app.add_option("--persist-below", o.persist_below,
+                   "Parameters of fewer elements stay gathered for the whole step (0: none)")
+        ->capture_default_str();
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);

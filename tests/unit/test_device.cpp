@@ -751,7 +751,7 @@ BOOST_AUTO_TEST_CASE(events_order_work_across_streams) {
     Rig r;
     Stream &compute = r->compute(), &copies = r->copies();
     BOOST_TEST(compute.name() == "compute");
-    BOOST_TEST(copies.name() == "copies");
+    BOOST_TEST(copies.name() == "h2d");
     for (int dir = 0; dir < 2; ++dir) {
         Stream& from = dir ? compute : copies;
         Stream& to = dir ? copies : compute;

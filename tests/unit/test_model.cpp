@@ -102,7 +102,7 @@ struct Net {
     model::ResidentEngine eng;
     model::Activations acts;
     Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2)
-        : dev(cpu(threads)), gpt(cfg), eng(*dev, gpt.params_table()), acts(gpt.plan(*dev, shape)) {}
+        : dev(cpu(threads)), gpt(cfg), eng(*dev, model::numels(gpt.params_table())), acts(gpt.plan(*dev, shape)) {}
     model::Context ctx() { return {*dev, dev->compute(), eng}; }
     void set_batch(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
         auto& s = dev->compute();
@@ -330,7 +330,7 @@ BOOST_AUTO_TEST_CASE(engine_refuses_unregistered_parameters) {
     const auto spec = shard::ModelSpec::parse("gpt:layers=1,hidden=8,heads=2,vocab=5,seq=4");
     auto dev = cpu(1);
     model::GPT gpt(model::Config::from(spec));
-    model::ResidentEngine eng(*dev, gpt.params_table());
+    model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
     const auto& table = gpt.params_table();
     const model::Module* ln_f = nullptr;
     std::size_t wte = 0;

@@ -33,6 +33,7 @@
 #include <zinf/optim.hpp>
 #include <zinf/util.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,7 +50,13 @@ struct Options {
     unsigned threads = 0;            // kernel threads; 0 = the CPUs this process may use
 };
 
-// An in-order queue of work. Made by Device::stream(); lives as long as it.
+// What a stream is for. The ZeRO engine gives each stage of its fetch
+// pipeline its own (paper §6.2): copies host -> device (cg), device -> host
+// (gradients out), collectives (gg, reduce-scatter), beside compute.
+enum class StreamKind { compute, h2d, d2h, collectives };
+const char* stream_kind_name(StreamKind k);
+
+// An in-order queue of work. Made by the Device (stream()); lives as long as it.
 class Stream {
 public:
     virtual ~Stream() = default;
@@ -57,10 +64,14 @@ public:
 };
 
 // A point in a stream: done once everything enqueued on the stream before
-// it is done. Copyable; a default Event is always done.
+// it is done. Copyable; a default Event is always done. `handle` owns the
+// backend's own event object where it has one (a cudaEvent_t on cuda; empty
+// on cpu, where the ticket is a count of the stream's jobs), so a copy of an
+// Event keeps it alive as long as anyone may wait on it.
 struct Event {
     std::uint64_t ticket = 0;
     const Stream* stream = nullptr;
+    std::shared_ptr<void> handle;
 };
 
 // Device memory holding `count` elements of T: a mem::Block seen as a span.
@@ -112,14 +123,32 @@ public:
     }
 
     // ---- streams and events -------------------------------------------------
-    // The stream kernels go to by default, and a second one for copies.
-    virtual Stream& compute() = 0;
-    virtual Stream& copies() = 0;
+    // One stream of each kind, made with the device and living as long as it.
+    virtual Stream& stream(StreamKind k) = 0;
+    Stream& compute() { return stream(StreamKind::compute); }  // where kernels go by default
+    Stream& copies() { return stream(StreamKind::h2d); }
     virtual Event record(Stream& s) = 0;
-    // Work enqueued on `s` after this call starts once `e` is done.
+    // Work enqueued on `s` after this call starts once `e` is done; the host
+    // does not wait. This is how one stage orders itself after another: a
+    // collective on the collectives stream after the copy that fed it, the
+    // compute after the gather of the weights it reads.
     virtual void wait(Stream& s, const Event& e) = 0;
+    // The same, adding to `waited_ns` how long `s` stood waiting for `e` (the
+    // engine's stall time: compute waiting for its parameters).
+    virtual void wait(Stream& s, const Event& e, std::atomic<std::uint64_t>& waited_ns) = 0;
     virtual void synchronize(Stream& s) = 0;
     virtual void synchronize(const Event& e) = 0;
+    // Whether `e` is done now, without waiting (and without reporting errors).
+    virtual bool query(const Event& e) = 0;
+    // Whether device memory can be handed to host code as it is (the cpu
+    // backend, whose device memory is host memory): then a host-memory
+    // collective (MPI) may run over device buffers from a host() job on the
+    // collectives stream. Otherwise the buffers cross through copies, or the
+    // collective runs on the device (NCCL on the stream's native handle).
+    virtual bool host_addressable() const = 0;
+    // The backend's own stream object (a cudaStream_t on cuda; nullptr on cpu),
+    // for libraries that enqueue on it (NCCL).
+    virtual void* native(Stream& s) = 0;
     // A kernel's error (a bad shape, a token past the vocabulary) is thrown by
     // the next synchronize of its stream (or of an event after it), and the
     // stream drops the rest of its queue until that synchronize reports it.

@@ -4,7 +4,7 @@
 // and when they move; a model author writes no data movement.
 //
 //   zinf::model::GPT gpt(zinf::model::Config::from(spec, tile));
-//   zinf::model::ResidentEngine engine(dev, gpt.params());   // every parameter on the device
+//   zinf::model::ResidentEngine engine(dev, numels(gpt.params_table()));  // every parameter on the device
 //   auto acts = gpt.plan(dev, {.batch = 4, .seq = 64});      // all buffers, once
 //   gpt.forward(ctx, acts, inputs, targets);                  // losses in acts.losses
 //   gpt.backward(ctx, acts, inputs, targets);                 // gradients through engine.grad()
@@ -22,6 +22,7 @@
 
 #include <zinf/device.hpp>
 #include <zinf/shard.hpp>
+#include <zinf/zero.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -58,52 +59,28 @@ public:
     // Claims `name` for `owner`: InternalError when absent, of another shape,
     // or claimed already.
     std::size_t claim(const std::string& name, const std::vector<std::uint64_t>& shape, const Module* owner);
+    // Every module that declares or uses a parameter, once, in the order they
+    // were made (execution order): what an engine plans its memory over.
+    void add_user(const Module* m);
+    std::span<const zero::Module* const> users() const { return users_; }
 
 private:
     std::vector<Param> params_;
+    std::vector<const zero::Module*> users_;
 };
 
-class Module {
+// A module of the model: the engine's view of it (zero::Module) plus the
+// way a module declares its parameters.
+class Module : public zero::Module {
 public:
-    explicit Module(std::string name) : name_(std::move(name)) {}
-    virtual ~Module() = default;
-    Module(const Module&) = delete;
-    Module& operator=(const Module&) = delete;
-
-    const std::string& name() const { return name_; }
-    std::span<const std::size_t> params() const { return own_; }         // declared here
-    std::span<const std::size_t> external() const { return external_; }  // other modules', used here
-    bool uses(std::size_t param) const;
+    using zero::Module::Module;
 
 protected:
     std::size_t declare(ParamTable& t, const std::string& param_name, std::vector<std::uint64_t> shape);
-    void use_external(std::size_t param) { external_.push_back(param); }
-
-private:
-    std::string name_;
-    std::vector<std::size_t> own_, external_;
 };
 
-// Where parameters live and when they move. The model calls the hooks around
-// every module's forward and backward, and asks for each parameter's values
-// and gradient inside them. weight() and grad() refuse (InternalError) a
-// parameter the module neither declared nor registered as external.
-class Engine {
-public:
-    virtual ~Engine() = default;
-    virtual void before_forward(const Module&) {}
-    virtual void after_forward(const Module&) {}
-    virtual void before_backward(const Module&) {}
-    virtual void after_backward(const Module&) {}
-
-    // Device memory: the values (numel), and the gradient the backward adds to.
-    std::span<const float> weight(const Module& m, std::size_t param);
-    std::span<float> grad(const Module& m, std::size_t param);
-
-protected:
-    virtual std::span<const float> weight_of(std::size_t param) = 0;
-    virtual std::span<float> grad_of(std::size_t param) = 0;
-};
+// Where parameters live and when they move: zero's hook interface.
+using Engine = zero::Engine;
 
 // What a forward or backward runs with.
 struct Context {
@@ -314,6 +291,8 @@ public:
     ~GPT() override;
     const Config& config() const { return cfg_; }
     const ParamTable& params_table() const { return table_; }
+    // Every module that uses a parameter (ParamTable::users).
+    std::span<const zero::Module* const> modules() const { return table_.users(); }
 
     Activations plan(device::Device& dev, const Shape& shape) const;
 
@@ -339,41 +318,8 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// The engine of this stage: every parameter and its gradient resident in
-// device memory, one Array each for all values and all gradients (fp32).
-// Records the hooks it sees when tracing (the order of modules a step runs,
-// which the ZeRO-Infinity engine's prefetcher will replay).
-class ResidentEngine : public Engine {
-public:
-    ResidentEngine(device::Device& dev, const ParamTable& params);
-
-    std::span<float> values(std::size_t param);   // for loading and updating
-    std::span<float> gradient(std::size_t param);
-    std::span<float> all_values() { return values_.span(); }
-    std::span<float> all_gradients() { return grads_.span(); }
-    std::uint64_t offset(std::size_t param) const { return offsets_[param]; }  // elements
-    void zero_grad(device::Stream& s);
-
-    struct Hook {
-        enum Kind { before_forward, after_forward, before_backward, after_backward } kind;
-        std::string module;
-    };
-    bool tracing = false;
-    std::vector<Hook> trace;
-
-    void before_forward(const Module& m) override;
-    void after_forward(const Module& m) override;
-    void before_backward(const Module& m) override;
-    void after_backward(const Module& m) override;
-
-protected:
-    std::span<const float> weight_of(std::size_t param) override { return values(param); }
-    std::span<float> grad_of(std::size_t param) override { return gradient(param); }
-
-private:
-    device::Device& dev_;
-    std::vector<std::uint64_t> offsets_, sizes_;
-    device::Array<float> values_, grads_;
-};
+// The reference engine (zero::ResidentEngine) for a model's parameters.
+using ResidentEngine = zero::ResidentEngine;
+std::vector<std::uint64_t> numels(const ParamTable& t);
 
 }  // namespace zinf::model

@@ -1,9 +1,14 @@
 // zinf train: one training step of a GPT over a manifest's state, as
-// zinf-train runs it. The model's parameters stay resident on the device
-// (model::ResidentEngine); gradients are averaged over the data-parallel
-// ranks and handed, partition by partition, to the tiered optimizer
-// (zero::Optimizer), whose new working parameters are gathered back into
-// every rank's resident copy. Placement moves bytes; it never changes math.
+// zinf-train runs it. By default the ZeRO-Infinity engine
+// (zero::InfinityEngine) moves the parameters: each rank holds only its
+// partitions, in the manifest's tiers, and every module's are fetched and
+// gathered before it runs, its gradients reduce-scattered and handed to the
+// tiered optimizer (zero::Optimizer) as its backward ends. The optimizer
+// writes the new working parameters to their tier, where the next step
+// fetches them. With `resident` the reference engine keeps the whole model
+// on every rank instead (plain data parallel: one reduce-scatter after
+// backward, the new parameters gathered back). Placement moves bytes; it
+// never changes math.
 //
 //   zinf::train::Trainer t(manifest, comm, engine, pool, *dev, opts);
 //   for (auto s = t.step_count(); s < opts.steps; ++s) log(t.step(loader));
@@ -13,10 +18,9 @@
 // run resumed from a committed step reads exactly the batches the
 // uninterrupted run would have read.
 //
-// This stage runs on the cpu device only: the trainer loads and updates the
-// resident parameters and hands the gradients to the optimizer and the
-// collectives straight from device memory, which is host memory there. The
-// cuda backend will stage these through copies.
+// Device memory is reached through copies only. The collectives run over
+// device buffers where the device says they are host-addressable (the cpu
+// backend, with MPI); the cuda backend brings NCCL for the rest.
 #pragma once
 
 #include <zinf/comm.hpp>
@@ -48,6 +52,8 @@ struct Options {
     double grad_clip = 1.0;             // 0: none
     std::string manifest_path;          // where commits go
     optim::Kernel kernel;               // the optimizer's threads
+    bool resident = false;              // the reference engine instead of ZeRO-Infinity
+    zero::InfinityOptions infinity;
 };
 
 struct StepLog {
@@ -58,6 +64,14 @@ struct StepLog {
     double seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
     std::uint64_t tokens = 0;           // over every rank
     double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (GPT::flops_per_step), every rank
+    // This rank's engine, over the step (zeros with the resident engine,
+    // which reads nothing during a step): bytes of its partitions fetched
+    // from each tier (gpu, cpu, nvme), compute's wait for them, the device
+    // budget's peak use, and the process's peak resident memory.
+    std::uint64_t fetched_bytes[3] = {};
+    double stall_seconds = 0;
+    std::uint64_t device_peak_bytes = 0, peak_rss_bytes = 0;
+    bool trace_diverged = false;
 };
 
 class Trainer {
@@ -78,8 +92,14 @@ public:
     void save();
 
     model::GPT& gpt();
+    // The resident engine (InternalError unless Options::resident).
     model::ResidentEngine& engine();
+    // The ZeRO-Infinity engine (nullptr with Options::resident).
+    zero::InfinityEngine* infinity();
     model::Activations& activations();
+    // What the run needs of the device budget at the least: the activations
+    // and the engine's reserved memory plus its largest fetch.
+    std::uint64_t device_need() const;
     double flops_per_step() const;  // one rank's batch
 
     struct Impl;

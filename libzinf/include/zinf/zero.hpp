@@ -14,14 +14,17 @@
 #pragma once
 
 #include <zinf/comm.hpp>
+#include <zinf/device.hpp>
 #include <zinf/optim.hpp>
 #include <zinf/shard.hpp>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace zinf::zero {
 
@@ -153,6 +156,22 @@ public:
     // elements of the param dtype) when the param state is held in memory.
     std::span<const std::byte> param(std::size_t tensor) const;
 
+    // Where this rank's current working parameters of `tensor` are, for the
+    // engine that fetches them: in memory (param tier gpu or cpu: `memory`,
+    // page-locked) or in a file (nvme: `file` at `offset`). `bytes` is the
+    // partition with its padding (per elements of the param dtype); `xxh3`
+    // the hash of those bytes when the values came from a file. Valid until
+    // the next step().
+    struct ParamSource {
+        io::File* file = nullptr;
+        std::uint64_t offset = 0;
+        std::span<const std::byte> memory;
+        std::uint64_t bytes = 0;
+        std::optional<std::uint64_t> xxh3;
+        std::string where;  // "h.0.attn.c_attn.weight rank 0 param", for messages
+    };
+    ParamSource param_source(std::size_t tensor);
+
     // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
     std::uint64_t chunk_bytes() const;
 
@@ -164,5 +183,206 @@ private:
 
 // The twin of a state file: "rank0/master.bin" <-> "rank0/master.alt.bin".
 std::string twin_file(const std::string& file);
+
+// ---------------------------------------------------------------------------
+// The engine's side of the model (paper §7): the model calls an Engine's
+// hooks around every module's forward and backward and asks it for each
+// parameter's values and gradient inside them; the engine decides where the
+// parameters live and when they move. A model author writes no data movement.
+//
+// Hooks, in order, for a module M: before_forward(M), its children's hooks,
+// after_forward(M); then in backward before_backward(M) ... after_backward(M).
+// Hooks run when work is queued, not when it runs: an engine orders device
+// work with events and releases a buffer on an event, never at the hook.
+
+// What an engine sees of a module: its name, the parameters it declared and
+// the ones of other modules it uses (the tied embedding in the output head).
+// Parameters are indices into the manifest's tensors.
+class Module {
+public:
+    explicit Module(std::string name) : name_(std::move(name)) {}
+    virtual ~Module() = default;
+    Module(const Module&) = delete;
+    Module& operator=(const Module&) = delete;
+
+    const std::string& name() const { return name_; }
+    std::span<const std::size_t> params() const { return own_; }         // declared here
+    std::span<const std::size_t> external() const { return external_; }  // other modules', used here
+    bool uses(std::size_t param) const;
+
+protected:
+    void add_param(std::size_t param) { own_.push_back(param); }
+    void use_external(std::size_t param) { external_.push_back(param); }
+
+private:
+    std::string name_;
+    std::vector<std::size_t> own_, external_;
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+    virtual void before_forward(const Module&) {}
+    virtual void after_forward(const Module&) {}
+    virtual void before_backward(const Module&) {}
+    virtual void after_backward(const Module&) {}
+
+    // Device memory, valid inside the module's hooks: the values (numel
+    // fp32), and the gradient the backward adds to (numel fp32). Both refuse
+    // (InternalError) a parameter the module neither declared nor uses.
+    std::span<const float> weight(const Module& m, std::size_t param);
+    std::span<float> grad(const Module& m, std::size_t param);
+
+protected:
+    virtual std::span<const float> weight_of(const Module& m, std::size_t param) = 0;
+    virtual std::span<float> grad_of(const Module& m, std::size_t param) = 0;
+};
+
+// The reference engine: every parameter and its gradient resident in device
+// memory, one Array each for all values and all gradients (fp32). Records
+// the hooks it sees when tracing. The trainer loads it and refreshes it
+// after each step through copies (--resident).
+class ResidentEngine : public Engine {
+public:
+    ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels);
+
+    std::span<float> values(std::size_t param);   // device memory
+    std::span<float> gradient(std::size_t param); // device memory
+    std::span<float> all_values() { return values_.span(); }
+    std::span<float> all_gradients() { return grads_.span(); }
+    std::uint64_t offset(std::size_t param) const { return offsets_[param]; }  // elements
+    void zero_grad(device::Stream& s);
+
+    struct Hook {
+        enum Kind { before_forward, after_forward, before_backward, after_backward } kind;
+        std::string module;
+    };
+    bool tracing = false;
+    std::vector<Hook> trace;
+
+    void before_forward(const Module& m) override;
+    void after_forward(const Module& m) override;
+    void before_backward(const Module& m) override;
+    void after_backward(const Module& m) override;
+
+protected:
+    std::span<const float> weight_of(const Module&, std::size_t param) override { return values(param); }
+    std::span<float> grad_of(const Module&, std::size_t param) override { return gradient(param); }
+
+private:
+    device::Device& dev_;
+    std::vector<std::uint64_t> offsets_, sizes_;
+    device::Array<float> values_, grads_;
+};
+
+// ---------------------------------------------------------------------------
+// The ZeRO-Infinity engine (paper §5-6). Each rank holds only its partition
+// of every parameter, in the manifest's param tier (gpu: the device arena;
+// cpu: the optimizer's page-locked memory; nvme: the param file). Before a
+// module runs, its parameters are fetched through the pipeline
+//   nc  NVMe -> pinned pool leases (io engine; a partition larger than a
+//       buffer spans several leases, each checked against its xxh3)
+//   cg  pinned -> device (the h2d stream)
+//   gg  allgather of the partitions into a full fp32 working buffer (the
+//       collectives stream; bf16 gathered as bf16, widened on the device)
+// each stage ordered after the one before by device events, compute after
+// gg. After the module's forward or backward its buffers are released on
+// an event, except parameters under `persist_below` elements, which stay
+// gathered for the step. A module's gradients are reduce-scattered on the
+// collectives stream as its backward ends, and this rank's partition is
+// copied out (d2h) and handed to the optimizer on that stream's thread.
+//
+// The first pass of each kind (a training step, an evaluation) records the
+// order of modules; later passes replay it, fetching ahead while the bytes
+// in flight stay under `prefetch_bytes`. A module out of order stops the
+// prefetch for the rest of the pass (fetched on demand, warned once) and
+// the trace is recorded again.
+//
+// Device memory: what the activations leave of the arena is the engine's:
+// the persistent parameters and the gradients of parameters used by more
+// than one module (the tied wte, kept whole through backward) are reserved
+// up front; the rest is a ring that fetches are carved from in trace order.
+// A fetch whose place overlaps a released buffer waits for that buffer's
+// release event on the device; the host never waits for device memory.
+struct InfinityOptions {
+    std::uint64_t prefetch_bytes = 64 * MiB;  // device bytes fetched ahead of compute (0: on demand only)
+    std::uint64_t persist_below = 0;          // parameters of fewer elements stay gathered (0: none)
+    bool record = false;                      // keep every pass's hook order (tests)
+};
+
+struct EngineStats {
+    // Bytes of this rank's partitions read, by the tier they came from
+    // (gpu, cpu, nvme), and bytes the allgathers delivered.
+    std::uint64_t fetched_bytes[3] = {};
+    std::uint64_t gathered_bytes = 0;
+    std::uint64_t fetches = 0, prefetched = 0, on_demand = 0, reused = 0;
+    std::uint64_t grad_bytes = 0;      // this rank's gradient partitions handed to the optimizer
+    double stall_seconds = 0;          // compute waiting for parameters
+    std::uint64_t device_peak = 0;     // the arena's peak use (bytes)
+    bool diverged = false;             // a module ran out of trace order
+};
+
+// A module whose fetch does not fit the device budget (before the first step).
+class DoesNotFit : public UsageError {
+public:
+    DoesNotFit(const std::string& msg, std::string module_, std::uint64_t need_, std::uint64_t have_)
+        : UsageError(msg), module(std::move(module_)), need(need_), have(have_) {}
+    std::string module;
+    std::uint64_t need = 0, have = 0;
+};
+
+class InfinityEngine : public Engine {
+public:
+    // `modules`: every module of the model that uses a parameter, each once.
+    // Reserves its device memory now (after the activations were planned)
+    // and refuses (DoesNotFit, 64) when the largest module's fetch does not
+    // fit what is left. The optimizer must outlive the engine.
+    InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules, comm::Communicator& comm,
+                   io::Engine& io, mem::PinnedPool& pool, device::Device& dev, Optimizer& optim,
+                   const InfinityOptions& opts);
+    ~InfinityEngine() override;
+
+    // What the engine needs of the device budget at the least, beside the
+    // activations (reserved memory plus the largest module's fetch), and
+    // which module that is. Static: for refusals and zinf-plan alike.
+    struct Need {
+        std::uint64_t reserved = 0, largest = 0;
+        std::string module;
+        std::uint64_t total() const { return reserved + largest; }
+    };
+    static Need need(const shard::Manifest& m, std::span<const Module* const> modules,
+                     const InfinityOptions& opts);
+
+    // A pass: a training step's forward and backward (gradients handed to the
+    // optimizer) or an evaluation's forward. end() waits for every stage and
+    // throws what one of them threw (IoError 74 naming file and offset,
+    // DataError 65 for a checksum); the gradients are all handed over when
+    // it returns. After a failure, reset() before anything else.
+    void begin(bool train);
+    void end();
+    void reset() noexcept;
+    // The optimizer's step changed the parameters: a gpu-tier partition is
+    // refreshed by `on_param` (wire OptimizerOptions::on_param to it), and
+    // persistent ones are gathered again in the next pass.
+    void on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values);
+    void after_step();
+
+    EngineStats stats() const;  // of the last pass
+    std::vector<std::string> trace(bool train) const;  // module names in recorded order
+
+    void before_forward(const Module& m) override;
+    void after_forward(const Module& m) override;
+    void before_backward(const Module& m) override;
+    void after_backward(const Module& m) override;
+
+    struct Impl;
+
+protected:
+    std::span<const float> weight_of(const Module& m, std::size_t param) override;
+    std::span<float> grad_of(const Module& m, std::size_t param) override;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace zinf::zero

@@ -86,6 +86,12 @@ bool mpi_running();  // MPI_Init was called (by us or the program) and not final
 void divide(std::span<std::byte> buf, DType dtype, int n);
 // acc[i] = acc[i] (+ or max) in[i], for bf16 (MPI has no bf16 type).
 void bf16_reduce(std::uint16_t* acc, const std::uint16_t* in, std::size_t n, Reduce r);
+// out[i] = in[0][i] op in[1][i] op ... op in[n-1][i], folded left to right
+// (each input holds out.size() bytes): an element's bits depend on its n
+// inputs and their order only, never on where blocks or buckets split them.
+// avg folds as sum (divide() follows); bf16 rounds each step as bf16_reduce.
+// out overlaps no input.
+void reduce_in_order(std::span<std::byte> out, std::span<const std::byte* const> in, DType dtype, Reduce r);
 
 // Grows and keeps one host staging area for coalesced operations.
 class Scratch {

@@ -1,13 +1,24 @@
 // The MPI backend: host buffers. Built when mpicxx is found (ZINF_HAVE_MPI).
 //
-// Every collective goes through MPI's blocking call, whose algorithms
-// (coll/tuned) Open MPI picks per size and per machine; its non-blocking ones
-// (coll/libnbc) are fixed: 1.8x slower for a 1 MiB reduce-scatter over 4
-// ranks here, 10% faster at 16 MiB (scripts/bench-comm.sh). The blocking
-// call is the one users compare with and the one MPI's maintainers tune, so
-// zinf is never behind it; non-blocking operations still overlap the caller's
-// work, because they run on the communicator's own thread. A bucket is packed
-// into one staging area and moved by one call; uneven blocks use the v-forms.
+// Allgather, allreduce and broadcast go through MPI's blocking call, whose
+// algorithms (coll/tuned) Open MPI picks per size and per machine; its
+// non-blocking ones (coll/libnbc) are fixed: 1.8x slower for a 1 MiB
+// reduce-scatter over 4 ranks here, 10% faster at 16 MiB
+// (scripts/bench-comm.sh). The blocking call is the one users compare with
+// and the one MPI's maintainers tune, so zinf is never behind it;
+// non-blocking operations still overlap the caller's work, because they run
+// on the communicator's own thread. A bucket is packed into one staging area
+// and moved by one call; uneven blocks use the v-forms.
+//
+// Reduce-scatter is the exception: Open MPI 4.1's MPI_Reduce_scatter(_block)
+// runs at 1/30 to 1/50 of its own allreduce's bus bandwidth on one machine
+// (BENCHMARKS.md), and it sums in an order of its choosing, so an element's
+// bits could change with the bucket it travels in. zinf moves each rank's
+// contribution to each block straight to the block's owner (MPI_Isend and
+// MPI_Irecv pairs, one MPI_Waitall) and sums the n contributions itself, in
+// rank order 0..n-1 (reduce_in_order): the same bits on every rank, for any
+// bucket split and any block bounds. bare() still calls
+// MPI_Reduce_scatter_block, for zinf-commbench --raw.
 //
 // A blocking call cannot be interrupted, so a watchdog holds its deadline:
 // when it passes, the watchdog says which operation on which rank hung, waits
@@ -15,7 +26,7 @@
 // ends the process (exit 74; the launcher then stops the job): the one place
 // where libzinf ends a process, because a hung collective cannot be returned
 // from. (Creating the communicator is non-blocking, and its timeout an
-// exception.)
+// exception.) MPI_Waitall of the reduce-scatter's pairs is such a call.
 #include "internal.hpp"
 
 #if ZINF_HAVE_MPI
@@ -263,9 +274,11 @@ public:
 
 private:
     // One buffer of equal blocks through the plain call; uneven blocks
-    // through the v-forms; a bucket packed into one staging area.
+    // through the v-forms; a bucket packed into one staging area;
+    // reduce-scatter always by zinf's exchange (see the top of the file).
     void run(Op& op) {
-        if (op.kind == Kind::barrier || (op.bufs.size() == 1 && op.bufs[0].counts.empty())) {
+        if (op.kind == Kind::barrier ||
+            (op.kind != Kind::reduce_scatter && op.bufs.size() == 1 && op.bufs[0].counts.empty())) {
             blocking(op);
             return;
         }
@@ -364,15 +377,17 @@ private:
         }
     }
 
-    // --- reduce-scatter: the same shape, reversed.
+    // --- reduce-scatter: rank r's block of every buffer goes to rank r whole;
+    // each rank sums what it received in rank order. One buffer is sent from
+    // where it lies; a bucket is packed first, rank r's blocks back to back.
     void reduce_scatter(Op& op) {
-        const MPI_Datatype t = mpi_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
-        if (op.bufs.size() == 1) {  // uneven blocks
+        const auto me = static_cast<std::size_t>(rank_);
+        if (op.bufs.size() == 1) {
             auto& b = op.bufs[0];
             set_counts([&](int r) { return block_count(op, b, r, size_); });
-            check(MPI_Reduce_scatter(b.send.data(), b.recv.data(), counts_.data(), t, reduction(op), comm_),
-                  "MPI_Reduce_scatter", op);
+            const auto from = exchange(op, [&](int r) { return b.send.data() + block_first(op, b, r, size_) * es; });
+            sum_in_rank_order(op, b.recv, from, b.send.data() + block_first(op, b, rank_, size_) * es);
             return;
         }
         set_counts([&](int r) { return bucket_block(op, r); });
@@ -384,14 +399,53 @@ private:
                 std::memcpy(all.data() + at, b.send.data() + block_first(op, b, r, size_) * es, n);
                 at += n;
             }
-        auto mine = recv_.get(static_cast<std::size_t>(counts_[rank_]) * es);
-        check(MPI_Reduce_scatter(all.data(), mine.data(), counts_.data(), t, reduction(op), comm_),
-              "MPI_Reduce_scatter", op);
+        const auto from = exchange(op, [&](int r) { return all.data() + static_cast<std::size_t>(displs_[r]) * es; });
+        const std::byte* own = all.data() + static_cast<std::size_t>(displs_[me]) * es;
         at = 0;
         for (const auto& b : op.bufs) {
-            std::memcpy(b.recv.data(), mine.data() + at, b.recv.size());
+            sum_in_rank_order(op, b.recv, from.subspan(at), own + at);
             at += b.recv.size();
         }
+    }
+
+    // Sends rank r its block (counts_[r] elements at to(r)) and receives this
+    // rank's block from every other rank r into slot r of the returned area
+    // (slots of counts_[rank_] elements; this rank's own slot stays unused):
+    // non-blocking pairs, nearest ranks first, finished by one MPI_Waitall,
+    // which the watchdog holds to the deadline like the blocking calls.
+    template <class To>
+    std::span<const std::byte> exchange(const Op& op, To&& to) {
+        const MPI_Datatype t = mpi_type(op.dtype);
+        const std::size_t mine = static_cast<std::size_t>(counts_[rank_]) * dtype_bytes(op.dtype);
+        auto from = recv_.get(mine * static_cast<std::size_t>(size_));
+        reqs_.clear();
+        for (int k = 1; k < size_ && mine > 0; ++k) {
+            const int src = (rank_ + size_ - k) % size_;
+            reqs_.emplace_back();
+            check(MPI_Irecv(from.data() + static_cast<std::size_t>(src) * mine, counts_[rank_], t, src, kTag, comm_,
+                            &reqs_.back()),
+                  "MPI_Irecv", op);
+        }
+        for (int k = 1; k < size_; ++k) {
+            const int dst = (rank_ + k) % size_;
+            if (counts_[dst] == 0) continue;
+            reqs_.emplace_back();
+            check(MPI_Isend(to(dst), counts_[dst], t, dst, kTag, comm_, &reqs_.back()), "MPI_Isend", op);
+        }
+        check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", op);
+        return from;
+    }
+
+    // out = the sum (or max) of every rank's contribution, rank 0's first:
+    // rank r's at slot r of `from` (offset by where out's block starts in
+    // the slot), this rank's own at `own`.
+    void sum_in_rank_order(const Op& op, std::span<std::byte> out, std::span<const std::byte> from,
+                           const std::byte* own) {
+        const std::size_t slot = static_cast<std::size_t>(counts_[rank_]) * dtype_bytes(op.dtype);
+        inputs_.resize(static_cast<std::size_t>(size_));
+        for (int r = 0; r < size_; ++r)
+            inputs_[static_cast<std::size_t>(r)] = r == rank_ ? own : from.data() + static_cast<std::size_t>(r) * slot;
+        reduce_in_order(out, inputs_, op.dtype, op.reduce);
     }
 
     // Elements of rank r's block summed over a bucket's buffers.
@@ -482,6 +536,11 @@ private:
     Scratch send_, recv_;
     std::vector<int> counts_, displs_;
     std::uint64_t total_ = 0;
+    std::vector<MPI_Request> reqs_;
+    std::vector<const std::byte*> inputs_;
+    // The reduce-scatter's pairs: alone on comm_ (a duplicate nobody else
+    // uses), matched in order between any two ranks, so one tag serves all.
+    static constexpr int kTag = 17;
 };
 
 }  // namespace

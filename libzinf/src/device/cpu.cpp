@@ -81,6 +81,11 @@ public:
         return enqueued_;
     }
 
+    bool completed(u64 ticket) const {
+        std::lock_guard lk(mu_);
+        return completed_ >= ticket;
+    }
+
     void wait_for(u64 ticket) const {
         std::unique_lock lk(mu_);
         done_.wait(lk, [&] { return completed_ >= ticket; });
@@ -196,16 +201,20 @@ public:
     explicit CpuDevice(const Options& opts) : threads_(opts.threads ? opts.threads : affinity_cpus()) {
         arena_ = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{
             .bytes = opts.memory_bytes ? opts.memory_bytes : 1 * GiB, .max_block = opts.max_block, .backend = "host"});
-        compute_ = std::make_unique<CpuStream>("compute", threads_);
-        copies_ = std::make_unique<CpuStream>("copies", threads_);
+        // Kernels run on compute with the device's whole team; the other
+        // streams move bytes or run host jobs (a collective, a hand-over to
+        // the optimizer) and get one thread each, so that they overlap the
+        // kernels instead of competing with them for every core.
+        for (std::size_t k = 0; k < streams_.size(); ++k) {
+            const auto kind = static_cast<StreamKind>(k);
+            streams_[k] = std::make_unique<CpuStream>(stream_kind_name(kind), kind == StreamKind::compute ? threads_ : 1);
+        }
     }
 
-    // A stream's jobs may wait on the other's: both drain before either stops.
+    // A stream's jobs may wait on another's: all drain before any stops.
     ~CpuDevice() override {
-        compute_->drain();
-        copies_->drain();
-        compute_.reset();
-        copies_.reset();
+        for (auto& s : streams_) s->drain();
+        for (auto& s : streams_) s.reset();
     }
 
     const std::string& backend() const override {
@@ -214,8 +223,14 @@ public:
     }
     unsigned threads() const override { return threads_; }
 
-    Stream& compute() override { return *compute_; }
-    Stream& copies() override { return *copies_; }
+    Stream& stream(StreamKind k) override {
+        const auto i = static_cast<std::size_t>(k);
+        if (i >= streams_.size()) throw InternalError("device: no stream of kind " + std::to_string(i));
+        return *streams_[i];
+    }
+    bool host_addressable() const override { return true; }
+    void* native(Stream&) override { return nullptr; }
+    bool query(const Event& e) override { return !e.stream || as_cpu(*e.stream).completed(e.ticket); }
 
     Event record(Stream& s) override { return {.ticket = as_cpu(s).ticket(), .stream = &s}; }
 
@@ -223,6 +238,20 @@ public:
         if (!e.stream || e.stream == &s) return;  // a stream is in order already
         CpuStream& other = as_cpu(*e.stream);
         as_cpu(s).enqueue([&other, t = e.ticket] { other.wait_for(t); }, true);
+    }
+
+    void wait(Stream& s, const Event& e, std::atomic<std::uint64_t>& waited_ns) override {
+        if (!e.stream || e.stream == &s) return;
+        CpuStream& other = as_cpu(*e.stream);
+        as_cpu(s).enqueue(
+            [&other, &waited_ns, t = e.ticket] {
+                if (other.completed(t)) return;
+                const auto t0 = std::chrono::steady_clock::now();
+                other.wait_for(t);
+                waited_ns += static_cast<std::uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+            },
+            true);
     }
 
     void synchronize(Stream& s) override { as_cpu(s).synchronize(); }
@@ -435,12 +464,22 @@ private:
     }
 
     const unsigned threads_;
-    std::unique_ptr<CpuStream> compute_, copies_;
+    std::array<std::unique_ptr<CpuStream>, 4> streams_;  // by StreamKind
 };
 
 }  // namespace
 
 // ---------------------------------------------------------------------------
+const char* stream_kind_name(StreamKind k) {
+    switch (k) {
+        case StreamKind::compute: return "compute";
+        case StreamKind::h2d: return "h2d";
+        case StreamKind::d2h: return "d2h";
+        case StreamKind::collectives: return "collectives";
+    }
+    return "?";
+}
+
 std::unique_ptr<Device> open(const Options& opts) {
     if (opts.backend == "cuda")
         throw UsageError("device backend 'cuda' is not built yet (it comes with its own issue); the backends: cpu");

@@ -56,7 +56,9 @@ DeviceArena::DeviceArena(const ArenaConfig& cfg) : impl_(std::make_unique<Impl>(
     const bool have_gpu = cfg.backend != "host" && gpu::device_count(&why) > 0;
     if (cfg.backend == "cuda" && !have_gpu)
         throw UsageError("the device arena was asked for CUDA memory, but there is " + why);
-    const std::uint64_t bytes = align_up(cfg.bytes, kArenaAlignment);
+    // A budget is a limit: rounded down to whole allocation units (a run
+    // refused at one byte under its need must not get that byte back here).
+    const std::uint64_t bytes = std::max<std::uint64_t>(align_down(cfg.bytes, kArenaAlignment), kArenaAlignment);
     if (have_gpu) {
         m.base = static_cast<std::byte*>(gpu::device_alloc(bytes));
         m.gpu = true;

@@ -1,5 +1,5 @@
-// The block, the tied output head, the GPT that strings them together with
-// activation checkpointing, and the resident engine.
+// The block, the tied output head, and the GPT that strings them together
+// with activation checkpointing.
 #include <zinf/model.hpp>
 
 namespace zinf::model {
@@ -41,8 +41,9 @@ void Block::backward(Context& c, std::span<float> dres, std::span<const float> x
 }
 
 // ---------------------------------------------------------------------------
-LMHead::LMHead(ParamTable&, std::size_t wte, const Config& cfg) : Module("lm_head"), cfg_(cfg), wte_(wte) {
+LMHead::LMHead(ParamTable& t, std::size_t wte, const Config& cfg) : Module("lm_head"), cfg_(cfg), wte_(wte) {
     use_external(wte);
+    t.add_user(this);
 }
 
 void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N) {
@@ -161,41 +162,6 @@ double GPT::flops_per_step(std::uint64_t B, std::uint64_t T) const {
     const double weights = static_cast<double>(table_.numel() - cfg_.max_seq * cfg_.hidden);
     return 6.0 * weights * N +
            6.0 * static_cast<double>(cfg_.layers * B * cfg_.hidden) * static_cast<double>(T) * static_cast<double>(T + 1);
-}
-
-// ---------------------------------------------------------------------------
-ResidentEngine::ResidentEngine(device::Device& dev, const ParamTable& params) : dev_(dev) {
-    std::uint64_t at = 0;
-    for (const auto& p : params.all()) {
-        offsets_.push_back(at);
-        sizes_.push_back(p.numel);
-        at += (p.numel + 15) / 16 * 16;  // 64-byte aligned starts
-    }
-    values_ = dev.alloc<float>(at, "parameters");
-    grads_ = dev.alloc<float>(at, "gradients");
-}
-
-std::span<float> ResidentEngine::values(std::size_t param) {
-    return values_.span().subspan(offsets_.at(param), sizes_[param]);
-}
-
-std::span<float> ResidentEngine::gradient(std::size_t param) {
-    return grads_.span().subspan(offsets_.at(param), sizes_[param]);
-}
-
-void ResidentEngine::zero_grad(device::Stream& s) { dev_.zero(s, grads_); }
-
-void ResidentEngine::before_forward(const Module& m) {
-    if (tracing) trace.push_back({Hook::before_forward, m.name()});
-}
-void ResidentEngine::after_forward(const Module& m) {
-    if (tracing) trace.push_back({Hook::after_forward, m.name()});
-}
-void ResidentEngine::before_backward(const Module& m) {
-    if (tracing) trace.push_back({Hook::before_backward, m.name()});
-}
-void ResidentEngine::after_backward(const Module& m) {
-    if (tracing) trace.push_back({Hook::after_backward, m.name()});
 }
 
 }  // namespace zinf::model

@@ -53,29 +53,21 @@ std::size_t ParamTable::claim(const std::string& name, const std::vector<std::ui
     throw InternalError("parameter " + name + " is not in zinf-shard's layout");
 }
 
-bool Module::uses(std::size_t param) const {
-    return std::find(own_.begin(), own_.end(), param) != own_.end() ||
-           std::find(external_.begin(), external_.end(), param) != external_.end();
+void ParamTable::add_user(const Module* m) {
+    if (std::find(users_.begin(), users_.end(), m) == users_.end()) users_.push_back(m);
 }
 
 std::size_t Module::declare(ParamTable& t, const std::string& param_name, std::vector<std::uint64_t> shape) {
     const std::size_t i = t.claim(param_name, shape, this);
-    own_.push_back(i);
+    add_param(i);
+    t.add_user(this);
     return i;
 }
 
-std::span<const float> Engine::weight(const Module& m, std::size_t param) {
-    if (!m.uses(param))
-        throw InternalError("module " + m.name() + " asked for parameter " + std::to_string(param) +
-                            ", which it neither declared nor registered as external");
-    return weight_of(param);
-}
-
-std::span<float> Engine::grad(const Module& m, std::size_t param) {
-    if (!m.uses(param))
-        throw InternalError("module " + m.name() + " asked for the gradient of parameter " + std::to_string(param) +
-                            ", which it neither declared nor registered as external");
-    return grad_of(param);
+std::vector<std::uint64_t> numels(const ParamTable& t) {
+    std::vector<std::uint64_t> n;
+    for (const auto& p : t.all()) n.push_back(p.numel);
+    return n;
 }
 
 // ---------------------------------------------------------------------------

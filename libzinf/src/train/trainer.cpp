@@ -1,6 +1,7 @@
-// The training step: forward and backward on the device, the gradients
-// averaged over the ranks into each rank's partitions, the tiered optimizer
-// step, and the new working parameters gathered back into the device.
+// The training step: forward and backward on the device through the
+// ZeRO-Infinity engine (or the resident reference engine), the gradients
+// averaged over the ranks into each rank's partitions, and the tiered
+// optimizer step.
 #include <zinf/train.hpp>
 
 #include <cmath>
@@ -28,9 +29,12 @@ struct Trainer::Impl {
     Options opts;
     unsigned dp = 1, rank = 0;
     model::GPT gpt;
-    model::ResidentEngine engine;
+    std::unique_ptr<model::ResidentEngine> resident;  // Options::resident
     model::Activations acts;
+    std::uint64_t acts_used = 0;  // of the arena, after planning the activations
     std::unique_ptr<zero::Optimizer> optim;
+    std::unique_ptr<zero::InfinityEngine> infinity;   // else
+    zero::Engine& engine() { return resident ? static_cast<zero::Engine&>(*resident) : *infinity; }
     shard::DType param_dtype;
     std::size_t pbytes;
     // This rank's partition of each tensor: its averaged gradient (fp32) and
@@ -47,6 +51,7 @@ struct Trainer::Impl {
     // Queued work reads the activations and the host vectors below: it must be
     // done before they go (an error thrown between two enqueues leaves some).
     ~Impl() {
+        infinity.reset();  // its streams drained, its device memory back
         try {
             dev.synchronize(dev.compute());
         } catch (const std::exception& e) {
@@ -54,9 +59,13 @@ struct Trainer::Impl {
         }
     }
 
+    void open_resident(io::Engine& e, mem::PinnedPool& p);
+    void open_infinity(io::Engine& e, mem::PinnedPool& p);
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
     double mean_loss();
+    void resident_update(StepLog& log);
+    void load_batch(const data::Loader& l, std::uint64_t index);
 };
 
 namespace {
@@ -74,8 +83,6 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
       dp(m_.opts.dp),
       rank(static_cast<unsigned>(c.rank())),
       gpt(config_of(m_)),
-      engine(d, gpt.params_table()),
-      acts(gpt.plan(d, {.batch = o.batch, .seq = o.seq, .checkpoint = o.checkpoint})),
       param_dtype(m_.opts.param_dtype),
       pbytes(shard::dtype_bytes(m_.opts.param_dtype)) {
     if (!m.opts.train)
@@ -90,9 +97,29 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
             throw DataError("manifest " + o.manifest_path + ": tensor " + std::to_string(t) + " is " +
                             m.tensors[t].name + ", the model expects " + table[t].name);
+    if (opts.resident) open_resident(e, p);
+    else open_infinity(e, p);
+    inputs.resize(o.batch * o.seq);
+    targets.resize(o.batch * o.seq);
+    losses.resize(o.batch * o.seq);
+}
 
+static zero::OptimizerOptions optimizer_options(const Options& opts) {
+    zero::OptimizerOptions zo;
+    zo.adamw = opts.adamw;
+    zo.adamw.lr = opts.schedule.at(1);
+    zo.grad_clip = opts.grad_clip;
+    zo.kernel = opts.kernel;
+    zo.manifest_path = opts.manifest_path;
+    return zo;
+}
+
+// The reference: every rank reads every tensor whole into its resident copy.
+void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
+    resident = std::make_unique<model::ResidentEngine>(dev, model::numels(gpt.params_table()));
+    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint});
+    acts_used = dev.arena().stats().used;
     load_weights(e, p);
-
     own_grad.resize(m.tensors.size());
     own_param.resize(m.tensors.size());
     for (std::size_t t = 0; t < m.tensors.size(); ++t) {
@@ -100,37 +127,73 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         own_grad[t].assign(per, 0.0f);
         own_param[t] = AlignedBuffer::allocate(std::max<std::size_t>(per * pbytes, 1), 64);
     }
-    zero::OptimizerOptions zo;
-    zo.adamw = opts.adamw;
-    zo.adamw.lr = opts.schedule.at(1);
-    zo.grad_clip = opts.grad_clip;
-    zo.kernel = opts.kernel;
-    zo.manifest_path = opts.manifest_path;
+    zero::OptimizerOptions zo = optimizer_options(opts);
     zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
         std::memcpy(own_param[t].data() + first * pbytes, v.data(), v.size());
     };
     optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    if (dp > 1 && !dev.host_addressable())
+        throw UsageError("--resident at dp > 1 runs its collectives over device memory, which this device does not "
+                         "allow; use the ZeRO-Infinity engine");
     std::uint64_t largest = 0;
     for (std::size_t t = 0; t < m.tensors.size(); ++t) {
         const std::uint64_t n = m.tensors[t].numel;
         largest = std::max(largest, n);
-        grad_bucket.push_back({std::as_bytes(engine.gradient(t)), std::as_writable_bytes(std::span(own_grad[t])), n});
-        param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(engine.values(t)), n});
+        grad_bucket.push_back(
+            {std::as_bytes(resident->gradient(t)), std::as_writable_bytes(std::span(own_grad[t])), n});
+        param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(resident->values(t)), n});
     }
-    if (dp > 1 && param_dtype == shard::DType::bf16) staging.resize(largest);
-    inputs.resize(o.batch * o.seq);
-    targets.resize(o.batch * o.seq);
-    losses.resize(o.batch * o.seq);
+    staging.resize(largest);
 }
 
-void Trainer::Impl::install(std::size_t t, std::span<const std::byte> full) {
-    auto dst = engine.values(t);
-    if (param_dtype == shard::DType::fp32) {
-        std::memcpy(dst.data(), full.data(), dst.size_bytes());
-    } else {
-        const auto* src = reinterpret_cast<const std::uint16_t*>(full.data());
-        for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = from_bf16(src[i]);
+// The engine: activations first, then what the engine keeps for the run,
+// then its working memory from what is left. A budget too small for the
+// largest module is refused now, with the tile factor that would fit.
+void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
+    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint});
+    acts_used = dev.arena().stats().used;
+    zero::OptimizerOptions zo = optimizer_options(opts);
+    zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
+        if (infinity) infinity->on_param(t, first, v);
+    };
+    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    try {
+        infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
+    } catch (const zero::DoesNotFit& f) {
+        std::string msg = f.what();
+        const std::uint64_t budget = dev.arena().stats().bytes;
+        msg += ". The run needs a device budget of at least " + std::to_string(acts_used + f.need) + " bytes (" +
+               format_size(acts_used + f.need) + "; --device-memory, now " + format_size(budget) + ")";
+        for (unsigned k = std::max(2u, m.opts.tile * 2); k <= 64; k *= 2) {
+            shard::LayoutOptions lo = m.opts;
+            lo.tile = k;
+            const shard::Manifest mk = shard::layout(m.spec, lo);
+            const model::GPT gk(model::Config::from(m.spec, k));
+            const auto nk = zero::InfinityEngine::need(mk, gk.modules(), opts.infinity);
+            if (acts_used + nk.total() <= budget) {
+                msg += ", or a layout with --tile " + std::to_string(k) + " (its largest module, " + nk.module +
+                       ", needs " + format_size(nk.largest) + ")";
+                break;
+            }
+        }
+        throw zero::DoesNotFit(msg, f.module, f.need, f.have);
     }
+}
+
+// Through a copy: device memory is not the host's to write.
+void Trainer::Impl::install(std::size_t t, std::span<const std::byte> full) {
+    auto dst = resident->values(t);
+    auto& s = dev.stream(device::StreamKind::h2d);
+    if (param_dtype == shard::DType::fp32) {
+        dev.copy(s, std::as_writable_bytes(dst), full.first(dst.size_bytes()));
+        dev.synchronize(s);
+        return;
+    }
+    std::vector<float> wide(dst.size());
+    const auto* src = reinterpret_cast<const std::uint16_t*>(full.data());
+    for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = from_bf16(src[i]);
+    dev.copy(s, std::as_writable_bytes(dst), std::as_bytes(std::span(wide)));
+    dev.synchronize(s);
 }
 
 // Every rank reads every tensor whole (the resident engine keeps them all):
@@ -161,6 +224,13 @@ double Trainer::Impl::mean_loss() {
     return mean;
 }
 
+void Trainer::Impl::load_batch(const data::Loader& l, std::uint64_t index) {
+    l.batch(index, inputs, targets);
+    auto& s = dev.compute();
+    dev.copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(inputs)));
+    dev.copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(targets)));
+}
+
 Trainer::Trainer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engine, mem::PinnedPool& pool,
                  device::Device& dev, const Options& opts)
     : impl_(std::make_unique<Impl>(m, comm, engine, pool, dev, opts)) {}
@@ -169,71 +239,112 @@ Trainer::~Trainer() = default;
 
 std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
 model::GPT& Trainer::gpt() { return impl_->gpt; }
-model::ResidentEngine& Trainer::engine() { return impl_->engine; }
+model::ResidentEngine& Trainer::engine() {
+    if (!impl_->resident) throw InternalError("Trainer::engine(): the trainer runs the ZeRO-Infinity engine");
+    return *impl_->resident;
+}
+zero::InfinityEngine* Trainer::infinity() { return impl_->infinity.get(); }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
 void Trainer::save() { impl_->optim->save(); }
+
+std::uint64_t Trainer::device_need() const {
+    const Impl& I = *impl_;
+    if (I.resident) return I.acts_used;
+    return I.acts_used + zero::InfinityEngine::need(I.m, I.gpt.modules(), I.opts.infinity).total();
+}
+
+// The resident engine's step: every gradient averaged into this rank's
+// partitions in one collective, the optimizer, the new parameters back.
+void Trainer::Impl::resident_update(StepLog& log) {
+    const std::size_t T = m.tensors.size();
+    auto& s = dev.compute();
+    if (dp > 1) {
+        zero::reduce_scatter(comm, grad_bucket, comm::DType::f32);
+    } else {
+        for (std::size_t i = 0; i < T; ++i)
+            dev.copy(s, std::as_writable_bytes(std::span(own_grad[i])), std::as_bytes(resident->gradient(i)));
+        dev.synchronize(s);
+    }
+    for (std::size_t i = 0; i < T; ++i) {
+        const auto own = shard::owned(m.tensors[i].numel, dp, rank);
+        optim->put_gradient(i, std::span<const float>(own_grad[i]).first(own.count));
+    }
+    const zero::StepReport r = optim->step();
+    log.grad_norm = r.grad_norm;
+    log.overflow = r.overflow;
+    if (r.overflow) return;
+    // The new working parameters back into every rank's resident copy.
+    if (dp == 1) {
+        for (std::size_t i = 0; i < T; ++i) install(i, own_param[i].bytes().first(m.tensors[i].numel * pbytes));
+    } else if (param_dtype == shard::DType::fp32) {
+        zero::gather(comm, param_bucket, comm::DType::f32);
+    } else {  // bf16 on the wire, one tensor at a time through the staging buffer
+        for (std::size_t i = 0; i < T; ++i) {
+            const std::uint64_t n = m.tensors[i].numel;
+            const auto full = std::span(staging).first(n);
+            zero::gather(comm, zero::Gather{own_param[i].bytes(), std::as_writable_bytes(full), n}, comm::DType::bf16);
+            install(i, std::as_bytes(full));
+        }
+    }
+}
 
 StepLog Trainer::step(const data::Loader& train) {
     Impl& I = *impl_;
     auto& dev = I.dev;
     auto& s = dev.compute();
-    model::Context ctx{dev, s, I.engine};
+    model::Context ctx{dev, s, I.engine()};
     StepLog log;
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
+    I.optim->set_lr(log.lr);  // before the engine hands over the first gradient
     Timer total;
 
-    // Forward: the batch in, the per-token losses and the logits' gradient out.
+    // Forward: the batch in, the per-token losses and the logits' gradient
+    // out; backward, the engine handing every gradient to the optimizer.
     Timer t;
-    train.batch(log.step - 1, I.inputs, I.targets);
-    dev.copy(s, std::as_writable_bytes(I.acts.inputs.span()), std::as_bytes(std::span(I.inputs)));
-    dev.copy(s, std::as_writable_bytes(I.acts.targets.span()), std::as_bytes(std::span(I.targets)));
-    I.engine.zero_grad(s);
-    I.gpt.forward(ctx, I.acts);
-    dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
-    dev.synchronize(s);
-    log.forward_seconds = t.seconds();
-
-    t.reset();
-    I.gpt.backward(ctx, I.acts);
-    dev.synchronize(s);
-    log.backward_seconds = t.seconds();
+    std::exception_ptr failed;
+    try {
+        I.load_batch(train, log.step - 1);
+        if (I.resident) I.resident->zero_grad(s);
+        else I.infinity->begin(true);
+        I.gpt.forward(ctx, I.acts);
+        dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
+        dev.synchronize(s);
+        log.forward_seconds = t.seconds();
+        t.reset();
+        I.gpt.backward(ctx, I.acts);
+        if (I.infinity) I.infinity->end();
+        dev.synchronize(s);
+        log.backward_seconds = t.seconds();
+    } catch (...) {
+        failed = std::current_exception();
+        if (I.infinity) I.infinity->reset();
+    }
+    // One rank's failed fetch or gradient write is every rank's: nothing
+    // reaches the optimizer, the manifest stays at the last commit.
+    comm::agree(I.comm, failed,
+                "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
+                    std::to_string(step_count()));
     log.loss = I.mean_loss();
 
-    // The gradients averaged over the ranks, each rank getting its partitions.
     t.reset();
-    const std::size_t T = I.m.tensors.size();
-    if (I.dp > 1) zero::reduce_scatter(I.comm, I.grad_bucket, comm::DType::f32);
-    I.optim->set_lr(log.lr);
-    for (std::size_t i = 0; i < T; ++i) {
-        const auto own = shard::owned(I.m.tensors[i].numel, I.dp, I.rank);
-        if (I.dp > 1)
-            I.optim->put_gradient(i, std::span<const float>(I.own_grad[i]).first(own.count));
-        else
-            I.optim->put_gradient(i, I.engine.gradient(i));
-    }
-    const zero::StepReport r = I.optim->step();
-    log.grad_norm = r.grad_norm;
-    log.overflow = r.overflow;
-    // The new working parameters back into every rank's resident copy.
-    if (!r.overflow) {
-        if (I.dp == 1) {
-            for (std::size_t i = 0; i < T; ++i)
-                I.install(i, I.own_param[i].bytes().first(I.m.tensors[i].numel * I.pbytes));
-        } else if (I.param_dtype == shard::DType::fp32) {
-            zero::gather(I.comm, I.param_bucket, comm::DType::f32);
-        } else {  // bf16 on the wire, one tensor at a time through the staging buffer
-            for (std::size_t i = 0; i < T; ++i) {
-                const std::uint64_t n = I.m.tensors[i].numel;
-                const auto full = std::span(I.staging).first(n);
-                zero::gather(I.comm, zero::Gather{I.own_param[i].bytes(), std::as_writable_bytes(full), n},
-                             comm::DType::bf16);
-                I.install(i, std::as_bytes(full));
-            }
-        }
+    if (I.resident) {
+        I.resident_update(log);
+    } else {
+        const zero::StepReport r = I.optim->step();
+        log.grad_norm = r.grad_norm;
+        log.overflow = r.overflow;
+        const zero::EngineStats st = I.infinity->stats();
+        std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
+        log.stall_seconds = st.stall_seconds;
+        log.device_peak_bytes = st.device_peak;
+        log.trace_diverged = st.diverged;
+        if (!r.overflow) I.infinity->after_step();
     }
     log.optimizer_seconds = t.seconds();
+    if (I.resident) log.device_peak_bytes = dev.arena().stats().peak;
+    log.peak_rss_bytes = peak_resident_bytes();
 
     log.seconds = total.seconds();
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
@@ -245,15 +356,22 @@ StepLog Trainer::step(const data::Loader& train) {
 double Trainer::evaluate(const data::Loader& val, std::uint64_t batches) {
     Impl& I = *impl_;
     auto& s = I.dev.compute();
-    model::Context ctx{I.dev, s, I.engine};
+    model::Context ctx{I.dev, s, I.engine()};
     double sum = 0;
     for (std::uint64_t b = 0; b < batches; ++b) {
-        val.batch(b, I.inputs, I.targets);
-        I.dev.copy(s, std::as_writable_bytes(I.acts.inputs.span()), std::as_bytes(std::span(I.inputs)));
-        I.dev.copy(s, std::as_writable_bytes(I.acts.targets.span()), std::as_bytes(std::span(I.targets)));
-        I.gpt.forward(ctx, I.acts, false);
-        I.dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
-        I.dev.synchronize(s);
+        std::exception_ptr failed;
+        try {
+            I.load_batch(val, b);
+            if (I.infinity) I.infinity->begin(false);
+            I.gpt.forward(ctx, I.acts, false);
+            I.dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
+            if (I.infinity) I.infinity->end();
+            I.dev.synchronize(s);
+        } catch (...) {
+            failed = std::current_exception();
+            if (I.infinity) I.infinity->reset();
+        }
+        comm::agree(I.comm, failed, "the evaluation did not finish; nothing was committed by it");
         sum += I.mean_loss();
     }
     return batches ? sum / static_cast<double>(batches) : 0.0;

@@ -360,3 +360,26 @@ std::span<const std::byte> Optimizer::param(std::size_t tensor) const {
 }
 
 }  // namespace zinf::zero
+
+namespace zinf::zero {
+
+Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
+    Impl& I = *impl_;
+    if (tensor >= I.T) throw InternalError("param_source(): tensor " + std::to_string(tensor));
+    auto& rs = I.roles[I.roles[Role::P].present ? Role::P : Role::W];
+    ParamSource src;
+    src.bytes = I.per(tensor) * rs.dt;
+    src.where = I.m.tensors[tensor].name + " rank " + std::to_string(I.rank) + " " + rs.state;
+    if (!rs.file) {
+        src.memory = rs.image.bytes().subspan(rs.offset[tensor], src.bytes);
+        return src;
+    }
+    src.file = &I.gen_file(rs, rs.cur, false);
+    src.offset = rs.offset[tensor];
+    // The manifest's hash while the current generation is the committed one;
+    // else the one the last step computed as it wrote them.
+    src.xxh3 = rs.cur == rs.committed ? rs.part[tensor]->xxh3 : std::optional<std::uint64_t>(rs.new_hash[tensor]);
+    return src;
+}
+
+}  // namespace zinf::zero

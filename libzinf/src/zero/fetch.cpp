@@ -1,0 +1,299 @@
+// The engine's fetch pipeline (zero.hpp, paper §6.2): device memory from the
+// ring, and for each parameter nc (NVMe -> pinned leases), cg (pinned ->
+// device, the h2d stream) and gg (allgather into the full fp32 buffer, the
+// collectives stream), each stage ordered after the last by device events.
+#include "infinity.hpp"
+
+#include <algorithm>
+#include <future>
+
+namespace zinf::zero {
+
+using detail::kNone;
+
+namespace detail {
+
+// ---------------------------------------------------------------------------
+bool Ring::clear_of_live(std::uint64_t at, std::uint64_t n) const {
+    if (at + n > region_.size()) return false;
+    for (const Span& s : live_)
+        if (at < s.at + s.bytes && s.at < at + n) return false;
+    return true;
+}
+
+std::optional<Ring::Place> Ring::place(std::uint64_t bytes) {
+    bytes = align_up(std::max<std::uint64_t>(bytes, 1), mem::kArenaAlignment);
+    if (live_.empty()) head_ = 0;
+    // The head first (fetches follow each other in order), then the start,
+    // then right after each live buffer (a module nested in another, like a
+    // tile inside its TiledLinear, while the outer one stays live).
+    std::optional<std::uint64_t> found;
+    if (clear_of_live(head_, bytes)) found = head_;
+    else if (clear_of_live(0, bytes)) found = 0;
+    else
+        for (const Span& s : live_)
+            if (clear_of_live(s.at + s.bytes, bytes)) {
+                found = s.at + s.bytes;
+                break;
+            }
+    if (!found) return std::nullopt;
+    const std::uint64_t at = *found;
+    Place p;
+    p.id = next_id_++;
+    p.at = at;
+    p.bytes = bytes;
+    for (const Released& r : released_)
+        if (at < r.at + r.bytes && r.at < at + bytes) p.waits.push_back(r.done);
+    live_.push_back({p.id, at, bytes});
+    live_bytes_ += bytes;
+    peak_ = std::max(peak_, live_bytes_);
+    head_ = at + bytes;
+    return p;
+}
+
+void Ring::release(std::uint64_t id, const device::Event& done) {
+    const auto it = std::find_if(live_.begin(), live_.end(), [&](const Span& s) { return s.id == id; });
+    if (it == live_.end()) throw InternalError("engine ring: release of an unknown buffer");
+    released_.push_back({it->at, it->bytes, done});
+    live_bytes_ -= it->bytes;
+    live_.erase(it);
+}
+
+void Ring::prune(device::Device& dev) {
+    std::erase_if(released_, [&](const Released& r) { return dev.query(r.done); });
+}
+
+void Ring::clear() {
+    live_.clear();
+    released_.clear();
+    head_ = 0;
+    live_bytes_ = 0;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// One allocation per fetch: for each parameter that is not persistent, this
+// rank's partition on the device (unless it lives there), the bf16 gather
+// buffer (dp > 1), the full fp32 values; with gradients, the full fp32
+// gradient of each declared parameter (unless kept whole elsewhere) and this
+// rank's reduce-scattered partition of it (dp > 1).
+std::uint64_t detail::block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
+                                  bool grads, std::vector<Slot>* slots) {
+    const std::uint64_t A = mem::kArenaAlignment;
+    std::uint64_t at = 0;
+    auto take = [&](std::uint64_t n) {
+        const std::uint64_t here = at;
+        at += align_up(n, A);
+        return here;
+    };
+    auto add = [&](std::size_t pi, bool declared) {
+        const ParamState& p = params[pi];
+        Slot s;
+        s.param = pi;
+        if (!p.persistent) {
+            if (p.tier != shard::Tier::gpu) s.own = take(p.per * p.dt);
+            if (dp > 1 && bf16) s.staging = take(p.numel * 2);
+            s.full = take(p.numel * 4);
+        }
+        if (grads && declared) {
+            if (!p.shared_grad) s.grad = take(p.numel * 4);
+            if (dp > 1) s.own_grad = take(p.per * 4);
+        }
+        if (slots && (s.full != kNone || s.grad != kNone || s.own_grad != kNone)) slots->push_back(s);
+    };
+    for (std::size_t pi : mod.params()) add(pi, true);
+    for (std::size_t pi : mod.external()) add(pi, false);
+    return at;
+}
+
+detail::PersistLayout detail::persist_layout(const ParamState& p, unsigned dp, bool bf16) {
+    const std::uint64_t A = mem::kArenaAlignment;
+    PersistLayout l;
+    if (p.tier != shard::Tier::gpu) {
+        l.own = l.bytes;
+        l.bytes += align_up(p.per * p.dt, A);
+    }
+    if (dp > 1 && bf16) {
+        l.staging = l.bytes;
+        l.bytes += align_up(p.numel * 2, A);
+    }
+    l.full = l.bytes;
+    l.bytes += align_up(p.numel * 4, A);
+    return l;
+}
+
+void InfinityEngine::Impl::release(std::unique_ptr<Fetch>& f, const device::Event& done) {
+    if (!f) return;
+    ring.release(f->place.id, done);
+    f.reset();
+}
+
+// The parameters of `mod` into a new place of the ring: every stage enqueued
+// now, `ready` recorded on the collectives stream after the last gather.
+std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const Module& mod, bool grads,
+                                                                         std::size_t trace_index, bool prefetch) {
+    auto f = std::make_unique<Fetch>();
+    f->module = &mod;
+    f->grads = grads;
+    f->trace_index = trace_index;
+    const std::uint64_t bytes = block_bytes(mod, grads, &f->slots);
+    ring.prune(dev);
+    auto place = ring.place(bytes);
+    if (!place) {
+        if (prefetch) return nullptr;
+        drop_prefetched();
+        place = ring.place(bytes);
+        if (!place)
+            throw InternalError("engine: " + mod.name() + " needs " + format_size(bytes) + " of device memory, and " +
+                                format_size(ring.size() - ring.live_bytes()) + " of the engine's " +
+                                format_size(ring.size()) + " is not held by other modules");
+    }
+    f->place = std::move(*place);
+    // A place that held gradients still being handed to the optimizer: wait
+    // here, on the host. Left to the copy stream, that wait could hold the
+    // pool's buffers the hand-over itself needs (the optimizer streams
+    // gradients to NVMe through the same pool).
+    for (const auto& w : f->place.waits)
+        if (w.stream == d2h) dev.synchronize(w);
+
+    // Persistent parameters: gathered once per step, into their own memory.
+    for (std::size_t pi : mod.params())
+        if (params[pi].persistent) fetch_persistent(params[pi]);
+    for (std::size_t pi : mod.external())
+        if (params[pi].persistent) fetch_persistent(params[pi]);
+
+    for (const Slot& s : f->slots) {
+        ParamState& p = params[s.param];
+        const std::uint64_t base = f->place.at;
+        if (s.full != kNone) {
+            auto own = s.own == kNone ? std::span<std::byte>{} : ring.bytes(base + s.own, p.per * p.dt);
+            auto staging = s.staging == kNone ? std::span<std::byte>{} : ring.bytes(base + s.staging, p.numel * 2);
+            auto full = ring.bytes(base + s.full, p.numel * 4);
+            pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, f->place.waits);
+        }
+        if (s.grad != kNone) {
+            // The gradient the backward adds to starts at zero, written on the
+            // collectives stream after whatever used the place before.
+            for (const auto& w : f->place.waits) dev.wait(*coll, w);
+            auto g = ring.bytes(base + s.grad, p.numel * 4);
+            dev.zero(*coll, {reinterpret_cast<float*>(g.data()), p.numel});
+        }
+    }
+    f->ready = dev.record(*coll);
+    ++st.fetches;
+    ++(prefetch ? st.prefetched : st.on_demand);
+    return f;
+}
+
+void InfinityEngine::Impl::fetch_persistent(ParamState& p) {
+    if (p.persist_version == version) return;
+    const detail::PersistLayout l = detail::persist_layout(p, dp, bf16);
+    std::span<std::byte> all(p.persist.data(), p.persist.size());
+    auto own = l.own == kNone ? std::span<std::byte>{} : all.subspan(l.own, p.per * p.dt);
+    auto staging = l.staging == kNone ? std::span<std::byte>{} : all.subspan(l.staging, p.numel * 2);
+    auto full = all.subspan(l.full, p.numel * 4);
+    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, {});
+    p.persist_ready = dev.record(*coll);
+    p.persist_version = version;
+}
+
+namespace {
+
+// One read of the nc stage: a pinned lease the file's bytes land in, and the
+// outcome the cg stage waits for. Shared by the io callback and the copy
+// stream's jobs, so the lease goes back to the pool only when both are done
+// with it (a read still in flight never writes into a buffer someone else
+// holds).
+struct Piece {
+    mem::Lease lease;
+    std::promise<void> done;
+    std::shared_future<void> future;
+};
+
+}  // namespace
+
+// nc -> cg -> gg for one parameter into `full` (numel fp32). `own` is this
+// rank's partition on the device (empty for the gpu tier, whose partition is
+// resident); `staging` the bf16 gather buffer (dp > 1 with bf16).
+void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging,
+                                    std::span<float> full, const std::vector<device::Event>& waits) {
+    const std::uint64_t pbytes = p.per * p.dt;
+    std::span<const std::byte> src_dev;  // this rank's partition on the device, once cg is done
+    if (p.tier == shard::Tier::gpu) {
+        src_dev = {p.resident.data(), pbytes};
+        st.fetched_bytes[0] += pbytes;
+    } else {
+        for (const auto& w : waits) dev.wait(*h2d, w);
+        const Optimizer::ParamSource src = optim.param_source(p.tensor);
+        if (src.bytes != pbytes) throw InternalError("engine: " + src.where + ": partition sizes disagree");
+        if (!src.file) {
+            // cg straight from the optimizer's page-locked memory.
+            dev.copy(*h2d, own, src.memory);
+            st.fetched_bytes[1] += pbytes;
+        } else {
+            // nc: the partition (padded to the file's alignment, which the
+            // layout guarantees is on disk) in pieces of one pool buffer.
+            const std::uint64_t align = std::max<std::uint64_t>(src.file->alignment(), 1);
+            const std::uint64_t total = align_up(pbytes, align), B = pool.buffer_bytes();
+            auto hash = std::make_shared<Xxh3Stream>();
+            for (std::uint64_t at = 0; at < total; at += B) {
+                const std::uint64_t n = std::min(B, total - at);
+                auto piece = std::make_shared<Piece>();
+                piece->lease = pool.lease("engine fetch of " + src.where);
+                piece->future = piece->done.get_future().share();
+                io.read_then(*src.file, src.offset + at, piece->lease.bytes().first(n), [piece](const IoError* e) {
+                    if (e)
+                        piece->done.set_exception(std::make_exception_ptr(*e));
+                    else
+                        piece->done.set_value();
+                });
+                // cg: once the read is in, hash what belongs to the partition
+                // and copy it to the device; the lease goes back after the copy.
+                const std::uint64_t real = at < pbytes ? std::min(n, pbytes - at) : 0;
+                dev.host(*h2d, [piece, hash, real] {
+                    piece->future.get();
+                    hash->update(piece->lease.bytes().first(real));
+                });
+                if (real) dev.copy(*h2d, own.subspan(at, real), piece->lease.bytes().first(real));
+                dev.host(*h2d, [piece]() mutable { piece.reset(); });
+            }
+            if (src.xxh3)
+                dev.host(*h2d, [hash, want = *src.xxh3, where = src.where, path = src.file->path(),
+                                offset = src.offset, rank = rank] {
+                    const std::uint64_t got = hash->digest();
+                    if (got != want)
+                        throw DataError(where + ": xxh3 " + hex64(got) + " of the bytes read, the state says " +
+                                            hex64(want) + " (the file changed under the run, or the disk returned "
+                                                          "other bytes)",
+                                        {.path = path, .offset = offset, .rank = static_cast<int>(rank)});
+                });
+            st.fetched_bytes[2] += pbytes;
+        }
+        src_dev = own;
+    }
+
+    // gg: every rank's partition into the full tensor, on the collectives
+    // stream after the copy (and after whatever used these places before).
+    dev.wait(*coll, dev.record(*h2d));
+    for (const auto& w : waits) dev.wait(*coll, w);
+    const std::uint64_t n = p.numel;
+    if (dp == 1) {
+        if (bf16)
+            dev.cast(*coll, full, {reinterpret_cast<const std::uint16_t*>(src_dev.data()), n});
+        else
+            dev.copy(*coll, std::as_writable_bytes(full), src_dev.first(n * 4));
+    } else {
+        if (!dev.host_addressable())
+            throw InternalError("engine: allgather of device memory needs the device's own collectives (NCCL), "
+                                "which come with the cuda backend");
+        auto dst = bf16 ? staging : std::as_writable_bytes(full);
+        dev.host(*coll, [this, src_dev, dst, n] {
+            zero::gather(comm, Gather{src_dev, dst, n}, bf16 ? comm::DType::bf16 : comm::DType::f32);
+        });
+        if (bf16) dev.cast(*coll, full, {reinterpret_cast<const std::uint16_t*>(staging.data()), n});
+    }
+    st.gathered_bytes += n * p.dt;
+}
+
+}  // namespace zinf::zero

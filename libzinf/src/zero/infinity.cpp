@@ -1,0 +1,419 @@
+// The ZeRO-Infinity engine (zero.hpp): its memory reserved and checked up
+// front, the hooks, the recorded trace and the prefetcher that replays it,
+// and the gradients reduce-scattered and handed to the optimizer as each
+// module's backward ends.
+#include "infinity.hpp"
+
+#include <algorithm>
+
+namespace zinf::zero {
+
+using detail::kNone;
+using Impl = InfinityEngine::Impl;
+using Fetch = Impl::Fetch;
+using Slot = detail::Slot;
+
+namespace {
+
+// The modules `mod` is nested in that use parameters of their own (a
+// TiledLinear around its tiles): their fetches stay live around its own.
+std::vector<const Module*> ancestors(std::span<const Module* const> modules, const Module& mod) {
+    std::vector<const Module*> out;
+    for (const Module* a : modules)
+        if (a != &mod && mod.name().size() > a->name().size() && mod.name().starts_with(a->name()) &&
+            mod.name()[a->name().size()] == '.')
+            out.push_back(a);
+    return out;
+}
+
+}  // namespace
+
+std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m,
+                                                        std::span<const Module* const> modules,
+                                                        const InfinityOptions& opts, unsigned rank) {
+    const unsigned dp = m.opts.dp;
+    std::vector<ParamState> params(m.tensors.size());
+    for (std::size_t t = 0; t < params.size(); ++t) {
+        ParamState& p = params[t];
+        p.tensor = t;
+        p.numel = m.tensors[t].numel;
+        p.per = shard::owned(p.numel, dp, 0).per;
+        p.count = shard::owned(p.numel, dp, rank).count;
+        p.dt = shard::dtype_bytes(m.opts.param_dtype);
+        p.tier = m.opts.param_tier;
+        p.persistent = p.numel < opts.persist_below;
+    }
+    for (const Module* mod : modules) {
+        for (std::size_t t : mod->params()) {
+            if (t >= params.size()) throw InternalError("engine: module " + mod->name() + " declares tensor " + std::to_string(t));
+            if (params[t].owner) throw InternalError("engine: " + m.tensors[t].name + " declared by two modules");
+            params[t].owner = mod;
+        }
+        for (std::size_t t : mod->external()) {
+            if (t >= params.size()) throw InternalError("engine: module " + mod->name() + " uses tensor " + std::to_string(t));
+            params[t].shared_grad = true;
+        }
+    }
+    for (const auto& p : params)
+        if (!p.owner) throw InternalError("engine: no module declares " + m.tensors[p.tensor].name);
+    return params;
+}
+
+InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<const Module* const> modules,
+                                          const InfinityOptions& opts) {
+    const auto params = detail::describe_params(m, modules, opts, 0);
+    const unsigned dp = m.opts.dp;
+    const bool bf16 = m.opts.param_dtype == shard::DType::bf16;
+    Need n;
+    for (const auto& p : params) {
+        if (p.tier == shard::Tier::gpu) n.reserved += align_up(p.per * p.dt, mem::kArenaAlignment);
+        if (p.persistent) n.reserved += detail::persist_layout(p, dp, bf16).bytes;
+        if (p.shared_grad) n.reserved += align_up(p.numel * 4, mem::kArenaAlignment);
+    }
+    for (const Module* mod : modules) {
+        auto bytes = [&](const Module& x) { return detail::block_bytes(params, dp, bf16, x, !x.params().empty(), nullptr); };
+        std::uint64_t b = bytes(*mod);
+        for (const Module* a : ancestors(modules, *mod)) b += bytes(*a);
+        if (b > n.largest) {
+            n.largest = b;
+            n.module = mod->name();
+        }
+    }
+    return n;
+}
+
+// ---------------------------------------------------------------------------
+Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm::Communicator& c, io::Engine& e,
+           mem::PinnedPool& p, device::Device& d, Optimizer& o, const InfinityOptions& op)
+    : m(m_), modules(mods.begin(), mods.end()), comm(c), io(e), pool(p), dev(d), optim(o), opts(op) {
+    dp = m.opts.dp;
+    rank = static_cast<unsigned>(comm.rank());
+    bf16 = m.opts.param_dtype == shard::DType::bf16;
+    compute = &dev.stream(device::StreamKind::compute);
+    h2d = &dev.stream(device::StreamKind::h2d);
+    d2h = &dev.stream(device::StreamKind::d2h);
+    coll = &dev.stream(device::StreamKind::collectives);
+    params = detail::describe_params(m, modules, opts, rank);
+
+    const Need n = InfinityEngine::need(m, modules, opts);
+    const mem::ArenaStats before = dev.arena().stats();
+    if (n.total() > before.largest_free)
+        throw DoesNotFit(n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
+                             "their gradients, beside " + format_size(n.reserved) +
+                             " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
+                             "tied embedding's gradient); the device budget has " + format_size(before.largest_free) +
+                             " left after the activations (" + format_size(before.used) + ")",
+                         n.module, n.total(), before.largest_free);
+
+    std::uint64_t largest_count = 1;
+    for (auto& ps : params) {
+        largest_count = std::max(largest_count, ps.count);
+        if (ps.tier == shard::Tier::gpu) {
+            // The gpu tier: this rank's partition lives in the arena for the
+            // run, filled from the optimizer's copy and refreshed by on_param.
+            ps.resident = dev.arena().allocate(ps.per * ps.dt, "gpu-tier parameter partition");
+            const Optimizer::ParamSource src = optim.param_source(ps.tensor);
+            dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.memory);
+        }
+        if (ps.persistent) ps.persist = dev.arena().allocate(detail::persist_layout(ps, dp, bf16).bytes, "persistent parameter");
+        if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
+    }
+    dev.synchronize(*h2d);
+    grad_staging = AlignedBuffer::allocate(align_up(largest_count * 4, 4096));
+    grad_staging.lock();
+
+    const std::uint64_t left = align_down(dev.arena().stats().largest_free, mem::kArenaAlignment);
+    ring_block = dev.arena().allocate(left, "engine working memory");
+    ring.init({ring_block.data(), ring_block.size()});
+    base_used = dev.arena().stats().used - ring_block.size();
+}
+
+Impl::~Impl() { reset_streams(); }
+
+void Impl::reset_streams() noexcept {
+    for (device::Stream* s : {h2d, coll, compute, d2h}) try {
+            if (s) dev.synchronize(*s);
+        } catch (const std::exception& e) {
+            log::debug(std::string("engine: dropped after a failure: ") + e.what());
+        }
+    try {
+        io.wait_all();
+    } catch (const std::exception& e) {
+        log::debug(std::string("engine: dropped after a failure: ") + e.what());
+    }
+    current.clear();
+    candidate.reset();
+    prefetched.clear();
+    ring.clear();
+    in_pass = false;
+}
+
+// ---------------------------------------------------------------------------
+Impl::Fetch* Impl::fetch_of(const Module& mod) const {
+    const auto it = current.find(&mod);
+    return it == current.end() ? nullptr : it->second.get();
+}
+
+void Impl::drop_prefetched() {
+    for (auto& [i, f] : prefetched) release(f, f->ready);
+    prefetched.clear();
+    ahead_bytes = 0;
+    pf_next = trace[train].size();
+}
+
+// Whether the trace's entry i is followed by the same module's backward: its
+// fetch then carries the gradient buffers, so the backward reuses it.
+static bool next_is_backward_of(const std::vector<detail::TraceEntry>& t, std::size_t i) {
+    return i + 1 < t.size() && t[i + 1].module == t[i].module && t[i + 1].backward;
+}
+
+Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
+    if (!in_pass) throw InternalError("engine: " + mod.name() + " ran outside begin()/end()");
+    if (fetch_of(mod)) throw InternalError("engine: " + mod.name() + " entered twice");
+    const TraceEntry e{&mod, backward};
+    const auto& tr = trace[train];
+    std::size_t idx = recording.size();
+    recording.push_back(e);
+
+    std::unique_ptr<Fetch> f;
+    const bool reuse = candidate && candidate->module == &mod && (!backward || candidate->grads);
+    if (replay && !diverged) {
+        if (pos >= tr.size() || !(tr[pos] == e)) {
+            diverged = true;
+            const std::string expected = pos < tr.size() ? tr[pos].module->name() + (tr[pos].backward ? " (backward)" : " (forward)") : "the end of the pass";
+            if (!warned)
+                log::warn("engine: the modules ran out of the recorded order at hook " + std::to_string(pos + 1) + " of the " +
+                          (train ? "training step" : "evaluation") + ": " + mod.name() + (backward ? " (backward)" : " (forward)") +
+                          " where the trace has " + expected + "; fetching on demand for the rest of this pass and recording the order again");
+            warned = true;
+            drop_prefetched();
+        } else {
+            idx = pos++;
+            const auto it = prefetched.find(idx);
+            if (it != prefetched.end()) {
+                f = std::move(it->second);
+                prefetched.erase(it);
+                ahead_bytes -= f->bytes();
+            }
+        }
+    }
+    if (reuse && !f) {
+        f = std::move(candidate);
+        ++st.reused;
+    } else if (candidate) {
+        release(candidate, dev.record(*compute));
+    }
+    if (!f) {
+        const bool grads = backward || (replay && !diverged && next_is_backward_of(tr, idx));
+        f = issue(mod, grads, idx, false);
+    }
+    dev.wait(*compute, f->ready, stall_ns);
+    for (auto list : {mod.params(), mod.external()})
+        for (std::size_t pi : list)
+            if (params[pi].persistent) dev.wait(*compute, params[pi].persist_ready, stall_ns);
+    Fetch& ref = *f;
+    current[&mod] = std::move(f);
+    if (replay && !diverged) prefetch();
+    return ref;
+}
+
+// Fetches ahead along the trace while the bytes fetched and not yet used
+// stay under the budget and the ring has a place clear of live buffers.
+void Impl::prefetch() {
+    const auto& tr = trace[train];
+    if (opts.prefetch_bytes == 0) return;
+    pf_next = std::max(pf_next, pos);
+    while (pf_next < tr.size()) {
+        const TraceEntry& e = tr[pf_next];
+        if (pf_next > 0 && tr[pf_next - 1].module == e.module) {  // the one before is reused
+            ++pf_next;
+            continue;
+        }
+        const bool grads = e.backward || next_is_backward_of(tr, pf_next);
+        const std::uint64_t b = align_up(block_bytes(*e.module, grads, nullptr), mem::kArenaAlignment);
+        if (ahead_bytes + b > opts.prefetch_bytes) break;
+        auto f = issue(*e.module, grads, pf_next, true);
+        if (!f) break;
+        ahead_bytes += f->bytes();
+        prefetched[pf_next++] = std::move(f);
+    }
+}
+
+// The module's backward is queued: its parameters' gradients are final (a
+// parameter used elsewhere too, the tied wte, is declared by the module whose
+// backward runs last). Reduce-scatter them as one bucket on the collectives
+// stream, copy this rank's partitions out and hand them to the optimizer on
+// the d2h stream's thread, one after the other through one host buffer.
+void Impl::hand_over(const Module& mod) {
+    Fetch* f = fetch_of(mod);
+    if (!f || !f->grads) throw InternalError("engine: " + mod.name() + "'s backward ended without its gradients");
+    dev.wait(*coll, dev.record(*compute));
+    struct Out {
+        std::size_t tensor;
+        std::span<const std::byte> src;  // device: this rank's averaged partition
+        std::uint64_t count;
+    };
+    std::vector<Out> outs;
+    std::vector<Scatter> bucket;
+    for (std::size_t pi : mod.params()) {
+        ParamState& p = params[pi];
+        const auto slot = std::find_if(f->slots.begin(), f->slots.end(), [&](const Slot& s) { return s.param == pi; });
+        // A gradient kept whole elsewhere at dp 1 needs no slot of its own.
+        if (slot == f->slots.end() && !(p.shared_grad && dp == 1))
+            throw InternalError("engine: no gradient slot for " + m.tensors[pi].name);
+        const std::span<std::byte> full = p.shared_grad ? std::span<std::byte>(p.shared.data(), p.numel * 4)
+                                                        : ring.bytes(f->place.at + slot->grad, p.numel * 4);
+        if (dp > 1) {
+            const auto own = ring.bytes(f->place.at + slot->own_grad, p.per * 4);
+            bucket.push_back({full, own, p.numel});
+            outs.push_back({pi, own.first(p.count * 4), p.count});
+        } else {
+            outs.push_back({pi, full, p.numel});
+        }
+        st.grad_bytes += p.count * 4;
+    }
+    if (dp > 1) {
+        if (!dev.host_addressable())
+            throw InternalError("engine: reduce-scatter of device memory needs the device's own collectives (NCCL), "
+                                "which come with the cuda backend");
+        dev.host(*coll, [this, bucket] { zero::reduce_scatter(comm, bucket, comm::DType::f32); });
+    }
+    dev.wait(*d2h, dev.record(*coll));
+    for (const Out& o : outs) {
+        const auto host = grad_staging.bytes().first(o.count * 4);
+        dev.copy(*d2h, host, o.src);
+        dev.host(*d2h, [this, o, host] {
+            optim.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------
+void InfinityEngine::before_forward(const Module& m) {
+    if (impl_->has_params(m)) impl_->acquire(m, false);
+}
+
+void InfinityEngine::after_forward(const Module& m) {
+    Impl& I = *impl_;
+    if (!I.has_params(m)) return;
+    auto it = I.current.find(&m);
+    if (it == I.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
+    if (I.candidate) I.release(I.candidate, I.dev.record(*I.compute));
+    I.candidate = std::move(it->second);
+    I.current.erase(it);
+}
+
+void InfinityEngine::before_backward(const Module& m) {
+    Impl& I = *impl_;
+    if (!I.train) throw InternalError("engine: backward in an evaluation pass");
+    I.in_backward = true;
+    if (I.has_params(m)) I.acquire(m, true);
+}
+
+void InfinityEngine::after_backward(const Module& m) {
+    Impl& I = *impl_;
+    if (!I.has_params(m)) return;
+    auto it = I.current.find(&m);
+    if (it == I.current.end()) throw InternalError("engine: after_backward of " + m.name() + " without its fetch");
+    if (!m.params().empty()) {
+        I.hand_over(m);
+        I.release(it->second, I.dev.record(*I.d2h));
+    } else {
+        I.release(it->second, I.dev.record(*I.compute));
+    }
+    I.current.erase(it);
+}
+
+std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    auto& p = I.params.at(param);
+    if (p.persistent)
+        return {reinterpret_cast<const float*>(p.persist.data() + detail::persist_layout(p, I.dp, I.bf16).full), p.numel};
+    const Fetch* f = I.fetch_of(m);
+    if (!f) throw InternalError("engine: " + m.name() + " asked for a weight outside its hooks");
+    for (const Slot& s : f->slots)
+        if (s.param == param && s.full != kNone)
+            return {reinterpret_cast<const float*>(I.ring.bytes(f->place.at + s.full, 4).data()), p.numel};
+    throw InternalError("engine: " + m.name() + "'s fetch has no buffer for " + I.m.tensors[param].name);
+}
+
+std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    auto& p = I.params.at(param);
+    const Fetch* f = I.fetch_of(m);
+    if (!I.in_backward || !f || !f->grads)
+        throw InternalError("engine: " + m.name() + " asked for a gradient outside its backward");
+    if (p.shared_grad) return {reinterpret_cast<float*>(p.shared.data()), p.numel};
+    for (const Slot& s : f->slots)
+        if (s.param == param && s.grad != kNone)
+            return {reinterpret_cast<float*>(I.ring.bytes(f->place.at + s.grad, 4).data()), p.numel};
+    throw InternalError("engine: " + m.name() + "'s fetch has no gradient for " + I.m.tensors[param].name);
+}
+
+// ---------------------------------------------------------------------------
+InfinityEngine::InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules,
+                               comm::Communicator& comm, io::Engine& io, mem::PinnedPool& pool, device::Device& dev,
+                               Optimizer& optim, const InfinityOptions& opts)
+    : impl_(std::make_unique<Impl>(m, modules, comm, io, pool, dev, optim, opts)) {}
+
+InfinityEngine::~InfinityEngine() = default;
+
+void InfinityEngine::begin(bool train) {
+    Impl& I = *impl_;
+    if (I.in_pass) throw InternalError("engine: begin() inside a pass");
+    I.in_pass = true;
+    I.train = train;
+    I.in_backward = false;
+    I.recording.clear();
+    I.diverged = false;
+    I.pos = I.pf_next = 0;
+    I.ahead_bytes = 0;
+    I.stall_ns = 0;
+    I.st = {};
+    I.ring.reset_peak();
+    I.replay = !I.trace[train].empty();
+    if (train)  // gradients kept whole through backward start from zero
+        for (auto& p : I.params)
+            if (p.shared_grad) I.dev.zero(*I.compute, {reinterpret_cast<float*>(p.shared.data()), p.numel});
+    if (I.replay) I.prefetch();
+}
+
+void InfinityEngine::end() {
+    Impl& I = *impl_;
+    std::exception_ptr failed;
+    // The copy-in stream first: a read's error (74) or a checksum's (65) is
+    // the cause of whatever the later stages then computed.
+    for (device::Stream* s : {I.h2d, I.coll, I.compute, I.d2h}) try {
+            I.dev.synchronize(*s);
+        } catch (...) {
+            if (!failed) failed = std::current_exception();
+        }
+    if (!failed && (!I.current.empty()))
+        failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
+    if (!failed && (I.trace[I.train].empty() || I.diverged)) I.trace[I.train] = I.recording;
+    I.st.stall_seconds = static_cast<double>(I.stall_ns.load()) / 1e9;
+    I.st.device_peak = I.base_used + I.ring.peak();
+    I.st.diverged = I.diverged;
+    I.reset_streams();
+    if (failed) std::rethrow_exception(failed);
+}
+
+void InfinityEngine::reset() noexcept { impl_->reset_streams(); }
+
+void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) {
+    Impl& I = *impl_;
+    auto& p = I.params.at(tensor);
+    if (p.tier == shard::Tier::gpu) I.dev.arena().copy_in(p.resident, first * p.dt, values);
+}
+
+void InfinityEngine::after_step() { ++impl_->version; }
+
+EngineStats InfinityEngine::stats() const { return impl_->st; }
+
+std::vector<std::string> InfinityEngine::trace(bool train) const {
+    std::vector<std::string> out;
+    for (const auto& e : impl_->trace[train]) out.push_back(e.module->name() + (e.backward ? " backward" : " forward"));
+    return out;
+}
+
+}  // namespace zinf::zero

@@ -1,0 +1,179 @@
+// The ZeRO-Infinity engine's insides, shared by fetch.cpp (the ring of
+// device memory, the nc -> cg -> gg pipeline) and infinity.cpp (hooks, the
+// trace and its prefetcher, gradients out).
+#pragma once
+
+#include <zinf/zero.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zinf::zero::detail {
+
+inline constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+// The engine's working memory: one region of the arena, carved in order from
+// a head that wraps. A place never overlaps a live buffer; it may overlap
+// buffers the host has released, and then the work that first writes the
+// place waits (on the device) for their release events. Placement depends
+// only on the order of host calls, never on timing, so every rank makes the
+// same choices and issues its collectives in the same order.
+class Ring {
+public:
+    void init(std::span<std::byte> region) { region_ = region; }
+    std::uint64_t size() const { return region_.size(); }
+    std::span<std::byte> bytes(std::uint64_t at, std::uint64_t n) const { return region_.subspan(at, n); }
+
+    struct Place {
+        std::uint64_t id = 0, at = 0, bytes = 0;
+        std::vector<device::Event> waits;  // release events of what it overlaps
+    };
+    // nullopt when no place clear of live buffers exists now.
+    std::optional<Place> place(std::uint64_t bytes);
+    void release(std::uint64_t id, const device::Event& done);
+    void clear();  // everything released and done (the streams are idle)
+    std::uint64_t live_bytes() const { return live_bytes_; }
+    std::uint64_t peak() const { return peak_; }
+    void reset_peak() { peak_ = live_bytes_; }
+    // Drops released entries whose events are done (fewer waits later).
+    void prune(device::Device& dev);
+
+private:
+    struct Span {
+        std::uint64_t id, at, bytes;
+    };
+    struct Released {
+        std::uint64_t at, bytes;
+        device::Event done;
+    };
+    std::span<std::byte> region_;
+    std::vector<Span> live_;
+    std::vector<Released> released_;
+    std::uint64_t head_ = 0, next_id_ = 1, live_bytes_ = 0, peak_ = 0;
+    bool clear_of_live(std::uint64_t at, std::uint64_t n) const;
+};
+
+// One parameter as the engine keeps it.
+struct ParamState {
+    std::size_t tensor = 0;
+    std::uint64_t numel = 0, per = 0, count = 0;  // count: this rank's real elements
+    std::size_t dt = 2;                           // bytes per element of the param dtype
+    shard::Tier tier = shard::Tier::nvme;
+    const Module* owner = nullptr;
+    bool persistent = false;   // under persist_below: gathered once per step, kept
+    bool shared_grad = false;  // used by other modules than its owner: gradient kept whole through backward
+    mem::Block resident;       // gpu tier: this rank's partition (per * dt)
+    mem::Block persist;        // persistent: own, staging, full
+    std::uint64_t persist_full_at = 0;  // where full starts in it
+    std::uint64_t persist_version = kNone;
+    device::Event persist_ready;
+    mem::Block shared;         // shared_grad: the full fp32 gradient
+};
+
+// Where one parameter's buffers sit in a fetch (byte offsets into the ring
+// region, kNone for none).
+struct Slot {
+    std::size_t param = 0;
+    std::uint64_t own = kNone, staging = kNone, full = kNone, grad = kNone, own_grad = kNone;
+};
+
+// The buffers of one module's parameters, fetched for one use.
+struct Fetch {
+    const Module* module = nullptr;
+    bool grads = false;        // with gradient buffers (a backward follows)
+    std::size_t trace_index = 0;
+    Ring::Place place;
+    std::vector<Slot> slots;   // parameters that are not persistent
+    device::Event ready;       // the gathers (and the gradients' zeroing) are done
+    std::uint64_t bytes() const { return place.bytes; }
+};
+
+// A hook in the recorded order: a module fetched, for forward or with gradients.
+struct TraceEntry {
+    const Module* module = nullptr;
+    bool backward = false;
+    bool operator==(const TraceEntry&) const = default;
+};
+
+// Every parameter of the manifest as this rank keeps it (no memory yet).
+std::vector<ParamState> describe_params(const shard::Manifest& m, std::span<const Module* const> modules,
+                                        const InfinityOptions& opts, unsigned rank);
+// The bytes of one fetch of `mod` (see fetch.cpp), and its slots.
+std::uint64_t block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
+                          bool grads, std::vector<Slot>* slots);
+// The layout of a persistent parameter's own memory: own, staging, full.
+struct PersistLayout {
+    std::uint64_t own = kNone, staging = kNone, full = 0, bytes = 0;
+};
+PersistLayout persist_layout(const ParamState& p, unsigned dp, bool bf16);
+
+}  // namespace zinf::zero::detail
+
+namespace zinf::zero {
+
+struct InfinityEngine::Impl {
+    using ParamState = detail::ParamState;
+    using Fetch = detail::Fetch;
+    using Slot = detail::Slot;
+    using TraceEntry = detail::TraceEntry;
+
+    Impl(const shard::Manifest& m, std::span<const Module* const> modules, comm::Communicator& comm, io::Engine& io,
+         mem::PinnedPool& pool, device::Device& dev, Optimizer& optim, const InfinityOptions& opts);
+    ~Impl();
+
+    const shard::Manifest& m;
+    std::vector<const Module*> modules;
+    comm::Communicator& comm;
+    io::Engine& io;
+    mem::PinnedPool& pool;
+    device::Device& dev;
+    Optimizer& optim;
+    InfinityOptions opts;
+    unsigned dp = 1, rank = 0;
+    bool bf16 = true;
+    device::Stream *compute = nullptr, *h2d = nullptr, *d2h = nullptr, *coll = nullptr;
+
+    std::vector<ParamState> params;
+    mem::Block ring_block;
+    detail::Ring ring;
+    AlignedBuffer grad_staging;  // host: the largest gradient partition, for the hand-over
+    std::uint64_t version = 0;   // optimizer steps seen (persistent parameters)
+
+    // The pass under way.
+    bool in_pass = false, train = false, in_backward = false;
+    std::map<const Module*, std::unique_ptr<Fetch>> current;  // in use by a module now
+    std::unique_ptr<Fetch> candidate;  // after its forward; reused if the same module is next
+    std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
+    std::vector<TraceEntry> trace[2], recording;  // [train]
+    bool replay = false, diverged = false, warned = false;
+    std::size_t pos = 0, pf_next = 0;
+    std::uint64_t ahead_bytes = 0;
+    std::atomic<std::uint64_t> stall_ns{0};
+    EngineStats st;
+    std::uint64_t base_used = 0;  // arena bytes used outside the ring
+
+    // fetch.cpp
+    std::uint64_t block_bytes(const Module& mod, bool grads, std::vector<Slot>* slots) const {
+        return detail::block_bytes(params, dp, bf16, mod, grads, slots);
+    }
+    std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
+    void pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging, std::span<float> full,
+                  const std::vector<device::Event>& waits);
+    void fetch_persistent(ParamState& p);
+    void release(std::unique_ptr<Fetch>& f, const device::Event& done);
+    void reset_streams() noexcept;
+
+    // infinity.cpp
+    Fetch& acquire(const Module& mod, bool backward);
+    void prefetch();
+    void drop_prefetched();
+    void hand_over(const Module& mod);
+    bool has_params(const Module& mod) const { return !mod.params().empty() || !mod.external().empty(); }
+    Fetch* fetch_of(const Module& mod) const;
+};
+
+}  // namespace zinf::zero

@@ -1,0 +1,394 @@
+// Tests of the ZeRO-Infinity engine (zero::InfinityEngine) under the
+// trainer, one rank: placement never changes the math (every parameter tier
+// x optimizer tier against the resident reference, to the bit), tiling, the
+// trace and its prefetcher (divergence fetches on demand with the same
+// losses), and the device budget (the need it reports runs, a byte less is
+// refused before the first step, naming the module and a tile factor).
+// Data parallel runs are in mpi_train.cpp; faults and resume in e2e/train.sh.
+#define BOOST_TEST_MODULE engine
+#include "optimizer_fixture.hpp"
+
+#include <zinf/data.hpp>
+#include <zinf/device.hpp>
+#include <zinf/model.hpp>
+#include <zinf/train.hpp>
+
+#include <bit>
+
+using namespace zinf;
+using namespace zinf::testing;
+
+namespace {
+
+// Two blocks; mlp.c_fc.weight is 72 x 288 = 20,736 elements (81KiB of fp32),
+// more than one of the small pool's 64KiB buffers: its fetch spans leases.
+constexpr const char* kGPT = "gpt:layers=2,hidden=72,heads=2,vocab=97,seq=16";
+constexpr std::uint64_t kB = 2, kT = 16, kSteps = 10;
+
+std::vector<std::uint16_t> make_tokens(std::uint64_t s, std::uint64_t vocab, std::size_t n) {
+    std::mt19937_64 rng(mix(s));
+    std::vector<std::uint16_t> t(n);
+    for (std::size_t i = 0; i < n; ++i)
+        t[i] = static_cast<std::uint16_t>(rng() % 4 == 0 ? rng() % vocab : (i * 7 + i / 5) % vocab);
+    return t;
+}
+
+train::Options train_options(const std::string& manifest_path) {
+    train::Options o;
+    o.batch = kB;
+    o.seq = kT;
+    o.schedule = {.lr = 3e-3, .min_ratio = 0.1, .warmup = 2, .total = kSteps, .cosine = true};
+    o.adamw = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    o.grad_clip = 1.0;
+    o.manifest_path = manifest_path;
+    o.kernel.threads = 1;
+    return o;
+}
+
+std::unique_ptr<device::Device> device_of(std::uint64_t bytes = 256 * MiB) {
+    return device::open({.backend = "cpu", .memory_bytes = bytes, .threads = 1});
+}
+
+struct Outcome {
+    std::vector<train::StepLog> logs;
+    std::vector<double> val;  // the validation loss after every other step
+};
+
+// `steps` steps (with an evaluation every other one), then a save.
+Outcome train_run(Run& run, Rig& rig, std::span<const std::uint16_t> tokens, train::Options o,
+                  std::uint64_t steps = kSteps) {
+    Outcome out;
+    auto self = self_comm();
+    auto dev = device_of();
+    data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+    train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, o);
+    for (std::uint64_t s = t.step_count(); s < steps; ++s) {
+        out.logs.push_back(t.step(loader));
+        if (s % 2) out.val.push_back(t.evaluate(loader, 2));
+    }
+    t.save();
+    return out;
+}
+
+std::uint64_t bits(double v) { return std::bit_cast<std::uint64_t>(v); }
+bool near(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
+
+void same_losses(const Outcome& a, const Outcome& b, const std::string& what) {
+    BOOST_TEST_REQUIRE(a.logs.size() == b.logs.size(), what);
+    for (std::size_t k = 0; k < a.logs.size(); ++k) {
+        BOOST_TEST(bits(a.logs[k].loss) == bits(b.logs[k].loss),
+                   what << " step " << k + 1 << ": loss " << a.logs[k].loss << " vs " << b.logs[k].loss);
+        BOOST_TEST(bits(a.logs[k].grad_norm) == bits(b.logs[k].grad_norm), what << " step " << k + 1 << ": norm");
+    }
+    BOOST_TEST_REQUIRE(a.val.size() == b.val.size(), what);
+    for (std::size_t k = 0; k < a.val.size(); ++k)
+        BOOST_TEST(bits(a.val[k]) == bits(b.val[k]), what << " validation " << k << ": " << a.val[k] << " vs " << b.val[k]);
+}
+
+const Tier kTiers[] = {Tier::gpu, Tier::cpu, Tier::nvme};
+
+}  // namespace
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(placement)
+
+// Every parameter tier x optimizer tier, fp32 and bf16 parameters: the same
+// losses, validation losses, gradient norms and committed state (every
+// state, byte for byte) as the resident engine.
+BOOST_AUTO_TEST_CASE(nine_tiers_equal_the_resident_engine) {
+    const std::uint64_t s = fresh_seed("nine tiers");
+    const auto tokens = make_tokens(s, 97, (kSteps + 2) * kB * kT + 1);
+    for (DType dt : {DType::fp32, DType::bf16}) {
+        Rig rig;
+        Run ref_run(rig, lay(dt, Tier::cpu, Tier::cpu, s), kGPT);
+        train::Options ro = train_options(ref_run.manifest_path());
+        ro.resident = true;
+        const Outcome ref = train_run(ref_run, rig, tokens, ro);
+        for (Tier pt : kTiers)
+            for (Tier ot : kTiers) {
+                const std::string what = std::string(shard::dtype_name(dt)) + " param " + shard::tier_name(pt) +
+                                         ", optimizer " + shard::tier_name(ot);
+                Run run(rig, lay(dt, pt, ot, s), kGPT);
+                const Outcome got = train_run(run, rig, tokens, train_options(run.manifest_path()));
+                same_losses(got, ref, what);
+                same_state(shard::read_manifest_file(run.manifest_path()),
+                           shard::read_manifest_file(ref_run.manifest_path()), rig, what);
+                // Bytes came from the partition's own tier, and only from there.
+                const auto& last = got.logs.back();
+                for (Tier t : kTiers)
+                    BOOST_TEST((last.fetched_bytes[static_cast<int>(t)] > 0) == (t == pt),
+                               what << ": fetched " << last.fetched_bytes[static_cast<int>(t)] << " bytes from "
+                                    << shard::tier_name(t));
+            }
+    }
+}
+
+// The same with prefetching off, with every parameter persistent, and
+// without activation checkpointing (no recomputation in backward).
+BOOST_AUTO_TEST_CASE(prefetch_persistence_and_checkpointing_change_nothing) {
+    const std::uint64_t s = fresh_seed("engine options");
+    const auto tokens = make_tokens(s, 97, (kSteps + 2) * kB * kT + 1);
+    Rig rig;
+    for (bool checkpoint : {true, false}) {
+        Run ref_run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
+        train::Options ro = train_options(ref_run.manifest_path());
+        ro.resident = true;
+        ro.checkpoint = checkpoint;
+        const Outcome ref = train_run(ref_run, rig, tokens, ro);
+        struct Case {
+            const char* name;
+            std::uint64_t prefetch, persist;
+        };
+        for (const Case c : {Case{"on demand", 0, 0}, Case{"prefetch 64KiB", 64 * KiB, 0},
+                             Case{"all persistent", 64 * MiB, 1u << 30}, Case{"small persistent", 64 * MiB, 100}}) {
+            Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
+            train::Options o = train_options(run.manifest_path());
+            o.checkpoint = checkpoint;
+            o.infinity.prefetch_bytes = c.prefetch;
+            o.infinity.persist_below = c.persist;
+            const Outcome got = train_run(run, rig, tokens, o);
+            const std::string what = std::string(c.name) + (checkpoint ? ", checkpointed" : ", no checkpointing");
+            same_losses(got, ref, what);
+            same_state(shard::read_manifest_file(run.manifest_path()),
+                       shard::read_manifest_file(ref_run.manifest_path()), rig, what);
+        }
+    }
+}
+
+// Tiled layouts against the untiled one, within 1e-6 relative, not bitwise:
+// a tile is a GEMM of fewer columns, for which OpenBLAS picks other blocking
+// and kernels (the first step's loss already differs in the last bits), and
+// the backward's dx sums the tiles' products one after another (beta 1)
+// instead of inside one GEMM's inner loop.
+BOOST_AUTO_TEST_CASE(tiles_match_the_untiled_run) {
+    const std::uint64_t s = fresh_seed("tiles");
+    const auto tokens = make_tokens(s, 97, (kSteps + 2) * kB * kT + 1);
+    Rig rig;
+    Run one(rig, lay(DType::fp32, Tier::nvme, Tier::cpu, s), kGPT);
+    const Outcome ref = train_run(one, rig, tokens, train_options(one.manifest_path()), 4);
+    for (unsigned tile : {2u, 4u}) {
+        shard::LayoutOptions lo = lay(DType::fp32, Tier::nvme, Tier::cpu, s);
+        lo.tile = tile;
+        Run run(rig, lo, kGPT);
+        const Outcome got = train_run(run, rig, tokens, train_options(run.manifest_path()), 4);
+        BOOST_TEST_REQUIRE(got.logs.size() == ref.logs.size());
+        for (std::size_t k = 0; k < got.logs.size(); ++k) {
+            BOOST_TEST_MESSAGE("tile " << tile << " step " << k + 1 << ": " << got.logs[k].loss << " vs "
+                                       << ref.logs[k].loss);
+            BOOST_TEST(near(got.logs[k].loss, ref.logs[k].loss, 1e-6), "tile " << tile << " step " << k + 1);
+            BOOST_TEST(near(got.logs[k].grad_norm, ref.logs[k].grad_norm, 1e-5), "tile " << tile << " step " << k + 1);
+        }
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(trace)
+
+// Steps after the first replay the recorded order: everything fetched ahead
+// with a large budget, nothing with none; the trace names every module that
+// holds parameters, forward then backward.
+BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
+    const std::uint64_t s = fresh_seed("prefetch");
+    const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
+    Rig rig;
+    for (std::uint64_t budget : {std::uint64_t{0}, 64 * MiB}) {
+        Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
+        auto self = self_comm();
+        auto dev = device_of();
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        train::Options o = train_options(run.manifest_path());
+        o.infinity.prefetch_bytes = budget;
+        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, o);
+        t.step(loader);
+        const auto first = t.infinity()->stats();
+        BOOST_TEST(first.prefetched == 0u);
+        BOOST_TEST(first.on_demand > 0u);
+        t.step(loader);
+        const auto second = t.infinity()->stats();
+        if (budget) {
+            BOOST_TEST(second.prefetched > 0u);
+            BOOST_TEST(second.on_demand == 0u, second.on_demand << " fetches on demand with a trace to replay");
+        } else {
+            BOOST_TEST(second.prefetched == 0u);
+        }
+        BOOST_TEST(!second.diverged);
+        const auto tr = t.infinity()->trace(true);
+        BOOST_TEST_REQUIRE(!tr.empty());
+        BOOST_TEST(tr.front() == "embedding forward");
+        BOOST_TEST(tr.back() == "embedding backward");
+        BOOST_TEST(std::count(tr.begin(), tr.end(), "lm_head forward") == 1);
+        BOOST_TEST(std::count(tr.begin(), tr.end(), "h.1.mlp.c_fc backward") == 1);
+        // Checkpointed blocks run their forward again inside backward.
+        BOOST_TEST(std::count(tr.begin(), tr.end(), "h.1.mlp.c_fc forward") == 2);
+        BOOST_TEST(first.device_peak <= dev->arena().stats().bytes);
+    }
+}
+
+// A step whose modules run in another order than the trace (activation
+// checkpointing switched off after the first step, so backward no longer
+// runs the blocks' forward again) is fetched on demand from where the order
+// changed, warned about once, and gives the losses of the resident engine;
+// the next step records and replays the new order.
+BOOST_AUTO_TEST_CASE(divergence_fetches_on_demand_with_the_same_losses) {
+    const std::uint64_t s = fresh_seed("divergence");
+    const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
+    Rig rig;
+    std::vector<double> losses[2];
+    for (bool resident : {true, false}) {
+        Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
+        auto self = self_comm();
+        auto dev = device_of();
+        zero::OptimizerOptions zo;
+        zo.adamw = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        zo.kernel.threads = 1;
+        zo.manifest_path = run.manifest_path();
+        model::GPT gpt(model::Config::from(run.m.spec));
+        model::Activations acts[2] = {gpt.plan(*dev, {.batch = kB, .seq = kT, .checkpoint = true}),
+                                      gpt.plan(*dev, {.batch = kB, .seq = kT, .checkpoint = false})};
+        zero::Optimizer opt(run.m, self, rig.engine, rig.pool, zo);
+        std::unique_ptr<zero::ResidentEngine> res;
+        std::unique_ptr<zero::InfinityEngine> inf;
+        // The resident copy loaded from the committed bf16 parameters, widened.
+        auto load = [&] {
+            for (std::size_t t = 0; t < run.m.tensors.size(); ++t) {
+                const auto b = cat_bytes(run.m, t, "param", rig);
+                std::vector<float> v(b.size() / 2);
+                for (std::size_t i = 0; i < v.size(); ++i)
+                    v[i] = from_bf16(static_cast<std::uint16_t>(std::to_integer<unsigned>(b[2 * i]) |
+                                                                (std::to_integer<unsigned>(b[2 * i + 1]) << 8)));
+                dev->copy(dev->compute(), std::as_writable_bytes(res->values(t)), std::as_bytes(std::span(v)));
+                dev->synchronize(dev->compute());
+            }
+        };
+        if (resident) {
+            res = std::make_unique<zero::ResidentEngine>(*dev, model::numels(gpt.params_table()));
+            load();
+        } else {
+            inf = std::make_unique<zero::InfinityEngine>(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, opt,
+                                                         zero::InfinityOptions{});
+        }
+        zero::Engine& eng = resident ? static_cast<zero::Engine&>(*res) : *inf;
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        std::vector<std::int32_t> in(kB * kT), tg(kB * kT);
+        std::vector<float> l(kB * kT);
+        // Steps 1 and 2 checkpointed, 3 and 4 not, 5 checkpointed again.
+        const bool ckpt[] = {true, true, false, false, true};
+        std::string warnings;
+        for (std::size_t k = 0; k < std::size(ckpt); ++k) {
+            auto& a = acts[ckpt[k] ? 0 : 1];
+            auto& st = dev->compute();
+            loader.batch(k, in, tg);
+            dev->copy(st, std::as_writable_bytes(a.inputs.span()), std::as_bytes(std::span(in)));
+            dev->copy(st, std::as_writable_bytes(a.targets.span()), std::as_bytes(std::span(tg)));
+            model::Context ctx{*dev, st, eng};
+            if (res) res->zero_grad(st);
+            if (inf) inf->begin(true);
+            warnings += capture_stderr([&] {
+                gpt.forward(ctx, a);
+                gpt.backward(ctx, a);
+            });
+            if (inf) inf->end();
+            dev->copy(st, std::as_writable_bytes(std::span(l)), std::as_bytes(a.losses.span()));
+            dev->synchronize(st);
+            if (res) {
+                for (std::size_t t = 0; t < run.m.tensors.size(); ++t) {
+                    std::vector<float> g(res->gradient(t).size());
+                    dev->copy(st, std::as_writable_bytes(std::span(g)), std::as_bytes(res->gradient(t)));
+                    dev->synchronize(st);
+                    opt.put_gradient(t, std::span<const float>(g));
+                }
+            }
+            double sum = 0;
+            for (float x : l) sum += x;
+            losses[resident ? 0 : 1].push_back(sum / static_cast<double>(l.size()));
+            if (inf) {
+                const auto stt = inf->stats();
+                BOOST_TEST(stt.diverged == (k == 2 || k == 4), "step " << k + 1);
+                if (k == 1 || k == 3) BOOST_TEST(stt.on_demand == 0u, "step " << k + 1 << " replays its trace");
+            }
+            // Every state streams from NVMe, so each step commits: the new
+            // parameters are in the manifest the optimizer keeps up to date.
+            opt.step();
+            if (inf) inf->after_step();
+            if (res) load();
+        }
+        if (inf) {
+            BOOST_TEST(contains(warnings, "out of the recorded order"), warnings);
+            // Once per engine: the second change of order is not warned again.
+            BOOST_TEST(warnings.find("out of the recorded order") == warnings.rfind("out of the recorded order"));
+        }
+    }
+    BOOST_TEST_REQUIRE(losses[0].size() == losses[1].size());
+    for (std::size_t k = 0; k < losses[0].size(); ++k)
+        BOOST_TEST(bits(losses[0][k]) == bits(losses[1][k]),
+                   "step " << k + 1 << ": resident " << losses[0][k] << ", engine " << losses[1][k]);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
+BOOST_AUTO_TEST_SUITE(memory)
+
+// The budget the trainer reports as its need trains; one byte less is
+// refused when the trainer opens, before any step, naming the module, the
+// bytes and a tile factor that fits.
+BOOST_AUTO_TEST_CASE(the_reported_need_runs_and_a_byte_less_is_refused) {
+    const std::uint64_t s = fresh_seed("budget");
+    const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
+    Rig rig;
+    Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
+    auto self = self_comm();
+    data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+    std::uint64_t need = 0;
+    {
+        auto dev = device_of();
+        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        need = t.device_need();
+    }
+    BOOST_TEST_MESSAGE("the run needs " << need << " bytes of device memory");
+    {
+        auto dev = device_of(need);
+        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        for (int k = 0; k < 3; ++k) {
+            const auto log = t.step(loader);
+            BOOST_TEST(std::isfinite(log.loss));
+            BOOST_TEST(log.device_peak_bytes <= need);
+        }
+        t.save();
+    }
+    auto dev = device_of(need - 1);
+    std::string msg;
+    try {
+        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        BOOST_ERROR("a budget one byte under the need was taken");
+    } catch (const zero::DoesNotFit& e) {
+        msg = e.what();
+        BOOST_TEST(e.exit_code() == 64);
+    }
+    BOOST_TEST(contains(msg, "h.0.mlp.c_fc needs"), msg);
+    BOOST_TEST(contains(msg, std::to_string(need)), msg);
+    BOOST_TEST(contains(msg, "--tile"), msg);
+}
+
+// Tiling shrinks the largest fetch about K-fold (the linear weights are the
+// largest tensors of a block; wte, whole in the embedding, is not tiled).
+BOOST_AUTO_TEST_CASE(tiling_shrinks_the_largest_block_fetch) {
+    const auto spec = shard::ModelSpec::parse("gpt:layers=2,hidden=256,heads=4,vocab=97,seq=16");
+    std::uint64_t prev = 0;
+    for (unsigned tile : {1u, 2u, 4u}) {
+        shard::LayoutOptions lo;
+        lo.tile = tile;
+        const shard::Manifest m = shard::layout(spec, lo);
+        const model::GPT gpt(model::Config::from(spec, tile));
+        const auto need = zero::InfinityEngine::need(m, gpt.modules(), {});
+        const std::uint64_t largest = need.largest;
+        BOOST_TEST(need.module.starts_with("h.0.mlp.c_fc"), need.module);
+        BOOST_TEST_MESSAGE("tile " << tile << ": the largest fetch, " << need.module << ", is " << largest << " bytes");
+        if (prev) BOOST_TEST(double(largest) < 0.6 * double(prev), "tile " << tile << ": " << largest << " vs " << prev);
+        prev = largest;
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
