@@ -794,6 +794,239 @@ BOOST_AUTO_TEST_CASE(bucket_equals_one_by_one) {
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================
+// 4b. Reduce-scatter sums in rank order. Values here are random floats of
+// mixed magnitudes, so sums round and the order of summation shows in the
+// bits: the reference folds every rank's value left to right, rank 0 first,
+// in the dtype itself (f32: a float sum; f64: a double sum; bf16: each step
+// in f32 rounded to bf16, as the MPI backend has always reduced bf16), and
+// the result must equal it byte for byte, whatever the blocks and buckets.
+BOOST_AUTO_TEST_SUITE(rank_order)
+
+namespace {
+
+// Random values in +-[2^-10, 2^11), keyed by (seed, rank, index).
+struct Mixed {
+    DType t;
+    std::uint64_t seed;
+    double operator()(int rank, std::uint64_t i) const {
+        const std::uint64_t h = mix(seed ^ mix((static_cast<std::uint64_t>(rank) + 1) * 0x2545f4914f6cdd1dull + i));
+        const std::uint64_t h2 = mix(h);
+        const double v = std::ldexp(1.0 + static_cast<double>(h >> 12) * 0x1p-52, static_cast<int>(h2 % 21) - 10);
+        return (h2 >> 63) ? -v : v;
+    }
+};
+
+void put_value(DType t, std::byte* p, double v) {
+    switch (t) {
+    case DType::f32: {
+        const auto x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        return;
+    }
+    case DType::f64: std::memcpy(p, &v, 8); return;
+    case DType::bf16: {
+        const std::uint16_t x = zinf::to_bf16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        return;
+    }
+    default: BOOST_ERROR("no mixed values of " << comm::name(t));
+    }
+}
+
+Bytes mixed_data(const Mixed& g, int rank, std::uint64_t first, std::size_t n) {
+    Bytes out(n * es(g.t));
+    for (std::size_t j = 0; j < n; ++j) put_value(g.t, out.data() + j * es(g.t), g(rank, first + j));
+    return out;
+}
+
+// One element of every rank, folded in rank order 0..dp-1 in dtype T (the
+// values as stored: f32 and f64 exactly, bf16 after rounding).
+template <class T>
+T fold_ranks(const Mixed& g, Reduce red, std::uint64_t i) {
+    T acc = static_cast<T>(g(0, i));
+    for (int r = 1; r < dp(); ++r) {
+        const T x = static_cast<T>(g(r, i));
+        acc = red == Reduce::max ? std::max(acc, x) : acc + x;
+    }
+    return red == Reduce::avg ? acc / static_cast<T>(dp()) : acc;
+}
+
+std::uint16_t fold_ranks_bf16(const Mixed& g, Reduce red, std::uint64_t i) {
+    const auto value = [&](int r) { return zinf::to_bf16(static_cast<float>(g(r, i))); };
+    std::uint16_t acc = value(0);
+    for (int r = 1; r < dp(); ++r) {
+        const float a = zinf::from_bf16(acc), x = zinf::from_bf16(value(r));
+        acc = zinf::to_bf16(red == Reduce::max ? std::max(a, x) : a + x);
+    }
+    return red == Reduce::avg ? zinf::to_bf16(zinf::from_bf16(acc) / static_cast<float>(dp())) : acc;
+}
+
+// Elements [first, first + n) of the reference.
+Bytes in_rank_order(const Mixed& g, Reduce red, std::uint64_t first, std::size_t n) {
+    Bytes out(n * es(g.t));
+    for (std::size_t j = 0; j < n; ++j) {
+        std::byte* p = out.data() + j * es(g.t);
+        switch (g.t) {
+        case DType::f32: {
+            const float x = fold_ranks<float>(g, red, first + j);
+            std::memcpy(p, &x, 4);
+            break;
+        }
+        case DType::f64: {
+            const double x = fold_ranks<double>(g, red, first + j);
+            std::memcpy(p, &x, 8);
+            break;
+        }
+        case DType::bf16: {
+            const std::uint16_t x = fold_ranks_bf16(g, red, first + j);
+            std::memcpy(p, &x, 2);
+            break;
+        }
+        default: BOOST_ERROR("no reference for " << comm::name(g.t));
+        }
+    }
+    return out;
+}
+
+std::string shape_name(const std::vector<std::uint64_t>& counts) {
+    std::string s = "counts {";
+    for (auto c : counts) s += " " + std::to_string(c);
+    return s + " }";
+}
+
+// Equal blocks (1, 1001, large) and uneven ones (some empty; large; none at
+// all; one rank holding everything).
+std::vector<std::vector<std::uint64_t>> rank_order_shapes(std::mt19937_64& rng) {
+    std::vector<std::vector<std::uint64_t>> shapes{equal_counts(1), equal_counts(1001), equal_counts(150001)};
+    shapes.push_back(uneven(rng, 2000));
+    shapes.push_back(uneven(rng, 300000));
+    shapes.push_back(std::vector<std::uint64_t>(dp(), 0));
+    std::vector<std::uint64_t> one(dp(), 0);
+    one[0] = 4099;
+    shapes.push_back(one);
+    return shapes;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(reduce_scatter_equals_the_rank_order_fold) {
+    const std::uint64_t s = shared_seed("reduce-scatter in rank order");
+    std::mt19937_64 rng(s);
+    const auto shapes = rank_order_shapes(rng);
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const auto& counts = shapes[k];
+        const bool equal = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; });
+        for (DType t : kFloatTypes) {
+            const Mixed g{t, s + k};
+            const Bytes whole = mixed_data(g, me(), 0, total_of(counts));
+            for (Reduce red : {Reduce::sum, Reduce::avg, Reduce::max}) {
+                const Bytes want = in_rank_order(g, red, first_of(counts, me()), counts[me()]);
+                for (Mode m : {Mode::blocking, Mode::nonblocking}) {
+                    Bytes part = sentinel(t, counts[me()]);
+                    // Equal blocks as the plain form (no counts), uneven as counts.
+                    const comm::Buffer b{cb(whole), wb(part), equal ? std::vector<std::uint64_t>{} : counts};
+                    run_op(m, Kind::reduce_scatter, std::span(&b, 1), t, red);
+                    same(part, want, t,
+                         "reduce-scatter " + std::string(comm::name(red)) + " in rank order, " + shape_name(counts) +
+                             ", " + mode_name(m));
+                }
+            }
+        }
+    }
+}
+
+// The test above can fail: with three ranks or more, folding the same
+// values from the last rank down gives other bits for many elements.
+BOOST_AUTO_TEST_CASE(the_order_shows_in_the_bits) {
+    if (dp() < 3) {
+        BOOST_TEST_MESSAGE(where() << ": two ranks: a + b == b + a, nothing to show");
+        return;
+    }
+    const std::uint64_t s = shared_seed("order shows");
+    const std::size_t n = 10000;
+    for (DType t : kFloatTypes) {
+        const Mixed g{t, s};
+        const Bytes want = in_rank_order(g, Reduce::sum, 0, n);
+        Bytes down(n * es(t));
+        for (std::size_t j = 0; j < n; ++j) {
+            double d = g(dp() - 1, j);
+            float f = static_cast<float>(d);
+            std::uint16_t h = zinf::to_bf16(f);
+            for (int r = dp() - 2; r >= 0; --r) {
+                d += g(r, j);
+                f += static_cast<float>(g(r, j));
+                h = zinf::to_bf16(zinf::from_bf16(h) + zinf::from_bf16(zinf::to_bf16(static_cast<float>(g(r, j)))));
+            }
+            std::byte* p = down.data() + j * es(t);
+            if (t == DType::f32) std::memcpy(p, &f, 4);
+            else if (t == DType::f64) std::memcpy(p, &d, 8);
+            else std::memcpy(p, &h, 2);
+        }
+        std::size_t differ = 0;
+        for (std::size_t j = 0; j < n; ++j)
+            differ += std::memcmp(want.data() + j * es(t), down.data() + j * es(t), es(t)) != 0;
+        BOOST_TEST(differ > n / 100, where() << ": " << comm::name(t) << ": only " << differ << " of " << n
+                                              << " sums change with the order");
+    }
+}
+
+// Element i's bits do not depend on the tensors beside it: the same tensors
+// reduce-scattered one per collective, all in one bucket, and in two buckets
+// split at a random place give the same bytes, and those of the reference.
+BOOST_AUTO_TEST_CASE(bucket_split_invariance) {
+    const std::uint64_t s = shared_seed("reduce-scatter bucket splits");
+    std::mt19937_64 rng(s);
+    static constexpr std::uint64_t kBlocks[] = {1, 7, 1001, 4099, 65537, 3};
+    for (DType t : kFloatTypes)
+        for (Reduce red : {Reduce::sum, Reduce::avg}) {
+            std::vector<Mixed> gens;
+            std::vector<std::vector<std::uint64_t>> counts;
+            std::vector<Bytes> sends;
+            for (std::size_t k = 0; k < std::size(kBlocks); ++k) {
+                gens.push_back({t, s + 11 * k});
+                // Every other tensor of uneven blocks (some empty).
+                counts.push_back(k % 2 ? uneven(rng, 2 * kBlocks[k]) : equal_counts(kBlocks[k]));
+                sends.push_back(mixed_data(gens[k], me(), 0, total_of(counts[k])));
+            }
+            const auto collect = [&](const std::vector<std::size_t>& cuts, Mode m) {
+                std::vector<Bytes> recvs;
+                std::vector<comm::Buffer> bufs;
+                for (std::size_t k = 0; k < sends.size(); ++k) recvs.push_back(sentinel(t, counts[k][me()]));
+                for (std::size_t k = 0; k < sends.size(); ++k) {
+                    const bool equal = k % 2 == 0;
+                    bufs.push_back({cb(sends[k]), wb(recvs[k]), equal ? std::vector<std::uint64_t>{} : counts[k]});
+                }
+                std::size_t from = 0;
+                for (std::size_t cut : cuts) {
+                    run_op(m, Kind::reduce_scatter, std::span(bufs).subspan(from, cut - from), t, red);
+                    from = cut;
+                }
+                return recvs;
+            };
+            std::vector<std::size_t> one_by_one;
+            for (std::size_t k = 1; k <= sends.size(); ++k) one_by_one.push_back(k);
+            const std::size_t split = 1 + rng() % (sends.size() - 1);
+            const auto alone = collect(one_by_one, Mode::blocking);
+            const std::string what = "reduce-scatter " + std::string(comm::name(red)) + ", tensor ";
+            for (std::size_t k = 0; k < sends.size(); ++k)
+                same(alone[k], in_rank_order(gens[k], red, first_of(counts[k], me()), counts[k][me()]), t,
+                     what + std::to_string(k) + " alone, " + shape_name(counts[k]));
+            for (Mode m : {Mode::blocking, Mode::nonblocking}) {
+                const auto together = collect({sends.size()}, m);
+                const auto halves = collect({split, sends.size()}, m);
+                for (std::size_t k = 0; k < sends.size(); ++k) {
+                    same(together[k], alone[k], t, what + std::to_string(k) + " in one bucket, " + mode_name(m));
+                    same(halves[k], alone[k], t,
+                         what + std::to_string(k) + " in buckets split after " + std::to_string(split) + ", " +
+                             mode_name(m));
+                }
+            }
+        }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
 // 5. ZeRO partitions: gather and reduce-scatter by shard::owned.
 BOOST_AUTO_TEST_SUITE(zero_partitions)
 
