@@ -21,21 +21,31 @@ bool Ring::clear_of_live(std::uint64_t at, std::uint64_t n) const {
     return true;
 }
 
-std::optional<Ring::Place> Ring::place(std::uint64_t bytes) {
+std::optional<Ring::Place> Ring::place(std::uint64_t bytes, const std::function<bool(const device::Event&)>& busy) {
     bytes = align_up(std::max<std::uint64_t>(bytes, 1), mem::kArenaAlignment);
-    if (live_.empty()) head_ = 0;
-    // The head first (fetches follow each other in order), then the start,
-    // then right after each live buffer (a module nested in another, like a
-    // tile inside its TiledLinear, while the outer one stays live).
-    std::optional<std::uint64_t> found;
-    if (clear_of_live(head_, bytes)) found = head_;
-    else if (clear_of_live(0, bytes)) found = 0;
-    else
-        for (const Span& s : live_)
-            if (clear_of_live(s.at + s.bytes, bytes)) {
-                found = s.at + s.bytes;
-                break;
-            }
+    // Whether a place fits depends on the live buffers alone, which the
+    // host's calls decide: every rank makes the same decision. Where it goes
+    // among the places that fit may follow timing: the lowest address (the
+    // cpu backend's device memory is host memory, touched as used: low
+    // places keep the resident set at the peak of live bytes), avoiding
+    // released buffers whose release has not happened yet (a gradient still
+    // on its way to the optimizer) when another place is free of them.
+    std::vector<std::uint64_t> candidates{0};
+    for (const Span& s : live_) candidates.push_back(s.at + s.bytes);
+    std::sort(candidates.begin(), candidates.end());
+    std::optional<std::uint64_t> found, fallback;
+    for (const std::uint64_t at : candidates) {
+        if (!clear_of_live(at, bytes)) continue;
+        if (!fallback) fallback = at;
+        const bool waits_on_busy = std::any_of(released_.begin(), released_.end(), [&](const Released& r) {
+            return at < r.at + r.bytes && r.at < at + bytes && busy && busy(r.done);
+        });
+        if (!waits_on_busy) {
+            found = at;
+            break;
+        }
+    }
+    if (!found) found = fallback;
     if (!found) return std::nullopt;
     const std::uint64_t at = *found;
     Place p;
@@ -47,7 +57,7 @@ std::optional<Ring::Place> Ring::place(std::uint64_t bytes) {
     live_.push_back({p.id, at, bytes});
     live_bytes_ += bytes;
     peak_ = std::max(peak_, live_bytes_);
-    head_ = at + bytes;
+    extent_ = std::max(extent_, at + bytes);
     return p;
 }
 
@@ -66,7 +76,6 @@ void Ring::prune(device::Device& dev) {
 void Ring::clear() {
     live_.clear();
     released_.clear();
-    head_ = 0;
     live_bytes_ = 0;
 }
 
@@ -139,11 +148,14 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
     f->trace_index = trace_index;
     const std::uint64_t bytes = block_bytes(mod, grads, &f->slots);
     ring.prune(dev);
-    auto place = ring.place(bytes);
+    // A place still being handed over to the optimizer is busy.
+    const auto busy = [this](const device::Event& e) { return e.stream == d2h && !dev.query(e); };
+    auto place = ring.place(bytes, busy);
     if (!place) {
         if (prefetch) return nullptr;
         drop_prefetched();
-        place = ring.place(bytes);
+        drop_parked();
+        place = ring.place(bytes, busy);
         if (!place)
             throw InternalError("engine: " + mod.name() + " needs " + format_size(bytes) + " of device memory, and " +
                                 format_size(ring.size() - ring.live_bytes()) + " of the engine's " +

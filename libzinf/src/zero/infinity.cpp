@@ -144,6 +144,7 @@ void Impl::reset_streams() noexcept {
     current.clear();
     candidate.reset();
     prefetched.clear();
+    parked.clear();
     ring.clear();
     in_pass = false;
 }
@@ -161,10 +162,34 @@ void Impl::drop_prefetched() {
     pf_next = trace[train].size();
 }
 
-// Whether the trace's entry i is followed by the same module's backward: its
-// fetch then carries the gradient buffers, so the backward reuses it.
-static bool next_is_backward_of(const std::vector<detail::TraceEntry>& t, std::size_t i) {
-    return i + 1 < t.size() && t[i + 1].module == t[i].module && t[i + 1].backward;
+void Impl::drop_parked() {
+    for (auto& [mod, f] : parked) release(f, dev.record(*compute));
+    parked.clear();
+}
+
+// Which fetches a recorded order lets later hooks reuse: a module's forward
+// followed at once by its own backward (the output head), and a forward run
+// again inside backward (activation checkpointing) kept for the module's
+// backward that comes after it. Such a fetch carries the gradient buffers.
+void Impl::set_trace(bool train_pass, std::vector<TraceEntry> t) {
+    auto& from = reuse_from[train_pass];
+    auto& fed = feeds[train_pass];
+    from.assign(t.size(), kNone);
+    fed.assign(t.size(), false);
+    std::size_t first_backward = t.size();
+    for (std::size_t j = 0; j < t.size(); ++j) {
+        if (t[j].backward && first_backward == t.size()) first_backward = j;
+        if (!t[j].backward) continue;
+        for (std::size_t i = j; i-- > 0;) {
+            if (t[i].module != t[j].module) continue;
+            if (!t[i].backward && (i + 1 == j || i > first_backward)) {
+                from[j] = i;
+                fed[i] = true;
+            }
+            break;
+        }
+    }
+    trace[train_pass] = std::move(t);
 }
 
 Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
@@ -177,6 +202,15 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
 
     std::unique_ptr<Fetch> f;
     const bool reuse = candidate && candidate->module == &mod && (!backward || candidate->grads);
+    if (const auto it = parked.find(&mod); it != parked.end()) {
+        if (backward && it->second->grads && !diverged) {
+            f = std::move(it->second);
+            ++st.reused;
+        } else {
+            release(it->second, dev.record(*compute));
+        }
+        parked.erase(it);
+    }
     if (replay && !diverged) {
         if (pos >= tr.size() || !(tr[pos] == e)) {
             diverged = true;
@@ -187,10 +221,15 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
                           " where the trace has " + expected + "; fetching on demand for the rest of this pass and recording the order again");
             warned = true;
             drop_prefetched();
+            drop_parked();
+            if (f) {
+                release(f, dev.record(*compute));
+                --st.reused;
+            }
         } else {
             idx = pos++;
             const auto it = prefetched.find(idx);
-            if (it != prefetched.end()) {
+            if (!f && it != prefetched.end()) {
                 f = std::move(it->second);
                 prefetched.erase(it);
                 ahead_bytes -= f->bytes();
@@ -204,7 +243,7 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
         release(candidate, dev.record(*compute));
     }
     if (!f) {
-        const bool grads = backward || (replay && !diverged && next_is_backward_of(tr, idx));
+        const bool grads = backward || (replay && !diverged && feeds[train][idx]);
         f = issue(mod, grads, idx, false);
     }
     dev.wait(*compute, f->ready, stall_ns);
@@ -225,11 +264,11 @@ void Impl::prefetch() {
     pf_next = std::max(pf_next, pos);
     while (pf_next < tr.size()) {
         const TraceEntry& e = tr[pf_next];
-        if (pf_next > 0 && tr[pf_next - 1].module == e.module) {  // the one before is reused
+        if (reuse_from[train][pf_next] != kNone) {  // an earlier fetch serves it
             ++pf_next;
             continue;
         }
-        const bool grads = e.backward || next_is_backward_of(tr, pf_next);
+        const bool grads = e.backward || feeds[train][pf_next];
         const std::uint64_t b = align_up(block_bytes(*e.module, grads, nullptr), mem::kArenaAlignment);
         if (ahead_bytes + b > opts.prefetch_bytes) break;
         auto f = issue(*e.module, grads, pf_next, true);
@@ -298,8 +337,15 @@ void InfinityEngine::after_forward(const Module& m) {
     if (!I.has_params(m)) return;
     auto it = I.current.find(&m);
     if (it == I.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
-    if (I.candidate) I.release(I.candidate, I.dev.record(*I.compute));
-    I.candidate = std::move(it->second);
+    auto& f = it->second;
+    const bool park = I.replay && !I.diverged && I.in_backward && f->grads && f->trace_index < I.feeds[I.train].size() &&
+                      I.feeds[I.train][f->trace_index];
+    if (park) {
+        I.parked[&m] = std::move(f);
+    } else {
+        if (I.candidate) I.release(I.candidate, I.dev.record(*I.compute));
+        I.candidate = std::move(f);
+    }
     I.current.erase(it);
 }
 
@@ -390,7 +436,7 @@ void InfinityEngine::end() {
         }
     if (!failed && (!I.current.empty()))
         failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
-    if (!failed && (I.trace[I.train].empty() || I.diverged)) I.trace[I.train] = I.recording;
+    if (!failed && (I.trace[I.train].empty() || I.diverged)) I.set_trace(I.train, std::move(I.recording));
     I.st.stall_seconds = static_cast<double>(I.stall_ns.load()) / 1e9;
     I.st.device_peak = I.base_used + I.ring.peak();
     I.st.diverged = I.diverged;

@@ -6,6 +6,7 @@
 #include <zinf/zero.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,12 +17,13 @@ namespace zinf::zero::detail {
 
 inline constexpr std::uint64_t kNone = ~std::uint64_t{0};
 
-// The engine's working memory: one region of the arena, carved in order from
-// a head that wraps. A place never overlaps a live buffer; it may overlap
-// buffers the host has released, and then the work that first writes the
-// place waits (on the device) for their release events. Placement depends
-// only on the order of host calls, never on timing, so every rank makes the
-// same choices and issues its collectives in the same order.
+// The engine's working memory: one region of the arena, each fetch placed
+// at the lowest address clear of live buffers. A place never overlaps a live
+// buffer; it may overlap buffers the host has released, and then the work
+// that first writes the place waits (on the device) for their release
+// events. Whether a fetch fits depends only on the order of host calls,
+// never on timing, so every rank makes the same prefetch decisions and
+// issues its collectives in the same order.
 class Ring {
 public:
     void init(std::span<std::byte> region) { region_ = region; }
@@ -32,12 +34,14 @@ public:
         std::uint64_t id = 0, at = 0, bytes = 0;
         std::vector<device::Event> waits;  // release events of what it overlaps
     };
-    // nullopt when no place clear of live buffers exists now.
-    std::optional<Place> place(std::uint64_t bytes);
+    // nullopt when no place clear of live buffers exists now. `busy` says
+    // which release events the place had better not wait for.
+    std::optional<Place> place(std::uint64_t bytes, const std::function<bool(const device::Event&)>& busy);
     void release(std::uint64_t id, const device::Event& done);
     void clear();  // everything released and done (the streams are idle)
     std::uint64_t live_bytes() const { return live_bytes_; }
     std::uint64_t peak() const { return peak_; }
+    std::uint64_t extent() const { return extent_; }  // the highest byte ever placed
     void reset_peak() { peak_ = live_bytes_; }
     // Drops released entries whose events are done (fewer waits later).
     void prune(device::Device& dev);
@@ -53,7 +57,7 @@ private:
     std::span<std::byte> region_;
     std::vector<Span> live_;
     std::vector<Released> released_;
-    std::uint64_t head_ = 0, next_id_ = 1, live_bytes_ = 0, peak_ = 0;
+    std::uint64_t next_id_ = 1, live_bytes_ = 0, peak_ = 0, extent_ = 0;
     bool clear_of_live(std::uint64_t at, std::uint64_t n) const;
 };
 
@@ -147,8 +151,16 @@ struct InfinityEngine::Impl {
     bool in_pass = false, train = false, in_backward = false;
     std::map<const Module*, std::unique_ptr<Fetch>> current;  // in use by a module now
     std::unique_ptr<Fetch> candidate;  // after its forward; reused if the same module is next
+    // A block's forward run again in backward, kept for the module's own
+    // backward that the trace says follows (recompute -> backward reuse).
+    std::map<const Module*, std::unique_ptr<Fetch>> parked;
     std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
     std::vector<TraceEntry> trace[2], recording;  // [train]
+    // Per trace entry: the earlier entry whose fetch it reuses (kNone: none),
+    // and whether a later one reuses its fetch (it then carries gradients).
+    std::vector<std::uint64_t> reuse_from[2];
+    std::vector<bool> feeds[2];
+    void set_trace(bool train_pass, std::vector<TraceEntry> t);
     bool replay = false, diverged = false, warned = false;
     std::size_t pos = 0, pf_next = 0;
     std::uint64_t ahead_bytes = 0;
@@ -171,6 +183,7 @@ struct InfinityEngine::Impl {
     Fetch& acquire(const Module& mod, bool backward);
     void prefetch();
     void drop_prefetched();
+    void drop_parked();
     void hand_over(const Module& mod);
     bool has_params(const Module& mod) const { return !mod.params().empty() || !mod.external().empty(); }
     Fetch* fetch_of(const Module& mod) const;
