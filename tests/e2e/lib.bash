@@ -31,6 +31,11 @@ check() {
   if "$@" >/dev/null; then pass "$name"; else fail "$name" "failed: $*"; fi
 }
 contains() { [[ $1 == *"$2"* ]]; }
+has_all() { # TEXT STRING...: TEXT holds every STRING
+  local t=$1
+  shift
+  for x; do [[ $t == *"$x"* ]] || return 1; done
+}
 empty_dir() { [[ -z $(ls -A "$1") ]]; }
 finish() {
   echo "# e2e-result $_pass $_fail $_skip"

@@ -31,11 +31,6 @@ no_temps() { [[ -z $(find "$1" -name '*.zinf-tmp' -o -name 'manifest.jsonl.tmp.*
 no_files() { [[ ! -e $1 || -z $(find "$1" -type f) ]]; } # DIR: absent, or no file under it
 # intact DIR SUMS: DIR's files are byte for byte those `sums` listed, no temporaries beside them.
 intact() { [[ $(sums "$1") == "$(cat "$2")" ]] && no_temps "$1"; }
-has_all() { # TEXT STRING...: TEXT holds every STRING
-  local t=$1
-  shift
-  for x; do [[ $t == *"$x"* ]] || return 1; done
-}
 same_text() { cmp -s <(printf '%s\n' "$1") "$2"; } # TEXT FILE
 same_file() { cmp -s "$1" "$2"; }
 # same_sums A B: two catsums listings agree; the lines that differ on stderr.

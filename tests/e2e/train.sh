@@ -56,11 +56,6 @@ interrupt() {
 last_step() { tail -n 1 "$1" | jq -r .step; }
 # committed MANIFEST: what its records commit (tensor, rank, state, step, xxh3), not where.
 committed() { jq -s -c '[.[] | select(has("schema") | not) | [.tensor, .rank, .state, .step, .xxh3]]' "$1"; }
-has_all() { # TEXT STRING...: TEXT holds every STRING
-  local t=$1
-  shift
-  for x; do [[ $t == *"$x"* ]] || return 1; done
-}
 
 # --- JSON Lines, and the loss falls on the corpus
 state json --param-dtype fp32

@@ -295,6 +295,9 @@ public:
     std::span<const zero::Module* const> modules() const { return table_.users(); }
 
     Activations plan(device::Device& dev, const Shape& shape) const;
+    // The arena bytes plan() takes for `shape` (every buffer rounded to the
+    // arena's allocation unit), without allocating.
+    std::uint64_t plan_bytes(const Shape& shape) const;
 
     // Forward over acts.inputs: the per-token losses against acts.targets in
     // acts.losses (and, with `for_backward`, the logits' gradient of the mean
@@ -309,6 +312,7 @@ public:
     double flops_per_step(std::uint64_t B, std::uint64_t T) const;
 
 private:
+    Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;
     Config cfg_;
     ParamTable table_;
     std::unique_ptr<Embedding> embed_;

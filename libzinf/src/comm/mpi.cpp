@@ -11,14 +11,14 @@
 // and moved by one call; uneven blocks use the v-forms.
 //
 // Reduce-scatter is the exception: Open MPI 4.1's MPI_Reduce_scatter(_block)
-// runs at 1/30 to 1/50 of its own allreduce's bus bandwidth on one machine
-// (BENCHMARKS.md), and it sums in an order of its choosing, so an element's
-// bits could change with the bucket it travels in. zinf moves each rank's
-// contribution to each block straight to the block's owner (MPI_Isend and
-// MPI_Irecv pairs, one MPI_Waitall) and sums the n contributions itself, in
-// rank order 0..n-1 (reduce_in_order): the same bits on every rank, for any
-// bucket split and any block bounds. bare() still calls
-// MPI_Reduce_scatter_block, for zinf-commbench --raw.
+// runs at a tenth or less of its own allreduce's bus bandwidth on one
+// machine (BENCHMARKS.md), and it sums in an order of its choosing, so an
+// element's bits could change with the bucket it travels in. zinf moves
+// each rank's contribution to each block straight to the block's owner
+// (MPI_Isend and MPI_Irecv pairs in chunks, MPI_Waitall) and sums the n
+// contributions itself, in rank order 0..n-1 (reduce_in_order): the same
+// bits on every rank, for any bucket split and any block bounds. bare()
+// still calls MPI_Reduce_scatter_block, for zinf-commbench --raw.
 //
 // A blocking call cannot be interrupted, so a watchdog holds its deadline:
 // when it passes, the watchdog says which operation on which rank hung, waits
@@ -377,17 +377,17 @@ private:
         }
     }
 
-    // --- reduce-scatter: rank r's block of every buffer goes to rank r whole;
+    // --- reduce-scatter: rank r's block of every buffer goes to rank r;
     // each rank sums what it received in rank order. One buffer is sent from
     // where it lies; a bucket is packed first, rank r's blocks back to back.
     void reduce_scatter(Op& op) {
         const std::size_t es = dtype_bytes(op.dtype);
-        const auto me = static_cast<std::size_t>(rank_);
+        outs_.clear();
         if (op.bufs.size() == 1) {
             auto& b = op.bufs[0];
             set_counts([&](int r) { return block_count(op, b, r, size_); });
-            const auto from = exchange(op, [&](int r) { return b.send.data() + block_first(op, b, r, size_) * es; });
-            sum_in_rank_order(op, b.recv, from, b.send.data() + block_first(op, b, rank_, size_) * es);
+            outs_.push_back(b.recv);
+            exchange(op, [&](int r) { return b.send.data() + block_first(op, b, r, size_) * es; });
             return;
         }
         set_counts([&](int r) { return bucket_block(op, r); });
@@ -399,54 +399,68 @@ private:
                 std::memcpy(all.data() + at, b.send.data() + block_first(op, b, r, size_) * es, n);
                 at += n;
             }
-        const auto from = exchange(op, [&](int r) { return all.data() + static_cast<std::size_t>(displs_[r]) * es; });
-        const std::byte* own = all.data() + static_cast<std::size_t>(displs_[me]) * es;
-        at = 0;
-        for (const auto& b : op.bufs) {
-            sum_in_rank_order(op, b.recv, from.subspan(at), own + at);
-            at += b.recv.size();
-        }
+        for (const auto& b : op.bufs) outs_.push_back(b.recv);
+        exchange(op, [&](int r) { return all.data() + static_cast<std::size_t>(displs_[r]) * es; });
     }
 
-    // Sends rank r its block (counts_[r] elements at to(r)) and receives this
-    // rank's block from every other rank r into slot r of the returned area
-    // (slots of counts_[rank_] elements; this rank's own slot stays unused):
-    // non-blocking pairs, nearest ranks first, finished by one MPI_Waitall,
-    // which the watchdog holds to the deadline like the blocking calls.
+    // Sends rank r its block (counts_[r] elements at to(r)), receives this
+    // rank's block (counts_[rank_] elements) from every other rank, and sums
+    // the n contributions in rank order into outs_ (this rank's block, in
+    // pieces, back to back). Blocks travel in chunks of kChunkBytes, every
+    // send posted at once and the receives one chunk at a time, so that a
+    // chunk is summed while it is still in cache. Non-blocking pairs, nearest
+    // ranks first, finished by MPI_Waitall, which the watchdog holds to the
+    // deadline like the blocking calls.
     template <class To>
-    std::span<const std::byte> exchange(const Op& op, To&& to) {
+    void exchange(const Op& op, To&& to) {
         const MPI_Datatype t = mpi_type(op.dtype);
-        const std::size_t mine = static_cast<std::size_t>(counts_[rank_]) * dtype_bytes(op.dtype);
-        auto from = recv_.get(mine * static_cast<std::size_t>(size_));
-        reqs_.clear();
-        for (int k = 1; k < size_ && mine > 0; ++k) {
-            const int src = (rank_ + size_ - k) % size_;
-            reqs_.emplace_back();
-            check(MPI_Irecv(from.data() + static_cast<std::size_t>(src) * mine, counts_[rank_], t, src, kTag, comm_,
-                            &reqs_.back()),
-                  "MPI_Irecv", op);
-        }
+        const std::size_t es = dtype_bytes(op.dtype), chunk = kChunkBytes / es;
+        const std::size_t mine = static_cast<std::size_t>(counts_[rank_]);
+        sends_.clear();
         for (int k = 1; k < size_; ++k) {
             const int dst = (rank_ + k) % size_;
-            if (counts_[dst] == 0) continue;
-            reqs_.emplace_back();
-            check(MPI_Isend(to(dst), counts_[dst], t, dst, kTag, comm_, &reqs_.back()), "MPI_Isend", op);
+            const std::byte* p = to(dst);
+            for (std::size_t done = 0, n = static_cast<std::size_t>(counts_[dst]); done < n; done += chunk) {
+                sends_.emplace_back();
+                check(MPI_Isend(p + done * es, static_cast<int>(std::min(chunk, n - done)), t, dst, kTag, comm_,
+                                &sends_.back()),
+                      "MPI_Isend", op);
+            }
         }
-        check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", op);
-        return from;
+        const std::byte* own = to(rank_);
+        auto slots = recv_.get(std::min(chunk, mine) * es * static_cast<std::size_t>(size_));
+        std::size_t out = 0, out_at = 0;  // where the next summed element goes: outs_[out], byte out_at
+        for (std::size_t done = 0; done < mine; done += chunk) {
+            const std::size_t m = std::min(chunk, mine - done), slot = m * es;
+            recvs_.clear();
+            for (int k = 1; k < size_; ++k) {
+                const int src = (rank_ + size_ - k) % size_;
+                recvs_.emplace_back();
+                check(MPI_Irecv(slots.data() + static_cast<std::size_t>(src) * slot, static_cast<int>(m), t, src,
+                                kTag, comm_, &recvs_.back()),
+                      "MPI_Irecv", op);
+            }
+            check(MPI_Waitall(static_cast<int>(recvs_.size()), recvs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
+                  op);
+            // The chunk's elements, split where the outputs split.
+            for (std::size_t from = 0; from < slot;) {
+                while (out_at == outs_[out].size()) ++out, out_at = 0;
+                const std::size_t piece = std::min(slot - from, outs_[out].size() - out_at);
+                inputs_.resize(static_cast<std::size_t>(size_));
+                for (int r = 0; r < size_; ++r)
+                    inputs_[static_cast<std::size_t>(r)] = r == rank_ ? own + done * es + from
+                                                                      : slots.data() + static_cast<std::size_t>(r) * slot + from;
+                reduce_in_order(outs_[out].subspan(out_at, piece), inputs_, op.dtype, op.reduce);
+                from += piece;
+                out_at += piece;
+            }
+        }
+        check(MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", op);
     }
-
-    // out = the sum (or max) of every rank's contribution, rank 0's first:
-    // rank r's at slot r of `from` (offset by where out's block starts in
-    // the slot), this rank's own at `own`.
-    void sum_in_rank_order(const Op& op, std::span<std::byte> out, std::span<const std::byte> from,
-                           const std::byte* own) {
-        const std::size_t slot = static_cast<std::size_t>(counts_[rank_]) * dtype_bytes(op.dtype);
-        inputs_.resize(static_cast<std::size_t>(size_));
-        for (int r = 0; r < size_; ++r)
-            inputs_[static_cast<std::size_t>(r)] = r == rank_ ? own : from.data() + static_cast<std::size_t>(r) * slot;
-        reduce_in_order(out, inputs_, op.dtype, op.reduce);
-    }
+    // 256 KiB: a chunk from every peer, this rank's own and the result stay
+    // within a core's L2 at 4 ranks; measured best of 128K-512K and whole
+    // blocks at np 2 and 4 (BENCHMARKS.md).
+    static constexpr std::size_t kChunkBytes = std::size_t{256} << 10;
 
     // Elements of rank r's block summed over a bucket's buffers.
     std::uint64_t bucket_block(const Op& op, int r) const {
@@ -536,8 +550,9 @@ private:
     Scratch send_, recv_;
     std::vector<int> counts_, displs_;
     std::uint64_t total_ = 0;
-    std::vector<MPI_Request> reqs_;
+    std::vector<MPI_Request> sends_, recvs_;
     std::vector<const std::byte*> inputs_;
+    std::vector<std::span<std::byte>> outs_;
     // The reduce-scatter's pairs: alone on comm_ (a duplicate nobody else
     // uses), matched in order between any two ranks, so one tag serves all.
     static constexpr int kTag = 17;

@@ -76,7 +76,17 @@ GPT::GPT(const Config& cfg) : Module("gpt"), cfg_(cfg), table_(cfg) {
 
 GPT::~GPT() = default;
 
-Activations GPT::plan(device::Device& dev, const Shape& shape) const {
+Activations GPT::plan(device::Device& dev, const Shape& shape) const { return plan_on(&dev, shape, nullptr); }
+
+std::uint64_t GPT::plan_bytes(const Shape& shape) const {
+    std::uint64_t arena = 0;
+    plan_on(nullptr, shape, &arena);
+    return arena;
+}
+
+// With a device, allocates every buffer; without one, only adds up the
+// arena bytes they would take (each rounded up to the arena's unit).
+Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const {
     const std::uint64_t B = shape.batch, T = shape.seq, C = cfg_.hidden, NH = cfg_.heads, V = cfg_.vocab;
     if (!B || !T) throw UsageError("batch and sequence length must be positive");
     if (T > cfg_.max_seq)
@@ -85,13 +95,14 @@ Activations GPT::plan(device::Device& dev, const Shape& shape) const {
     const std::uint64_t N = B * T;
     Activations a;
     a.shape = shape;
-    auto f = [&](std::uint64_t n, const char* what) {
-        a.bytes += n * sizeof(float);
-        return dev.alloc<float>(n, what);
+    auto take = [&]<class E>(std::uint64_t n, const char* what) {
+        a.bytes += n * sizeof(E);
+        if (arena) *arena += align_up(std::max<std::uint64_t>(n * sizeof(E), 1), mem::kArenaAlignment);
+        return dev ? dev->alloc<E>(n, what) : device::Array<E>{};
     };
-    a.inputs = dev.alloc<std::int32_t>(N, "inputs");
-    a.targets = dev.alloc<std::int32_t>(N, "targets");
-    a.bytes += 2 * N * sizeof(std::int32_t);
+    auto f = [&](std::uint64_t n, const char* what) { return take.template operator()<float>(n, what); };
+    a.inputs = take.template operator()<std::int32_t>(N, "inputs");
+    a.targets = take.template operator()<std::int32_t>(N, "targets");
     for (std::uint64_t l = 0; l <= cfg_.layers; ++l) a.residual.push_back(f(N * C, "residual"));
     const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
     for (std::uint64_t l = 0; l < sets; ++l) {

@@ -150,34 +150,56 @@ void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
 // then its working memory from what is left. A budget too small for the
 // largest module is refused now, with the tile factor that would fit.
 void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
-    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint});
+    const model::Shape shape{.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint};
+    const std::uint64_t budget = dev.arena().stats().bytes, acts_need = gpt.plan_bytes(shape);
+    if (acts_need > budget) {
+        const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
+        throw zero::DoesNotFit("the activations of a batch of " + std::to_string(opts.batch) + " x " +
+                                   std::to_string(opts.seq) + " need " + format_size(acts_need) +
+                                   ", more than the device budget of " + format_size(budget) +
+                                   "; with the engine's " + format_size(n.total()) + " (its largest module, " +
+                                   n.module + ", needs " + format_size(n.largest) +
+                                   ") the run needs a device budget of at least " +
+                                   std::to_string(acts_need + n.total()) + " bytes (" +
+                                   format_size(acts_need + n.total()) + "; --device-memory, or a smaller --batch)",
+                               "activations", acts_need + n.total(), budget);
+    }
+    acts = gpt.plan(dev, shape);
     acts_used = dev.arena().stats().used;
-    zero::OptimizerOptions zo = optimizer_options(opts);
-    zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
-        if (infinity) infinity->on_param(t, first, v);
-    };
-    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
-    try {
-        infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
-    } catch (const zero::DoesNotFit& f) {
-        std::string msg = f.what();
-        const std::uint64_t budget = dev.arena().stats().bytes;
-        msg += ". The run needs a device budget of at least " + std::to_string(acts_used + f.need) + " bytes (" +
-               format_size(acts_used + f.need) + "; --device-memory, now " + format_size(budget) + ")";
+    // The budget checked before the optimizer opens (it prepares the files
+    // its first step writes): a refused run leaves the state as it was.
+    const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
+    const std::uint64_t left = dev.arena().stats().largest_free;
+    if (n.total() > left) {
+        std::string msg = n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
+                          "their gradients, beside " + format_size(n.reserved) +
+                          " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
+                          "tied embedding's gradient); the device budget has " + format_size(left) +
+                          " left after the activations (" + format_size(acts_used) +
+                          "). The run needs a device budget of at least " + std::to_string(acts_used + n.total()) +
+                          " bytes (" + format_size(acts_used + n.total()) + "; --device-memory, now " +
+                          format_size(budget) + ")";
         for (unsigned k = std::max(2u, m.opts.tile * 2); k <= 64; k *= 2) {
             shard::LayoutOptions lo = m.opts;
             lo.tile = k;
             const shard::Manifest mk = shard::layout(m.spec, lo);
             const model::GPT gk(model::Config::from(m.spec, k));
             const auto nk = zero::InfinityEngine::need(mk, gk.modules(), opts.infinity);
-            if (acts_used + nk.total() <= budget) {
-                msg += ", or a layout with --tile " + std::to_string(k) + " (its largest module, " + nk.module +
-                       ", needs " + format_size(nk.largest) + ")";
+            if (nk.total() <= left) {
+                msg += ", or a layout with --tile " + std::to_string(k) + " (zinf-shard layout --tile " +
+                       std::to_string(k) + "; its largest module, " + nk.module + ", needs " +
+                       format_size(nk.largest) + ")";
                 break;
             }
         }
-        throw zero::DoesNotFit(msg, f.module, f.need, f.have);
+        throw zero::DoesNotFit(msg, n.module, acts_used + n.total(), budget);
     }
+    zero::OptimizerOptions zo = optimizer_options(opts);
+    zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
+        if (infinity) infinity->on_param(t, first, v);
+    };
+    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
 }
 
 // Through a copy: device memory is not the host's to write.

@@ -98,11 +98,9 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     const Need n = InfinityEngine::need(m, modules, opts);
     const mem::ArenaStats before = dev.arena().stats();
     if (n.total() > before.largest_free)
-        throw DoesNotFit(n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
-                             "their gradients, beside " + format_size(n.reserved) +
-                             " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
-                             "tied embedding's gradient); the device budget has " + format_size(before.largest_free) +
-                             " left after the activations (" + format_size(before.used) + ")",
+        throw DoesNotFit("engine: " + n.module + " needs " + format_size(n.largest) + " beside the " +
+                             format_size(n.reserved) + " kept for the run; " + format_size(before.largest_free) +
+                             " of the device budget is left",
                          n.module, n.total(), before.largest_free);
 
     std::uint64_t largest_count = 1;
@@ -145,6 +143,8 @@ void Impl::reset_streams() noexcept {
     candidate.reset();
     prefetched.clear();
     parked.clear();
+    handovers.clear();
+    handover_bytes = 0;
     ring.clear();
     in_pass = false;
 }
@@ -363,7 +363,18 @@ void InfinityEngine::after_backward(const Module& m) {
     if (it == I.current.end()) throw InternalError("engine: after_backward of " + m.name() + " without its fetch");
     if (!m.params().empty()) {
         I.hand_over(m);
-        I.release(it->second, I.dev.record(*I.d2h));
+        const device::Event done = I.dev.record(*I.d2h);
+        const std::uint64_t bytes = it->second->bytes();
+        I.release(it->second, done);
+        I.handovers.emplace_back(done, bytes);
+        I.handover_bytes += bytes;
+        const std::uint64_t window = std::max<std::uint64_t>(I.opts.prefetch_bytes, bytes);
+        while (!I.handovers.empty() &&
+               (I.handover_bytes > window || I.dev.query(I.handovers.front().first))) {
+            I.dev.synchronize(I.handovers.front().first);
+            I.handover_bytes -= I.handovers.front().second;
+            I.handovers.pop_front();
+        }
     } else {
         I.release(it->second, I.dev.record(*I.compute));
     }

@@ -6,6 +6,7 @@
 #include <zinf/zero.hpp>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -164,6 +165,12 @@ struct InfinityEngine::Impl {
     bool replay = false, diverged = false, warned = false;
     std::size_t pos = 0, pf_next = 0;
     std::uint64_t ahead_bytes = 0;
+    // Gradients on their way to the optimizer (release event, bytes): the
+    // host waits for the oldest while they hold more than the prefetch
+    // budget, so backward cannot run arbitrarily far ahead of the hand-over
+    // and spread its buffers over the whole ring.
+    std::deque<std::pair<device::Event, std::uint64_t>> handovers;
+    std::uint64_t handover_bytes = 0;
     std::atomic<std::uint64_t> stall_ns{0};
     EngineStats st;
     std::uint64_t base_used = 0;  // arena bytes used outside the ring
