@@ -86,11 +86,11 @@ done
 say "12/13 zinf-optbench: CPU AdamW alone, then the optimizer step with its state in memory and on NVMe"
 bin/zinf-optbench --params 20M --steps 3 --dir "$dir" -q
 
-say "13/13 zinf-train: a 4-layer byte-level GPT over ${launch[*]:-one process}, on the repository's own sources"
+say "13/13 zinf-train: a 4-layer byte-level GPT over ${launch[*]:-one process} on the repository's own sources, parameters and optimizer state on NVMe (the ZeRO-Infinity engine)"
 ranks=$(( ${#launch[@]} ? 2 : 1 ))
 cat man/*.[157] README.md libzinf/include/zinf/*.hpp libzinf/src/*/*.cpp >"$dir/corpus.txt"
-bin/zinf-shard layout --model gpt:layers=4,hidden=128,heads=4,vocab=256,seq=128 --dp "$ranks" --param-dtype fp32 \
-    --param cpu --optim cpu |
+bin/zinf-shard layout --model gpt:layers=4,hidden=128,heads=4,vocab=256,seq=128 --dp "$ranks" \
+    --param nvme --optim nvme |
   "${launch[@]}" bin/zinf-shard init --dir "$dir/gpt" -q >/dev/null
 "${launch[@]}" bin/zinf-train --manifest "$dir/gpt/manifest.jsonl" --text "$dir/corpus.txt" --steps 150 \
   --batch $(( 8 / ranks )) --seq 128 --lr 2e-3 --warmup 10 --shuffle --eval-every 25 --eval-batches 4 |
