@@ -109,10 +109,25 @@ struct Net {
         dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(in));
         dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(tg));
     }
+    // Device memory is reached through copies only (a GPU's is not the host's).
+    void set_values(std::size_t t, std::span<const float> v) {
+        dev->copy(dev->compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(v));
+        dev->synchronize(dev->compute());
+    }
+    std::vector<float> gradient(std::size_t t) {
+        std::vector<float> g(eng.gradient(t).size());
+        dev->copy(dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(eng.gradient(t)));
+        dev->synchronize(dev->compute());
+        return g;
+    }
     void fill(std::uint64_t seed) {
         const auto spec = gpt.config().spec();
         const auto ts = shard::tensors(spec, gpt.config().tile);
-        for (std::size_t t = 0; t < ts.size(); ++t) shard::fill_fp32(ts[t], spec, seed, 0, eng.values(t));
+        for (std::size_t t = 0; t < ts.size(); ++t) {
+            std::vector<float> v(ts[t].numel);
+            shard::fill_fp32(ts[t], spec, seed, 0, v);
+            set_values(t, v);
+        }
     }
     double loss() {
         std::vector<float> l(acts.losses.size());
@@ -161,8 +176,7 @@ BOOST_AUTO_TEST_CASE(matches_pytorch) {
     // Forward and backward on the reference's batch, weights from the manifest.
     Net net(model::Config::from(run.m.spec), {.batch = r.B, .seq = r.T, .checkpoint = true});
     for (std::size_t t = 0; t < numels.size(); ++t) {
-        const auto w = as_f32(cat_bytes(run.m, t, "param", rig));
-        std::copy(w.begin(), w.end(), net.eng.values(t).begin());
+        net.set_values(t, as_f32(cat_bytes(run.m, t, "param", rig)));
     }
     net.set_batch(r.inputs, r.targets);
     auto c = net.ctx();
@@ -179,7 +193,7 @@ BOOST_AUTO_TEST_CASE(matches_pytorch) {
     BOOST_TEST(std::abs(net.loss() - r.loss) / r.loss < 1e-5);
     double worst = 0;
     for (std::size_t t = 0; t < numels.size(); ++t) {
-        const double e = rel_error(net.eng.gradient(t), r.grads[t]);
+        const double e = rel_error(net.gradient(t), r.grads[t]);
         worst = std::max(worst, e);
         BOOST_TEST(e < 1e-4, "gradient of " << run.m.tensors[t].name << ": relative error " << e);
     }
@@ -233,10 +247,10 @@ BOOST_AUTO_TEST_CASE(tiled_linear_is_linear) {
         while (wt[i].name != t.key) ++i;
         // The tile's gradient is the same columns of the whole weight's.
         std::vector<float> cols(t.numel);
-        const auto g = whole.eng.gradient(i);
+        const auto g = whole.gradient(i);
         for (std::uint64_t row = 0, k = 0; row < t.numel / t.cols; ++row)
             for (std::uint64_t col = 0; col < t.cols; ++col) cols[k++] = g[row * t.key_cols + t.col0 + col];
-        const double e = rel_error(tiled.eng.gradient(j), cols);
+        const double e = rel_error(tiled.gradient(j), cols);
         BOOST_TEST(e < 1e-6, t.name << ": relative error " << e);
     }
 }
@@ -255,8 +269,14 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
         n->step();
     }
     BOOST_TEST(keep.loss() == ckpt.loss());
-    const auto a = keep.eng.all_gradients(), b = ckpt.eng.all_gradients();
-    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+    auto all = [](Net& n) {
+        std::vector<float> g(n.eng.all_gradients().size());
+        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
+        n.dev->synchronize(n.dev->compute());
+        return g;
+    };
+    const auto a = all(keep), b = all(ckpt);
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(ckpt.acts.bytes < keep.acts.bytes);
     // And the gradient is not trivially zero.
     double sq = 0;
