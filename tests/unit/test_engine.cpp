@@ -193,7 +193,7 @@ BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
     const std::uint64_t s = fresh_seed("prefetch");
     const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
     Rig rig;
-    for (std::uint64_t budget : {std::uint64_t{0}, 64 * MiB}) {
+    for (std::uint64_t budget : {std::uint64_t{0}, 96 * KiB, 64 * MiB}) {
         Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
         auto self = self_comm();
         auto dev = device_of();
@@ -207,11 +207,17 @@ BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
         BOOST_TEST(first.on_demand > 0u);
         t.step(loader);
         const auto second = t.infinity()->stats();
-        if (budget) {
+        if (budget == 64 * MiB) {
             BOOST_TEST(second.prefetched > 0u);
             BOOST_TEST(second.on_demand == 0u, second.on_demand << " fetches on demand with a trace to replay");
+        } else if (budget) {
+            // A window of a few modules: the nc stage reads partitions
+            // further ahead than the fetches in flight reach.
+            BOOST_TEST(second.prefetched > 0u);
+            BOOST_TEST(second.read_ahead > 0u, "nothing read ahead of the fetches");
         } else {
             BOOST_TEST(second.prefetched == 0u);
+            BOOST_TEST(second.read_ahead == 0u);
         }
         BOOST_TEST(!second.diverged);
         const auto tr = t.infinity()->trace(true);

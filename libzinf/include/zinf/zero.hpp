@@ -316,6 +316,7 @@ struct EngineStats {
     std::uint64_t fetched_bytes[3] = {};
     std::uint64_t gathered_bytes = 0;
     std::uint64_t fetches = 0, prefetched = 0, on_demand = 0, reused = 0;
+    std::uint64_t read_ahead = 0;      // partitions the nc stage read ahead of their fetch
     std::uint64_t grad_bytes = 0;      // this rank's gradient partitions handed to the optimizer
     double stall_seconds = 0;          // compute waiting for parameters
     std::uint64_t device_peak = 0;     // the arena's peak use (bytes)

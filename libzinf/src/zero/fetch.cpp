@@ -182,7 +182,7 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
             auto own = s.own == kNone ? std::span<std::byte>{} : ring.bytes(base + s.own, p.per * p.dt);
             auto staging = s.staging == kNone ? std::span<std::byte>{} : ring.bytes(base + s.staging, p.numel * 2);
             auto full = ring.bytes(base + s.full, p.numel * 4);
-            pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, f->place.waits);
+            pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, f->place.waits, trace_index);
         }
         if (s.grad != kNone) {
             // The gradient the backward adds to starts at zero, written on the
@@ -205,31 +205,83 @@ void InfinityEngine::Impl::fetch_persistent(ParamState& p) {
     auto own = l.own == kNone ? std::span<std::byte>{} : all.subspan(l.own, p.per * p.dt);
     auto staging = l.staging == kNone ? std::span<std::byte>{} : all.subspan(l.staging, p.numel * 2);
     auto full = all.subspan(l.full, p.numel * 4);
-    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, {});
+    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, {}, kNone);
     p.persist_ready = dev.record(*coll);
     p.persist_version = version;
 }
 
-namespace {
+// nc: the partition (padded to the file's alignment, which the layout
+// guarantees is on disk) read into pool buffers, one piece per buffer. With
+// `try_only`, nothing is read unless every buffer can be had now.
+std::vector<std::shared_ptr<detail::Piece>> InfinityEngine::Impl::read_partition(const Optimizer::ParamSource& src,
+                                                                                 std::uint64_t pbytes, bool try_only) {
+    const std::uint64_t align = std::max<std::uint64_t>(src.file->alignment(), 1);
+    const std::uint64_t total = align_up(pbytes, align), B = pool.buffer_bytes();
+    std::vector<std::shared_ptr<detail::Piece>> pieces;
+    for (std::uint64_t at = 0; at < total; at += B) {
+        auto piece = std::make_shared<detail::Piece>();
+        piece->lease = try_only ? pool.try_lease("engine read-ahead of " + src.where)
+                                : pool.lease("engine fetch of " + src.where);
+        if (!piece->lease) return {};
+        piece->future = piece->done.get_future().share();
+        pieces.push_back(std::move(piece));
+    }
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+        auto& piece = pieces[k];
+        const std::uint64_t at = k * B, n = std::min(B, total - at);
+        io.read_then(*src.file, src.offset + at, piece->lease.bytes().first(n), [piece](const IoError* e) {
+            if (e)
+                piece->done.set_exception(std::make_exception_ptr(*e));
+            else
+                piece->done.set_value();
+        });
+    }
+    return pieces;
+}
 
-// One read of the nc stage: a pinned lease the file's bytes land in, and the
-// outcome the cg stage waits for. Shared by the io callback and the copy
-// stream's jobs, so the lease goes back to the pool only when both are done
-// with it (a read still in flight never writes into a buffer someone else
-// holds).
-struct Piece {
-    mem::Lease lease;
-    std::promise<void> done;
-    std::shared_future<void> future;
-};
-
-}  // namespace
+// The nc stage runs further ahead than gg: past the fetches in flight, the
+// partitions of the next modules on NVMe are read into pinned buffers while
+// their bytes stay under the prefetch budget and at least half the pool is
+// left to the fetches and the optimizer; never waiting for a buffer.
+void InfinityEngine::Impl::read_ahead() {
+    const auto& tr = trace[train];
+    nc_next = std::max(nc_next, pf_next);
+    while (nc_next < tr.size()) {
+        const TraceEntry& e = tr[nc_next];
+        if (reuse_from[train][nc_next] != kNone) {
+            ++nc_next;
+            continue;
+        }
+        std::vector<std::size_t> todo;
+        std::uint64_t bytes = 0, buffers = 0;
+        for (auto list : {e.module->params(), e.module->external()})
+            for (std::size_t pi : list) {
+                const ParamState& p = params[pi];
+                if (p.tier != shard::Tier::nvme || p.persistent) continue;
+                todo.push_back(pi);
+                bytes += p.per * p.dt;
+                buffers += (p.per * p.dt + pool.buffer_bytes() - 1) / pool.buffer_bytes();
+            }
+        const mem::PoolStats ps = pool.stats();
+        if (nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
+        for (std::size_t pi : todo) {
+            const Optimizer::ParamSource src = optim.param_source(pi);
+            auto pieces = read_partition(src, params[pi].per * params[pi].dt, true);
+            if (pieces.empty()) return;  // the pool is busy: try again at the next hook
+            pre_read[{nc_next, pi}] = {std::move(pieces), params[pi].per * params[pi].dt};
+            ++st.read_ahead;
+            nc_held += params[pi].per * params[pi].dt;
+        }
+        ++nc_next;
+    }
+}
 
 // nc -> cg -> gg for one parameter into `full` (numel fp32). `own` is this
 // rank's partition on the device (empty for the gpu tier, whose partition is
 // resident); `staging` the bf16 gather buffer (dp > 1 with bf16).
 void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging,
-                                    std::span<float> full, const std::vector<device::Event>& waits) {
+                                    std::span<float> full, const std::vector<device::Event>& waits,
+                                    std::size_t trace_index) {
     const std::uint64_t pbytes = p.per * p.dt;
     std::span<const std::byte> src_dev;  // this rank's partition on the device, once cg is done
     if (p.tier == shard::Tier::gpu) {
@@ -246,23 +298,23 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
         } else {
             // nc: the partition (padded to the file's alignment, which the
             // layout guarantees is on disk) in pieces of one pool buffer.
-            const std::uint64_t align = std::max<std::uint64_t>(src.file->alignment(), 1);
-            const std::uint64_t total = align_up(pbytes, align), B = pool.buffer_bytes();
+            // The reads the nc stage started ahead (read_ahead), or now.
+            std::vector<std::shared_ptr<detail::Piece>> pieces;
+            if (const auto it = pre_read.find({trace_index, p.tensor}); it != pre_read.end()) {
+                pieces = std::move(it->second.pieces);
+                nc_held -= it->second.bytes;
+                pre_read.erase(it);
+            } else {
+                pieces = read_partition(src, pbytes, false);
+            }
+            const std::uint64_t B = pool.buffer_bytes();
             auto hash = std::make_shared<Xxh3Stream>();
-            for (std::uint64_t at = 0; at < total; at += B) {
-                const std::uint64_t n = std::min(B, total - at);
-                auto piece = std::make_shared<Piece>();
-                piece->lease = pool.lease("engine fetch of " + src.where);
-                piece->future = piece->done.get_future().share();
-                io.read_then(*src.file, src.offset + at, piece->lease.bytes().first(n), [piece](const IoError* e) {
-                    if (e)
-                        piece->done.set_exception(std::make_exception_ptr(*e));
-                    else
-                        piece->done.set_value();
-                });
+            for (std::size_t k = 0; k < pieces.size(); ++k) {
+                auto piece = pieces[k];
+                const std::uint64_t at = k * B;
                 // cg: once the read is in, hash what belongs to the partition
                 // and copy it to the device; the lease goes back after the copy.
-                const std::uint64_t real = at < pbytes ? std::min(n, pbytes - at) : 0;
+                const std::uint64_t real = at < pbytes ? std::min(B, pbytes - at) : 0;
                 dev.host(*h2d, [piece, hash, real] {
                     piece->future.get();
                     hash->update(piece->lease.bytes().first(real));

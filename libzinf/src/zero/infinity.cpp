@@ -145,6 +145,9 @@ void Impl::reset_streams() noexcept {
     parked.clear();
     handovers.clear();
     handover_bytes = 0;
+    pre_read.clear();
+    nc_next = 0;
+    nc_held = 0;
     ring.clear();
     in_pass = false;
 }
@@ -160,6 +163,9 @@ void Impl::drop_prefetched() {
     prefetched.clear();
     ahead_bytes = 0;
     pf_next = trace[train].size();
+    pre_read.clear();  // reads in flight keep their buffers until they land
+    nc_held = 0;
+    nc_next = pf_next;
 }
 
 void Impl::drop_parked() {
@@ -276,6 +282,7 @@ void Impl::prefetch() {
         ahead_bytes += f->bytes();
         prefetched[pf_next++] = std::move(f);
     }
+    read_ahead();
 }
 
 // The module's backward is queued: its parameters' gradients are final (a

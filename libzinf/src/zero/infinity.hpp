@@ -8,6 +8,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,6 +98,17 @@ struct Fetch {
     std::uint64_t bytes() const { return place.bytes; }
 };
 
+// One read of the nc stage: a pinned lease the file's bytes land in, and the
+// outcome the cg stage waits for. Shared by the io callback and the copy
+// stream's jobs, so the lease goes back to the pool only when both are done
+// with it (a read still in flight never writes into a buffer someone else
+// holds).
+struct Piece {
+    mem::Lease lease;
+    std::promise<void> done;
+    std::shared_future<void> future;
+};
+
 // A hook in the recorded order: a module fetched, for forward or with gradients.
 struct TraceEntry {
     const Module* module = nullptr;
@@ -181,7 +193,17 @@ struct InfinityEngine::Impl {
     }
     std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
     void pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging, std::span<float> full,
-                  const std::vector<device::Event>& waits);
+                  const std::vector<device::Event>& waits, std::size_t trace_index);
+    std::vector<std::shared_ptr<detail::Piece>> read_partition(const Optimizer::ParamSource& src,
+                                                               std::uint64_t pbytes, bool try_only);
+    void read_ahead();
+    struct PreRead {
+        std::vector<std::shared_ptr<detail::Piece>> pieces;
+        std::uint64_t bytes = 0;
+    };
+    std::map<std::pair<std::size_t, std::size_t>, PreRead> pre_read;  // by (trace index, parameter)
+    std::size_t nc_next = 0;
+    std::uint64_t nc_held = 0;
     void fetch_persistent(ParamState& p);
     void release(std::unique_ptr<Fetch>& f, const device::Event& done);
     void reset_streams() noexcept;
