@@ -8,6 +8,7 @@
 # past the last good step, --resume then gives the uninterrupted losses),
 # and peak resident memory that does not grow with the model.
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
 SH=$BIN/zinf-shard
 POOL=(--pinned 8MiB --pinned-buffer 256KiB)
@@ -17,20 +18,6 @@ M=gpt:layers=2,hidden=32,heads=2,vocab=256,seq=32
 RUN=(--batch 2 --seq 16 --threads 1 "${POOL[@]}")
 cat "$ROOT"/man/*.1 >"$W/corpus.txt"
 CORPUS=$W/corpus.txt
-
-state() { # NAME [LAYOUT OPTIONS...]
-  local name=$1
-  shift
-  rm -rf "${W:?}/$name"
-  local model=(--model "$M")
-  [[ " $* " == *" --model "* ]] && model=()
-  "$SH" layout "${model[@]}" "$@" | "$SH" init --dir "$W/$name" "${POOL[@]}" >/dev/null 2>"$W/$name.init.err" ||
-    echo "zinf-shard init of $name failed: $(cat "$W/$name.init.err")" >&2
-}
-mf() { echo "$W/$1/manifest.jsonl"; }
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
-manifest_step() { jq -s -r '[.[] | select(has("schema") | not) | .step // 0] | unique | if length == 1 then .[0] else "mixed" end' "$1"; }
-losses() { jq -c --argjson a "${2:-1}" --argjson b "${3:-1e18}" 'select(.step >= $a and .step <= $b) | .loss' "$1"; }
 
 # --- the step records: bytes from the parameters' tier only
 for tier in gpu cpu nvme; do

@@ -8,6 +8,7 @@
 # data parallel under mpirun against one process, refusals with their exit
 # codes (leaving the manifest as it was), and --bench. Every model is tiny.
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
 SH=$BIN/zinf-shard
 POOL=(--pinned 8MiB --pinned-buffer 256KiB)
@@ -21,25 +22,6 @@ RUN=(--batch 2 --seq 16 --threads 1 "${POOL[@]}")
 cat "$ROOT"/man/*.1 "$ROOT/README.md" >"$W/corpus.txt"
 CORPUS=$W/corpus.txt
 
-# state NAME [LAYOUT OPTIONS...]: a fresh state of $M (or --model) in $W/NAME;
-# its manifest is $W/NAME/manifest.jsonl. The same options and seed give the
-# same bytes, so two states made alike are copies of one init.
-state() {
-  local name=$1
-  shift
-  rm -rf "${W:?}/$name"
-  local model=(--model "$M")
-  [[ " $* " == *" --model "* ]] && model=()
-  "$SH" layout "${model[@]}" "$@" | "$SH" init --dir "$W/$name" "${POOL[@]}" >/dev/null 2>"$W/$name.init.err" ||
-    echo "zinf-shard init of $name failed: $(cat "$W/$name.init.err")" >&2
-}
-mf() { echo "$W/$1/manifest.jsonl"; }
-# sums DIR: the sha256 of every file under DIR, by relative path.
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
-# The step every record of a manifest is at, if they agree ("mixed" if not).
-manifest_step() { jq -s -r '[.[] | select(has("schema") | not) | .step // 0] | unique | if length == 1 then .[0] else "mixed" end' "$1"; }
-# losses FILE [FROM [TO]]: the loss of each JSON line with FROM <= step <= TO, one a line, as printed.
-losses() { jq -c --argjson a "${2:-1}" --argjson b "${3:-1e18}" 'select(.step >= $a and .step <= $b) | .loss' "$1"; }
 # interrupt SIGNAL LINES OUT ARGS...: zinf-train ARGS with stdout in OUT and
 # stderr in OUT.err; SIGNAL once OUT holds LINES lines; its status in $rc.
 interrupt() {

@@ -108,15 +108,6 @@ shard::Manifest make_state(const std::string& dir, const shard::LayoutOptions& l
     return m;
 }
 
-// The tokens every rank trains on: the same on every rank (from the shared
-// seed), with some structure to learn (runs that repeat) besides noise.
-std::vector<std::uint16_t> make_tokens(std::uint64_t s, std::uint64_t vocab, std::size_t n) {
-    std::mt19937_64 rng(mix(s));
-    std::vector<std::uint16_t> t(n);
-    for (std::size_t i = 0; i < n; ++i)
-        t[i] = static_cast<std::uint16_t>(rng() % 4 == 0 ? rng() % vocab : (i * 7 + i / 5) % vocab);
-    return t;
-}
 
 std::unique_ptr<device::Device> one_thread_device() {
     return device::open({.backend = "cpu", .memory_bytes = 256 * MiB, .threads = 1});

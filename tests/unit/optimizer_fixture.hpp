@@ -107,6 +107,16 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
     return x ^ (x >> 31);
 }
 
+// Tokens to train on, from a seed: some structure to learn (runs that
+// repeat) besides noise. The same seed gives the same tokens on every rank.
+inline std::vector<std::uint16_t> make_tokens(std::uint64_t s, std::uint64_t vocab, std::size_t n) {
+    std::mt19937_64 rng(mix(s));
+    std::vector<std::uint16_t> t(n);
+    for (std::size_t i = 0; i < n; ++i)
+        t[i] = static_cast<std::uint16_t>(rng() % 4 == 0 ? rng() % vocab : (i * 7 + i / 5) % vocab);
+    return t;
+}
+
 // The full gradient of tensor t at step k: uniform in [-scale, scale), the
 // scale a power of two between 2^-8 and 2^-3 that differs by tensor.
 inline std::vector<float> gradient(std::uint64_t s, unsigned k, std::size_t t, std::uint64_t numel) {

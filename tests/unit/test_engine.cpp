@@ -25,13 +25,6 @@ namespace {
 constexpr const char* kGPT = "gpt:layers=2,hidden=72,heads=2,vocab=97,seq=16";
 constexpr std::uint64_t kB = 2, kT = 16, kSteps = 10;
 
-std::vector<std::uint16_t> make_tokens(std::uint64_t s, std::uint64_t vocab, std::size_t n) {
-    std::mt19937_64 rng(mix(s));
-    std::vector<std::uint16_t> t(n);
-    for (std::size_t i = 0; i < n; ++i)
-        t[i] = static_cast<std::uint16_t>(rng() % 4 == 0 ? rng() % vocab : (i * 7 + i / 5) % vocab);
-    return t;
-}
 
 train::Options train_options(const std::string& manifest_path) {
     train::Options o;
