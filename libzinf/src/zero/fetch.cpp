@@ -213,13 +213,13 @@ void InfinityEngine::Impl::fetch_persistent(ParamState& p) {
 // nc: the partition (padded to the file's alignment, which the layout
 // guarantees is on disk) read into pool buffers, one piece per buffer. With
 // `try_only`, nothing is read unless every buffer can be had now.
-std::vector<std::shared_ptr<detail::Piece>> InfinityEngine::Impl::read_partition(const Optimizer::ParamSource& src,
+std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_partition(const Optimizer::ParamSource& src,
                                                                                  std::uint64_t pbytes, bool try_only) {
     const std::uint64_t align = std::max<std::uint64_t>(src.file->alignment(), 1);
     const std::uint64_t total = align_up(pbytes, align), B = pool.buffer_bytes();
-    std::vector<std::shared_ptr<detail::Piece>> pieces;
+    std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
     for (std::uint64_t at = 0; at < total; at += B) {
-        auto piece = std::make_shared<detail::Piece>();
+        auto piece = std::make_shared<detail::ReadPiece>();
         piece->lease = try_only ? pool.try_lease("engine read-ahead of " + src.where)
                                 : pool.lease("engine fetch of " + src.where);
         if (!piece->lease) return {};
@@ -299,7 +299,7 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
             // nc: the partition (padded to the file's alignment, which the
             // layout guarantees is on disk) in pieces of one pool buffer.
             // The reads the nc stage started ahead (read_ahead), or now.
-            std::vector<std::shared_ptr<detail::Piece>> pieces;
+            std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
             if (const auto it = pre_read.find({trace_index, p.tensor}); it != pre_read.end()) {
                 pieces = std::move(it->second.pieces);
                 nc_held -= it->second.bytes;

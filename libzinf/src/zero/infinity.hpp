@@ -103,7 +103,7 @@ struct Fetch {
 // stream's jobs, so the lease goes back to the pool only when both are done
 // with it (a read still in flight never writes into a buffer someone else
 // holds).
-struct Piece {
+struct ReadPiece {
     mem::Lease lease;
     std::promise<void> done;
     std::shared_future<void> future;
@@ -194,11 +194,11 @@ struct InfinityEngine::Impl {
     std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
     void pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging, std::span<float> full,
                   const std::vector<device::Event>& waits, std::size_t trace_index);
-    std::vector<std::shared_ptr<detail::Piece>> read_partition(const Optimizer::ParamSource& src,
+    std::vector<std::shared_ptr<detail::ReadPiece>> read_partition(const Optimizer::ParamSource& src,
                                                                std::uint64_t pbytes, bool try_only);
     void read_ahead();
     struct PreRead {
-        std::vector<std::shared_ptr<detail::Piece>> pieces;
+        std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
         std::uint64_t bytes = 0;
     };
     std::map<std::pair<std::size_t, std::size_t>, PreRead> pre_read;  // by (trace index, parameter)
