@@ -323,11 +323,13 @@ struct EngineStats {
     bool diverged = false;             // a module ran out of trace order
 };
 
-// A module whose fetch does not fit the device budget (before the first step).
-class DoesNotFit : public UsageError {
+// A module whose fetch does not fit the device budget (before the first
+// step): exit 64, as a budget too small for the job is (mem::OutOfMemory).
+class DoesNotFit : public Error {
 public:
     DoesNotFit(const std::string& msg, std::string module_, std::uint64_t need_, std::uint64_t have_)
-        : UsageError(msg), module(std::move(module_)), need(need_), have(have_) {}
+        : Error(msg), module(std::move(module_)), need(need_), have(have_) {}
+    int exit_code() const noexcept override { return exit_code::usage; }
     std::string module;
     std::uint64_t need = 0, have = 0;
 };

@@ -35,7 +35,9 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
         std::lock_guard lk(log::stderr_mutex());
         std::fprintf(stderr, "%s: %s%s\n", program.c_str(),
                      e.exit_code() == exit_code::internal ? "internal error: " : "", e.what());
-        if (e.exit_code() == exit_code::usage)
+        // Options used wrongly point at --help; a job too large for the
+        // budget it was given (exit 64 as well) has said what to change.
+        if (dynamic_cast<const UsageError*>(&e))
             std::fprintf(stderr, "%s: run '%s --help' for the options\n", program.c_str(),
                          program.c_str());
         return e.exit_code();

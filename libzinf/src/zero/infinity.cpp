@@ -222,7 +222,7 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
             diverged = true;
             const std::string expected = pos < tr.size() ? tr[pos].module->name() + (tr[pos].backward ? " (backward)" : " (forward)") : "the end of the pass";
             if (!warned)
-                log::warn("engine: the modules ran out of the recorded order at hook " + std::to_string(pos + 1) + " of the " +
+                log::warn("engine: the modules ran out of the recorded order at fetch " + std::to_string(pos + 1) + " of the " +
                           (train ? "training step" : "evaluation") + ": " + mod.name() + (backward ? " (backward)" : " (forward)") +
                           " where the trace has " + expected + "; fetching on demand for the rest of this pass and recording the order again");
             warned = true;
