@@ -96,6 +96,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     params = detail::describe_params(m, modules, opts, rank);
 
     const Need n = InfinityEngine::need(m, modules, opts);
+    largest_block = n.largest;
     const mem::ArenaStats before = dev.arena().stats();
     if (n.total() > before.largest_free)
         throw DoesNotFit("engine: " + n.module + " needs " + format_size(n.largest) + " beside the " +
@@ -375,7 +376,9 @@ void InfinityEngine::after_backward(const Module& m) {
         I.release(it->second, done);
         I.handovers.emplace_back(done, bytes);
         I.handover_bytes += bytes;
-        const std::uint64_t window = std::max<std::uint64_t>(I.opts.prefetch_bytes, bytes);
+        // At least two of the largest modules, so that one module's hand-over
+        // overlaps the next one's backward whatever the prefetch budget.
+        const std::uint64_t window = std::max<std::uint64_t>(I.opts.prefetch_bytes, 2 * I.largest_block);
         while (!I.handovers.empty() &&
                (I.handover_bytes > window || I.dev.query(I.handovers.front().first))) {
             I.dev.synchronize(I.handovers.front().first);

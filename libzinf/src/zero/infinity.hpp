@@ -179,10 +179,12 @@ struct InfinityEngine::Impl {
     std::uint64_t ahead_bytes = 0;
     // Gradients on their way to the optimizer (release event, bytes): the
     // host waits for the oldest while they hold more than the prefetch
-    // budget, so backward cannot run arbitrarily far ahead of the hand-over
-    // and spread its buffers over the whole ring.
+    // budget (and two of the largest modules), so backward cannot run
+    // arbitrarily far ahead of the hand-over and spread its buffers over the
+    // whole ring.
     std::deque<std::pair<device::Event, std::uint64_t>> handovers;
     std::uint64_t handover_bytes = 0;
+    std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
     std::atomic<std::uint64_t> stall_ns{0};
     EngineStats st;
     std::uint64_t base_used = 0;  // arena bytes used outside the ring
