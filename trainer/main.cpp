@@ -32,6 +32,7 @@ struct Options {
     std::string schedule = "cosine";
     std::uint64_t seed = 0;
     bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
+    bool no_persist_shared = false;
     std::string prefetch_bytes = "64MiB";
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
@@ -187,6 +188,7 @@ int run(Options& o) {
     to.resident = o.resident;
     to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
     to.infinity.persist_below = o.persist_below;
+    to.infinity.persist_shared = !o.no_persist_shared;
 
     // A manifest past step 0 is a checkpoint: continue it only when asked.
     std::uint64_t at = 0;
@@ -214,7 +216,8 @@ int run(Options& o) {
             log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
                       " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
                       format_size(to.infinity.prefetch_bytes) + ", persistent below " +
-                      std::to_string(o.persist_below) + " elements; the run needs a device budget of " +
+                      std::to_string(o.persist_below) + " elements" +
+                      (o.no_persist_shared ? "" : " and the tied embedding") + "; the run needs a device budget of " +
                       format_size(t.device_need()) + " of " + format_size(dev->arena().stats().bytes));
         log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
                   d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
@@ -334,6 +337,9 @@ int main(int argc, char** argv) {
     app.add_option("--persist-below", o.persist_below,
                    "Parameters of fewer elements stay gathered for the whole step (0: none)")
         ->capture_default_str();
+    app.add_flag("--no-persist-shared", o.no_persist_shared,
+                 "Fetch a parameter several modules use (the tied wte) at each use instead of keeping it gathered "
+                 "for the step");
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);

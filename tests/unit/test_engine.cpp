@@ -131,14 +131,18 @@ BOOST_AUTO_TEST_CASE(prefetch_persistence_and_checkpointing_change_nothing) {
         struct Case {
             const char* name;
             std::uint64_t prefetch, persist;
+            bool persist_shared = true;
         };
         for (const Case c : {Case{"on demand", 0, 0}, Case{"prefetch 64KiB", 64 * KiB, 0},
-                             Case{"all persistent", 64 * MiB, 1u << 30}, Case{"small persistent", 64 * MiB, 100}}) {
+                             Case{"all persistent", 64 * MiB, 1u << 30}, Case{"small persistent", 64 * MiB, 100},
+                             Case{"tied wte fetched at each use", 64 * MiB, 0, false},
+                             Case{"tied wte fetched at each use, on demand", 0, 0, false}}) {
             Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
             train::Options o = train_options(run.manifest_path());
             o.checkpoint = checkpoint;
             o.infinity.prefetch_bytes = c.prefetch;
             o.infinity.persist_below = c.persist;
+            o.infinity.persist_shared = c.persist_shared;
             const Outcome got = train_run(run, rig, tokens, o);
             const std::string what = std::string(c.name) + (checkpoint ? ", checkpointed" : ", no checkpointing");
             same_losses(got, ref, what);

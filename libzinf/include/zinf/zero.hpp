@@ -287,8 +287,8 @@ private:
 //       collectives stream; bf16 gathered as bf16, widened on the device)
 // each stage ordered after the one before by device events, compute after
 // gg. After the module's forward or backward its buffers are released on
-// an event, except parameters under `persist_below` elements, which stay
-// gathered for the step. A module's gradients are reduce-scattered on the
+// an event, except parameters under `persist_below` elements and those
+// several modules use (`persist_shared`), which stay gathered for the step. A module's gradients are reduce-scattered on the
 // collectives stream as its backward ends, and this rank's partition is
 // copied out (d2h) and handed to the optimizer on that stream's thread.
 //
@@ -307,6 +307,10 @@ private:
 struct InfinityOptions {
     std::uint64_t prefetch_bytes = 64 * MiB;  // device bytes fetched ahead of compute (0: on demand only)
     std::uint64_t persist_below = 0;          // parameters of fewer elements stay gathered (0: none)
+    // A parameter several modules use (the tied wte: the embedding's first
+    // and last, the head's in between) stays gathered for the step instead of
+    // being fetched at each use: one fetch where there would be three.
+    bool persist_shared = true;
     bool record = false;                      // keep every pass's hook order (tests)
 };
 

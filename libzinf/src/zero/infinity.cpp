@@ -52,6 +52,7 @@ std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m
         for (std::size_t t : mod->external()) {
             if (t >= params.size()) throw InternalError("engine: module " + mod->name() + " uses tensor " + std::to_string(t));
             params[t].shared_grad = true;
+            if (opts.persist_shared) params[t].persistent = true;
         }
     }
     for (const auto& p : params)
