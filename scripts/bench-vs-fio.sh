@@ -42,23 +42,8 @@
 # Example: scripts/bench-vs-fio.sh --dir /mnt/nvme --size 4GiB --rounds 5
 set -euo pipefail
 
-prog=${0##*/}
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-
-usage() {
-    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"
-}
-die() {  # die STATUS MESSAGE
-    local status=$1
-    shift
-    printf '%s: %s\n' "$prog" "$*" >&2
-    exit "$status"
-}
-usage_error() {
-    printf '%s: %s\nRun %s --help for the options.\n' "$prog" "$*" "$prog" >&2
-    exit 64
-}
-say() { printf '%s: %s\n' "$prog" "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 
 # --- options -----------------------------------------------------------------
 dir=.
