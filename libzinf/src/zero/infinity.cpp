@@ -145,6 +145,7 @@ void Impl::reset_streams() noexcept {
     candidate.reset();
     prefetched.clear();
     parked.clear();
+    parked_bytes = 0;
     handovers.clear();
     handover_bytes = 0;
     pre_read.clear();
@@ -173,6 +174,7 @@ void Impl::drop_prefetched() {
 void Impl::drop_parked() {
     for (auto& [mod, f] : parked) release(f, dev.record(*compute));
     parked.clear();
+    parked_bytes = 0;
 }
 
 // Which fetches a recorded order lets later hooks reuse: a module's forward
@@ -211,6 +213,7 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
     std::unique_ptr<Fetch> f;
     const bool reuse = candidate && candidate->module == &mod && (!backward || candidate->grads);
     if (const auto it = parked.find(&mod); it != parked.end()) {
+        parked_bytes -= it->second->bytes();
         if (backward && it->second->grads && !diverged) {
             f = std::move(it->second);
             ++st.reused;
@@ -347,9 +350,13 @@ void InfinityEngine::after_forward(const Module& m) {
     auto it = I.current.find(&m);
     if (it == I.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
     auto& f = it->second;
+    // Kept for the module's backward while the kept fetches stay within the
+    // prefetch budget (a budget of 0 keeps one module live at a time: the
+    // least memory, tiles released one by one).
     const bool park = I.replay && !I.diverged && I.in_backward && f->grads && f->trace_index < I.feeds[I.train].size() &&
-                      I.feeds[I.train][f->trace_index];
+                      I.feeds[I.train][f->trace_index] && I.parked_bytes + f->bytes() <= I.opts.prefetch_bytes;
     if (park) {
+        I.parked_bytes += f->bytes();
         I.parked[&m] = std::move(f);
     } else {
         if (I.candidate) I.release(I.candidate, I.dev.record(*I.compute));

@@ -167,6 +167,7 @@ struct InfinityEngine::Impl {
     // A block's forward run again in backward, kept for the module's own
     // backward that the trace says follows (recompute -> backward reuse).
     std::map<const Module*, std::unique_ptr<Fetch>> parked;
+    std::uint64_t parked_bytes = 0;  // within the prefetch budget: 0 keeps only one module live
     std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
     std::vector<TraceEntry> trace[2], recording;  // [train]
     // Per trace entry: the earlier entry whose fetch it reuses (kNone: none),
