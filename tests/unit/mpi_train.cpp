@@ -187,6 +187,37 @@ void compare_tensor(std::span<const float> x, std::span<const float> y, bool bf1
     BOOST_TEST(rms <= rms_tol, what << ": the differences' root mean square " << rms << " is over " << rms_tol);
 }
 
+// Rank 0 runs `make` (making the states in the shared folder), then every
+// rank runs `run`; each returns true when every rank's part worked. On a
+// failure every rank has met at a barrier (before rank 0 removes the folder)
+// and the case should end.
+template <class F>
+bool rank0_made(const SharedDir& dir, F make) {
+    bool ok = !dir.root.empty();
+    if (me() == 0 && ok) try {
+            make();
+        } catch (const std::exception& e) {
+            BOOST_ERROR("rank 0: zinf-shard init in " << dir.root << ": " << e.what());
+            ok = false;
+        }
+    if (all_ranks(ok)) return true;
+    world().barrier();
+    return false;
+}
+template <class F>
+bool every_rank_ran(F run, const std::string& what) {
+    bool ok = true;
+    try {
+        run();
+    } catch (const std::exception& e) {
+        BOOST_ERROR(where() << ": " << what << ": " << e.what());
+        ok = false;
+    }
+    if (all_ranks(ok)) return true;
+    world().barrier();
+    return false;
+}
+
 // The case: dp=N with batch B against dp=1 with batch N*B.
 void dp_is_one_rank(const Layout& l, double clip, const char* title, bool resident = true) {
     SharedDir dir;
@@ -197,33 +228,21 @@ void dp_is_one_rank(const Layout& l, double clip, const char* title, bool reside
     Rig rig;  // optimizer_fixture's small pool: nvme states stream in several chunks
 
     // Rank 0 lays out both states; every rank reads the dp=N one.
-    bool ok = !dir.root.empty();
-    if (me() == 0 && ok) try {
+    if (!rank0_made(dir, [&] {
             make_state(dir.root + "/dp", lay_out(dp(), l, s), rig);
             make_state(dir.root + "/one", lay_out(1, l, s), rig);
-        } catch (const std::exception& e) {
-            BOOST_ERROR("rank 0: zinf-shard init in " << dir.root << ": " << e.what());
-            ok = false;
-        }
-    if (!all_ranks(ok)) {
-        world().barrier();
+        }))
         return;
-    }
 
     // Every rank: the data-parallel run.
     Outcome par;
-    ok = true;
-    try {
-        shard::Manifest m = shard::read_manifest_file(dir.root + "/dp/manifest.jsonl");
-        par = train_run(m, world(), rig, tokens, me(), dp(), kB, clip, resident);
-    } catch (const std::exception& e) {
-        BOOST_ERROR(where() << ": the dp " << dp() << " run: " << e.what());
-        ok = false;
-    }
-    if (!all_ranks(ok)) {
-        world().barrier();
+    if (!every_rank_ran(
+            [&] {
+                shard::Manifest m = shard::read_manifest_file(dir.root + "/dp/manifest.jsonl");
+                par = train_run(m, world(), rig, tokens, me(), dp(), kB, clip, resident);
+            },
+            "the dp " + std::to_string(dp()) + " run"))
         return;
-    }
     BOOST_TEST(par.logs.size() == kSteps, where());
     for (std::size_t k = 0; k < par.logs.size(); ++k) {
         const train::StepLog& g = par.logs[k];
@@ -337,36 +356,25 @@ void tiers_equal_resident_at_dp(DType dt) {
     const auto tokens = make_tokens(s, spec.vocab, (kSteps + 3) * dp() * kB * kT + 1);
     Rig rig;
     const Tier tiers[] = {Tier::nvme, Tier::cpu, Tier::gpu};
-    bool ok = !dir.root.empty();
-    if (me() == 0 && ok) try {
+    if (!rank0_made(dir, [&] {
             make_state(dir.root + "/resident", lay_out(dp(), {dt, Tier::cpu}, s), rig);
             for (Tier t : tiers) make_state(dir.root + "/" + shard::tier_name(t), lay_out(dp(), {dt, t}, s), rig);
-        } catch (const std::exception& e) {
-            BOOST_ERROR("rank 0: zinf-shard init in " << dir.root << ": " << e.what());
-            ok = false;
-        }
-    if (!all_ranks(ok)) {
-        world().barrier();
+        }))
         return;
-    }
     Outcome ref;
     std::vector<Outcome> got;
-    ok = true;
-    try {
-        shard::Manifest m = shard::read_manifest_file(dir.root + "/resident/manifest.jsonl");
-        ref = train_run(m, world(), rig, tokens, me(), dp(), kB, 0.5, true);
-        for (Tier t : tiers) {
-            shard::Manifest mt = shard::read_manifest_file(dir.root + "/" + shard::tier_name(t) + "/manifest.jsonl");
-            got.push_back(train_run(mt, world(), rig, tokens, me(), dp(), kB, 0.5, false));
-        }
-    } catch (const std::exception& e) {
-        BOOST_ERROR(where() << ": " << e.what());
-        ok = false;
-    }
-    if (!all_ranks(ok)) {
-        world().barrier();
+    if (!every_rank_ran(
+            [&] {
+                shard::Manifest m = shard::read_manifest_file(dir.root + "/resident/manifest.jsonl");
+                ref = train_run(m, world(), rig, tokens, me(), dp(), kB, 0.5, true);
+                for (Tier t : tiers) {
+                    shard::Manifest mt =
+                        shard::read_manifest_file(dir.root + "/" + shard::tier_name(t) + "/manifest.jsonl");
+                    got.push_back(train_run(mt, world(), rig, tokens, me(), dp(), kB, 0.5, false));
+                }
+            },
+            "the runs"))
         return;
-    }
     for (std::size_t i = 0; i < got.size(); ++i) {
         const std::string what = where() + " " + shard::dtype_name(dt) + ", engine on " + shard::tier_name(tiers[i]);
         BOOST_TEST(got[i].logs.size() == ref.logs.size(), what);
