@@ -311,7 +311,6 @@ struct InfinityOptions {
     // and last, the head's in between) stays gathered for the step instead of
     // being fetched at each use: one fetch where there would be three.
     bool persist_shared = true;
-    bool record = false;                      // keep every pass's hook order (tests)
 };
 
 struct EngineStats {

@@ -234,25 +234,9 @@ public:
 
     Event record(Stream& s) override { return {.ticket = as_cpu(s).ticket(), .stream = &s}; }
 
-    void wait(Stream& s, const Event& e) override {
-        if (!e.stream || e.stream == &s) return;  // a stream is in order already
-        CpuStream& other = as_cpu(*e.stream);
-        as_cpu(s).enqueue([&other, t = e.ticket] { other.wait_for(t); }, true);
-    }
+    void wait(Stream& s, const Event& e) override { wait_on(s, e, nullptr); }
+    void wait(Stream& s, const Event& e, std::atomic<std::uint64_t>& waited_ns) override { wait_on(s, e, &waited_ns); }
 
-    void wait(Stream& s, const Event& e, std::atomic<std::uint64_t>& waited_ns) override {
-        if (!e.stream || e.stream == &s) return;
-        CpuStream& other = as_cpu(*e.stream);
-        as_cpu(s).enqueue(
-            [&other, &waited_ns, t = e.ticket] {
-                if (other.completed(t)) return;
-                const auto t0 = std::chrono::steady_clock::now();
-                other.wait_for(t);
-                waited_ns += static_cast<std::uint64_t>(
-                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-            },
-            true);
-    }
 
     void synchronize(Stream& s) override { as_cpu(s).synchronize(); }
     void synchronize(const Event& e) override {
@@ -465,6 +449,23 @@ private:
 
     const unsigned threads_;
     std::array<std::unique_ptr<CpuStream>, 4> streams_;  // by StreamKind
+
+    // `s` stops (a job run even after an error) until `e`'s stream has passed
+    // it, adding the time it stood to `waited_ns` when given.
+    void wait_on(Stream& s, const Event& e, std::atomic<std::uint64_t>* waited_ns) {
+        if (!e.stream || e.stream == &s) return;  // a stream is in order already
+        CpuStream& other = as_cpu(*e.stream);
+        as_cpu(s).enqueue(
+            [&other, waited_ns, t = e.ticket] {
+                if (!waited_ns) return other.wait_for(t);
+                if (other.completed(t)) return;
+                const auto t0 = std::chrono::steady_clock::now();
+                other.wait_for(t);
+                *waited_ns += static_cast<std::uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+            },
+            true);
+    }
 };
 
 }  // namespace

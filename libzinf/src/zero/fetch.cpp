@@ -57,7 +57,6 @@ std::optional<Ring::Place> Ring::place(std::uint64_t bytes, const std::function<
     live_.push_back({p.id, at, bytes});
     live_bytes_ += bytes;
     peak_ = std::max(peak_, live_bytes_);
-    extent_ = std::max(extent_, at + bytes);
     return p;
 }
 
@@ -82,11 +81,10 @@ void Ring::clear() {
 }  // namespace detail
 
 // ---------------------------------------------------------------------------
-// One allocation per fetch: for each parameter that is not persistent, this
-// rank's partition on the device (unless it lives there), the bf16 gather
-// buffer (dp > 1), the full fp32 values; with gradients, the full fp32
-// gradient of each declared parameter (unless kept whole elsewhere) and this
-// rank's reduce-scattered partition of it (dp > 1).
+// One allocation per fetch: for each parameter that is not persistent, its
+// values memory (values_layout); with gradients, the full fp32 gradient of
+// each declared parameter (unless kept whole elsewhere) and this rank's
+// reduce-scattered partition of it (dp > 1).
 std::uint64_t detail::block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
                                   bool grads, std::vector<Slot>* slots) {
     const std::uint64_t A = mem::kArenaAlignment;
@@ -101,24 +99,23 @@ std::uint64_t detail::block_bytes(const std::vector<ParamState>& params, unsigne
         Slot s;
         s.param = pi;
         if (!p.persistent) {
-            if (p.tier != shard::Tier::gpu) s.own = take(p.per * p.dt);
-            if (dp > 1 && bf16) s.staging = take(p.numel * 2);
-            s.full = take(p.numel * 4);
+            s.values = values_layout(p, dp, bf16);
+            s.values_at = take(s.values.bytes);
         }
         if (grads && declared) {
             if (!p.shared_grad) s.grad = take(p.numel * 4);
             if (dp > 1) s.own_grad = take(p.per * 4);
         }
-        if (slots && (s.full != kNone || s.grad != kNone || s.own_grad != kNone)) slots->push_back(s);
+        if (slots && (s.values_at != kNone || s.grad != kNone || s.own_grad != kNone)) slots->push_back(s);
     };
     for (std::size_t pi : mod.params()) add(pi, true);
     for (std::size_t pi : mod.external()) add(pi, false);
     return at;
 }
 
-detail::PersistLayout detail::persist_layout(const ParamState& p, unsigned dp, bool bf16) {
+detail::ValuesLayout detail::values_layout(const ParamState& p, unsigned dp, bool bf16) {
     const std::uint64_t A = mem::kArenaAlignment;
-    PersistLayout l;
+    ValuesLayout l;
     if (p.tier != shard::Tier::gpu) {
         l.own = l.bytes;
         l.bytes += align_up(p.per * p.dt, A);
@@ -178,12 +175,8 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
     for (const Slot& s : f->slots) {
         ParamState& p = params[s.param];
         const std::uint64_t base = f->place.at;
-        if (s.full != kNone) {
-            auto own = s.own == kNone ? std::span<std::byte>{} : ring.bytes(base + s.own, p.per * p.dt);
-            auto staging = s.staging == kNone ? std::span<std::byte>{} : ring.bytes(base + s.staging, p.numel * 2);
-            auto full = ring.bytes(base + s.full, p.numel * 4);
-            pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, f->place.waits, trace_index);
-        }
+        if (s.values_at != kNone)
+            gather_into(p, ring.bytes(base + s.values_at, s.values.bytes), s.values, f->place.waits, trace_index);
         if (s.grad != kNone) {
             // The gradient the backward adds to starts at zero, written on the
             // collectives stream after whatever used the place before.
@@ -200,14 +193,18 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
 
 void InfinityEngine::Impl::fetch_persistent(ParamState& p) {
     if (p.persist_version == version) return;
-    const detail::PersistLayout l = detail::persist_layout(p, dp, bf16);
-    std::span<std::byte> all(p.persist.data(), p.persist.size());
-    auto own = l.own == kNone ? std::span<std::byte>{} : all.subspan(l.own, p.per * p.dt);
-    auto staging = l.staging == kNone ? std::span<std::byte>{} : all.subspan(l.staging, p.numel * 2);
-    auto full = all.subspan(l.full, p.numel * 4);
-    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, {}, kNone);
+    gather_into(p, {p.persist.data(), p.persist.size()}, detail::values_layout(p, dp, bf16), {}, kNone);
     p.persist_ready = dev.record(*coll);
     p.persist_version = version;
+}
+
+// The pipeline into one parameter's values memory laid out as `l`.
+void InfinityEngine::Impl::gather_into(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
+                                       const std::vector<device::Event>& waits, std::size_t trace_index) {
+    auto own = l.own == kNone ? std::span<std::byte>{} : mem.subspan(l.own, p.per * p.dt);
+    auto staging = l.staging == kNone ? std::span<std::byte>{} : mem.subspan(l.staging, p.numel * 2);
+    auto full = mem.subspan(l.full, p.numel * 4);
+    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, waits, trace_index);
 }
 
 // nc: the partition (padded to the file's alignment, which the layout
@@ -252,19 +249,19 @@ void InfinityEngine::Impl::read_ahead() {
             ++nc_next;
             continue;
         }
-        std::vector<std::size_t> todo;
+        std::vector<std::size_t> on_nvme;  // the module's parameters read from their file
         std::uint64_t bytes = 0, buffers = 0;
         for (auto list : {e.module->params(), e.module->external()})
             for (std::size_t pi : list) {
                 const ParamState& p = params[pi];
                 if (p.tier != shard::Tier::nvme || p.persistent) continue;
-                todo.push_back(pi);
+                on_nvme.push_back(pi);
                 bytes += p.per * p.dt;
                 buffers += (p.per * p.dt + pool.buffer_bytes() - 1) / pool.buffer_bytes();
             }
         const mem::PoolStats ps = pool.stats();
         if (nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
-        for (std::size_t pi : todo) {
+        for (std::size_t pi : on_nvme) {
             const Optimizer::ParamSource src = optim.param_source(pi);
             auto pieces = read_partition(src, params[pi].per * params[pi].dt, true);
             if (pieces.empty()) return;  // the pool is busy: try again at the next hook
@@ -296,9 +293,7 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
             dev.copy(*h2d, own, src.memory);
             st.fetched_bytes[1] += pbytes;
         } else {
-            // nc: the partition (padded to the file's alignment, which the
-            // layout guarantees is on disk) in pieces of one pool buffer.
-            // The reads the nc stage started ahead (read_ahead), or now.
+            // nc: the reads the stage started ahead (read_ahead), or now.
             std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
             if (const auto it = pre_read.find({trace_index, p.tensor}); it != pre_read.end()) {
                 pieces = std::move(it->second.pieces);

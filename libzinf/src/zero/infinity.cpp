@@ -68,7 +68,7 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
     Need n;
     for (const auto& p : params) {
         if (p.tier == shard::Tier::gpu) n.reserved += align_up(p.per * p.dt, mem::kArenaAlignment);
-        if (p.persistent) n.reserved += detail::persist_layout(p, dp, bf16).bytes;
+        if (p.persistent) n.reserved += detail::values_layout(p, dp, bf16).bytes;
         if (p.shared_grad) n.reserved += align_up(p.numel * 4, mem::kArenaAlignment);
     }
     for (const Module* mod : modules) {
@@ -115,7 +115,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
             const Optimizer::ParamSource src = optim.param_source(ps.tensor);
             dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.memory);
         }
-        if (ps.persistent) ps.persist = dev.arena().allocate(detail::persist_layout(ps, dp, bf16).bytes, "persistent parameter");
+        if (ps.persistent) ps.persist = dev.arena().allocate(detail::values_layout(ps, dp, bf16).bytes, "persistent parameter");
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
@@ -403,12 +403,13 @@ std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t pa
     Impl& I = *impl_;
     auto& p = I.params.at(param);
     if (p.persistent)
-        return {reinterpret_cast<const float*>(p.persist.data() + detail::persist_layout(p, I.dp, I.bf16).full), p.numel};
+        return {reinterpret_cast<const float*>(p.persist.data() + detail::values_layout(p, I.dp, I.bf16).full), p.numel};
     const Fetch* f = I.fetch_of(m);
     if (!f) throw InternalError("engine: " + m.name() + " asked for a weight outside its hooks");
     for (const Slot& s : f->slots)
-        if (s.param == param && s.full != kNone)
-            return {reinterpret_cast<const float*>(I.ring.bytes(f->place.at + s.full, 4).data()), p.numel};
+        if (s.param == param && s.values_at != kNone)
+            return {reinterpret_cast<const float*>(I.ring.bytes(f->place.at + s.values_at + s.values.full, 4).data()),
+                    p.numel};
     throw InternalError("engine: " + m.name() + "'s fetch has no buffer for " + I.m.tensors[param].name);
 }
 

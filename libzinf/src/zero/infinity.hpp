@@ -43,7 +43,6 @@ public:
     void clear();  // everything released and done (the streams are idle)
     std::uint64_t live_bytes() const { return live_bytes_; }
     std::uint64_t peak() const { return peak_; }
-    std::uint64_t extent() const { return extent_; }  // the highest byte ever placed
     void reset_peak() { peak_ = live_bytes_; }
     // Drops released entries whose events are done (fewer waits later).
     void prune(device::Device& dev);
@@ -59,8 +58,16 @@ private:
     std::span<std::byte> region_;
     std::vector<Span> live_;
     std::vector<Released> released_;
-    std::uint64_t next_id_ = 1, live_bytes_ = 0, peak_ = 0, extent_ = 0;
+    std::uint64_t next_id_ = 1, live_bytes_ = 0, peak_ = 0;
     bool clear_of_live(std::uint64_t at, std::uint64_t n) const;
+};
+
+// A parameter's values memory, in a fetch or its own when persistent (byte
+// offsets, kNone for none): this rank's partition on the device (not for the
+// gpu tier, whose partition lives there), the bf16 gather buffer (dp > 1),
+// the full fp32 values.
+struct ValuesLayout {
+    std::uint64_t own = kNone, staging = kNone, full = 0, bytes = 0;
 };
 
 // One parameter as the engine keeps it.
@@ -73,18 +80,20 @@ struct ParamState {
     bool persistent = false;   // under persist_below: gathered once per step, kept
     bool shared_grad = false;  // used by other modules than its owner: gradient kept whole through backward
     mem::Block resident;       // gpu tier: this rank's partition (per * dt)
-    mem::Block persist;        // persistent: own, staging, full
-    std::uint64_t persist_full_at = 0;  // where full starts in it
+    mem::Block persist;        // persistent: its values memory (values_layout)
     std::uint64_t persist_version = kNone;
     device::Event persist_ready;
     mem::Block shared;         // shared_grad: the full fp32 gradient
 };
 
-// Where one parameter's buffers sit in a fetch (byte offsets into the ring
-// region, kNone for none).
+// Where one parameter's buffers sit in a fetch (byte offsets from the
+// fetch's place, kNone for none): its values memory (not for a persistent
+// one, which has its own) and, with gradients, the full gradient and this
+// rank's reduce-scattered partition of it.
 struct Slot {
     std::size_t param = 0;
-    std::uint64_t own = kNone, staging = kNone, full = kNone, grad = kNone, own_grad = kNone;
+    std::uint64_t values_at = kNone, grad = kNone, own_grad = kNone;
+    ValuesLayout values;
 };
 
 // The buffers of one module's parameters, fetched for one use.
@@ -122,11 +131,7 @@ std::vector<ParamState> describe_params(const shard::Manifest& m, std::span<cons
 // The bytes of one fetch of `mod` (see fetch.cpp), and its slots.
 std::uint64_t block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
                           bool grads, std::vector<Slot>* slots);
-// The layout of a persistent parameter's own memory: own, staging, full.
-struct PersistLayout {
-    std::uint64_t own = kNone, staging = kNone, full = 0, bytes = 0;
-};
-PersistLayout persist_layout(const ParamState& p, unsigned dp, bool bf16);
+ValuesLayout values_layout(const ParamState& p, unsigned dp, bool bf16);
 
 }  // namespace zinf::zero::detail
 
@@ -208,6 +213,8 @@ struct InfinityEngine::Impl {
     std::size_t nc_next = 0;
     std::uint64_t nc_held = 0;
     void fetch_persistent(ParamState& p);
+    void gather_into(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
+                     const std::vector<device::Event>& waits, std::size_t trace_index);
     void release(std::unique_ptr<Fetch>& f, const device::Event& done);
     void reset_streams() noexcept;
 
