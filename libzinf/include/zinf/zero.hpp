@@ -281,16 +281,18 @@ private:
 // cpu: the optimizer's page-locked memory; nvme: the param file). Before a
 // module runs, its parameters are fetched through the pipeline
 //   nc  NVMe -> pinned pool leases (io engine; a partition larger than a
-//       buffer spans several leases, each checked against its xxh3)
+//       buffer spans several leases; the partition's bytes, hashed across
+//       them, are checked against its xxh3), read ahead of gg along the trace
 //   cg  pinned -> device (the h2d stream)
 //   gg  allgather of the partitions into a full fp32 working buffer (the
 //       collectives stream; bf16 gathered as bf16, widened on the device)
 // each stage ordered after the one before by device events, compute after
 // gg. After the module's forward or backward its buffers are released on
 // an event, except parameters under `persist_below` elements and those
-// several modules use (`persist_shared`), which stay gathered for the step. A module's gradients are reduce-scattered on the
-// collectives stream as its backward ends, and this rank's partition is
-// copied out (d2h) and handed to the optimizer on that stream's thread.
+// several modules use (`persist_shared`), which stay gathered for the step.
+// A module's gradients are reduce-scattered on the collectives stream as its
+// backward ends, and this rank's partition is copied out (d2h) and handed to
+// the optimizer on that stream's thread, a bounded number in flight.
 //
 // The first pass of each kind (a training step, an evaluation) records the
 // order of modules; later passes replay it, fetching ahead while the bytes
@@ -301,9 +303,11 @@ private:
 // Device memory: what the activations leave of the arena is the engine's:
 // the persistent parameters and the gradients of parameters used by more
 // than one module (the tied wte, kept whole through backward) are reserved
-// up front; the rest is a ring that fetches are carved from in trace order.
-// A fetch whose place overlaps a released buffer waits for that buffer's
-// release event on the device; the host never waits for device memory.
+// up front; the rest is a ring each fetch takes one place in, at the lowest
+// address clear of live buffers. A fetch whose place overlaps a released
+// buffer waits for that buffer's release event on the device (the host
+// waits only where the buffer's gradients are still going to the optimizer,
+// whose NVMe stream shares the pinned pool with the fetches).
 struct InfinityOptions {
     std::uint64_t prefetch_bytes = 64 * MiB;  // device bytes fetched ahead of compute (0: on demand only)
     std::uint64_t persist_below = 0;          // parameters of fewer elements stay gathered (0: none)
