@@ -14,6 +14,12 @@ using detail::kNone;
 namespace detail {
 
 // ---------------------------------------------------------------------------
+std::string Ring::describe_live() const {
+    std::string out;
+    for (const Span& s : live_) out += (out.empty() ? "" : " ") + ("[" + std::to_string(s.at) + ", " + std::to_string(s.at + s.bytes) + ")");
+    return out;
+}
+
 bool Ring::clear_of_live(std::uint64_t at, std::uint64_t n) const {
     if (at + n > region_.size()) return false;
     for (const Span& s : live_)
@@ -30,20 +36,43 @@ std::optional<Ring::Place> Ring::place(std::uint64_t bytes, const std::function<
     // places keep the resident set at the peak of live bytes), avoiding
     // released buffers whose release has not happened yet (a gradient still
     // on its way to the optimizer) when another place is free of them.
+    // Small buffers (a LayerNorm, a tiled Linear's bias) go to the top,
+    // above every large one, and large ones to the bottom, below every
+    // small one, where they can: a small one left live between large ones
+    // would split the ring, and a module as large as the ring less its
+    // ancestors would no longer fit.
+    const bool small = bytes * 8 <= region_.size();
+    std::uint64_t big_end = 0, small_at = region_.size();
+    for (const Span& s : live_) {
+        if (s.small) small_at = std::min(small_at, s.at);
+        else big_end = std::max(big_end, s.at + s.bytes);
+    }
     std::vector<std::uint64_t> candidates{0};
     for (const Span& s : live_) candidates.push_back(s.at + s.bytes);
+    if (small && region_.size() >= bytes) {
+        candidates.push_back(align_down(region_.size() - bytes, mem::kArenaAlignment));
+        for (const Span& s : live_)
+            if (s.at >= bytes) candidates.push_back(align_down(s.at - bytes, mem::kArenaAlignment));
+    }
     std::sort(candidates.begin(), candidates.end());
+    if (small) std::reverse(candidates.begin(), candidates.end());
     std::optional<std::uint64_t> found, fallback;
-    for (const std::uint64_t at : candidates) {
-        if (!clear_of_live(at, bytes)) continue;
-        if (!fallback) fallback = at;
-        const bool waits_on_busy = std::any_of(released_.begin(), released_.end(), [&](const Released& r) {
-            return at < r.at + r.bytes && r.at < at + bytes && busy && busy(r.done);
-        });
-        if (!waits_on_busy) {
-            found = at;
-            break;
+    for (const bool zoned : {true, false}) {
+        for (const std::uint64_t at : candidates) {
+            if (zoned && (small ? at < big_end : at + bytes > small_at)) continue;
+            if (!clear_of_live(at, bytes)) continue;
+            if (!fallback) fallback = at;
+            const bool waits_on_busy = std::any_of(released_.begin(), released_.end(), [&](const Released& r) {
+                return at < r.at + r.bytes && r.at < at + bytes && busy && busy(r.done);
+            });
+            // A small one takes the highest place even if that waits: moved
+            // down to avoid the wait, it would sit in the middle later.
+            if (!waits_on_busy || small) {
+                found = at;
+                break;
+            }
         }
+        if (found || fallback) break;
     }
     if (!found) found = fallback;
     if (!found) return std::nullopt;
@@ -54,7 +83,7 @@ std::optional<Ring::Place> Ring::place(std::uint64_t bytes, const std::function<
     p.bytes = bytes;
     for (const Released& r : released_)
         if (at < r.at + r.bytes && r.at < at + bytes) p.waits.push_back(r.done);
-    live_.push_back({p.id, at, bytes});
+    live_.push_back({p.id, at, bytes, small});
     live_bytes_ += bytes;
     peak_ = std::max(peak_, live_bytes_);
     return p;
@@ -156,7 +185,8 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
         if (!place)
             throw InternalError("engine: " + mod.name() + " needs " + format_size(bytes) + " of device memory, and " +
                                 format_size(ring.size() - ring.live_bytes()) + " of the engine's " +
-                                format_size(ring.size()) + " is not held by other modules");
+                                format_size(ring.size()) + " is not held by other modules (live: " +
+                                ring.describe_live() + ")");
     }
     f->place = std::move(*place);
     // A place that held gradients still being handed to the optimizer: wait
@@ -223,6 +253,10 @@ std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_parti
         piece->future = piece->done.get_future().share();
         pieces.push_back(std::move(piece));
     }
+    std::erase_if(reads_out, [](const std::shared_future<void>& f) {
+        return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    });
+    for (auto& piece : pieces) reads_out.push_back(piece->future);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
         auto& piece = pieces[k];
         const std::uint64_t at = k * B, n = std::min(B, total - at);

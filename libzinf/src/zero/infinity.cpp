@@ -136,11 +136,12 @@ void Impl::reset_streams() noexcept {
         } catch (const std::exception& e) {
             log::debug(std::string("engine: dropped after a failure: ") + e.what());
         }
-    try {
-        io.wait_all();
-    } catch (const std::exception& e) {
-        log::debug(std::string("engine: dropped after a failure: ") + e.what());
-    }
+    for (auto& f : reads_out) try {
+            f.get();
+        } catch (const std::exception& e) {
+            log::debug(std::string("engine: dropped after a failure: ") + e.what());
+        }
+    reads_out.clear();
     current.clear();
     candidate.reset();
     prefetched.clear();

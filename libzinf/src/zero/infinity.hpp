@@ -42,6 +42,7 @@ public:
     void release(std::uint64_t id, const device::Event& done);
     void clear();  // everything released and done (the streams are idle)
     std::uint64_t live_bytes() const { return live_bytes_; }
+    std::string describe_live() const;  // "[at, end) ..." of the live buffers, for errors
     std::uint64_t peak() const { return peak_; }
     void reset_peak() { peak_ = live_bytes_; }
     // Drops released entries whose events are done (fewer waits later).
@@ -50,6 +51,7 @@ public:
 private:
     struct Span {
         std::uint64_t id, at, bytes;
+        bool small;
     };
     struct Released {
         std::uint64_t at, bytes;
@@ -192,6 +194,10 @@ struct InfinityEngine::Impl {
     std::uint64_t handover_bytes = 0;
     std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
     std::atomic<std::uint64_t> stall_ns{0};
+    // Every read this engine has in flight (its pieces' futures): waited for
+    // after a failure, before their buffers go. Not io.wait_all(): the
+    // optimizer's thread has its own requests in flight on the same engine.
+    std::vector<std::shared_future<void>> reads_out;
     EngineStats st;
     std::uint64_t base_used = 0;  // arena bytes used outside the ring
 
