@@ -365,41 +365,113 @@ BOOST_AUTO_TEST_CASE(clipping_by_the_global_norm) {
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================
-// The overlapped mode's refusals (its equivalence with the full step is in
-// test_optimizer.cpp).
+// The overlapped mode is exact whatever step() then finds: clipped (the
+// speculative update redone), another loss scale (redone), an overflow
+// (skipped, the handed-out parameters put back). Its plain equivalence with
+// the full step is in test_optimizer.cpp.
 BOOST_AUTO_TEST_SUITE(modes)
 
-BOOST_AUTO_TEST_CASE(overlap_refuses_clipping_and_loss_scaling) {
-    const std::uint64_t s = fresh_seed("overlap refusals");
-    Rig rig;
-    const shard::LayoutOptions lo = lay(DType::bf16, Tier::nvme, Tier::nvme, s);
-    Run x(rig, lo), y(rig, lo);
-    auto c = self_comm();
-    zero::OptimizerOptions oo = options();
-    oo.overlap = true;
-    oo.grad_clip = 1.0;
-    BOOST_CHECK_THROW(zero::Optimizer(x.m, c, rig.engine, rig.pool, oo), UsageError);
-    oo.grad_clip = 0;
-    zero::Optimizer ox(x.m, c, rig.engine, rig.pool, oo);
-    BOOST_CHECK_THROW(ox.step(2), UsageError);
-    // The refusal leaves the optimizer usable: the next step is a plain one.
-    zero::Optimizer oy(y.m, c, rig.engine, rig.pool, options());
-    put_all(ox, x.m, s, 1, true);
-    put_all(oy, y.m, s, 1);
-    BOOST_TEST(ox.step().step == 1u);
-    oy.step();
-    same_state(x.m, y.m, rig, "overlapped after a refused loss scale vs full");
-    // A gradient that is not finite cannot be skipped once its tensor is
-    // updated: refused at once, and the optimizer must be opened again.
-    std::optional<zero::Optimizer> oz;
-    oz.emplace(y.m, c, rig.engine, rig.pool, oo);
-    const std::size_t last = y.m.tensors.size() - 1;
-    std::vector<float> g = gradient(s, 2, last, y.m.tensors[last].numel);
-    g[1] = std::numeric_limits<float>::infinity();
-    BOOST_CHECK_THROW(oz->put_gradient(last, g), DataError);
-    BOOST_CHECK_THROW(oz->step(), InternalError);
-    oz.reset();
-    verify_from_disk(y.manifest_path(), rig, 1, "after the refused overlapped overflow");
+BOOST_AUTO_TEST_CASE(overlap_is_exact_when_clipped_rescaled_or_skipped) {
+    const std::uint64_t s = fresh_seed("overlap redo");
+    // Speculation needs the step to write a generation the current values
+    // are not in: always with every state streamed; with the parameters in
+    // memory, only right after a save (between saves the streamed files are
+    // updated in place); never with the master weights in memory.
+    enum Spec { always, after_save, never };
+    struct Case {
+        Tier param, optim;
+        DType pd;
+        Spec spec;
+        bool save_each_step;
+    };
+    for (const Case cs : {Case{Tier::nvme, Tier::nvme, DType::bf16, always, false},
+                          Case{Tier::cpu, Tier::nvme, DType::bf16, after_save, true},
+                          Case{Tier::cpu, Tier::nvme, DType::bf16, after_save, false},
+                          Case{Tier::nvme, Tier::nvme, DType::fp32, always, false},
+                          Case{Tier::cpu, Tier::cpu, DType::bf16, never, false}}) {
+        const std::string what = std::string("param ") + shard::tier_name(cs.param) + " " + shard::dtype_name(cs.pd) +
+                                 ", optim " + shard::tier_name(cs.optim) + (cs.save_each_step ? ", saved each step" : "");
+        Rig rig;
+        const shard::LayoutOptions lo = lay(cs.pd, cs.param, cs.optim, s);
+        Run full(rig, lo), ov(rig, lo);
+        auto c = self_comm();
+        // What each optimizer handed out as working parameters, per tensor.
+        std::vector<Bytes> seen_full(full.m.tensors.size()), seen_ov(full.m.tensors.size());
+        auto watch = [&](std::vector<Bytes>& seen) {
+            return [&seen, &full](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
+                const std::size_t dt = shard::dtype_bytes(full.m.opts.param_dtype);
+                if (seen[t].size() < (first * dt + v.size())) seen[t].resize(first * dt + v.size());
+                std::memcpy(seen[t].data() + first * dt, v.data(), v.size());
+            };
+        };
+        zero::OptimizerOptions of_o = options(), ov_o = options();
+        of_o.grad_clip = ov_o.grad_clip = 1.0;
+        of_o.on_param = watch(seen_full);
+        ov_o.on_param = watch(seen_ov);
+        ov_o.overlap = true;
+        zero::Optimizer of(full.m, c, rig.engine, rig.pool, of_o), oov(ov.m, c, rig.engine, rig.pool, ov_o);
+        // Per step: the gradients' factor, the loss scale, a non-finite
+        // element, and whether the overlapped step must be redone.
+        struct Step {
+            float factor;
+            double loss_scale;
+            bool overflow, redo;
+        };
+        const Step steps[] = {{1e-3f, 1, false, false},  // not clipped: the speculation holds
+                              {1, 1, false, true},       // clipped (redone if anything was speculated)
+                              {4e-3f, 4, false, true},   // a new loss scale, not clipped
+                              {4e-3f, 4, false, false},  // the same scale again
+                              {4e-3f, 4, true, false},   // overflow: skipped
+                              {8, 4, false, true},       // clipped under a loss scale
+                              {1e-3f, 1, false, true}};  // back to 1: a new scale again
+        unsigned k = 0, redos = 0;
+        std::uint64_t committed = 0;
+        for (const Step& st : steps) {
+            ++k;
+            auto edit = [&](std::size_t t, std::vector<float>& g) {
+                for (auto& x : g) x *= st.factor;
+                if (st.overflow && t == 3) g[0] = std::numeric_limits<float>::infinity();
+            };
+            put_all(of, full.m, s, k, false, edit);
+            put_all(oov, ov.m, s, k, true, edit);
+            const zero::StepReport rf = of.step(st.loss_scale), ro = oov.step(st.loss_scale);
+            const std::string at = what + ", step " + std::to_string(k);
+            BOOST_TEST(rf.overflow == st.overflow, at);
+            BOOST_TEST(ro.overflow == st.overflow, at);
+            committed += !st.overflow;
+            BOOST_TEST(ro.step == committed, at);
+            BOOST_TEST(rf.clip == ro.clip, at);
+            if (!st.overflow) BOOST_TEST((ro.clip < 1) == (st.factor >= 1), at << ": clip " << ro.clip);
+            BOOST_TEST(!rf.redo, at);
+            const bool speculates = cs.spec == always || (cs.spec == after_save && (cs.save_each_step || k == 1));
+            if (speculates) {
+                // A step whose own gradients already say it will be clipped
+                // or skipped stops speculating (how soon depends on when the
+                // optimizer's thread looks); one that is not clipped has
+                // every tensor updated during "backward".
+                if (st.factor < 1 && !st.overflow) BOOST_TEST(ro.speculated == ov.m.tensors.size(), at);
+                BOOST_TEST(ro.redo == (st.redo && ro.speculated > 0), at);
+            } else {
+                BOOST_TEST(!ro.redo, at);
+                BOOST_TEST(ro.speculated == 0u, at);
+            }
+            redos += ro.redo;
+            if (cs.save_each_step) {
+                of.save();
+                oov.save();
+            }
+            for (std::size_t t = 0; t < seen_full.size(); ++t)
+                same_bytes(seen_full[t], seen_ov[t], at + ": working parameters handed out, " + full.m.tensors[t].name);
+        }
+        if (cs.spec == always || cs.save_each_step) BOOST_TEST(redos >= 2u, what);  // the two new loss scales at least
+        BOOST_TEST(rig.pool.stats().high_water <= rig.pool.buffers(), what);
+        if (cs.optim != Tier::nvme || cs.param != Tier::nvme) {
+            of.save();
+            oov.save();
+        }
+        same_state(full.m, ov.m, rig, what + ": overlapped vs full");
+        verify_from_disk(ov.manifest_path(), rig, committed, what);
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

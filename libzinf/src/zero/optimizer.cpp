@@ -47,9 +47,6 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
     lr = opts.adamw.lr;
     if (!(opts.grad_clip >= 0) || !std::isfinite(opts.grad_clip))
         throw UsageError("--grad-clip must be finite and >= 0");
-    if (opts.overlap && opts.grad_clip > 0)
-        throw UsageError("overlapped optimizer steps cannot clip by the global gradient norm: each tensor is "
-                         "updated before the norm of the others is known (leave out --grad-clip or --overlap)");
     if (opts.slots < 2) throw UsageError("the optimizer needs at least 2 chunks in flight (slots)");
     if (!m.opts.train) throw DataError("the manifest holds no optimizer state (laid out with --inference)");
     if (m.dir.empty()) throw DataError("the manifest has no data directory: run zinf-shard init first");
@@ -82,6 +79,22 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
     if (has_master) setup_role(Role::P, "param");
     for (Role r : {Role::W, Role::M, Role::V, Role::P})
         if (roles[r].present && !roles[r].file) commit_steps = false;
+    // Speculation needs the previous generation of everything the update
+    // reads (a redo starts from it): every state but the bf16 parameters
+    // streamed from its file. With master weights or moments in memory an
+    // overlapped optimizer updates after backward, as without overlap.
+    speculative = opts.overlap;
+    for (Role r : {Role::W, Role::M, Role::V})
+        if (roles[r].present && !roles[r].file) speculative = false;
+    if (opts.overlap && !speculative)
+        log::debug("optimizer: the master weights and moments are held in memory, so the update runs after "
+                  "backward (an update overlapped with backward could not be redone exactly without a second "
+                  "copy of them)");
+    if (speculative && roles[Role::P].present && !roles[Role::P].file) {
+        p_undo = AlignedBuffer::allocate(roles[Role::P].end);
+        p_undo.lock();
+    }
+    speculated.assign(T, false);
     setup_grad();
     try {
         plan_chunks();
@@ -90,7 +103,7 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
         if (roles[Role::G].file) ::unlink((m.dir + "/" + roles[Role::G].name(0)).c_str());
         throw;
     }
-    if (opts.overlap) worker = std::thread([this] { work(); });
+    if (speculative) worker = std::thread([this] { work(); });
 }
 
 Optimizer::Impl::~Impl() {
@@ -164,7 +177,9 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     rs.offset.resize(T);
     rs.part.resize(T);
     rs.hash.resize(T);
+    rs.read_hash.resize(T);
     rs.new_hash.assign(T, 0);
+    rs.cur_hash.assign(T, 0);
     for (std::size_t t = 0; t < T; ++t) {
         shard::Partition* part = record(t, rank, state);
         if (!part) throw DataError("the manifest has no record of " + where_of(m, t, rank, state));
@@ -181,6 +196,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
                             ": the optimizer needs each rank's state in one file per state");
         }
         rs.part[t] = part;
+        rs.cur_hash[t] = part->xxh3.value_or(0);
         rs.offset[t] = part->offset;
         rs.end = std::max(rs.end, align_up(part->offset + part->bytes, A));
     }
@@ -253,7 +269,7 @@ void Optimizer::Impl::plan_chunks() {
         return;
     }
     const std::size_t k = files.size(), N = pool.buffers(), B = pool.buffer_bytes();
-    const std::size_t reserve = opts.overlap && roles[Role::G].file ? 2 : 0;  // put_gradient's stream
+    const std::size_t reserve = speculative && roles[Role::G].file ? 2 : 0;  // put_gradient's stream
     slots = opts.slots;
     const std::size_t avail = N > reserve ? N - reserve : 0;
     if (avail < 2)
@@ -341,7 +357,8 @@ std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors)
 // The pipeline: slot s holds chunk i (s = i mod slots). While chunk i is
 // updated, chunk i+1 is being read and chunk i-1 written; once i-1's writes
 // are done its slot takes chunk i+slots-1.
-void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot) {
+void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot,
+                             bool on_worker) {
     if (chunks.empty()) return;
     std::vector<mem::Lease> held;
     if (!file_roles.empty()) held = pool.lease_many(leases, "optimizer step");
@@ -386,7 +403,14 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             Timer w;
             wait_all(reads[i]);
             tot.wait += w.seconds();
-            update(chunks[i], i % slots, piece_buf, sc, tot);
+            // What was read is what was written: nothing derived from a
+            // corrupt state reaches a commit.
+            w.reset();
+            for (std::size_t j = 0; j < k; ++j)
+                if (file_roles[j] != Role::G && file_roles[j] != Role::P)
+                    check_read(chunks[i], file_roles[j], piece_buf(i % slots, j) - chunks[i].lo[file_roles[j]]);
+            tot.hash += w.seconds();
+            update(chunks[i], i % slots, piece_buf, sc, tot, on_worker);
             issue_writes(i);
             w.reset();
             if (i >= 1) wait_all(writes[i - 1]);
@@ -409,9 +433,32 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
     if (!file_roles.empty()) tot.chunks += chunks.size();
 }
 
+// Piece by piece in order, each tensor's bytes as read against the xxh3 its
+// current generation must have; DataError (65) at the first that differs.
+void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) {
+    RoleState& rs = roles[r];
+    for (const Piece& p : c.pieces) {
+        auto& h = rs.read_hash[p.tensor];
+        if (p.e0 == 0) h = std::make_unique<Xxh3Stream>();
+        h->update({base + rs.offset[p.tensor] + p.e0 * rs.dt, (p.e1 - p.e0) * rs.dt});
+        if (p.e1 != per(p.tensor)) continue;
+        const std::uint64_t got = h->digest();
+        h.reset();
+        if (got != rs.cur_hash[p.tensor])
+            throw DataError(where_of(m, p.tensor, rank, rs.state) + ": " + rs.name(rs.cur) + " at offset " +
+                                std::to_string(rs.offset[p.tensor]) + " has xxh3 " + hex64(got) + ", " +
+                                (rs.cur == rs.committed ? "the manifest says " : "the step that wrote it made ") +
+                                hex64(rs.cur_hash[p.tensor]) +
+                                ": the state on disk is damaged; nothing was committed (zinf-shard verify names "
+                                "every damaged partition)",
+                            {.path = m.dir + "/" + rs.name(rs.cur), .offset = rs.offset[p.tensor],
+                             .rank = static_cast<int>(rank)});
+    }
+}
+
 template <class PieceBuf>
 void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
-                             Totals& tot) {
+                             Totals& tot, bool on_worker) {
     // Where role r's bytes of piece p are: in the slot's buffer, or in memory.
     std::byte* base[Role::count] = {};
     for (int r = 0; r < Role::count; ++r)
@@ -435,6 +482,11 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
             u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::G, p)), n};
         if (roles[Role::P].present) {
             u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::P, p)), n};
+            // A speculative update of parameters held in memory keeps what
+            // it overwrites: a skipped step puts them back.
+            if (on_worker && !roles[Role::P].file)
+                std::memcpy(p_undo.data() + (at(Role::P, p) - roles[Role::P].image.data()), at(Role::P, p),
+                            n * roles[Role::P].dt);
             // The gap after a partition's last element is written too: zero it.
             if (roles[Role::P].file && p.e1 == per(p.tensor)) {
                 std::byte* end = at(Role::P, p) + n * roles[Role::P].dt;
@@ -446,7 +498,9 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
         ss.push_back(sc[decays(p.tensor) ? 0 : 1]);
     }
     Timer t;
-    optim::adamw(us, ss, opts.kernel);
+    optim::Kernel kernel = opts.kernel;
+    if (on_worker) kernel.threads = 1;  // beside the compute, which has every core
+    optim::adamw(us, ss, kernel);
     tot.update += t.seconds();
     if (opts.on_param) {
         const Role out = roles[Role::P].present ? Role::P : Role::W;
@@ -458,7 +512,8 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
     std::vector<Role> hashed;
     for (Role r : file_roles)
         if (r != Role::G) hashed.push_back(r);
-#pragma omp parallel for schedule(dynamic) num_threads(static_cast<int>(std::max<std::size_t>(hashed.size(), 1)))
+    const int hash_threads = on_worker ? 1 : static_cast<int>(std::max<std::size_t>(hashed.size(), 1));
+#pragma omp parallel for schedule(dynamic) num_threads(hash_threads)
     for (std::size_t j = 0; j < hashed.size(); ++j) {
         const Role r = hashed[j];
         RoleState& rs = roles[r];

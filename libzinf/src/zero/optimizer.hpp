@@ -30,9 +30,10 @@ struct RoleState {
     std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
     std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
     std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
-    // The file in three generations, base + kGenerations[g] ("rank0/master" +
-    // ".bin", ".alt.bin", ".work.bin"): `committed` is the one the manifest
-    // names, `cur` holds the current values, `next` is where a step writes.
+    // The file in two generations, base + kGenerations[g] ("rank0/master" +
+    // ".bin", ".alt.bin"; a ".work.bin" a manifest of an earlier version
+    // names is read, never made): `committed` is the one the manifest names,
+    // `cur` holds the current values, `next` is where a step writes.
     std::string base;
     int cur = 0, committed = 0, next = 0;
     io::File gen_f[3];      // opened when first used
@@ -40,6 +41,11 @@ struct RoleState {
     AlignedBuffer image;    // memory roles: the file's first `end` bytes
     std::vector<std::unique_ptr<Xxh3Stream>> hash;  // per tensor, while a step writes it
     std::vector<std::uint64_t> new_hash;            // per tensor, when written whole
+    // Streamed roles read back: the xxh3 the `cur` generation must have (the
+    // manifest's, or what the step that wrote it computed), and the running
+    // hash of what a step has read of each tensor so far.
+    std::vector<std::uint64_t> cur_hash;
+    std::vector<std::unique_ptr<Xxh3Stream>> read_hash;
 };
 
 inline constexpr const char* kGenerations[3] = {".bin", ".alt.bin", ".work.bin"};
@@ -91,7 +97,19 @@ struct Optimizer::Impl {
     std::uint64_t step = 0;      // committed steps
     bool broken = false;         // a step failed half-way: the memory state is not a step's
     bool commit_steps = true;    // every written state streams from NVMe: each step commits
-    optim::Scalars step_sc[2];   // overlap: the scalars of the step under way, set by its first gradient
+    bool in_place = false;       // this step updates the current generation (prepare_step)
+    // Overlap: each tensor is updated as its gradient arrives, with the
+    // scalars of a step that is neither clipped nor rescaled differently
+    // from the last (`spec_sc`, fixed by the step's first gradient). Only
+    // when every state the update reads is streamed from a file: the
+    // previous generation stays on disk, so a step that must be clipped or
+    // skipped after all is redone from it (or left) exactly.
+    bool speculative = false;
+    double spec_loss_scale = 1;   // the loss scale the speculation assumes: the last step's
+    optim::Scalars spec_sc[2];
+    bool spec_off = false;        // this step: no more speculation (clipping is certain, or a gradient is not finite)
+    std::vector<bool> speculated; // per tensor, this step
+    AlignedBuffer p_undo;         // memory-held bf16 parameters a speculative update overwrote
 
     detail::RoleState roles[Role::count];
     std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)
@@ -118,6 +136,7 @@ struct Optimizer::Impl {
     struct Totals {
         std::uint64_t read = 0, written = 0, chunks = 0;
         double update = 0, wait = 0, hash = 0;
+        double speculative = 0;       // seconds the overlap thread streamed
     } totals;  // of the step under way
 
     void index_records();
@@ -133,9 +152,14 @@ struct Optimizer::Impl {
     void plan_chunks();
     bool adjacent(std::size_t a, std::size_t b) const;
     std::vector<Chunk> cut(const std::vector<std::size_t>& tensors) const;
-    void stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot);
+    // `worker`: run on the overlap thread beside the compute (one thread
+    // for the update and the hashes); else every core.
+    void stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot, bool worker = false);
     template <class PieceBuf>
-    void update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot);
+    void update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot,
+                bool worker);
+    void check_read(const Chunk& c, Role r, const std::byte* base);
+    void undo_speculation();
 
     void put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16);
     void scalars(double grad_scale, optim::Scalars (&sc)[2]) const;

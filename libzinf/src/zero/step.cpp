@@ -41,17 +41,12 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         // The first gradient of a step fixes its scalars (overlap updates
         // start now; set_lr is refused until the step is done).
         if (std::none_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; })) {
-            scalars(1, step_sc);
+            scalars(1 / spec_loss_scale, spec_sc);
             prepare_step();
+            spec_off = in_place;
         }
     }
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
-    if (opts.overlap && !std::isfinite(sq)) {
-        broken = true;
-        throw DataError(name + " rank " + std::to_string(rank) +
-                        ": the gradient is not finite, and an overlapped step cannot be skipped: nothing was "
-                        "committed; open the optimizer again from the manifest");
-    }
 
     // Stored in the gradient's dtype, padding zero.
     detail::RoleState& g = roles[Role::G];
@@ -81,10 +76,18 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     std::lock_guard lk(mu);
     grad_sq[t] = sq;
     have_grad[t] = true;
-    if (opts.overlap) {
-        queue.push_back(t);
-        cv.notify_all();
-    }
+    if (!speculative) return;
+    // Speculating further is wasted once this rank's own gradients say the
+    // step will be skipped (not finite) or clipped (their norm alone is past
+    // the limit; the global norm is at least theirs).
+    double part = 0;
+    for (std::size_t u = 0; u < T; ++u)
+        if (have_grad[u]) part += grad_sq[u];
+    if (!std::isfinite(part) ||
+        (opts.grad_clip > 0 && optim::clip_coefficient(std::sqrt(part) / spec_loss_scale, opts.grad_clip) < 1))
+        spec_off = true;
+    queue.push_back(t);
+    cv.notify_all();
 }
 
 // Overlap: whatever gradients have arrived, in file order, streamed as one
@@ -96,12 +99,15 @@ void Impl::work() {
         if (quit) return;
         std::vector<std::size_t> batch(queue.begin(), queue.end());
         queue.clear();
-        const bool skip = worker_error != nullptr;
-        const optim::Scalars sc[2] = {step_sc[0], step_sc[1]};
+        const bool skip = worker_error != nullptr || spec_off;
+        const optim::Scalars sc[2] = {spec_sc[0], spec_sc[1]};
         lk.unlock();
         std::sort(batch.begin(), batch.end());
         if (!skip) try {
-                stream(cut(batch), sc, totals);
+                Timer t;
+                stream(cut(batch), sc, totals, true);
+                totals.speculative += t.seconds();
+                for (std::size_t u : batch) speculated[u] = true;
             } catch (...) {
                 lk.lock();
                 worker_error = std::current_exception();
@@ -113,14 +119,24 @@ void Impl::work() {
     }
 }
 
-// Where this step writes each streamed state: a generation that holds
-// neither the current values nor what the manifest names.
+// Where this step writes each streamed state. Two generations at most: the
+// one the manifest names is never written; when the current values are in
+// it (every state streamed, or just after a save), the step writes the
+// other, else it updates the current one in place (state held in memory
+// keeps the manifest at the last save, and the current generation is
+// nothing a crash could lose). Only a step that writes the other
+// generation can speculate: a redo reads the current one.
 void Impl::prepare_step() {
+    in_place = false;
     for (Role r : file_roles) {
         if (r == Role::G) continue;
         auto& rs = roles[r];
-        rs.next = 0;
-        while (rs.next == rs.cur || rs.next == rs.committed) ++rs.next;
+        if (rs.cur != rs.committed) {
+            rs.next = rs.cur;
+            in_place = true;
+        } else {
+            rs.next = rs.cur == 0 ? 1 : 0;
+        }
         gen_file(rs, rs.next, true);
     }
 }
@@ -139,9 +155,6 @@ StepReport Impl::run_step(double loss_scale) {
         if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
         if (!(loss_scale > 0) || !std::isfinite(loss_scale))
             throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
-        if (opts.overlap && loss_scale != 1)
-            throw UsageError("overlapped optimizer steps cannot use a loss scale: an overflow could no longer skip "
-                             "the step");
         std::lock_guard lk(mu);
         for (std::size_t t = 0; t < T; ++t)
             if (!have_grad[t])
@@ -151,7 +164,7 @@ StepReport Impl::run_step(double loss_scale) {
         refused = std::current_exception();
     }
     check_entry("the optimizer step", refused);
-    if (opts.overlap) {
+    if (speculative) {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] { return done_tensors == T; });
     }
@@ -162,12 +175,28 @@ StepReport Impl::run_step(double loss_scale) {
     auto next_step = [&] {
         std::lock_guard lk(mu);
         std::fill(have_grad.begin(), have_grad.end(), false);
+        std::fill(speculated.begin(), speculated.end(), false);
         done_tensors = 0;
         totals = {};
+        spec_loss_scale = loss_scale;  // what the next step's speculation assumes
     };
+    for (std::size_t t = 0; t < T; ++t) rep.speculated += speculated[t];
+    rep.overlap_seconds = totals.speculative;
     rep.grad_norm = std::sqrt(total) / loss_scale;
     rep.overflow = !std::isfinite(total);
-    if (rep.overflow && !opts.overlap) {
+    if (rep.overflow) {
+        // Skipped: the speculative writes went to a generation nothing
+        // names; parameters held in memory are put back.
+        std::exception_ptr failed;
+        try {
+            if (worker_error) std::rethrow_exception(worker_error);
+            if (rep.speculated) undo_speculation();
+        } catch (...) {
+            broken = true;
+            failed = std::current_exception();
+        }
+        comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
+                                  "state before it");
         next_step();
         rep.step = step;
         rep.seconds = all.seconds();
@@ -182,15 +211,24 @@ StepReport Impl::run_step(double loss_scale) {
         if (r != Role::G) written.push_back(r);
     Timer c;
     try {
-        if (rep.overflow)
-            throw DataError("a gradient on another rank is not finite, and an overlapped step cannot be skipped");
-        if (opts.overlap) {
-            if (worker_error) std::rethrow_exception(worker_error);
-        } else {
-            prepare_step();
-            optim::Scalars sc[2];
-            scalars(rep.clip / loss_scale, sc);
+        optim::Scalars sc[2];
+        scalars(rep.clip / loss_scale, sc);
+        if (!speculative || rep.speculated == 0) {
+            if (!speculative) prepare_step();
             stream(all_chunks, sc, totals);
+        } else {
+            if (worker_error) std::rethrow_exception(worker_error);
+            if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
+                // Clipped, or scaled other than assumed: every tensor again
+                // from the current generation, still on disk.
+                rep.redo = true;
+                stream(all_chunks, sc, totals);
+            } else {
+                std::vector<std::size_t> rest;
+                for (std::size_t t = 0; t < T; ++t)
+                    if (!speculated[t]) rest.push_back(t);
+                stream(cut(rest), sc, totals);
+            }
         }
         c.reset();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
@@ -205,7 +243,10 @@ StepReport Impl::run_step(double loss_scale) {
     } else {
         // State held in memory reaches the disk only by save(): the manifest
         // stays at the last save, and the streamed files rotate around it.
-        for (Role r : written) roles[r].cur = roles[r].next;
+        for (Role r : written) {
+            roles[r].cur = roles[r].next;
+            roles[r].cur_hash = roles[r].new_hash;
+        }
         ++step;
     }
     broken = false;
@@ -273,8 +314,45 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
         broken = true;
         throw;
     }
-    for (auto [r, g] : changed) roles[r].cur = roles[r].committed = g;
+    for (auto [r, g] : changed) {
+        roles[r].cur = roles[r].committed = g;
+        roles[r].cur_hash = roles[r].new_hash;
+    }
     step = new_step;
+}
+
+// A skipped step after speculative updates: the files they wrote are named
+// by nothing, but the working parameters they handed out (on_param, and
+// the memory-held bf16 copy) are put back to the current generation's.
+void Impl::undo_speculation() {
+    const Role out = roles[Role::P].present ? Role::P : Role::W;
+    detail::RoleState& rs = roles[out];
+    for (std::size_t t = 0; t < T; ++t) {
+        if (!speculated[t]) continue;
+        const std::uint64_t bytes = per(t) * rs.dt;
+        if (!rs.file) {
+            std::memcpy(rs.image.data() + rs.offset[t], p_undo.data() + rs.offset[t], bytes);
+            if (opts.on_param) opts.on_param(t, 0, rs.image.bytes().subspan(rs.offset[t], bytes));
+            continue;
+        }
+        if (!opts.on_param) continue;
+        // Through one buffer of the pool, checked against its hash as read.
+        mem::Lease lease = pool.lease("optimizer: parameters put back after a skipped step");
+        const std::uint64_t B = align_down(lease.size(), A);
+        Xxh3Stream h;
+        for (std::uint64_t at = 0; at < bytes; at += B) {
+            const std::uint64_t n = std::min(B, bytes - at);
+            auto buf = lease.bytes().first(align_up(n, A));
+            engine.wait(engine.read(gen_file(rs, rs.cur, false), rs.offset[t] + at, buf));
+            h.update(buf.first(n));
+            opts.on_param(t, at / rs.dt, buf.first(n));
+        }
+        if (h.digest() != rs.cur_hash[t])
+            throw DataError(m.tensors[t].name + " rank " + std::to_string(rank) + " " + rs.state + ": " +
+                                rs.name(rs.cur) + " changed on disk during the step",
+                            {.path = m.dir + "/" + rs.name(rs.cur), .offset = rs.offset[t],
+                             .rank = static_cast<int>(rank)});
+    }
 }
 
 void Impl::save() {
@@ -296,7 +374,10 @@ void Impl::save() {
             if (!rs.present) continue;
             if (rs.file) {
                 // Synced by its step; only the manifest must name it.
-                if (rs.cur != rs.committed) changed.emplace_back(r, rs.cur);
+                if (rs.cur != rs.committed) {
+                    rs.new_hash = rs.cur_hash;
+                    changed.emplace_back(r, rs.cur);
+                }
                 continue;
             }
             const int g = rs.committed == 0 ? 1 : 0;
@@ -377,8 +458,8 @@ Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     src.file = &I.gen_file(rs, rs.cur, false);
     src.offset = rs.offset[tensor];
     // The manifest's hash while the current generation is the committed one;
-    // else the one the last step computed as it wrote them.
-    src.xxh3 = rs.cur == rs.committed ? rs.part[tensor]->xxh3 : std::optional<std::uint64_t>(rs.new_hash[tensor]);
+    // else the one the step that wrote it computed.
+    src.xxh3 = rs.cur_hash[tensor];
     return src;
 }
 
