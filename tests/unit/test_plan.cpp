@@ -9,6 +9,7 @@
 #include <zinf/plan.hpp>
 #include <zinf/shard.hpp>
 #include <zinf/util.hpp>
+#include <zinf/zero.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -666,4 +667,34 @@ BOOST_AUTO_TEST_CASE(report_json) {
     const std::string line = json::line(j);
     BOOST_TEST(line.back() == '\n');
     BOOST_TEST(json::parse_line(line, "plan", 1) == j);
+}
+
+// nvme_bytes_needed is what zinf-train checks before step 1: every state
+// file of a node's ranks in two generations, plus the gradient scratch when
+// the optimizer state is on NVMe; the same figure from the layout alone as
+// from the laid-out manifest's records.
+BOOST_AUTO_TEST_CASE(nvme_bytes_needed_is_the_trainers_disk_need) {
+    const Workload w{.spec = shard::ModelSpec::parse("gpt:layers=2,hidden=64,heads=2,vocab=97,seq=16"), .dp = 4,
+                     .nodes = 2};
+    const auto all = placements(w, made_up());
+    for (const Placement& p : all) {
+        shard::LayoutOptions lo;
+        lo.dp = w.dp;
+        lo.param_tier = p.param;
+        lo.optim_tier = p.optim;
+        const shard::Manifest m = shard::layout(w.spec, lo);
+        std::uint64_t node = 0, files = 0;
+        for (unsigned r = 0; r < w.ranks_per_node(); ++r) node += zero::disk_need(m, r).total();
+        // By hand: each rank's files hold its partitions at aligned offsets.
+        for (const auto& part : m.parts)
+            if (part.rank == 0) files = std::max(files, part.offset + part.bytes);
+        BOOST_TEST(p.nvme_bytes_needed == node, p.name());
+        const zero::DiskNeed n = zero::disk_need(m, 0);
+        BOOST_TEST(n.states >= 2 * files, p.name());
+        BOOST_TEST((n.gradients > 0) == (p.optim == Tier::nvme), p.name());
+        std::uint64_t grads = 0;
+        for (const auto& t : m.tensors) grads += align_up(shard::owned(t.numel, w.dp, 0).per * 4, 4096);
+        if (p.optim == Tier::nvme) BOOST_TEST(n.gradients == grads, p.name());
+    }
+    BOOST_TEST(to_json(plan::plan(w, made_up(), 0.9))["placements"][0].contains("nvme_bytes_needed"));
 }

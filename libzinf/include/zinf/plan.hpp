@@ -107,6 +107,10 @@ struct Placement {
     Tier param = Tier::gpu, optim = Tier::gpu;
     Tier activations = Tier::gpu;          // where the checkpoints go: gpu when they fit beside the rest, else cpu
     TierUse gpu, cpu, nvme;
+    // The disk zinf-train needs on a node for this placement before it
+    // starts (zero::disk_need: every state file in two generations, the
+    // gradient scratch with the optimizer on NVMe), per node.
+    std::uint64_t nvme_bytes_needed = 0;
     bool fits = false;
     double param_bps = 0, optim_bps = 0, activation_bps = 0;  // effective per device (inf: in device memory)
     double efficiency_param = 1, efficiency_optimizer = 1, efficiency_activation = 1;

@@ -92,9 +92,15 @@ struct OptimizerOptions {
     bool decay_1d = false;           // weight decay for 1-D tensors (biases, LayerNorm) too
     shard::DType grad_dtype = shard::DType::fp32;
     // Update each tensor as soon as put_gradient() hands it over, on the
-    // optimizer's own thread, instead of all in step(): the update overlaps
-    // the rest of the backward pass. Needs the whole gradient norm first, so
-    // it refuses grad_clip and loss scaling (both need every gradient).
+    // optimizer's own thread (one core), instead of all in step(): its
+    // state's reads, update and writes overlap the rest of backward. The
+    // update is speculative: it assumes the step is not clipped and the loss
+    // scale is the last step's. When step() finds otherwise, it redoes every
+    // tensor from the current generation (still on disk), or skips the step
+    // (overflow) and puts back the working parameters it handed out, so the
+    // result is bit for bit the step without overlap. Speculation needs the
+    // master weights and moments streamed from NVMe; with them in memory the
+    // update runs in step(), as without overlap.
     bool overlap = false;
     unsigned slots = 3;              // chunks in flight on NVMe (read, update, write); 2 or more
     optim::Kernel kernel;
@@ -119,6 +125,10 @@ struct StepReport {
     std::uint64_t bytes_read = 0, bytes_written = 0;
     std::uint64_t chunks = 0;        // chunks streamed (0 when every state is in memory)
     std::uint64_t chunk_bytes = 0;   // room for one state's piece of a chunk (K, from the pool)
+    std::uint64_t speculated = 0;    // overlap: tensors updated during backward
+    double overlap_seconds = 0;      // overlap: seconds the optimizer thread streamed during backward
+    bool redo = false;               // overlap: the speculation was wrong (clipped, or another loss scale)
+                                     // and step() updated every tensor again from the current generation
 };
 
 class Optimizer {
@@ -394,5 +404,33 @@ protected:
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------
+// The disk a training run needs, worked out before step 1 so that a short
+// disk is refused at once (73) instead of failing hours later. Per rank, on
+// the folder of its state files: every state file in two generations (the
+// live copy and the last committed one; a state held in memory is saved
+// beside the committed one), the gradient scratch when the optimizer state
+// is on NVMe, and activation checkpoints offloaded to NVMe. `present` is
+// what those files already hold, so a resumed run asks only for the rest.
+// zinf-plan reports the same figure (nvme_bytes_needed).
+struct DiskNeedOptions {
+    shard::DType grad_dtype = shard::DType::fp32;
+    std::uint64_t activation_bytes = 0;  // checkpoints this rank writes to NVMe
+};
+struct DiskNeed {
+    std::string folder;                   // where the rank's files are
+    std::uint64_t states = 0, gradients = 0, activations = 0;
+    std::uint64_t present = 0;            // already allocated by the files there
+    std::optional<std::uint64_t> free;    // the file system's free bytes (none without a data directory)
+    std::uint64_t total() const;
+    std::uint64_t more() const;           // total() - present: what the run takes from `free`
+};
+DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOptions& o = {});
+// The same for a layout not made yet (zinf-plan): one rank's need (every
+// rank's is the same), nothing present, no free space known.
+DiskNeed disk_need(const shard::ModelSpec& spec, const shard::LayoutOptions& lo, const DiskNeedOptions& o = {});
+// CreateError (73) with the figures when more() exceeds free.
+void check_disk(const DiskNeed& n, unsigned rank);
 
 }  // namespace zinf::zero

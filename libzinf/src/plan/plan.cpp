@@ -2,6 +2,7 @@
 // intensities and efficiency, evaluated for every placement of the
 // parameters and the optimizer state, and the cheapest one that meets a target.
 #include <zinf/plan.hpp>
+#include <zinf/zero.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -199,6 +200,14 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
             };
             put(pt, b.param);
             put(ot, b.optimizer());
+            // What zinf-train checks before step 1, for this node's ranks.
+            shard::LayoutOptions lo;
+            lo.dp = w.dp;
+            lo.tile = w.tile;
+            lo.param_dtype = w.param_dtype;
+            lo.param_tier = pt;
+            lo.optim_tier = ot;
+            p.nvme_bytes_needed = zero::disk_need(w.spec, lo).total() * rpn;
             p.gpu.need += working;
             // Checkpoints stay on the device when they fit beside the rest, else go to CPU memory.
             if (p.gpu.need + ckpt <= p.gpu.capacity) {
@@ -323,6 +332,7 @@ json::Json placement_json(const Placement& p) {
                       {"gpu", use(p.gpu)},
                       {"cpu", use(p.cpu)},
                       {"nvme", use(p.nvme)},
+                      {"nvme_bytes_needed", p.nvme_bytes_needed},
                       {"bw_param_gbps", bps_json(p.param_bps)},
                       {"bw_optimizer_gbps", bps_json(p.optim_bps)},
                       {"bw_activation_gbps", bps_json(p.activation_bps)},
@@ -383,6 +393,7 @@ json::Json to_json(const Report& r) {
     j["meets_target"] = r.meets_target;
     if (r.placement) {
         j["placement"] = r.placement->name();
+        j["nvme_bytes_needed"] = r.placement->nvme_bytes_needed;
         j["efficiency_param"] = r.placement->efficiency_param;
         j["efficiency_optimizer"] = r.placement->efficiency_optimizer;
         j["efficiency_activation"] = r.placement->efficiency_activation;

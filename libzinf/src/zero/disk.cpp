@@ -1,0 +1,117 @@
+// What a training run will write on disk (zero.hpp, DiskNeed), worked out
+// from the manifest before anything is written.
+#include <zinf/zero.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+namespace zinf::zero {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The bytes a file already has on disk, at most `cap` (a file is grown to
+// its size, never past it): what a run reuses instead of taking anew.
+std::uint64_t allocated(const std::string& path, std::uint64_t cap) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    return std::min<std::uint64_t>(static_cast<std::uint64_t>(st.st_blocks) * 512, cap);
+}
+
+std::string folder_of(const std::string& file) {
+    const std::string f = fs::path(file).parent_path().string();
+    return f.empty() ? "." : f;
+}
+
+}  // namespace
+
+std::uint64_t DiskNeed::total() const { return states + gradients + activations; }
+std::uint64_t DiskNeed::more() const { return total() > present ? total() - present : 0; }
+
+DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOptions& o) {
+    DiskNeed need;
+    const std::uint64_t A = m.opts.alignment;
+    // Every state's file, in two generations (the live copy and the last
+    // committed one): a streamed state writes the other each step, a state
+    // held in memory is saved beside the committed one.
+    std::map<std::string, std::uint64_t> files;  // by name without the generation
+    std::string folder;
+    for (const auto& p : m.parts) {
+        if (p.rank != rank) continue;
+        std::string base = p.file;
+        for (const char* g : {".alt.bin", ".work.bin", ".bin"})
+            if (base.size() > std::string_view(g).size() && base.ends_with(g)) {
+                base.resize(base.size() - std::string_view(g).size());
+                break;
+            }
+        files[base] = std::max(files[base], align_up(p.offset + p.bytes, A));
+        if (folder.empty()) folder = folder_of(p.file);
+    }
+    need.folder = m.dir.empty() ? folder : m.dir + "/" + folder;
+    for (const auto& [base, bytes] : files) {
+        need.states += 2 * bytes;
+        if (!m.dir.empty())
+            for (const char* g : {".bin", ".alt.bin"}) need.present += allocated(m.dir + "/" + base + g, bytes);
+    }
+    // The gradient scratch: with the optimizer state on NVMe, this rank's
+    // gradient partitions, each at an aligned offset (made afresh each run).
+    if (m.opts.train && m.opts.optim_tier == shard::Tier::nvme) {
+        const std::uint64_t dt = shard::dtype_bytes(o.grad_dtype);
+        for (const auto& t : m.tensors) need.gradients += align_up(shard::owned(t.numel, m.opts.dp, 0).per * dt, A);
+    }
+    need.activations = o.activation_bytes;
+    if (!m.dir.empty()) {
+        struct statvfs sv {};
+        std::error_code ec;
+        // The nearest folder that exists: a rank folder the run will make is
+        // on its parent's file system.
+        fs::path at = need.folder;
+        while (!at.empty() && !fs::exists(at, ec)) at = at.parent_path();
+        if (!at.empty() && ::statvfs(at.c_str(), &sv) == 0)
+            need.free = std::uint64_t{sv.f_bavail} * sv.f_frsize;
+        else
+            need.free.reset();
+    }
+    return need;
+}
+
+DiskNeed disk_need(const shard::ModelSpec& spec, const shard::LayoutOptions& lo, const DiskNeedOptions& o) {
+    // The states and their dtypes as layout() makes them (a one-rank layout
+    // is small); each rank's file packs its partitions at aligned offsets.
+    shard::LayoutOptions one = lo;
+    one.dp = 1;
+    const shard::Manifest m1 = shard::layout(spec, one);
+    DiskNeed need;
+    for (const std::string& s : m1.states) {
+        const std::uint64_t dt = shard::dtype_bytes(shard::state_dtype(lo, s));
+        std::uint64_t file = 0;
+        for (const auto& t : m1.tensors) file = align_up(file + shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
+        need.states += 2 * file;
+    }
+    if (lo.train && lo.optim_tier == shard::Tier::nvme) {
+        const std::uint64_t dt = shard::dtype_bytes(o.grad_dtype);
+        for (const auto& t : m1.tensors)
+            need.gradients += align_up(shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
+    }
+    need.activations = o.activation_bytes;
+    return need;
+}
+
+void check_disk(const DiskNeed& n, unsigned rank) {
+    if (!n.free || n.more() <= *n.free) return;
+    throw CreateError("rank " + std::to_string(rank) + ": the run needs " + format_size(n.total()) + " (" +
+                          std::to_string(n.total()) + " bytes) on " + n.folder + ": the state in two generations " +
+                          format_size(n.states) + ", gradient scratch " + format_size(n.gradients) +
+                          ", activation checkpoints " + format_size(n.activations) + "; its files hold " +
+                          format_size(n.present) + " of that already, and the file system has " +
+                          format_size(*n.free) + " (" + std::to_string(*n.free) + " bytes) free, " +
+                          format_size(n.more() - *n.free) + " short; nothing was written",
+                      {ENOSPC, n.folder, {}, static_cast<int>(rank)});
+}
+
+}  // namespace zinf::zero
