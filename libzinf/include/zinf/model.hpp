@@ -266,9 +266,58 @@ private:
     std::size_t wte_;
 };
 
+// Where activation checkpoints wait for the backward pass.
+enum class Offload { none, cpu, nvme };
+const char* offload_name(Offload o);
+Offload parse_offload(std::string_view text);  // UsageError
+
 struct Shape {
     std::uint64_t batch = 0, seq = 0;  // B rows of T tokens, T <= max_seq
     bool checkpoint = true;            // keep block inputs only, recompute in backward
+    // With checkpointing: every block's input but the last two goes to an
+    // ActivationStore after the block's forward, and comes back one block
+    // ahead of its backward. The device then holds three (N,C) residuals
+    // instead of layers+1.
+    Offload offload = Offload::none;
+};
+
+// The checkpoints an offloading step stores (the inputs of blocks 0 ..
+// layers-3) and their bytes for a batch of B x T.
+std::uint64_t offloaded_checkpoints(const Config& cfg);
+std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T);
+
+// Activation checkpoints off the device: in page-locked host memory (cpu)
+// or in a scratch file on NVMe (removed when the store goes). save() copies
+// checkpoint j out on the d2h stream once the compute stream has made it;
+// load() brings it back on the h2d stream once the compute stream is done
+// with the buffer it lands in; the compute stream waits for either with
+// wait_saved / wait_loaded. Device to disk goes through one page-locked
+// staging buffer per direction; the streams keep them in order.
+class ActivationStore {
+public:
+    ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, io::Engine* io = nullptr,
+                    std::string path = {});
+    ~ActivationStore();
+    ActivationStore(const ActivationStore&) = delete;
+    ActivationStore& operator=(const ActivationStore&) = delete;
+
+    Offload kind() const { return kind_; }
+    void save(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<const float> src);
+    void wait_saved(device::Device& dev, device::Stream& compute, std::uint64_t j);
+    void load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<float> dst);
+    void wait_loaded(device::Device& dev, device::Stream& compute, std::uint64_t j);
+    std::uint64_t bytes_out() const { return out_; }  // since construction
+    std::uint64_t bytes_in() const { return in_; }
+
+private:
+    Offload kind_;
+    std::uint64_t count_, bytes_, slot_;
+    io::Engine* io_;
+    std::string path_;
+    io::File file_;
+    AlignedBuffer host_, stage_out_, stage_in_;
+    std::vector<device::Event> saved_, loaded_;
+    std::uint64_t out_ = 0, in_ = 0;
 };
 
 // Every buffer a training step needs, planned once for a Shape.
@@ -283,6 +332,11 @@ struct Activations {
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
     std::uint64_t bytes = 0;                       // all of the above
+    // Shape::offload: where the checkpoints go (set by whoever plans the
+    // step; a forward for backward without it is refused).
+    std::shared_ptr<ActivationStore> store;
+    // The buffer of residual j: its own, or one of three when offloading.
+    std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
 };
 
 class GPT : public Module {
