@@ -32,8 +32,9 @@ struct Options {
     std::string schedule = "cosine";
     std::uint64_t seed = 0;
     bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
-    bool no_persist_shared = false;
+    bool no_persist_shared = false, no_overlap = false;
     std::string prefetch_bytes = "64MiB";
+    std::string offload_activations = "none";
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
@@ -81,6 +82,13 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["device_peak_bytes"] = s.device_peak_bytes;
         j["peak_rss_bytes"] = s.peak_rss_bytes;
         if (s.trace_diverged) j["trace_diverged"] = true;
+        j["optimizer_redo"] = s.optimizer_redo;
+        j["optimizer_speculated"] = s.optimizer_speculated;
+        j["optimizer_overlap_s"] = s.optimizer_overlap_seconds;
+        j["optimizer_read_bytes"] = s.optimizer_read_bytes;
+        j["optimizer_written_bytes"] = s.optimizer_written_bytes;
+        j["optimizer_update_s"] = s.optimizer_update_seconds;
+        j["optimizer_wait_s"] = s.optimizer_wait_seconds;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the
@@ -101,6 +109,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
                            fixed(s.stall_seconds, 3) + " s  device " + format_size(s.device_peak_bytes) + " rss " +
                            format_size(s.peak_rss_bytes);
         if (s.overflow) line += "  (overflow: skipped)";
+        if (s.optimizer_redo) line += "  (optimizer redone: clipped)";
         if (val) line += "  val " + fixed(*val, 4);
         std::cout << line << '\n';
     }
@@ -186,6 +195,8 @@ int run(Options& o) {
     to.manifest_path = committed;
     to.kernel.threads = cores;
     to.resident = o.resident;
+    to.overlap = !o.no_overlap;
+    to.offload_activations = model::parse_offload(o.offload_activations);
     to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
     to.infinity.persist_below = o.persist_below;
     to.infinity.persist_shared = !o.no_persist_shared;
@@ -217,7 +228,10 @@ int run(Options& o) {
                       " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
                       format_size(to.infinity.prefetch_bytes) + ", persistent below " +
                       std::to_string(o.persist_below) + " elements" +
-                      (o.no_persist_shared ? "" : " and the tied embedding") + "; the run needs a device budget of " +
+                      (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
+                      (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
+                      (o.offload_activations == "none" ? "the device" : o.offload_activations) +
+                      "; the run needs a device budget of " +
                       format_size(t.device_need()) + " of " + format_size(dev->arena().stats().bytes));
         log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
                   d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
@@ -340,6 +354,14 @@ int main(int argc, char** argv) {
     app.add_flag("--no-persist-shared", o.no_persist_shared,
                  "Fetch a parameter several modules use (the tied wte) at each use instead of keeping it gathered "
                  "for the step");
+    app.add_flag("--no-overlap", o.no_overlap,
+                 "Run the optimizer step after backward instead of updating each tensor as its gradient arrives "
+                 "(the overlapped update is exact: redone when the step is clipped)");
+    app.add_option("--offload-activations", o.offload_activations,
+                   "Where each block's activation checkpoint waits for backward: none (device memory), cpu "
+                   "(page-locked host memory) or nvme (a scratch file beside the rank's state)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "cpu", "nvme"}));
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);

@@ -53,6 +53,14 @@ struct Options {
     std::string manifest_path;          // where commits go
     optim::Kernel kernel;               // the optimizer's threads
     bool resident = false;              // the reference engine instead of ZeRO-Infinity
+    // The optimizer updates each tensor as backward hands its gradient over,
+    // speculatively, redoing the step when it is clipped (zero.hpp,
+    // OptimizerOptions::overlap); false: the whole update after backward.
+    bool overlap = true;
+    // Where each block's activation checkpoint (its input) waits for the
+    // backward pass: in device memory, or offloaded to pinned host memory or
+    // to NVMe (the rank's folder) and prefetched back before it is needed.
+    model::Offload offload_activations = model::Offload::none;
     zero::InfinityOptions infinity;
 };
 
@@ -72,6 +80,17 @@ struct StepLog {
     double stall_seconds = 0;
     std::uint64_t device_peak_bytes = 0, peak_rss_bytes = 0;
     bool trace_diverged = false;
+    // The optimizer: tensors updated during backward, the seconds its
+    // thread streamed then, and whether step() had to redo them all
+    // (the step was clipped, or its loss scale changed).
+    std::uint64_t optimizer_speculated = 0;
+    double optimizer_overlap_seconds = 0;
+    bool optimizer_redo = false;
+    // The optimizer's streams over the step (speculation, redo and the
+    // rest): bytes read and written, seconds in the AdamW kernel and
+    // waiting for its reads or for write space.
+    std::uint64_t optimizer_read_bytes = 0, optimizer_written_bytes = 0;
+    double optimizer_update_seconds = 0, optimizer_wait_seconds = 0;
 };
 
 class Trainer {

@@ -52,15 +52,17 @@ struct Trainer::Impl {
     // done before they go (an error thrown between two enqueues leaves some).
     ~Impl() {
         infinity.reset();  // its streams drained, its device memory back
-        try {
-            dev.synchronize(dev.compute());
-        } catch (const std::exception& e) {
-            log::warn(std::string("the device's last work failed as the trainer closed: ") + e.what());
-        }
+        // The copy streams too: offloaded checkpoints move on them.
+        for (auto k : {device::StreamKind::compute, device::StreamKind::d2h, device::StreamKind::h2d}) try {
+                dev.synchronize(dev.stream(k));
+            } catch (const std::exception& e) {
+                log::warn(std::string("the device's last work failed as the trainer closed: ") + e.what());
+            }
     }
 
     void open_resident(io::Engine& e, mem::PinnedPool& p);
     void open_infinity(io::Engine& e, mem::PinnedPool& p);
+    void open_store(io::Engine& e);
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
     double mean_loss();
@@ -97,6 +99,20 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
             throw DataError("manifest " + o.manifest_path + ": tensor " + std::to_string(t) + " is " +
                             m.tensors[t].name + ", the model expects " + table[t].name);
+    // The disk the run will need, before anything is written: every rank
+    // checks its own folder, and one rank's shortage is every rank's 73.
+    {
+        std::exception_ptr short_disk;
+        try {
+            zero::DiskNeedOptions dn;
+            if (opts.offload_activations == model::Offload::nvme)
+                dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq);
+            zero::check_disk(zero::disk_need(m, rank, dn), rank);
+        } catch (...) {
+            short_disk = std::current_exception();
+        }
+        comm::agree(comm, short_disk, "the run did not start; nothing was written");
+    }
     if (opts.resident) open_resident(e, p);
     else open_infinity(e, p);
     inputs.resize(o.batch * o.seq);
@@ -111,14 +127,17 @@ static zero::OptimizerOptions optimizer_options(const Options& opts) {
     zo.grad_clip = opts.grad_clip;
     zo.kernel = opts.kernel;
     zo.manifest_path = opts.manifest_path;
+    zo.overlap = opts.overlap;
     return zo;
 }
 
 // The reference: every rank reads every tensor whole into its resident copy.
 void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
     resident = std::make_unique<model::ResidentEngine>(dev, model::numels(gpt.params_table()));
-    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint});
+    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
+                          .offload = opts.offload_activations});
     acts_used = dev.arena().stats().used;
+    open_store(e);
     load_weights(e, p);
     own_grad.resize(m.tensors.size());
     own_param.resize(m.tensors.size());
@@ -146,11 +165,24 @@ void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
     staging.resize(largest);
 }
 
+// Where offloaded activation checkpoints go: page-locked host memory, or a
+// scratch file in the rank's folder beside its state.
+void Trainer::Impl::open_store(io::Engine& e) {
+    const model::Offload o = opts.offload_activations;
+    if (o == model::Offload::none) return;
+    const std::uint64_t n = model::offloaded_checkpoints(gpt.config());
+    const std::uint64_t bytes = opts.batch * opts.seq * gpt.config().hidden * sizeof(float);
+    std::string path;
+    if (o == model::Offload::nvme) path = zero::disk_need(m, rank).folder + "/activations.bin";
+    acts.store = std::make_shared<model::ActivationStore>(o, n, bytes, &e, path);
+}
+
 // The engine: activations first, then what the engine keeps for the run,
 // then its working memory from what is left. A budget too small for the
 // largest module is refused now, with the tile factor that would fit.
 void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
-    const model::Shape shape{.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint};
+    const model::Shape shape{.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
+                             .offload = opts.offload_activations};
     const std::uint64_t budget = dev.arena().stats().bytes, acts_need = gpt.plan_bytes(shape);
     if (acts_need > budget) {
         const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
@@ -166,6 +198,7 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
     }
     acts = gpt.plan(dev, shape);
     acts_used = dev.arena().stats().used;
+    open_store(e);
     // The budget checked before the optimizer opens (it prepares the files
     // its first step writes): a refused run leaves the state as it was.
     const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
@@ -295,6 +328,13 @@ void Trainer::Impl::resident_update(StepLog& log) {
     const zero::StepReport r = optim->step();
     log.grad_norm = r.grad_norm;
     log.overflow = r.overflow;
+    log.optimizer_redo = r.redo;
+    log.optimizer_speculated = r.speculated;
+    log.optimizer_overlap_seconds = r.overlap_seconds;
+    log.optimizer_read_bytes = r.bytes_read;
+    log.optimizer_written_bytes = r.bytes_written;
+    log.optimizer_update_seconds = r.update_seconds;
+    log.optimizer_wait_seconds = r.wait_seconds;
     if (r.overflow) return;
     // The new working parameters back into every rank's resident copy.
     if (dp == 1) {
@@ -357,6 +397,13 @@ StepLog Trainer::step(const data::Loader& train) {
         const zero::StepReport r = I.optim->step();
         log.grad_norm = r.grad_norm;
         log.overflow = r.overflow;
+        log.optimizer_speculated = r.speculated;
+        log.optimizer_overlap_seconds = r.overlap_seconds;
+        log.optimizer_redo = r.redo;
+        log.optimizer_read_bytes = r.bytes_read;
+        log.optimizer_written_bytes = r.bytes_written;
+        log.optimizer_update_seconds = r.update_seconds;
+        log.optimizer_wait_seconds = r.wait_seconds;
         const zero::EngineStats st = I.infinity->stats();
         std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
         log.stall_seconds = st.stall_seconds;
