@@ -108,6 +108,7 @@ struct Optimizer::Impl {
     double spec_loss_scale = 1;   // the loss scale the speculation assumes: the last step's
     optim::Scalars spec_sc[2];
     bool spec_off = false;        // this step: no more speculation (clipping is certain, or a gradient is not finite)
+    bool last_clipped = false;    // the last step was clipped or skipped: this one does not speculate
     std::vector<bool> speculated; // per tensor, this step
     AlignedBuffer p_undo;         // memory-held bf16 parameters a speculative update overwrote
 

@@ -43,7 +43,9 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         if (std::none_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; })) {
             scalars(1 / spec_loss_scale, spec_sc);
             prepare_step();
-            spec_off = in_place;
+            // A step after a clipped or skipped one is likely clipped too,
+            // and a redo costs a whole second pass: it runs after backward.
+            spec_off = in_place || last_clipped;
         }
     }
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
@@ -197,12 +199,14 @@ StepReport Impl::run_step(double loss_scale) {
         }
         comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
                                   "state before it");
+        last_clipped = true;
         next_step();
         rep.step = step;
         rep.seconds = all.seconds();
         return rep;
     }
     rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
+    last_clipped = rep.clip < 1;
 
     broken = true;  // until the step is whole again
     std::exception_ptr failed;

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# train-beyond-ram.sh: trains a model whose training state is larger than this
+# machine's memory, with everything on NVMe, and reports what it cost.
+#
+# Usage: scripts/train-beyond-ram.sh [OPTIONS]
+#
+# Lays out and initialises --model (default gpt2-1.5b: 1.56 B parameters; bf16
+# parameters plus fp32 master weights, moments and gradients, about 25 GB) with
+# parameters and optimizer state on NVMe in --dir, and trains it on byte-level
+# text for --steps steps with --device-memory 2GiB --pinned 1GiB, activation
+# checkpoints offloaded to NVMe and the optimizer overlapped with backward.
+# Then prints, per step and as medians: the loss, the step time and where it
+# went, bytes moved per tier, compute's stall, peak resident memory; and
+# zinf-plan's prediction for the same run beside the measured efficiency.
+#
+# The run is refused up front when --dir's file system cannot hold two
+# generations of the state (zinf-train exits 73 with the figures).
+#
+# Options:
+#   --dir DIR           where the state goes (default /var/tmp; needs ~2.2x the state)
+#   --model M           zinf-shard model (default gpt2-1.5b)
+#   --steps N           training steps (default 20)
+#   --batch B --seq T   batch rows and tokens (default 1 x 64)
+#   --lr LR             peak learning rate (default 3e-4)
+#   --device-memory S   the device budget (default 2GiB)
+#   --pinned S          the pinned pool (default 1GiB)
+#   --tile K            layout --tile (default 1)
+#   --text FILE         training text (default: the repository's man pages)
+#   --raw DIR           keep the step records, the plan and the bench JSON in DIR
+#   --keep              keep the state (default: removed at the end)
+#   -h, --help          print this help and exit
+#
+# Environment: ZINF_BIN (default bin/ of this repository).
+# Exit status: 0 ok, 64 usage, 66 a program or DIR missing, 69 jq missing,
+# 73 the disk is too small, 74 a program failed, 75 the loss did not fall or
+# the peak resident memory reached 6 GiB, 130 interrupted.
+#
+# Example: scripts/train-beyond-ram.sh --dir /mnt/nvme --raw /tmp/beyond
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
+
+dir=/var/tmp model=gpt2-1.5b steps=20 batch=1 seq=64 lr=3e-4 devmem=2GiB pinned=1GiB tile=1
+text= raw= keep=0
+need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        -h | --help) usage; exit 0 ;;
+        --keep) keep=1; shift ;;
+        --dir) need_value "$@"; dir=$2; shift 2 ;;
+        --model) need_value "$@"; model=$2; shift 2 ;;
+        --steps) need_value "$@"; steps=$2; shift 2 ;;
+        --batch) need_value "$@"; batch=$2; shift 2 ;;
+        --seq) need_value "$@"; seq=$2; shift 2 ;;
+        --lr) need_value "$@"; lr=$2; shift 2 ;;
+        --device-memory) need_value "$@"; devmem=$2; shift 2 ;;
+        --pinned) need_value "$@"; pinned=$2; shift 2 ;;
+        --tile) need_value "$@"; tile=$2; shift 2 ;;
+        --text) need_value "$@"; text=$2; shift 2 ;;
+        --raw) need_value "$@"; raw=$2; shift 2 ;;
+        *) usage_error "unknown option $1" ;;
+    esac
+done
+for v in steps batch seq tile; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "bad --$v '${!v}'"
+done
+bin=${ZINF_BIN:-$root/bin}
+command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
+for p in zinf-train zinf-shard zinf-plan zinf-nvmebench; do
+    [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make bin/$p)"
+done
+[[ -d $dir ]] || die 66 "no folder $dir"
+[[ -z $text || -r $text ]] || die 66 "cannot read --text $text"
+
+work=$(mktemp -d "$dir/beyond-ram.XXXXXX") || die 66 "cannot make a folder in $dir"
+# shellcheck disable=SC2317  # called by the trap
+cleanup() { ((keep)) || rm -rf -- "$work"; }
+trap cleanup EXIT
+trap 'say interrupted; exit 130' INT TERM HUP
+if [[ -z $text ]]; then
+    text=$work/text
+    cat "$root"/man/*.[1-9] >"$text"
+fi
+state=$work/state steps_out=$work/steps.jsonl benches=$work/bench.jsonl
+mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+
+say "bandwidth of $work: zinf-nvmebench --size 2GiB -b 1MiB -d 32 -Q 2"
+"$bin/zinf-nvmebench" --dir "$work" --size 2GiB -b 1MiB -d 32 -Q 2 --json -q >"$benches" ||
+    die 74 "zinf-nvmebench failed"
+
+say "layout and init: $model, --tile $tile, parameters and optimizer state on NVMe, in $state"
+t0=$(date +%s.%N)
+"$bin/zinf-shard" layout --model "$model" --tile "$tile" --param nvme --optim nvme |
+    "$bin/zinf-shard" init --dir "$state" --pinned "$pinned" >/dev/null || die 74 "zinf-shard init failed"
+t1=$(date +%s.%N)
+state_bytes=$(du -sb "$state" | cut -f1)
+say "state: $(numfmt --to=iec "$state_bytes")B on disk, this machine has $(numfmt --to=iec $((mem_kib * 1024)))B of memory; init took $(jq -n "$t1 - $t0 | . * 10 | floor / 10") s"
+
+say "training: $steps steps, batch $batch x seq $seq, --device-memory $devmem --pinned $pinned --offload-activations nvme"
+rc=0
+"$bin/zinf-train" --manifest "$state/manifest.jsonl" --text "$text" --steps "$steps" --batch "$batch" --seq "$seq" \
+    --lr "$lr" --warmup 2 --device-memory "$devmem" --pinned "$pinned" --offload-activations nvme --json \
+    >"$steps_out" || rc=$?
+((rc == 73)) && die 73 "the disk of $dir is too small for this run (zinf-train said why above)"
+((rc == 0)) || die 74 "zinf-train failed (exit $rc)"
+
+# zinf-plan for the same run, with the measured NVMe bandwidth and a peak set
+# so that its compute (8 x batch x seq x params FLOP, as the plan counts it)
+# takes the measured forward + backward time less compute's stall.
+read_gbps=$(jq -s 'map(select(.op == "read") | .gibps) | max * 1.073741824' "$benches")
+write_gbps=$(jq -s 'map(select(.op == "write") | .gibps) | max * 1.073741824' "$benches")
+params=$(jq -r 'select(has("schema")) | .parameters' "$state/manifest.jsonl")
+compute_s=$(jq -s 'map(select(.step > 2)) | map(.forward_s + .backward_s - .stall_seconds) | sort | .[length / 2 | floor]' "$steps_out")
+peak_tflops=$(jq -n "8 * $batch * $seq * $params / $compute_s / 1e12")
+"$bin/zinf-plan" --model "$model" --tile "$tile" --batch "$batch" --seq "$seq" --gpu-mem "$devmem" \
+    --cpu-mem "$((mem_kib / 1024))MiB" --nvme "$dir" --peak-tflops "$peak_tflops" --bw-nvme-read "$read_gbps" \
+    --bw-nvme-write "$write_gbps" --bw-cpu-gpu 1000 --bw-cpu-update 1000 --json >"$work/plan.json" 2>/dev/null ||
+    die 74 "zinf-plan failed"
+[[ -z $raw ]] || { mkdir -p "$raw" && cp "$steps_out" "$benches" "$work/plan.json" "$raw"/; say "raw records in $raw"; }
+
+printf '# %s (%s parameters, tile %s), batch %s x seq %s, %s steps; state %s on NVMe, memory %s\n' "$model" \
+    "$params" "$tile" "$batch" "$seq" "$steps" "$(numfmt --to=iec "$state_bytes")B" "$(numfmt --to=iec $((mem_kib * 1024)))B"
+printf '# NVMe files: read %.2f GB/s, write %.2f GB/s (zinf-nvmebench)\n' "$read_gbps" "$write_gbps"
+printf '# %4s %8s %8s %7s %7s %7s %8s %7s %7s %10s %10s %10s %8s\n' step loss step_s fwd bwd opt overlap stall redo \
+    nvme_fetch opt_read opt_write rss
+jq -r '[.step, .loss, .step_s, .forward_s, .backward_s, .optimizer_s, .optimizer_overlap_s, .stall_seconds,
+    .optimizer_redo, .fetched_nvme_bytes, .optimizer_read_bytes, .optimizer_written_bytes, .peak_rss_bytes] | @tsv' \
+    "$steps_out" | while IFS=$'\t' read -r s l st f b o ov sl rd fn orr ow rss; do
+    printf '  %4s %8.4f %8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7s %10s %10s %10s %8s\n' "$s" "$l" "$st" "$f" "$b" "$o" \
+        "$ov" "$sl" "$rd" "$(numfmt --to=iec "$fn")" "$(numfmt --to=iec "$orr")" "$(numfmt --to=iec "$ow")" \
+        "$(numfmt --to=iec "$rss")"
+done
+first=$(jq -s '.[0].loss' "$steps_out") last=$(jq -s '.[-1].loss' "$steps_out")
+rss=$(jq -s 'map(.peak_rss_bytes) | max' "$steps_out")
+measured=$(jq -s 'map(select(.step > 2)) | (map(.forward_s + .backward_s - .stall_seconds) | add) / (map(.step_s) | add)' "$steps_out")
+jq -r --argjson m "$measured" '
+    (.placements[] | select(.placement == "param=nvme,optim=nvme")) as $p |
+    (1 / (1 + (1 / $p.efficiency_param - 1) + (1 / $p.efficiency_optimizer - 1) + (1 / $p.efficiency_activation - 1))) as $e |
+    "# zinf-plan, param=nvme,optim=nvme: efficiency param \($p.efficiency_param * 1000 | floor / 1000), optimizer \($p.efficiency_optimizer * 1000 | floor / 1000), activations \($p.efficiency_activation * 1000 | floor / 1000); together (nothing overlapped) \($e * 1000 | floor / 1000), measured \($m * 1000 | floor / 1000) (compute / step, steps 3..)",
+    "# zinf-plan: NVMe needed \(.placements[] | select(.placement == "param=nvme,optim=nvme") | .nvme_bytes_needed) bytes"' \
+    "$work/plan.json"
+printf '# loss %.4f -> %.4f; peak resident memory %s (limit 6GiB); median step %.1f s\n' "$first" "$last" \
+    "$(numfmt --to=iec "$rss")B" "$(jq -s 'map(.step_s) | sort | .[length / 2 | floor]' "$steps_out")"
+jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824' >/dev/null &&
+    [[ $(jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824') == true ]] ||
+    die 75 "the loss did not fall, or the peak resident memory reached 6 GiB"
