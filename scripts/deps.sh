@@ -18,7 +18,8 @@ packages=(
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
   fio                # the peer in scripts/bench-vs-fio.sh
-  jq                 # JSON checks in the end-to-end tests
+  jq                 # JSON checks in the end-to-end tests, reshaping for plots
+  gnuplot-nox        # scripts/plot.sh
 )
 
 missing=()

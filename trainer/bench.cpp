@@ -61,12 +61,6 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     return std::min(affinity_cpus(), share);
 }
 
-std::uint64_t device_memory(const std::string& text) {
-    if (text != "auto") return cli::parse_sizes({text}, "--device-memory")[0];
-    const std::uint64_t available = meminfo_bytes("MemAvailable");
-    return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
-}
-
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,
               std::uint64_t device_bytes, bool json, bool checkpoint, const std::atomic<bool>& stop) {
     const shard::ModelSpec spec = shard::ModelSpec::parse(o.model);

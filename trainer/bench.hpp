@@ -1,5 +1,4 @@
-// zinf-train's helpers beside main: how many cores a rank takes, the device
-// budget, and --bench (a training step's FLOP/s against OpenBLAS's sgemm).
+// zinf-train's helpers beside main: how many cores a rank takes and --bench (a training step's FLOP/s against OpenBLAS's sgemm).
 #pragma once
 
 #include <zinf/cli.hpp>
@@ -29,9 +28,6 @@ struct BenchOptions {
 // each rank to its own set already.
 unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
 
-// The device budget: a size ("4GiB"), or "auto": three quarters of the memory
-// available now, as the cpu backend's arena takes pages only as they are used.
-std::uint64_t device_memory(const std::string& text);
 
 // Stops (Interrupted) between steps once `stop` is set.
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,

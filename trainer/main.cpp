@@ -168,7 +168,7 @@ int run(Options& o) {
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
     device::Options dopts{.backend = "cpu", .memory_bytes = 0, .threads = cores};
-    dopts.memory_bytes = trainer::device_memory(o.device_memory);
+    dopts.memory_bytes = cli::device_memory(o.device_memory);
     auto dev = device::open(dopts);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
         o.bench.check();
         if (o.bench.enabled)
-            return trainer::run_bench(o.bench, o.batch, o.seq, o.threads, trainer::device_memory(o.device_memory),
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.threads, cli::device_memory(o.device_memory),
                                       o.json, !o.no_checkpoint, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);

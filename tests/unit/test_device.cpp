@@ -593,6 +593,33 @@ BOOST_AUTO_TEST_CASE(attention_matches_reference_and_finite_differences) {
     BOOST_TEST(max_err(r.down(dqkv), attn_backward(dbl(dout), dbl(qkv), s)) < 1e-5);
 }
 
+// One query row against keys and values kept (T,C): attention_forward's last
+// row of every batch row, to the bit, and its softmax row.
+BOOST_AUTO_TEST_CASE(attention_decode_is_the_forward_s_last_row) {
+    std::mt19937_64 rng(fresh_seed("attention decode"));
+    Rig r;
+    const AttnShape s{1, 23, 48, 4};
+    const u64 T = s.T, C = s.C, NH = s.NH;
+    const Vf qkv = randn(T * 3 * C, rng);
+    auto out = r->alloc<float>(T * C, "out");
+    auto att = r->alloc<float>(NH * T * T, "att");
+    r->attention_forward(r.s(), out, att, r.in(qkv), 1, T, C, NH);
+    // The cache: k and v of every position, (T,C) each; q of the last.
+    Vf k(T * C), v(T * C);
+    for (u64 t = 0; t < T; ++t)
+        for (u64 c = 0; c < C; ++c) k[t * C + c] = qkv[t * 3 * C + C + c], v[t * C + c] = qkv[t * 3 * C + 2 * C + c];
+    const Vf q(qkv.begin() + static_cast<std::ptrdiff_t>((T - 1) * 3 * C),
+               qkv.begin() + static_cast<std::ptrdiff_t>((T - 1) * 3 * C + C));
+    auto dout = r.up(Vf(C, std::numeric_limits<float>::quiet_NaN()));
+    auto datt = r.up(Vf(NH * T, std::numeric_limits<float>::quiet_NaN()));
+    r->attention_decode(r.s(), dout, datt, r.in(q), r.in(k), r.in(v), T, C, NH);
+    const Vf full = r.down(out), one = r.down(dout), full_att = r.down(att), one_att = r.down(datt);
+    BOOST_TEST(std::memcmp(one.data(), full.data() + (T - 1) * C, C * 4) == 0);
+    for (u64 h = 0; h < NH; ++h)
+        BOOST_TEST(std::memcmp(one_att.data() + h * T, full_att.data() + (h * T + T - 1) * T, T * 4) == 0);
+    BOOST_CHECK_THROW(r->attention_decode(r.s(), dout, datt, r.in(q), r.in(k), r.in(v), T + 1, C, NH), InternalError);
+}
+
 // ---------------------------------------------------------------------------
 BOOST_AUTO_TEST_CASE(crossentropy_matches_reference_and_finite_differences) {
     std::mt19937_64 rng(fresh_seed("crossentropy"));

@@ -208,6 +208,14 @@ public:
                                     std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
                                     std::uint64_t NH) = 0;
 
+    // One new position's attention against a key-value cache (decoding): the
+    // query q (C) of position T-1 attends to the keys k (T,C) and values
+    // v (T,C) of positions 0..T-1: out (C); att (NH,T) keeps the softmax.
+    // The same arithmetic, in the same order, as attention_forward's row T-1.
+    virtual void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                                  std::span<const float> k, std::span<const float> v, std::uint64_t T,
+                                  std::uint64_t C, std::uint64_t NH) = 0;
+
     // Softmax cross-entropy fused with the logits' gradient. logits (N,V):
     // losses (N) = -log softmax(logits)[target]; then logits is overwritten
     // with dloss * (softmax - onehot(target)). A target >= V is an error.

@@ -1,7 +1,7 @@
 // zinf options: the command-line options of programs that run the io engine
 // and the pinned pool, declared once so that every program spells them alike
 // (--config or --engine/--block-size/--queue-depth/--queues; --pinned,
-// --pinned-buffer; --backend, --comm-timeout). Sits on top of cli, io, mem and comm.
+// --pinned-buffer; --backend, --comm-timeout; --device-memory). Sits on top of cli, io, mem and comm.
 #pragma once
 
 #include <zinf/cli.hpp>
@@ -91,5 +91,13 @@ struct CommOptions {
         return o;
     }
 };
+
+// --device-memory: a size ("4GiB"), or "auto": three quarters of the memory
+// available now, as the cpu backend's arena takes pages only as they are used.
+inline std::uint64_t device_memory(const std::string& text) {
+    if (text != "auto") return parse_sizes({text}, "--device-memory")[0];
+    const std::uint64_t available = meminfo_bytes("MemAvailable");
+    return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
+}
 
 }  // namespace zinf::cli

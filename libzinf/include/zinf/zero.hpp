@@ -131,7 +131,32 @@ struct StepReport {
                                      // and step() updated every tensor again from the current generation
 };
 
-class Optimizer {
+// Where this rank's working parameters of a tensor are, for the engine that
+// fetches them: in memory (param tier gpu or cpu: `memory`, page-locked) or
+// in a file (nvme: `file` at `offset`). `bytes` is the partition with its
+// padding (per elements of the param dtype); `xxh3` the hash of those bytes
+// when the values come from a file.
+struct ParamSource {
+    io::File* file = nullptr;
+    std::uint64_t offset = 0;
+    std::span<const std::byte> memory;
+    std::uint64_t bytes = 0;
+    std::optional<std::uint64_t> xxh3;
+    std::string where;  // "h.0.attn.c_attn.weight rank 0 param", for messages
+};
+
+// What the ZeRO-Infinity engine reads parameters from and hands gradients
+// to: the Optimizer while training, CommittedParams when only forward
+// passes run (zinf-sample).
+class ParamStore {
+public:
+    virtual ~ParamStore() = default;
+    virtual ParamSource param_source(std::size_t tensor) = 0;
+    // This rank's averaged gradient of `tensor`: its real elements.
+    virtual void put_gradient(std::size_t tensor, std::span<const float> grad) = 0;
+};
+
+class Optimizer : public ParamStore {
 public:
     // Opens this rank's state (comm.rank() of dp; comm.size() must equal the
     // manifest's dp). `m` must outlive the optimizer: commits update it.
@@ -148,7 +173,7 @@ public:
     // This rank's gradient of `tensor`: its `count` real elements (shard::owned),
     // fp32 or bf16 (converted to grad_dtype when that differs). Every tensor
     // once per step. With overlap, the tensor's update starts now.
-    void put_gradient(std::size_t tensor, std::span<const float> grad);
+    void put_gradient(std::size_t tensor, std::span<const float> grad) override;
     void put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16);
 
     // Clips, updates every partition (or waits for the overlapped updates),
@@ -166,21 +191,10 @@ public:
     // elements of the param dtype) when the param state is held in memory.
     std::span<const std::byte> param(std::size_t tensor) const;
 
-    // Where this rank's current working parameters of `tensor` are, for the
-    // engine that fetches them: in memory (param tier gpu or cpu: `memory`,
-    // page-locked) or in a file (nvme: `file` at `offset`). `bytes` is the
-    // partition with its padding (per elements of the param dtype); `xxh3`
-    // the hash of those bytes when the values came from a file. Valid until
-    // the next step().
-    struct ParamSource {
-        io::File* file = nullptr;
-        std::uint64_t offset = 0;
-        std::span<const std::byte> memory;
-        std::uint64_t bytes = 0;
-        std::optional<std::uint64_t> xxh3;
-        std::string where;  // "h.0.attn.c_attn.weight rank 0 param", for messages
-    };
-    ParamSource param_source(std::size_t tensor);
+    // Where this rank's current working parameters of `tensor` are (the
+    // ParamStore's contract). Valid until the next step().
+    using ParamSource = zero::ParamSource;
+    ParamSource param_source(std::size_t tensor) override;
 
     // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
     std::uint64_t chunk_bytes() const;
@@ -193,6 +207,26 @@ private:
 
 // The twin of a state file: "rank0/master.bin" <-> "rank0/master.alt.bin".
 std::string twin_file(const std::string& file);
+
+// This rank's committed working parameters, read only: what the engine
+// fetches when no optimizer runs. The manifest's param records of the rank
+// are the source: on nvme their files, opened read-only, each read checked
+// against the record's xxh3 by the engine; on gpu and cpu every partition
+// read once into page-locked memory and checked here (DataError naming
+// tensor, rank, file and offset). Nothing is written. put_gradient refuses
+// (InternalError): a pass with gradients needs the Optimizer.
+class CommittedParams : public ParamStore {
+public:
+    CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine);
+    ~CommittedParams() override;
+    ParamSource param_source(std::size_t tensor) override;
+    void put_gradient(std::size_t tensor, std::span<const float> grad) override;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
 
 // ---------------------------------------------------------------------------
 // The engine's side of the model (paper §7): the model calls an Engine's
@@ -356,9 +390,10 @@ public:
     // `modules`: every module of the model that uses a parameter, each once.
     // Reserves its device memory now (after the activations were planned)
     // and refuses (DoesNotFit, 64) when the largest module's fetch does not
-    // fit what is left. The optimizer must outlive the engine.
+    // fit what is left. The store (the optimizer when training) must outlive
+    // the engine.
     InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules, comm::Communicator& comm,
-                   io::Engine& io, mem::PinnedPool& pool, device::Device& dev, Optimizer& optim,
+                   io::Engine& io, mem::PinnedPool& pool, device::Device& dev, ParamStore& store,
                    const InfinityOptions& opts);
     ~InfinityEngine() override;
 

@@ -383,6 +383,20 @@ public:
         });
     }
 
+    void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                          std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override {
+        Shape sh{"attention_decode", {{"T", T}, {"C", C}, {"NH", NH}}};
+        check_heads(sh, C, NH);
+        sh.need("out", out.size(), C);
+        sh.need("att", att.size(), NH * T);
+        sh.need("q", q.size(), C);
+        sh.need("k", k.size(), T * C);
+        sh.need("v", v.size(), T * C);
+        as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
+            cpu::attention_decode(o, a, q, k, v, T, C, NH);
+        });
+    }
+
     void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
                                        std::span<const std::int32_t> targets, float dloss, u64 N,
                                        u64 V) override {

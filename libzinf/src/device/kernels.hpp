@@ -53,6 +53,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n);
 void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,
                         u64 T, u64 C, u64 NH);
+void attention_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C, u64 NH);
 
 // logits (N,V) is overwritten with dloss * (softmax - onehot) by the first.
 void crossentropy_forward_backward(float* losses, float* logits, const std::int32_t* targets, float dloss, u64 N,

@@ -51,6 +51,39 @@ void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u
     }
 }
 
+// attention_forward's row T-1 alone, over keys and values kept (T,C) each:
+// one task per head, each step of it as attention_forward takes it, so a
+// decoded position's output is the full forward's to the bit.
+void attention_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C, u64 NH) {
+    const u64 hs = C / NH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel for schedule(static, 1) if (T * C >= kParallelMin)
+    for (u64 h = 0; h < NH; ++h) {
+        const float* qh = q + h * hs;
+        float* a = att + h * T;
+        float maxval = -std::numeric_limits<float>::infinity();
+        for (u64 t2 = 0; t2 < T; ++t2) {
+            a[t2] = dot(qh, k + t2 * C + h * hs, hs) * scale;
+            maxval = std::max(maxval, a[t2]);
+        }
+        float expsum = 0;
+        for (u64 t2 = 0; t2 < T; ++t2) {
+            a[t2] = std::exp(a[t2] - maxval);
+            expsum += a[t2];
+        }
+        const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
+        for (u64 t2 = 0; t2 < T; ++t2) a[t2] *= inv;
+
+        float* o = out + h * hs;
+        std::fill(o, o + hs, 0.0f);
+        for (u64 t2 = 0; t2 < T; ++t2) {
+            const float* vh = v + t2 * C + h * hs;
+            const float w = a[t2];
+            for (u64 i = 0; i < hs; ++i) o[i] += w * vh[i];
+        }
+    }
+}
+
 // One task per (b, h): it owns the q, k and v gradient columns of head h in
 // batch row b for every t, so each dqkv element is written by one thread,
 // and the k and v gradients sum over t in order. The softmax backward is

@@ -240,7 +240,7 @@ void InfinityEngine::Impl::gather_into(ParamState& p, std::span<std::byte> mem, 
 // nc: the partition (padded to the file's alignment, which the layout
 // guarantees is on disk) read into pool buffers, one piece per buffer. With
 // `try_only`, nothing is read unless every buffer can be had now.
-std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_partition(const Optimizer::ParamSource& src,
+std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_partition(const ParamSource& src,
                                                                                  std::uint64_t pbytes, bool try_only) {
     const std::uint64_t align = std::max<std::uint64_t>(src.file->alignment(), 1);
     const std::uint64_t total = align_up(pbytes, align), B = pool.buffer_bytes();
@@ -296,7 +296,7 @@ void InfinityEngine::Impl::read_ahead() {
         const mem::PoolStats ps = pool.stats();
         if (nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
         for (std::size_t pi : on_nvme) {
-            const Optimizer::ParamSource src = optim.param_source(pi);
+            const ParamSource src = store.param_source(pi);
             auto pieces = read_partition(src, params[pi].per * params[pi].dt, true);
             if (pieces.empty()) return;  // the pool is busy: try again at the next hook
             pre_read[{nc_next, pi}] = {std::move(pieces), params[pi].per * params[pi].dt};
@@ -320,7 +320,7 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
         st.fetched_bytes[0] += pbytes;
     } else {
         for (const auto& w : waits) dev.wait(*h2d, w);
-        const Optimizer::ParamSource src = optim.param_source(p.tensor);
+        const ParamSource src = store.param_source(p.tensor);
         if (src.bytes != pbytes) throw InternalError("engine: " + src.where + ": partition sizes disagree");
         if (!src.file) {
             // cg straight from the optimizer's page-locked memory.

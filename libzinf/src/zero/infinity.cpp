@@ -85,8 +85,8 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
 
 // ---------------------------------------------------------------------------
 Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm::Communicator& c, io::Engine& e,
-           mem::PinnedPool& p, device::Device& d, Optimizer& o, const InfinityOptions& op)
-    : m(m_), modules(mods.begin(), mods.end()), comm(c), io(e), pool(p), dev(d), optim(o), opts(op) {
+           mem::PinnedPool& p, device::Device& d, ParamStore& o, const InfinityOptions& op)
+    : m(m_), modules(mods.begin(), mods.end()), comm(c), io(e), pool(p), dev(d), store(o), opts(op) {
     dp = m.opts.dp;
     rank = static_cast<unsigned>(comm.rank());
     bf16 = m.opts.param_dtype == shard::DType::bf16;
@@ -112,7 +112,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
             // The gpu tier: this rank's partition lives in the arena for the
             // run, filled from the optimizer's copy and refreshed by on_param.
             ps.resident = dev.arena().allocate(ps.per * ps.dt, "gpu-tier parameter partition");
-            const Optimizer::ParamSource src = optim.param_source(ps.tensor);
+            const ParamSource src = store.param_source(ps.tensor);
             dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.memory);
         }
         if (ps.persistent) ps.persist = dev.arena().allocate(detail::values_layout(ps, dp, bf16).bytes, "persistent parameter");
@@ -335,7 +335,7 @@ void Impl::hand_over(const Module& mod) {
         const auto host = grad_staging.bytes().first(o.count * 4);
         dev.copy(*d2h, host, o.src);
         dev.host(*d2h, [this, o, host] {
-            optim.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
+            store.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
         });
     }
 }
@@ -430,8 +430,8 @@ std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {
 // ---------------------------------------------------------------------------
 InfinityEngine::InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules,
                                comm::Communicator& comm, io::Engine& io, mem::PinnedPool& pool, device::Device& dev,
-                               Optimizer& optim, const InfinityOptions& opts)
-    : impl_(std::make_unique<Impl>(m, modules, comm, io, pool, dev, optim, opts)) {}
+                               ParamStore& store, const InfinityOptions& opts)
+    : impl_(std::make_unique<Impl>(m, modules, comm, io, pool, dev, store, opts)) {}
 
 InfinityEngine::~InfinityEngine() = default;
 

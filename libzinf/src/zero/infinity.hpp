@@ -146,7 +146,7 @@ struct InfinityEngine::Impl {
     using TraceEntry = detail::TraceEntry;
 
     Impl(const shard::Manifest& m, std::span<const Module* const> modules, comm::Communicator& comm, io::Engine& io,
-         mem::PinnedPool& pool, device::Device& dev, Optimizer& optim, const InfinityOptions& opts);
+         mem::PinnedPool& pool, device::Device& dev, ParamStore& store, const InfinityOptions& opts);
     ~Impl();
 
     const shard::Manifest& m;
@@ -155,7 +155,7 @@ struct InfinityEngine::Impl {
     io::Engine& io;
     mem::PinnedPool& pool;
     device::Device& dev;
-    Optimizer& optim;
+    ParamStore& store;  // the optimizer when training
     InfinityOptions opts;
     unsigned dp = 1, rank = 0;
     bool bf16 = true;
@@ -208,7 +208,7 @@ struct InfinityEngine::Impl {
     std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
     void pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging, std::span<float> full,
                   const std::vector<device::Event>& waits, std::size_t trace_index);
-    std::vector<std::shared_ptr<detail::ReadPiece>> read_partition(const Optimizer::ParamSource& src,
+    std::vector<std::shared_ptr<detail::ReadPiece>> read_partition(const ParamSource& src,
                                                                std::uint64_t pbytes, bool try_only);
     void read_ahead();
     struct PreRead {
