@@ -116,6 +116,21 @@ for spec in "st3 e3.safetensors --dp 3" "st3 e3.bin --dp 3" "llmc e.bin --dp 3 -
   check "…and every record the same, xxh3 included" cmp <(records "$W/back-$from-$file/manifest.jsonl") <(records "$W/$from/manifest.jsonl")
 done
 
+# --- 4KiB pool buffers: tensors larger than a buffer, llm.c's weights read a line at a time
+small=(--pinned 64KiB --pinned-buffer 4KiB)
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 2 --tile 2 | "$1" import --from "$3" --dir "$4" "${@:5}"' \
+  _ "$SH" "$M" "$W/g5.bin" "$W/small" "${small[@]}"
+expect_rc 0 "import with 4KiB pool buffers (1024 fp32 values, smaller than a weight)"
+check "…writes the same bytes as with 256KiB buffers" test "$(data_sums "$W/small")" = "$(data_sums "$W/llmc5")"
+run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 3 --param-dtype fp32 | "$1" import --from "$3" --dir "$4" "${@:5}"' \
+  _ "$SH" "$M" "$W/g.bin" "$W/small3" "${small[@]}"
+check "…and so does an fp32 llm.c file, one read per weight column" test "$(data_sums "$W/small3")" = "$(data_sums "$W/llmc")"
+run "$SH" export -m "$W/small/manifest.jsonl" --to "$W/small.bin" --format llmc "${small[@]}"
+expect_rc 0 "export with 4KiB pool buffers"
+check "…writes the same file as with 256KiB buffers" cmp "$W/small.bin" "$W/e5.bin"
+run "$SH" export -m "$W/st3/manifest.jsonl" --to "$W/small.safetensors" "${small[@]}"
+check "…in safetensors too" cmp "$W/small.safetensors" "$W/e3.safetensors"
+
 # --- refusals: 65 naming the tensor, nothing written --------------------------
 # A shape the model does not have.
 run bash -c 'set -o pipefail; "$1" layout --model gpt:layers=2,hidden=16,heads=2,vocab=50,seq=8 |
