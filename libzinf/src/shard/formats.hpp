@@ -17,6 +17,8 @@ namespace zinf::shard::detail {
 // writes.
 enum class Elem { f32, f16, bf16 };
 std::size_t elem_bytes(Elem e);
+// "[50257, 768]", as messages show shapes.
+std::string shape_text(const std::vector<std::uint64_t>& shape);
 
 // ---------------------------------------------------------------------------
 // safetensors: 8 bytes of little-endian header length N, N bytes of JSON

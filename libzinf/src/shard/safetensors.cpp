@@ -31,12 +31,6 @@ std::size_t dtype_size(const std::string& d) {
     return 0;
 }
 
-std::string shape_text(const std::vector<std::uint64_t>& s) {
-    std::string t = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + "]";
-}
-
 std::string range_text(std::uint64_t b, std::uint64_t e) {
     return "[" + std::to_string(b) + ", " + std::to_string(e) + ")";
 }
@@ -88,6 +82,12 @@ StTensor parse_entry(const std::string& name, const json::Json& v, const std::st
 }  // namespace
 
 std::size_t elem_bytes(Elem e) { return e == Elem::f32 ? 4 : 2; }
+
+std::string shape_text(const std::vector<std::uint64_t>& s) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+}
 
 bool st_elem(const std::string& dtype, Elem& out) {
     if (dtype == "F32") out = Elem::f32;

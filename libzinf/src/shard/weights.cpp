@@ -23,6 +23,7 @@ namespace zinf::shard {
 using detail::Elem;
 using detail::elem_bytes;
 using detail::Placed;
+using detail::shape_text;
 
 namespace {
 
@@ -213,12 +214,6 @@ void gather(const Region& dst, std::uint64_t first, std::uint64_t n, std::span<s
 std::pair<std::uint64_t, std::uint64_t> matrix(const Tensor& t) {
     const std::uint64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
     return {rows, t.numel / rows};
-}
-
-std::string shape_text(const std::vector<std::uint64_t>& s) {
-    std::string t = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + "]";
 }
 
 void check_stop(const RunOptions& opts) {
