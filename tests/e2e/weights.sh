@@ -131,6 +131,26 @@ check "…writes the same file as with 256KiB buffers" cmp "$W/small.bin" "$W/e5
 run "$SH" export -m "$W/st3/manifest.jsonl" --to "$W/small.safetensors" "${small[@]}"
 check "…in safetensors too" cmp "$W/small.safetensors" "$W/e3.safetensors"
 
+# --- memory: flat in the model's size ---------------------------------------
+# A 42MB file through an 8MiB pool: the peak resident memory stays within a few MiB
+# of what the 81KB file's import and export took.
+B=gpt:layers=2,hidden=512,heads=8,vocab=8192,seq=64
+"$PY" "$REF" safetensors "$W/big.safetensors" "$B" 5 - --dtype F32
+peak() { # OP ARGS...: zinf-shard OP with --stats; its peak_resident_bytes
+  local op=$1
+  shift
+  "$SH" "$op" --pinned 8MiB --pinned-buffer 1MiB --stats "$W/peak.json" "$@" >/dev/null 2>&1 && jq .peak_resident_bytes "$W/peak.json"
+}
+p_small=$("$SH" layout --model "$M" --dp 2 --inference | peak import --from "$W/a.safetensors" --dir "$W/p-small")
+p_big=$("$SH" layout --model "$B" --dp 2 --inference | peak import --from "$W/big.safetensors" --dir "$W/p-big")
+check "import's peak resident memory: $p_small bytes for 81KB of weights, $p_big for 42MB (less than 4MiB more)" \
+  test -n "$p_big" -a -n "$p_small" -a $((p_big - p_small)) -lt $((4 << 20))
+e_small=$(peak export -m "$W/p-small/manifest.jsonl" --to "$W/p-small.bin" --format llmc)
+e_big=$(peak export -m "$W/p-big/manifest.jsonl" --to "$W/p-big.bin" --format llmc)
+check "export's: $e_small bytes for the small model, $e_big for the 42MB llm.c file (less than 4MiB more)" \
+  test -n "$e_big" -a -n "$e_small" -a $((e_big - e_small)) -lt $((4 << 20)) -a "$(stat -c %s "$W/p-big.bin")" -gt 40000000
+rm -rf "$W/big.safetensors" "$W/p-big" "$W/p-big.bin"
+
 # --- refusals: 65 naming the tensor, nothing written --------------------------
 # A shape the model does not have.
 run bash -c 'set -o pipefail; "$1" layout --model gpt:layers=2,hidden=16,heads=2,vocab=50,seq=8 |

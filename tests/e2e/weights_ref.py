@@ -14,7 +14,7 @@ and a float64 GPT-2 forward (GELU's tanh form, LayerNorm eps 1e-5, wte tied).
   weights_ref.py loss TRUTH SPEC TOKENS B T       (prints the loss of batch 0)
   weights_ref.py COMMAND ARGS... + COMMAND ARGS...  (several in one run)
 
-TRUTH is an .npz of every model tensor as fp32, zinf's names and shapes
+TRUTH ("-": none) is an .npz of every model tensor as fp32, zinf's names and shapes
 (Conv1D weights (in, out)): what the master state must hold.
 """
 import json
@@ -107,7 +107,8 @@ def make_safetensors(out, spec, seed, truth, prefix=False, dtype="mixed"):
     T = s["seq"]
     items.insert(3, ("h.0.attn.bias", "F32", (1, 1, T, T), np.tril(np.ones((1, 1, T, T), np.float32)).tobytes()))
     write_safetensors(out, items, {"format": "pt"})
-    np.savez(truth, **held)
+    if truth != "-":
+        np.savez(truth, **held)
 
 
 def make_llmc(out, spec, seed, truth, version=3, padded_vocab=None):
