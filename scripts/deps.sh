@@ -17,6 +17,7 @@ packages=(
   libboost-test-dev  # unit tests
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
+  python3-numpy      # the independent references of the end-to-end tests (weights)
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots
   gnuplot-nox        # scripts/plot.sh

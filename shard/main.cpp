@@ -43,6 +43,8 @@ struct Options {
     // inspect, cat
     bool json = false;
     std::string tensor, state = "param";
+    // import, export
+    std::string from, to, format;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;  // init under mpirun / srun
@@ -354,6 +356,51 @@ int do_cat(const Options& o) {
     return 0;
 }
 
+// Weights from another program's file into every partition of the manifest,
+// written and committed as init does.
+int do_import(const Options& o) {
+    if (const auto launch = comm::Launch::from_env(); launch.size > 1)
+        throw UsageError("import runs once, not under " + launch.launcher + " (" + std::to_string(launch.size) +
+                         " processes would each write every rank)");
+    Manifest m = read_input(o);
+    if (!o.format.empty() && parse_weight_format(o.format) != detect_weight_format(o.from))
+        throw DataError(o.from + " is not a " + o.format + " file (" +
+                        weight_format_name(detect_weight_format(o.from)) + " by its first bytes)");
+    check_target(o.dir, o.force);
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.stop = &g_stop;
+    Timer t;
+    Written w;
+    {
+        Meter meter("import", m.total_bytes());
+        ro.progress = meter.fn();
+        w = import_weights(m, o.from, o.dir, engine, pool, ro);
+    }
+    commit(o, "import", "imported " + o.from + ":", w, m, t, pool);
+    return 0;
+}
+
+// The committed weights into another program's file; nothing on stdout.
+int do_export(const Options& o) {
+    Manifest m = read_input(o);
+    if (std::filesystem::exists(o.to) && !o.force)
+        throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
+    io::Engine engine(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.stop = &g_stop;
+    Timer t;
+    const auto r = export_weights(m, o.to, parse_weight_format(o.format.empty() ? "safetensors" : o.format), engine,
+                                  pool, ro);
+    summary(o, "export", "exported the " + r.state + " state of " + std::to_string(r.tensors) + " tensors to " + o.to + ":",
+            r.bytes, t.seconds(), pool);
+    return 0;
+}
+
 int do_reshard(const Options& o) {
     if (const auto launch = comm::Launch::from_env(); launch.size > 1)
         throw UsageError("reshard runs once, not under " + launch.launcher + " (" + std::to_string(launch.size) +
@@ -387,15 +434,19 @@ int do_reshard(const Options& o) {
 
 int main(int argc, char** argv) {
     // CLI11 reports a misspelt subcommand only as "a subcommand is required".
-    static const std::set<std::string> kSubcommands = {"layout", "init", "verify", "inspect", "cat", "reshard"};
+    static const std::set<std::string> kSubcommands = {"layout", "init",    "verify", "inspect",
+                                                       "cat",    "reshard", "import", "export"};
     if (argc > 1 && argv[1][0] != '-' && !kSubcommands.count(argv[1])) {
-        std::fprintf(stderr, "zinf-shard: unknown subcommand '%s' (layout, init, verify, inspect, cat, reshard)\n",
+        std::fprintf(stderr,
+                     "zinf-shard: unknown subcommand '%s' (layout, init, verify, inspect, cat, reshard, import, export)\n",
                      argv[1]);
         return exit_code::usage;
     }
     Options o;
     CLI::App app{"zinf-shard: model state laid out over data-parallel ranks and tiers, on disk.\n"
-                 "  zinf-shard layout --model gpt2-124m --dp 4 | zinf-shard init --dir D | zinf-shard verify"};
+                 "  zinf-shard layout --model gpt2-124m --dp 4 | zinf-shard init --dir D | zinf-shard verify\n"
+                 "  zinf-shard layout --model gpt2-124m | zinf-shard import --from model.safetensors --dir D > M\n"
+                 "  zinf-shard export -m M --to gpt2_124M.bin --format llmc"};
     cli::Common common;
     cli::add_common(app, common);
     app.require_subcommand(1);
@@ -464,6 +515,25 @@ int main(int argc, char** argv) {
     rs->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
     add_io(rs);
 
+    auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
+                                             "--dir, moments zero; the manifest on stdout");
+    add_reader(imp, false);
+    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
+        ->required();
+    imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}));
+    imp->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
+    imp->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    add_io(imp);
+
+    auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");
+    add_reader(exp);
+    exp->add_option("--to", o.to, "Output file, written under a temporary name and renamed")->required();
+    exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
+    exp->add_flag("--force", o.force, "Replace an existing --to");
+    add_io(exp);
+
     return cli::run(app, argc, argv, "zinf-shard", common, [&] {
         // Writers stop at the next piece, remove their temporaries, exit 130.
         std::signal(SIGINT, on_signal);
@@ -474,6 +544,8 @@ int main(int argc, char** argv) {
         if (ver->parsed()) return do_verify(o);
         if (ins->parsed()) return do_inspect(o);
         if (ct->parsed()) return do_cat(o);
+        if (imp->parsed()) return do_import(o);
+        if (exp->parsed()) return do_export(o);
         return do_reshard(o);
     });
 }

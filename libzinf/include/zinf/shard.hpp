@@ -215,6 +215,18 @@ struct Written {
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
              const RunOptions& opts);
 
+// Where init's values come from when they are not the initial ones: `fill`
+// writes tensor t's elements [first, first + out.size()) as fp32 (zero past
+// numel); init rounds them to bf16 for a bf16 param state and writes the
+// master copy as they are. It runs on init's worker threads at once, each
+// with a pool buffer of its own as `scratch` when `scratch` is set.
+struct ValueSource {
+    std::function<void(const Tensor& t, std::uint64_t first, std::span<float> out, std::span<std::byte> scratch)> fill;
+    bool scratch = false;
+};
+Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts,
+             const ValueSource& values);
+
 // Recomputes the xxh3 of every partition (of `ranks`); DataError naming
 // tensor, rank, state, file and offset at the first mismatch or short file.
 struct VerifyResult {
@@ -233,5 +245,41 @@ void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::En
 // Returns the new manifest with its xxh3s; values are unchanged.
 Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Engine& engine,
                  mem::PinnedPool& pool, const RunOptions& opts, Written& written);
+
+// ---------------------------------------------------------------------------
+// Weights in the formats people have on disk (man/zinf-shard.1, IMPORT AND
+// EXPORT): Hugging Face safetensors with GPT-2's names (Conv1D weights
+// (in, out), as zinf keeps them), and llm.c's checkpoint (magic 20240326,
+// version 3 fp32 or 5 bf16; weights (out, in), the vocabulary padded).
+enum class WeightFormat { safetensors, llmc };
+const char* weight_format_name(WeightFormat f);
+WeightFormat parse_weight_format(std::string_view s);  // UsageError
+// llm.c's magic in the first four bytes, else safetensors.
+WeightFormat detect_weight_format(const std::string& path);
+inline constexpr std::int32_t kLlmcMagic = 20240326;
+
+// Every partition of m's param and master states from the file's tensors
+// (converted to fp32, then to the param dtype), the moments zero; written and
+// hashed as init does, committed by the caller with Written::commit. The whole
+// file is checked before anything is written: DataError (65) naming the file
+// and the tensor for a shape the model does not have (both shapes), a tensor
+// missing, one the model has no place for, a dtype other than F32, F16 or
+// BF16, and any header, offset or size that does not fit the file.
+Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
+                       mem::PinnedPool& pool, const RunOptions& opts);
+
+// The committed state's weights (the master copy when there is one, else the
+// param state) written to `to` in `format`, complete or not at all (a
+// temporary beside it, fsync, rename). Every partition read is checked against
+// its xxh3 first. Tiles are joined into the untiled tensors. safetensors keeps
+// the state's dtype (F32 or BF16); llm.c's version 3 is fp32, with the
+// vocabulary padded to a multiple of 128 by zero rows.
+struct ExportResult {
+    std::string state;          // "master" or "param"
+    std::uint64_t bytes = 0;    // the file's size
+    std::size_t tensors = 0;    // tensors written (safetensors) or model tensors (llm.c)
+};
+ExportResult export_weights(const Manifest& m, const std::string& to, WeightFormat format, io::Engine& engine,
+                            mem::PinnedPool& pool, const RunOptions& opts);
 
 }  // namespace zinf::shard

@@ -389,24 +389,37 @@ void Written::discard() noexcept {
 
 // ---------------------------------------------------------------------------
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
+    const ModelSpec spec = m.spec;
+    const std::uint64_t seed = m.opts.seed;
+    ValueSource initial;
+    initial.fill = [spec, seed](const Tensor& t, std::uint64_t first, std::span<float> out, std::span<std::byte>) {
+        fill_fp32(t, spec, seed, first, out);
+    };
+    return init(m, dir, engine, pool, opts, initial);
+}
+
+Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts,
+             const ValueSource& values) {
     const auto ranks = rank_set(m, opts);
     const unsigned jobs = resolve_jobs(opts.jobs);
-    // Initial values: no optimizer step applied to them.
+    // Initial (or imported) values: no optimizer step applied to them.
     for (auto& p : m.parts)
         if (ranks.count(p.rank)) p.step = 0;
     // Each worker holds a ring of buffers for the fp32 values (the master
     // copy, or the param state when it is fp32) and, with bf16 params, a
-    // ring half as long for them; one more buffer holds zeros for everyone.
+    // ring half as long for them, and the value source's scratch buffer when
+    // it wants one; one more buffer holds zeros for everyone.
     const bool bf16 = m.opts.param_dtype == DType::bf16;
-    const std::size_t min_ring = 2;
-    const std::size_t min_worker = bf16 ? 2 * min_ring : min_ring;
+    const std::size_t min_ring = 2, own = values.scratch ? 1 : 0;
+    const std::size_t min_worker = (bf16 ? 2 * min_ring : min_ring) + own;
     if (pool.buffers() < min_worker + 1)
         throw UsageError("the pinned pool (" + pool.config().describe() + ") needs at least " +
                          std::to_string(min_worker + 1) + " buffers for init");
     const unsigned workers = static_cast<unsigned>(std::min<std::size_t>(jobs, (pool.buffers() - 1) / min_worker));
-    const std::size_t per_worker = std::min<std::size_t>((pool.buffers() - 1) / workers, 24);
-    const std::size_t bf16_ring = bf16 ? std::max(min_ring, per_worker / 3) : 0;
-    const std::size_t fp32_ring = per_worker - bf16_ring;
+    const std::size_t per_worker = std::min<std::size_t>((pool.buffers() - 1) / workers, 24 + own);
+    const std::size_t rings = per_worker - own;
+    const std::size_t bf16_ring = bf16 ? std::max(min_ring, rings / 3) : 0;
+    const std::size_t fp32_ring = rings - bf16_ring;
     const std::uint64_t buf = pool.buffer_bytes();
 
     OutFiles out;
@@ -454,7 +467,8 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
                 }
                 if (bw) vals = vals.first(std::min(vals.size(), bw->here().size() / 2));
                 vals = vals.first(std::min<std::uint64_t>(vals.size(), per - done));
-                fill_fp32(t, m.spec, m.opts.seed, param->first + done, vals);
+                values.fill(t, param->first + done, vals,
+                            own ? held[w][rings].bytes() : std::span<std::byte>{});
                 if (bw) {
                     to_bf16(vals, std::span(reinterpret_cast<std::uint16_t*>(bw->here().data()), vals.size()));
                     bw->advance(vals.size() * 2);

@@ -1,0 +1,521 @@
+// Weights in and out. import fills init's values from a safetensors or llm.c
+// file; export writes the committed state into one. Both move elements
+// between zinf's tensors (row-major (rows, cols); linear weights (in, out),
+// perhaps in column tiles, each split over the ranks) and the file's tensors
+// (row-major too, or llm.c's (out, in): zinf's matrix column-major), a block
+// at a time through a pool buffer, so memory does not grow with the model.
+#include "formats.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fcntl.h>
+#include <map>
+#include <optional>
+#include <unistd.h>
+
+namespace zinf::shard {
+
+using detail::Elem;
+using detail::elem_bytes;
+using detail::Placed;
+using detail::shape_text;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------
+// Element conversions.
+float from_f16(std::uint16_t h) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    std::uint32_t bits;
+    if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+        const float v = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -v : v;
+    }
+    if (exp == 31) bits = sign | 0x7f800000u | (mant << 13);  // infinity, NaN
+    else bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+}
+
+float load(const std::byte* p, Elem e) {
+    if (e == Elem::f32) {
+        float v;
+        std::memcpy(&v, p, 4);
+        return v;
+    }
+    std::uint16_t u;
+    std::memcpy(&u, p, 2);
+    return e == Elem::bf16 ? from_bf16(u) : from_f16(u);
+}
+
+void store(std::byte* p, Elem e, float v) {
+    if (e == Elem::f32) {
+        std::memcpy(p, &v, 4);
+    } else if (e == Elem::bf16) {
+        const std::uint16_t u = to_bf16(v);
+        std::memcpy(p, &u, 2);
+    } else {
+        throw InternalError("weights: no conversion to fp16");
+    }
+}
+
+// n consecutive elements.
+void convert(const std::byte* src, Elem se, std::byte* dst, Elem de, std::size_t n) {
+    if (se == de) {
+        std::memcpy(dst, src, n * elem_bytes(se));
+        return;
+    }
+    const std::size_t sb = elem_bytes(se), db = elem_bytes(de);
+    for (std::size_t i = 0; i < n; ++i) store(dst + i * db, de, load(src + i * sb, se));
+}
+
+// ---------------------------------------------------------------------------
+// Reads queued on the io engine, waited together.
+class Reads {
+public:
+    explicit Reads(io::Engine& engine) : engine_(engine) {}
+    ~Reads() {
+        for (auto t : queued_) try {
+                engine_.wait(t);
+            } catch (...) {  // already failing: the first error is on its way
+            }
+    }
+    void add(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
+        if (queued_.size() >= kMaxQueued) take();
+        queued_.push_back(engine_.read(file, offset, dst));
+    }
+    void wait() {
+        while (!queued_.empty()) take();
+    }
+
+private:
+    static constexpr std::size_t kMaxQueued = 256;
+    void take() {
+        const io::Ticket t = queued_.front();
+        queued_.pop_front();
+        engine_.wait(t);
+    }
+    io::Engine& engine_;
+    std::deque<io::Ticket> queued_;
+};
+
+// Columns [c0, c0 + w) of a model tensor's (rows, cols) matrix, laid out in a
+// flat element space row-major or column-major.
+struct Region {
+    bool row_major = true;
+    std::uint64_t rows = 1, c0 = 0, w = 0;
+    Elem elem = Elem::f32;
+    std::uint64_t index(std::uint64_t r, std::uint64_t k) const {
+        return row_major ? r * w + (k - c0) : (k - c0) * rows + r;
+    }
+};
+
+// A region that can be read: `read` queues elements [first, first + count)
+// of its flat space into dst.
+struct Source : Region {
+    std::function<void(Reads&, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst)> read;
+};
+
+// Rows [r0, r1) x columns [k0, k1) of the model tensor, all inside source s
+// and fitting `scratch`, from s into `out` (dst's elements from `first`).
+void copy_chunk(const Region& dst, std::uint64_t first, std::span<std::byte> out, const Source& s, std::uint64_t r0,
+                std::uint64_t r1, std::uint64_t k0, std::uint64_t k1, std::span<std::byte> scratch, Reads& reads) {
+    const std::size_t eb = elem_bytes(s.elem), ob = elem_bytes(dst.elem);
+    const std::uint64_t cap = scratch.size() / eb;
+    // The chunk in s: `lines` runs of `len` elements, `pitch` apart.
+    const std::uint64_t lines = s.row_major ? r1 - r0 : k1 - k0, len = s.row_major ? k1 - k0 : r1 - r0;
+    const std::uint64_t pitch = s.row_major ? s.w : s.rows, start = s.index(r0, k0);
+    std::uint64_t stride;  // elements from one line to the next in scratch
+    if ((lines - 1) * pitch + len <= cap) {  // one read, the gaps between the lines included
+        stride = pitch;
+        s.read(reads, start, (lines - 1) * pitch + len, scratch);
+    } else {
+        stride = len;
+        for (std::uint64_t i = 0; i < lines; ++i)
+            s.read(reads, start + i * pitch, len, scratch.subspan(i * len * eb, len * eb));
+    }
+    reads.wait();
+    auto at = [&](std::uint64_t i, std::uint64_t j) {  // (r, k) of scratch line i, element j
+        return s.row_major ? std::pair{r0 + i, k0 + j} : std::pair{r0 + j, k0 + i};
+    };
+    if (s.row_major == dst.row_major) {  // the lines are consecutive elements in both
+        for (std::uint64_t i = 0; i < lines; ++i) {
+            const auto [r, k] = at(i, 0);
+            convert(scratch.data() + i * stride * eb, s.elem, out.data() + (dst.index(r, k) - first) * ob, dst.elem, len);
+        }
+        return;
+    }
+    for (std::uint64_t j = 0; j < len; ++j)  // transposed: dst is consecutive along i
+        for (std::uint64_t i = 0; i < lines; ++i) {
+            const auto [r, k] = at(i, j);
+            store(out.data() + (dst.index(r, k) - first) * ob, dst.elem, load(scratch.data() + (i * stride + j) * eb, s.elem));
+        }
+}
+
+// A rectangle inside source s, cut into chunks that fit `scratch`, whole
+// lines of s where a line fits.
+void copy_rect(const Region& dst, std::uint64_t first, std::span<std::byte> out, const Source& s, std::uint64_t r0,
+               std::uint64_t r1, std::uint64_t k0, std::uint64_t k1, std::span<std::byte> scratch, Reads& reads) {
+    const std::uint64_t cap = scratch.size() / elem_bytes(s.elem);
+    if (cap == 0) throw InternalError("weights: no scratch");
+    const std::uint64_t nr = r1 - r0, nk = k1 - k0;
+    if (nr * nk <= cap) return copy_chunk(dst, first, out, s, r0, r1, k0, k1, scratch, reads);
+    if (s.row_major) {  // lines along k
+        if (nk <= cap)
+            for (std::uint64_t a = r0; a < r1; a += cap / nk)
+                copy_chunk(dst, first, out, s, a, std::min(r1, a + cap / nk), k0, k1, scratch, reads);
+        else
+            for (std::uint64_t r = r0; r < r1; ++r)
+                for (std::uint64_t a = k0; a < k1; a += cap)
+                    copy_chunk(dst, first, out, s, r, r + 1, a, std::min(k1, a + cap), scratch, reads);
+    } else {  // lines along r
+        if (nr <= cap)
+            for (std::uint64_t a = k0; a < k1; a += cap / nr)
+                copy_chunk(dst, first, out, s, r0, r1, a, std::min(k1, a + cap / nr), scratch, reads);
+        else
+            for (std::uint64_t k = k0; k < k1; ++k)
+                for (std::uint64_t a = r0; a < r1; a += cap)
+                    copy_chunk(dst, first, out, s, a, std::min(r1, a + cap), k, k + 1, scratch, reads);
+    }
+}
+
+// Elements [first, first + n) of dst, in dst's order, into `out`, from the
+// sources that hold their columns (a tensor's tiles, or the whole tensor).
+void gather(const Region& dst, std::uint64_t first, std::uint64_t n, std::span<std::byte> out,
+            std::span<const Source> sources, std::span<std::byte> scratch, Reads& reads) {
+    const std::uint64_t line = dst.row_major ? dst.w : dst.rows, end = first + n;
+    for (std::uint64_t d = first; d < end;) {
+        // A partial line, or a run of whole ones.
+        const std::uint64_t o = d / line, i = d % line;
+        std::uint64_t lines = 1, j = std::min(line, i + (end - d));
+        if (i == 0 && end - d >= line) {
+            lines = (end - d) / line;
+            j = line;
+        }
+        const std::uint64_t r0 = dst.row_major ? o : i, r1 = dst.row_major ? o + lines : j;
+        const std::uint64_t k0 = dst.c0 + (dst.row_major ? i : o), k1 = dst.c0 + (dst.row_major ? j : o + lines);
+        for (const auto& s : sources) {
+            const std::uint64_t a = std::max(k0, s.c0), b = std::min(k1, s.c0 + s.w);
+            if (a < b) copy_rect(dst, first, out, s, r0, r1, a, b, scratch, reads);
+        }
+        d += lines * (j - i);
+    }
+}
+
+// The model tensor's (rows, cols): a linear weight (in, out), else one row.
+std::pair<std::uint64_t, std::uint64_t> matrix(const Tensor& t) {
+    const std::uint64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+    return {rows, t.numel / rows};
+}
+
+void check_stop(const RunOptions& opts) {
+    if (opts.stop && opts.stop->load()) throw Interrupted("interrupted");
+}
+
+// ---------------------------------------------------------------------------
+// Where the manifest's model tensors are in an llm.c file, after its header
+// is checked against the model.
+std::map<std::string, Placed> llmc_places(const Manifest& m, io::File& file, io::Engine& engine) {
+    const auto h = detail::read_llmc_header(file, engine);
+    const ModelSpec theirs{h.layers, h.channels, h.heads, h.vocab, h.max_seq, ""};
+    const auto mine = tensors(m.spec), file_tensors = tensors(theirs);
+    auto bad = [&](const std::string& why) {
+        return DataError("llm.c checkpoint (" + theirs.to_string() + "): " + why + "; the manifest's model is " +
+                             m.spec.to_string(),
+                         {0, file.path(), {}, -1});
+    };
+    if (h.layers != m.spec.layers)
+        throw bad("num_layers (header[4]) is " + std::to_string(h.layers) + ", the model has " +
+                  std::to_string(m.spec.layers));
+    for (std::size_t i = 0; i < mine.size(); ++i)  // the same names, in the same order
+        if (mine[i].shape != file_tensors[i].shape)
+            throw bad("tensor " + mine[i].name + " has shape " + shape_text(file_tensors[i].shape) +
+                      " in the file (as zinf keeps it), " + shape_text(mine[i].shape) + " in the model");
+    if (h.heads != m.spec.heads)
+        throw bad("num_heads (header[5]) is " + std::to_string(h.heads) + ", the model has " +
+                  std::to_string(m.spec.heads));
+    std::map<std::string, Placed> out;
+    for (auto& p : detail::llmc_places(h)) out.emplace(p.key, std::move(p));
+    return out;
+}
+
+bool is_attention_mask(const std::string& name) {  // h.<l>.attn.bias, h.<l>.attn.masked_bias: buffers, not weights
+    if (!name.starts_with("h.")) return false;
+    std::size_t i = 2;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+    const std::string rest = name.substr(i);
+    return i > 2 && (rest == ".attn.bias" || rest == ".attn.masked_bias");
+}
+
+// Where the manifest's model tensors are in a safetensors file with Hugging
+// Face GPT-2 names, after every tensor is checked against the model.
+std::map<std::string, Placed> safetensors_places(const Manifest& m, io::File& file, io::Engine& engine) {
+    const auto f = detail::read_safetensors(file, engine);
+    const auto keys = tensors(m.spec);
+    std::map<std::string, const Tensor*> by_name;
+    for (const auto& t : keys) by_name[t.name] = &t;
+    auto bad = [&](const std::string& why, std::optional<std::uint64_t> at = {}) {
+        return DataError(why, {0, file.path(), at, -1});
+    };
+    // The file's tensors by model name, the prefix taken off.
+    std::map<std::string, const detail::StTensor*> named;
+    for (const auto& st : f.tensors) {
+        const std::string name = st.name.starts_with("transformer.") ? st.name.substr(12) : st.name;
+        if (name == "lm_head.weight") {
+            log::info(file.path() + ": " + st.name + " left out: zinf's output projection is wte.weight (tied)");
+            continue;
+        }
+        if (is_attention_mask(name)) continue;
+        if (!named.emplace(name, &st).second)
+            throw bad("tensors '" + named.at(name)->name + "' and '" + st.name + "' are both the model's " + name);
+    }
+    // In the model's order, so that the first tensor named is the first that differs.
+    std::map<std::string, Placed> out;
+    for (const auto& t : keys) {
+        auto it = named.find(t.name);
+        if (it == named.end())
+            throw bad("no tensor '" + t.name + "' (nor 'transformer." + t.name + "') for the manifest's model (" +
+                      m.spec.to_string() + ")");
+        const detail::StTensor& st = *it->second;
+        if (st.shape != t.shape)
+            throw bad("tensor '" + st.name + "' has shape " + shape_text(st.shape) + ", the manifest's model (" +
+                          m.spec.to_string() + ") has " + shape_text(t.shape),
+                      f.data_start + st.begin);
+        Placed p;
+        if (!detail::st_elem(st.dtype, p.elem))
+            throw bad("tensor '" + st.name + "' is " + st.dtype + "; import converts F32, F16 and BF16",
+                      f.data_start + st.begin);
+        p.key = t.name;
+        p.what = st.name;
+        p.offset = f.data_start + st.begin;
+        p.row_major = true;  // Conv1D (in, out), as zinf keeps it
+        out.emplace(t.name, std::move(p));
+    }
+    for (const auto& [name, st] : named)
+        if (!by_name.count(name))
+            throw bad("tensor '" + st->name + "' " + shape_text(st->shape) + " has no place in the manifest's model (" +
+                      m.spec.to_string() + ")");
+    return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+const char* weight_format_name(WeightFormat f) { return f == WeightFormat::llmc ? "llmc" : "safetensors"; }
+
+WeightFormat parse_weight_format(std::string_view s) {
+    if (s == "safetensors") return WeightFormat::safetensors;
+    if (s == "llmc") return WeightFormat::llmc;
+    throw UsageError("format '" + std::string(s) + "': expected safetensors or llmc");
+}
+
+WeightFormat detect_weight_format(const std::string& path) {
+    Fd fd = Fd::open(path, O_RDONLY);
+    std::int32_t magic = 0;
+    const ssize_t n = ::pread(fd.get(), &magic, 4, 0);
+    if (n < 0) throw_errno("pread", errno, path, 0);
+    return n == 4 && magic == kLlmcMagic ? WeightFormat::llmc : WeightFormat::safetensors;
+}
+
+Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
+                       mem::PinnedPool& pool, const RunOptions& opts) {
+    io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
+    const auto places = detect_weight_format(from) == WeightFormat::llmc ? llmc_places(m, file, engine)
+                                                                          : safetensors_places(m, file, engine);
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> matrices;  // by model tensor
+    for (const auto& t : tensors(m.spec)) matrices[t.name] = matrix(t);
+
+    ValueSource values;
+    values.scratch = true;
+    values.fill = [&](const Tensor& t, std::uint64_t first, std::span<float> out, std::span<std::byte> scratch) {
+        const std::uint64_t n = first < t.numel ? std::min<std::uint64_t>(out.size(), t.numel - first) : 0;
+        std::fill(out.begin() + static_cast<std::ptrdiff_t>(n), out.end(), 0.0f);  // padding
+        if (n == 0) return;
+        const Placed& p = places.at(t.key);
+        const auto [rows, cols] = matrices.at(t.key);
+        const Region dst{true, rows, t.col0, t.numel / rows, Elem::f32};  // the tile, or the whole tensor
+        Source src;
+        src.row_major = p.row_major;
+        src.rows = rows;
+        src.w = cols;
+        src.elem = p.elem;
+        src.read = [&file, at = p.offset, eb = elem_bytes(p.elem)](Reads& r, std::uint64_t e, std::uint64_t count,
+                                                                     std::span<std::byte> to) {
+            r.add(file, at + e * eb, to.first(count * eb));
+        };
+        Reads reads(engine);
+        gather(dst, first, n, std::as_writable_bytes(out.first(n)), std::span(&src, 1), scratch, reads);
+    };
+    return init(m, dir, engine, pool, opts, values);
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+// One model tensor of the output: where it goes and how it is laid out there.
+struct Out {
+    std::size_t key = 0;  // into tensors(spec)
+    std::uint64_t offset = 0;
+    bool row_major = true;
+    Elem elem = Elem::f32;
+};
+
+// The partitions of one state, by tensor and rank, read at any element.
+class StateReader {
+public:
+    StateReader(const Manifest& m, const std::string& state) : m_(m), parts_(m.tensors.size()) {
+        for (const auto& p : m.parts)
+            if (p.state == state) parts_[p.tensor].push_back(&p);
+        for (auto& v : parts_) {
+            std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
+            if (v.size() != m.opts.dp) throw InternalError("export: a tensor without a partition per rank");
+        }
+    }
+    // Elements [first, first + count) of tensor `t` into dst, across its partitions.
+    void read(Reads& r, std::size_t t, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst) {
+        const std::uint64_t per = m_.elements_per_rank(m_.tensors[t]);
+        while (count > 0) {
+            const Partition& p = *parts_[t].at(first / per);
+            if (first < p.first || first >= p.last) throw InternalError("export: element outside its partition");
+            const std::uint64_t n = std::min(count, p.last - first), eb = dtype_bytes(p.dtype);
+            r.add(file(p), p.offset + (first - p.first) * eb, dst.first(n * eb));
+            dst = dst.subspan(n * eb);
+            first += n;
+            count -= n;
+        }
+    }
+
+private:
+    io::File& file(const Partition& p) {
+        auto it = files_.find(p.file);
+        if (it == files_.end())
+            it = files_.emplace(p.file, io::File::open(m_.path_of(p), {.direct = io::Direct::buffered})).first;
+        return it->second;
+    }
+    const Manifest& m_;
+    std::vector<std::vector<const Partition*>> parts_;
+    std::map<std::string, io::File> files_;
+};
+
+}  // namespace
+
+ExportResult export_weights(const Manifest& m, const std::string& to, WeightFormat format, io::Engine& engine,
+                            mem::PinnedPool& pool, const RunOptions& opts) {
+    if (m.dir.empty() || !m.initialised())
+        throw UsageError("the manifest has no committed state (no data directory, or partitions without an xxh3): "
+                         "export reads what init, import or zinf-train committed");
+    ExportResult res;
+    res.state = std::find(m.states.begin(), m.states.end(), "master") != m.states.end() ? "master" : "param";
+    const Elem se = state_dtype(m.opts, res.state) == DType::fp32 ? Elem::f32 : Elem::bf16;
+    {  // Every partition to be read, against its xxh3, before a byte is written.
+        Manifest mine = m;
+        mine.parts.clear();
+        for (const auto& p : m.parts)
+            if (p.state == res.state) mine.parts.push_back(p);
+        RunOptions vo;
+        vo.jobs = opts.jobs;
+        vo.stop = opts.stop;
+        verify(mine, engine, pool, vo);
+    }
+    const auto keys = tensors(m.spec);
+    std::map<std::string, std::vector<std::size_t>> tiles;  // model tensor -> its tensors in the manifest
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) tiles[m.tensors[i].key].push_back(i);
+
+    // The layout of the output.
+    std::vector<std::byte> head;
+    std::vector<Out> outs;
+    std::uint64_t pad_at = 0, pad_bytes = 0;  // llm.c's padded vocabulary rows
+    if (format == WeightFormat::safetensors) {
+        std::vector<detail::StTensor> st;
+        std::uint64_t at = 0;
+        for (const auto& k : keys) {
+            const std::uint64_t bytes = k.numel * elem_bytes(se);
+            st.push_back({k.name, detail::st_dtype(se), k.shape, at, at + bytes});
+            at += bytes;
+        }
+        const json::Json meta = {{"format", "pt"}, {"zinf_model", m.spec.to_string()}, {"zinf_state", res.state}};
+        const std::string h = detail::safetensors_header(st, meta);
+        head.resize(h.size());
+        std::memcpy(head.data(), h.data(), h.size());
+        for (std::size_t i = 0; i < keys.size(); ++i) outs.push_back({i, head.size() + st[i].begin, true, se});
+        res.bytes = head.size() + at;
+        res.tensors = keys.size();
+    } else {
+        detail::LlmcHeader h;
+        h.version = detail::kLlmcVersionFp32;
+        h.max_seq = m.spec.seq;
+        h.vocab = m.spec.vocab;
+        h.layers = m.spec.layers;
+        h.heads = m.spec.heads;
+        h.channels = m.spec.hidden;
+        h.padded_vocab = align_up(m.spec.vocab, 128);  // llm.c's own padding
+        if (h.padded_vocab > INT32_MAX || h.max_seq > INT32_MAX || h.layers > INT32_MAX || h.heads > INT32_MAX)
+            throw UsageError("the model " + m.spec.to_string() + " does not fit llm.c's int32 header");
+        head = detail::llmc_header_bytes(h);
+        const auto places = detail::llmc_places(h);
+        for (std::size_t i = 0; i < keys.size(); ++i) outs.push_back({i, places[i].offset, places[i].row_major, Elem::f32});
+        pad_at = places[0].offset + keys[0].numel * 4;
+        pad_bytes = (h.padded_vocab - h.vocab) * h.channels * 4;
+        res.bytes = detail::kLlmcHeaderBytes + h.parameters() * 4;
+        res.tensors = keys.size();
+    }
+
+    // Written under a temporary name beside `to`, then renamed over it.
+    const std::string tmp = to + ".tmp." + std::to_string(::getpid());
+    try {
+        io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+        file.preallocate(res.bytes);
+        mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
+        mem::Lease scratch = pool.lease("zinf-shard export scratch");
+        StateReader state(m, res.state);
+        Reads reads(engine);
+        stream.write(file, 0, head);
+        for (const auto& o : outs) {
+            const Tensor& k = keys[o.key];
+            const auto [rows, cols] = matrix(k);
+            const Region dst{o.row_major, rows, 0, cols, o.elem};
+            std::vector<Source> sources;
+            for (std::size_t ti : tiles.at(k.name)) {
+                const Tensor& t = m.tensors[ti];
+                Source s;
+                s.row_major = true;
+                s.rows = rows;
+                s.c0 = t.col0;
+                s.w = t.numel / rows;
+                s.elem = se;
+                s.read = [&state, ti](Reads& r, std::uint64_t e, std::uint64_t count, std::span<std::byte> into) {
+                    state.read(r, ti, e, count, into);
+                };
+                sources.push_back(std::move(s));
+            }
+            const std::size_t eb = elem_bytes(o.elem);
+            stream.write(file, o.offset, k.numel * eb, [&](std::uint64_t at, std::span<std::byte> piece) {
+                check_stop(opts);
+                if (at % eb || piece.size() % eb) throw InternalError("export: a piece that splits an element");
+                gather(dst, at / eb, piece.size() / eb, piece, sources, scratch.bytes(), reads);
+            });
+        }
+        if (pad_bytes)
+            stream.write(file, pad_at, pad_bytes, [](std::uint64_t, std::span<std::byte> piece) {
+                std::memset(piece.data(), 0, piece.size());
+            });
+        engine.sync(file);
+        file.close();
+        if (::rename(tmp.c_str(), to.c_str()) != 0) throw_errno("rename", errno, to, {}, true);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    fsync_dir(fs::path(to).parent_path().string());
+    return res;
+}
+
+}  // namespace zinf::shard
