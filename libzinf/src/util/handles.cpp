@@ -147,7 +147,7 @@ Fd open_input(const std::string& path, Input kind) {
         set_blocking(fd, path);
         return fd;
     }
-    if (S_ISDIR(st.st_mode)) throw DataError("is a folder, not a file", {0, path, {}, -1});
+    if (S_ISDIR(st.st_mode)) throw DataError("is a folder, not a regular file", {0, path, {}, -1});
     if (kind == Input::regular || !(S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISSOCK(st.st_mode)))
         throw DataError(std::string("is ") + kind_of(st.st_mode) + ", not a regular file; give a file", {0, path, {}, -1});
     // A stream: wait until its writer has written something or gone.
