@@ -140,6 +140,22 @@ else
   skip "init --force under injected rename failures" "needs strace with syscall fault injection"
 fi
 
+# Under mpirun each process places its files beside the old state, process 0
+# commits; the names are the same for every process.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  zs layout --model "$M2" --dp 3 >"$W/mp.jsonl"
+  mpirun -np 2 "$SH" init "${POOL[@]}" --dir "$W/mp" <"$W/mp.jsonl" >/dev/null 2>&1
+  run bash -c 'mpirun -np 2 "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$2" --force <"$3"' _ "$SH" "$W/mp" "$W/l7.jsonl"
+  expect_rc 0 "mpirun -np 2 init --force (dp 1 over dp 3) beside the old state"
+  check "…it verifies, and every file under the folder is one the new manifest names" bash -c '
+    "$4" verify $3 -m "$1/manifest.jsonl" >/dev/null 2>&1 && cd "$1" &&
+    diff <(find . -type f ! -name manifest.jsonl | sed "s|^\./||" | sort) \
+      <(jq -r "select(has(\"file\")) | .file" manifest.jsonl | sort -u)' _ "$W/mp" x "${POOL[*]}" "$SH"
+else
+  skip "init --force under mpirun" "no mpirun"
+fi
+
 # --- 4. negative counts are refused, in every program -------------------------
 fresh neg --model "$MT" --param-dtype fp32
 for opt in --steps --warmup --eval-every --checkpoint-every --seed --threads --batch; do
