@@ -158,8 +158,12 @@ fi
 
 # --- 4. negative counts are refused, in every program -------------------------
 fresh neg --model "$MT" --param-dtype fp32
-for opt in --steps --warmup --eval-every --checkpoint-every --seed --threads --batch; do
-  run "$TR" --manifest "$W/neg/manifest.jsonl" --text "$W/corpus.txt" --steps 2 "$opt" -1
+# Each run would train (for ever, for --steps) if the value were taken.
+for opt in --steps --warmup --eval-every --checkpoint-every --seed --threads; do
+  steps=(--steps 2)
+  [[ $opt == --steps ]] && steps=()
+  run timeout 60 "$TR" --manifest "$W/neg/manifest.jsonl" --text "$W/corpus.txt" --batch 2 --seq 16 "${POOL[@]}" \
+    "${steps[@]}" "$opt" -1
   expect_rc 64 "zinf-train $opt -1 exits 64"
   check "…naming the option" contains "$err" "$opt"
 done
