@@ -60,13 +60,12 @@ std::uint64_t nvme_capacity(const std::string& text, std::string& source) {
 
 // Every JSON line of a bench file ('-': stdin); '#' lines and blank lines skipped.
 void read_bench_file(const std::string& name, plan::Hardware& h) {
-    std::ifstream file;
+    std::unique_ptr<std::istream> file;
     std::istream* in = &std::cin;
     const std::string label = name == "-" ? "<stdin>" : name;
     if (name != "-") {
-        file.open(name);
-        if (!file) throw_errno("open", errno, name);
-        in = &file;
+        file = input_stream(name);  // a FIFO (--bench <(zinf-nvmebench --json)) too
+        in = file.get();
     }
     std::string line;
     std::size_t n = 0, used = 0;

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 #include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace zinf;
@@ -83,6 +84,9 @@ std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
         std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         unsigned a = 0, b = 0;
         char dash = 0;
+        // sscanf's %u takes "-1" as 4294967295: digits only.
+        if (item.empty() || item.find_first_not_of("0123456789-") != std::string::npos || item.front() == '-')
+            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
         int n = std::sscanf(item.c_str(), "%u%c%u", &a, &dash, &b);
         if (n == 1) b = a;
         else if (n != 3 || dash != '-' || b < a)
@@ -137,19 +141,43 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     if (std::rename(tmp.c_str(), o.stats.c_str()) != 0) throw_errno("rename", errno, o.stats, {}, true);
 }
 
-// Writers, once every file is complete: retire the old manifest, move the
-// new files into place, commit with the new manifest, then report and print it.
+// The manifest's identity on disk, to tell after a failed save whether its
+// rename happened (then the new state is committed and must be kept).
+std::pair<dev_t, ino_t> identity(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return {0, 0};
+    return {st.st_dev, st.st_ino};
+}
+
+// Commits `m` over whatever manifest `path` holds. The files are in place
+// under names the old manifest does not name (place_beside), so the old
+// state is whole until the rename inside save_manifest replaces it: a
+// failure or a kill before that leaves it committed, and what was placed
+// goes. After it, the old state's files go.
+void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
+    const auto before = identity(path);
+    try {
+        save_manifest(m, path);
+    } catch (...) {
+        if (identity(path) == before) w.unplace();
+        throw;
+    }
+    w.retire();
+}
+
+// Writers, once every file is complete: move the new files into place
+// beside the old state, commit the new manifest over the old, then report
+// and print it.
 void commit(const Options& o, const std::string& op, const std::string& what, Written& w, const Manifest& m,
             const Timer& t, const mem::PinnedPool& pool) {
     const std::string path = m.dir + "/manifest.jsonl";
     try {
-        ::unlink(path.c_str());
         w.commit();
-        save_manifest(m, path);
     } catch (...) {
         w.discard();
         throw;
     }
+    commit_manifest(w, m, path);
     summary(o, op, what, m.total_bytes(), t.seconds(), pool);
     emit(m);
 }
@@ -201,6 +229,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     if (lead) try {
             Manifest m = read_input(o);
             check_target(o.dir, o.force);
+            (void)place_beside(m, o.dir);  // the names beside an old state, the same for every process
             std::ostringstream s;
             write_manifest(s, m);
             text = s.str();
@@ -256,19 +285,25 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     for (unsigned q = 1; q < procs; ++q) next[q] = next[q - 1] + counts[q - 1];
     for (auto& p : m.parts) p.xxh3 = static_cast<std::uint64_t>(all[next[owner(p)]++]);
 
-    // Commit: the old manifest goes first, then every process's files.
-    // (Process 0 holds rank 0, so its init set m.dir.)
+    // Commit: every process's files go into place beside the old state
+    // (names its manifest does not use, place_beside), then process 0
+    // commits the manifest over the old one. (Process 0 holds rank 0, so its
+    // init set m.dir.)
     const std::string path = m.dir + "/manifest.jsonl";
-    if (lead) ::unlink(path.c_str());
-    c.barrier();
     try {
         w.commit();
     } catch (...) {
         failed = std::current_exception();
     }
-    agree(c, failed, &w, "the directory has no manifest, so nothing in it is trusted; run init again");
+    try {
+        comm::agree(c, failed, "nothing was committed; the directory's manifest is the one before");
+    } catch (...) {
+        w.unplace();
+        w.discard();
+        throw;
+    }
     if (!lead) return 0;
-    save_manifest(m, path);
+    commit_manifest(w, m, path);
     char line[160];
     std::snprintf(line, sizeof line, "wrote %s with %u processes in %.3f s (%.3f GiB/s)",
                   format_size(m.total_bytes()).c_str(), procs, t.seconds(),

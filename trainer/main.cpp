@@ -164,6 +164,10 @@ int run(Options& o) {
         m = shard::read_manifest_file(committed);
         copy_of = o.manifest;
     }
+    // The engine and the optimizer open these files later: none may lead
+    // outside the data directory (a rank folder that is a link elsewhere
+    // would have every checkpoint written there).
+    shard::check_paths(m);
 
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sys/stat.h>
 #include <vector>
 
 using namespace zinf;
@@ -192,6 +193,15 @@ BOOST_AUTO_TEST_CASE(missing_file) {
     // A folder is no token file.
     const std::string w = testing::what_of<DataError>([&] { Tokens::open(dir.path.string()); }, "folder");
     BOOST_TEST(testing::contains(w, "not a regular file"));
+    // Nor is a FIFO: refused at once, where opening it would wait for a
+    // writer that never comes (and past SIGTERM).
+    const std::string fifo = dir.file("fifo");
+    BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    for (bool text : {false, true}) {
+        const std::string f = testing::what_of<DataError>(
+            [&] { text ? Tokens::text(fifo) : Tokens::open(fifo); }, text ? "text fifo" : "tokens fifo");
+        BOOST_TEST(testing::contains(f, "FIFO"), f);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(text_tokens_are_the_bytes) {

@@ -143,7 +143,7 @@ void injected_eio(const std::string& engine) {
     BOOST_TEST(std::memcmp(out.data(), buf.data(), out.size()) == 0);
     f.inject_fault({Op::write, 1, ENOSPC});
     BOOST_CHECK_EXCEPTION(eng.wait(eng.write(f, 0, buf.bytes())), IoError,
-                          [](const IoError& e) { return e.err() == ENOSPC && e.exit_code() == 74; });
+                          [](const IoError& e) { return e.err() == ENOSPC && e.exit_code() == 73; });
 }
 
 // A short transfer is finished by the engine: the data is whole and the

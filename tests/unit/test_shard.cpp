@@ -430,6 +430,12 @@ BOOST_AUTO_TEST_CASE(bad_layout_options_and_lookups) {
         BOOST_TEST(contains(what_of<UsageError>([&] { (void)layout(s, {.alignment = a}); }, "align"),
                             "--align " + std::to_string(a)));
     BOOST_TEST(contains(what_of<UsageError>([&] { (void)layout(s, {.tile = 0}); }, "tile 0"), "--tile 0"));
+    // A dp inside --dp's range that makes more records than a manifest
+    // holds: a usage error before anything is allocated, not bad_alloc.
+    const std::string many = what_of<UsageError>(
+        [] { (void)layout(ModelSpec::parse("gpt2-124m"), {.dp = 1u << 20}); }, "gpt2-124m dp 2^20");
+    BOOST_TEST(contains(many, "148 tensors x 1048576 ranks x 4 states"), many);
+    BOOST_TEST(contains(many, "at most dp 453438"), many);
     const Manifest m = layout(s, {.dp = 2, .tile = 2});
     BOOST_TEST(m.find_tensor("h.1.mlp.c_fc.weight.tile1") == 2u + 16 + 11);  // 16 tensors a layer with tile 2
     const std::string msg = what_of<DataError>([&] { (void)m.find_tensor("h.1.mlp.c_fc.weight"); }, "find");
@@ -678,6 +684,17 @@ BOOST_AUTO_TEST_CASE(malformed_manifests_are_data_errors_naming_the_line) {
         says(read_error(base.edit(wpe, [](json::Json& r) { r["offset"] = 4096; }).str(), "overlap"),
              {"line " + std::to_string(wpe) + ": bytes [4096, 5120) of rank0/param.bin overlap line " +
               std::to_string(wte) + "'s [0, 6208)"});
+        // The same overlap with the file spelled another way: paths are
+        // compared in their normal form, so it is caught all the same.
+        for (const char* spelling : {"rank0//param.bin", "./rank0/param.bin", "rank0/./param.bin"})
+            says(read_error(base.edit(wpe, [&](json::Json& r) {
+                                    r["offset"] = 4096;
+                                    r["file"] = spelling;
+                                }).str(),
+                            spelling),
+                 {"line " + std::to_string(wpe) + ": bytes [4096, 5120) of rank0/param.bin overlap"});
+        const Manifest n = read_text(base.edit(wpe, [](json::Json& r) { r["file"] = "rank0//param.bin"; }).str());
+        BOOST_TEST(n.parts[wpe - 2].file == "rank0/param.bin");
     }
     {  // an offset not aligned
         says(read_error(base.edit(12, [](json::Json& r) { r["offset"] = r["offset"].get<std::uint64_t>() + 100; })
@@ -1016,7 +1033,7 @@ std::vector<std::byte> cat_bytes(const Manifest& m, std::size_t t, const std::st
 std::vector<std::string> temporaries(const std::string& dir) {
     std::vector<std::string> out;
     for (const auto& e : fs::recursive_directory_iterator(dir))
-        if (e.path().string().ends_with(".zinf-tmp")) out.push_back(e.path().string());
+        if (e.path().filename().string().find(".zinf-tmp") != std::string::npos) out.push_back(e.path().string());
     return out;
 }
 
@@ -1084,7 +1101,9 @@ BOOST_AUTO_TEST_CASE(init_commit_verify_cat_for_dp_1_2_3) {
             BOOST_TEST(w.temps.size() == m.files().size());
             BOOST_TEST(w.finals.size() == w.temps.size());
             for (std::size_t i = 0; i < w.temps.size(); ++i) {
-                BOOST_TEST(w.temps[i] == w.finals[i] + ".zinf-tmp");
+                // "<final>.zinf-tmp.<16 hex digits>": unpredictable, so nothing can be planted there.
+                BOOST_TEST(w.temps[i].starts_with(w.finals[i] + ".zinf-tmp."));
+                BOOST_TEST(w.temps[i].size() == w.finals[i].size() + 10 + 16);
                 BOOST_TEST(fs::exists(w.temps[i]));
                 BOOST_TEST(!fs::exists(w.finals[i]));
             }
@@ -1346,20 +1365,77 @@ BOOST_AUTO_TEST_CASE(a_failed_write_leaves_the_directory_as_it_was) {
             BOOST_TEST(contains(e.what(), ".zinf-tmp"), e.what());
         }
     }
-    {  // out of space while writing: an IoError too (74), not a CreateError
+    {  // out of space while writing: an IoError, 73 as no space is everywhere (zinf(7))
         EnvVar faults("ZINF_FAULTS", "write:3:ENOSPC");
         try {
             init(again, dir.path.string(), rig.engine, rig.pool, {}).commit();
             BOOST_ERROR("init passed over ENOSPC");
         } catch (const IoError& e) {
             BOOST_TEST(e.err() == ENOSPC);
-            BOOST_TEST(e.exit_code() == 74);
+            BOOST_TEST(e.exit_code() == 73);
         }
     }
     BOOST_TEST(temporaries(dir.path.string()).empty());
     BOOST_TEST(again.dir.empty());
     for (const auto& f : m.files()) BOOST_TEST(xxh3(slurp(m.dir + "/" + f)) == before[f], f);
     BOOST_TEST(verify(m, rig.engine, rig.pool, {}).partitions == m.parts.size());
+}
+
+// init --force over a committed state: every file under the name the old
+// manifest does not use, so the old state is whole until the new manifest
+// replaces it; then its files go.
+BOOST_AUTO_TEST_CASE(init_over_a_committed_state_writes_beside_it) {
+    Rig rig;
+    TempDir dir;
+    const std::string d = dir.path.string(), path = d + "/manifest.jsonl";
+    const std::uint64_t s = seed("beside");
+    const Manifest old = make(rig, d, {.dp = 2, .seed = s});
+    save_manifest(old, path);
+    std::map<std::string, std::uint64_t> before;
+    for (const auto& f : old.files()) before[f] = xxh3(slurp(d + "/" + f));
+
+    Manifest next = layout(ModelSpec::parse(kDiskModel), {.dp = 2, .seed = s + 1});
+    Written w = init(next, d, rig.engine, rig.pool, {});
+    for (const auto& f : next.files()) BOOST_TEST(f.ends_with(".alt.bin"), f);
+    BOOST_TEST(w.superseded.size() == old.files().size());
+    w.commit();
+    // Every file in place, the old manifest still the commit: it verifies.
+    for (const auto& f : old.files()) BOOST_TEST(xxh3(slurp(d + "/" + f)) == before[f], f);
+    BOOST_TEST(verify(read_manifest_file(path), rig.engine, rig.pool, {}).partitions == old.parts.size());
+    save_manifest(next, path);
+    w.retire();
+    for (const auto& f : old.files()) BOOST_TEST(!fs::exists(d + "/" + f), f);
+    check_files(read_manifest_file(path));
+
+    // And back: the next init over it takes the .bin names again.
+    Manifest third = layout(ModelSpec::parse(kDiskModel), {.dp = 2, .seed = s + 2});
+    Written w3 = init(third, d, rig.engine, rig.pool, {});
+    for (const auto& f : third.files()) BOOST_TEST(!f.ends_with(".alt.bin"), f);
+    w3.commit();
+    w3.unplace();  // as when the manifest could not be committed
+    for (const auto& f : third.files()) BOOST_TEST(!fs::exists(d + "/" + f), f);
+    BOOST_TEST(verify(read_manifest_file(path), rig.engine, rig.pool, {}).partitions == next.parts.size());
+}
+
+// A rank folder that is a link leading outside: refused before anything
+// is written there (init) or read (verify, check_paths).
+BOOST_AUTO_TEST_CASE(a_rank_folder_leading_outside_is_refused) {
+    Rig rig;
+    TempDir dir, outside;
+    const std::string d = dir.path.string();
+    const Manifest m = make(rig, d, {.dp = 2, .seed = seed("outside")});
+    fs::rename(d + "/rank1", outside.file("rank1"));
+    fs::create_directory_symlink(outside.file("rank1"), d + "/rank1");
+    const std::string msg = what_of<DataError>([&] { check_paths(m); }, "check_paths");
+    BOOST_TEST(contains(msg, "rank1"), msg);
+    BOOST_TEST(contains(msg, "outside the data directory"), msg);
+    BOOST_TEST(!what_of<DataError>([&] { (void)verify(m, rig.engine, rig.pool, {}); }, "verify").empty());
+    fs::remove(d + "/rank1");
+    fs::create_directory_symlink(outside.path, d + "/rank1");
+    Manifest again = layout(ModelSpec::parse(kDiskModel), {.dp = 2});
+    BOOST_TEST(!what_of<DataError>([&] { (void)init(again, d, rig.engine, rig.pool, {}); }, "init").empty());
+    // Nothing made outside: it holds the moved folder alone.
+    BOOST_TEST(std::distance(fs::directory_iterator(outside.path), fs::directory_iterator()) == 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_disk_too_small_fails_before_writing, *utf::precondition(CanMount{"tmpfs", "size=1m"})) {

@@ -4,16 +4,28 @@
 
 #include "testing.hpp"
 
+#include <zinf/cli.hpp>
 #include <zinf/util.hpp>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <fcntl.h>
+#include <filesystem>
 #include <random>
 #include <sstream>
+#include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 using namespace zinf;
+
+namespace {
+bool fs_exists(const std::string& p) {
+    struct stat st {};
+    return ::lstat(p.c_str(), &st) == 0;
+}
+}  // namespace
 
 BOOST_AUTO_TEST_SUITE(sizes)
 
@@ -121,6 +133,19 @@ BOOST_AUTO_TEST_CASE(kinds_map_to_exit_codes) {
     BOOST_TEST(ThresholdError("x").exit_code() == 75);
 }
 
+// zinf(7)'s one rule: no space, no quota and a read-only file system are
+// 73 whatever call met them; every other failed read or write is 74.
+BOOST_AUTO_TEST_CASE(no_space_is_73_whatever_the_call) {
+    for (int err : {ENOSPC, EDQUOT, EROFS}) {
+        BOOST_TEST(IoError("write failed", {err, "/x", 4096, -1}).exit_code() == 73, err);
+        BOOST_CHECK_EXCEPTION(throw_errno("pwrite", err, "/x", 0), Error,
+                              [](const Error& e) { return e.exit_code() == 73; });
+        BOOST_CHECK_EXCEPTION(throw_errno("open", err, "/x", {}, true), Error,
+                              [](const Error& e) { return e.exit_code() == 73; });
+    }
+    BOOST_TEST(IoError("write failed", {EIO, "/x", 0, -1}).exit_code() == 74);
+}
+
 BOOST_AUTO_TEST_CASE(throw_errno_picks_the_kind) {
     BOOST_CHECK_THROW(throw_errno("open", ENOENT, "/nope"), MissingInputError);
     BOOST_CHECK_THROW(throw_errno("open", EEXIST, "/x", {}, true), CreateError);
@@ -147,6 +172,152 @@ BOOST_AUTO_TEST_CASE(fd_open_errors) {
     moved.close(tmpl);
     BOOST_TEST(!moved);
     ::unlink(tmpl);
+}
+
+// Every program's unsigned options refuse a negative value (strtoull would
+// wrap "-1" to 2^64-1) and its floating-point ones NaN and infinity, in
+// subcommands too; a std::bad_alloc is out of memory (64), not a bug (70).
+BOOST_AUTO_TEST_CASE(cli_refuses_negative_counts_and_non_finite_numbers) {
+    auto run_with = [](std::vector<std::string> args, std::uint64_t* got = nullptr) {
+        CLI::App app{"test"};
+        cli::Common common;
+        cli::add_common(app, common);
+        std::uint64_t steps = 7;
+        unsigned jobs = 1;
+        double gibps = 0;
+        app.add_option("--steps", steps);
+        auto* sub = app.add_subcommand("sub");
+        sub->add_option("--jobs", jobs);
+        sub->add_option("--min-gibps", gibps);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        int rc = 0;
+        (void)testing::capture_stderr([&] {
+            rc = cli::run(app, static_cast<int>(argv.size()), argv.data(), "zinf-test", common, [&] { return 0; });
+        });
+        if (got) *got = steps;
+        return rc;
+    };
+    std::uint64_t steps = 0;
+    BOOST_TEST(run_with({"p", "--steps", "5"}, &steps) == 0);
+    BOOST_TEST(steps == 5u);
+    BOOST_TEST(run_with({"p", "--steps", "-1"}) == 64);
+    BOOST_TEST(run_with({"p", "--steps=-1"}) == 64);
+    BOOST_TEST(run_with({"p", "--steps", " -5"}) == 64);
+    BOOST_TEST(run_with({"p", "sub", "--jobs", "-1"}) == 64);
+    BOOST_TEST(run_with({"p", "sub", "--min-gibps", "nan"}) == 64);
+    BOOST_TEST(run_with({"p", "sub", "--min-gibps", "inf"}) == 64);
+    BOOST_TEST(run_with({"p", "sub", "--min-gibps", "-1.5"}) == 0);  // a negative float is the check's business
+    CLI::App app{"test"};
+    cli::Common common;
+    char prog[] = "p";
+    char* argv[] = {prog};
+    int rc = 0;
+    const std::string err = testing::capture_stderr([&] {
+        rc = cli::run(app, 1, argv, "zinf-test", common, []() -> int { throw std::bad_alloc(); });
+    });
+    BOOST_TEST(rc == 64);
+    BOOST_TEST(err.find("out of memory") != std::string::npos, err);
+    BOOST_TEST(err.find("internal error") == std::string::npos, err);
+}
+
+BOOST_AUTO_TEST_CASE(temp_names_are_unpredictable) {
+    const std::string a = temp_name("/d/manifest.jsonl", ".tmp."), b = temp_name("/d/manifest.jsonl", ".tmp.");
+    BOOST_TEST(a.starts_with("/d/manifest.jsonl.tmp."));
+    BOOST_TEST(a.size() == std::string("/d/manifest.jsonl.tmp.").size() + 16);
+    BOOST_TEST(a != b);
+    BOOST_TEST(a.find(std::to_string(::getpid())) == std::string::npos);
+}
+
+// Nothing is written through a link planted in the data directory, and a
+// link that leads outside it is refused (65) whether read or written.
+BOOST_AUTO_TEST_CASE(open_beneath_refuses_links_leading_outside) {
+    testing::TempDir root, outside;
+    const std::string d = root.path.string();
+    ::mkdir((d + "/rank0").c_str(), 0755);
+    {
+        Fd f = Fd::open(outside.file("victim"), O_WRONLY | O_CREAT, 0644);
+        BOOST_REQUIRE(::write(f.get(), "keep", 4) == 4);
+    }
+    BOOST_REQUIRE(::symlink(outside.file("victim").c_str(), (d + "/rank0/link.bin").c_str()) == 0);
+    BOOST_REQUIRE(::symlink(outside.path.c_str(), (d + "/rank1").c_str()) == 0);
+    BOOST_REQUIRE(::symlink("real.bin", (d + "/rank0/inside.bin").c_str()) == 0);
+    { Fd f = Fd::open(d + "/rank0/real.bin", O_WRONLY | O_CREAT, 0644); }
+
+    auto code = [&](const std::string& rel, int flags) {
+        try {
+            Fd f = open_beneath(d, rel, flags);
+            return 0;
+        } catch (const Error& e) {
+            BOOST_TEST(std::string(e.what()).find(rel) != std::string::npos, e.what());
+            return e.exit_code();
+        }
+    };
+    BOOST_TEST(code("rank0/link.bin", O_RDONLY) == 65);                 // a read leading outside
+    BOOST_TEST(code("rank0/link.bin", O_WRONLY | O_CREAT | O_TRUNC) == 65);  // a write through a link
+    BOOST_TEST(code("rank1/new.bin", O_WRONLY | O_CREAT | O_EXCL) == 65);    // a rank folder leading outside
+    BOOST_TEST(code("rank0/../../x", O_RDONLY) == 65);
+    BOOST_TEST(code("rank0/inside.bin", O_RDONLY) == 0);                // a link inside is followed for reading
+    BOOST_TEST(code("rank0/inside.bin", O_WRONLY) == 65);               // but never written through
+    BOOST_TEST(code("rank0/real.bin", O_RDWR) == 0);
+    BOOST_TEST(code("rank0/missing.bin", O_RDONLY) == 66);
+    BOOST_TEST(!fs_exists(outside.file("new.bin")));
+    Fd v = Fd::open(outside.file("victim"), O_RDONLY);
+    char buf[8] = {};
+    BOOST_TEST(::read(v.get(), buf, sizeof buf) == 4);
+    BOOST_TEST(std::string(buf) == "keep");
+}
+
+// A commit replaces the file, not its mode, and plants nothing predictable.
+BOOST_AUTO_TEST_CASE(write_file_atomic_keeps_the_mode_and_no_link_is_followed) {
+    testing::TempDir dir, outside;
+    const std::string path = dir.file("manifest.jsonl");
+    const std::string text = "one";
+    const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+    write_file_atomic(path, {&piece, 1});
+    BOOST_REQUIRE(::chmod(path.c_str(), 0640) == 0);
+    // The name the old code used: "<path>.tmp.<pid>".
+    const std::string planted = path + ".tmp." + std::to_string(::getpid());
+    BOOST_REQUIRE(::symlink(outside.file("victim").c_str(), planted.c_str()) == 0);
+    write_file_atomic(path, {&piece, 1});
+    struct stat st {};
+    BOOST_REQUIRE(::lstat(path.c_str(), &st) == 0);
+    BOOST_TEST(S_ISREG(st.st_mode));
+    BOOST_TEST((st.st_mode & 07777) == 0640u);
+    BOOST_TEST(!fs_exists(outside.file("victim")));
+}
+
+// A FIFO never blocks open: refused where a file is needed; as a stream,
+// waited on until a signal ends the wait (130).
+BOOST_AUTO_TEST_CASE(open_input_and_fifos) {
+    testing::TempDir dir;
+    const std::string fifo = dir.file("fifo");
+    BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    BOOST_CHECK_EXCEPTION(open_input(fifo, Input::regular), DataError, [](const DataError& e) {
+        return std::string(e.what()).find("FIFO") != std::string::npos;
+    });
+    BOOST_CHECK_EXCEPTION(open_input(dir.path.string(), Input::stream), DataError, [](const DataError& e) {
+        return std::string(e.what()).find("folder") != std::string::npos;
+    });
+    struct sigaction sa {}, old {};
+    sa.sa_handler = [](int) {};
+    sa.sa_flags = SA_RESTART;  // as std::signal installs it: open(2) would restart
+    ::sigaction(SIGALRM, &sa, &old);
+    ::alarm(1);
+    BOOST_CHECK_EXCEPTION(open_input(fifo, Input::stream), Interrupted,
+                          [](const Interrupted& e) { return e.exit_code() == 130; });
+    ::alarm(0);
+    ::sigaction(SIGALRM, &old, nullptr);
+    // With a writer that has written, the stream reads what it wrote.
+    std::thread writer([&] {
+        Fd w = Fd::open(fifo, O_WRONLY);
+        BOOST_REQUIRE(::write(w.get(), "line\n", 5) == 5);
+    });
+    auto in = input_stream(fifo);
+    std::string line;
+    std::getline(*in, line);
+    writer.join();
+    BOOST_TEST(line == "line");
 }
 
 BOOST_AUTO_TEST_CASE(aligned_buffer) {

@@ -69,6 +69,10 @@ struct OpenOptions {
     bool truncate = false;   // O_TRUNC
     Direct direct = Direct::prefer;
     unsigned mode = 0644;
+    // A data directory the file must lie beneath: `path` is "<beneath>/<rel>"
+    // and rel is resolved beneath it (open_beneath, util.hpp); a symbolic
+    // link or ".." leading outside is refused (DataError, 65).
+    std::string beneath;
 };
 
 // Fault injection for tests: the `nth` (1-based) read or write piece submitted
@@ -93,7 +97,10 @@ std::vector<Fault> parse_faults(std::string_view spec);
 class File {
 public:
     // Opens `path`. With Direct::prefer and a file system that refuses O_DIRECT,
-    // falls back to buffered I/O and warns once per file system.
+    // falls back to buffered I/O and warns once per file system. With `create`,
+    // the last component must not be a symbolic link (O_NOFOLLOW: DataError,
+    // 65); beneath a folder, no file opened for writing may be one. A folder
+    // is refused with a message that says so.
     static File open(const std::string& path, const OpenOptions& opts = {});
 
     File();

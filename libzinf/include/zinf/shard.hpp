@@ -199,11 +199,26 @@ struct RunOptions {
 // names and fsynced; commit() renames them into place. Out of space (statvfs
 // up front, ENOSPC later) is an IoError (74) and the directory is left as it
 // was: temporaries are removed.
+//
+// Beside a committed state (`dir` holds a manifest: init --force, reshard
+// --force) every file goes under a name that manifest does not name
+// (place_beside), so that the old state stays whole until the new manifest
+// replaces it: commit() then save_manifest() then retire().
 struct Written {
     std::vector<std::string> temps, finals;  // paths, pairwise
     std::vector<std::string> folders;        // the run made them (deepest first)
-    void commit();   // rename each temp over its final name, fsync the folders
+    std::vector<std::string> placed;         // finals renamed by commit(), not yet named by a manifest
+    std::vector<std::string> superseded;     // files of the manifest this run replaces
+    // Rename each temp over its final name, fsync the folders. A failed
+    // rename removes what was renamed and the rest of the temporaries.
+    void commit();
     void discard() noexcept;  // remove the temporaries, and the run's folders when empty
+    // After commit(), when the manifest could not be committed: remove the
+    // placed files, which no committed manifest names.
+    void unplace() noexcept;
+    // After the manifest is committed: remove the files of the one it
+    // replaced that it does not name (a warning for any that stays).
+    void retire() noexcept;
 
     // Neither committed nor discarded when it goes (an error on the way):
     // discarded, so no path leaves temporaries behind.
@@ -226,6 +241,23 @@ struct ValueSource {
 };
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts,
              const ValueSource& values);
+
+// The other name of a state file: "rank0/param.bin" <-> "rank0/param.alt.bin"
+// (the optimizer's generations, zinf-manifest(5)).
+std::string other_generation(const std::string& file);
+// Renames the files of `m` that the manifest committed in `dir` names to
+// their other generation, so that writing `m` leaves that state whole until
+// its manifest is replaced; returns the paths of the committed state's files
+// `m` no longer names (to remove once `m` is committed). No manifest in
+// `dir`: nothing changes. One that cannot be read: the names of files that
+// exist are avoided, and nothing is returned to remove.
+std::vector<std::string> place_beside(Manifest& m, const std::string& dir);
+
+// Every file `m` names, and every folder they lie in, resolves beneath
+// m.dir: DataError (65) naming the first that is a symbolic link (or leads
+// through one) outside it. For programs that open the files later through
+// other code (the trainer's engine and optimizer).
+void check_paths(const Manifest& m);
 
 // Recomputes the xxh3 of every partition (of `ranks`); DataError naming
 // tensor, rank, state, file and offset at the first mismatch or short file.

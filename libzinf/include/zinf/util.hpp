@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -82,7 +83,15 @@ ZINF_ERROR_KIND(UsageError, exit_code::usage);         // bad option or argument
 ZINF_ERROR_KIND(DataError, exit_code::data);           // malformed or corrupt input data
 ZINF_ERROR_KIND(MissingInputError, exit_code::no_input);
 ZINF_ERROR_KIND(CreateError, exit_code::cant_create);
-ZINF_ERROR_KIND(IoError, exit_code::io);
+// One rule for output that cannot be written (zinf(7)): no space, no quota
+// and a read-only file system are 73 whatever the call that met them
+// (statvfs up front, open, fallocate, a write, standard output); every other
+// failed read or write is 74.
+class IoError : public Error {
+public:
+    using Error::Error;
+    int exit_code() const noexcept override;
+};
 ZINF_ERROR_KIND(ThresholdError, exit_code::threshold);
 ZINF_ERROR_KIND(InternalError, exit_code::internal);
 ZINF_ERROR_KIND(Interrupted, exit_code::interrupted);
@@ -143,13 +152,47 @@ private:
     int fd_ = -1;
 };
 
+// An unpredictable name beside `path` for a temporary: `path`, `tag` and
+// 16 hex digits from getrandom(2) ("rank0/param.bin.zinf-tmp.3f9c..."), so
+// that nobody can plant a link at it beforehand. Create it with
+// O_CREAT|O_EXCL|O_NOFOLLOW.
+std::string temp_name(const std::string& path, std::string_view tag);
+
+// open(2) of `rel` resolved beneath the folder `root` (openat2 with
+// RESOLVE_BENEATH, or on a kernel without it the same check made on the
+// opened file): a symbolic link or ".." that leads outside `root` is refused;
+// with O_CREAT or for writing, the last component must not be a link
+// (O_NOFOLLOW). Returns the descriptor, or -errno (EXDEV: it leads outside,
+// ELOOP: a link where a file is written).
+int open_beneath_raw(const std::string& root, const std::string& rel, int flags, unsigned mode) noexcept;
+// The error for a failed open_beneath_raw: DataError (65) naming the path
+// for EXDEV and for a link where a file is written, else throw_errno's kind.
+[[noreturn]] void throw_open_beneath(int err, const std::string& root, const std::string& rel, int flags);
+// open_beneath_raw, throwing; `root`/`rel` name the file in messages.
+Fd open_beneath(const std::string& root, const std::string& rel, int flags, unsigned mode = 0666);
+
+// Opens an input for reading without ever blocking in open(2), as opening a
+// FIFO with no writer would, and checks what it is. A folder is refused
+// (DataError naming it). `regular`: anything but a regular file is refused
+// (DataError: a FIFO, a device, a socket). `stream`: a FIFO, pipe or
+// character device is taken too, after waiting with poll(2) until its writer
+// has written or gone; a signal ends the wait (Interrupted, 130), so SIGINT
+// and SIGTERM are honoured even with handlers that only set a flag.
+enum class Input { regular, stream };
+Fd open_input(const std::string& path, Input kind);
+// A std::istream over open_input(path, Input::stream), for line readers.
+std::unique_ptr<std::istream> input_stream(const std::string& path);
+
 // fsync(2) of a folder, so that names created or renamed in it survive a
 // crash ("" is the current folder); IoError naming it on failure.
 void fsync_dir(const std::string& dir);
 
 // Writes `pieces`, one after another, as the whole of `path`, complete or not
-// at all: a temporary beside it ("<path>.tmp.<pid>"), fsync, rename over
-// `path`, fsync of the folder. The temporary is removed on failure.
+// at all: a temporary beside it under an unpredictable name (temp_name,
+// "<path>.tmp.<16 hex>", created O_EXCL|O_NOFOLLOW), fsync, rename over
+// `path`, fsync of the folder. The new file keeps the mode of the regular
+// file it replaces; a new one gets 0666 less the umask. The temporary is
+// removed on failure.
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
 
 class Mmap {

@@ -39,7 +39,7 @@ std::uint32_t max_of(std::span<const std::uint16_t> t) {
 }  // namespace
 
 Tokens Tokens::open(const std::string& path) {
-    Fd fd = Fd::open(path, O_RDONLY);
+    Fd fd = open_input(path, Input::regular);  // a FIFO is refused, never waited for
     const std::uint64_t bytes = regular_size(fd, path);
     auto bad = [&](const std::string& what, std::optional<std::uint64_t> at = {}) {
         return DataError(what, {0, path, at, -1});
@@ -71,7 +71,7 @@ Tokens Tokens::open(const std::string& path) {
 }
 
 Tokens Tokens::text(const std::string& path) {
-    Fd fd = Fd::open(path, O_RDONLY);
+    Fd fd = open_input(path, Input::regular);  // a FIFO is refused, never waited for
     const std::uint64_t bytes = regular_size(fd, path);
     if (bytes == 0) throw DataError("text file is empty: byte-level tokens need at least one byte", {0, path, {}, -1});
     // Mapped only to be widened: the vector is what the tokens live in.

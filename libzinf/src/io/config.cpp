@@ -60,9 +60,8 @@ EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& w
 }
 
 EngineConfig EngineConfig::load(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw MissingInputError("cannot open the engine configuration", {errno, path, {}, -1});
-    auto recs = json::read_lines(in, path);
+    const auto in = input_stream(path);
+    auto recs = json::read_lines(*in, path);
     if (recs.size() != 1)
         throw DataError(path + ": want one engine configuration record, found " +
                         std::to_string(recs.size()));

@@ -105,6 +105,7 @@ std::vector<Fault> parse_faults(std::string_view spec) {
         else throw bad();
         try {
             std::size_t used = 0;
+            if (nth.empty() || nth.front() == '-') throw bad();  // stoull takes "-1"
             f.nth = std::stoull(nth, &used);
             if (used != nth.size() || f.nth == 0) throw bad();
         } catch (const std::logic_error&) {
@@ -125,6 +126,38 @@ std::vector<Fault> parse_faults(std::string_view spec) {
     return out;
 }
 
+namespace {
+
+// open(2), or open_beneath_raw when the file must lie beneath a folder:
+// the descriptor or -errno.
+struct Opener {
+    std::string root, rel;
+    int flags;
+    unsigned mode;
+    int operator()(int extra) const {
+        if (!root.empty()) return open_beneath_raw(root, rel, flags | extra, mode);
+        int fd;
+        do {
+            fd = ::open(rel.c_str(), flags | extra | O_CLOEXEC, mode);
+        } while (fd < 0 && errno == EINTR);
+        return fd < 0 ? -errno : fd;
+    }
+    [[noreturn]] void fail(int err, const std::string& path) const {
+        if (!root.empty()) throw_open_beneath(err, root, rel, flags);
+        struct stat st {};
+        if (err == ELOOP && (flags & O_NOFOLLOW) && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+            throw DataError("is a symbolic link, and zinf writes no file through a link; refused", {0, path, {}, -1});
+        throw_errno("open", err, path, {}, (flags & O_CREAT) != 0);
+    }
+};
+
+bool is_folder(int fd) {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
 File File::open(const std::string& path, const OpenOptions& opts) {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
@@ -134,34 +167,58 @@ File File::open(const std::string& path, const OpenOptions& opts) {
         impl->faults = parse_faults(env);
         impl->has_faults = !impl->faults.empty();
     }
-    const int flags = open_flags(opts);
+    Opener open{{}, path, open_flags(opts), opts.mode};
+    // What zinf creates it never creates through a link: one planted at a
+    // state file's next generation would send the weights elsewhere. (An
+    // existing file a user names, such as zinf-nvmebench --file, may be one.)
+    if (opts.create) open.flags |= O_NOFOLLOW;
+    if (!opts.beneath.empty()) {
+        const std::string prefix = opts.beneath + "/";
+        if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0)
+            throw InternalError("io::File::open: " + path + " is not spelled beneath " + opts.beneath);
+        open.root = opts.beneath;
+        open.rel = path.substr(prefix.size());
+    }
+    // A folder where a file should be: for a data directory's file, bad data.
+    auto folder = [&]() -> std::exception_ptr {
+        if (opts.beneath.empty()) return std::make_exception_ptr(IoError("is a folder, not a file", {EISDIR, path, {}, -1}));
+        return std::make_exception_ptr(DataError("is a folder, not a data file", {0, path, {}, -1}));
+    };
     if (opts.direct != Direct::buffered) {
-        int fd;
-        do {
-            fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, opts.mode);
-        } while (fd < 0 && errno == EINTR);
+        const int fd = open(O_DIRECT);
         if (fd >= 0) {
             impl->fd = Fd(fd);
             impl->direct = true;
-        } else if (errno != EINVAL) {
-            throw_errno("open", errno, path, {}, opts.create);
+        } else if (fd != -EINVAL) {
+            if (fd == -EISDIR) std::rethrow_exception(folder());
+            open.fail(-fd, path);
         } else if (opts.direct == Direct::require) {
             // With O_CREAT|O_EXCL the kernel created the file before refusing
             // O_DIRECT; it is ours, and a failed open leaves nothing behind.
             if (opts.create && opts.exclusive) ::unlink(path.c_str());
+            struct stat st {};
+            if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) std::rethrow_exception(folder());
             throw IoError("the file system refuses O_DIRECT (direct I/O was required)",
                           {EINVAL, path, {}, -1});
         } else if (opts.create && opts.exclusive) {
             // O_EXCL|O_CREAT with O_DIRECT may have created the file before the
             // O_DIRECT refusal on some file systems; it is ours, so reopen without O_EXCL.
-            OpenOptions again = opts;
-            again.exclusive = false;
-            int fd2 = ::open(path.c_str(), open_flags(again) | O_CLOEXEC, opts.mode);
-            if (fd2 < 0) throw_errno("open", errno, path, {}, true);
+            Opener again = open;
+            again.flags &= ~O_EXCL;
+            const int fd2 = again(0);
+            if (fd2 < 0) again.fail(-fd2, path);
             impl->fd = Fd(fd2);
         }
     }
-    if (!impl->fd) impl->fd = Fd::open(path, flags, opts.mode);
+    if (!impl->fd) {
+        const int fd = open(0);
+        if (fd == -EISDIR) std::rethrow_exception(folder());
+        if (fd < 0) open.fail(-fd, path);
+        impl->fd = Fd(fd);
+    }
+    // A folder opens read-only, and with O_DIRECT where the file system
+    // refuses it for files: say what it is, not that O_DIRECT failed.
+    if (is_folder(impl->fd.get())) std::rethrow_exception(folder());
 
     Alignment a = probe_alignment(impl->fd.get());
     impl->dio_align = a.offset;

@@ -12,12 +12,16 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <dirent.h>
 #include <fcntl.h>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <streambuf>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <thread>
 #include <unistd.h>
@@ -28,7 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kTempSuffix = ".zinf-tmp";
+constexpr const char* kTempSuffix = ".zinf-tmp.";
 
 unsigned resolve_jobs(unsigned jobs) {
     if (jobs) return jobs;
@@ -94,6 +98,32 @@ std::string describe(const Manifest& m, const Partition& p) {
     return m.tensor_of(p).name + " rank " + std::to_string(p.rank) + " " + p.state;
 }
 
+// Counts what is written to it, keeps nothing.
+class CountingBuf : public std::streambuf {
+public:
+    std::uint64_t bytes = 0;
+
+protected:
+    int_type overflow(int_type c) override {
+        if (c != traits_type::eof()) ++bytes;
+        return c;
+    }
+    std::streamsize xsputn(const char*, std::streamsize n) override {
+        bytes += static_cast<std::uint64_t>(n);
+        return n;
+    }
+};
+
+// The manifest init will commit for `m` in `dir` is at most this long: the
+// records as they stand, plus the xxh3 each gets and the header's dir.
+std::uint64_t manifest_bytes_bound(const Manifest& m, const std::string& dir) {
+    CountingBuf count;
+    std::ostream out(&count);
+    write_manifest(out, m);
+    const std::uint64_t xxh3_key = std::string_view(R"(,"xxh3":"0123456789abcdef")").size();
+    return count.bytes + m.parts.size() * xxh3_key + fs::absolute(dir).string().size() + 4096;
+}
+
 // The files a run writes: opened under temporary names, space reserved.
 struct OutFiles {
     std::map<std::string, io::File> files;  // by manifest file name
@@ -101,49 +131,100 @@ struct OutFiles {
 
     // Creates `dir` and the temporaries of every file `m` holds for `ranks`;
     // statvfs first, so a disk too small fails before anything is written.
+    // Every folder and file is resolved beneath `dir`: a rank folder that is
+    // a link leading outside is refused (65) before anything is made there.
     void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
         make_dirs(dir);
         std::map<std::string, std::uint64_t> sizes;
         for (const auto& p : m.parts)
             if (ranks.count(p.rank))
                 sizes[p.file] = std::max(sizes[p.file], align_up(p.offset + p.bytes, m.opts.alignment));
-        std::uint64_t need = 0;
-        for (const auto& [f, b] : sizes) need += b;
-        struct statvfs sv {};
-        if (::statvfs(dir.c_str(), &sv) == 0) {
-            const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
-            if (avail < need)
-                throw IoError("not enough space for the model state: " + format_size(need) + " (" +
-                                  std::to_string(need) + " bytes) needed, " + format_size(avail) + " (" +
-                                  std::to_string(avail) + " bytes) free; nothing was written",
-                              {ENOSPC, dir, {}, -1});
-        }
+        std::set<std::string> folders;
+        for (const auto& [f, b] : sizes) folders.insert(fs::path(f).parent_path().string());
+        for (const auto& folder : folders)
+            if (!folder.empty()) make_folder_beneath(dir, folder);
+        for (const auto& [f, b] : sizes) remove_stale_temps(dir, f);
+        check_space(m, dir, sizes, ranks.count(0) != 0);
         for (const auto& [f, bytes] : sizes) {
             const std::string final_path = dir + "/" + f;
-            make_dirs(fs::path(final_path).parent_path().string());
-            const std::string tmp = final_path + kTempSuffix;
-            written.temps.push_back(tmp);
-            written.finals.push_back(final_path);
+            // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted
+            // at a temporary's name is written through.
+            const std::string tmp = temp_name(final_path, kTempSuffix);
             io::File file;
             try {
-                file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
-            } catch (const CreateError& e) {  // no inode left: out of space too (74)
+                file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true,
+                                            .mode = 0666, .beneath = dir});
+            } catch (const CreateError& e) {  // no inode left: out of space too (73, zinf(7))
                 if (e.err() != ENOSPC && e.err() != EDQUOT) throw;
                 throw IoError("out of space creating a file; nothing was committed", {e.err(), tmp, {}, -1});
             }
+            written.temps.push_back(tmp);
+            written.finals.push_back(final_path);
             if (file.alignment() > m.opts.alignment)
                 throw UsageError(tmp + ": the file system's direct-I/O alignment " + format_size(file.alignment()) +
                                  " exceeds the manifest's " + format_size(m.opts.alignment) +
                                  "; lay it out again with --align " + std::to_string(file.alignment()));
             try {
                 file.preallocate(bytes);
-            } catch (const CreateError& e) {  // out of space is an I/O error here (74), as during the writes
+            } catch (const CreateError& e) {  // out of space: 73, as during the writes (zinf(7))
                 if (e.err() != ENOSPC && e.err() != EDQUOT) throw;
                 throw IoError("out of space reserving " + format_size(bytes) + "; nothing was committed",
                               {e.err(), tmp, {}, -1});
             }
             files.emplace(f, std::move(file));
         }
+    }
+
+    // The files and, when this run writes it, the manifest: each rounded up
+    // to whole blocks. A state that fits but whose manifest does not would
+    // leave every file written and nothing committed.
+    static void check_space(const Manifest& m, const std::string& dir, const std::map<std::string, std::uint64_t>& sizes,
+                            bool manifest) {
+        struct statvfs sv {};
+        if (::statvfs(dir.c_str(), &sv) != 0) return;
+        const std::uint64_t block = std::max<std::uint64_t>(sv.f_frsize, 1);
+        std::uint64_t need = 0;
+        for (const auto& [f, b] : sizes) need += align_up(b, block);
+        if (manifest) need += align_up(manifest_bytes_bound(m, dir), block);
+        const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
+        if (avail < need)
+            throw IoError("not enough space for the model state and its manifest: " + format_size(need) + " (" +
+                              std::to_string(need) + " bytes) needed, " + format_size(avail) + " (" +
+                              std::to_string(avail) + " bytes) free; nothing was written",
+                          {ENOSPC, dir, {}, -1});
+    }
+
+    // A folder of the layout, beneath `dir`: one that exists must not lead
+    // outside it; one that does not is made.
+    void make_folder_beneath(const std::string& dir, const std::string& folder) {
+        const int flags = O_PATH | O_DIRECTORY;
+        int fd = open_beneath_raw(dir, folder, flags, 0);
+        if (fd == -EXDEV || fd == -ELOOP) throw_open_beneath(-fd, dir, folder, flags);
+        if (fd < 0) {
+            make_dirs(dir + "/" + folder);
+            fd = open_beneath_raw(dir, folder, flags, 0);
+            if (fd < 0) throw_open_beneath(-fd, dir, folder, flags);
+        }
+        ::close(fd);
+    }
+
+    // What an earlier run killed half-way left under its temporary names
+    // beside `file` ("<file>.zinf-tmp.<random>"): removed, so that they
+    // neither pile up nor count against the space.
+    static void remove_stale_temps(const std::string& dir, const std::string& file) {
+        const fs::path f(file);
+        const std::string folder = f.parent_path().string();
+        const std::string prefix = f.filename().string() + kTempSuffix;
+        const int fd = open_beneath_raw(dir, folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0) return;
+        DIR* d = ::fdopendir(fd);
+        if (!d) {
+            ::close(fd);
+            return;
+        }
+        while (const dirent* e = ::readdir(d))
+            if (std::string_view(e->d_name).starts_with(prefix)) ::unlinkat(::dirfd(d), e->d_name, 0);
+        ::closedir(d);
     }
 
     // Creates `path` and its missing parents, remembering which were new.
@@ -337,6 +418,12 @@ std::vector<std::span<std::byte>> spans(std::vector<mem::Lease>& leases, std::si
     return out;
 }
 
+// A partition's file, for reading, resolved beneath the data directory: a
+// data file that is a link leading outside it is refused (65), as is a folder.
+io::File open_data(const Manifest& m, const Partition& p) {
+    return io::File::open(m.path_of(p), {.beneath = m.dir});
+}
+
 std::string absolute_dir(const std::string& dir) {
     std::error_code ec;
     fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
@@ -344,48 +431,6 @@ std::string absolute_dir(const std::string& dir) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-void Written::commit() {
-    std::set<std::string> dirs;
-    for (std::size_t i = 0; i < temps.size(); ++i) {
-        if (::rename(temps[i].c_str(), finals[i].c_str()) != 0) throw_errno("rename", errno, finals[i]);
-        dirs.insert(fs::path(finals[i]).parent_path().string());
-    }
-    for (const auto& f : dirs) fsync_dir(f);
-    temps.clear();
-    finals.clear();
-    folders.clear();
-}
-
-Written::Written(Written&& o) noexcept
-    : temps(std::move(o.temps)), finals(std::move(o.finals)), folders(std::move(o.folders)) {
-    o.temps.clear();
-    o.finals.clear();
-    o.folders.clear();
-}
-
-Written& Written::operator=(Written&& o) noexcept {
-    if (this != &o) {
-        discard();
-        temps = std::move(o.temps);
-        finals = std::move(o.finals);
-        folders = std::move(o.folders);
-        o.temps.clear();
-        o.finals.clear();
-        o.folders.clear();
-    }
-    return *this;
-}
-
-void Written::discard() noexcept {
-    for (const auto& t : temps) ::unlink(t.c_str());
-    std::sort(folders.begin(), folders.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-    for (const auto& d : folders) ::rmdir(d.c_str());  // only when empty
-    temps.clear();
-    finals.clear();
-    folders.clear();
-}
 
 // ---------------------------------------------------------------------------
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
@@ -422,6 +467,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
     const std::size_t fp32_ring = rings - bf16_ring;
     const std::uint64_t buf = pool.buffer_bytes();
 
+    std::vector<std::string> superseded = place_beside(m, dir);
     OutFiles out;
     try {
         out.open(m, dir, ranks);
@@ -500,6 +546,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
     }
     m.dir = absolute_dir(dir);
     out.written.folders = std::move(out.created);
+    out.written.superseded = std::move(superseded);
     return std::move(out.written);
 }
 
@@ -523,7 +570,7 @@ VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool
     run_units(files.size(), jobs, opts, [&](std::size_t u, unsigned) {
         const auto& [name, parts] = files[u];
         const std::string path = m.path_of(*parts.front());
-        io::File file = io::File::open(path, {});
+        io::File file = open_data(m, *parts.front());
         const std::uint64_t size = file.size();
         for (const Partition* p : parts)
             if (p->offset + p->bytes > size)
@@ -586,7 +633,7 @@ void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::En
     mem::Stream stream(engine, pool, {.who = "zinf-shard cat"});
     for (const Partition* p : groups.at({tensor, state})) {
         if (p->last == p->first) continue;
-        io::File file = io::File::open(m.path_of(*p), {});
+        io::File file = open_data(m, *p);
         stream.read(file, p->offset, (p->last - p->first) * dtype_bytes(p->dtype),
                     [&](std::uint64_t, std::span<const std::byte> piece) { sink(piece); });
     }
@@ -641,6 +688,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     // What the workers' reading streams (two buffers each) leave, for their write rings.
     const std::size_t ring = std::min<std::size_t>((pool.buffers() - 1) / workers - 2, 12);
 
+    std::vector<std::string> superseded = place_beside(n, dir);
     OutFiles out;
     try {
         out.open(n, dir, all);
@@ -675,7 +723,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
             close_full();
             mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard reshard read"});  // within the budget above
             for (const Partition* o : olds) {
-                io::File file = io::File::open(m.path_of(*o), {});
+                io::File file = open_data(m, *o);
                 const std::uint64_t data = (o->last - o->first) * esize;
                 Xxh3Stream h;
                 stream.read(file, o->offset, o->bytes, [&](std::uint64_t at, std::span<const std::byte> piece) {
@@ -709,6 +757,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     }
     n.dir = absolute_dir(dir);
     out.written.folders = std::move(out.created);
+    out.written.superseded = std::move(superseded);
     written = std::move(out.written);
     return n;
 }

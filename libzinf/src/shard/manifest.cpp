@@ -57,6 +57,17 @@ void check_path(const std::string& file, const std::string& where) {
     if (file.back() == '/') throw DataError(where + ": file path '" + file + "' names a folder");
 }
 
+// The one spelling of a checked path ("rank0//master.bin" and
+// "./rank0/master.bin" are "rank0/master.bin"), so that comparing names
+// compares files: the overlap check below, the optimizer's file per state.
+std::string normal_path(const std::string& file, const std::string& where) {
+    check_path(file, where);
+    const std::string n = std::filesystem::path(file).lexically_normal().string();
+    if (n.empty() || n == "." || n.back() == '/')
+        throw DataError(where + ": file path '" + file + "' names a folder");
+    return n;
+}
+
 bool get_bool(const json::Json& o, const std::string& key, const std::string& where) {
     auto it = o.find(key);
     if (it == o.end()) throw DataError(where + ": missing key '" + key + "'");
@@ -115,8 +126,26 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     m.states = states_for(opts);
     m.created_by = std::string("zinf-shard ") + version();
     m.tensors = tensors(spec, opts.tile);
+    // What the manifest reader would refuse is not laid out either, and the
+    // count is checked before the records are made, so that a dp the model
+    // cannot be split over is a usage error, never an allocation failure.
+    const std::uint64_t records = std::uint64_t{m.tensors.size()} * opts.dp * m.states.size();
+    if (records > kMaxRecords)
+        throw UsageError("--dp " + std::to_string(opts.dp) + ": " + std::to_string(m.tensors.size()) + " tensors x " +
+                         std::to_string(opts.dp) + " ranks x " + std::to_string(m.states.size()) +
+                         " states make " + std::to_string(records) + " records, more than a manifest holds (" +
+                         std::to_string(kMaxRecords) + "); at most dp " +
+                         std::to_string(kMaxRecords / (m.tensors.size() * m.states.size())) + " for this model");
+    // Each record is a Partition and its file name on the heap: more than
+    // the memory there is would end in an allocation failure or the OOM
+    // killer half-way, so say it now.
+    const std::uint64_t need = records * (sizeof(Partition) + 64), avail = meminfo_bytes("MemAvailable");
+    if (avail && need > avail)
+        throw UsageError("--dp " + std::to_string(opts.dp) + ": the " + std::to_string(records) +
+                         " records of this layout need about " + format_size(need) + " of memory, " +
+                         format_size(avail) + " is available; use a smaller --dp");
     std::map<std::string, std::uint64_t> cursor;  // next free offset per file
-    m.parts.reserve(m.tensors.size() * opts.dp * m.states.size());
+    m.parts.reserve(records);
     for (std::size_t t = 0; t < m.tensors.size(); ++t) {
         for (unsigned r = 0; r < opts.dp; ++r)
             for (const auto& s : m.states) {
@@ -366,8 +395,7 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
                             std::to_string(p.first) + ", " + std::to_string(p.last) + "), but dp " +
                             std::to_string(o.dp) + " gives [" + std::to_string(f) + ", " + std::to_string(l) +
                             ") (overlapping or missing range)");
-        p.file = json::get_string(r, "file", w);
-        check_path(p.file, w);
+        p.file = normal_path(json::get_string(r, "file", w), w);
         p.offset = json::get_u64(r, "offset", w);
         if (p.offset % o.alignment)
             throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +
@@ -425,9 +453,10 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
 }
 
 Manifest read_manifest_file(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw_errno("open", errno, path);
-    return read_manifest(in, path);
+    // A FIFO (-m <(zinf-shard layout ...)) is read as it comes; opening one
+    // never blocks, and waiting for its writer ends on a signal.
+    const auto in = input_stream(path);
+    return read_manifest(*in, path);
 }
 
 }  // namespace zinf::shard

@@ -1,9 +1,46 @@
 #include <zinf/cli.hpp>
 
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <new>
 
 namespace zinf::cli {
+
+namespace {
+
+// CLI11 converts an unsigned option with strtoull, which takes "-1" and
+// wraps it to 2^64-1 (--steps -1 would train for ever); a floating-point one
+// with strtod, which takes "nan" and "inf" (--min-read-gibps nan compares
+// false with everything, so it never fires). No option means either: every
+// unsigned and floating-point option of every program refuses them here,
+// before the conversion.
+std::string refuse_negative(std::string& text) {
+    const auto first = text.find_first_not_of(" \t");
+    if (first != std::string::npos && text[first] == '-')
+        return "'" + text + "' is negative; this option takes a count or size of 0 or more";
+    return {};
+}
+
+std::string refuse_not_finite(std::string& text) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() && !std::isfinite(v)) return "'" + text + "' is not a finite number";
+    return {};
+}
+
+void guard_numbers(CLI::App& app) {
+    for (CLI::Option* opt : app.get_options()) {
+        const std::string type = opt->get_type_name();
+        if (type.rfind("UINT", 0) == 0) opt->check(CLI::Validator(refuse_negative, "", "NONNEGATIVE"));
+        else if (type.rfind("FLOAT", 0) == 0) opt->check(CLI::Validator(refuse_not_finite, "", "FINITE"));
+    }
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) guard_numbers(*sub);
+}
+
+}  // namespace
 
 void add_common(CLI::App& app, Common& common) {
     app.add_flag("-q,--quiet", common.quiet, "Print nothing on stderr but errors");
@@ -16,6 +53,7 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
         const std::function<int()>& body) {
     log::set_program(program);
     try {
+        guard_numbers(app);
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {
         // --help and --version: CLI11 prints them to stdout and we exit 0.
@@ -41,6 +79,17 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
             std::fprintf(stderr, "%s: run '%s --help' for the options\n", program.c_str(),
                          program.c_str());
         return e.exit_code();
+    } catch (const std::bad_alloc&) {
+        // Not a bug in zinf: the job asked for more memory than the machine
+        // gives this process. Like a job too large for its budget, a usage
+        // error (zinf(7)): make it smaller or run it where there is more.
+        mark_failing();
+        std::lock_guard lk(log::stderr_mutex());
+        std::fprintf(stderr,
+                     "%s: out of memory: this job needs more memory than the machine gives it "
+                     "(peak resident %s); make it smaller or run it with more memory\n",
+                     program.c_str(), format_size(peak_resident_bytes()).c_str());
+        return exit_code::usage;
     } catch (const std::exception& e) {
         mark_failing();
         std::lock_guard lk(log::stderr_mutex());

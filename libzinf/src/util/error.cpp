@@ -20,6 +20,10 @@ std::string decorate(const std::string& msg, const Error::Where& w) {
 Error::Error(const std::string& msg, Where where)
     : std::runtime_error(decorate(msg, where)), msg_(msg), where_(std::move(where)) {}
 
+int IoError::exit_code() const noexcept {
+    return err() == ENOSPC || err() == EDQUOT || err() == EROFS ? exit_code::cant_create : exit_code::io;
+}
+
 void throw_errno(std::string_view call, int err, const std::string& path,
                  std::optional<std::uint64_t> offset, bool creating) {
     Error::Where w{err, path, offset, -1};

@@ -1,9 +1,15 @@
 #include <zinf/util.hpp>
 
 #include <cerrno>
+#include <ext/stdio_filebuf.h>
 #include <fcntl.h>
 #include <filesystem>
+#include <istream>
+#include <linux/openat2.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,10 +21,162 @@ void fsync_dir(const std::string& dir) {
     if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, d);
 }
 
+std::string temp_name(const std::string& path, std::string_view tag) {
+    std::uint64_t r = 0;
+    for (std::size_t got = 0; got < sizeof r;) {
+        const ssize_t n = ::getrandom(reinterpret_cast<char*>(&r) + got, sizeof r - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("getrandom", errno, path);
+        got += static_cast<std::size_t>(n);
+    }
+    return path + std::string(tag) + hex64(r);
+}
+
+namespace {
+
+// Whether `fd` lies beneath the folder `root_fd`, by their paths in /proc:
+// the check a kernel without openat2 leaves to us.
+bool fd_beneath(int root_fd, int fd) {
+    auto target = [](int f) {
+        std::error_code ec;
+        return std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(f), ec).string();
+    };
+    const std::string root = target(root_fd), file = target(fd);
+    if (root.empty() || file.empty()) return false;
+    return file == root || file.starts_with(root == "/" ? root : root + "/");
+}
+
+}  // namespace
+
+int open_beneath_raw(const std::string& root, const std::string& rel, int flags, unsigned mode) noexcept {
+    if ((flags & O_CREAT) || (flags & O_ACCMODE) != O_RDONLY) flags |= O_NOFOLLOW;
+    int root_fd;
+    do {
+        root_fd = ::open(root.empty() ? "." : root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    } while (root_fd < 0 && errno == EINTR);
+    if (root_fd < 0) return -errno;
+    const Fd root_hold(root_fd);
+    struct open_how how {};
+    how.flags = static_cast<std::uint64_t>(flags | O_CLOEXEC);
+    how.mode = (flags & O_CREAT) ? mode : 0;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    long fd = -1;
+    // EAGAIN: a rename elsewhere raced the walk; the kernel asks for a retry.
+    for (int tries = 0; tries < 64; ++tries) {
+        fd = ::syscall(SYS_openat2, root_fd, rel.c_str(), &how, sizeof how);
+        if (fd >= 0 || (errno != EINTR && errno != EAGAIN)) break;
+    }
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno != ENOSYS && errno != EPERM) return -errno;
+    // No openat2 (an old kernel, or a seccomp filter that refuses it): the
+    // folder first, checked before anything is created in it, then the file
+    // in it, checked again where a read may have followed a link.
+    const auto slash = rel.rfind('/');
+    int dir_fd = root_fd;
+    Fd dir_hold;
+    if (slash != std::string::npos) {
+        int d;
+        do {
+            d = ::openat(root_fd, rel.substr(0, slash).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        } while (d < 0 && errno == EINTR);
+        if (d < 0) return -errno;
+        dir_hold = Fd(d);
+        if (!fd_beneath(root_fd, d)) return -EXDEV;
+        dir_fd = d;
+    }
+    const std::string name = slash == std::string::npos ? rel : rel.substr(slash + 1);
+    do {
+        fd = ::openat(dir_fd, name.c_str(), flags | O_CLOEXEC, mode);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return -errno;
+    Fd hold(static_cast<int>(fd));
+    if (!fd_beneath(root_fd, hold.get())) return -EXDEV;
+    return hold.release();
+}
+
+void throw_open_beneath(int err, const std::string& root, const std::string& rel, int flags) {
+    const std::string path = (root.empty() ? std::string(".") : root) + "/" + rel;
+    if (err == EXDEV)
+        throw DataError(rel + " leads outside the data directory " + root +
+                            " (through a symbolic link or '..'); refused",
+                        {0, path, {}, -1});
+    if (err == ELOOP) {
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+            throw DataError("is a symbolic link, and zinf writes no file through a link; refused", {0, path, {}, -1});
+    }
+    throw_errno("open", err, path, {}, (flags & O_CREAT) != 0);
+}
+
+Fd open_beneath(const std::string& root, const std::string& rel, int flags, unsigned mode) {
+    const int fd = open_beneath_raw(root, rel, flags, mode);
+    if (fd < 0) throw_open_beneath(-fd, root, rel, flags);
+    return Fd(fd);
+}
+
+namespace {
+
+const char* kind_of(mode_t m) {
+    return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+           : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a folder" : "not a regular file";
+}
+
+void set_blocking(const Fd& fd, const std::string& path) {
+    const int fl = ::fcntl(fd.get(), F_GETFL);
+    if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) throw_errno("fcntl", errno, path);
+}
+
+// A std::istream that owns the descriptor it reads.
+class FdIstream : public std::istream {
+public:
+    explicit FdIstream(Fd fd) : std::istream(nullptr), buf_(fd.release(), std::ios::in) { rdbuf(&buf_); }
+
+private:
+    __gnu_cxx::stdio_filebuf<char> buf_;
+};
+
+}  // namespace
+
+Fd open_input(const std::string& path, Input kind) {
+    // O_NONBLOCK: open(2) of a FIFO returns at once instead of waiting for a
+    // writer, where no signal would end the wait (the handlers restart it).
+    Fd fd = Fd::open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", errno, path);
+    if (S_ISREG(st.st_mode)) {
+        set_blocking(fd, path);
+        return fd;
+    }
+    if (S_ISDIR(st.st_mode)) throw DataError("is a folder, not a regular file", {0, path, {}, -1});
+    if (kind == Input::regular || !(S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISSOCK(st.st_mode)))
+        throw DataError(std::string("is ") + kind_of(st.st_mode) + ", not a regular file; give a file", {0, path, {}, -1});
+    // A stream: wait until its writer has written something or gone.
+    struct pollfd p {fd.get(), POLLIN, 0};
+    for (;;) {
+        const int n = ::poll(&p, 1, -1);
+        if (n > 0) break;
+        if (n < 0 && errno == EINTR)
+            throw Interrupted("interrupted while waiting for input from " + std::string(kind_of(st.st_mode)),
+                              {0, path, {}, -1});
+        if (n < 0) throw_errno("poll", errno, path);
+    }
+    set_blocking(fd, path);
+    return fd;
+}
+
+std::unique_ptr<std::istream> input_stream(const std::string& path) {
+    return std::make_unique<FdIstream>(open_input(path, Input::stream));
+}
+
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const std::string tmp = temp_name(path, ".tmp.");
+    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
     try {
+        // A commit replaces the file, not its mode: a manifest made 0640 stays 0640.
+        struct stat old {};
+        if (::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) &&
+            ::fchmod(fd.get(), old.st_mode & 07777) != 0)
+            throw_errno("fchmod", errno, tmp);
         std::uint64_t at = 0;  // through short writes and EINTR
         for (const auto& piece : pieces)
             for (std::size_t done = 0; done < piece.size();) {
