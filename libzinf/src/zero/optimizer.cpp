@@ -15,13 +15,7 @@
 
 namespace zinf::zero {
 
-std::string twin_file(const std::string& file) {
-    const std::string alt = ".alt", bin = ".bin";
-    if (file.ends_with(alt + bin)) return file.substr(0, file.size() - alt.size() - bin.size()) + bin;
-    if (file.ends_with(bin)) return file.substr(0, file.size() - bin.size()) + alt + bin;
-    if (file.ends_with(alt)) return file.substr(0, file.size() - alt.size());
-    return file + alt;
-}
+std::string twin_file(const std::string& file) { return shard::other_generation(file); }
 
 std::string detail::RoleState::name(int g) const { return base + kGenerations[g]; }
 
@@ -144,6 +138,7 @@ shard::Partition* Optimizer::Impl::record(std::size_t t, unsigned r, const std::
 io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::uint64_t bytes) {
     const std::string full = m.dir + "/" + rel;
     io::OpenOptions oo{.access = io::Access::read_write, .create = create};
+    oo.beneath = m.dir;  // a state file or rank folder that is a link out of the data directory is refused
     io::File f = io::File::open(full, oo);
     if (f.direct() && A % f.alignment() != 0) {
         log::warn_once("optim-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
