@@ -99,14 +99,14 @@ say "12/15 zinf-optbench: CPU AdamW alone, then the optimizer step with its stat
 bin/zinf-optbench --params 20M --steps 3 --dir "$dir" -q --json | tee "$out/optbench.jsonl" |
   jq -c '{kind, state, seconds: (.seconds * 1000 | round / 1000), update_seconds, wait_seconds, commit_seconds}'
 
-say "13/15 zinf-train: a 4-layer byte-level GPT over ${launch[*]:-one process} on the repository's own sources, parameters and optimizer state on NVMe (the ZeRO-Infinity engine)"
+say "13/15 zinf-train: a 4-layer byte-level GPT over ${launch[*]:-one process} on the repository's own sources, parameters, optimizer state and activation checkpoints on NVMe (the ZeRO-Infinity engine, the optimizer overlapped with backward)"
 ranks=$(( ${#launch[@]} ? 2 : 1 ))
 cat man/*.[157] README.md libzinf/include/zinf/*.hpp libzinf/src/*/*.cpp >"$dir/corpus.txt"
 bin/zinf-shard layout --model gpt:layers=4,hidden=128,heads=4,vocab=256,seq=128 --dp "$ranks" \
     --param nvme --optim nvme |
   "${launch[@]}" bin/zinf-shard init --dir "$dir/gpt" -q >/dev/null
 "${launch[@]}" bin/zinf-train --manifest "$dir/gpt/manifest.jsonl" --text "$dir/corpus.txt" --steps 150 \
-  --batch $(( 8 / ranks )) --seq 128 --lr 2e-3 --warmup 10 --shuffle --eval-every 25 --eval-batches 4 --json |
+  --batch $(( 8 / ranks )) --seq 128 --lr 2e-3 --warmup 10 --shuffle --eval-every 25 --eval-batches 4 --offload-activations nvme --json |
   tee "$out/train.jsonl" |
   jq -c 'select(.step == 1 or .val_loss != null) | {step, loss, val_loss, tokens_per_s: (.tokens_per_s | round)}'
 
