@@ -57,7 +57,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 dir=/var/tmp rounds=2 steps=8 skip=2 clip=1 text= raw= check=0
 model=gpt2-124m batch=4 seq=64
 
-need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;
@@ -79,22 +78,8 @@ done
 [[ $clip =~ ^[0-9]+(\.[0-9]+)?$ ]] || usage_error "bad --grad-clip '$clip'"
 
 bin=${ZINF_BIN:-$root/bin}
-command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
-for p in zinf-train zinf-shard zinf-nvmebench; do
-    [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make bin/$p)"
-done
-[[ -d $dir ]] || die 66 "no folder $dir"
-[[ -z $text || -r $text ]] || die 66 "cannot read --text $text"
-
-work=$(mktemp -d "$dir/bench-beyond.XXXXXX") || die 66 "cannot make a folder in $dir"
-# shellcheck disable=SC2317  # called by the trap
-cleanup() { rm -rf -- "$work"; }
-trap cleanup EXIT
-trap 'say interrupted; exit 130' INT TERM HUP
-if [[ -z $text ]]; then
-    text=$work/text
-    cat "$root"/man/*.[1-9] >"$text"
-fi
+need_programs "$bin" zinf-train zinf-shard zinf-nvmebench
+make_work "$dir"
 records=$work/steps.jsonl benches=$work/bench.jsonl
 : >"$records"
 : >"$benches"

@@ -80,7 +80,6 @@ json=0
 check=0
 model=gpt2-124m batch=4 seq=64
 
-need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;
@@ -104,23 +103,9 @@ done
 
 bin=${ZINF_BIN:-$root/bin}
 mpirun=${MPIRUN:-mpirun}
-command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
 ((np == 0)) || command -v "$mpirun" >/dev/null || die 69 "needs $mpirun for --np $np (or --np 0)"
-for p in zinf-train zinf-shard zinf-optbench zinf-plan zinf-nvmebench zinf-pinstress; do
-    [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make bin/$p)"
-done
-[[ -d $dir ]] || die 66 "no folder $dir"
-[[ -z $text || -r $text ]] || die 66 "cannot read --text $text"
-
-work=$(mktemp -d "$dir/bench-offload.XXXXXX") || die 66 "cannot make a folder in $dir"
-# shellcheck disable=SC2317  # called by the trap
-cleanup() { rm -rf -- "$work"; }
-trap cleanup EXIT
-trap 'say interrupted; exit 130' INT TERM HUP
-if [[ -z $text ]]; then
-    text=$work/text
-    cat "$root"/man/*.[1-9] >"$text"
-fi
+need_programs "$bin" zinf-train zinf-shard zinf-optbench zinf-plan zinf-nvmebench zinf-pinstress
+make_work "$dir"
 records=$work/steps.jsonl   # every step record, tagged
 benches=$work/bench.jsonl   # nvmebench, pinstress, optbench records
 : >"$records"

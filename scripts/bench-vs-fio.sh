@@ -58,7 +58,6 @@ min_ratio=
 fio_mem=
 json=0
 
-need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;

@@ -43,7 +43,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 
 dir=/var/tmp model=gpt2-1.5b steps=20 batch=1 seq=64 lr=3e-4 devmem=2GiB pinned=1GiB tile=1
 text= raw= keep=0
-need_value() { [[ $# -ge 2 ]] || usage_error "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;
@@ -66,22 +65,8 @@ for v in steps batch seq tile; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "bad --$v '${!v}'"
 done
 bin=${ZINF_BIN:-$root/bin}
-command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
-for p in zinf-train zinf-shard zinf-plan zinf-nvmebench; do
-    [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make bin/$p)"
-done
-[[ -d $dir ]] || die 66 "no folder $dir"
-[[ -z $text || -r $text ]] || die 66 "cannot read --text $text"
-
-work=$(mktemp -d "$dir/beyond-ram.XXXXXX") || die 66 "cannot make a folder in $dir"
-# shellcheck disable=SC2317  # called by the trap
-cleanup() { ((keep)) || rm -rf -- "$work"; }
-trap cleanup EXIT
-trap 'say interrupted; exit 130' INT TERM HUP
-if [[ -z $text ]]; then
-    text=$work/text
-    cat "$root"/man/*.[1-9] >"$text"
-fi
+need_programs "$bin" zinf-train zinf-shard zinf-plan zinf-nvmebench
+make_work "$dir"
 state=$work/state steps_out=$work/steps.jsonl benches=$work/bench.jsonl
 mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
 
@@ -142,6 +127,5 @@ jq -r --argjson m "$measured" '
     "$work/plan.json"
 printf '# loss %.4f -> %.4f; peak resident memory %s (limit 6GiB); median step %.1f s\n' "$first" "$last" \
     "$(numfmt --to=iec "$rss")B" "$(jq -s 'map(.step_s) | sort | .[length / 2 | floor]' "$steps_out")"
-jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824' >/dev/null &&
-    [[ $(jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824') == true ]] ||
+[[ $(jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824') == true ]] ||
     die 75 "the loss did not fall, or the peak resident memory reached 6 GiB"

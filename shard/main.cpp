@@ -182,6 +182,21 @@ void commit(const Options& o, const std::string& op, const std::string& what, Wr
     emit(m);
 }
 
+// The worker threads and the stop flag every subcommand's run takes.
+RunOptions run_options(const Options& o) {
+    RunOptions ro;
+    ro.jobs = o.jobs;
+    ro.stop = &g_stop;
+    return ro;
+}
+
+// A subcommand that writes every rank itself refuses to run once per process.
+void runs_once(const char* what) {
+    if (const auto launch = comm::Launch::from_env(); launch.size > 1)
+        throw UsageError(std::string(what) + " runs once, not under " + launch.launcher + " (" +
+                         std::to_string(launch.size) + " processes would each write every rank)");
+}
+
 int do_layout(const Options& o) {
     LayoutOptions lo;
     lo.dp = o.dp;
@@ -247,9 +262,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
         log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
                   std::to_string(m.opts.dp) + " and up have nothing to write");
 
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
     // Writing takes as long as the slowest process's share (terabytes, for
     // some): no limit on the wait for it unless --comm-timeout sets one.
@@ -320,9 +333,7 @@ int do_init(const Options& o) {
     if (m.initialised() && !m.dir.empty())
         log::info("the manifest was initialised before (in " + m.dir + "); writing it afresh into " + o.dir);
     check_target(o.dir, o.force);
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     if (o.ranks != "all")
         throw UsageError("--ranks " + o.ranks + ": init writes every rank, in one process or, under mpirun or srun, "
                          "spread over the processes (--ranks all)");
@@ -341,9 +352,7 @@ int do_init(const Options& o) {
 
 int do_verify(const Options& o) {
     Manifest m = read_input(o);
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
@@ -394,9 +403,7 @@ int do_cat(const Options& o) {
 // Weights from another program's file into every partition of the manifest,
 // written and committed as init does.
 int do_import(const Options& o) {
-    if (const auto launch = comm::Launch::from_env(); launch.size > 1)
-        throw UsageError("import runs once, not under " + launch.launcher + " (" + std::to_string(launch.size) +
-                         " processes would each write every rank)");
+    runs_once("import");
     Manifest m = read_input(o);
     if (!o.format.empty() && parse_weight_format(o.format) != detect_weight_format(o.from))
         throw DataError(o.from + " is not a " + o.format + " file (" +
@@ -404,9 +411,7 @@ int do_import(const Options& o) {
     check_target(o.dir, o.force);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     Timer t;
     Written w;
     {
@@ -425,9 +430,7 @@ int do_export(const Options& o) {
         throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     Timer t;
     const auto r = export_weights(m, o.to, parse_weight_format(o.format.empty() ? "safetensors" : o.format), engine,
                                   pool, ro);
@@ -437,9 +440,7 @@ int do_export(const Options& o) {
 }
 
 int do_reshard(const Options& o) {
-    if (const auto launch = comm::Launch::from_env(); launch.size > 1)
-        throw UsageError("reshard runs once, not under " + launch.launcher + " (" + std::to_string(launch.size) +
-                         " processes would each write every rank)");
+    runs_once("reshard");
     Manifest m = read_input(o);
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -448,9 +449,7 @@ int do_reshard(const Options& o) {
     check_target(o.dir, o.force);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
-    RunOptions ro;
-    ro.jobs = o.jobs;
-    ro.stop = &g_stop;
+    RunOptions ro = run_options(o);
     Timer t;
     Written w;
     Manifest n;

@@ -311,6 +311,17 @@ std::uint64_t Trainer::device_need() const {
 
 // The resident engine's step: every gradient averaged into this rank's
 // partitions in one collective, the optimizer, the new parameters back.
+// What the optimizer's step report adds to a step's log.
+static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
+    log.optimizer_speculated = r.speculated;
+    log.optimizer_overlap_seconds = r.overlap_seconds;
+    log.optimizer_redo = r.redo;
+    log.optimizer_read_bytes = r.bytes_read;
+    log.optimizer_written_bytes = r.bytes_written;
+    log.optimizer_update_seconds = r.update_seconds;
+    log.optimizer_wait_seconds = r.wait_seconds;
+}
+
 void Trainer::Impl::resident_update(StepLog& log) {
     const std::size_t T = m.tensors.size();
     auto& s = dev.compute();
@@ -328,13 +339,7 @@ void Trainer::Impl::resident_update(StepLog& log) {
     const zero::StepReport r = optim->step();
     log.grad_norm = r.grad_norm;
     log.overflow = r.overflow;
-    log.optimizer_redo = r.redo;
-    log.optimizer_speculated = r.speculated;
-    log.optimizer_overlap_seconds = r.overlap_seconds;
-    log.optimizer_read_bytes = r.bytes_read;
-    log.optimizer_written_bytes = r.bytes_written;
-    log.optimizer_update_seconds = r.update_seconds;
-    log.optimizer_wait_seconds = r.wait_seconds;
+    optimizer_fields(log, r);
     if (r.overflow) return;
     // The new working parameters back into every rank's resident copy.
     if (dp == 1) {
@@ -397,13 +402,7 @@ StepLog Trainer::step(const data::Loader& train) {
         const zero::StepReport r = I.optim->step();
         log.grad_norm = r.grad_norm;
         log.overflow = r.overflow;
-        log.optimizer_speculated = r.speculated;
-        log.optimizer_overlap_seconds = r.overlap_seconds;
-        log.optimizer_redo = r.redo;
-        log.optimizer_read_bytes = r.bytes_read;
-        log.optimizer_written_bytes = r.bytes_written;
-        log.optimizer_update_seconds = r.update_seconds;
-        log.optimizer_wait_seconds = r.wait_seconds;
+        optimizer_fields(log, r);
         const zero::EngineStats st = I.infinity->stats();
         std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
         log.stall_seconds = st.stall_seconds;

@@ -1,6 +1,6 @@
 // What a training run will write on disk (zero.hpp, DiskNeed), worked out
 // from the manifest before anything is written.
-#include <zinf/zero.hpp>
+#include "optimizer.hpp"  // detail::base_of: a state file's name without its generation
 
 #include <algorithm>
 #include <filesystem>
@@ -43,12 +43,7 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
     std::string folder;
     for (const auto& p : m.parts) {
         if (p.rank != rank) continue;
-        std::string base = p.file;
-        for (const char* g : {".alt.bin", ".work.bin", ".bin"})
-            if (base.size() > std::string_view(g).size() && base.ends_with(g)) {
-                base.resize(base.size() - std::string_view(g).size());
-                break;
-            }
+        const std::string base = detail::base_of(p.file);
         files[base] = std::max(files[base], align_up(p.offset + p.bytes, A));
         if (folder.empty()) folder = folder_of(p.file);
     }
