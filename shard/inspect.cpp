@@ -52,6 +52,7 @@ json::Json inspect_json(const Manifest& m) {
                     {"dir", m.dir.empty() ? json::Json(nullptr) : json::Json(m.dir)},
                     {"total_bytes", m.total_bytes()}};
     if (!m.spec.preset.empty()) j["preset"] = m.spec.preset;
+    if (!m.rank_dirs.empty()) j["rank_dirs"] = m.rank_dirs;
     json::Json ts = json::Json::array();
     for (const auto& t : m.tensors) {
         json::Json per = json::Json::object();
@@ -77,6 +78,9 @@ void print_inspect(std::ostream& out, const Manifest& m) {
         << ", alignment " << format_size(m.opts.alignment) << ", seed " << m.opts.seed << "\n";
     out << "# data " << (m.dir.empty() ? "not written yet (layout only)" : m.dir)
         << (m.initialised() ? ", every partition hashed" : "") << "\n";
+    if (!m.rank_dirs.empty())
+        out << "# rank folders (node-local): " << m.rank_dirs.front() << (m.rank_dirs.size() > 1 ? " ... " : "")
+            << (m.rank_dirs.size() > 1 ? m.rank_dirs.back() : "") << "\n";
     std::snprintf(line, sizeof line, "# %-36s %-18s %14s", "tensor", "shape", "numel");
     out << line;
     for (const auto& s : m.states) {

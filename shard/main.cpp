@@ -37,6 +37,7 @@ struct Options {
     std::string data_dir;
     // writers
     std::string dir;
+    std::vector<std::string> rank_dir;  // node-local rank folders: "/local/nvme/run/rank%r", or one per rank
     bool force = false;
     std::string stats;  // a JSON record of the run, for scripts
     unsigned jobs = 0;
@@ -182,6 +183,20 @@ void commit(const Options& o, const std::string& op, const std::string& what, Wr
     emit(m);
 }
 
+// Where a writer puts each rank's files: --rank-dir's folders (node-local
+// disks), else beneath --dir. An input manifest's own rank_dirs are never
+// reused: writing there would overwrite the state it describes.
+void set_rank_dirs(const Options& o, Manifest& m) {
+    if (!o.rank_dir.empty()) {
+        m.rank_dirs = expand_rank_dirs(o.rank_dir, m.opts.dp);
+        return;
+    }
+    if (!m.rank_dirs.empty())
+        log::info("the input manifest's rank folders (rank_dirs, from " + m.rank_dirs.front() +
+                  ") are not reused; every rank's files go beneath " + o.dir + " (--rank-dir places them)");
+    m.rank_dirs.clear();
+}
+
 // The worker threads and the stop flag every subcommand's run takes.
 RunOptions run_options(const Options& o) {
     RunOptions ro;
@@ -244,6 +259,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     if (lead) try {
             Manifest m = read_input(o);
             check_target(o.dir, o.force);
+            set_rank_dirs(o, m);
             (void)place_beside(m, o.dir);  // the names beside an old state, the same for every process
             std::ostringstream s;
             write_manifest(s, m);
@@ -315,8 +331,24 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
         w.discard();
         throw;
     }
+    // Process 0 commits; then every process retires the old state's files
+    // it can reach (with node-local rank folders, only its own node holds
+    // them). When the commit failed, the others keep what they placed: the
+    // manifest may name it.
+    if (lead) try {
+            const auto before = identity(path);
+            try {
+                save_manifest(m, path);
+            } catch (...) {
+                if (identity(path) == before) w.unplace();
+                throw;
+            }
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    comm::agree(c, failed, "process 0 could not commit the new manifest (zinf-shard verify tells which one stands)");
+    w.retire();
     if (!lead) return 0;
-    commit_manifest(w, m, path);
     char line[160];
     std::snprintf(line, sizeof line, "wrote %s with %u processes in %.3f s (%.3f GiB/s)",
                   format_size(m.total_bytes()).c_str(), procs, t.seconds(),
@@ -333,6 +365,7 @@ int do_init(const Options& o) {
     if (m.initialised() && !m.dir.empty())
         log::info("the manifest was initialised before (in " + m.dir + "); writing it afresh into " + o.dir);
     check_target(o.dir, o.force);
+    set_rank_dirs(o, m);
     RunOptions ro = run_options(o);
     if (o.ranks != "all")
         throw UsageError("--ranks " + o.ranks + ": init writes every rank, in one process or, under mpirun or srun, "
@@ -409,6 +442,7 @@ int do_import(const Options& o) {
         throw DataError(o.from + " is not a " + o.format + " file (" +
                         weight_format_name(detect_weight_format(o.from)) + " by its first bytes)");
     check_target(o.dir, o.force);
+    set_rank_dirs(o, m);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro = run_options(o);
@@ -450,6 +484,7 @@ int do_reshard(const Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro = run_options(o);
+    if (!o.rank_dir.empty()) ro.rank_dirs = expand_rank_dirs(o.rank_dir, o.dp);
     Timer t;
     Written w;
     Manifest n;
@@ -521,6 +556,10 @@ int main(int argc, char** argv) {
     add_reader(ini, false);  // init's directory is --dir
     ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
     ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    ini->add_option("--rank-dir", o.rank_dir,
+                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
+                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
+        ->take_all();
     ini->add_option("--ranks", o.ranks,
                     "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
         ->capture_default_str();
@@ -547,6 +586,10 @@ int main(int argc, char** argv) {
     rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
     rs->add_option("--dir", o.dir, "New data directory (not the source)")->required();
     rs->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    rs->add_option("--rank-dir", o.rank_dir,
+                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
+                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
+        ->take_all();
     add_io(rs);
 
     auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
@@ -558,6 +601,10 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"safetensors", "llmc"}));
     imp->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
     imp->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    imp->add_option("--rank-dir", o.rank_dir,
+                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
+                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
+        ->take_all();
     add_io(imp);
 
     auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");

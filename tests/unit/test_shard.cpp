@@ -741,6 +741,62 @@ BOOST_AUTO_TEST_CASE(malformed_manifests_are_data_errors_naming_the_line) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(rank_dirs_place_each_ranks_files_and_are_checked) {
+    Manifest m = layout(ModelSpec::parse(kSmall), {.dp = 3});
+    m.dir = "/shared/run";
+    BOOST_TEST(m.path_of(m.parts.front()) == "/shared/run/" + m.parts.front().file);
+    BOOST_TEST(m.rank_folder(2) == "/shared/run/rank2");
+    m.rank_dirs = expand_rank_dirs({"/local/nvme/%%run/rank%r/"}, 3);
+    BOOST_TEST(m.rank_dirs == (std::vector<std::string>{"/local/nvme/%run/rank0", "/local/nvme/%run/rank1",
+                                                        "/local/nvme/%run/rank2"}),
+               boost::test_tools::per_element());
+    for (const auto& p : m.parts) {
+        const Manifest::Place at = m.place(p.file);
+        BOOST_TEST(at.root == m.rank_dirs[p.rank]);
+        BOOST_TEST(at.rel == p.file.substr(p.file.find('/') + 1));
+        BOOST_TEST(at.rel.find('/') == std::string::npos);
+        BOOST_TEST(m.place(p.file, "/elsewhere").root == m.rank_dirs[p.rank]);  // a rank's folder wherever --dir is
+    }
+    BOOST_TEST(m.place("manifest.jsonl").path() == "/shared/run/manifest.jsonl");  // not a rank's file
+    BOOST_TEST(m.place("rank7/x.bin").path() == "/shared/run/rank7/x.bin");        // no such rank
+    BOOST_TEST(m.rank_folder(1) == "/local/nvme/%run/rank1");
+    // Written and read back; a manifest without them has no key.
+    const std::string text = text_of(m);
+    BOOST_TEST(read_text(text).rank_dirs == m.rank_dirs, boost::test_tools::per_element());
+    BOOST_TEST(text_of(read_text(text)) == text);
+    // One folder per rank, literally.
+    BOOST_TEST(expand_rank_dirs({"/a/x", "/b/y", "/c/z"}, 3)[1] == "/b/y");
+    BOOST_TEST(expand_rank_dirs({"/only"}, 1)[0] == "/only");
+    for (const auto& [given, dp, says] : std::vector<std::tuple<std::vector<std::string>, unsigned, std::string>>{
+             {{"rel/rank%r"}, 2, "absolute"},
+             {{"/a/rank"}, 2, "share"},
+             {{"/a/rank%r%q"}, 2, "%q"},
+             {{"/a/rank%r%"}, 2, "neither"},
+             {{"/a/../b/rank%r"}, 2, "'..'"},
+             {{"/a", "/b"}, 3, "not 2"},
+             {{"/a", "/a/"}, 2, "share"},
+             {{}, 2, "not 0"}}) {
+        const std::string msg = what_of<UsageError>([&] { (void)expand_rank_dirs(given, dp); }, says);
+        BOOST_TEST(contains(msg, says), msg);
+    }
+    // The reader refuses what would put a rank's files anywhere else.
+    const Lines base(text);
+    auto refused = [&](const Lines& l, const std::string& says) {
+        const std::string msg = read_error(l.str(), says);
+        BOOST_TEST(contains(msg, says), "expected '" << says << "' in: " << msg);
+    };
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"] = {"/a", "/b"}; }), "array of 3 folders");
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"] = "/a"; }), "array of 3 folders");
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"][1] = "b"; }), "not an absolute path");
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"][1] = 7; }), "is not a string");
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"][2] = "/x/../local"; }), "'..' is refused");
+    refused(base.edit(1, [](json::Json& h) { h["rank_dirs"][2] = "/local/nvme/%run/./rank0"; }),
+            "another rank's folder");
+    const std::size_t r1 = base.find([](const json::Json& r) { return r.value("rank", 0u) == 1; });
+    refused(base.edit(r1, [](json::Json& r) { r["file"] = "rank0/param.bin"; }), "rank 1's files are named rank1/");
+    refused(base.edit(r1, [](json::Json& r) { r["file"] = "rank1/sub/param.bin"; }), "rank1/<name>");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================

@@ -138,6 +138,10 @@ struct Manifest {
     LayoutOptions opts;
     std::vector<std::string> states;  // present, in file order
     std::string dir;                  // data directory; "" before init
+    // Node-local disks (zinf-manifest(5), "rank_dirs"): rank r's files,
+    // "rank<r>/<name>", lie in rank_dirs[r] (absolute) instead of beneath
+    // dir, which keeps the manifest. Empty: every file lies beneath dir.
+    std::vector<std::string> rank_dirs;
     std::string created_by;           // "zinf-shard 0.1.0"
     std::vector<Tensor> tensors;
     std::vector<Partition> parts;
@@ -153,8 +157,37 @@ struct Manifest {
     bool initialised() const;           // every partition has its xxh3
     // Index of the tensor named `name`; DataError listing near names if absent.
     std::size_t find_tensor(std::string_view name) const;
-    std::string path_of(const Partition& p) const;  // dir / file
+    // Where a file the manifest names lies: `rel` resolved beneath `root`,
+    // the data directory (or `in_dir`, one the run is writing), or with
+    // rank_dirs the rank's own folder. Every opener resolves `rel` beneath
+    // `root` (open_beneath): no path a manifest names leaves it.
+    struct Place {
+        std::string root, rel;
+        std::string path() const { return root + "/" + rel; }
+    };
+    Place place(const std::string& file) const;  // UsageError before init (no dir)
+    Place place(const std::string& file, const std::string& in_dir) const;
+    std::string path_of(const Partition& p) const { return place(p.file).path(); }
+    std::string path_of(const std::string& file) const { return place(file).path(); }
+    // The folder rank r's files lie in: rank_dirs[r], or dir/rank<r>.
+    std::string rank_folder(unsigned rank) const;
 };
+
+// The file in each node-local rank folder that says which rank's it is
+// ({"zinf":"rank folder","rank":R}): written by init, checked before any
+// program reads or writes there, so that a manifest's rank_dirs cannot aim
+// a write at a folder zinf did not make.
+inline constexpr const char* kRankMarker = ".zinf-rank";
+std::string rank_marker_text(unsigned rank);
+// --rank-dir's folders for dp ranks: one template, "/local/nvme/run/rank%r"
+// (%r: the rank, %%: a per cent sign), or one folder per rank; absolute,
+// and no two ranks alike. UsageError naming the one at fault.
+std::vector<std::string> expand_rank_dirs(const std::vector<std::string>& given, unsigned dp);
+// For the rank folders of `ranks` (every rank when empty) of a manifest with
+// rank_dirs: MissingInputError (66) naming the rank and folder when it does
+// not exist, DataError (65) when it is not a folder or its marker is absent
+// or names another rank. Without rank_dirs: nothing to check.
+void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks = {});
 
 // spec -> every partition laid out, files rank<R>/<state>.bin, tensors packed
 // in execution order at aligned offsets.
@@ -192,6 +225,9 @@ struct RunOptions {
     // Set (by a signal handler) to stop: the run throws Interrupted (130)
     // and, for writers, removes its temporaries.
     const std::atomic<bool>* stop = nullptr;
+    // reshard: node-local folders for the new layout's ranks (Manifest::
+    // rank_dirs; empty: beneath the new directory).
+    std::vector<std::string> rank_dirs;
 };
 
 // Writes every partition of `ranks` into `dir` (created when absent) and sets
@@ -257,7 +293,9 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir);
 // m.dir: DataError (65) naming the first that is a symbolic link (or leads
 // through one) outside it. For programs that open the files later through
 // other code (the trainer's engine and optimizer).
-void check_paths(const Manifest& m);
+// With rank_dirs, each of `ranks` (every rank when empty) has its folder
+// checked (check_rank_folders) and its files resolved beneath it.
+void check_paths(const Manifest& m, const std::vector<unsigned>& ranks = {});
 
 // Recomputes the xxh3 of every partition (of `ranks`); DataError naming
 // tensor, rank, state, file and offset at the first mismatch or short file.

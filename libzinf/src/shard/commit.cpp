@@ -105,17 +105,25 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
     if (::lstat(committed.c_str(), &st) != 0) return {};
     std::set<std::string> named;
     bool readable = true;
+    Manifest old;
     try {
-        for (const auto& p : read_manifest_file(committed).parts) named.insert(p.file);
+        old = read_manifest_file(committed);
+        for (const auto& p : old.parts) named.insert(p.file);
     } catch (const Error& e) {
         // Nothing in the directory is trusted then; still, write beside
         // what is there where a free name is.
         readable = false;
         log::warn(committed + " cannot be read (" + e.what() + "); replacing it");
     }
+    // Compared where the files lie: with node-local rank folders a name
+    // can be one file in the old state's folders and another in the new.
+    std::set<std::string> named_at;
+    if (readable)
+        for (const auto& f : named) named_at.insert(old.place(f, dir).path());
     auto taken = [&](const std::string& f) {
         struct stat fst {};
-        return readable ? named.count(f) != 0 : ::lstat((dir + "/" + f).c_str(), &fst) == 0;
+        const std::string at = m.place(f, dir).path();
+        return readable ? named_at.count(at) != 0 : ::lstat(at.c_str(), &fst) == 0;
     };
     std::map<std::string, std::string> to;
     for (const auto& f : m.files()) {
@@ -130,26 +138,86 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
         if (auto it = to.find(p.file); it != to.end()) p.file = it->second;
     std::vector<std::string> superseded;
     if (readable) {
-        const auto now = m.files();
-        const std::set<std::string> keep(now.begin(), now.end());
-        for (const auto& f : named)
-            if (!keep.count(f)) superseded.push_back(dir + "/" + f);
+        std::set<std::string> keep;  // where the new state's files lie
+        for (const auto& f : m.files()) keep.insert(m.place(f, dir).path());
+        // The old state's files in node-local rank folders go only from a
+        // folder its marker shows to be that rank's; one not on this node
+        // stays (its own node's next init replaces it).
+        std::set<unsigned> gone;
+        for (const auto& p : old.parts)
+            if (!old.rank_dirs.empty() && !gone.count(p.rank)) try {
+                    check_rank_folders(old, {p.rank});
+                } catch (const Error&) {
+                    gone.insert(p.rank);
+                }
+        // Each old file, and its other generation (the optimizer's twin,
+        // which no manifest names), unless the new state lies there.
+        for (const auto& p : old.parts)
+            if (!gone.count(p.rank))
+                for (const std::string& f : {p.file, other_generation(p.file)}) {
+                    const std::string at = old.place(f, dir).path();
+                    if (keep.insert(at).second) superseded.push_back(at);  // once
+                }
     }
     return superseded;
 }
 
-void check_paths(const Manifest& m) {
+void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks) {
+    if (m.rank_dirs.empty()) return;
+    std::vector<unsigned> all;
+    const std::vector<unsigned>* which = &ranks;
+    if (ranks.empty()) {
+        for (unsigned r = 0; r < m.opts.dp; ++r) all.push_back(r);
+        which = &all;
+    }
+    for (const unsigned r : *which) {
+        const std::string& d = m.rank_dirs.at(r);
+        const std::string who = "rank " + std::to_string(r) + "'s folder " + d + " (the manifest's rank_dirs)";
+        struct stat st {};
+        if (::stat(d.c_str(), &st) != 0) {
+            const int err = errno;
+            if (err == ENOENT)
+                throw MissingInputError(who + " does not exist on this node: run the rank where its node-local "
+                                              "disk is, or initialise it there (zinf-shard init --rank-dir)",
+                                        {err, d, {}, static_cast<int>(r)});
+            throw_errno("stat", err, d);
+        }
+        if (!S_ISDIR(st.st_mode)) throw DataError(who + " is not a folder", {0, d, {}, static_cast<int>(r)});
+        const int fd = open_beneath_raw(d, kRankMarker, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
+        std::string text;
+        if (fd >= 0) {
+            char buf[256];
+            const ssize_t n = ::read(fd, buf, sizeof buf);
+            if (n > 0) text.assign(buf, static_cast<std::size_t>(n));
+            ::close(fd);
+        }
+        const std::string want = rank_marker_text(r);
+        if (text != want)
+            throw DataError(who + (fd < 0 ? " holds no " + std::string(kRankMarker) : "'s " + std::string(kRankMarker) +
+                                                                                     " does not name rank " +
+                                                                                     std::to_string(r)) +
+                                ": it is not a rank folder zinf-shard init made; nothing is read or written there",
+                            {0, d + "/" + kRankMarker, {}, static_cast<int>(r)});
+    }
+}
+
+void check_paths(const Manifest& m, const std::vector<unsigned>& ranks) {
     if (m.dir.empty()) return;
-    std::set<std::string> folders;
-    for (const auto& f : m.files()) {
-        const std::string folder = fs::path(f).parent_path().string();
-        if (!folder.empty() && folders.insert(folder).second) {
-            const int fd = open_beneath_raw(m.dir, folder, O_PATH | O_DIRECTORY, 0);
-            if (fd == -EXDEV || fd == -ELOOP) throw_open_beneath(-fd, m.dir, folder, O_PATH);
+    check_rank_folders(m, ranks);
+    const std::set<unsigned> mine(ranks.begin(), ranks.end());
+    std::set<std::string> folders, files;
+    for (const auto& p : m.parts)
+        if (mine.empty() || mine.count(p.rank)) files.insert(p.file);
+    for (const auto& f : files) {
+        const Manifest::Place at = m.place(f);
+        const std::string folder = fs::path(at.rel).parent_path().string();
+        if (!folder.empty() && folders.insert(at.root + "/" + folder).second) {
+            const int fd = open_beneath_raw(at.root, folder, O_PATH | O_DIRECTORY, 0);
+            if (fd == -EXDEV || fd == -ELOOP) throw_open_beneath(-fd, at.root, folder, O_PATH);
             if (fd >= 0) ::close(fd);
         }
-        const int fd = open_beneath_raw(m.dir, f, O_PATH, 0);
-        if (fd == -EXDEV || fd == -ELOOP) throw_open_beneath(-fd, m.dir, f, O_PATH);
+        const int fd = open_beneath_raw(at.root, at.rel, O_PATH, 0);
+        if (fd == -EXDEV || fd == -ELOOP) throw_open_beneath(-fd, at.root, at.rel, O_PATH);
         if (fd >= 0) ::close(fd);
     }
 }

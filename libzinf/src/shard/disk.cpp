@@ -133,27 +133,47 @@ struct OutFiles {
     // statvfs first, so a disk too small fails before anything is written.
     // Every folder and file is resolved beneath `dir`: a rank folder that is
     // a link leading outside is refused (65) before anything is made there.
+    //
+    // With node-local rank folders (m.rank_dirs) each rank's files go into
+    // its own folder, made when absent; one that exists must be empty or hold
+    // this rank's marker (kRankMarker), which is written (as a temporary,
+    // committed with the files) into every folder this run writes.
     void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
         make_dirs(dir);
         std::map<std::string, std::uint64_t> sizes;
         for (const auto& p : m.parts)
             if (ranks.count(p.rank))
                 sizes[p.file] = std::max(sizes[p.file], align_up(p.offset + p.bytes, m.opts.alignment));
-        std::set<std::string> folders;
-        for (const auto& [f, b] : sizes) folders.insert(fs::path(f).parent_path().string());
-        for (const auto& folder : folders)
-            if (!folder.empty()) make_folder_beneath(dir, folder);
-        for (const auto& [f, b] : sizes) remove_stale_temps(dir, f);
+        std::vector<std::pair<unsigned, std::string>> markers;
+        if (!m.rank_dirs.empty())
+            for (const unsigned r : ranks) markers.emplace_back(r, make_rank_folder(m, r));
+        std::set<std::pair<std::string, std::string>> folders;  // (root, folder beneath it)
+        for (const auto& [f, b] : sizes) {
+            const Manifest::Place at = m.place(f, dir);
+            folders.insert({at.root, fs::path(at.rel).parent_path().string()});
+        }
+        for (const auto& [root, folder] : folders)
+            if (!folder.empty()) make_folder_beneath(root, folder);
+        for (const auto& [f, b] : sizes) remove_stale_temps(m.place(f, dir));
         check_space(m, dir, sizes, ranks.count(0) != 0);
+        for (const auto& [r, folder] : markers) {
+            const std::string path = folder + "/" + kRankMarker, text = rank_marker_text(r);
+            struct stat st {};
+            if (::lstat(path.c_str(), &st) == 0) continue;  // checked above: this rank's
+            const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+            write_file_atomic(path, {&piece, 1});
+            markers_made.push_back(path);
+        }
         for (const auto& [f, bytes] : sizes) {
-            const std::string final_path = dir + "/" + f;
+            const Manifest::Place at = m.place(f, dir);
+            const std::string final_path = at.path();
             // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted
             // at a temporary's name is written through.
             const std::string tmp = temp_name(final_path, kTempSuffix);
             io::File file;
             try {
                 file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true,
-                                            .mode = 0666, .beneath = dir});
+                                            .mode = 0666, .beneath = at.root});
             } catch (const CreateError& e) {  // no inode left: out of space too (73, zinf(7))
                 if (e.err() != ENOSPC && e.err() != EDQUOT) throw;
                 throw IoError("out of space creating a file; nothing was committed", {e.err(), tmp, {}, -1});
@@ -178,20 +198,72 @@ struct OutFiles {
     // The files and, when this run writes it, the manifest: each rounded up
     // to whole blocks. A state that fits but whose manifest does not would
     // leave every file written and nothing committed.
+    // Node-local rank folders are added up per file system (by device), so
+    // two folders on one disk count together and each disk is checked.
     static void check_space(const Manifest& m, const std::string& dir, const std::map<std::string, std::uint64_t>& sizes,
                             bool manifest) {
-        struct statvfs sv {};
-        if (::statvfs(dir.c_str(), &sv) != 0) return;
-        const std::uint64_t block = std::max<std::uint64_t>(sv.f_frsize, 1);
-        std::uint64_t need = 0;
-        for (const auto& [f, b] : sizes) need += align_up(b, block);
-        if (manifest) need += align_up(manifest_bytes_bound(m, dir), block);
-        const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
-        if (avail < need)
-            throw IoError("not enough space for the model state and its manifest: " + format_size(need) + " (" +
-                              std::to_string(need) + " bytes) needed, " + format_size(avail) + " (" +
-                              std::to_string(avail) + " bytes) free; nothing was written",
-                          {ENOSPC, dir, {}, -1});
+        struct Disk {
+            std::string at;  // a folder on it, for statvfs and the message
+            std::uint64_t files = 0;
+            bool manifest = false;
+        };
+        std::map<dev_t, Disk> disks;
+        auto disk_of = [&](const std::string& folder) -> Disk* {
+            struct stat st {};
+            if (::stat(folder.c_str(), &st) != 0) return nullptr;
+            Disk& d = disks[st.st_dev];
+            if (d.at.empty()) d.at = folder;
+            return &d;
+        };
+        for (const auto& [f, b] : sizes)
+            if (Disk* d = disk_of(m.place(f, dir).root)) d->files += b;
+        if (manifest)
+            if (Disk* d = disk_of(dir)) d->manifest = true;
+        for (const auto& [dev, d] : disks) {
+            struct statvfs sv {};
+            if (::statvfs(d.at.c_str(), &sv) != 0) continue;
+            const std::uint64_t block = std::max<std::uint64_t>(sv.f_frsize, 1);
+            std::uint64_t need = 0;
+            for (const auto& [f, b] : sizes)
+                if (disk_of(m.place(f, dir).root) == &d) need += align_up(b, block);
+            if (d.manifest) need += align_up(manifest_bytes_bound(m, dir), block);
+            const std::uint64_t avail = std::uint64_t{sv.f_bavail} * sv.f_frsize;
+            if (avail < need)
+                throw IoError("not enough space for the model state" + std::string(d.manifest ? " and its manifest" : "") +
+                                  ": " + format_size(need) + " (" + std::to_string(need) + " bytes) needed, " +
+                                  format_size(avail) + " (" + std::to_string(avail) + " bytes) free; nothing was written",
+                              {ENOSPC, d.at, {}, -1});
+        }
+    }
+
+    // Rank r's node-local folder, made when absent (and its parents); one
+    // that exists must be a real folder, empty or holding r's marker.
+    std::string make_rank_folder(const Manifest& m, unsigned r) {
+        const std::string& d = m.rank_dirs.at(r);
+        struct stat st {};
+        if (::lstat(d.c_str(), &st) != 0) {
+            make_dirs(d);
+            return d;
+        }
+        if (!S_ISDIR(st.st_mode))
+            throw UsageError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) is " +
+                             (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a folder") + "; name a folder");
+        bool empty = true;
+        if (DIR* dd = ::opendir(d.c_str())) {
+            while (const dirent* e = ::readdir(dd)) {
+                const std::string_view n = e->d_name;
+                if (n != "." && n != "..") empty = false;
+            }
+            ::closedir(dd);
+        }
+        if (!empty) try {
+                check_rank_folders(m, {r});
+            } catch (const Error& e) {
+                throw UsageError("rank " + std::to_string(r) + "'s folder " + d +
+                                 " (--rank-dir) holds files and is not that rank's folder: name an empty or new "
+                                 "folder (" + e.message() + ")");
+            }
+        return d;
     }
 
     // A folder of the layout, beneath `dir`: one that exists must not lead
@@ -211,11 +283,11 @@ struct OutFiles {
     // What an earlier run killed half-way left under its temporary names
     // beside `file` ("<file>.zinf-tmp.<random>"): removed, so that they
     // neither pile up nor count against the space.
-    static void remove_stale_temps(const std::string& dir, const std::string& file) {
-        const fs::path f(file);
+    static void remove_stale_temps(const Manifest::Place& at) {
+        const fs::path f(at.rel);
         const std::string folder = f.parent_path().string();
         const std::string prefix = f.filename().string() + kTempSuffix;
-        const int fd = open_beneath_raw(dir, folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY, 0);
+        const int fd = open_beneath_raw(at.root, folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY, 0);
         if (fd < 0) return;
         DIR* d = ::fdopendir(fd);
         if (!d) {
@@ -243,10 +315,12 @@ struct OutFiles {
     // nothing is left behind.
     void discard() noexcept {
         files.clear();
+        for (const auto& f : markers_made) ::unlink(f.c_str());
         written.folders = std::move(created);
         written.discard();
     }
     std::vector<std::string> created;
+    std::vector<std::string> markers_made;  // rank folders' markers this run wrote
 
     // Every write done: fdatasync and a checked close of each file.
     void finish(io::Engine& engine) {
@@ -420,8 +494,11 @@ std::vector<std::span<std::byte>> spans(std::vector<mem::Lease>& leases, std::si
 
 // A partition's file, for reading, resolved beneath the data directory: a
 // data file that is a link leading outside it is refused (65), as is a folder.
+// In a node-local rank folder, only one whose marker names the rank.
 io::File open_data(const Manifest& m, const Partition& p) {
-    return io::File::open(m.path_of(p), {.beneath = m.dir});
+    if (!m.rank_dirs.empty()) check_rank_folders(m, {p.rank});
+    const Manifest::Place at = m.place(p.file);
+    return io::File::open(at.path(), {.beneath = at.root});
 }
 
 std::string absolute_dir(const std::string& dir) {
@@ -647,6 +724,12 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     lo.dp = dp;
     Manifest n = layout(m.spec, lo);
     n.extra = m.extra;
+    if (!opts.rank_dirs.empty()) {
+        if (opts.rank_dirs.size() != dp)
+            throw InternalError("reshard: " + std::to_string(opts.rank_dirs.size()) + " rank folders for dp " +
+                                std::to_string(dp));
+        n.rank_dirs = opts.rank_dirs;
+    }
     const auto old_groups = by_tensor_state(m);
     // Record keys this version does not know move to the new records when
     // every old partition of the tensor and state agrees on them.

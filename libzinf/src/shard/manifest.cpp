@@ -87,7 +87,7 @@ auto as_data(const std::string& where, F f) {
 
 const std::set<std::string> kHeaderKeys = {"schema", "model", "preset", "tile", "dp", "param_dtype", "param_tier",
                                            "optim_tier", "grad_tier", "train", "states", "alignment", "seed",
-                                           "tensors", "records", "parameters", "dir", "created_by"};
+                                           "tensors", "records", "parameters", "dir", "rank_dirs", "created_by"};
 const std::set<std::string> kRecordKeys = {"tensor", "shape", "dtype", "state", "tier", "rank",
                                            "elements", "file", "offset", "bytes", "xxh3", "step"};
 
@@ -209,10 +209,74 @@ std::size_t Manifest::find_tensor(std::string_view name) const {
                     (shown ? " (near: " + near + ")" : ""));
 }
 
-std::string Manifest::path_of(const Partition& p) const {
+namespace {
+// "rank<r>/<name>" -> r and name; nullopt for any other spelling.
+std::optional<std::pair<unsigned, std::string>> rank_file(const std::string& file) {
+    if (!file.starts_with("rank")) return std::nullopt;
+    std::size_t i = 4;
+    unsigned long long r = 0;
+    while (i < file.size() && i < 12 && file[i] >= '0' && file[i] <= '9') r = r * 10 + unsigned(file[i++] - '0');
+    if (i == 4 || i >= file.size() || file[i] != '/' || (file[4] == '0' && i > 5)) return std::nullopt;
+    std::string name = file.substr(i + 1);
+    if (name.empty() || name.find('/') != std::string::npos || r > UINT32_MAX) return std::nullopt;
+    return std::pair{static_cast<unsigned>(r), std::move(name)};
+}
+}  // namespace
+
+Manifest::Place Manifest::place(const std::string& file, const std::string& in_dir) const {
+    if (!rank_dirs.empty())
+        if (auto rf = rank_file(file); rf && rf->first < rank_dirs.size()) return {rank_dirs[rf->first], rf->second};
+    return {in_dir, file};
+}
+
+Manifest::Place Manifest::place(const std::string& file) const {
     if (dir.empty())
         throw UsageError("the manifest names no data directory: it comes from 'layout'; run 'zinf-shard init --dir D' first");
-    return dir + "/" + p.file;
+    return place(file, dir);
+}
+
+std::string Manifest::rank_folder(unsigned rank) const {
+    if (rank < rank_dirs.size()) return rank_dirs[rank];
+    return dir + "/rank" + std::to_string(rank);
+}
+
+std::string rank_marker_text(unsigned rank) {
+    return R"({"zinf":"rank folder","rank":)" + std::to_string(rank) + "}\n";
+}
+
+std::vector<std::string> expand_rank_dirs(const std::vector<std::string>& given, unsigned dp) {
+    const bool each = given.size() == dp && dp > 1;
+    if (given.size() != 1 && !each)
+        throw UsageError("--rank-dir: give one folder with %r for the rank (/local/nvme/run/rank%r), or one folder "
+                         "per rank (" + std::to_string(dp) + "), not " + std::to_string(given.size()));
+    std::vector<std::string> dirs;
+    std::set<std::string> distinct;
+    for (unsigned r = 0; r < dp; ++r) {
+        const std::string& pattern = given[each ? r : 0];
+        const std::string opt = "--rank-dir '" + pattern + "'";
+        if (pattern.empty() || pattern.front() != '/')
+            throw UsageError(opt + ": a rank folder must be an absolute path (each node resolves it on its own disk)");
+        std::string d;
+        for (std::size_t i = 0; i < pattern.size(); ++i) {
+            if (pattern[i] != '%') {
+                d += pattern[i];
+                continue;
+            }
+            const char c = i + 1 < pattern.size() ? pattern[++i] : '\0';
+            if (c == 'r') d += std::to_string(r);
+            else if (c == '%') d += '%';
+            else throw UsageError(opt + ": '%" + std::string(c ? 1 : 0, c) + "' is neither %r (the rank) nor %%");
+        }
+        std::string n = std::filesystem::path(d).lexically_normal().string();
+        if (n.size() > 1 && n.back() == '/') n.pop_back();
+        for (const auto& part : std::filesystem::path(d))
+            if (part == "..") throw UsageError(opt + ": '..' is refused in a rank folder");
+        if (!distinct.insert(n).second)
+            throw UsageError(opt + ": rank " + std::to_string(r) + " would share " + n +
+                             " with another rank; put %r where the rank goes (/local/nvme/run/rank%r)");
+        dirs.push_back(n);
+    }
+    return dirs;
 }
 
 // ---------------------------------------------------------------------------
@@ -235,6 +299,8 @@ json::Json header_json(const Manifest& m) {
     h["tensors"] = m.tensors.size();
     h["records"] = m.parts.size();
     if (!m.dir.empty()) h["dir"] = m.dir;
+    if (!m.rank_dirs.empty()) h["rank_dirs"] = m.rank_dirs;
+    else h.erase("rank_dirs");
     h["created_by"] = m.created_by;
     return h;
 }
@@ -327,6 +393,26 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         m.dir = json::get_string(h, "dir", hw);
         if (m.dir.empty()) throw DataError(hw + ": dir is empty");
     }
+    if (h.contains("rank_dirs")) {
+        const json::Json& rd = h["rank_dirs"];
+        if (!rd.is_array() || rd.size() != o.dp)
+            throw DataError(hw + ": rank_dirs must be an array of " + std::to_string(o.dp) +
+                            " folders, one per rank (dp " + std::to_string(o.dp) + ")");
+        std::set<std::string> distinct;
+        for (std::size_t r = 0; r < rd.size(); ++r) {
+            if (!rd[r].is_string()) throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] is not a string");
+            const std::string d = rd[r].get<std::string>();
+            const std::string n = std::filesystem::path(d).lexically_normal().string();
+            if (d.empty() || d.front() != '/' || d.find('\0') != std::string::npos)
+                throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is not an absolute path");
+            for (const auto& part : std::filesystem::path(d))
+                if (part == "..")
+                    throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "': '..' is refused");
+            if (!distinct.insert(n).second)
+                throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is another rank's folder too");
+            m.rank_dirs.push_back(n.size() > 1 && n.back() == '/' ? n.substr(0, n.size() - 1) : n);
+        }
+    }
     if (h.contains("created_by")) m.created_by = json::get_string(h, "created_by", hw);
     m.extra = unknown_keys(h, kHeaderKeys);
     m.tensors = tensors(m.spec, o.tile);
@@ -396,6 +482,10 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
                             std::to_string(o.dp) + " gives [" + std::to_string(f) + ", " + std::to_string(l) +
                             ") (overlapping or missing range)");
         p.file = normal_path(json::get_string(r, "file", w), w);
+        if (!m.rank_dirs.empty())
+            if (auto rf = rank_file(p.file); !rf || rf->first != p.rank)
+                throw DataError(w + ": file '" + p.file + "': with rank_dirs, rank " + std::to_string(p.rank) +
+                                "'s files are named rank" + std::to_string(p.rank) + "/<name>");
         p.offset = json::get_u64(r, "offset", w);
         if (p.offset % o.alignment)
             throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +

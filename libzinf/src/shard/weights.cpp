@@ -396,8 +396,12 @@ public:
 private:
     io::File& file(const Partition& p) {
         auto it = files_.find(p.file);
-        if (it == files_.end())
-            it = files_.emplace(p.file, io::File::open(m_.path_of(p), {.direct = io::Direct::buffered})).first;
+        if (it == files_.end()) {
+            if (!m_.rank_dirs.empty()) check_rank_folders(m_, {p.rank});
+            const Manifest::Place at = m_.place(p.file);
+            it = files_.emplace(p.file, io::File::open(at.path(), {.direct = io::Direct::buffered, .beneath = at.root}))
+                     .first;
+        }
         return it->second;
     }
     const Manifest& m_;
