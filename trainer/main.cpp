@@ -166,8 +166,9 @@ int run(Options& o) {
     }
     // The engine and the optimizer open these files later: none may lead
     // outside the data directory (a rank folder that is a link elsewhere
-    // would have every checkpoint written there).
-    shard::check_paths(m);
+    // would have every checkpoint written there). Node-local rank folders
+    // are each on their own node: every rank checks its own (Trainer).
+    if (m.rank_dirs.empty()) shard::check_paths(m);
 
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);

@@ -101,9 +101,12 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
                             m.tensors[t].name + ", the model expects " + table[t].name);
     // The disk the run will need, before anything is written: every rank
     // checks its own folder, and one rank's shortage is every rank's 73.
+    // First its files: none may lead out of the data directory (or out of
+    // the rank's node-local folder, which must be the one init made).
     {
         std::exception_ptr short_disk;
         try {
+            shard::check_paths(m, {rank});
             zero::DiskNeedOptions dn;
             if (opts.offload_activations == model::Offload::nvme)
                 dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq);

@@ -18,8 +18,9 @@ struct CommittedParams::Impl {
     io::File& file(const std::string& rel) {
         auto it = files.find(rel);
         if (it != files.end()) return it->second;
-        const std::string full = m.dir + "/" + rel;
-        io::OpenOptions oo{.access = io::Access::read};
+        const shard::Manifest::Place at = m.place(rel);
+        const std::string full = at.path();
+        io::OpenOptions oo{.access = io::Access::read, .beneath = at.root};
         io::File f = io::File::open(full, oo);
         if (f.direct() && m.opts.alignment % f.alignment() != 0) {
             log::warn_once("committed-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
@@ -39,6 +40,7 @@ CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::En
     Impl& I = *impl_;
     if (m.dir.empty()) throw DataError("the manifest has no data directory: run zinf-shard init first");
     if (!m.initialised()) throw DataError("the manifest is not initialised (records without xxh3)");
+    shard::check_rank_folders(m, {rank});  // a node-local folder: the one init made for this rank
     if (rank >= m.opts.dp)
         throw InternalError("CommittedParams: rank " + std::to_string(rank) + " of dp " + std::to_string(m.opts.dp));
     I.part.assign(m.tensors.size(), nullptr);
@@ -59,7 +61,7 @@ CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::En
         for (const auto& [rel, end] : ends) {
             io::File& f = I.file(rel);
             if (f.size() < end)
-                throw DataError(m.dir + "/" + rel + ": " + std::to_string(f.size()) +
+                throw DataError(m.path_of(rel) + ": " + std::to_string(f.size()) +
                                 " bytes, but rank " + std::to_string(rank) + "'s param partitions reach " +
                                 std::to_string(end));
         }
@@ -70,7 +72,7 @@ CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::En
     for (const auto& [rel, end] : ends) {
         io::File& f = I.file(rel);
         if (f.size() < end)
-            throw DataError(m.dir + "/" + rel + ": " + std::to_string(f.size()) + " bytes, but rank " +
+            throw DataError(m.path_of(rel) + ": " + std::to_string(f.size()) + " bytes, but rank " +
                             std::to_string(rank) + "'s param partitions reach " + std::to_string(end));
         AlignedBuffer image = AlignedBuffer::allocate(end);
         if (int err = image.lock())
@@ -85,7 +87,7 @@ CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::En
         if (got != *p.xxh3)
             throw DataError(I.where(t) + ": xxh3 " + hex64(got) + " of the bytes read, the manifest says " +
                                 hex64(*p.xxh3),
-                            {.path = m.dir + "/" + p.file, .offset = p.offset, .rank = static_cast<int>(rank)});
+                            {.path = m.path_of(p.file), .offset = p.offset, .rank = static_cast<int>(rank)});
     }
 }
 

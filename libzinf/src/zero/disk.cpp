@@ -47,11 +47,11 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
         files[base] = std::max(files[base], align_up(p.offset + p.bytes, A));
         if (folder.empty()) folder = folder_of(p.file);
     }
-    need.folder = m.dir.empty() ? folder : m.dir + "/" + folder;
+    need.folder = m.dir.empty() ? folder : m.rank_dirs.empty() ? m.dir + "/" + folder : m.rank_folder(rank);
     for (const auto& [base, bytes] : files) {
         need.states += 2 * bytes;
         if (!m.dir.empty())
-            for (const char* g : {".bin", ".alt.bin"}) need.present += allocated(m.dir + "/" + base + g, bytes);
+            for (const char* g : {".bin", ".alt.bin"}) need.present += allocated(m.path_of(base + g), bytes);
     }
     // The gradient scratch: with the optimizer state on NVMe, this rank's
     // gradient partitions, each at an aligned offset (made afresh each run).

@@ -94,7 +94,7 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
         plan_chunks();
         prepare_step();  // the files the first step writes exist before it starts
     } catch (...) {
-        if (roles[Role::G].file) ::unlink((m.dir + "/" + roles[Role::G].name(0)).c_str());
+        if (roles[Role::G].file) ::unlink(m.path_of(roles[Role::G].name(0)).c_str());
         throw;
     }
     if (speculative) worker = std::thread([this] { work(); });
@@ -116,7 +116,7 @@ Optimizer::Impl::~Impl() {
         } catch (const Error& e) {
             log::warn(e.what());
         }
-        ::unlink((m.dir + "/" + g.name(0)).c_str());
+        ::unlink(m.path_of(g.name(0)).c_str());
     }
 }
 
@@ -136,9 +136,12 @@ shard::Partition* Optimizer::Impl::record(std::size_t t, unsigned r, const std::
 }
 
 io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::uint64_t bytes) {
-    const std::string full = m.dir + "/" + rel;
+    const shard::Manifest::Place at = m.place(rel);
+    const std::string full = at.path();
     io::OpenOptions oo{.access = io::Access::read_write, .create = create};
-    oo.beneath = m.dir;  // a state file or rank folder that is a link out of the data directory is refused
+    // A state file or rank folder that is a link out of the data directory
+    // (or out of the rank's node-local folder) is refused.
+    oo.beneath = at.root;
     io::File f = io::File::open(full, oo);
     if (f.direct() && A % f.alignment() != 0) {
         log::warn_once("optim-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
@@ -215,7 +218,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
         if (part.xxh3 && h != *part.xxh3)
             throw DataError(where_of(m, t, rank, state) + ": xxh3 " + hex64(h) + ", the manifest says " +
                                 hex64(*part.xxh3),
-                            {.path = m.dir + "/" + part.file, .offset = part.offset, .rank = static_cast<int>(rank)});
+                            {.path = m.path_of(part.file), .offset = part.offset, .rank = static_cast<int>(rank)});
     }
 }
 
@@ -241,7 +244,7 @@ void Optimizer::Impl::setup_grad() {
     }
     const std::string folder = std::filesystem::path(roles[Role::W].base).parent_path().string();
     g.base = (folder.empty() ? "" : folder + "/") + "grad";
-    ::unlink((m.dir + "/" + g.name(0)).c_str());  // scratch: whatever a crashed run left is void
+    ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
     gen_file(g, 0, true);
 }
 
@@ -446,7 +449,7 @@ void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) 
                                 hex64(rs.cur_hash[p.tensor]) +
                                 ": the state on disk is damaged; nothing was committed (zinf-shard verify names "
                                 "every damaged partition)",
-                            {.path = m.dir + "/" + rs.name(rs.cur), .offset = rs.offset[p.tensor],
+                            {.path = m.path_of(rs.name(rs.cur)), .offset = rs.offset[p.tensor],
                              .rank = static_cast<int>(rank)});
     }
 }

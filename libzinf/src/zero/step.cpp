@@ -354,7 +354,7 @@ void Impl::undo_speculation() {
         if (h.digest() != rs.cur_hash[t])
             throw DataError(m.tensors[t].name + " rank " + std::to_string(rank) + " " + rs.state + ": " +
                                 rs.name(rs.cur) + " changed on disk during the step",
-                            {.path = m.dir + "/" + rs.name(rs.cur), .offset = rs.offset[t],
+                            {.path = m.path_of(rs.name(rs.cur)), .offset = rs.offset[t],
                              .rank = static_cast<int>(rank)});
     }
 }
