@@ -154,8 +154,8 @@ std::pair<dev_t, ino_t> identity(const std::string& path) {
 // under names the old manifest does not name (place_beside), so the old
 // state is whole until the rename inside save_manifest replaces it: a
 // failure or a kill before that leaves it committed, and what was placed
-// goes. After it, the old state's files go.
-void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
+// goes (save_placed). After it, the old state's files go.
+void save_placed(Written& w, const Manifest& m, const std::string& path) {
     const auto before = identity(path);
     try {
         save_manifest(m, path);
@@ -163,6 +163,9 @@ void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
         if (identity(path) == before) w.unplace();
         throw;
     }
+}
+void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
+    save_placed(w, m, path);
     w.retire();
 }
 
@@ -336,13 +339,7 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
     // them). When the commit failed, the others keep what they placed: the
     // manifest may name it.
     if (lead) try {
-            const auto before = identity(path);
-            try {
-                save_manifest(m, path);
-            } catch (...) {
-                if (identity(path) == before) w.unplace();
-                throw;
-            }
+            save_placed(w, m, path);
         } catch (...) {
             failed = std::current_exception();
         }
