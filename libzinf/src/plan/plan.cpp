@@ -5,6 +5,8 @@
 #include <zinf/zero.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <istream>
 #include <cmath>
 #include <limits>
 
@@ -53,6 +55,25 @@ void Workload::validate() const {
     // And the state bytes: 20 bytes a parameter at most, by either count.
     if (std::max(spec.parameters(), spec.paper_estimate()) >= (std::uint64_t{1} << 59))
         throw UsageError("model " + spec.to_string() + ": too large to count its bytes (2^59 parameters or more)");
+}
+
+std::size_t read_bench_lines(std::istream& in, const std::string& label, Hardware& h) {
+    std::string line;
+    std::size_t n = 0, used = 0;
+    while (std::getline(in, line)) {
+        ++n;
+        const auto first = line.find_first_not_of(" \t\r");
+        if (first == std::string::npos || line[first] == '#') continue;
+        json::Json j;
+        try {
+            j = json::Json::parse(line);
+        } catch (const std::exception& e) {
+            throw DataError(label + ":" + std::to_string(n) + ": not JSON (" + e.what() + ")");
+        }
+        if (read_bench(j, label + ":" + std::to_string(n), h)) ++used;
+    }
+    if (in.bad()) throw IoError("reading " + label + " failed", {errno, label, {}, -1});
+    return used;
 }
 
 namespace {
