@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <typeinfo>
 #include <unistd.h>
 #include <vector>
 
@@ -77,7 +78,14 @@ int main(int argc, char** argv) {
     const Target fn = targets()[argv[1]];
     for (int s : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(s, on_fatal);
     std::set_terminate([] {
-        std::fprintf(stderr, "fuzz finding: an exception escaped the target\n");
+        std::string what = "not a std::exception";
+        try {
+            if (auto e = std::current_exception()) std::rethrow_exception(e);
+        } catch (const std::exception& e) {
+            what = std::string(typeid(e).name()) + ": " + e.what();
+        } catch (...) {
+        }
+        std::fprintf(stderr, "fuzz finding: an exception escaped the target (%s)\n", what.c_str());
         on_fatal(SIGABRT);
     });
     std::size_t n = 0;
