@@ -741,7 +741,7 @@ BOOST_AUTO_TEST_CASE(malformed_manifests_are_data_errors_naming_the_line) {
     }
 }
 
-// Found by the manifest fuzzer's seeds (tests/fuzz/corpus/manifest/crash-*):
+// Found with the manifest fuzz target (tests/fuzz/corpus/manifest/crash-*):
 // a one-line header that claims a huge tile factor or dp made the reader
 // build millions of tensors, or reserve a record per claimed partition,
 // before it read a single record -- gigabytes and a minute for 300 bytes of

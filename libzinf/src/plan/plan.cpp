@@ -28,10 +28,12 @@ double harmonic(double a, double b, double wa, double wb) {  // bytes wa at a an
 }
 
 // `schema` is the record's: j may be an element of it (a pinstress copy), and
-// need not be an object.
+// need not be an object. The value is a rate in GiB/s or GB/s: it must stay
+// finite in bytes/s too (1e300 GiB/s would read as infinite, "in device memory").
 double positive(const json::Json& j, const char* key, const std::string& source, const std::string& schema) {
-    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0))
-        throw DataError(source + ": a " + schema + " record without a number " + key + " (at least 0)");
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0) ||
+        !std::isfinite(j[key].get<double>() * kGiB))
+        throw DataError(source + ": a " + schema + " record without a finite number " + key + " (at least 0)");
     return j[key].get<double>();
 }
 
