@@ -81,6 +81,14 @@ BOOST_AUTO_TEST_CASE(format_round_trips) {
     BOOST_TEST(format_size(3ull << 30) == "3GiB");
     for (std::uint64_t v : {4096ull, 1ull << 20, 512ull << 10, 7ull << 40})
         BOOST_TEST(parse_size(format_size(v)) == v);
+    // Found with the size fuzz target (tests/fuzz/corpus/size/crash-*): 2^50
+    // printed as "1PiB", a unit parse_size does not read. TiB is the top.
+    BOOST_TEST(format_size(1ull << 50) == "1024TiB");
+    BOOST_TEST(format_size(3ull << 52) == "12288TiB");
+    BOOST_TEST(format_size((1ull << 50) + (1ull << 49)) == "1536TiB");
+    BOOST_TEST(format_size(UINT64_MAX) == "16777216.0TiB");
+    for (std::uint64_t v : {1ull << 50, 1ull << 60, 5ull << 61})
+        BOOST_TEST(parse_size(format_size(v)) == v);
 }
 
 BOOST_AUTO_TEST_CASE(durations) {
