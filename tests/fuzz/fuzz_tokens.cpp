@@ -28,8 +28,9 @@ ZINF_FUZZ_TARGET(tokens) {
     if (toks.max_token() != *std::max_element(t.begin(), t.end())) fuzz::finding("max_token is not the largest");
     fuzz::documented<DataError>([&] { data::check_vocab(toks, 50257); });
 
-    const auto [train, val] = data::split(t, 0.25);
-    if (train.size() + val.size() != t.size()) fuzz::finding("the split loses tokens");
+    const auto parts = data::split(t, 0.25);
+    const std::span<const std::uint16_t> train = parts.first;  // a lambda below uses it: no structured binding (clang 14)
+    if (train.size() + parts.second.size() != t.size()) fuzz::finding("the split loses tokens");
     // One window of B*T = 2*3 tokens, on two ranks.
     for (unsigned rank = 0; rank < 2; ++rank) {
         std::optional<data::Loader> loader;

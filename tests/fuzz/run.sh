@@ -41,7 +41,7 @@ summary() {  # target rc
   local t=$1 rc=$2 log=$bin/logs/$1.log last execs rate
   last=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE|INITED)' "$log" | tail -n 1)
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$')
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | grep -o '[0-9]*$')
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$')
   printf '%-11s %7s %11s %8s %6s %7s %7s  %s\n' "$t" "${seconds}s" "${execs:-?}" "${rate:-?}" \
     "$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*')" "$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*')" \
     "$(ls "$bin/corpus/$t" | wc -l)" \
