@@ -6,6 +6,8 @@
 #   make bench           the benchmark programs (zinf-iobench, ...)
 #   make install PREFIX=/usr/local
 #   make deps            install the Debian packages (scripts/deps.sh)
+#   make fuzz            build the libFuzzer targets (clang) and run each FUZZ_SECONDS=60,
+#                        FUZZ_JOBS=2 at a time; a crash fails it (tests/fuzz/README.md)
 #
 # Options: NO_CUDA=1 NO_MPI=1 V=1 (show commands) DEBUG=1
 #          SANITIZE=address,undefined | SANITIZE=thread
@@ -224,6 +226,45 @@ $(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno
 # The optimizer step hashes what it writes on OpenMP threads.
 $(BUILD)/libzinf/src/zero/optimizer.o $(BUILD)/bench/optbench.o: CXXFLAGS += -fopenmp
 
+# --- fuzzers (tests/fuzz/README.md) -------------------------------------------
+# tests/fuzz/fuzz_NAME.cpp: one libFuzzer target each. `make test` replays
+# every committed corpus through one g++ binary that holds them all
+# (tests/e2e/fuzz.sh); `make fuzz` builds each target with clang, libFuzzer,
+# ASan and UBSan in $(BUILD)/fuzz and runs it (tests/fuzz/run.sh).
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.cpp)
+FUZZ_TARGETS := $(FUZZ_SRCS:tests/fuzz/fuzz_%.cpp=%)
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 2
+# The library files the targets link: whole modules where they build with
+# clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
+FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
+  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/zero/disk.cpp,$(LIB_SRCS))
+tests: $(BUILD)/tests/fuzz-replay
+$(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/tests/fuzz/targets.o: tests/fuzz/targets.cpp $(FUZZ_SRCS) $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CXX     $< ($(FUZZ_TARGETS))")
+	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(FUZZ_SRCS:%=-include %) -c $< -o $@
+ifeq ($(FUZZ_CLANG),1)
+CXXFLAGS += -fsanitize=fuzzer-no-link -fno-sanitize-recover=all
+$(BUILD)/tests/fuzz/fuzz_%.o: CPPFLAGS += -DZINF_LIBFUZZER
+endif
+$(BUILD)/libzinf-fuzz.a: $(FUZZ_LIB_SRCS:%.cpp=$(BUILD)/%.o)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(BUILD)/fuzz-%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(BUILD)/libzinf-fuzz.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(LDFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+fuzz:
+	@scripts/deps.sh --fuzz --check 2>/dev/null || scripts/deps.sh --fuzz
+	$(Q)$(MAKE) --no-print-directory FUZZ_CLANG=1 CXX=clang++ NO_CUDA=1 NO_MPI=1 SANITIZE=address,undefined \
+	  BUILD=$(BUILD)/fuzz $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz-%)
+	nice -n 10 tests/fuzz/run.sh --seconds $(FUZZ_SECONDS) --jobs $(FUZZ_JOBS) --bin $(BUILD)/fuzz $(FUZZ_TARGETS)
+.PHONY: fuzz
+
 # --- the two quick-start commands --------------------------------------------
 deps:
 	scripts/deps.sh
@@ -268,6 +309,6 @@ clean:
 	rm -rf $(BUILD) $(BIN)
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' Makefile | sed -e '/^$$/d' -e 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -67,21 +67,7 @@ void read_bench_file(const std::string& name, plan::Hardware& h) {
         file = input_stream(name);  // a FIFO (--bench <(zinf-nvmebench --json)) too
         in = file.get();
     }
-    std::string line;
-    std::size_t n = 0, used = 0;
-    while (std::getline(*in, line)) {
-        ++n;
-        const auto first = line.find_first_not_of(" \t\r");
-        if (first == std::string::npos || line[first] == '#') continue;
-        json::Json j;
-        try {
-            j = json::Json::parse(line);
-        } catch (const std::exception& e) {
-            throw DataError(label + ":" + std::to_string(n) + ": not JSON (" + e.what() + ")");
-        }
-        if (plan::read_bench(j, label + ":" + std::to_string(n), h)) ++used;
-    }
-    if (in->bad()) throw IoError("reading " + label + " failed", {errno, label, {}, -1});
+    const std::size_t used = plan::read_bench_lines(*in, label, h);
     if (!used) log::warn(label + ": no zinf-nvmebench, -pinstress, -commbench or -optbench record in it");
 }
 

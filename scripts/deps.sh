@@ -3,6 +3,8 @@
 #   scripts/deps.sh           install what is missing (apt-get; sudo when not root)
 #   scripts/deps.sh --check   exit 0 when everything is installed, 1 otherwise, and
 #                             name what is missing on stderr
+#   scripts/deps.sh --fuzz [--check]   the same, with what `make fuzz` adds
+#                             (clang, libFuzzer's runtime); `make test` needs none of it
 # CUDA and NCCL are not Debian packages: they come with the CUDA toolkit in
 # /usr/local/cuda, and the build works without them.
 set -euo pipefail
@@ -22,6 +24,12 @@ packages=(
   jq                 # JSON checks in the end-to-end tests, reshaping for plots
   gnuplot-nox        # scripts/plot.sh
 )
+
+fuzz_packages=(clang libclang-rt-dev libomp-dev)  # make fuzz: clang, libFuzzer, OpenMP for clang
+if [[ ${1:-} == --fuzz ]]; then
+  packages+=("${fuzz_packages[@]}")
+  shift
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -219,6 +219,14 @@ BOOST_AUTO_TEST_CASE(config_validation_and_json) {
     PoolConfig e = PoolConfig::from_json(d.to_json(), "round trip");
     BOOST_TEST(e.bytes == d.bytes);
     BOOST_TEST(e.buffer == d.buffer);
+    // Found with the config fuzz target (tests/fuzz/corpus/config/crash-*): a
+    // size that is not a whole number of its unit was written rounded
+    // ("4.0GiB" for 4GiB + 1) and read back as another size.
+    d.bytes = 4 * GiB + 1;
+    d.buffer = 16 * MiB;
+    BOOST_TEST(d.to_json()["pinned"] == json::Json(4 * GiB + 1));
+    BOOST_TEST(d.to_json()["pinned_buffer"] == json::Json("16MiB"));
+    BOOST_TEST(PoolConfig::from_json(d.to_json(), "round trip").bytes == 4 * GiB + 1);
     try {
         (void)PoolConfig::from_json(json::Json{{"pinned_buffers", "64MiB"}}, "cfg.json");
         BOOST_FAIL("a misspelt key was accepted");

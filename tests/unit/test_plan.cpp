@@ -569,6 +569,14 @@ BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
          {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", "fast"}}})}}},
         {"pinstress copy not an object", {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({5})}}},
         {"optbench update without traffic", {{"schema", "zinf.optbench/1"}, {"kind", "update"}}},
+        // Found with the bench fuzz target (tests/fuzz/corpus/bench/crash-*): rates so
+        // large that in bytes/s they are infinite, which the plan took for
+        // state "in device memory" and printed as null in its JSON.
+        {"nvmebench gibps 1e308", {{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", 1e308}}},
+        {"commbench busbw 1e300", {{"schema", "zinf.commbench/1"}, {"op", "allgather"}, {"busbw_gbps", 1e300}}},
+        {"pinstress gibps 1e300",
+         {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", 1e300}}})}}},
+        {"optbench traffic 1e300", {{"schema", "zinf.optbench/1"}, {"kind", "update"}, {"traffic_gibps", 1e300}}},
     };
     for (const auto& [what, record] : bad) {
         Hardware h;
@@ -576,7 +584,13 @@ BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
         BOOST_TEST(testing::contains(msg, "bench-" + what), what << ": " << msg);
         BOOST_TEST(h.nvme_read_bps == 0.0);
         BOOST_TEST(h.cpu_gpu_bps == 0.0);
+        BOOST_TEST(h.gpu_gpu_bps == 0.0);
+        BOOST_TEST(h.cpu_update_bps == 0.0);
     }
+    // The largest rate that stays finite in bytes/s is still taken.
+    Hardware big;
+    BOOST_TEST(read_bench({{"schema", "zinf.nvmebench/1"}, {"op", "read"}, {"gibps", 1e299}}, "big", big));
+    BOOST_TEST(big.nvme_read_bps == 1e299 * 1024.0 * 1024.0 * 1024.0);
     // The message names the record's schema and the key.
     Hardware h;
     const std::string msg = testing::what_of<DataError>(

@@ -797,6 +797,39 @@ BOOST_AUTO_TEST_CASE(rank_dirs_place_each_ranks_files_and_are_checked) {
     refused(base.edit(r1, [](json::Json& r) { r["file"] = "rank1/sub/param.bin"; }), "rank1/<name>");
 }
 
+// Found with the manifest fuzz target (tests/fuzz/corpus/manifest/crash-*):
+// a one-line header that claims a huge tile factor or dp made the reader
+// build millions of tensors, or reserve a record per claimed partition,
+// before it read a single record -- gigabytes and a minute for 300 bytes of
+// input, then bad_alloc (exit 70). Now each count is checked before anything
+// of its size is allocated, and what the records do not justify is not reserved.
+BOOST_AUTO_TEST_CASE(a_header_alone_allocates_nothing_of_the_size_it_claims) {
+    const std::string head = R"({"schema":"zinf.manifest/1","param_dtype":"bf16","param_tier":"nvme","optim_tier":"nvme",)"
+                             R"("train":true,"alignment":4096,"seed":1,"states":["param","master","exp_avg","exp_avg_sq"],)";
+    // hidden 2^24 tiled 2^24 ways: 4 + 12 * 2^24... tensors, beyond the reader's 2^20.
+    const std::string tiles = head + R"("model":"gpt:layers=1,hidden=16777216,heads=1,vocab=1,seq=1","dp":1,)"
+                                     R"("tile":16777216,"tensors":67108876,"records":268435504})";
+    std::string msg = read_error(tiles + "\n", "tile bomb");
+    BOOST_TEST(contains(msg, "line 1: tile 16777216 makes 67108876 tensors, more than this reader takes (1048576)"), msg);
+    // ... and a header whose tensors disagree says so before listing them.
+    msg = read_error(head + R"("model":"gpt:layers=1,hidden=16777216,heads=1,vocab=1,seq=1","dp":1,)"
+                            R"("tile":16777216,"tensors":1,"records":4})" "\n",
+                     "tile bomb, tensors 1");
+    BOOST_TEST(contains(msg, "tensors 1 disagrees with the model (67108876)"), msg);
+    // dp 2^18 of gpt2-124m: 155 million records claimed, none given. The
+    // reader reports the first missing record rather than reserving them all.
+    msg = read_error(head + R"("model":"gpt2-124m","dp":262144,"tile":1,"tensors":148,"records":155189248})" "\n",
+                     "dp 2^18, no records");
+    BOOST_TEST(contains(msg, "155189248 record(s) missing after line 1, the first: wte.weight rank 0 param"), msg);
+    // The layout refuses the tile factor the reader would refuse, before listing tensors.
+    const std::string lay = what_of<UsageError>(
+        [] { (void)layout(ModelSpec::parse("gpt:layers=4,hidden=65536,heads=1,vocab=1,seq=1"), {.tile = 65536}); },
+        "layout tile 65536");
+    BOOST_TEST(contains(lay, "--tile 65536: 1048612 tensors, more than a manifest holds (1048576)"), lay);
+    BOOST_TEST(tensor_count(ModelSpec::parse(kSmall), 3) == tensors(ModelSpec::parse(kSmall), 3).size());
+    BOOST_TEST(tensor_count(ModelSpec::parse("gpt2-124m")) == 148u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================

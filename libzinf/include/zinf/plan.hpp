@@ -15,6 +15,7 @@
 #include <zinf/util.hpp>
 
 #include <array>
+#include <iosfwd>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,6 +63,11 @@ struct Hardware {
 // kind wins. Returns false for a record of another schema (ignored);
 // DataError naming `source` for a record that is not what its schema says.
 bool read_bench(const json::Json& record, const std::string& source, Hardware& h);
+// Every line of a bench file (zinf-plan --bench) through read_bench: blank
+// lines and '#' lines skipped; `label` names the file in messages, with the
+// line ("nvme.jsonl:3"). DataError for a line that is not JSON, IoError when
+// reading fails. Returns the records of a known schema.
+std::size_t read_bench_lines(std::istream& in, const std::string& label, Hardware& h);
 
 // ---------------------------------------------------------------------------
 // §3, memory.

@@ -78,6 +78,9 @@ struct Tensor {
     std::uint64_t cols = 0, key_cols = 0, col0 = 0;
 };
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile = 1);
+// How many tensors tensors(spec, tile) lists, without listing them:
+// 4 + layers * (8 + 4 * tile). Callers check a size before they allocate it.
+std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile = 1);
 
 // ---------------------------------------------------------------------------
 enum class DType { bf16, fp32 };

@@ -111,7 +111,8 @@ ZINF_ERROR_KIND(Interrupted, exit_code::interrupted);
 // binary units. Throws UsageError naming the text on anything else or overflow.
 std::uint64_t parse_size(std::string_view text);
 // 1048576 -> "1MiB", 1536 -> "1.5KiB", 1000 -> "1000B": the shortest exact binary
-// form when there is one, else one decimal.
+// form when there is one, else one decimal; in units parse_size reads (up to
+// TiB: 2^50 is "1024TiB").
 std::string format_size(std::uint64_t bytes);
 // "10s", "500ms", "2m", "1h", "250us", plain number = seconds (may be fractional).
 std::chrono::nanoseconds parse_duration(std::string_view text);

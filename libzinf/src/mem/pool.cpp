@@ -79,8 +79,13 @@ PoolConfig PoolConfig::from_json(const json::Json& obj, const std::string& where
 }
 
 json::Json PoolConfig::to_json() const {
-    return {{"pinned", format_size(bytes)},
-            {"pinned_buffer", format_size(buffer)},
+    // A size format_size would round ("4.0GiB" for 4GiB + 1) is written in bytes, so from_json reads back the same.
+    auto size = [](std::uint64_t v) {
+        const std::string text = format_size(v);
+        return text.find('.') == std::string::npos ? json::Json(text) : json::Json(v);
+    };
+    return {{"pinned", size(bytes)},
+            {"pinned_buffer", size(buffer)},
             {"lease_timeout", std::to_string(lease_timeout.count()) + "ms"},
             {"pinned_allocator", allocator}};
 }

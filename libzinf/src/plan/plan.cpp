@@ -5,6 +5,8 @@
 #include <zinf/zero.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <istream>
 #include <cmath>
 #include <limits>
 
@@ -26,10 +28,12 @@ double harmonic(double a, double b, double wa, double wb) {  // bytes wa at a an
 }
 
 // `schema` is the record's: j may be an element of it (a pinstress copy), and
-// need not be an object.
+// need not be an object. The value is a rate in GiB/s or GB/s: it must stay
+// finite in bytes/s too (1e300 GiB/s would read as infinite, "in device memory").
 double positive(const json::Json& j, const char* key, const std::string& source, const std::string& schema) {
-    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0))
-        throw DataError(source + ": a " + schema + " record without a number " + key + " (at least 0)");
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0) ||
+        !std::isfinite(j[key].get<double>() * kGiB))
+        throw DataError(source + ": a " + schema + " record without a finite number " + key + " (at least 0)");
     return j[key].get<double>();
 }
 
@@ -53,6 +57,25 @@ void Workload::validate() const {
     // And the state bytes: 20 bytes a parameter at most, by either count.
     if (std::max(spec.parameters(), spec.paper_estimate()) >= (std::uint64_t{1} << 59))
         throw UsageError("model " + spec.to_string() + ": too large to count its bytes (2^59 parameters or more)");
+}
+
+std::size_t read_bench_lines(std::istream& in, const std::string& label, Hardware& h) {
+    std::string line;
+    std::size_t n = 0, used = 0;
+    while (std::getline(in, line)) {
+        ++n;
+        const auto first = line.find_first_not_of(" \t\r");
+        if (first == std::string::npos || line[first] == '#') continue;
+        json::Json j;
+        try {
+            j = json::Json::parse(line);
+        } catch (const std::exception& e) {
+            throw DataError(label + ":" + std::to_string(n) + ": not JSON (" + e.what() + ")");
+        }
+        if (read_bench(j, label + ":" + std::to_string(n), h)) ++used;
+    }
+    if (in.bad()) throw IoError("reading " + label + " failed", {errno, label, {}, -1});
+    return used;
 }
 
 namespace {

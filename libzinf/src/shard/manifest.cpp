@@ -92,6 +92,9 @@ const std::set<std::string> kRecordKeys = {"tensor", "shape", "dtype", "state", 
                                            "elements", "file", "offset", "bytes", "xxh3", "step"};
 
 constexpr std::uint64_t kMaxRecords = 1ull << 28;
+// The tensor list is made from the header alone, before any record is read:
+// bounded, so that a short header cannot make a reader allocate gigabytes.
+constexpr std::uint64_t kMaxTensors = 1ull << 20;
 
 json::Json unknown_keys(const json::Json& o, const std::set<std::string>& known) {
     json::Json extra = json::Json::object();
@@ -125,6 +128,9 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     m.opts = opts;
     m.states = states_for(opts);
     m.created_by = std::string("zinf-shard ") + version();
+    if (opts.tile >= 1 && opts.tile <= spec.hidden && tensor_count(spec, opts.tile) > kMaxTensors)
+        throw UsageError("--tile " + std::to_string(opts.tile) + ": " + std::to_string(tensor_count(spec, opts.tile)) +
+                         " tensors, more than a manifest holds (" + std::to_string(kMaxTensors) + ")");
     m.tensors = tensors(spec, opts.tile);
     // What the manifest reader would refuse is not laid out either, and the
     // count is checked before the records are made, so that a dp the model
@@ -415,31 +421,36 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
     }
     if (h.contains("created_by")) m.created_by = json::get_string(h, "created_by", hw);
     m.extra = unknown_keys(h, kHeaderKeys);
-    m.tensors = tensors(m.spec, o.tile);
+    // Every count is checked before anything of its size is allocated.
+    const std::uint64_t n_model = tensor_count(m.spec, o.tile);
     const std::uint64_t n_tensors = json::get_u64(h, "tensors", hw), n_records = json::get_u64(h, "records", hw);
-    if (n_tensors != m.tensors.size())
+    if (n_tensors != n_model)
         throw DataError(hw + ": tensors " + std::to_string(n_tensors) + " disagrees with the model (" +
-                        std::to_string(m.tensors.size()) + ")");
-    const std::uint64_t expect = m.tensors.size() * o.dp * m.states.size();
+                        std::to_string(n_model) + ")");
+    if (n_model > kMaxTensors)
+        throw DataError(hw + ": tile " + std::to_string(o.tile) + " makes " + std::to_string(n_model) +
+                        " tensors, more than this reader takes (" + std::to_string(kMaxTensors) + ")");
+    const std::uint64_t expect = n_model * o.dp * m.states.size();
     // The header alone must not make the reader allocate without bound.
     if (expect > kMaxRecords)
-        throw DataError(hw + ": dp " + std::to_string(o.dp) + " x " + std::to_string(m.tensors.size()) +
+        throw DataError(hw + ": dp " + std::to_string(o.dp) + " x " + std::to_string(n_model) +
                         " tensors makes " + std::to_string(expect) + " records, more than this reader takes (" +
                         std::to_string(kMaxRecords) + ")");
     if (n_records != expect)
         throw DataError(hw + ": records " + std::to_string(n_records) + ", but dp " + std::to_string(o.dp) + " x " +
-                        std::to_string(m.tensors.size()) + " tensors x " + std::to_string(m.states.size()) +
+                        std::to_string(n_model) + " tensors x " + std::to_string(m.states.size()) +
                         " states makes " + std::to_string(expect));
+    m.tensors = tensors(m.spec, o.tile);
 
     std::map<std::string_view, std::size_t> by_name;
     for (std::size_t i = 0; i < m.tensors.size(); ++i) by_name[m.tensors[i].name] = i;
     std::map<std::string_view, std::size_t> state_index;
     for (std::size_t i = 0; i < m.states.size(); ++i) state_index[m.states[i]] = i;
-    // Which line holds each (tensor, rank, state): duplicates and gaps.
-    std::vector<std::size_t> seen(expect, 0);
+    // Which (tensor, rank, state) has been read: duplicates and gaps. One bit
+    // each (32MiB at kMaxRecords); nothing else is sized by the header.
+    std::vector<bool> seen(expect, false);
 
     json::Json r;
-    m.parts.reserve(expect);
     while (next(r)) {
         const std::string w = at(line_no);
         if (r.contains("schema")) throw DataError(w + ": a second header");
@@ -507,10 +518,14 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         if (r.contains("step")) p.step = json::get_u64(r, "step", w);
         p.extra = unknown_keys(r, kRecordKeys);
         const std::size_t slot = (p.tensor * o.dp + p.rank) * m.states.size() + si->second;
-        if (seen[slot])
+        if (seen[slot]) {
+            const auto first = std::find_if(m.parts.begin(), m.parts.end(), [&](const Partition& q) {
+                return q.tensor == p.tensor && q.rank == p.rank && q.state == p.state;
+            });
             throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + " " + p.state +
-                            " again (first on line " + std::to_string(seen[slot]) + ")");
-        seen[slot] = line_no;
+                            " again (first on line " + std::to_string(first->line) + ")");
+        }
+        seen[slot] = true;
         m.parts.push_back(std::move(p));
     }
     if (m.parts.size() != expect) {

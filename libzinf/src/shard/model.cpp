@@ -119,6 +119,11 @@ std::uint64_t ModelSpec::parameters() const {
     return vocab * C + seq * C + layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
+std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile) {
+    // wte, wpe, ln_f's two; per layer 8 plain tensors and 4 linear weights of `tile` pieces each.
+    return 4 + spec.layers * (8 + 4 * std::uint64_t{tile});
+}
+
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
     const std::uint64_t C = spec.hidden;
     if (tile == 0 || tile > C)

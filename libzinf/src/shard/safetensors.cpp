@@ -137,6 +137,8 @@ StFile read_safetensors(io::File& file, io::Engine& engine) {
         header = json::Json::parse(text, on_event);
     } catch (const json::Json::parse_error& e) {
         throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8 + e.byte, -1});
+    } catch (const json::Json::exception& e) {  // out_of_range: a number past a double ("1e999")
+        throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8, -1});
     }
     if (!header.is_object()) throw DataError("safetensors header is not a JSON object", {0, path, 8, -1});
     if (!twice.empty()) throw DataError("safetensors header names '" + twice + "' twice", {0, path, 8, -1});

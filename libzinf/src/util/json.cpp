@@ -17,7 +17,8 @@ Json parse_line(std::string_view text, const std::string& source, std::size_t li
             throw DataError("line " + std::to_string(line_no) + ": a record must be a JSON object",
                             {0, source, {}, -1});
         return j;
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+        // parse_error, and out_of_range for a number past a double ("1e999"): both are bad data.
         throw DataError("line " + std::to_string(line_no) + ": invalid JSON: " + e.what(),
                         {0, source, {}, -1});
     }

@@ -82,15 +82,17 @@ std::uint64_t parse_size(std::string_view text) {
 }
 
 std::string format_size(std::uint64_t bytes) {
-    static constexpr const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    // Up to TiB, the largest unit parse_size reads: 2^50 is "1024TiB", never "1PiB".
+    static constexpr const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    constexpr int top = 4;
     int i = 0;
     std::uint64_t v = bytes;
-    while (v >= 1024 && v % 1024 == 0 && i < 5) { v /= 1024; ++i; }
-    if (v < 1024 || i == 5) return std::to_string(v) + names[i];
+    while (v >= 1024 && v % 1024 == 0 && i < top) { v /= 1024; ++i; }
+    if (v < 1024 || i == top) return std::to_string(v) + names[i];
     // Not an exact multiple: one decimal of the largest unit below the value.
     double d = static_cast<double>(bytes);
     i = 0;
-    while (d >= 1024 && i < 5) { d /= 1024; ++i; }
+    while (d >= 1024 && i < top) { d /= 1024; ++i; }
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f%s", d, names[i]);
     return buf;

@@ -1,0 +1,52 @@
+// The llm.c token file (data loader): any bytes as a token file, opened by
+// name as zinf-train opens --data. Bad input is a DataError (65); a file it
+// accepts has exactly the tokens its header counts, and the loader cuts
+// batches from them whose targets are the inputs one token later.
+#include "fuzz.hpp"
+
+#include <zinf/data.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+using namespace zinf;
+
+ZINF_FUZZ_TARGET(tokens) {
+    const auto& file = fuzz::MemFile::with(data, size);
+    data::Tokens toks;
+    if (!fuzz::documented<DataError>([&] { toks = data::Tokens::open(file.path()); })) return 0;
+    fuzz::accepted();
+
+    const auto t = toks.tokens();
+    std::int32_t count = 0;
+    std::memcpy(&count, data + 8, sizeof count);
+    if (t.size() != static_cast<std::size_t>(count) || size != data::kHeaderBytes + 2 * t.size())
+        fuzz::finding("accepted a file of " + std::to_string(size) + " bytes holding " + std::to_string(t.size()) +
+                      " tokens, its header says " + std::to_string(count));
+    if (std::memcmp(t.data(), data + data::kHeaderBytes, 2 * t.size()) != 0)
+        fuzz::finding("the tokens are not the file's bytes after the header");
+    if (toks.max_token() != *std::max_element(t.begin(), t.end())) fuzz::finding("max_token is not the largest");
+    fuzz::documented<DataError>([&] { data::check_vocab(toks, 50257); });
+
+    const auto parts = data::split(t, 0.25);
+    const std::span<const std::uint16_t> train = parts.first;  // a lambda below uses it: no structured binding (clang 14)
+    if (train.size() + parts.second.size() != t.size()) fuzz::finding("the split loses tokens");
+    // One window of B*T = 2*3 tokens, on two ranks.
+    for (unsigned rank = 0; rank < 2; ++rank) {
+        std::optional<data::Loader> loader;
+        if (!fuzz::documented<DataError>([&] {
+                loader.emplace(train, toks.path(), data::LoaderOptions{.batch = 2, .seq = 3, .rank = rank, .ranks = 2});
+            }))
+            return 0;
+        std::vector<std::int32_t> x(6), y(6);
+        for (std::uint64_t i = 0; i < 3; ++i) {
+            loader->batch(i, x, y);
+            const std::uint64_t at = loader->offset(i);
+            if (at + 7 > train.size()) fuzz::finding("batch " + std::to_string(i) + " reads past the tokens");
+            for (std::size_t k = 0; k < 6; ++k)
+                if (x[k] != train[at + k] || y[k] != train[at + k + 1])
+                    fuzz::finding("batch " + std::to_string(i) + " is not the tokens at its offset");
+        }
+    }
+    return 0;
+}
