@@ -14,11 +14,12 @@ SH=$BIN/zinf-shard
 TR=$BIN/zinf-train
 POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 
-# crash_options "$@": --seed, --trials, --keep and --help (the caller's header
-# comment). Sets seed, trials, keep, and the rest of the options in args.
+# crash_options "$@": --seed, --trials (default $default_trials, else 10),
+# --keep and --help (the caller's header comment). Sets seed, trials, keep,
+# and the rest of the options in args.
 crash_options() {
   seed=${ZINF_CRASH_SEED:-$((RANDOM * 32768 + RANDOM))}
-  trials=10 keep=0 args=()
+  trials=${default_trials:-10} keep=0 args=()
   while (($#)); do
     case $1 in
     --seed) seed=${2:?--seed needs a value}; shift 2 ;;

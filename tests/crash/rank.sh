@@ -21,8 +21,8 @@
 source "$(dirname "$0")/../e2e/lib.bash"
 source "$(dirname "$0")/../e2e/train_lib.bash"
 source "$(dirname "$0")/lib.bash"
+default_trials=8
 crash_options "$@"
-trials=${trials_given:-$trials}
 C=2
 set -- "${args[@]}"
 while (($#)); do
