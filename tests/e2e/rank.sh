@@ -6,7 +6,7 @@
 # the manifest is a committed one that verifies. Each of the 8 cases once;
 # the seed (drawn, printed; ZINF_CRASH_SEED sets it) draws the victim, the
 # moment and the launcher's mode. scripts/crash-trials.sh --rank-trials N
-# runs more.
+# runs more. First, the regression test of a rank gone before MPI started.
 source "$(dirname "$0")/lib.bash"
 
 # A rank that dies before MPI has started: the others used to wait in
