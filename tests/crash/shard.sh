@@ -30,7 +30,7 @@ done
 [[ $op == init || $op == reshard ]] || { echo "${0##*/}: --op is init or reshard" >&2; exit 64; }
 name=shard-$op
 crash_dir "$op"
-M=gpt:layers=2,hidden=64,heads=4,vocab=256,seq=32
+M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
 echo "# zinf-shard $op crash trials: seed $seed, $trials trials, model $M"
 have_strace_ok=0
 have_strace && have_strace_ok=1 || echo "# no strace with syscall injection: delays only"

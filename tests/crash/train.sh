@@ -30,7 +30,7 @@ done
 name=train-$tiers
 crash_dir "$name"
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
-N=6 # steps
+N=4 # steps
 every=1
 CK=()
 if [[ $tiers == cpu ]]; then
