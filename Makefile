@@ -286,6 +286,17 @@ demo: deps-check
 demo-run: all
 	@scripts/demo.sh
 
+# The reliability campaigns beyond `make test` (which runs 10 crash trials of
+# each kind and the 8 dying-rank cases): N SIGKILL trials of each, and a soak
+# of MINUTES minutes (nice'd: kills and resumes beside zinf-pinstress).
+CRASH_TRIALS ?= 100
+SOAK_MINUTES ?= 30
+crash-trials: $(BIN)/zinf-shard $(BIN)/zinf-train
+	scripts/crash-trials.sh $(CRASH_TRIALS)
+soak: $(BIN)/zinf-shard $(BIN)/zinf-train $(BIN)/zinf-pinstress
+	nice scripts/soak.sh $(SOAK_MINUTES)
+.PHONY: crash-trials soak
+
 # --- install ---------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \

@@ -22,6 +22,7 @@ packages=(
   python3-numpy      # the independent references of the end-to-end tests (weights)
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots
+  strace             # SIGKILL inside a commit (tests/crash/), injected faults (hostile.sh)
   gnuplot-nox        # scripts/plot.sh
 )
 

@@ -295,6 +295,36 @@ BOOST_AUTO_TEST_CASE(write_file_atomic_keeps_the_mode_and_no_link_is_followed) {
     BOOST_TEST(!fs_exists(outside.file("victim")));
 }
 
+// A writer SIGKILLed between creating its temporary and the rename leaves
+// "<path>.tmp.<16 hex>" behind (the crash trials, tests/crash/, found them
+// piling up beside manifest.jsonl): the next commit of the same path removes
+// such regular files, and nothing else.
+BOOST_AUTO_TEST_CASE(write_file_atomic_removes_what_killed_writers_left) {
+    testing::TempDir dir, outside;
+    const std::string path = dir.file("manifest.jsonl");
+    auto make = [](const std::string& f) { Fd x = Fd::open(f, O_WRONLY | O_CREAT | O_EXCL, 0644); };
+    const std::string stale1 = temp_name(path, ".tmp."), stale2 = path + ".tmp.0123456789abcdef";
+    make(stale1);
+    make(stale2);
+    const std::vector<std::string> kept = {path + ".tmp.12345", path + ".tmp.0123456789abcdeg",
+                                           path + ".tmp.0123456789abcdef0", dir.file("other.tmp.0123456789abcdef"),
+                                           path + ".zinf-tmp.0123456789abcdef"};
+    for (const auto& f : kept) make(f);
+    make(outside.file("victim"));
+    const std::string link = path + ".tmp.fedcba9876543210";
+    BOOST_REQUIRE(::symlink(outside.file("victim").c_str(), link.c_str()) == 0);
+    const std::string text = "two";
+    const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+    write_file_atomic(path, {&piece, 1});
+    BOOST_TEST(!fs_exists(stale1));
+    BOOST_TEST(!fs_exists(stale2));
+    for (const auto& f : kept) BOOST_TEST(fs_exists(f), f);
+    struct stat st {};
+    BOOST_TEST(::lstat(link.c_str(), &st) == 0);  // a link is not a temporary zinf wrote
+    BOOST_TEST(fs_exists(outside.file("victim")));
+    BOOST_TEST(fs_exists(path));
+}
+
 // A FIFO never blocks open: refused where a file is needed; as a stream,
 // waited on until a signal ends the wait (130).
 BOOST_AUTO_TEST_CASE(open_input_and_fifos) {

@@ -62,14 +62,52 @@ const char* level_name(int level) {
     return "an unknown thread level";
 }
 
+// A blocking MPI call that meets every rank and that nothing interrupts
+// (MPI_Init_thread exchanges the ranks' addresses; MPI_Comm_split_type and
+// MPI_Finalize meet them all): a rank that died before it would keep the
+// others there for good under a launcher that leaves them running (mpirun
+// --enable-recovery; tests/crash/rank.sh found init stuck in MPI_Init_thread).
+// The call gets the collectives' deadline: past it, the process says so and
+// ends (exit 74), as the watchdog below does.
+class BlockingDeadline {
+public:
+    BlockingDeadline(std::chrono::milliseconds timeout, const char* what) {
+        if (timeout.count() == 0) return;
+        thread_ = std::thread([this, d = Deadline::after(timeout), what] {
+            std::unique_lock lk(mu_);
+            if (cv_.wait_until(lk, d.at, [this] { return done_; })) return;
+            std::fprintf(stderr, "%s: rank %d: %s; stopping\n", log::program().c_str(), Launch::from_env().rank,
+                         timeout_message(what, d).c_str());
+            std::fflush(stderr);
+            std::_Exit(exit_code::io);
+        });
+    }
+    ~BlockingDeadline() {
+        {
+            std::lock_guard lk(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        if (thread_.joinable()) thread_.join();
+    }
+
+private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;
+};
+
 // The process's MPI: initialised once, finalized at exit, unless an operation
 // failed while still in flight (MPI may yet write into its buffers, and
 // MPI_Finalize would wait for peers that are gone): then the process exits
 // without it and the launcher stops the other ranks.
 class Runtime {
 public:
-    static Runtime& get() {
-        static Runtime r;
+    // `timeout`: the deadline of MPI_Init_thread and MPI_Finalize, from the
+    // first call (the first communicator's).
+    static Runtime& get(std::chrono::milliseconds timeout = {}) {
+        static Runtime r(timeout);
         return r;
     }
     int provided() const { return provided_; }
@@ -89,16 +127,20 @@ public:
         MPI_Finalized(&finalized);
         // After an error, MPI_Finalize would wait for peers that may be
         // waiting for this rank: leave without it (see zinf::failing()).
-        if (owned_ && !poisoned_ && !failing() && !finalized) MPI_Finalize();
+        if (owned_ && !poisoned_ && !failing() && !finalized) {
+            BlockingDeadline guard(timeout_, "MPI_Finalize");
+            MPI_Finalize();
+        }
     }
 
 private:
-    Runtime() {
+    explicit Runtime(std::chrono::milliseconds timeout) : timeout_(timeout) {
         int init = 0;
         MPI_Initialized(&init);
         if (!init) {
             // MULTIPLE asked, so that a program may use MPI beside us;
             // SERIALIZED is what the communicator's own thread needs.
+            BlockingDeadline guard(timeout_, "MPI_Init_thread (every rank starting)");
             const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided_);
             if (rc != MPI_SUCCESS) throw CommError("MPI_Init_thread failed: " + mpi_message(rc));
             owned_ = true;
@@ -110,6 +152,7 @@ private:
                             "; zinf needs MPI_THREAD_SERIALIZED or more (operations run on the "
                             "communicator's own thread)");
     }
+    std::chrono::milliseconds timeout_;
     int provided_ = MPI_THREAD_SINGLE;
     bool owned_ = false;
     std::atomic<bool> poisoned_{false};
@@ -205,7 +248,7 @@ private:
 class Mpi final : public Engine {
 public:
     explicit Mpi(std::chrono::milliseconds timeout) {
-        provided_ = Runtime::get().provided();
+        provided_ = Runtime::get(timeout).provided();
         Runtime::get().attach();
         struct Detach {
             bool armed = true;
@@ -220,7 +263,11 @@ public:
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_size(comm_, &size_);
         MPI_Comm node;
-        check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+        {
+            BlockingDeadline guard(timeout, "MPI_Comm_split_type (the ranks on this node)");
+            check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                  "MPI_Comm_split_type");
+        }
         MPI_Comm_rank(node, &local_rank_);
         MPI_Comm_size(node, &local_size_);
         MPI_Comm_free(&node);

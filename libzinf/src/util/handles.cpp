@@ -1,6 +1,7 @@
 #include <zinf/util.hpp>
 
 #include <cerrno>
+#include <dirent.h>
 #include <ext/stdio_filebuf.h>
 #include <fcntl.h>
 #include <filesystem>
@@ -33,6 +34,28 @@ std::string temp_name(const std::string& path, std::string_view tag) {
 }
 
 namespace {
+
+// Removes the regular files writers killed half-way left under
+// temp_name(path, tag) (exactly `path`, `tag` and 16 hex digits): garbage,
+// never state, so errors are ignored. write_file_atomic calls it after its
+// rename, so a commit that a SIGKILL interrupted before its rename leaves
+// nothing behind once the next commit of the same file is done.
+void remove_stale_temps(const std::string& path, std::string_view tag) noexcept {
+    const std::filesystem::path p(path);
+    const std::string folder = p.has_parent_path() ? p.parent_path().string() : ".";
+    const std::string prefix = p.filename().string() + std::string(tag);
+    DIR* d = ::opendir(folder.c_str());
+    if (!d) return;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string_view name(e->d_name);
+        if (!name.starts_with(prefix) || name.size() != prefix.size() + 16) continue;
+        if (name.substr(prefix.size()).find_first_not_of("0123456789abcdef") != std::string_view::npos) continue;
+        struct stat st {};
+        if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            ::unlinkat(::dirfd(d), e->d_name, 0);
+    }
+    ::closedir(d);
+}
 
 // Whether `fd` lies beneath the folder `root_fd`, by their paths in /proc:
 // the check a kernel without openat2 leaves to us.
@@ -193,6 +216,7 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
         ::unlink(tmp.c_str());
         throw;
     }
+    remove_stale_temps(path, ".tmp.");  // a killed commit's, before the folder's sync
     fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
