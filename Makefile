@@ -182,7 +182,7 @@ ifeq ($(SANITIZE),)
 endif
 SANITIZED_RUN := $(foreach s,$(SANITIZERS),$(SANITIZED_TESTS_$(firstword $(subst $(comma), ,$(s))):%=$(call san_dir,$(s))/tests/%))
 
-sanitize:
+sanitize: deps-check
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined test-run
 	$(Q)$(MAKE) --no-print-directory SANITIZE=thread SUITES="$(THREADED_SUITES)" test-run
 .PHONY: sanitized-tests sanitize

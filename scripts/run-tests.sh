@@ -49,11 +49,14 @@ suite_name() {  # kind binary: "unit/test_io", "unit/test_io (san-thread)"
 #   shares; OpenMP regions run on one thread there. zinf's own threads
 #   (device streams, I/O queues, the communicator's and the optimizer's) are
 #   still checked.
-# - AddressSanitizer, MPI ranks: Open MPI's own leaks are suppressed by
-#   library name (tests/sanitizers/lsan.supp says which and why).
-san_env() {  # kind binary
+# - MPI ranks: Open MPI's own leaks (AddressSanitizer) and its own
+#   lock-order inversion (ThreadSanitizer) are suppressed by library name;
+#   tests/sanitizers/*.supp say which and why.
+san_env() {  # kind binary: NAME=VALUE words (no spaces: they are split)
   case $2 in
-  build/san-thread/*) echo OMP_THREAD_LIMIT=1 ;;
+  build/san-thread/*)
+    echo OMP_THREAD_LIMIT=1
+    [[ $1 == mpi ]] && echo "TSAN_OPTIONS=${TSAN_OPTIONS// /:}:suppressions=$PWD/tests/sanitizers/tsan.supp" ;;
   build/san-address/*)
     [[ $1 == mpi ]] && echo "LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:fast_unwind_on_malloc=0:${LSAN_OPTIONS:-}" ;;
   esac
