@@ -265,10 +265,12 @@ ifeq ($(SANITIZE),)
 test-run: tests
 	@ZINF_SANITIZED="$(SANITIZED_RUN)" scripts/run-tests.sh
 else
-# Every unit and MPI suite (or SUITES) under the sanitizer; no e2e.
+# Every unit and MPI suite (or SUITES) under the sanitizer, with a longer
+# limit each (a sanitizer runs them 2-15 times slower); no e2e.
 SUITES ?= $(TEST_SRCS:tests/unit/%.cpp=%)
 test-run: $(SUITES:%=$(BUILD)/tests/%)
-	@ZINF_UNIT_TESTS="$(filter $(BUILD)/tests/test_%,$^)" ZINF_MPI_TESTS="$(filter $(BUILD)/tests/mpi_%,$^)" ZINF_E2E=0 scripts/run-tests.sh
+	@ZINF_UNIT_TESTS="$(filter $(BUILD)/tests/test_%,$^)" ZINF_MPI_TESTS="$(filter $(BUILD)/tests/mpi_%,$^)" ZINF_E2E=0 \
+	  ZINF_UNIT_TIMEOUT=$${ZINF_UNIT_TIMEOUT:-900} scripts/run-tests.sh
 endif
 
 demo: deps-check
