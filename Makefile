@@ -9,13 +9,23 @@
 #   make fuzz            build the libFuzzer targets (clang) and run each FUZZ_SECONDS=60,
 #                        FUZZ_JOBS=2 at a time; a crash fails it (tests/fuzz/README.md)
 #
+#   make sanitize        every unit and MPI suite under ASan+UBSan, the threaded ones under TSan
+#
 # Options: NO_CUDA=1 NO_MPI=1 V=1 (show commands) DEBUG=1
-#          SANITIZE=address,undefined | SANITIZE=thread
+#          SANITIZE=address,undefined | SANITIZE=thread (CPU-only, into build/san-<name>/;
+#          `make test SANITIZE=...` runs every unit and MPI suite under it)
 
 VERSION := 0.1.0
 PREFIX ?= /usr/local
 BUILD := build
 BIN := bin
+# A sanitized build is CPU-only (the sanitizers and the CUDA runtime do not
+# mix) and has its own folders, so the main build stays as it is.
+ifneq ($(SANITIZE),)
+override NO_CUDA := 1
+BUILD = build/san-$(firstword $(subst $(comma), ,$(SANITIZE)))
+BIN = $(BUILD)/bin
+endif
 
 CXX ?= g++
 ifeq ($(origin CXX),default)
@@ -31,6 +41,7 @@ endif
 
 # --- what this machine has ---------------------------------------------------
 empty :=
+space := $(empty) $(empty)
 comma := ,
 have = $(empty)  $(if $(1),✓,✗)
 
@@ -121,6 +132,7 @@ LIB_SRCS := $(filter-out $(if $(NVCC),%_none.cpp,%_cuda.cpp),$(sort $(wildcard l
 # The sanitized test builds (below) need only the modules their tests use.
 ifneq ($(SANITIZED_MODULES),)
 LIB_SRCS := $(filter $(foreach m,$(SANITIZED_MODULES),libzinf/src/$(m)/%),$(LIB_SRCS))
+LIB := $(BUILD)/libzinf-$(subst $(space),-,$(strip $(SANITIZED_MODULES))).a
 endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 
@@ -149,20 +161,33 @@ all: check-headers $(PROGRAMS) $(BENCHES)
 bench: $(BENCHES)
 tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS) sanitized-tests
 
-# The tests of the threaded parts also run under ThreadSanitizer and
-# AddressSanitizer (+UBSan), each in its own build folder, so the main build
-# is untouched. CPU-only: the sanitizers and the CUDA runtime do not mix.
-SANITIZED_TESTS := test_io test_mem
-SANITIZED_LIB_MODULES := util io mem
+# The tests also run under the sanitizers, each in build/san-<name>/:
+#   make test      the suites below, built from only the modules they use
+#                  (a library per module set, so sets never mix)
+#   make sanitize  every unit and MPI suite under ASan+UBSan, and every suite
+#                  whose code starts threads under ThreadSanitizer
+#   make test SANITIZE=...   every unit and MPI suite under that one
+# A report fails the suite (scripts/run-tests.sh sets halt_on_error).
 SANITIZERS := thread address,undefined
+san_dir = $(BUILD)/san-$(firstword $(subst $(comma), ,$(1)))
+SANITIZED_TESTS_thread := test_io test_mem test_device
+SANITIZED_MODULES_thread := util io mem optim device
+SANITIZED_TESTS_address := test_io test_mem
+SANITIZED_MODULES_address := util io mem
+THREADED_SUITES := test_io test_mem test_device test_comm test_optimizer test_optimizer_faults test_engine \
+  test_model test_sample $(if $(MPICXX),mpi_comm mpi_optim mpi_train)
 sanitized-tests:
 ifeq ($(SANITIZE),)
-	$(Q)$(foreach s,$(SANITIZERS),$(MAKE) --no-print-directory NO_CUDA=1 NO_MPI=1 SANITIZE=$(s) \
-	  SANITIZED_MODULES="$(SANITIZED_LIB_MODULES)" \
-	  BUILD=$(BUILD)/san-$(firstword $(subst $(comma), ,$(s))) \
-	  $(SANITIZED_TESTS:%=$(BUILD)/san-$(firstword $(subst $(comma), ,$(s)))/tests/%) &&) true
+	$(Q)$(foreach s,$(SANITIZERS),$(MAKE) --no-print-directory SANITIZE=$(s) BUILD=$(call san_dir,$(s)) \
+	  SANITIZED_MODULES="$(SANITIZED_MODULES_$(firstword $(subst $(comma), ,$(s))))" \
+	  $(SANITIZED_TESTS_$(firstword $(subst $(comma), ,$(s))):%=$(call san_dir,$(s))/tests/%) &&) true
 endif
-.PHONY: sanitized-tests
+SANITIZED_RUN := $(foreach s,$(SANITIZERS),$(SANITIZED_TESTS_$(firstword $(subst $(comma), ,$(s))):%=$(call san_dir,$(s))/tests/%))
+
+sanitize: deps-check
+	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined test-run
+	$(Q)$(MAKE) --no-print-directory SANITIZE=thread SUITES="$(THREADED_SUITES)" test-run
+.PHONY: sanitized-tests sanitize
 
 # Each public header compiles on its own (DESIGN.md): one stamp per header.
 $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
@@ -277,8 +302,17 @@ deps-check:
 test: deps-check
 	@$(MAKE) --no-print-directory test-run
 
+ifeq ($(SANITIZE),)
 test-run: tests
-	@scripts/run-tests.sh
+	@ZINF_SANITIZED="$(SANITIZED_RUN)" scripts/run-tests.sh
+else
+# Every unit and MPI suite (or SUITES) under the sanitizer, with a longer
+# limit each (a sanitizer runs them 2-15 times slower); no e2e.
+SUITES ?= $(TEST_SRCS:tests/unit/%.cpp=%)
+test-run: $(SUITES:%=$(BUILD)/tests/%)
+	@ZINF_UNIT_TESTS="$(filter $(BUILD)/tests/test_%,$^)" ZINF_MPI_TESTS="$(filter $(BUILD)/tests/mpi_%,$^)" ZINF_E2E=0 \
+	  ZINF_UNIT_TIMEOUT=$${ZINF_UNIT_TIMEOUT:-900} scripts/run-tests.sh
+endif
 
 demo: deps-check
 	@$(MAKE) --no-print-directory demo-run

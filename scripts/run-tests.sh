@@ -7,6 +7,11 @@
 #   e2e:  tests/e2e/*.sh (shell; pipes the programs), each printing
 #         "# e2e-result PASSED FAILED SKIPPED" as its last line
 # Each suite runs under a timeout, so a hang is a failure, never a stuck CI.
+#   sanitized: build/san-<sanitizer>/tests/*, named "(san-<sanitizer>)"; the
+#         Makefile says which (ZINF_SANITIZED), so a binary left there by
+#         `make sanitize` never runs stale
+# The Makefile may name the suites instead (make test SANITIZE=...):
+# ZINF_UNIT_TESTS, ZINF_MPI_TESTS (binaries), ZINF_E2E=0 (no e2e suites).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -26,19 +31,43 @@ attr() {  # attribute value from the first <TestSuite ...> element of a Boost XM
   grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+'
 }
 
-# build/san-<sanitizer>/tests/test_*: the same tests under a sanitizer; any
-# report fails the run (halt_on_error, exitcode).
+# Under a sanitizer any report fails the run (halt_on_error, exitcode).
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 ${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
-for t in build/tests/test_* build/san-*/tests/test_*; do
+sanitized=${ZINF_SANITIZED-$(echo build/san-*/tests/test_*)}
+unit_tests=${ZINF_UNIT_TESTS-$(echo build/tests/test_* $sanitized)}
+mpi_tests=${ZINF_MPI_TESTS-$(echo build/tests/mpi_*)}
+suite_name() {  # kind binary: "unit/test_io", "unit/test_io (san-thread)"
+  local name=$1/$(basename "$2")
+  [[ $2 == build/san-* ]] && name+=" ($(cut -d/ -f2 <<<"$2"))"
+  echo "$name"
+}
+# What a sanitized binary's environment needs besides the options above:
+# - ThreadSanitizer: libgomp is not built with it, so TSan cannot see an
+#   OpenMP region's fork and barriers and reports every variable the region
+#   shares; OpenMP regions run on one thread there. zinf's own threads
+#   (device streams, I/O queues, the communicator's and the optimizer's) are
+#   still checked.
+# - MPI ranks: Open MPI's own leaks (AddressSanitizer) and its own
+#   lock-order inversion (ThreadSanitizer) are suppressed by library name;
+#   tests/sanitizers/*.supp say which and why.
+san_env() {  # kind binary: NAME=VALUE words (no spaces: they are split)
+  case $2 in
+  build/san-thread/*)
+    echo OMP_THREAD_LIMIT=1
+    [[ $1 == mpi ]] && echo "TSAN_OPTIONS=${TSAN_OPTIONS// /:}:suppressions=$PWD/tests/sanitizers/tsan.supp" ;;
+  build/san-address/*)
+    [[ $1 == mpi ]] && echo "LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:fast_unwind_on_malloc=0:${LSAN_OPTIONS:-}" ;;
+  esac
+}
+for t in $unit_tests; do
   [[ -x $t ]] || continue
-  name=unit/$(basename "$t")
-  [[ $t == build/san-* ]] && name+=" ($(cut -d/ -f2 <<<"$t"))"
+  name=$(suite_name unit "$t")
 
   echo "# running $name"
   xml=$(mktemp)
-  timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \
+  env $(san_env unit "$t") timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \
     --report_format=XML --report_level=detailed --report_sink="$xml"
   rc=$?
   if [[ -s $xml ]] && grep -q "<TestSuite" "$xml"; then
@@ -57,18 +86,18 @@ done
 
 # mpirun refuses root unless told, and a small machine has fewer cores than ranks.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-for t in build/tests/mpi_*; do
+for t in $mpi_tests; do
   [[ -x $t ]] || continue
   if ! command -v mpirun >/dev/null; then
     echo "# $t: skipped, no mpirun"
-    tally "mpi/$(basename "$t")" 0 0 1
+    tally "$(suite_name mpi "$t")" 0 0 1
     continue
   fi
   for np in ${ZINF_MPI_NP:-2 4}; do
-    name="mpi/$(basename "$t") (np $np)"
+    name="$(suite_name mpi "$t") (np $np)"
     echo "# running $name"
     dir=$(mktemp -d)
-    timeout --kill-after=10 "$unit_timeout" mpirun -np "$np" bash -c \
+    env $(san_env mpi "$t") timeout --kill-after=10 "$unit_timeout" mpirun -np "$np" bash -c \
       'exec "$1" --color_output=no --log_level=warning --report_format=XML --report_level=detailed \
          --report_sink="$2/rank${OMPI_COMM_WORLD_RANK:-0}.xml"' _ "$t" "$dir"
     rc=$?
@@ -95,7 +124,7 @@ for t in build/tests/mpi_*; do
 done
 
 for t in tests/e2e/*.sh; do
-  [[ -f $t ]] || continue
+  [[ -f $t && ${ZINF_E2E:-1} != 0 ]] || continue
   name=e2e/$(basename "$t" .sh)
   echo "# running $name"
   out=$(mktemp)

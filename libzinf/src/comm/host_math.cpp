@@ -3,6 +3,7 @@
 // MPI's reduce-scatter, and the staging area. Built at -O3 (Makefile): the
 // loops below are vectorised.
 #include "internal.hpp"
+#include "../util/cpu.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -96,23 +97,9 @@ template <class T>
 // from_bf16, inline so that the loops below vectorise (util's is out of line).
 inline float widen(std::uint16_t v) { return std::bit_cast<float>(std::uint32_t{v} << 16); }
 
-// One clone per instruction set, as util's bf16 rounding: the reduction
-// runs on data in cache, where AVX2 and AVX-512 are worth having.
-#define ZINF_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-ZINF_CLONES void fold_f32(std::span<std::byte> o, std::span<const std::byte* const> in, Reduce r) { fold<float>(o, in, r); }
-ZINF_CLONES void fold_f64(std::span<std::byte> o, std::span<const std::byte* const> in, Reduce r) { fold<double>(o, in, r); }
-ZINF_CLONES void fold_i32(std::span<std::byte> o, std::span<const std::byte* const> in, Reduce r) {
-    fold<std::int32_t>(o, in, r);
-}
-ZINF_CLONES void fold_i64(std::span<std::byte> o, std::span<const std::byte* const> in, Reduce r) {
-    fold<std::int64_t>(o, in, r);
-}
-ZINF_CLONES void fold_u8(std::span<std::byte> o, std::span<const std::byte* const> in, Reduce r) {
-    fold<std::uint8_t>(o, in, r);
-}
-
 // bf16 as bf16_reduce does it: each step in f32, rounded back to bf16.
-ZINF_CLONES void fold_bf16(std::span<std::byte> out_bytes, std::span<const std::byte* const> in, Reduce r) {
+[[gnu::always_inline]] inline void fold_bf16(std::span<std::byte> out_bytes, std::span<const std::byte* const> in,
+                                             Reduce r) {
     constexpr std::size_t tile = kTileBytes / sizeof(float);
     auto* out = reinterpret_cast<std::uint16_t*>(out_bytes.data());
     const std::size_t count = out_bytes.size() / 2;
@@ -138,20 +125,32 @@ ZINF_CLONES void fold_bf16(std::span<std::byte> out_bytes, std::span<const std::
     }
 }
 
-#undef ZINF_CLONES
+[[gnu::always_inline]] inline void fold_any(std::span<std::byte> out, std::span<const std::byte* const> in,
+                                            DType dtype, Reduce r) {
+    switch (dtype) {
+    case DType::f32: return fold<float>(out, in, r);
+    case DType::f64: return fold<double>(out, in, r);
+    case DType::i32: return fold<std::int32_t>(out, in, r);
+    case DType::i64: return fold<std::int64_t>(out, in, r);
+    case DType::u8: return fold<std::uint8_t>(out, in, r);
+    case DType::bf16: return fold_bf16(out, in, r);
+    }
+}
+
+// One build per instruction set, as util's bf16 rounding: the reduction
+// runs on data in cache, where AVX2 and AVX-512 are worth having.
+using Out = std::span<std::byte>;
+using Ins = std::span<const std::byte* const>;
+ZINF_TARGET_V4 void fold_v4(Out out, Ins in, DType dtype, Reduce r) { fold_any(out, in, dtype, r); }
+ZINF_TARGET_AVX2 void fold_avx2(Out out, Ins in, DType dtype, Reduce r) { fold_any(out, in, dtype, r); }
+void fold_base(Out out, Ins in, DType dtype, Reduce r) { fold_any(out, in, dtype, r); }
 
 }  // namespace
 
 void reduce_in_order(std::span<std::byte> out, std::span<const std::byte* const> in, DType dtype, Reduce r) {
     if (in.empty()) throw InternalError("comm: a reduction of no inputs");
-    switch (dtype) {
-    case DType::f32: return fold_f32(out, in, r);
-    case DType::f64: return fold_f64(out, in, r);
-    case DType::i32: return fold_i32(out, in, r);
-    case DType::i64: return fold_i64(out, in, r);
-    case DType::u8: return fold_u8(out, in, r);
-    case DType::bf16: return fold_bf16(out, in, r);
-    }
+    static const auto run = for_cpu(fold_v4, fold_avx2, fold_base);
+    run(out, in, dtype, r);
 }
 
 std::span<std::byte> Scratch::get(std::size_t bytes) {

@@ -1,6 +1,6 @@
 // The hot loop of initialisation: normal values from Philox4x32-10 counters,
-// four per block (Box-Muller on two pairs). Cloned for AVX-512, AVX2 and the
-// baseline, so the rounds and the polynomials run in vector registers: about
+// four per block (Box-Muller on two pairs). Built for AVX-512, AVX2 and the
+// baseline (for_cpu), so the rounds and the polynomials run in vector registers: about
 // 450M values/s per core with SSE4.2 and 680M with AVX2, against 140M for the
 // scalar library call and libm's sincosf. philox() in values.cpp is the
 // reference it is tested against.
@@ -12,6 +12,7 @@
 // and sincos polynomials in place of libm's, whose vector versions differ in
 // the last bit from one instruction set to the next.
 #include "generate.hpp"
+#include "../util/cpu.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -57,10 +58,8 @@ inline void sincos2pi(float t, float& s, float& c) {
     c = ((q + 1) & 2) ? -cc : cc;
 }
 
-}  // namespace
-
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n, float sd, float* out) {
+[[gnu::always_inline]] inline void normals_in(std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+                                              std::size_t n, float sd, float* out) {
     alignas(64) std::uint32_t x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
     alignas(64) float z[4][kGroups];
     std::uint64_t g = first / 4;          // the block holding element `first`
@@ -123,6 +122,26 @@ void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std:
         g += kGroups;
         skip = 0;
     }
+}
+
+ZINF_TARGET_V4 void normals_v4(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n,
+                               float sd, float* out) {
+    normals_in(seed, stream, first, n, sd, out);
+}
+ZINF_TARGET_AVX2 void normals_avx2(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n,
+                                   float sd, float* out) {
+    normals_in(seed, stream, first, n, sd, out);
+}
+void normals_base(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n, float sd,
+                  float* out) {
+    normals_in(seed, stream, first, n, sd, out);
+}
+
+}  // namespace
+
+void normals(std::uint64_t seed, std::uint64_t stream, std::uint64_t first, std::size_t n, float sd, float* out) {
+    static const auto run = for_cpu(normals_v4, normals_avx2, normals_base);
+    run(seed, stream, first, n, sd, out);
 }
 
 }  // namespace zinf::shard::detail

@@ -1,6 +1,8 @@
-// bf16 rounding, built at -O3 with clones per instruction set (Makefile): it
-// sits on the hot path of zinf-shard init and of bf16 reductions.
+// bf16 rounding, built at -O3 (Makefile) once per instruction set (for_cpu):
+// it sits on the hot path of zinf-shard init and of bf16 reductions.
 #include <zinf/util.hpp>
+
+#include "cpu.hpp"
 
 #include <cstring>
 
@@ -25,15 +27,22 @@ float from_bf16(std::uint16_t v) {
     return f;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-void to_bf16(std::span<const float> in, std::span<std::uint16_t> out) {
-    const float* src = in.data();
-    std::uint16_t* dst = out.data();
-    for (std::size_t i = 0, n = in.size(); i < n; ++i) {
+namespace {
+[[gnu::always_inline]] inline void round_all(const float* src, std::uint16_t* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
         std::uint32_t u;
         std::memcpy(&u, src + i, 4);
         dst[i] = round_bits(u);
     }
+}
+ZINF_TARGET_V4 void round_v4(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
+ZINF_TARGET_AVX2 void round_avx2(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
+void round_base(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
+}  // namespace
+
+void to_bf16(std::span<const float> in, std::span<std::uint16_t> out) {
+    static const auto run = for_cpu(round_v4, round_avx2, round_base);
+    run(in.data(), out.data(), in.size());
 }
 
 }  // namespace zinf
