@@ -23,13 +23,14 @@ namespace fs = std::filesystem;
 void Written::commit() {
     std::set<std::string> dirs;
     for (std::size_t i = 0; i < temps.size(); ++i) {
-        if (::rename(temps[i].c_str(), finals[i].c_str()) != 0) {
+        if (sys::rename(temps[i], finals[i]) != 0) {
             const int err = errno;
+            const std::string failed = finals[i];  // discard() clears finals
             // The names are new ones beside the committed state
             // (place_beside): what was renamed so far goes with the rest.
             for (std::size_t j = 0; j < i; ++j) ::unlink(finals[j].c_str());
             discard();
-            throw_errno("rename", err, finals[i]);
+            throw_errno("rename", err, failed);
         }
         dirs.insert(fs::path(finals[i]).parent_path().string());
     }

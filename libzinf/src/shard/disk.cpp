@@ -234,10 +234,11 @@ struct OutFiles {
             missing.push_back(p.string());
             if (p == p.parent_path()) break;
         }
-        std::error_code ec;
-        fs::create_directories(path, ec);
-        if (ec) throw CreateError("cannot create a folder", {ec.value(), path, {}, -1});
-        created.insert(created.end(), missing.begin(), missing.end());  // deepest first
+        // Outermost first, 0777 less the umask; another rank may make one too.
+        for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+            if (sys::mkdir(*it, 0777) == 0) created.push_back(*it);  // discard removes the deepest first
+            else if (errno != EEXIST) throw_errno("mkdir", errno, *it, {}, true);
+        }
     }
     // After a failure: the temporaries and the folders this run made, so
     // nothing is left behind.

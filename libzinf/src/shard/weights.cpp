@@ -320,8 +320,14 @@ WeightFormat parse_weight_format(std::string_view s) {
 WeightFormat detect_weight_format(const std::string& path) {
     Fd fd = Fd::open(path, O_RDONLY);
     std::int32_t magic = 0;
-    const ssize_t n = ::pread(fd.get(), &magic, 4, 0);
-    if (n < 0) throw_errno("pread", errno, path, 0);
+    long n;
+    std::size_t got = 0;  // through short reads: a cut magic is not another format
+    do {
+        n = sys::pread(fd.get(), reinterpret_cast<char*>(&magic) + got, 4 - got, got, path);
+        if (n > 0) got += static_cast<std::size_t>(n);
+    } while ((n > 0 && got < 4) || (n < 0 && errno == EINTR));
+    if (n < 0) throw_errno("pread", errno, path, got);
+    n = static_cast<long>(got);
     return n == 4 && magic == kLlmcMagic ? WeightFormat::llmc : WeightFormat::safetensors;
 }
 
@@ -397,7 +403,9 @@ private:
     io::File& file(const Partition& p) {
         auto it = files_.find(p.file);
         if (it == files_.end())
-            it = files_.emplace(p.file, io::File::open(m_.path_of(p), {.direct = io::Direct::buffered})).first;
+            // Beneath the data directory: a data file that is a link out of it is refused (65).
+            it = files_.emplace(p.file, io::File::open(m_.path_of(p), {.direct = io::Direct::buffered, .beneath = m_.dir}))
+                     .first;
         return it->second;
     }
     const Manifest& m_;
@@ -469,9 +477,10 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     }
 
     // Written under a temporary name beside `to`, then renamed over it.
-    const std::string tmp = to + ".tmp." + std::to_string(::getpid());
+    // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted there is written through.
+    const std::string tmp = temp_name(to, ".tmp.");
     try {
-        io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+        io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true});
         file.preallocate(res.bytes);
         mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
         mem::Lease scratch = pool.lease("zinf-shard export scratch");
@@ -509,7 +518,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
             });
         engine.sync(file);
         file.close();
-        if (::rename(tmp.c_str(), to.c_str()) != 0) throw_errno("rename", errno, to, {}, true);
+        if (sys::rename(tmp, to) != 0) throw_errno("rename", errno, to, {}, true);
     } catch (...) {
         ::unlink(tmp.c_str());
         throw;
