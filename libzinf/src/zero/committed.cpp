@@ -20,6 +20,7 @@ struct CommittedParams::Impl {
         if (it != files.end()) return it->second;
         const std::string full = m.dir + "/" + rel;
         io::OpenOptions oo{.access = io::Access::read};
+        oo.beneath = m.dir;  // a data file or rank folder that is a link out of the data directory is refused
         io::File f = io::File::open(full, oo);
         if (f.direct() && m.opts.alignment % f.alignment() != 0) {
             log::warn_once("committed-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
