@@ -33,9 +33,13 @@ fw_walk "$seed" "${FW_SCENARIOS[@]}"
 # And the sites where the walk found bugs, whatever the sample draws: a
 # failed rename's message named a freed string; a failed read of the
 # manifest was taken for its end; the overlapped update's I/O errors were
-# dropped for a redo (exit 0).
+# dropped for a redo (exit 0); init --force took a failed read of the old
+# manifest for a corrupt one and replaced it (exit 0), and skipped a rank
+# folder it could not list.
 at() { FW_D=$W/$1 FW_P=$W/$1.pristine fw_case "$@"; }
 at init rename "$W/init/rank0/param.alt.bin" EIO
+at init read "$W/init/manifest.jsonl" EIO
+at init open "$W/init/rank1" ENOSPC
 at reshard read "$W/reshard/manifest.jsonl" EIO
 at train read "$W/train/rank0/exp_avg.bin" EIO
 at train write "$W/train/rank0/param.alt.bin" ENOSPC

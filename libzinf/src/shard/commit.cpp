@@ -108,6 +108,8 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
     bool readable = true;
     try {
         for (const auto& p : read_manifest_file(committed).parts) named.insert(p.file);
+    } catch (const IoError&) {
+        throw;  // a disk that fails a read is not written on: 74, the old state kept
     } catch (const Error& e) {
         // Nothing in the directory is trusted then; still, write beside
         // what is there where a free name is.

@@ -216,7 +216,8 @@ struct OutFiles {
         const std::string folder = f.parent_path().string();
         const std::string prefix = f.filename().string() + kTempSuffix;
         const int fd = open_beneath_raw(dir, folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY, 0);
-        if (fd < 0) return;
+        // Made just before: failing to list it is an I/O error, not nothing to remove.
+        if (fd < 0) throw_open_beneath(-fd, dir, folder.empty() ? "." : folder, O_RDONLY);
         DIR* d = ::fdopendir(fd);
         if (!d) {
             ::close(fd);
