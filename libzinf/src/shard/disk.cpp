@@ -203,7 +203,8 @@ struct OutFiles {
         if (fd < 0) {
             make_dirs(dir + "/" + folder);
             fd = open_beneath_raw(dir, folder, flags, 0);
-            if (fd < 0) throw_open_beneath(-fd, dir, folder, flags);
+            // A file where the folder must go: it cannot be made (73).
+            if (fd < 0) throw_open_beneath(-fd, dir, folder, flags | O_CREAT);
         }
         ::close(fd);
     }
