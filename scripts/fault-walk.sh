@@ -14,7 +14,7 @@
 # Prints one line per case, then "sites N, cases N, held N, failed N"; exits
 # 1 when any case failed.
 set -u
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 seed='' dir=/var/tmp
 scenarios=()
 while (($#)); do
