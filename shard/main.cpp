@@ -133,13 +133,9 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     json::Json j = {{"schema", "zinf.shard-stats/1"}, {"op", op},          {"bytes", bytes},
                     {"seconds", seconds},             {"gibps", gibps},    {"peak_resident_bytes", peak_resident_bytes()},
                     {"pool", pool.stats().to_json()}};
-    const std::string tmp = o.stats + ".tmp";
-    {
-        std::ofstream f(tmp);
-        f << json::line(j);
-        if (!f.flush()) throw CreateError("cannot write the statistics", {errno, tmp, {}, -1});
-    }
-    if (std::rename(tmp.c_str(), o.stats.c_str()) != 0) throw_errno("rename", errno, o.stats, {}, true);
+    const std::string text = json::line(j);
+    const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+    write_file_atomic(o.stats, {&piece, 1});
 }
 
 // The manifest's identity on disk, to tell after a failed save whether its

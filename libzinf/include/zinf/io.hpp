@@ -68,7 +68,7 @@ struct OpenOptions {
     bool exclusive = false;  // with create: refuse an existing file (O_EXCL)
     bool truncate = false;   // O_TRUNC
     Direct direct = Direct::prefer;
-    unsigned mode = 0644;
+    unsigned mode = 0666;    // less the umask, as every Unix tool creates files
     // A data directory the file must lie beneath: `path` is "<beneath>/<rel>"
     // and rel is resolved beneath it (open_beneath, util.hpp); a symbolic
     // link or ".." leading outside is refused (DataError, 65).

@@ -141,7 +141,7 @@ public:
     ~Fd();  // closes quietly: call close() yourself after writing
 
     // open(2); throws MissingInputError/CreateError/IoError naming `path`.
-    static Fd open(const std::string& path, int flags, unsigned mode = 0644);
+    static Fd open(const std::string& path, int flags, unsigned mode = 0666);
 
     int get() const noexcept { return fd_; }
     explicit operator bool() const noexcept { return fd_ >= 0; }
@@ -351,6 +351,53 @@ public:
 private:
     void* state_;
 };
+
+// ---------------------------------------------------------------------------
+// File-system calls. Every open, read, write, fsync, rename, fallocate,
+// truncate, mkdir and checked close that libzinf and the programs make goes
+// through these (tests/e2e/faults.sh refuses a raw call outside
+// libzinf/src/util/sys.cpp), so that each is a named I/O site a test can find
+// and fail. They behave as the system calls do: a result, or -1 with errno.
+// (An O_PATH open moves no data and only resolves a name: it is no site.)
+//
+// For tests, two environment variables:
+//   ZINF_FAULT_TRACE=FILE  appends "kind<TAB>path" to FILE the first time
+//                          this process meets each site (random temporary
+//                          suffixes written "*"), listing what a run touches;
+//   ZINF_FAULT_SITE=KIND:HOW:PATH  makes the first call of that kind on that
+//                          path (as the trace spells it) fail with HOW, one of
+//                          EIO, ENOSPC, or "short": a read or write that
+//                          moves half of what was asked (the caller must
+//                          finish the rest).
+namespace sys {
+enum class Kind { open, read, write, fsync, rename, fallocate, truncate, mkdir, close };
+const char* kind_name(Kind k);
+// What the site says before a call: 0 go ahead, an errno to fail with, or
+// kShort (reads and writes only).
+inline constexpr int kShort = -1;
+int site(Kind kind, const std::string& path) noexcept;
+// True when ZINF_FAULT_TRACE or ZINF_FAULT_SITE is set (checked once).
+bool watched() noexcept;
+
+int open(const std::string& path, int flags, unsigned mode = 0) noexcept;
+// openat(2) of `rel` in `dir_fd`; `path` names the file for the site.
+int openat(int dir_fd, const std::string& rel, int flags, unsigned mode, const std::string& path) noexcept;
+// openat2(2) with its resolve flags; -1/errno (ENOSYS where the kernel lacks it).
+long openat2(int dir_fd, const std::string& rel, int flags, unsigned mode, std::uint64_t resolve,
+             const std::string& path) noexcept;
+long read(int fd, void* buf, std::size_t n, const std::string& path) noexcept;
+long pread(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path) noexcept;
+long write(int fd, const void* buf, std::size_t n, const std::string& path) noexcept;
+long pwrite(int fd, const void* buf, std::size_t n, std::uint64_t offset, const std::string& path) noexcept;
+int fsync(int fd, const std::string& path) noexcept;
+int fdatasync(int fd, const std::string& path) noexcept;
+// The site is the destination: what a failed rename leaves unchanged.
+int rename(const std::string& from, const std::string& to) noexcept;
+int fallocate(int fd, std::uint64_t bytes, const std::string& path) noexcept;
+int ftruncate(int fd, std::uint64_t bytes, const std::string& path) noexcept;
+int mkdir(const std::string& path, unsigned mode) noexcept;
+int close(int fd, const std::string& path) noexcept;
+}  // namespace sys
 
 // The library's version, from the Makefile.
 const char* version();

@@ -59,6 +59,15 @@ struct Engine::Impl final : detail::Completer {
         Request& r = *p.req;
         if (r.failed.load(std::memory_order_relaxed)) return {Submission::skip, 0, 0};
         std::size_t want = p.len - p.done;
+        // The engine's reads and writes are I/O sites too (util.hpp: sys).
+        if (sys::watched() && p.done == 0) {
+            const int f = sys::site(r.op == Op::read ? sys::Kind::read : sys::Kind::write, r.file->path);
+            if (f > 0) return {Submission::fail, f, 0};
+            if (f == sys::kShort) {
+                const std::size_t half = align_down(want / 2, r.file->align);
+                if (half > 0) want = half;
+            }
+        }
         if (r.file->has_faults.load(std::memory_order_relaxed)) {
             int err = 0;
             switch (r.file->take_fault(r.op, err)) {

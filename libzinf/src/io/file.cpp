@@ -21,7 +21,7 @@ std::size_t sysfs_logical_block_size(dev_t dev) {
                              std::to_string(minor(dev));
     // A partition's queue/ lives in its parent device's folder.
     for (const char* rel : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
-        std::ifstream in(base + rel);
+        std::ifstream in(base + rel);  // fault-site: none (sysfs, a hint)
         std::size_t v = 0;
         if (in >> v && v > 0 && is_pow2(v)) return v;
     }
@@ -138,7 +138,7 @@ struct Opener {
         if (!root.empty()) return open_beneath_raw(root, rel, flags | extra, mode);
         int fd;
         do {
-            fd = ::open(rel.c_str(), flags | extra | O_CLOEXEC, mode);
+            fd = sys::open(rel, flags | extra | O_CLOEXEC, mode);
         } while (fd < 0 && errno == EINTR);
         return fd < 0 ? -errno : fd;
     }
@@ -264,7 +264,7 @@ std::uint64_t File::size() const {
 
 void File::preallocate(std::uint64_t bytes) {
     if (bytes == 0) return;
-    if (::fallocate(fd(), 0, 0, static_cast<off_t>(bytes)) == 0) return;
+    if (sys::fallocate(fd(), bytes, path()) == 0) return;
     int err = errno;
     if (err != EOPNOTSUPP && err != ENOSYS) throw_errno("fallocate", err, path(), {}, true);
     log::warn_once("nofallocate:" + path(),
@@ -274,11 +274,11 @@ void File::preallocate(std::uint64_t bytes) {
 }
 
 void File::truncate(std::uint64_t bytes) {
-    if (::ftruncate(fd(), static_cast<off_t>(bytes)) != 0) throw_errno("ftruncate", errno, path());
+    if (sys::ftruncate(fd(), bytes, path()) != 0) throw_errno("ftruncate", errno, path());
 }
 
 void File::sync() {
-    if (::fdatasync(fd()) != 0) throw_errno("fdatasync", errno, path());
+    if (sys::fdatasync(fd(), path()) != 0) throw_errno("fdatasync", errno, path());
 }
 
 void File::close() {

@@ -28,8 +28,8 @@ void run_piece_sync(Completer& c, Piece& p) {
             const Request& r = *p.req;
             const int fd = r.file->fd.get();
             const auto off = static_cast<off_t>(p.offset + p.done);
-            ssize_t n = r.op == Op::read ? ::pread(fd, p.buf + p.done, s.len, off)
-                                         : ::pwrite(fd, p.buf + p.done, s.len, off);
+            ssize_t n = r.op == Op::read ? ::pread(fd, p.buf + p.done, s.len, off)  // fault-site: engine (Completer::prepare)
+                                         : ::pwrite(fd, p.buf + p.done, s.len, off);  // fault-site: engine (Completer::prepare)
             res = n < 0 ? -errno : n;
         }
         if (!c.complete(p, res)) return;

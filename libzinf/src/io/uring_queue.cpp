@@ -96,7 +96,7 @@ private:
     void wake() {
         if (in_kernel_.load(std::memory_order_seq_cst) && doorbell_.get() >= 0) {
             const std::uint64_t one = 1;
-            ssize_t n = ::write(doorbell_.get(), &one, sizeof one);
+            ssize_t n = ::write(doorbell_.get(), &one, sizeof one);  // fault-site: none (eventfd)
             (void)n;  // EAGAIN: the counter is already non-zero, it will wake anyway
         }
         cv_.notify_one();
@@ -105,7 +105,7 @@ private:
     void arm_doorbell() {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (!sqe) return;  // the next pass arms it
-        io_uring_prep_read(sqe, doorbell_.get(), &doorbell_value_, sizeof doorbell_value_, 0);
+        io_uring_prep_read(sqe, doorbell_.get(), &doorbell_value_, sizeof doorbell_value_, 0);  // fault-site: none (eventfd)
         io_uring_sqe_set_data(sqe, &doorbell_value_);
         doorbell_armed_ = true;
     }
@@ -248,14 +248,14 @@ private:
         const std::uint64_t off = p.offset + p.done;
         if (r.op == Op::read) {
             if (p.buf_slot >= 0)
-                io_uring_prep_read_fixed(sqe, fd, buf, n, off, p.buf_slot);
+                io_uring_prep_read_fixed(sqe, fd, buf, n, off, p.buf_slot);  // fault-site: engine (Completer::prepare)
             else
-                io_uring_prep_read(sqe, fd, buf, n, off);
+                io_uring_prep_read(sqe, fd, buf, n, off);  // fault-site: engine (Completer::prepare)
         } else {
             if (p.buf_slot >= 0)
-                io_uring_prep_write_fixed(sqe, fd, buf, n, off, p.buf_slot);
+                io_uring_prep_write_fixed(sqe, fd, buf, n, off, p.buf_slot);  // fault-site: engine (Completer::prepare)
             else
-                io_uring_prep_write(sqe, fd, buf, n, off);
+                io_uring_prep_write(sqe, fd, buf, n, off);  // fault-site: engine (Completer::prepare)
         }
         if (r.file_slot >= 0) sqe->flags |= IOSQE_FIXED_FILE;
         io_uring_sqe_set_data(sqe, &p);

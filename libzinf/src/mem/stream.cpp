@@ -40,18 +40,21 @@ Windows cut(const io::File& file, std::uint64_t offset, std::uint64_t bytes, std
 // A second, buffered descriptor of the same file (the same inode even if it
 // was renamed since), write-only.
 Fd open_buffered_twin(const io::File& file) {
-    try {
-        return Fd::open("/proc/self/fd/" + std::to_string(file.fd()), O_WRONLY);
-    } catch (const Error&) {  // no /proc: the path will do
-        return Fd::open(file.path(), O_WRONLY);
-    }
+    // The site is the file's own name, not its /proc link's.
+    const int fd = sys::openat(AT_FDCWD, "/proc/self/fd/" + std::to_string(file.fd()), O_WRONLY | O_CLOEXEC, 0,
+                               file.path());
+    if (fd >= 0) return Fd(fd);
+    if (errno != ENOENT) throw_errno("open", errno, file.path());
+    return Fd::open(file.path(), O_WRONLY);  // no /proc: the path will do
 }
 
 void pwrite_all(int fd, std::span<const std::byte> src, std::uint64_t offset, const std::string& path) {
     for (std::size_t done = 0; done < src.size();) {
-        ssize_t n = ::pwrite(fd, src.data() + done, src.size() - done, static_cast<off_t>(offset + done));
+        const long n = sys::pwrite(fd, src.data() + done, src.size() - done, offset + done, path);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) throw_errno("pwrite", errno, path, offset + done);
+        // No progress would loop for ever: an error, as the engine makes it.
+        if (n == 0) throw IoError("write made no progress (0 bytes written)", {EIO, path, offset + done, -1});
         done += static_cast<std::size_t>(n);
     }
 }
@@ -62,7 +65,7 @@ void pwrite_all(int fd, std::span<const std::byte> src, std::uint64_t offset, co
 std::uint64_t pread_to_eof(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
     std::uint64_t done = 0;
     while (done < dst.size()) {
-        ssize_t n = ::pread(file.fd(), dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+        const long n = sys::pread(file.fd(), dst.data() + done, dst.size() - done, offset + done, file.path());
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) throw_errno("pread", errno, file.path(), offset + done);
         if (n == 0) break;

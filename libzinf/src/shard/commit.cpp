@@ -23,13 +23,14 @@ namespace fs = std::filesystem;
 void Written::commit() {
     std::set<std::string> dirs;
     for (std::size_t i = 0; i < temps.size(); ++i) {
-        if (::rename(temps[i].c_str(), finals[i].c_str()) != 0) {
+        if (sys::rename(temps[i], finals[i]) != 0) {
             const int err = errno;
+            const std::string failed = finals[i];  // discard() clears finals
             // The names are new ones beside the committed state
             // (place_beside): what was renamed so far goes with the rest.
             for (std::size_t j = 0; j < i; ++j) ::unlink(finals[j].c_str());
             discard();
-            throw_errno("rename", err, finals[i]);
+            throw_errno("rename", err, failed);
         }
         dirs.insert(fs::path(finals[i]).parent_path().string());
     }
@@ -109,6 +110,8 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
     try {
         old = read_manifest_file(committed);
         for (const auto& p : old.parts) named.insert(p.file);
+    } catch (const IoError&) {
+        throw;  // a disk that fails a read is not written on: 74, the old state kept
     } catch (const Error& e) {
         // Nothing in the directory is trusted then; still, write beside
         // what is there where a free name is.
@@ -187,9 +190,12 @@ void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks) {
         std::string text;
         if (fd >= 0) {
             char buf[256];
-            const ssize_t n = ::read(fd, buf, sizeof buf);
-            if (n > 0) text.assign(buf, static_cast<std::size_t>(n));
-            ::close(fd);
+            const std::string marker = d + "/" + kRankMarker;
+            const long n = sys::read(fd, buf, sizeof buf, marker);
+            const int err = errno;
+            (void)sys::close(fd, marker);
+            if (n < 0) throw_errno("read", err, marker);
+            text.assign(buf, static_cast<std::size_t>(n));
         }
         const std::string want = rank_marker_text(r);
         if (text != want)

@@ -275,7 +275,8 @@ struct OutFiles {
         if (fd < 0) {
             make_dirs(dir + "/" + folder);
             fd = open_beneath_raw(dir, folder, flags, 0);
-            if (fd < 0) throw_open_beneath(-fd, dir, folder, flags);
+            // A file where the folder must go: it cannot be made (73).
+            if (fd < 0) throw_open_beneath(-fd, dir, folder, flags | O_CREAT);
         }
         ::close(fd);
     }
@@ -287,8 +288,10 @@ struct OutFiles {
         const fs::path f(at.rel);
         const std::string folder = f.parent_path().string();
         const std::string prefix = f.filename().string() + kTempSuffix;
-        const int fd = open_beneath_raw(at.root, folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY, 0);
-        if (fd < 0) return;
+        const std::string folder_rel = folder.empty() ? "." : folder;
+        const int fd = open_beneath_raw(at.root, folder_rel, O_RDONLY | O_DIRECTORY, 0);
+        // Made just before: failing to list it is an I/O error, not nothing to remove.
+        if (fd < 0) throw_open_beneath(-fd, at.root, folder_rel, O_RDONLY);
         DIR* d = ::fdopendir(fd);
         if (!d) {
             ::close(fd);
@@ -306,10 +309,11 @@ struct OutFiles {
             missing.push_back(p.string());
             if (p == p.parent_path()) break;
         }
-        std::error_code ec;
-        fs::create_directories(path, ec);
-        if (ec) throw CreateError("cannot create a folder", {ec.value(), path, {}, -1});
-        created.insert(created.end(), missing.begin(), missing.end());  // deepest first
+        // Outermost first, 0777 less the umask; another rank may make one too.
+        for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+            if (sys::mkdir(*it, 0777) == 0) created.push_back(*it);  // discard removes the deepest first
+            else if (errno != EEXIST) throw_errno("mkdir", errno, *it, {}, true);
+        }
     }
     // After a failure: the temporaries and the folders this run made, so
     // nothing is left behind.

@@ -95,6 +95,11 @@ constexpr std::uint64_t kMaxRecords = 1ull << 28;
 // The tensor list is made from the header alone, before any record is read:
 // bounded, so that a short header cannot make a reader allocate gigabytes.
 constexpr std::uint64_t kMaxTensors = 1ull << 20;
+// A partition's end must be a file offset (off_t: below 2^63), and the
+// alignment one that rounding it up cannot carry past that.
+constexpr std::uint64_t kMaxAlignment = 1ull << 30;
+constexpr std::uint64_t kMaxEnd = (1ull << 63) - 1 - kMaxAlignment;
+bool past_max_end(std::uint64_t offset, std::uint64_t bytes) { return offset > kMaxEnd || bytes > kMaxEnd - offset; }
 
 json::Json unknown_keys(const json::Json& o, const std::set<std::string>& known) {
     json::Json extra = json::Json::object();
@@ -121,8 +126,8 @@ Owned owned(std::uint64_t numel, unsigned dp, unsigned rank) {
 
 Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
     if (opts.dp == 0) throw UsageError("--dp must be at least 1");
-    if (!is_pow2(opts.alignment) || opts.alignment < 512)
-        throw UsageError("--align " + std::to_string(opts.alignment) + ": must be a power of two, at least 512");
+    if (!is_pow2(opts.alignment) || opts.alignment < 512 || opts.alignment > kMaxAlignment)
+        throw UsageError("--align " + std::to_string(opts.alignment) + ": must be a power of two from 512 to 1GiB");
     Manifest m;
     m.spec = spec;
     m.opts = opts;
@@ -168,6 +173,9 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts) {
                 p.bytes = own.per * dtype_bytes(p.dtype);
                 auto& c = cursor[p.file];
                 p.offset = c;
+                if (past_max_end(c, p.bytes))
+                    throw UsageError("this layout puts more than 2^63 bytes (the largest file) in " + p.file +
+                                     ": use a larger --dp or a smaller model");
                 c = align_up(c + p.bytes, opts.alignment);
                 m.parts.push_back(std::move(p));
             }
@@ -386,8 +394,8 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         throw DataError(hw + ": grad_tier must equal optim_tier (gradients follow the optimizer)");
     o.train = get_bool(h, "train", hw);
     o.alignment = json::get_u64(h, "alignment", hw);
-    if (!is_pow2(o.alignment) || o.alignment < 512)
-        throw DataError(hw + ": alignment " + std::to_string(o.alignment) + " is not a power of two >= 512");
+    if (!is_pow2(o.alignment) || o.alignment < 512 || o.alignment > kMaxAlignment)
+        throw DataError(hw + ": alignment " + std::to_string(o.alignment) + " is not a power of two from 512 to 1GiB");
     o.seed = json::get_u64(h, "seed", hw);
     m.states = states_for(o);
     if (!h.contains("states") || h["states"] != json::Json(m.states))
@@ -505,6 +513,11 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         if (p.bytes != own.per * dtype_bytes(p.dtype))
             throw DataError(w + ": bytes " + std::to_string(p.bytes) + ", expected " +
                             std::to_string(own.per * dtype_bytes(p.dtype)));
+        // Offset + bytes near 2^64 would wrap in every sum made of them
+        // (the overlap check below, file sizes): no file reaches 2^63.
+        if (past_max_end(p.offset, p.bytes))
+            throw DataError(w + ": offset " + std::to_string(p.offset) + " + bytes " + std::to_string(p.bytes) +
+                            " runs past the largest file offset (2^63 - 1) of " + p.file);
         if (r.contains("xxh3")) {
             const std::string hx = json::get_string(r, "xxh3", w);
             p.xxh3 = as_data(w, [&] {

@@ -320,8 +320,14 @@ WeightFormat parse_weight_format(std::string_view s) {
 WeightFormat detect_weight_format(const std::string& path) {
     Fd fd = Fd::open(path, O_RDONLY);
     std::int32_t magic = 0;
-    const ssize_t n = ::pread(fd.get(), &magic, 4, 0);
-    if (n < 0) throw_errno("pread", errno, path, 0);
+    long n;
+    std::size_t got = 0;  // through short reads: a cut magic is not another format
+    do {
+        n = sys::pread(fd.get(), reinterpret_cast<char*>(&magic) + got, 4 - got, got, path);
+        if (n > 0) got += static_cast<std::size_t>(n);
+    } while ((n > 0 && got < 4) || (n < 0 && errno == EINTR));
+    if (n < 0) throw_errno("pread", errno, path, got);
+    n = static_cast<long>(got);
     return n == 4 && magic == kLlmcMagic ? WeightFormat::llmc : WeightFormat::safetensors;
 }
 
@@ -473,9 +479,10 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     }
 
     // Written under a temporary name beside `to`, then renamed over it.
-    const std::string tmp = to + ".tmp." + std::to_string(::getpid());
+    // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted there is written through.
+    const std::string tmp = temp_name(to, ".tmp.");
     try {
-        io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .truncate = true});
+        io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true});
         file.preallocate(res.bytes);
         mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
         mem::Lease scratch = pool.lease("zinf-shard export scratch");
@@ -513,7 +520,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
             });
         engine.sync(file);
         file.close();
-        if (::rename(tmp.c_str(), to.c_str()) != 0) throw_errno("rename", errno, to, {}, true);
+        if (sys::rename(tmp, to) != 0) throw_errno("rename", errno, to, {}, true);
     } catch (...) {
         ::unlink(tmp.c_str());
         throw;

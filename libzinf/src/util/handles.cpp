@@ -2,7 +2,6 @@
 
 #include <cerrno>
 #include <dirent.h>
-#include <ext/stdio_filebuf.h>
 #include <fcntl.h>
 #include <filesystem>
 #include <istream>
@@ -19,7 +18,7 @@ namespace zinf {
 void fsync_dir(const std::string& dir) {
     const std::string d = dir.empty() ? "." : dir;
     Fd fd = Fd::open(d, O_RDONLY | O_DIRECTORY);
-    if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, d);
+    if (sys::fsync(fd.get(), d) != 0) throw_errno("fsync", errno, d);
 }
 
 std::string temp_name(const std::string& path, std::string_view tag) {
@@ -75,18 +74,15 @@ int open_beneath_raw(const std::string& root, const std::string& rel, int flags,
     if ((flags & O_CREAT) || (flags & O_ACCMODE) != O_RDONLY) flags |= O_NOFOLLOW;
     int root_fd;
     do {
-        root_fd = ::open(root.empty() ? "." : root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        root_fd = sys::open(root.empty() ? "." : root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     } while (root_fd < 0 && errno == EINTR);
     if (root_fd < 0) return -errno;
     const Fd root_hold(root_fd);
-    struct open_how how {};
-    how.flags = static_cast<std::uint64_t>(flags | O_CLOEXEC);
-    how.mode = (flags & O_CREAT) ? mode : 0;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    const std::string path = (root.empty() ? std::string(".") : root) + "/" + rel;
     long fd = -1;
     // EAGAIN: a rename elsewhere raced the walk; the kernel asks for a retry.
     for (int tries = 0; tries < 64; ++tries) {
-        fd = ::syscall(SYS_openat2, root_fd, rel.c_str(), &how, sizeof how);
+        fd = sys::openat2(root_fd, rel, flags | O_CLOEXEC, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, path);
         if (fd >= 0 || (errno != EINTR && errno != EAGAIN)) break;
     }
     if (fd >= 0) return static_cast<int>(fd);
@@ -100,7 +96,7 @@ int open_beneath_raw(const std::string& root, const std::string& rel, int flags,
     if (slash != std::string::npos) {
         int d;
         do {
-            d = ::openat(root_fd, rel.substr(0, slash).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+            d = sys::openat(root_fd, rel.substr(0, slash), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, path);
         } while (d < 0 && errno == EINTR);
         if (d < 0) return -errno;
         dir_hold = Fd(d);
@@ -109,7 +105,7 @@ int open_beneath_raw(const std::string& root, const std::string& rel, int flags,
     }
     const std::string name = slash == std::string::npos ? rel : rel.substr(slash + 1);
     do {
-        fd = ::openat(dir_fd, name.c_str(), flags | O_CLOEXEC, mode);
+        fd = sys::openat(dir_fd, name, flags | O_CLOEXEC, mode, path);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return -errno;
     Fd hold(static_cast<int>(fd));
@@ -149,13 +145,42 @@ void set_blocking(const Fd& fd, const std::string& path) {
     if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) throw_errno("fcntl", errno, path);
 }
 
-// A std::istream that owns the descriptor it reads.
+// A std::istream that owns the descriptor it reads, through sys::read (an
+// I/O site like any other). A failed read is thrown, never taken for the end
+// of the input: a manifest cut short by an I/O error is not a shorter one.
 class FdIstream : public std::istream {
 public:
-    explicit FdIstream(Fd fd) : std::istream(nullptr), buf_(fd.release(), std::ios::in) { rdbuf(&buf_); }
+    FdIstream(Fd fd, std::string path) : std::istream(nullptr), buf_(std::move(fd), std::move(path)) {
+        rdbuf(&buf_);
+        exceptions(std::ios::badbit);  // what underflow throws reaches the reader
+    }
 
 private:
-    __gnu_cxx::stdio_filebuf<char> buf_;
+    class Buf : public std::streambuf {
+    public:
+        Buf(Fd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+
+    protected:
+        int_type underflow() override {
+            if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+            long n;
+            do {
+                n = sys::read(fd_.get(), data_, sizeof data_, path_);
+            } while (n < 0 && errno == EINTR);
+            if (n < 0) throw_errno("read", errno, path_, at_);
+            if (n == 0) return traits_type::eof();
+            at_ += static_cast<std::uint64_t>(n);
+            setg(data_, data_, data_ + n);
+            return traits_type::to_int_type(*gptr());
+        }
+
+    private:
+        Fd fd_;
+        std::string path_;
+        std::uint64_t at_ = 0;
+        char data_[64 * 1024];
+    };
+    Buf buf_;
 };
 
 }  // namespace
@@ -188,7 +213,7 @@ Fd open_input(const std::string& path, Input kind) {
 }
 
 std::unique_ptr<std::istream> input_stream(const std::string& path) {
-    return std::make_unique<FdIstream>(open_input(path, Input::stream));
+    return std::make_unique<FdIstream>(open_input(path, Input::stream), path);
 }
 
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
@@ -203,15 +228,16 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
         std::uint64_t at = 0;  // through short writes and EINTR
         for (const auto& piece : pieces)
             for (std::size_t done = 0; done < piece.size();) {
-                const ssize_t n = ::write(fd.get(), piece.data() + done, piece.size() - done);
+                const long n = sys::write(fd.get(), piece.data() + done, piece.size() - done, tmp);
                 if (n < 0 && errno == EINTR) continue;
                 if (n < 0) throw_errno("write", errno, tmp, at);
+                if (n == 0) throw IoError("write made no progress (0 bytes written)", {EIO, tmp, at, -1});
                 done += static_cast<std::size_t>(n);
                 at += static_cast<std::uint64_t>(n);
             }
-        if (::fsync(fd.get()) != 0) throw_errno("fsync", errno, tmp);
+        if (sys::fsync(fd.get(), tmp) != 0) throw_errno("fsync", errno, tmp);
         fd.close(tmp);
-        if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", errno, path);
+        if (sys::rename(tmp, path) != 0) throw_errno("rename", errno, path);
     } catch (...) {
         ::unlink(tmp.c_str());
         throw;
@@ -235,7 +261,7 @@ Fd::~Fd() {
 Fd Fd::open(const std::string& path, int flags, unsigned mode) {
     int fd;
     do {
-        fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+        fd = sys::open(path, flags | O_CLOEXEC, mode);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) throw_errno("open", errno, path, {}, (flags & O_CREAT) != 0);
     return Fd(fd);
@@ -245,7 +271,7 @@ void Fd::close(const std::string& path_for_errors) {
     if (fd_ < 0) return;
     int fd = release();
     // Linux releases the descriptor even when close fails; never retry it.
-    if (::close(fd) != 0 && errno != EINTR) throw_errno("close", errno, path_for_errors);
+    if (sys::close(fd, path_for_errors) != 0 && errno != EINTR) throw_errno("close", errno, path_for_errors);
 }
 
 Mmap::Mmap(Mmap&& o) noexcept : addr_(o.addr_), len_(o.len_), locked_(o.locked_) {

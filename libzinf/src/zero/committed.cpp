@@ -18,6 +18,8 @@ struct CommittedParams::Impl {
     io::File& file(const std::string& rel) {
         auto it = files.find(rel);
         if (it != files.end()) return it->second;
+        // A data file or rank folder that is a link out of the data directory
+        // (or out of the rank's node-local folder) is refused.
         const shard::Manifest::Place at = m.place(rel);
         const std::string full = at.path();
         io::OpenOptions oo{.access = io::Access::read, .beneath = at.root};

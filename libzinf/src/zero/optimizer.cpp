@@ -111,11 +111,8 @@ Optimizer::Impl::~Impl() {
     }
     auto& g = roles[Role::G];
     if (g.file) {
-        try {
-            g.gen_f[0].close();
-        } catch (const Error& e) {
-            log::warn(e.what());
-        }
+        // Scratch, removed at once: no error of its close can lose anything.
+        g.gen_f[0] = io::File();
         ::unlink(m.path_of(g.name(0)).c_str());
     }
 }

@@ -217,6 +217,9 @@ StepReport Impl::run_step(double loss_scale) {
     try {
         optim::Scalars sc[2];
         scalars(rep.clip / loss_scale, sc);
+        // A speculative update that failed before it finished a tensor
+        // still failed: its error is the step's, never dropped for a redo.
+        if (worker_error) std::rethrow_exception(worker_error);
         if (!speculative || rep.speculated == 0) {
             if (!speculative) prepare_step();
             stream(all_chunks, sc, totals);
