@@ -20,8 +20,10 @@ e2e_timeout=${ZINF_E2E_TIMEOUT:-300}
 passed=0 failed=0 skipped=0
 failed_suites=()
 
-tally() {  # name passed failed skipped
-  printf '# %-28s %4d passed, %d failed, %d skipped\n' "$1" "$2" "$3" "$4"
+_since=$SECONDS
+tally() {  # name passed failed skipped; with the seconds since the last tally
+  printf '# %-28s %4d passed, %d failed, %d skipped (%d s)\n' "$1" "$2" "$3" "$4" $((SECONDS - _since))
+  _since=$SECONDS
   passed=$((passed + $2)) failed=$((failed + $3)) skipped=$((skipped + $4))
   (($3 > 0)) && failed_suites+=("$1")
   return 0
