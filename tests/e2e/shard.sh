@@ -596,7 +596,9 @@ if command -v mpirun >/dev/null; then
   check "…rank 1 names its folder, rank 0 names rank 1" bash -c '[[ $1 == *rank1* && $1 == *"rank 1 failed"* ]]' _ "$err"
   check "…nothing of rank 0's left: no folder, no temporaries, no manifest" \
     bash -c '[[ ! -e $1/rank0 && ! -e $1/manifest.jsonl && $(ls -A "$1") == rank1 && $(cat "$1/rank1") == keep ]]' _ "$TMP/mp-fail"
-  run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" <"$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"
+  # -m, not stdin: Open MPI 4.1's mpirun can crash forwarding stdin to
+  # processes that end at once (orte_iof_hnp_read_local_handler, SIGSEGV).
+  run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" -m "$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"
   expect_rc 64 "mpirun init --ranks 0: each process's share is fixed (64)"
   check "…nothing created" test ! -e "$TMP/mp-ranks"
   run bash -c 'mpirun -np 2 "$1" reshard --dp 2 --dir "$2" -m "$3"' _ "$SH" "$TMP/mp-rs" "$TMP/mp2/manifest.jsonl"
