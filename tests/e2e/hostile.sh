@@ -17,15 +17,6 @@ MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any t
 W=$(mktemp -d /var/tmp/zinf-e2e-hostile-XXXXXX)
 on_exit "umount '$W/small' 2>/dev/null; rm -rf '$W'"
 
-zs() {
-  local sub=$1
-  shift
-  case $sub in
-  init | verify | cat | reshard) "$SH" "$sub" "${POOL[@]}" "$@" ;;
-  *) "$SH" "$sub" "$@" ;;
-  esac
-}
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
 # fresh NAME [LAYOUT OPTIONS]: a state of M2 (or --model) initialised in $W/NAME.
 fresh() {
   local name=$1

@@ -15,14 +15,6 @@ M2=gpt:layers=1,hidden=24,heads=3,vocab=31,seq=5   # 16 tensors, odd sizes
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 W=$(mktemp -d /var/tmp/zinf-e2e-bounds-XXXXXX)
 on_exit "rm -rf '$W'"
-zs() {
-  local sub=$1
-  shift
-  case $sub in
-  init | verify | cat | reshard | export) "$SH" "$sub" "${POOL[@]}" "$@" ;;
-  *) "$SH" "$sub" "$@" ;;
-  esac
-}
 fresh() {  # fresh NAME [LAYOUT OPTIONS]: a state of M2 (or --model) in $W/NAME
   local name=$1
   shift

@@ -37,6 +37,18 @@ has_all() { # TEXT STRING...: TEXT holds every STRING
   for x; do [[ $t == *"$x"* ]] || return 1; done
 }
 empty_dir() { [[ -z $(ls -A "$1") ]]; }
+# sums DIR: the sha256 of every file under DIR, by relative path.
+sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
+# zs SUBCOMMAND ARGS...: zinf-shard ($SH), with the suite's pinned pool
+# ($POOL) for the subcommands that stream data.
+zs() {
+  local sub=$1
+  shift
+  case $sub in
+  init | verify | cat | reshard | export) "$SH" "$sub" "${POOL[@]}" "$@" ;;
+  *) "$SH" "$sub" "$@" ;;
+  esac
+}
 finish() {
   echo "# e2e-result $_pass $_fail $_skip"
   ((_fail == 0))

@@ -11,14 +11,6 @@ M2=gpt:layers=1,hidden=24,heads=3,vocab=31,seq=5  # 16 tensors, odd sizes
 BIG=gpt:layers=4,hidden=128,heads=2,vocab=97,seq=16 # about 11MiB of state
 
 # zs SUB ARGS...: zinf-shard, the subcommands that do I/O with the small pool.
-zs() {
-  local sub=$1
-  shift
-  case $sub in
-  init | verify | cat | reshard) "$SH" "$sub" "${POOL[@]}" "$@" ;;
-  *) "$SH" "$sub" "$@" ;;
-  esac
-}
 # pipeline MODEL DP DIR: layout | init --dir DIR | verify; init's stdout kept in DIR.init.
 pipeline() {
   zs layout --model "$1" --dp "$2" | zs init --dir "$3" | tee "$3.init" | zs verify
@@ -26,7 +18,6 @@ pipeline() {
   [[ ${st[*]} == "0 0 0 0" ]] || { echo "pipeline exit statuses: ${st[*]}" >&2 && return 1; }
 }
 # sums DIR: the sha256 of every file under DIR, by relative path.
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
 no_temps() { [[ -z $(find "$1" -name '*.zinf-tmp*' -o -name 'manifest.jsonl.tmp.*') ]]; }
 no_files() { [[ ! -e $1 || -z $(find "$1" -type f) ]]; } # DIR: absent, or no file under it
 # intact DIR SUMS: DIR's files are byte for byte those `sums` listed, no temporaries beside them.

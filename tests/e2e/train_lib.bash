@@ -16,8 +16,6 @@ state() {
     echo "zinf-shard init of $name failed: $(cat "$W/$name.init.err")" >&2
 }
 mf() { echo "$W/$1/manifest.jsonl"; }
-# sums DIR: the sha256 of every file under DIR, by relative path.
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
 # The step every record of a manifest is at, if they agree ("mixed" if not).
 manifest_step() { jq -s -r '[.[] | select(has("schema") | not) | .step // 0] | unique | if length == 1 then .[0] else "mixed" end' "$1"; }
 # losses FILE [FROM [TO]]: the loss of each JSON line with FROM <= step <= TO, one a line, as printed.
