@@ -147,12 +147,11 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
         // folder its marker shows to be that rank's; one not on this node
         // stays (its own node's next init replaces it).
         std::set<unsigned> gone;
-        for (const auto& p : old.parts)
-            if (!old.rank_dirs.empty() && !gone.count(p.rank)) try {
-                    check_rank_folders(old, {p.rank});
-                } catch (const Error&) {
-                    gone.insert(p.rank);
-                }
+        for (unsigned r = 0; r < old.rank_dirs.size(); ++r) try {  // each folder once
+                check_rank_folders(old, {r});
+            } catch (const Error&) {
+                gone.insert(r);
+            }
         // Each old file, and its other generation (the optimizer's twin,
         // which no manifest names), unless the new state lies there.
         for (const auto& p : old.parts)

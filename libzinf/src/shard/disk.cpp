@@ -204,19 +204,21 @@ struct OutFiles {
                             bool manifest) {
         struct Disk {
             std::string at;  // a folder on it, for statvfs and the message
-            std::uint64_t files = 0;
             bool manifest = false;
         };
         std::map<dev_t, Disk> disks;
+        std::map<std::string, Disk*> by_root;  // each folder stat'ed once
         auto disk_of = [&](const std::string& folder) -> Disk* {
+            auto [it, fresh] = by_root.emplace(folder, nullptr);
             struct stat st {};
-            if (::stat(folder.c_str(), &st) != 0) return nullptr;
-            Disk& d = disks[st.st_dev];
-            if (d.at.empty()) d.at = folder;
-            return &d;
+            if (fresh && ::stat(folder.c_str(), &st) == 0) {
+                Disk& d = disks[st.st_dev];
+                if (d.at.empty()) d.at = folder;
+                it->second = &d;
+            }
+            return it->second;
         };
-        for (const auto& [f, b] : sizes)
-            if (Disk* d = disk_of(m.place(f, dir).root)) d->files += b;
+        for (const auto& [f, b] : sizes) disk_of(m.place(f, dir).root);
         if (manifest)
             if (Disk* d = disk_of(dir)) d->manifest = true;
         for (const auto& [dev, d] : disks) {
