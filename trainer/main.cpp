@@ -89,6 +89,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["optimizer_written_bytes"] = s.optimizer_written_bytes;
         j["optimizer_update_s"] = s.optimizer_update_seconds;
         j["optimizer_wait_s"] = s.optimizer_wait_seconds;
+        j["optimizer_commit_s"] = s.optimizer_commit_seconds;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the

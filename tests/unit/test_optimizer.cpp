@@ -257,6 +257,7 @@ BOOST_AUTO_TEST_CASE(memory_stays_within_the_pool) {
     BOOST_TEST(file == nv.m.file_bytes("rank0/exp_avg.alt.bin"));
     BOOST_TEST(rep.bytes_written == 3 * file);  // param (the master), exp_avg, exp_avg_sq
     BOOST_TEST(rep.bytes_read == 4 * file);     // and the fp32 gradient
+    BOOST_TEST(rep.grad_bytes_written == file);  // written by put_gradient, read back by the step
     BOOST_TEST(rep.chunk_bytes == opt.chunk_bytes());
     BOOST_TEST(rep.chunk_bytes <= rig.pool.buffer_bytes());
     BOOST_TEST(rep.chunks * rep.chunk_bytes >= file);

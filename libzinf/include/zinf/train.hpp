@@ -88,9 +88,11 @@ struct StepLog {
     bool optimizer_redo = false;
     // The optimizer's streams over the step (speculation, redo and the
     // rest): bytes read and written, seconds in the AdamW kernel and
-    // waiting for its reads or for write space.
+    // waiting for its reads or for write space; then the sync of what it
+    // wrote and the manifest commit.
     std::uint64_t optimizer_read_bytes = 0, optimizer_written_bytes = 0;
     double optimizer_update_seconds = 0, optimizer_wait_seconds = 0;
+    double optimizer_commit_seconds = 0;
 };
 
 class Trainer {

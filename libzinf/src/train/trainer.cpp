@@ -320,9 +320,10 @@ static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_overlap_seconds = r.overlap_seconds;
     log.optimizer_redo = r.redo;
     log.optimizer_read_bytes = r.bytes_read;
-    log.optimizer_written_bytes = r.bytes_written;
+    log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
     log.optimizer_update_seconds = r.update_seconds;
     log.optimizer_wait_seconds = r.wait_seconds;
+    log.optimizer_commit_seconds = r.commit_seconds;
 }
 
 void Trainer::Impl::resident_update(StepLog& log) {
