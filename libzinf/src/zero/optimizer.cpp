@@ -132,10 +132,10 @@ shard::Partition* Optimizer::Impl::record(std::size_t t, unsigned r, const std::
     return by_key[(t * m.opts.dp + r) * m.states.size() + s];
 }
 
-io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::uint64_t bytes) {
+io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::uint64_t bytes, io::Direct direct) {
     const shard::Manifest::Place at = m.place(rel);
     const std::string full = at.path();
-    io::OpenOptions oo{.access = io::Access::read_write, .create = create};
+    io::OpenOptions oo{.access = io::Access::read_write, .create = create, .direct = direct};
     // A state file or rank folder that is a link out of the data directory
     // (or out of the rank's node-local folder) is refused.
     oo.beneath = at.root;
@@ -242,7 +242,13 @@ void Optimizer::Impl::setup_grad() {
     const std::string folder = std::filesystem::path(roles[Role::W].base).parent_path().string();
     g.base = (folder.empty() ? "" : folder + "/") + "grad";
     ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
-    gen_file(g, 0, true);
+    // Through the page cache, unlike every state file: the gradients are
+    // read back within the step and never need to be durable, so they
+    // need not reach the drive at all while memory has room for them (the
+    // kernel writes them back, and drops them, when it has not). Direct
+    // writes would put them in the drive's write cache, and every step's
+    // commit would flush them to the medium with the state.
+    g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
 }
 
 std::uint64_t Optimizer::Impl::per(std::size_t t) const { return shard::owned(m.tensors[t].numel, m.opts.dp, 0).per; }

@@ -124,6 +124,7 @@ struct Optimizer::Impl {
     // Gradients of the current step.
     std::vector<double> grad_sq;  // per tensor, sum of squares as handed over
     std::vector<bool> have_grad;
+    std::uint64_t grad_written = 0;  // bytes of the step's gradients written to their scratch file (under mu)
 
     // Overlap: the worker updates tensors as their gradients arrive.
     std::thread worker;
@@ -142,7 +143,8 @@ struct Optimizer::Impl {
 
     void index_records();
     shard::Partition* record(std::size_t t, unsigned r, const std::string& state) const;
-    io::File open_file(const std::string& rel, bool create, std::uint64_t bytes);
+    io::File open_file(const std::string& rel, bool create, std::uint64_t bytes,
+                       io::Direct direct = io::Direct::prefer);
     io::File& gen_file(detail::RoleState& rs, int g, bool create);
     void check_entry(const char* what, const std::exception_ptr& local);
     void setup_role(Role r, const std::string& state);
