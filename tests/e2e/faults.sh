@@ -35,7 +35,9 @@ fw_walk "$seed" "${FW_SCENARIOS[@]}"
 # manifest was taken for its end; the overlapped update's I/O errors were
 # dropped for a redo (exit 0); init --force took a failed read of the old
 # manifest for a corrupt one and replaced it (exit 0), and skipped a rank
-# folder it could not list.
+# folder it could not list. And the optimizer's early flush: the first
+# fdatasync of a file the overlapped update wrote is made by the flush
+# thread once the backward ends; its failure must fail the step.
 at() { FW_D=$W/$1 FW_P=$W/$1.pristine fw_case "$@"; }
 at init rename "$W/init/rank0/param.alt.bin" EIO
 at init read "$W/init/manifest.jsonl" EIO
@@ -43,5 +45,6 @@ at init open "$W/init/rank1" ENOSPC
 at reshard read "$W/reshard/manifest.jsonl" EIO
 at train read "$W/train/rank0/exp_avg.bin" EIO
 at train write "$W/train/rank0/param.alt.bin" ENOSPC
+at train fsync "$W/train/rank0/exp_avg.alt.bin" EIO
 echo "# $FW_SITE_COUNT sites walked: $FW_HELD cases held, $FW_FAILED failed"
 finish

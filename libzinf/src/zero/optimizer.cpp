@@ -98,6 +98,7 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
         throw;
     }
     if (speculative) worker = std::thread([this] { work(); });
+    if (!file_roles.empty()) flusher = std::thread([this] { flush_loop(); });
 }
 
 Optimizer::Impl::~Impl() {
@@ -108,6 +109,14 @@ Optimizer::Impl::~Impl() {
         }
         cv.notify_all();
         worker.join();
+    }
+    if (flusher.joinable()) {
+        {
+            std::lock_guard lk(flush_mu);
+            flush_quit = true;
+        }
+        flush_cv.notify_all();
+        flusher.join();
     }
     auto& g = roles[Role::G];
     if (g.file) {
@@ -397,6 +406,12 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         for (auto t : ts) engine.wait(t);
         ts.clear();
     };
+    // Chunk i's writes are done: what the next early flush covers.
+    auto flushable = [&](std::size_t i) {
+        const Chunk& c = chunks[i];
+        for (Role r : file_roles)
+            if (r != Role::G) written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
+    };
 
     try {
         for (std::size_t i = 0; i + 1 < slots && i < chunks.size(); ++i) issue_reads(i);
@@ -414,12 +429,16 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             update(chunks[i], i % slots, piece_buf, sc, tot, on_worker);
             issue_writes(i);
             w.reset();
-            if (i >= 1) wait_all(writes[i - 1]);
+            if (i >= 1) {
+                wait_all(writes[i - 1]);
+                flushable(i - 1);
+            }
             tot.wait += w.seconds();
             if (i + slots - 1 < chunks.size()) issue_reads(i + slots - 1);
         }
         Timer w;
         wait_all(writes[chunks.size() - 1]);
+        flushable(chunks.size() - 1);
         tot.wait += w.seconds();
     } catch (...) {
         // The buffers go back to the pool only when nothing uses them.
@@ -432,6 +451,65 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         throw;
     }
     if (!file_roles.empty()) tot.chunks += chunks.size();
+}
+
+void Optimizer::Impl::written(io::File& f, std::uint64_t bytes) {
+    {
+        std::lock_guard lk(flush_mu);
+        if (std::find(flush_files.begin(), flush_files.end(), &f) == flush_files.end()) flush_files.push_back(&f);
+        unflushed += bytes;
+        if (flushing || unflushed < kFlushEvery) return;
+        flush_now = true;
+    }
+    flush_cv.notify_all();
+}
+
+void Optimizer::Impl::flush_written() {
+    {
+        std::lock_guard lk(flush_mu);
+        if (flush_files.empty() || flushing) return;
+        flush_now = true;
+    }
+    flush_cv.notify_all();
+}
+
+// One flush at a time, of every file written since the last one began. The
+// files stay open for the optimizer's life, so the pointers hold.
+void Optimizer::Impl::flush_loop() {
+    std::unique_lock lk(flush_mu);
+    for (;;) {
+        flush_cv.wait(lk, [&] { return flush_quit || flush_now; });
+        if (flush_quit) return;
+        std::vector<io::File*> files;
+        files.swap(flush_files);
+        unflushed = 0;
+        flush_now = false;
+        flushing = true;
+        lk.unlock();
+        std::exception_ptr failed;
+        try {
+            for (io::File* f : files) f->sync();
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        lk.lock();
+        flushing = false;
+        if (failed && !flush_error) flush_error = failed;
+        flush_cv.notify_all();
+    }
+}
+
+void Optimizer::Impl::stop_flushing() {
+    std::unique_lock lk(flush_mu);
+    flush_now = false;
+    flush_cv.wait(lk, [&] { return !flushing; });
+    flush_files.clear();  // the step's own sync covers them, or nothing names them
+    unflushed = 0;
+    if (flush_error) {
+        std::exception_ptr e = flush_error;
+        flush_error = nullptr;
+        std::rethrow_exception(e);
+    }
 }
 
 // Piece by piece in order, each tensor's bytes as read against the xxh3 its

@@ -135,6 +135,25 @@ struct Optimizer::Impl {
     bool quit = false;
     std::exception_ptr worker_error;
 
+    // Early flushes: the files a step writes are fdatasynced by a thread of
+    // their own after every kFlushEvery bytes written, and what is left when
+    // the backward ends at once, while the step goes on streaming; the
+    // drive's write cache drains beside the compute and the update instead
+    // of all in the commit's sync. A flush that fails fails the step (its
+    // error is reported once; a later sync would not see it).
+    static constexpr std::uint64_t kFlushEvery = 128ull << 20;
+    std::thread flusher;
+    std::mutex flush_mu;
+    std::condition_variable flush_cv;
+    std::uint64_t unflushed = 0;            // bytes written since the last flush began
+    std::vector<io::File*> flush_files;     // the files they went to
+    bool flush_now = false, flushing = false, flush_quit = false;
+    std::exception_ptr flush_error;
+    void written(io::File& f, std::uint64_t bytes);
+    void flush_written();  // flush what is written so far, now
+    void flush_loop();
+    void stop_flushing();  // waits for a flush under way; rethrows its error
+
     struct Totals {
         std::uint64_t read = 0, written = 0, chunks = 0;
         double update = 0, wait = 0, hash = 0;

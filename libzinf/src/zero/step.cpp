@@ -76,6 +76,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     }
 
     std::lock_guard lk(mu);
+    if (g.file) grad_written += align_up(bytes, A);
     grad_sq[t] = sq;
     have_grad[t] = true;
     if (!speculative) return;
@@ -166,6 +167,7 @@ StepReport Impl::run_step(double loss_scale) {
         refused = std::current_exception();
     }
     check_entry("the optimizer step", refused);
+    flush_written();  // what the backward's updates wrote, beside the rest of the step
     if (speculative) {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] { return done_tensors == T; });
@@ -179,6 +181,7 @@ StepReport Impl::run_step(double loss_scale) {
         std::fill(have_grad.begin(), have_grad.end(), false);
         std::fill(speculated.begin(), speculated.end(), false);
         done_tensors = 0;
+        grad_written = 0;
         totals = {};
         spec_loss_scale = loss_scale;  // what the next step's speculation assumes
     };
@@ -191,6 +194,7 @@ StepReport Impl::run_step(double loss_scale) {
         // names; parameters held in memory are put back.
         std::exception_ptr failed;
         try {
+            stop_flushing();
             if (worker_error) std::rethrow_exception(worker_error);
             if (rep.speculated) undo_speculation();
         } catch (...) {
@@ -238,9 +242,14 @@ StepReport Impl::run_step(double loss_scale) {
             }
         }
         c.reset();
+        stop_flushing();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
     } catch (...) {
         failed = std::current_exception();
+        try {
+            stop_flushing();  // the step's error is the one to report
+        } catch (...) {
+        }
     }
     comm::agree(comm, failed, "the step was not committed; the manifest names the state before it");
     if (commit_steps) {
@@ -263,6 +272,7 @@ StepReport Impl::run_step(double loss_scale) {
     rep.wait_seconds = totals.wait;
     rep.bytes_read = totals.read;
     rep.bytes_written = totals.written;
+    rep.grad_bytes_written = grad_written;
     rep.chunks = totals.chunks;
     rep.chunk_bytes = K;
     next_step();
