@@ -68,7 +68,9 @@ Hardware ample() {
     return h;
 }
 
-const Placement& placement_of(const std::vector<Placement>& all, Tier param, Tier optim) {
+// A copy: callers pass placements(...)'s vector straight in, which is gone at
+// the end of their statement (AddressSanitizer: heap-use-after-free).
+Placement placement_of(const std::vector<Placement>& all, Tier param, Tier optim) {
     for (const auto& p : all)
         if (p.param == param && p.optim == optim) return p;
     BOOST_FAIL("no placement param=" << shard::tier_name(param) << ",optim=" << shard::tier_name(optim));
