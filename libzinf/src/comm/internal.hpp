@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,15 @@
 #include <vector>
 
 namespace zinf::comm::detail {
+
+// memcpy / memmove of n bytes, where a rank's block may be empty: an empty
+// span's data() may be null, and passing null is undefined even for 0 bytes.
+inline void copy_bytes(void* to, const void* from, std::size_t n) {
+    if (n) std::memcpy(to, from, n);
+}
+inline void move_bytes(void* to, const void* from, std::size_t n) {
+    if (n) std::memmove(to, from, n);
+}
 
 using Clock = std::chrono::steady_clock;
 

@@ -408,7 +408,7 @@ private:
         auto mine = send_.get(static_cast<std::size_t>(counts_[rank_]) * es);
         std::size_t at = 0;
         for (const auto& b : op.bufs) {
-            std::memcpy(mine.data() + at, b.send.data(), b.send.size());
+            copy_bytes(mine.data() + at, b.send.data(), b.send.size());
             at += b.send.size();
         }
         auto all = recv_.get(static_cast<std::size_t>(total_) * es);
@@ -418,7 +418,7 @@ private:
             std::size_t from = static_cast<std::size_t>(displs_[r]) * es;
             for (const auto& b : op.bufs) {
                 const std::size_t n = block_count(op, b, r, size_) * es;
-                std::memcpy(b.recv.data() + block_first(op, b, r, size_) * es, all.data() + from, n);
+                copy_bytes(b.recv.data() + block_first(op, b, r, size_) * es, all.data() + from, n);
                 from += n;
             }
         }
@@ -443,7 +443,7 @@ private:
         for (int r = 0; r < size_; ++r)
             for (const auto& b : op.bufs) {
                 const std::size_t n = block_count(op, b, r, size_) * es;
-                std::memcpy(all.data() + at, b.send.data() + block_first(op, b, r, size_) * es, n);
+                copy_bytes(all.data() + at, b.send.data() + block_first(op, b, r, size_) * es, n);
                 at += n;
             }
         for (const auto& b : op.bufs) outs_.push_back(b.recv);
@@ -538,7 +538,7 @@ private:
         for (const auto& b : op.bufs) {
             const bool has_send = op.kind == Kind::allreduce;
             if (op.kind != Kind::broadcast || rank_ == op.root)
-                std::memcpy(stage.data() + at, has_send ? b.send.data() : b.recv.data(), b.recv.size());
+                copy_bytes(stage.data() + at, has_send ? b.send.data() : b.recv.data(), b.recv.size());
             at += b.recv.size();
         }
         return stage;
@@ -546,7 +546,7 @@ private:
     static void unpack_whole(const Op& op, std::span<const std::byte> stage) {
         std::size_t at = 0;
         for (const auto& b : op.bufs) {
-            std::memcpy(b.recv.data(), stage.data() + at, b.recv.size());
+            copy_bytes(b.recv.data(), stage.data() + at, b.recv.size());
             at += b.recv.size();
         }
     }

@@ -19,7 +19,7 @@ public:
     void execute(Op& op, const Deadline&) override {
         for (const Buffer& b : op.bufs)
             if (op.kind != Kind::broadcast && !b.send.empty() && b.send.data() != b.recv.data())
-                std::memmove(b.recv.data(), b.send.data(), b.send.size());
+                move_bytes(b.recv.data(), b.send.data(), b.send.size());
         // avg over one rank divides by one: nothing to do.
     }
     void bare(Op& op) override { execute(op, {}); }
