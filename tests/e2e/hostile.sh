@@ -17,16 +17,6 @@ MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any t
 W=$(mktemp -d /var/tmp/zinf-e2e-hostile-XXXXXX)
 on_exit "umount '$W/small' 2>/dev/null; rm -rf '$W'"
 
-# fresh NAME [LAYOUT OPTIONS]: a state of M2 (or --model) initialised in $W/NAME.
-fresh() {
-  local name=$1
-  shift
-  rm -rf "${W:?}/$name"
-  local model=(--model "$M2")
-  [[ " $* " == *" --model "* ]] && model=()
-  zs layout "${model[@]}" "$@" | zs init --dir "$W/$name" >/dev/null 2>"$W/$name.err" ||
-    echo "init of $name failed: $(cat "$W/$name.err")" >&2
-}
 verifies() { zs verify -m "$1/manifest.jsonl" >/dev/null 2>&1; }
 
 # --- 2. links: nothing is written or read through one that leads outside ------

@@ -15,15 +15,6 @@ M2=gpt:layers=1,hidden=24,heads=3,vocab=31,seq=5   # 16 tensors, odd sizes
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 W=$(mktemp -d /var/tmp/zinf-e2e-bounds-XXXXXX)
 on_exit "rm -rf '$W'"
-fresh() {  # fresh NAME [LAYOUT OPTIONS]: a state of M2 (or --model) in $W/NAME
-  local name=$1
-  shift
-  rm -rf "${W:?}/$name"
-  local model=(--model "$M2")
-  [[ " $* " == *" --model "* ]] && model=()
-  zs layout "${model[@]}" "$@" | zs init --dir "$W/$name" >/dev/null 2>"$W/$name.err" ||
-    echo "init of $name failed: $(cat "$W/$name.err")" >&2
-}
 # set_field IN OUT TENSOR STATE KEY VALUE: the record's KEY set to VALUE,
 # written exactly (jq would round integers above 2^53).
 set_field() {

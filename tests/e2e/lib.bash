@@ -49,6 +49,17 @@ zs() {
   *) "$SH" "$sub" "$@" ;;
   esac
 }
+# fresh NAME [LAYOUT OPTIONS]: a state of the suite's $M2 (or --model)
+# initialised in $W/NAME through zs; a failed init is said on stderr.
+fresh() {
+  local name=$1
+  shift
+  rm -rf "${W:?}/$name"
+  local model=(--model "$M2")
+  [[ " $* " == *" --model "* ]] && model=()
+  zs layout "${model[@]}" "$@" | zs init --dir "$W/$name" >/dev/null 2>"$W/$name.err" ||
+    echo "init of $name failed: $(cat "$W/$name.err")" >&2
+}
 finish() {
   echo "# e2e-result $_pass $_fail $_skip"
   ((_fail == 0))
