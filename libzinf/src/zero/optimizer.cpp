@@ -410,7 +410,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
     auto flushable = [&](std::size_t i) {
         const Chunk& c = chunks[i];
         for (Role r : file_roles)
-            if (r != Role::G) written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
+            if (r != Role::G) note_written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
     };
 
     try {
@@ -453,7 +453,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
     if (!file_roles.empty()) tot.chunks += chunks.size();
 }
 
-void Optimizer::Impl::written(io::File& f, std::uint64_t bytes) {
+void Optimizer::Impl::note_written(io::File& f, std::uint64_t bytes) {
     {
         std::lock_guard lk(flush_mu);
         if (std::find(flush_files.begin(), flush_files.end(), &f) == flush_files.end()) flush_files.push_back(&f);
@@ -495,6 +495,8 @@ void Optimizer::Impl::flush_loop() {
         lk.lock();
         flushing = false;
         if (failed && !flush_error) flush_error = failed;
+        // What was written during this flush may already call for the next.
+        if (unflushed >= kFlushEvery) flush_now = true;
         flush_cv.notify_all();
     }
 }

@@ -149,7 +149,7 @@ struct Optimizer::Impl {
     std::vector<io::File*> flush_files;     // the files they went to
     bool flush_now = false, flushing = false, flush_quit = false;
     std::exception_ptr flush_error;
-    void written(io::File& f, std::uint64_t bytes);
+    void note_written(io::File& f, std::uint64_t bytes);
     void flush_written();  // flush what is written so far, now
     void flush_loop();
     void stop_flushing();  // waits for a flush under way; rethrows its error
