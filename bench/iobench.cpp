@@ -4,6 +4,8 @@
 // median with zinf-nvmebench's best read on the same file (scripts/bench-api.sh).
 #include "common.hpp"
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <fcntl.h>

@@ -9,6 +9,8 @@
 #include <zinf/optim.hpp>
 #include <zinf/zero.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
 #include <atomic>

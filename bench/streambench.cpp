@@ -7,6 +7,8 @@
 
 #include <zinf/mem.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 
 using namespace zinf;

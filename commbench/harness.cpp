@@ -2,6 +2,7 @@
 
 #include <zinf/mem.hpp>
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -7,6 +7,8 @@
 #include <zinf/cli.hpp>
 #include <zinf/options.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <csignal>
 #include <sstream>
 #include <iostream>

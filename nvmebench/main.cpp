@@ -6,6 +6,8 @@
 
 #include <zinf/cli.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <csignal>
 #include <cerrno>

@@ -1,5 +1,6 @@
 #include "report.hpp"
 
+#include <nlohmann/json.hpp>
 #include <map>
 #include <tuple>
 

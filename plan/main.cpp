@@ -5,6 +5,8 @@
 #include <zinf/mem.hpp>
 #include <zinf/plan.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cctype>
 #include <cmath>
 #include <cstdio>

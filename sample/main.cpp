@@ -7,6 +7,7 @@
 #include <zinf/options.hpp>
 #include <zinf/sample.hpp>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>

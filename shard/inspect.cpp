@@ -1,5 +1,6 @@
 #include "inspect.hpp"
 
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <map>
 #include <ostream>

@@ -7,6 +7,8 @@
 #include <zinf/options.hpp>
 #include <zinf/shard.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <atomic>
 #include <csignal>

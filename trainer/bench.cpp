@@ -6,6 +6,8 @@
 #include <zinf/device.hpp>
 #include <zinf/model.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

@@ -9,6 +9,8 @@
 #include <zinf/options.hpp>
 #include <zinf/train.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <atomic>
 #include <cmath>
 #include <csignal>

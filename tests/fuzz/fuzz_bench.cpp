@@ -7,6 +7,7 @@
 
 #include <zinf/plan.hpp>
 
+#include <nlohmann/json.hpp>
 #include <cmath>
 #include <sstream>
 

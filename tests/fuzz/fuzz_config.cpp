@@ -8,6 +8,8 @@
 #include <zinf/io.hpp>
 #include <zinf/mem.hpp>
 
+#include <nlohmann/json.hpp>
+
 using namespace zinf;
 
 ZINF_FUZZ_TARGET(config) {

@@ -6,6 +6,7 @@
 
 #include <zinf/io.hpp>
 
+#include <nlohmann/json.hpp>
 #include <atomic>
 #include <cerrno>
 #include <fcntl.h>

@@ -8,6 +8,7 @@
 
 #include <zinf/mem.hpp>
 
+#include <nlohmann/json.hpp>
 #include <atomic>
 #include <cstring>
 #include <linux/capability.h>

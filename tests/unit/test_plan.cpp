@@ -11,6 +11,7 @@
 #include <zinf/util.hpp>
 #include <zinf/zero.hpp>
 
+#include <nlohmann/json.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -1,5 +1,7 @@
 // Unit tests of libzinf util: errors, sizes, durations, handles, JSON, xxh3, logging.
 #define BOOST_TEST_MODULE util
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "testing.hpp"

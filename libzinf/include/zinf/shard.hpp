@@ -133,7 +133,7 @@ struct Partition {
     std::optional<std::uint64_t> xxh3;  // of those bytes, after init
     std::uint64_t step = 0;          // optimizer steps applied to these values (0: as initialised)
     std::size_t line = 0;            // where it was read from (0: made here)
-    json::Json extra = json::Json::object();  // keys this version does not know, kept
+    json::Value extra;  // keys this version does not know, kept
 };
 
 struct Manifest {
@@ -148,7 +148,7 @@ struct Manifest {
     std::string created_by;           // "zinf-shard 0.1.0"
     std::vector<Tensor> tensors;
     std::vector<Partition> parts;
-    json::Json extra = json::Json::object();  // unknown header keys, kept
+    json::Value extra;  // unknown header keys, kept
 
     std::uint64_t elements_per_rank(const Tensor& t) const { return owned(t.numel, opts.dp, 0).per; }
     const Tensor& tensor_of(const Partition& p) const { return tensors[p.tensor]; }

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace zinf {
 
@@ -319,8 +319,33 @@ std::uint64_t meminfo_bytes(std::string_view key);
 
 // ---------------------------------------------------------------------------
 // JSON helpers over nlohmann-json.
+// Only the declarations are here (json_fwd.hpp): nlohmann/json is 50k lines,
+// so a file that reads or builds JSON includes <nlohmann/json.hpp> itself.
 namespace json {
 using Json = nlohmann::json;
+// One JSON value held by pointer, for public structs that keep one (a
+// manifest's unknown keys) without making every includer compile the whole of
+// nlohmann/json. A value, not a reference: copies copy. Defaults to {}; a
+// moved-from Value may only be assigned to or destroyed.
+class Value {
+public:
+    Value();
+    Value(const Json& v);  // NOLINT: converts, as a Json would
+    Value(Json&& v);       // NOLINT
+    Value(const Value& o);
+    Value(Value&& o) noexcept;
+    Value& operator=(const Value& o);
+    Value& operator=(Value&& o) noexcept;
+    ~Value();
+    Json& operator*() noexcept { return *v_; }
+    const Json& operator*() const noexcept { return *v_; }
+    Json* operator->() noexcept { return v_.get(); }
+    const Json* operator->() const noexcept { return v_.get(); }
+    friend bool operator==(const Value& a, const Value& b);
+
+private:
+    std::unique_ptr<Json> v_;
+};
 // One compact record and a newline, as JSON Lines want.
 std::string line(const Json& record);
 // Parses one JSON Lines record; DataError names `source` and the 1-based line.

@@ -1,5 +1,6 @@
 #include <zinf/io.hpp>
 
+#include <nlohmann/json.hpp>
 #include <cerrno>
 #include <fstream>
 #include <set>

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <unordered_map>
+#include <utility>
 
 #include <sys/stat.h>
 

@@ -3,6 +3,7 @@
 
 #include "gpu.hpp"
 
+#include <nlohmann/json.hpp>
 #include <cstring>
 #include <map>
 #include <mutex>

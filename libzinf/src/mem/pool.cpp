@@ -3,6 +3,7 @@
 
 #include "gpu.hpp"
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <condition_variable>
 #include <deque>

@@ -4,6 +4,7 @@
 #include <zinf/plan.hpp>
 #include <zinf/zero.hpp>
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <istream>

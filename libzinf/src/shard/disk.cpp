@@ -7,6 +7,7 @@
 
 #include "generate.hpp"
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -741,11 +742,12 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     // every old partition of the tensor and state agrees on them.
     for (auto& q : n.parts) {
         const auto& olds = old_groups.at({q.tensor, q.state});
-        for (auto it = olds.front()->extra.begin(); it != olds.front()->extra.end(); ++it) {
+        const json::Json& first = *olds.front()->extra;
+        for (auto it = first.begin(); it != first.end(); ++it) {
             bool same = std::all_of(olds.begin(), olds.end(), [&](const Partition* o) {
-                return o->extra.contains(it.key()) && o->extra[it.key()] == it.value();
+                return o->extra->contains(it.key()) && (*o->extra)[it.key()] == it.value();
             });
-            if (same) q.extra[it.key()] = it.value();
+            if (same) (*q.extra)[it.key()] = it.value();
         }
         // The optimizer step of the values: one for the whole tensor, or the
         // old manifest is not one state.

@@ -7,6 +7,7 @@
 #include <zinf/io.hpp>
 #include <zinf/shard.hpp>
 
+#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>

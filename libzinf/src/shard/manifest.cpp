@@ -5,6 +5,7 @@
 // data directory.
 #include <zinf/shard.hpp>
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <fcntl.h>
@@ -295,7 +296,7 @@ std::vector<std::string> expand_rank_dirs(const std::vector<std::string>& given,
 
 // ---------------------------------------------------------------------------
 json::Json header_json(const Manifest& m) {
-    json::Json h = m.extra;
+    json::Json h = *m.extra;
     h["schema"] = kManifestSchema;
     h["model"] = m.spec.to_string();
     if (!m.spec.preset.empty()) h["preset"] = m.spec.preset;
@@ -320,7 +321,7 @@ json::Json header_json(const Manifest& m) {
 }
 
 json::Json record_json(const Manifest& m, const Partition& p) {
-    json::Json r = p.extra;
+    json::Json r = *p.extra;
     const Tensor& t = m.tensor_of(p);
     r["tensor"] = t.name;
     r["shape"] = t.shape;

@@ -4,6 +4,7 @@
 // before a byte of data is read, and the data must be covered exactly once.
 #include "formats.hpp"
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <array>
 #include <cstring>

@@ -6,6 +6,7 @@
 // at a time through a pool buffer, so memory does not grow with the model.
 #include "formats.hpp"
 
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>

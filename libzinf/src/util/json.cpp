@@ -1,8 +1,27 @@
 #include <zinf/util.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <istream>
 
 namespace zinf::json {
+
+Value::Value() : v_(std::make_unique<Json>(Json::object())) {}
+Value::Value(const Json& v) : v_(std::make_unique<Json>(v)) {}
+Value::Value(Json&& v) : v_(std::make_unique<Json>(std::move(v))) {}
+Value::Value(const Value& o) : v_(std::make_unique<Json>(*o.v_)) {}
+// A moved-from Value holds nothing: it may only be assigned to or destroyed.
+Value::Value(Value&& o) noexcept : v_(std::move(o.v_)) {}
+Value& Value::operator=(const Value& o) {
+    if (this != &o) v_ = std::make_unique<Json>(*o.v_);
+    return *this;
+}
+Value& Value::operator=(Value&& o) noexcept {
+    v_.swap(o.v_);
+    return *this;
+}
+Value::~Value() = default;
+bool operator==(const Value& a, const Value& b) { return *a.v_ == *b.v_; }
 
 // Strings that are not UTF-8 (a path is just bytes) are written with U+FFFD
 // in place of the bad bytes rather than failing the whole record.
