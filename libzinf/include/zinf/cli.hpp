@@ -1,6 +1,9 @@
 // zinf cli (part of util): what every program's main shares. Options parsed by
 // CLI11, errors turned into a message on stderr and the documented exit code.
+// CLI11 itself is only declared here: a program that builds its options
+// includes <CLI/CLI.hpp>, and the library's other users never compile it.
 //
+//   #include <CLI/CLI.hpp>
 //   int main(int argc, char** argv) {
 //       CLI::App app{"what it does"};
 //       zinf::cli::Common common;
@@ -12,11 +15,14 @@
 
 #include <zinf/util.hpp>
 
-#include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
 
 namespace zinf::cli {
 

@@ -9,7 +9,6 @@
 #include <zinf/io.hpp>
 #include <zinf/mem.hpp>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -21,83 +20,29 @@ struct EngineOptions {
     std::string block_size = "1MiB";
     std::vector<CLI::Option*> flags;
 
-    void add(CLI::App& app) {
-        app.add_option("--config", config, "Engine configuration JSON, e.g. from zinf-nvmebench --best");
-        // Appended, not replaced: a program may add these to several subcommands.
-        flags.insert(flags.end(),
-                     {app.add_option("-e,--engine", engine.engine, "Engine: uring, threads, auto")
-                          ->check(CLI::IsMember({"uring", "threads", "auto"})),
-                      app.add_option("-b,--block-size", block_size, "Bytes per piece"),
-                      app.add_option("-d,--queue-depth", engine.queue_depth, "Pieces in flight per queue"),
-                      app.add_option("-Q,--queues", engine.queues, "io_uring rings (thread groups for threads)")});
-    }
-
+    // Appended, not replaced: a program may add these to several subcommands.
+    void add(CLI::App& app);
     // After parsing: the configuration to run, validated.
-    io::EngineConfig resolve() const {
-        io::EngineConfig cfg = engine;
-        if (!config.empty()) {
-            if (std::any_of(flags.begin(), flags.end(), [](CLI::Option* o) { return o->count() > 0; }))
-                throw UsageError("--config and the engine flags (--engine, --block-size, --queue-depth, --queues) "
-                                 "exclude each other");
-            cfg = io::EngineConfig::load(config);
-        } else {
-            cfg.block_size = parse_sizes({block_size}, "--block-size")[0];
-        }
-        cfg.validate();
-        return cfg;
-    }
+    io::EngineConfig resolve() const;
 };
 
 struct PoolOptions {
     std::string pinned = "256MiB", buffer = "16MiB";
 
-    void add(CLI::App& app) {
-        app.add_option("--pinned", pinned, "Page-locked memory for all transfers (the memory bound)");
-        app.add_option("--pinned-buffer", buffer, "Bytes per pool buffer (a multiple of 4KiB)");
-    }
-
-    mem::PoolConfig resolve() const {
-        mem::PoolConfig pc;
-        pc.bytes = parse_sizes({pinned}, "--pinned")[0];
-        pc.buffer = parse_sizes({buffer}, "--pinned-buffer")[0];
-        pc.validate();
-        return pc;
-    }
+    void add(CLI::App& app);
+    mem::PoolConfig resolve() const;
 };
 
 struct CommOptions {
     std::string backend = "auto";
     std::string timeout;  // empty: ZINF_COMM_TIMEOUT or 300 s
 
-    void add(CLI::App& app) {
-        app.add_option("--backend", backend, "Communicator: auto, mpi, nccl, self")
-            ->check(CLI::IsMember({"auto", "mpi", "nccl", "self"}));
-        app.add_option("--comm-timeout", timeout,
-                       "Longest wait for one collective before it fails (30s, 5m; 0 = forever); "
-                       "default ZINF_COMM_TIMEOUT or 300s");
-    }
-
-    comm::Options resolve(comm::Memory memory = comm::Memory::host) const {
-        comm::Options o;
-        o.backend = comm::parse_backend(backend);
-        o.memory = memory;
-        if (!timeout.empty()) {
-            try {
-                o.timeout = comm::to_timeout(parse_duration(timeout));
-            } catch (const UsageError& e) {
-                throw UsageError("--comm-timeout: " + e.message());
-            }
-        }
-        return o;
-    }
+    void add(CLI::App& app);
+    comm::Options resolve(comm::Memory memory = comm::Memory::host) const;
 };
 
 // --device-memory: a size ("4GiB"), or "auto": three quarters of the memory
 // available now, as the cpu backend's arena takes pages only as they are used.
-inline std::uint64_t device_memory(const std::string& text) {
-    if (text != "auto") return parse_sizes({text}, "--device-memory")[0];
-    const std::uint64_t available = meminfo_bytes("MemAvailable");
-    return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
-}
+std::uint64_t device_memory(const std::string& text);
 
 }  // namespace zinf::cli

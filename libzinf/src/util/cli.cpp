@@ -1,5 +1,6 @@
 #include <zinf/cli.hpp>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
