@@ -33,6 +33,8 @@ CXX := g++
 endif
 
 Q := $(if $(V),,@)
+# A command put before every compile and link (scripts/build-times.sh times them).
+LAUNCH ?=
 
 # Every core unless -j is given: `make test` and CI build twice as fast on 2 cores.
 ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
@@ -85,10 +87,13 @@ CXXFLAGS := -std=c++20 -Wall -Wextra -Wshadow -Wno-missing-field-initializers -p
 LDFLAGS := -pthread -fopenmp
 LDLIBS := $(shell pkg-config --libs liburing libxxhash 2>/dev/null || echo -luring -lxxhash)
 
+# -g1: line tables only (backtraces, perf and sanitizer reports still name
+# file and line); full -g made every compile a third slower and libzinf.a
+# 131 MB. DEBUG=1 for a debugger's view (-O0 -g3).
 ifeq ($(DEBUG),1)
 CXXFLAGS += -O0 -g3
 else
-CXXFLAGS += -O2 -g -march=x86-64-v2
+CXXFLAGS += -O2 -g1 -march=x86-64-v2
 endif
 ifneq ($(SANITIZE),)
 CXXFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
@@ -170,8 +175,12 @@ tests: $(TESTS) $(PROGRAMS) $(BENCHES) $(HEADER_CHECKS) sanitized-tests
 # A report fails the suite (scripts/run-tests.sh sets halt_on_error).
 SANITIZERS := thread address,undefined
 san_dir = $(BUILD)/san-$(firstword $(subst $(comma), ,$(1)))
-SANITIZED_TESTS_thread := test_io test_mem test_device
-SANITIZED_MODULES_thread := util io mem optim device
+# make test keeps the threaded core (the io queues, the pinned pool) under
+# both: 22 library files each. test_device under TSan (which caught the SIMD
+# resolvers dying before main) costs the optim and device modules again and
+# runs in `make sanitize`.
+SANITIZED_TESTS_thread := test_io test_mem
+SANITIZED_MODULES_thread := util io mem
 SANITIZED_TESTS_address := test_io test_mem
 SANITIZED_MODULES_address := util io mem
 THREADED_SUITES := test_io test_mem test_device test_comm test_optimizer test_optimizer_faults test_engine \
@@ -196,7 +205,9 @@ $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
 	$(Q)echo '#include <zinf/$(notdir $<)>' | $(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - -MF /dev/null && touch $@
 
 # Objects are kept between builds even when only a link needed them.
-.SECONDARY:
+# (.PRECIOUS, not a bare .SECONDARY: that one also let make skip an object
+# still missing, e.g. of a library file just added, when the library was newer.)
+.PRECIOUS: $(BUILD)/%.o $(BUILD)/%.gch
 
 check-headers:
 ifneq ($(MISSING_HEADERS),)
@@ -209,7 +220,7 @@ endif
 $(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CXX     $<")
-	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(@D)
@@ -220,21 +231,45 @@ define program_rule
 $(BIN)/$(call program_name,$(1)): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard $(1)/*.cpp)) $(LIB)
 	@mkdir -p $$(@D)
 	@$$(if $$(Q),echo "  LD      $$@")
-	$$(Q)$$(CXX) $$(LDFLAGS) $$^ $$(LDLIBS) -o $$@
+	$$(Q)$$(LAUNCH) $$(CXX) $$(LDFLAGS) $$^ $$(LDLIBS) -o $$@
 endef
 $(foreach d,$(PROGRAM_DIRS),$(eval $(call program_rule,$(d))))
 
 $(BIN)/zinf-%: $(BUILD)/bench/%.o $(LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(Q)$(LAUNCH) $(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -lboost_unit_test_framework -o $@
+	$(Q)$(LAUNCH) $(CXX) $(LDFLAGS) $^ $(LDLIBS) -lboost_unit_test_framework -o $@
 
-$(BUILD)/tests/unit/%.o: CPPFLAGS += -DBOOST_TEST_DYN_LINK
+# Precompiled headers: pch/NAME.hpp is compiled once per build folder into
+# $(BUILD)/pch/NAME.hpp.gch with the flags of the objects that use it, and put
+# before each of them with -include (GCC takes the .gch, or reads the text
+# when it does not fit, and -Winvalid-pch says so). `private`: the objects'
+# -include is not inherited by the .gch they depend on.
+#   tests:    every unit and MPI test (Boost.Test, JSON, the public headers), -O1:
+#             their own code needs no more; the library they call is built as always
+#   programs: every program and benchmark file (CLI11, JSON, the public headers),
+#             but those built with OpenMP (another set of predefined macros)
+TEST_OBJS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/unit/%.o)
+PROGRAM_OBJS := $(filter-out $(BUILD)/bench/optbench.o,$(patsubst %.cpp,$(BUILD)/%.o,\
+  $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)))
+$(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CPPFLAGS += -DBOOST_TEST_DYN_LINK
+$(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
+define use_pch  # name, objects
+$(2): private CPPFLAGS += -include $(BUILD)/pch/$(1).hpp -Winvalid-pch
+$(2): $(BUILD)/pch/$(1).hpp.gch
+endef
+$(eval $(call use_pch,tests,$(TEST_OBJS)))
+$(eval $(call use_pch,programs,$(PROGRAM_OBJS)))
+$(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  PCH     $<")
+	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.gch=)
+	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.gch=) -o $@
 
 # The normal generator: vectorised at -O3 with its own log and sincos, and no
 # fused multiply-add, so its values are the same bits whichever clone runs.
@@ -268,11 +303,11 @@ tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(Q)$(LAUNCH) $(CXX) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/tests/fuzz/targets.o: tests/fuzz/targets.cpp $(FUZZ_SRCS) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CXX     $< ($(FUZZ_TARGETS))")
-	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(FUZZ_SRCS:%=-include %) -c $< -o $@
+	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(FUZZ_SRCS:%=-include %) -c $< -o $@
 ifeq ($(FUZZ_CLANG),1)
 CXXFLAGS += -fsanitize=fuzzer-no-link -fno-sanitize-recover=all
 $(BUILD)/tests/fuzz/fuzz_%.o: CPPFLAGS += -DZINF_LIBFUZZER

@@ -16,6 +16,14 @@
 #include <stdexcept>
 #include <string>
 
+// Built with the precompiled header (pch/tests.hpp), Boost.Test's main came before
+// this file's BOOST_TEST_MODULE: name the master suite from it here, as
+// BOOST_TEST_MAIN would have.
+#if defined(ZINF_TEST_PCH) && defined(BOOST_TEST_MODULE)
+static const boost::unit_test::framework::impl::master_test_suite_name_setter zinf_master_suite_name(
+    BOOST_TEST_STRINGIZE(BOOST_TEST_MODULE).trim("\""));
+#endif
+
 namespace std {
 // Boost.Test prints values of failed checks; std::byte has no operator<<.
 inline std::ostream& boost_test_print_type(std::ostream& os, std::byte b) {
