@@ -11,7 +11,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <random>
 
 using namespace zinf;
@@ -71,22 +70,6 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
     return p;
 }
 
-// The engine keeps every parameter gathered on the device when they all fit
-// beside the decoder ("auto"): one fetch for the whole text. Otherwise each
-// token's pass fetches every module from its tier, as training does.
-zero::InfinityOptions engine_options(const Options& o, const shard::Manifest& m, const model::GPT& gpt,
-                                     std::uint64_t left) {
-    zero::InfinityOptions io;
-    io.prefetch_bytes = parse_size(o.prefetch_bytes);
-    if (o.persist_below != "auto") {
-        io.persist_below = parse_size(o.persist_below);
-        return io;
-    }
-    io.persist_below = std::numeric_limits<std::uint64_t>::max();
-    if (zero::InfinityEngine::need(m, gpt.modules(), io).total() > left) io.persist_below = 0;
-    return io;
-}
-
 void write_out(std::string_view bytes) {
     if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
         throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
@@ -125,7 +108,11 @@ int run(Options& o) {
                             ", the model expects " + table[t].name);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
-    const zero::InfinityOptions io = engine_options(o, m, gpt, dev->arena().stats().largest_free);
+    const std::uint64_t prefetch_bytes = parse_size(o.prefetch_bytes);
+    std::optional<std::uint64_t> persist_below;  // auto: all when they fit (sample::engine_options)
+    if (o.persist_below != "auto") persist_below = parse_size(o.persist_below);
+    const zero::InfinityOptions io =
+        sample::engine_options(m, gpt, prefetch_bytes, persist_below, dev->arena().stats().largest_free);
     zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine);
     zero::InfinityEngine inf(m, gpt.modules(), comm, engine, pool, *dev, params, io);
 

@@ -14,9 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <set>
-#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace zinf;
@@ -138,46 +136,11 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     write_file_atomic(o.stats, {&piece, 1});
 }
 
-// The manifest's identity on disk, to tell after a failed save whether its
-// rename happened (then the new state is committed and must be kept).
-std::pair<dev_t, ino_t> identity(const std::string& path) {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) return {0, 0};
-    return {st.st_dev, st.st_ino};
-}
-
-// Commits `m` over whatever manifest `path` holds. The files are in place
-// under names the old manifest does not name (place_beside), so the old
-// state is whole until the rename inside save_manifest replaces it: a
-// failure or a kill before that leaves it committed, and what was placed
-// goes (save_placed). After it, the old state's files go.
-void save_placed(Written& w, const Manifest& m, const std::string& path) {
-    const auto before = identity(path);
-    try {
-        save_manifest(m, path);
-    } catch (...) {
-        if (identity(path) == before) w.unplace();
-        throw;
-    }
-}
-void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
-    save_placed(w, m, path);
-    w.retire();
-}
-
-// Writers, once every file is complete: move the new files into place
-// beside the old state, commit the new manifest over the old, then report
-// and print it.
+// Writers, once every file is complete: commit the new state over the old
+// (shard::commit), then report and print it.
 void commit(const Options& o, const std::string& op, const std::string& what, Written& w, const Manifest& m,
             const Timer& t, const mem::PinnedPool& pool) {
-    const std::string path = m.dir + "/manifest.jsonl";
-    try {
-        w.commit();
-    } catch (...) {
-        w.discard();
-        throw;
-    }
-    commit_manifest(w, m, path);
+    shard::commit(w, m);
     summary(o, op, what, m.total_bytes(), t.seconds(), pool);
     emit(m);
 }
@@ -226,22 +189,8 @@ int do_layout(const Options& o) {
     return 0;
 }
 
-// Every process learns whether any failed; on a failure each removes what
-// it wrote before the error leaves (comm::agree).
-void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr,
-           const char* outcome = "nothing was committed") {
-    try {
-        comm::agree(c, failed, outcome);
-    } catch (...) {
-        if (w) w->discard();
-        throw;
-    }
-}
-
-// Under mpirun or srun: process p of N writes the dp ranks r with r % N == p.
-// Process 0 reads the manifest (stdin reaches it alone) and hands it to the
-// others; when all have written, it gathers every partition's xxh3, each
-// process moves its own files into place, and process 0 commits the manifest.
+// Under mpirun or srun: process p of N writes the dp ranks r with r % N == p
+// (shard::init_ranks); process 0 reads the manifest and prints it committed.
 int do_init_ranks(const Options& o, const comm::Launch& launch) {
     if (!o.stats.empty())
         throw UsageError("--stats: not under " + launch.launcher + " (each process does a share; time the job instead)");
@@ -250,102 +199,26 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
                          " each process writes the ranks r with r % " + std::to_string(launch.size) +
                          " == its own rank; leave --ranks out");
     comm::Communicator c(o.comm.resolve());
-    const bool lead = c.rank() == 0;
-    const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
-
-    std::string text;
-    std::exception_ptr failed;
-    if (lead) try {
+    DistributedInit di;
+    di.engine = [&] { return o.engine.resolve(); };
+    di.pool = [&] { return o.pool.resolve(); };
+    di.run = run_options(o);
+    di.limit_write_wait = !o.comm.timeout.empty();
+    const DistributedResult r = init_ranks(
+        c,
+        [&] {
             Manifest m = read_input(o);
             check_target(o.dir, o.force);
             set_rank_dirs(o, m);
-            (void)place_beside(m, o.dir);  // the names beside an old state, the same for every process
-            std::ostringstream s;
-            write_manifest(s, m);
-            text = s.str();
-        } catch (...) {
-            failed = std::current_exception();
-        }
-    agree(c, failed);
-    std::int64_t size = static_cast<std::int64_t>(text.size());
-    c.broadcast(std::as_writable_bytes(std::span(&size, 1)), comm::DType::i64, 0);
-    text.resize(static_cast<std::size_t>(size));
-    c.broadcast(std::as_writable_bytes(std::span(text.data(), text.size())), comm::DType::u8, 0);
-    std::istringstream in(text);
-    Manifest m = read_manifest(in, "<the manifest from rank 0>");
-    if (lead && procs > m.opts.dp)
-        log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
-                  std::to_string(m.opts.dp) + " and up have nothing to write");
-
-    RunOptions ro = run_options(o);
-    for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
-    // Writing takes as long as the slowest process's share (terabytes, for
-    // some): no limit on the wait for it unless --comm-timeout sets one.
-    const auto limit = c.timeout();
-    if (o.comm.timeout.empty()) c.set_timeout(std::chrono::milliseconds(0));
-    Timer t;
-    Written w;
-    try {
-        if (!ro.ranks.empty()) {
-            io::Engine engine(o.engine.resolve());
-            mem::PinnedPool pool(o.pool.resolve(), &engine);
-            Meter meter("init", m.total_bytes() / procs);
-            if (lead) ro.progress = meter.fn();
-            w = init(m, o.dir, engine, pool, ro);
-        }
-    } catch (...) {
-        failed = std::current_exception();
-    }
-    agree(c, failed, &w);
-    c.set_timeout(limit);
-
-    // Every partition's xxh3, gathered by process in manifest order.
-    const auto owner = [&](const Partition& p) { return p.rank % procs; };
-    std::vector<std::int64_t> mine, all(m.parts.size());
-    std::vector<std::uint64_t> counts(procs);
-    for (const auto& p : m.parts) {
-        ++counts[owner(p)];
-        if (owner(p) == me) mine.push_back(static_cast<std::int64_t>(p.xxh3.value_or(0)));
-    }
-    const comm::Buffer hashes{std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), counts};
-    c.run(comm::Kind::allgather, std::span(&hashes, 1), comm::DType::i64);
-    std::vector<std::size_t> next(procs);
-    for (unsigned q = 1; q < procs; ++q) next[q] = next[q - 1] + counts[q - 1];
-    for (auto& p : m.parts) p.xxh3 = static_cast<std::uint64_t>(all[next[owner(p)]++]);
-
-    // Commit: every process's files go into place beside the old state
-    // (names its manifest does not use, place_beside), then process 0
-    // commits the manifest over the old one. (Process 0 holds rank 0, so its
-    // init set m.dir.)
-    const std::string path = m.dir + "/manifest.jsonl";
-    try {
-        w.commit();
-    } catch (...) {
-        failed = std::current_exception();
-    }
-    try {
-        comm::agree(c, failed, "nothing was committed; the directory's manifest is the one before");
-    } catch (...) {
-        w.unplace();
-        w.discard();
-        throw;
-    }
-    // Process 0 commits; then every process retires the old state's files
-    // it can reach (with node-local rank folders, only its own node holds
-    // them). When the commit failed, the others keep what they placed: the
-    // manifest may name it.
-    if (lead) try {
-            save_placed(w, m, path);
-        } catch (...) {
-            failed = std::current_exception();
-        }
-    comm::agree(c, failed, "process 0 could not commit the new manifest (zinf-shard verify tells which one stands)");
-    w.retire();
-    if (!lead) return 0;
+            return m;
+        },
+        o.dir, di);
+    if (c.rank() != 0) return 0;
+    const Manifest& m = r.manifest;
     char line[160];
     std::snprintf(line, sizeof line, "wrote %s with %u processes in %.3f s (%.3f GiB/s)",
-                  format_size(m.total_bytes()).c_str(), procs, t.seconds(),
-                  static_cast<double>(m.total_bytes()) / GiB / std::max(t.seconds(), 1e-9));
+                  format_size(m.total_bytes()).c_str(), static_cast<unsigned>(c.size()), r.write_seconds,
+                  static_cast<double>(m.total_bytes()) / GiB / std::max(r.write_seconds, 1e-9));
     log::info(line);
     emit(m);
     return 0;

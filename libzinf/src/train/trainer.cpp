@@ -302,6 +302,7 @@ model::ResidentEngine& Trainer::engine() {
     return *impl_->resident;
 }
 zero::InfinityEngine* Trainer::infinity() { return impl_->infinity.get(); }
+const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
 void Trainer::save() { impl_->optim->save(); }
