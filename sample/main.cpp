@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <random>
 
 using namespace zinf;
@@ -29,18 +28,6 @@ struct Options {
     cli::PoolOptions pool;
     cli::CommOptions comm;
 };
-
-// The committed state: the data directory's manifest.jsonl (a copy elsewhere
-// goes stale with the trainer's first commit).
-shard::Manifest read_committed(const std::string& path) {
-    shard::Manifest m = shard::read_manifest_file(path);
-    if (m.dir.empty()) throw DataError("manifest " + path + " has no data directory: run zinf-shard init first");
-    const std::string committed = m.dir + "/manifest.jsonl";
-    std::error_code ec;
-    if (std::filesystem::equivalent(path, committed, ec) || !std::filesystem::exists(committed)) return m;
-    log::info("reading the committed " + committed + " (" + path + " is a copy)");
-    return shard::read_manifest_file(committed);
-}
 
 // The prompt as tokens: text as bytes (byte-level models), an llm.c token
 // file, or the start of a text: the tokenizer's end-of-text, else a newline.
@@ -77,7 +64,12 @@ void write_out(std::string_view bytes) {
 
 int run(Options& o) {
     if (o.manifest.empty()) throw UsageError("--manifest is required");
-    shard::Manifest m = read_committed(o.manifest);
+    // The committed state: the data directory's manifest.jsonl, as the
+    // trainer commits it (a copy elsewhere goes stale with its first commit).
+    shard::Committed committed = shard::read_committed(o.manifest);
+    if (!committed.copy_of.empty())
+        log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
+    shard::Manifest& m = committed.manifest;
     std::optional<sample::Tokenizer> tok;
     if (!o.tokenizer.empty()) tok = sample::Tokenizer::open(o.tokenizer);
     const std::uint64_t V = m.spec.vocab;
@@ -100,12 +92,7 @@ int run(Options& o) {
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
     model::GPT gpt(model::Config::from(m.spec, m.opts.tile));
-    const auto& table = gpt.params_table();
-    if (table.size() != m.tensors.size()) throw DataError("manifest " + o.manifest + ": its tensors are not the model's");
-    for (std::size_t t = 0; t < table.size(); ++t)
-        if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
-            throw DataError("manifest " + o.manifest + ": tensor " + std::to_string(t) + " is " + m.tensors[t].name +
-                            ", the model expects " + table[t].name);
+    gpt.params_table().check(m, o.manifest);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
     const std::uint64_t prefetch_bytes = parse_size(o.prefetch_bytes);

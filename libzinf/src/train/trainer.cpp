@@ -93,12 +93,7 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     if (static_cast<unsigned>(comm.size()) != dp)
         throw UsageError("manifest " + o.manifest_path + " is laid out for dp " + std::to_string(dp) + ", but " +
                          std::to_string(comm.size()) + " ranks are running (reshard it with zinf-shard reshard)");
-    const auto& table = gpt.params_table();
-    if (table.size() != m.tensors.size()) throw InternalError("the model's parameters and the manifest's tensors differ");
-    for (std::size_t t = 0; t < table.size(); ++t)
-        if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
-            throw DataError("manifest " + o.manifest_path + ": tensor " + std::to_string(t) + " is " +
-                            m.tensors[t].name + ", the model expects " + table[t].name);
+    gpt.params_table().check(m, o.manifest_path);
     // The disk the run will need, before anything is written: every rank
     // checks its own folder, and one rank's shortage is every rank's 73.
     // First its files: none may lead out of the data directory (or out of
