@@ -365,6 +365,121 @@ int do_reshard(const Options& o) {
     return 0;
 }
 
+// The options a subcommand that reads a manifest takes.
+void add_reader(CLI::App* s, Options& o, bool data_dir = true) {
+    s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
+    if (data_dir) s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
+}
+
+// The options of a subcommand that streams through the io engine and the pool.
+void add_io(CLI::App* s, Options& o, bool stats = true) {
+    o.engine.add(*s);
+    o.pool.add(*s);
+    s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
+    if (stats) s->add_option("--stats", o.stats, "Write a JSON record of the run (zinf.shard-stats/1) to this file");
+}
+
+// The options of a subcommand that writes a data directory.
+void add_target(CLI::App* s, Options& o, const char* dir_help) {
+    s->add_option("--dir", o.dir, dir_help)->required();
+    s->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    s->add_option("--rank-dir", o.rank_dir,
+                  "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
+                  "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
+        ->take_all();
+}
+
+CLI::App* add_layout(CLI::App& app, Options& o) {
+    auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
+    lay->add_option("--model", o.model, "gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset "
+                                        "(gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*)")
+        ->required();
+    lay->add_option("--dp", o.dp, "Data-parallel ranks every tensor is split over")->check(CLI::Range(1u, 1u << 20))
+        ->capture_default_str();
+    lay->add_option("--tile", o.tile, "Split every linear weight into K tiles (memory-centric tiling)")
+        ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+    lay->add_option("--param-dtype", o.param_dtype, "Working parameters: bf16 or fp32")
+        ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
+    lay->add_option("--param", o.param_tier, "Tier of the parameters: gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_option("--optim", o.optim_tier, "Tier of the optimizer state (and gradients): gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_flag("--inference", o.inference, "Parameters only: no master weights, no AdamW moments");
+    lay->add_option("--align", o.align, "Partition offset alignment (the largest direct-I/O alignment to serve)")
+        ->capture_default_str();
+    lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
+    return lay;
+}
+
+CLI::App* add_init(CLI::App& app, Options& o) {
+    auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
+    add_reader(ini, o, false);  // init's directory is --dir
+    add_target(ini, o, "Data directory (created); its manifest.jsonl is written last");
+    ini->add_option("--ranks", o.ranks,
+                    "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
+        ->capture_default_str();
+    add_io(ini, o);
+    o.comm.add(*ini);
+    return ini;
+}
+
+CLI::App* add_verify(CLI::App& app, Options& o) {
+    auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
+    add_reader(ver, o);
+    ver->add_option("--ranks", o.ranks, "Ranks to check: all, or a list like 0,2-3")->capture_default_str();
+    add_io(ver, o);
+    return ver;
+}
+
+CLI::App* add_inspect(CLI::App& app, Options& o) {
+    auto* ins = app.add_subcommand("inspect", "Tensors, shapes, bytes per rank and tier, totals per tier");
+    add_reader(ins, o);
+    ins->add_flag("--json", o.json, "One JSON record (zinf.shard-inspect/1) instead of the table");
+    return ins;
+}
+
+CLI::App* add_cat(CLI::App& app, Options& o) {
+    auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
+    add_reader(ct, o);
+    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
+    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
+    add_io(ct, o, false);
+    return ct;
+}
+
+CLI::App* add_reshard(CLI::App& app, Options& o) {
+    auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
+    add_reader(rs, o);
+    rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
+    add_target(rs, o, "New data directory (not the source)");
+    add_io(rs, o);
+    return rs;
+}
+
+CLI::App* add_import(CLI::App& app, Options& o) {
+    auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
+                                             "--dir, moments zero; the manifest on stdout");
+    add_reader(imp, o, false);
+    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
+        ->required();
+    imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}));
+    add_target(imp, o, "Data directory (created); its manifest.jsonl is written last");
+    add_io(imp, o);
+    return imp;
+}
+
+CLI::App* add_export(CLI::App& app, Options& o) {
+    auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");
+    add_reader(exp, o);
+    exp->add_option("--to", o.to, "Output file, written under a temporary name and renamed")->required();
+    exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
+    exp->add_flag("--force", o.force, "Replace an existing --to");
+    add_io(exp, o);
+    return exp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -387,100 +502,14 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.fallthrough();  // --quiet, --verbose after the subcommand too
 
-    auto add_reader = [&](CLI::App* s, bool data_dir = true) {
-        s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
-        if (data_dir)
-            s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
-    };
-    auto add_io = [&](CLI::App* s, bool stats = true) {
-        o.engine.add(*s);
-        o.pool.add(*s);
-        s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
-        if (stats) s->add_option("--stats", o.stats, "Write a JSON record of the run (zinf.shard-stats/1) to this file");
-    };
-
-    auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
-    lay->add_option("--model", o.model, "gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset "
-                                        "(gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*)")
-        ->required();
-    lay->add_option("--dp", o.dp, "Data-parallel ranks every tensor is split over")->check(CLI::Range(1u, 1u << 20))
-        ->capture_default_str();
-    lay->add_option("--tile", o.tile, "Split every linear weight into K tiles (memory-centric tiling)")
-        ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
-    lay->add_option("--param-dtype", o.param_dtype, "Working parameters: bf16 or fp32")
-        ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
-    lay->add_option("--param", o.param_tier, "Tier of the parameters: gpu, cpu, nvme")
-        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
-    lay->add_option("--optim", o.optim_tier, "Tier of the optimizer state (and gradients): gpu, cpu, nvme")
-        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
-    lay->add_flag("--inference", o.inference, "Parameters only: no master weights, no AdamW moments");
-    lay->add_option("--align", o.align, "Partition offset alignment (the largest direct-I/O alignment to serve)")
-        ->capture_default_str();
-    lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
-
-    auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
-    add_reader(ini, false);  // init's directory is --dir
-    ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
-    ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    ini->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    ini->add_option("--ranks", o.ranks,
-                    "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
-        ->capture_default_str();
-    add_io(ini);
-    o.comm.add(*ini);
-
-    auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
-    add_reader(ver);
-    ver->add_option("--ranks", o.ranks, "Ranks to check: all, or a list like 0,2-3")->capture_default_str();
-    add_io(ver);
-
-    auto* ins = app.add_subcommand("inspect", "Tensors, shapes, bytes per rank and tier, totals per tier");
-    add_reader(ins);
-    ins->add_flag("--json", o.json, "One JSON record (zinf.shard-inspect/1) instead of the table");
-
-    auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
-    add_reader(ct);
-    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
-    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
-    add_io(ct, false);
-
-    auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
-    add_reader(rs);
-    rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
-    rs->add_option("--dir", o.dir, "New data directory (not the source)")->required();
-    rs->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    rs->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    add_io(rs);
-
-    auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
-                                             "--dir, moments zero; the manifest on stdout");
-    add_reader(imp, false);
-    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
-        ->required();
-    imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
-        ->check(CLI::IsMember({"safetensors", "llmc"}));
-    imp->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
-    imp->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    imp->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    add_io(imp);
-
-    auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");
-    add_reader(exp);
-    exp->add_option("--to", o.to, "Output file, written under a temporary name and renamed")->required();
-    exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
-        ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
-    exp->add_flag("--force", o.force, "Replace an existing --to");
-    add_io(exp);
-
+    CLI::App* lay = add_layout(app, o);
+    CLI::App* ini = add_init(app, o);
+    CLI::App* ver = add_verify(app, o);
+    CLI::App* ins = add_inspect(app, o);
+    CLI::App* ct = add_cat(app, o);
+    add_reshard(app, o);
+    CLI::App* imp = add_import(app, o);
+    CLI::App* exp = add_export(app, o);
     return cli::run(app, argc, argv, "zinf-shard", common, [&] {
         // Writers stop at the next piece, remove their temporaries, exit 130.
         std::signal(SIGINT, on_signal);

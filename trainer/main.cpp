@@ -145,6 +145,66 @@ Data load_data(const Options& o, std::uint64_t vocab) {
     return d;
 }
 
+// The trainer's options from the command line's; commits go to `committed`.
+train::Options train_options(const Options& o, const std::string& committed, unsigned cores) {
+    train::Options to;
+    to.batch = o.batch;
+    to.seq = o.seq;
+    to.checkpoint = !o.no_checkpoint;
+    to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
+                   .cosine = o.schedule == "cosine"};
+    to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
+    to.adamw.validate();
+    to.grad_clip = o.grad_clip;
+    to.manifest_path = committed;
+    to.kernel.threads = cores;
+    to.resident = o.resident;
+    to.overlap = !o.no_overlap;
+    to.offload_activations = model::parse_offload(o.offload_activations);
+    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
+    to.infinity.persist_below = o.persist_below;
+    to.infinity.persist_shared = !o.no_persist_shared;
+    return to;
+}
+
+// Rank 0's account of the run before its first step: the checkpoint, the
+// communicator, the model and batch, the engine and its budget, the data;
+// then the table's header line.
+void describe_run(const Options& o, const shard::Committed& checkpoint, const comm::Communicator& comm,
+                  train::Trainer& t, const train::Options& to, device::Device& dev, const Data& d, std::uint64_t at) {
+    const shard::Manifest& m = checkpoint.manifest;
+    const std::string& committed = checkpoint.path;
+    const unsigned ranks = static_cast<unsigned>(comm.size());
+    if (!checkpoint.copy_of.empty())
+        log::info("the checkpoint is " + committed + " (" + checkpoint.copy_of +
+                  " is a copy): reading and committing it");
+    log::info(comm.describe());
+    log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
+              std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
+              " ranks, " + std::to_string(dev.threads()) + " threads per rank; activations " +
+              format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
+    if (o.resident)
+        log::info("engine: resident (every parameter on every rank's device, the reference)");
+    else
+        log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
+                  " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
+                  format_size(to.infinity.prefetch_bytes) + ", persistent below " +
+                  std::to_string(o.persist_below) + " elements" +
+                  (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
+                  (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
+                  (o.offload_activations == "none" ? "the device" : o.offload_activations) +
+                  "; the run needs a device budget of " +
+                  format_size(t.device_need()) + " of " + format_size(dev.arena().stats().bytes));
+    log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
+              d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
+              fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
+    if (at) log::info("resuming at step " + std::to_string(at));
+    if (!o.json)
+        std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
+                     "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
+                     "stall, device peak, peak resident memory\n";
+}
+
 int run(Options& o) {
     if (o.steps == 0) throw UsageError("--steps must be at least 1");
     if (o.schedule != "cosine" && o.schedule != "constant")
@@ -173,58 +233,12 @@ int run(Options& o) {
         val_loader.emplace(d.val, d.val_source,
                            data::LoaderOptions{.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks});
 
-    train::Options to;
-    to.batch = o.batch;
-    to.seq = o.seq;
-    to.checkpoint = !o.no_checkpoint;
-    to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
-                   .cosine = o.schedule == "cosine"};
-    to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
-    to.adamw.validate();
-    to.grad_clip = o.grad_clip;
-    to.manifest_path = committed;
-    to.kernel.threads = cores;
-    to.resident = o.resident;
-    to.overlap = !o.no_overlap;
-    to.offload_activations = model::parse_offload(o.offload_activations);
-    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
-    to.infinity.persist_below = o.persist_below;
-    to.infinity.persist_shared = !o.no_persist_shared;
-
+    const train::Options to = train_options(o, committed, cores);
     const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;
-    if (lead) {
-        if (!checkpoint.copy_of.empty())
-            log::info("the checkpoint is " + committed + " (" + checkpoint.copy_of +
-                      " is a copy): reading and committing it");
-        log::info(comm.describe());
-        log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
-                  std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
-                  " ranks, " + std::to_string(dev->threads()) + " threads per rank; activations " +
-                  format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
-        if (o.resident)
-            log::info("engine: resident (every parameter on every rank's device, the reference)");
-        else
-            log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
-                      " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
-                      format_size(to.infinity.prefetch_bytes) + ", persistent below " +
-                      std::to_string(o.persist_below) + " elements" +
-                      (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
-                      (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
-                      (o.offload_activations == "none" ? "the device" : o.offload_activations) +
-                      "; the run needs a device budget of " +
-                      format_size(t.device_need()) + " of " + format_size(dev->arena().stats().bytes));
-        log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
-                  d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
-                  fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
-        if (at) log::info("resuming at step " + std::to_string(at));
-        if (!o.json)
-            std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
-                         "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
-                         "stall, device peak, peak resident memory\n";
-    }
+    if (lead) describe_run(o, checkpoint, comm, t, to, *dev, d, at);
 
     const train::Cadence cadence{.steps = o.steps,
                                  .eval_every = o.eval_every,
