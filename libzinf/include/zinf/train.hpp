@@ -117,7 +117,7 @@ public:
 
     model::GPT& gpt();
     // The resident engine (InternalError unless Options::resident).
-    model::ResidentEngine& engine();
+    model::ResidentEngine& resident_engine();
     // The ZeRO-Infinity engine (nullptr with Options::resident).
     zero::InfinityEngine* infinity();
     model::Activations& activations();

@@ -292,8 +292,8 @@ Trainer::~Trainer() = default;
 
 std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
 model::GPT& Trainer::gpt() { return impl_->gpt; }
-model::ResidentEngine& Trainer::engine() {
-    if (!impl_->resident) throw InternalError("Trainer::engine(): the trainer runs the ZeRO-Infinity engine");
+model::ResidentEngine& Trainer::resident_engine() {
+    if (!impl_->resident) throw InternalError("Trainer::resident_engine(): the trainer runs the ZeRO-Infinity engine");
     return *impl_->resident;
 }
 zero::InfinityEngine* Trainer::infinity() { return impl_->infinity.get(); }
