@@ -11,8 +11,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
-#include <limits>
 #include <random>
 
 using namespace zinf;
@@ -31,18 +29,6 @@ struct Options {
     cli::PoolOptions pool;
     cli::CommOptions comm;
 };
-
-// The committed state: the data directory's manifest.jsonl (a copy elsewhere
-// goes stale with the trainer's first commit).
-shard::Manifest read_committed(const std::string& path) {
-    shard::Manifest m = shard::read_manifest_file(path);
-    if (m.dir.empty()) throw DataError("manifest " + path + " has no data directory: run zinf-shard init first");
-    const std::string committed = m.dir + "/manifest.jsonl";
-    std::error_code ec;
-    if (std::filesystem::equivalent(path, committed, ec) || !std::filesystem::exists(committed)) return m;
-    log::info("reading the committed " + committed + " (" + path + " is a copy)");
-    return shard::read_manifest_file(committed);
-}
 
 // The prompt as tokens: text as bytes (byte-level models), an llm.c token
 // file, or the start of a text: the tokenizer's end-of-text, else a newline.
@@ -72,22 +58,6 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
     return p;
 }
 
-// The engine keeps every parameter gathered on the device when they all fit
-// beside the decoder ("auto"): one fetch for the whole text. Otherwise each
-// token's pass fetches every module from its tier, as training does.
-zero::InfinityOptions engine_options(const Options& o, const shard::Manifest& m, const model::GPT& gpt,
-                                     std::uint64_t left) {
-    zero::InfinityOptions io;
-    io.prefetch_bytes = parse_size(o.prefetch_bytes);
-    if (o.persist_below != "auto") {
-        io.persist_below = parse_size(o.persist_below);
-        return io;
-    }
-    io.persist_below = std::numeric_limits<std::uint64_t>::max();
-    if (zero::InfinityEngine::need(m, gpt.modules(), io).total() > left) io.persist_below = 0;
-    return io;
-}
-
 void write_out(std::string_view bytes) {
     if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
         throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
@@ -95,7 +65,12 @@ void write_out(std::string_view bytes) {
 
 int run(Options& o) {
     if (o.manifest.empty()) throw UsageError("--manifest is required");
-    shard::Manifest m = read_committed(o.manifest);
+    // The committed state: the data directory's manifest.jsonl, as the
+    // trainer commits it (a copy elsewhere goes stale with its first commit).
+    shard::Committed committed = shard::read_committed(o.manifest);
+    if (!committed.copy_of.empty())
+        log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
+    shard::Manifest& m = committed.manifest;
     std::optional<sample::Tokenizer> tok;
     if (!o.tokenizer.empty()) tok = sample::Tokenizer::open(o.tokenizer);
     const std::uint64_t V = m.spec.vocab;
@@ -118,15 +93,14 @@ int run(Options& o) {
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
     model::GPT gpt(model::Config::from(m.spec, m.opts.tile));
-    const auto& table = gpt.params_table();
-    if (table.size() != m.tensors.size()) throw DataError("manifest " + o.manifest + ": its tensors are not the model's");
-    for (std::size_t t = 0; t < table.size(); ++t)
-        if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
-            throw DataError("manifest " + o.manifest + ": tensor " + std::to_string(t) + " is " + m.tensors[t].name +
-                            ", the model expects " + table[t].name);
+    gpt.params_table().check(m, o.manifest);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
-    const zero::InfinityOptions io = engine_options(o, m, gpt, dev->arena().stats().largest_free);
+    const std::uint64_t prefetch_bytes = parse_size(o.prefetch_bytes);
+    std::optional<std::uint64_t> persist_below;  // auto: all when they fit (sample::engine_options)
+    if (o.persist_below != "auto") persist_below = parse_size(o.persist_below);
+    const zero::InfinityOptions io =
+        sample::engine_options(m, gpt, prefetch_bytes, persist_below, dev->arena().stats().largest_free);
     zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine);
     zero::InfinityEngine inf(m, gpt.modules(), comm, engine, pool, *dev, params, io);
 

@@ -16,9 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <set>
-#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace zinf;
@@ -140,46 +138,11 @@ void summary(const Options& o, const std::string& op, const std::string& what, s
     write_file_atomic(o.stats, {&piece, 1});
 }
 
-// The manifest's identity on disk, to tell after a failed save whether its
-// rename happened (then the new state is committed and must be kept).
-std::pair<dev_t, ino_t> identity(const std::string& path) {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) return {0, 0};
-    return {st.st_dev, st.st_ino};
-}
-
-// Commits `m` over whatever manifest `path` holds. The files are in place
-// under names the old manifest does not name (place_beside), so the old
-// state is whole until the rename inside save_manifest replaces it: a
-// failure or a kill before that leaves it committed, and what was placed
-// goes (save_placed). After it, the old state's files go.
-void save_placed(Written& w, const Manifest& m, const std::string& path) {
-    const auto before = identity(path);
-    try {
-        save_manifest(m, path);
-    } catch (...) {
-        if (identity(path) == before) w.unplace();
-        throw;
-    }
-}
-void commit_manifest(Written& w, const Manifest& m, const std::string& path) {
-    save_placed(w, m, path);
-    w.retire();
-}
-
-// Writers, once every file is complete: move the new files into place
-// beside the old state, commit the new manifest over the old, then report
-// and print it.
+// Writers, once every file is complete: commit the new state over the old
+// (shard::commit), then report and print it.
 void commit(const Options& o, const std::string& op, const std::string& what, Written& w, const Manifest& m,
             const Timer& t, const mem::PinnedPool& pool) {
-    const std::string path = m.dir + "/manifest.jsonl";
-    try {
-        w.commit();
-    } catch (...) {
-        w.discard();
-        throw;
-    }
-    commit_manifest(w, m, path);
+    shard::commit(w, m);
     summary(o, op, what, m.total_bytes(), t.seconds(), pool);
     emit(m);
 }
@@ -228,22 +191,8 @@ int do_layout(const Options& o) {
     return 0;
 }
 
-// Every process learns whether any failed; on a failure each removes what
-// it wrote before the error leaves (comm::agree).
-void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr,
-           const char* outcome = "nothing was committed") {
-    try {
-        comm::agree(c, failed, outcome);
-    } catch (...) {
-        if (w) w->discard();
-        throw;
-    }
-}
-
-// Under mpirun or srun: process p of N writes the dp ranks r with r % N == p.
-// Process 0 reads the manifest (stdin reaches it alone) and hands it to the
-// others; when all have written, it gathers every partition's xxh3, each
-// process moves its own files into place, and process 0 commits the manifest.
+// Under mpirun or srun: process p of N writes the dp ranks r with r % N == p
+// (shard::init_ranks); process 0 reads the manifest and prints it committed.
 int do_init_ranks(const Options& o, const comm::Launch& launch) {
     if (!o.stats.empty())
         throw UsageError("--stats: not under " + launch.launcher + " (each process does a share; time the job instead)");
@@ -252,102 +201,26 @@ int do_init_ranks(const Options& o, const comm::Launch& launch) {
                          " each process writes the ranks r with r % " + std::to_string(launch.size) +
                          " == its own rank; leave --ranks out");
     comm::Communicator c(o.comm.resolve());
-    const bool lead = c.rank() == 0;
-    const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
-
-    std::string text;
-    std::exception_ptr failed;
-    if (lead) try {
+    DistributedInit di;
+    di.engine = [&] { return o.engine.resolve(); };
+    di.pool = [&] { return o.pool.resolve(); };
+    di.run = run_options(o);
+    di.limit_write_wait = !o.comm.timeout.empty();
+    const DistributedResult r = init_ranks(
+        c,
+        [&] {
             Manifest m = read_input(o);
             check_target(o.dir, o.force);
             set_rank_dirs(o, m);
-            (void)place_beside(m, o.dir);  // the names beside an old state, the same for every process
-            std::ostringstream s;
-            write_manifest(s, m);
-            text = s.str();
-        } catch (...) {
-            failed = std::current_exception();
-        }
-    agree(c, failed);
-    std::int64_t size = static_cast<std::int64_t>(text.size());
-    c.broadcast(std::as_writable_bytes(std::span(&size, 1)), comm::DType::i64, 0);
-    text.resize(static_cast<std::size_t>(size));
-    c.broadcast(std::as_writable_bytes(std::span(text.data(), text.size())), comm::DType::u8, 0);
-    std::istringstream in(text);
-    Manifest m = read_manifest(in, "<the manifest from rank 0>");
-    if (lead && procs > m.opts.dp)
-        log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
-                  std::to_string(m.opts.dp) + " and up have nothing to write");
-
-    RunOptions ro = run_options(o);
-    for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
-    // Writing takes as long as the slowest process's share (terabytes, for
-    // some): no limit on the wait for it unless --comm-timeout sets one.
-    const auto limit = c.timeout();
-    if (o.comm.timeout.empty()) c.set_timeout(std::chrono::milliseconds(0));
-    Timer t;
-    Written w;
-    try {
-        if (!ro.ranks.empty()) {
-            io::Engine engine(o.engine.resolve());
-            mem::PinnedPool pool(o.pool.resolve(), &engine);
-            Meter meter("init", m.total_bytes() / procs);
-            if (lead) ro.progress = meter.fn();
-            w = init(m, o.dir, engine, pool, ro);
-        }
-    } catch (...) {
-        failed = std::current_exception();
-    }
-    agree(c, failed, &w);
-    c.set_timeout(limit);
-
-    // Every partition's xxh3, gathered by process in manifest order.
-    const auto owner = [&](const Partition& p) { return p.rank % procs; };
-    std::vector<std::int64_t> mine, all(m.parts.size());
-    std::vector<std::uint64_t> counts(procs);
-    for (const auto& p : m.parts) {
-        ++counts[owner(p)];
-        if (owner(p) == me) mine.push_back(static_cast<std::int64_t>(p.xxh3.value_or(0)));
-    }
-    const comm::Buffer hashes{std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), counts};
-    c.run(comm::Kind::allgather, std::span(&hashes, 1), comm::DType::i64);
-    std::vector<std::size_t> next(procs);
-    for (unsigned q = 1; q < procs; ++q) next[q] = next[q - 1] + counts[q - 1];
-    for (auto& p : m.parts) p.xxh3 = static_cast<std::uint64_t>(all[next[owner(p)]++]);
-
-    // Commit: every process's files go into place beside the old state
-    // (names its manifest does not use, place_beside), then process 0
-    // commits the manifest over the old one. (Process 0 holds rank 0, so its
-    // init set m.dir.)
-    const std::string path = m.dir + "/manifest.jsonl";
-    try {
-        w.commit();
-    } catch (...) {
-        failed = std::current_exception();
-    }
-    try {
-        comm::agree(c, failed, "nothing was committed; the directory's manifest is the one before");
-    } catch (...) {
-        w.unplace();
-        w.discard();
-        throw;
-    }
-    // Process 0 commits; then every process retires the old state's files
-    // it can reach (with node-local rank folders, only its own node holds
-    // them). When the commit failed, the others keep what they placed: the
-    // manifest may name it.
-    if (lead) try {
-            save_placed(w, m, path);
-        } catch (...) {
-            failed = std::current_exception();
-        }
-    comm::agree(c, failed, "process 0 could not commit the new manifest (zinf-shard verify tells which one stands)");
-    w.retire();
-    if (!lead) return 0;
+            return m;
+        },
+        o.dir, di);
+    if (c.rank() != 0) return 0;
+    const Manifest& m = r.manifest;
     char line[160];
     std::snprintf(line, sizeof line, "wrote %s with %u processes in %.3f s (%.3f GiB/s)",
-                  format_size(m.total_bytes()).c_str(), procs, t.seconds(),
-                  static_cast<double>(m.total_bytes()) / GiB / std::max(t.seconds(), 1e-9));
+                  format_size(m.total_bytes()).c_str(), static_cast<unsigned>(c.size()), r.write_seconds,
+                  static_cast<double>(m.total_bytes()) / GiB / std::max(r.write_seconds, 1e-9));
     log::info(line);
     emit(m);
     return 0;
@@ -494,6 +367,121 @@ int do_reshard(const Options& o) {
     return 0;
 }
 
+// The options a subcommand that reads a manifest takes.
+void add_reader(CLI::App* s, Options& o, bool data_dir = true) {
+    s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
+    if (data_dir) s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
+}
+
+// The options of a subcommand that streams through the io engine and the pool.
+void add_io(CLI::App* s, Options& o, bool stats = true) {
+    o.engine.add(*s);
+    o.pool.add(*s);
+    s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
+    if (stats) s->add_option("--stats", o.stats, "Write a JSON record of the run (zinf.shard-stats/1) to this file");
+}
+
+// The options of a subcommand that writes a data directory.
+void add_target(CLI::App* s, Options& o, const char* dir_help) {
+    s->add_option("--dir", o.dir, dir_help)->required();
+    s->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
+    s->add_option("--rank-dir", o.rank_dir,
+                  "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
+                  "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
+        ->take_all();
+}
+
+CLI::App* add_layout(CLI::App& app, Options& o) {
+    auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
+    lay->add_option("--model", o.model, "gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset "
+                                        "(gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*)")
+        ->required();
+    lay->add_option("--dp", o.dp, "Data-parallel ranks every tensor is split over")->check(CLI::Range(1u, 1u << 20))
+        ->capture_default_str();
+    lay->add_option("--tile", o.tile, "Split every linear weight into K tiles (memory-centric tiling)")
+        ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+    lay->add_option("--param-dtype", o.param_dtype, "Working parameters: bf16 or fp32")
+        ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
+    lay->add_option("--param", o.param_tier, "Tier of the parameters: gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_option("--optim", o.optim_tier, "Tier of the optimizer state (and gradients): gpu, cpu, nvme")
+        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
+    lay->add_flag("--inference", o.inference, "Parameters only: no master weights, no AdamW moments");
+    lay->add_option("--align", o.align, "Partition offset alignment (the largest direct-I/O alignment to serve)")
+        ->capture_default_str();
+    lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
+    return lay;
+}
+
+CLI::App* add_init(CLI::App& app, Options& o) {
+    auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
+    add_reader(ini, o, false);  // init's directory is --dir
+    add_target(ini, o, "Data directory (created); its manifest.jsonl is written last");
+    ini->add_option("--ranks", o.ranks,
+                    "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
+        ->capture_default_str();
+    add_io(ini, o);
+    o.comm.add(*ini);
+    return ini;
+}
+
+CLI::App* add_verify(CLI::App& app, Options& o) {
+    auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
+    add_reader(ver, o);
+    ver->add_option("--ranks", o.ranks, "Ranks to check: all, or a list like 0,2-3")->capture_default_str();
+    add_io(ver, o);
+    return ver;
+}
+
+CLI::App* add_inspect(CLI::App& app, Options& o) {
+    auto* ins = app.add_subcommand("inspect", "Tensors, shapes, bytes per rank and tier, totals per tier");
+    add_reader(ins, o);
+    ins->add_flag("--json", o.json, "One JSON record (zinf.shard-inspect/1) instead of the table");
+    return ins;
+}
+
+CLI::App* add_cat(CLI::App& app, Options& o) {
+    auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
+    add_reader(ct, o);
+    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
+    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
+    add_io(ct, o, false);
+    return ct;
+}
+
+CLI::App* add_reshard(CLI::App& app, Options& o) {
+    auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
+    add_reader(rs, o);
+    rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
+    add_target(rs, o, "New data directory (not the source)");
+    add_io(rs, o);
+    return rs;
+}
+
+CLI::App* add_import(CLI::App& app, Options& o) {
+    auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
+                                             "--dir, moments zero; the manifest on stdout");
+    add_reader(imp, o, false);
+    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
+        ->required();
+    imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}));
+    add_target(imp, o, "Data directory (created); its manifest.jsonl is written last");
+    add_io(imp, o);
+    return imp;
+}
+
+CLI::App* add_export(CLI::App& app, Options& o) {
+    auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");
+    add_reader(exp, o);
+    exp->add_option("--to", o.to, "Output file, written under a temporary name and renamed")->required();
+    exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
+        ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
+    exp->add_flag("--force", o.force, "Replace an existing --to");
+    add_io(exp, o);
+    return exp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -516,100 +504,14 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.fallthrough();  // --quiet, --verbose after the subcommand too
 
-    auto add_reader = [&](CLI::App* s, bool data_dir = true) {
-        s->add_option("-m,--manifest", o.manifest, "Manifest to read ('-': stdin)")->capture_default_str();
-        if (data_dir)
-            s->add_option("--data-dir", o.data_dir, "Data directory, instead of the one the manifest's header names");
-    };
-    auto add_io = [&](CLI::App* s, bool stats = true) {
-        o.engine.add(*s);
-        o.pool.add(*s);
-        s->add_option("-j,--jobs", o.jobs, "Worker threads (default: one per CPU, at most 8)");
-        if (stats) s->add_option("--stats", o.stats, "Write a JSON record of the run (zinf.shard-stats/1) to this file");
-    };
-
-    auto* lay = app.add_subcommand("layout", "Model spec -> manifest on stdout (no I/O)");
-    lay->add_option("--model", o.model, "gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset "
-                                        "(gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*)")
-        ->required();
-    lay->add_option("--dp", o.dp, "Data-parallel ranks every tensor is split over")->check(CLI::Range(1u, 1u << 20))
-        ->capture_default_str();
-    lay->add_option("--tile", o.tile, "Split every linear weight into K tiles (memory-centric tiling)")
-        ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
-    lay->add_option("--param-dtype", o.param_dtype, "Working parameters: bf16 or fp32")
-        ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
-    lay->add_option("--param", o.param_tier, "Tier of the parameters: gpu, cpu, nvme")
-        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
-    lay->add_option("--optim", o.optim_tier, "Tier of the optimizer state (and gradients): gpu, cpu, nvme")
-        ->check(CLI::IsMember({"gpu", "cpu", "nvme"}))->capture_default_str();
-    lay->add_flag("--inference", o.inference, "Parameters only: no master weights, no AdamW moments");
-    lay->add_option("--align", o.align, "Partition offset alignment (the largest direct-I/O alignment to serve)")
-        ->capture_default_str();
-    lay->add_option("--seed", o.seed, "Seed of the initial values")->capture_default_str();
-
-    auto* ini = app.add_subcommand("init", "Manifest -> every partition written into --dir; the manifest, with xxh3s, on stdout");
-    add_reader(ini, false);  // init's directory is --dir
-    ini->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
-    ini->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    ini->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    ini->add_option("--ranks", o.ranks,
-                    "Ranks to write: all (in one process; under mpirun or srun, each process its own share)")
-        ->capture_default_str();
-    add_io(ini);
-    o.comm.add(*ini);
-
-    auto* ver = app.add_subcommand("verify", "Recompute every partition's xxh3; the manifest passes through to stdout");
-    add_reader(ver);
-    ver->add_option("--ranks", o.ranks, "Ranks to check: all, or a list like 0,2-3")->capture_default_str();
-    add_io(ver);
-
-    auto* ins = app.add_subcommand("inspect", "Tensors, shapes, bytes per rank and tier, totals per tier");
-    add_reader(ins);
-    ins->add_flag("--json", o.json, "One JSON record (zinf.shard-inspect/1) instead of the table");
-
-    auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
-    add_reader(ct);
-    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
-    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
-    add_io(ct, false);
-
-    auto* rs = app.add_subcommand("reshard", "Rewrite the partitions for a new dp degree into --dir; new manifest on stdout");
-    add_reader(rs);
-    rs->add_option("--dp", o.dp, "The new data-parallel degree")->required()->check(CLI::Range(1u, 1u << 20));
-    rs->add_option("--dir", o.dir, "New data directory (not the source)")->required();
-    rs->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    rs->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    add_io(rs);
-
-    auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
-                                             "--dir, moments zero; the manifest on stdout");
-    add_reader(imp, false);
-    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
-        ->required();
-    imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
-        ->check(CLI::IsMember({"safetensors", "llmc"}));
-    imp->add_option("--dir", o.dir, "Data directory (created); its manifest.jsonl is written last")->required();
-    imp->add_flag("--force", o.force, "Replace a directory that already holds a manifest");
-    imp->add_option("--rank-dir", o.rank_dir,
-                    "Each rank's own folder (node-local disks): one with %r for the rank, e.g. "
-                    "/local/nvme/run/rank%r, or the option once per rank; default: DIR/rank<r>")
-        ->take_all();
-    add_io(imp);
-
-    auto* exp = app.add_subcommand("export", "The committed weights (master, else param) -> --to, complete or absent");
-    add_reader(exp);
-    exp->add_option("--to", o.to, "Output file, written under a temporary name and renamed")->required();
-    exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
-        ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
-    exp->add_flag("--force", o.force, "Replace an existing --to");
-    add_io(exp);
-
+    CLI::App* lay = add_layout(app, o);
+    CLI::App* ini = add_init(app, o);
+    CLI::App* ver = add_verify(app, o);
+    CLI::App* ins = add_inspect(app, o);
+    CLI::App* ct = add_cat(app, o);
+    add_reshard(app, o);
+    CLI::App* imp = add_import(app, o);
+    CLI::App* exp = add_export(app, o);
     return cli::run(app, argc, argv, "zinf-shard", common, [&] {
         // Writers stop at the next piece, remove their temporaries, exit 130.
         std::signal(SIGINT, on_signal);

@@ -14,7 +14,6 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -148,30 +147,75 @@ Data load_data(const Options& o, std::uint64_t vocab) {
     return d;
 }
 
+// The trainer's options from the command line's; commits go to `committed`.
+train::Options train_options(const Options& o, const std::string& committed, unsigned cores) {
+    train::Options to;
+    to.batch = o.batch;
+    to.seq = o.seq;
+    to.checkpoint = !o.no_checkpoint;
+    to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
+                   .cosine = o.schedule == "cosine"};
+    to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
+    to.adamw.validate();
+    to.grad_clip = o.grad_clip;
+    to.manifest_path = committed;
+    to.kernel.threads = cores;
+    to.resident = o.resident;
+    to.overlap = !o.no_overlap;
+    to.offload_activations = model::parse_offload(o.offload_activations);
+    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
+    to.infinity.persist_below = o.persist_below;
+    to.infinity.persist_shared = !o.no_persist_shared;
+    return to;
+}
+
+// Rank 0's account of the run before its first step: the checkpoint, the
+// communicator, the model and batch, the engine and its budget, the data;
+// then the table's header line.
+void describe_run(const Options& o, const shard::Committed& checkpoint, const comm::Communicator& comm,
+                  train::Trainer& t, const train::Options& to, device::Device& dev, const Data& d, std::uint64_t at) {
+    const shard::Manifest& m = checkpoint.manifest;
+    const std::string& committed = checkpoint.path;
+    const unsigned ranks = static_cast<unsigned>(comm.size());
+    if (!checkpoint.copy_of.empty())
+        log::info("the checkpoint is " + committed + " (" + checkpoint.copy_of +
+                  " is a copy): reading and committing it");
+    log::info(comm.describe());
+    log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
+              std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
+              " ranks, " + std::to_string(dev.threads()) + " threads per rank; activations " +
+              format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
+    if (o.resident)
+        log::info("engine: resident (every parameter on every rank's device, the reference)");
+    else
+        log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
+                  " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
+                  format_size(to.infinity.prefetch_bytes) + ", persistent below " +
+                  std::to_string(o.persist_below) + " elements" +
+                  (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
+                  (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
+                  (o.offload_activations == "none" ? "the device" : o.offload_activations) +
+                  "; the run needs a device budget of " +
+                  format_size(t.device_need()) + " of " + format_size(dev.arena().stats().bytes));
+    log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
+              d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
+              fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
+    if (at) log::info("resuming at step " + std::to_string(at));
+    if (!o.json)
+        std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
+                     "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
+                     "stall, device peak, peak resident memory\n";
+}
+
 int run(Options& o) {
     if (o.steps == 0) throw UsageError("--steps must be at least 1");
     if (o.schedule != "cosine" && o.schedule != "constant")
         throw UsageError("--schedule " + o.schedule + ": expected cosine or constant");
-    shard::Manifest m = shard::read_manifest_file(o.manifest);
-    if (m.dir.empty()) throw DataError("manifest " + o.manifest + " has no data directory: run zinf-shard init first");
-    // The checkpoint is the data directory's manifest.jsonl: every commit
-    // goes there (zinf-manifest(5)), and a copy elsewhere (what init printed)
-    // goes stale with the first step. Read and commit that one.
-    const std::string committed = m.dir + "/manifest.jsonl";
-    std::string copy_of;
-    std::error_code ec;
-    if (!std::filesystem::equivalent(o.manifest, committed, ec)) {
-        if (!std::filesystem::exists(committed))
-            throw DataError("manifest " + o.manifest + ": its data directory " + m.dir +
-                            " holds no manifest.jsonl (was it made by zinf-shard init?)");
-        m = shard::read_manifest_file(committed);
-        copy_of = o.manifest;
-    }
-    // The engine and the optimizer open these files later: none may lead
-    // outside the data directory (a rank folder that is a link elsewhere
-    // would have every checkpoint written there). Node-local rank folders
-    // are each on their own node: every rank checks its own (Trainer).
-    if (m.rank_dirs.empty()) shard::check_paths(m);
+    // The checkpoint is the data directory's manifest.jsonl, whichever file
+    // --manifest names: read and commit that one.
+    shard::Committed checkpoint = train::read_checkpoint(o.manifest);
+    shard::Manifest& m = checkpoint.manifest;
+    const std::string& committed = checkpoint.path;
 
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
@@ -191,111 +235,20 @@ int run(Options& o) {
         val_loader.emplace(d.val, d.val_source,
                            data::LoaderOptions{.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks});
 
-    train::Options to;
-    to.batch = o.batch;
-    to.seq = o.seq;
-    to.checkpoint = !o.no_checkpoint;
-    to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
-                   .cosine = o.schedule == "cosine"};
-    to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
-    to.adamw.validate();
-    to.grad_clip = o.grad_clip;
-    to.manifest_path = committed;
-    to.kernel.threads = cores;
-    to.resident = o.resident;
-    to.overlap = !o.no_overlap;
-    to.offload_activations = model::parse_offload(o.offload_activations);
-    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
-    to.infinity.persist_below = o.persist_below;
-    to.infinity.persist_shared = !o.no_persist_shared;
-
-    // A manifest past step 0 is a checkpoint: continue it only when asked.
-    std::uint64_t at = 0;
-    for (const auto& p : m.parts) at = std::max(at, p.step);
-    if (at > 0 && !o.resume)
-        throw UsageError("manifest " + committed + " is a checkpoint at step " + std::to_string(at) +
-                         ": pass --resume to continue it, or lay out and init a new one");
-    if (at >= o.steps)
-        throw UsageError("manifest " + committed + " is already at step " + std::to_string(at) + " of --steps " +
-                         std::to_string(o.steps));
+    const train::Options to = train_options(o, committed, cores);
+    const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;
-    if (lead) {
-        if (!copy_of.empty())
-            log::info("the checkpoint is " + committed + " (" + copy_of + " is a copy): reading and committing it");
-        log::info(comm.describe());
-        log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
-                  std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
-                  " ranks, " + std::to_string(dev->threads()) + " threads per rank; activations " +
-                  format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
-        if (o.resident)
-            log::info("engine: resident (every parameter on every rank's device, the reference)");
-        else
-            log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
-                      " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
-                      format_size(to.infinity.prefetch_bytes) + ", persistent below " +
-                      std::to_string(o.persist_below) + " elements" +
-                      (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
-                      (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
-                      (o.offload_activations == "none" ? "the device" : o.offload_activations) +
-                      "; the run needs a device budget of " +
-                      format_size(t.device_need()) + " of " + format_size(dev->arena().stats().bytes));
-        log::info("training on " + d.train_source + " (" + std::to_string(d.train.size()) + " tokens), validation " +
-                  d.val_source + " (" + std::to_string(d.val.size()) + " tokens); their unigram entropy is " +
-                  fixed(data::unigram_entropy_nats(d.train), 4) + " nats (the loss of token frequencies alone)");
-        if (at) log::info("resuming at step " + std::to_string(at));
-        if (!o.json)
-            std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
-                         "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
-                         "stall, device peak, peak resident memory\n";
-    }
+    if (lead) describe_run(o, checkpoint, comm, t, to, *dev, d, at);
 
-    for (std::uint64_t s = t.step_count(); s < o.steps; ++s) {
-        const train::StepLog log = t.step(train_loader);
-        if (log.overflow) {
-            // fp32 with no loss scaling: a gradient that is not finite will be
-            // again on the same batch. Stop rather than repeat the step.
-            if (lead) emit(o, log, o.steps, std::nullopt);
-            t.save();  // the update was skipped on every rank: the state before it is whole
-            throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
-                            fixed(log.loss, 4) + "): training diverged; " + committed + " is committed at step " +
-                            std::to_string(t.step_count()) + " (lower --lr or raise --warmup)");
-        }
-        std::optional<double> val;
-        if (o.eval_every && (log.step % o.eval_every == 0 || log.step == o.steps))
-            val = t.evaluate(*val_loader, o.eval_batches);
-        if (o.checkpoint_every && log.step % o.checkpoint_every == 0 && log.step != o.steps) {
-            t.save();
-            if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
-        }
-        // A failed write of the step line (a closed pipe, a full disk) stops
-        // the run like an interrupt: every rank saves together, then rank 0
-        // reports the write's error.
-        std::exception_ptr output_failed;
-        if (lead) try {
-                emit(o, log, o.steps, val);
-            } catch (const Error&) {
-                output_failed = std::current_exception();
-            }
-        // Every rank stops at the same step: agree on the flag.
-        std::uint8_t stop = output_failed ? 2 : g_stop.load() ? 1 : 0;
-        if (ranks > 1) comm.allreduce(std::as_bytes(std::span(&stop, 1)), std::as_writable_bytes(std::span(&stop, 1)),
-                                      comm::DType::u8, comm::Reduce::max);
-        if (stop == 2) {
-            t.save();  // the steps taken are not lost with the output
-            if (output_failed) std::rethrow_exception(output_failed);
-            throw IoError("rank 0 could not write its output: stopped at step " + std::to_string(t.step_count()) +
-                          ", committed");
-        }
-        if (stop && log.step < o.steps) {
-            t.save();
-            if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +
-                                "; continue with --resume");
-            throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
-        }
-    }
-    t.save();
+    const train::Cadence cadence{.steps = o.steps,
+                                 .eval_every = o.eval_every,
+                                 .eval_batches = o.eval_batches,
+                                 .checkpoint_every = o.checkpoint_every,
+                                 .stop = &g_stop};
+    train::run(t, comm, train_loader, val_loader ? &*val_loader : nullptr, cadence,
+               [&](const train::StepLog& log, std::optional<double> val) { emit(o, log, o.steps, val); });
     if (lead) log::info("done: " + committed + " is committed at step " + std::to_string(t.step_count()));
     return 0;
 }

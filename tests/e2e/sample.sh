@@ -127,6 +127,13 @@ run "$SA" -m "$W/p/manifest.jsonl" --prompt x --temperature -1 "${POOL[@]}"
 expect_rc 64 "a negative temperature is a usage error"
 run "$SA" -m "$W/p/manifest.jsonl" --prompt x --prompt-tokens "$W/prompt.bin" "${POOL[@]}"
 expect_rc 64 "--prompt and --prompt-tokens exclude each other"
+# A copy whose data directory holds no manifest.jsonl: nothing is committed
+# there, so nothing is read (the trainer's rule, shard::read_committed).
+mkdir -p "$W/uncommitted"
+jq -c "if .dir then .dir = \"$W/uncommitted\" else . end" "$W/p/manifest.jsonl" >"$W/uncommitted.jsonl"
+run "$SA" -m "$W/uncommitted.jsonl" --prompt x "${POOL[@]}"
+expect_rc 65 "a manifest whose data directory holds no manifest.jsonl exits 65"
+check "…saying so" contains "$err" "holds no manifest.jsonl"
 # One flipped byte in the last tensor's partition: the engine's check.
 cp -r "$W/p" "$W/bad"
 jq -c "if .dir then .dir = \"$W/bad\" else . end" "$W/p/manifest.jsonl" >"$W/bad/manifest.jsonl"

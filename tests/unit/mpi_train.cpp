@@ -146,7 +146,7 @@ Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span
     // The resident copy, read back through a copy (the engine keeps none:
     // its runs are compared by what they committed).
     for (std::size_t i = 0; resident && i < m.tensors.size(); ++i) {
-        const auto v = t.engine().values(i);
+        const auto v = t.resident_engine().values(i);
         std::vector<float> host(v.size());
         dev->copy(dev->compute(), std::as_writable_bytes(std::span(host)), std::as_bytes(v));
         dev->synchronize(dev->compute());

@@ -63,6 +63,9 @@ public:
     // were made (execution order): what an engine plans its memory over.
     void add_user(const Module* m);
     std::span<const zero::Module* const> users() const { return users_; }
+    // A parameter for each of the manifest's tensors, by index, name and
+    // shape: DataError naming `source` and the first tensor that differs.
+    void check(const shard::Manifest& m, const std::string& source) const;
 
 private:
     std::vector<Param> params_;

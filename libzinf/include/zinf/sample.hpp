@@ -138,4 +138,11 @@ std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, 
                        std::span<const std::int32_t> prompt, const GenerateOptions& o,
                        const std::function<void(std::int32_t)>& emit);
 
+// The engine sampling runs through: every parameter kept gathered on the
+// device when they all fit beside the decoder in `device_left` bytes
+// (persist_below unset, "auto"): one fetch for the whole text. Otherwise
+// each token's pass fetches every module from its tier, as training does.
+zero::InfinityOptions engine_options(const shard::Manifest& m, const model::GPT& gpt, std::uint64_t prefetch_bytes,
+                                     std::optional<std::uint64_t> persist_below, std::uint64_t device_left);
+
 }  // namespace zinf::sample

@@ -28,6 +28,10 @@
 #include <string_view>
 #include <vector>
 
+namespace zinf::comm {
+class Communicator;
+}
+
 namespace zinf::shard {
 
 // ---------------------------------------------------------------------------
@@ -208,6 +212,20 @@ json::Json record_json(const Manifest& m, const Partition& p);
 // Atomically: temp name in the same folder, fsync, rename, fsync the folder.
 void save_manifest(const Manifest& m, const std::string& path);
 
+// The committed state a manifest file leads to, for every program that reads
+// or commits a checkpoint (zinf-train, zinf-sample): always the data
+// directory's own manifest.jsonl (zinf-manifest(5)), which every commit
+// rewrites; a copy elsewhere (what init printed) goes stale with the first
+// step and serves only to find the directory. DataError (65) when the
+// manifest has no data directory or the directory holds no manifest.jsonl:
+// a reader trusts only committed state.
+struct Committed {
+    Manifest manifest;    // read from `path`
+    std::string path;     // dir/manifest.jsonl, where commits go
+    std::string copy_of;  // the file given, when it is a copy ("" when it is `path`)
+};
+Committed read_committed(const std::string& given);
+
 // ---------------------------------------------------------------------------
 // Values. fill_fp32 writes the tensor's elements [first, first + out.size())
 // as fp32 (padding past numel is zero). bf16 is fp32 rounded to nearest even.
@@ -268,6 +286,39 @@ struct Written {
 };
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
              const RunOptions& opts);
+
+// Commits what a writer (init, import, reshard) wrote for `m`: its files
+// move into place beside the old state (Written::commit), then `m` is
+// committed over whatever manifest m.dir holds (save_manifest's rename),
+// then the old state's files go (Written::retire). A failure or a kill
+// before the rename leaves the old state committed and removes what was
+// placed; after it, the new state is committed and kept.
+void commit(Written& w, const Manifest& m);
+
+// init under mpirun or srun: process p of N writes the dp ranks r with
+// r % N == p. Process 0 runs `prepare` (stdin reaches it alone) and hands
+// the manifest to the others; when all have written, every partition's
+// xxh3 is gathered, each process moves its own files into place beside the
+// old state, process 0 commits the manifest into `dir`, and every process
+// retires the old state's files it can reach. One process's failure is
+// every process's (comm::agree): nothing is committed then, and each
+// removes what it wrote.
+struct DistributedInit {
+    // The I/O of a process with ranks to write, made there (an error in
+    // them is every process's, as one in writing).
+    std::function<io::EngineConfig()> engine;
+    std::function<mem::PoolConfig()> pool;
+    RunOptions run;           // jobs and stop (the ranks are set here; process 0 draws the progress)
+    // Writing takes as long as the slowest process's share (terabytes, for
+    // some): false lifts the communicator's timeout for that wait.
+    bool limit_write_wait = false;
+};
+struct DistributedResult {
+    Manifest manifest;        // as committed, on every process
+    double write_seconds = 0; // from the manifest's arrival to the commit
+};
+DistributedResult init_ranks(comm::Communicator& c, const std::function<Manifest()>& prepare, const std::string& dir,
+                             const DistributedInit& opts);
 
 // Where init's values come from when they are not the initial ones: `fill`
 // writes tensor t's elements [first, first + out.size()) as fp32 (zero past

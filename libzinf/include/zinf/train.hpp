@@ -29,8 +29,11 @@
 #include <zinf/model.hpp>
 #include <zinf/zero.hpp>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace zinf::train {
@@ -114,7 +117,7 @@ public:
 
     model::GPT& gpt();
     // The resident engine (InternalError unless Options::resident).
-    model::ResidentEngine& engine();
+    model::ResidentEngine& resident_engine();
     // The ZeRO-Infinity engine (nullptr with Options::resident).
     zero::InfinityEngine* infinity();
     model::Activations& activations();
@@ -123,10 +126,47 @@ public:
     std::uint64_t device_need() const;
     double flops_per_step() const;  // one rank's batch
 
+    const Options& options() const;
+
     struct Impl;
 
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+// The checkpoint a run reads and commits: the committed manifest `given`
+// leads to (shard::read_committed: a copy elsewhere goes stale with the
+// first step), its files checked to stay beneath the data directory
+// (shard::check_paths; with node-local rank folders every rank checks its
+// own, in the Trainer), since the engine and the optimizer open them later.
+shard::Committed read_checkpoint(const std::string& given);
+
+// The step a run starts from: a manifest past step 0 is a checkpoint,
+// continued only with `resume`, and only when it is short of `steps`
+// (UsageError naming `path` otherwise).
+std::uint64_t resume_step(const shard::Manifest& m, const std::string& path, bool resume, std::uint64_t steps);
+
+// The run's cadence, as zinf-train keeps it.
+struct Cadence {
+    std::uint64_t steps = 1;             // train until this step (a resumed run counts from its checkpoint)
+    std::uint64_t eval_every = 0;        // the validation loss every N steps and at the last (0: never)
+    std::uint64_t eval_batches = 4;      // batches per validation
+    std::uint64_t checkpoint_every = 0;  // commit every N steps (0: at the end only)
+    // Set by a signal: every rank commits at the same step and the run
+    // throws Interrupted (130).
+    const std::atomic<bool>* stop = nullptr;
+};
+
+// Rank 0's step line: the step's log and its validation loss, if one was
+// taken. An Error it throws (a closed pipe, a full disk) stops the run like
+// an interrupt: every rank commits, then rank 0 throws it.
+using StepSink = std::function<void(const StepLog&, std::optional<double> val_loss)>;
+
+// Steps `t` from its step_count() to c.steps, committing at the end. A step
+// whose gradient is not finite (fp32, no loss scaling: it would be again on
+// the same batch) is reported, the state before it committed, and the run
+// stops with DataError. `val` is needed only with eval_every.
+void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const data::Loader* val, const Cadence& c,
+         const StepSink& emit);
 
 }  // namespace zinf::train

@@ -35,6 +35,17 @@ ParamTable::ParamTable(const Config& c) {
     for (const auto& t : shard::tensors(c.spec(), c.tile)) params_.push_back(Param{t.name, t.shape, t.numel, nullptr});
 }
 
+// The model is made from the manifest's spec and tile, as its tensors are
+// (shard::tensors): another count is this code's error, not the file's.
+void ParamTable::check(const shard::Manifest& m, const std::string& source) const {
+    if (params_.size() != m.tensors.size())
+        throw InternalError("the model's parameters and the manifest's tensors differ");
+    for (std::size_t t = 0; t < params_.size(); ++t)
+        if (params_[t].name != m.tensors[t].name || params_[t].shape != m.tensors[t].shape)
+            throw DataError("manifest " + source + ": tensor " + std::to_string(t) + " is " + m.tensors[t].name +
+                            ", the model expects " + params_[t].name);
+}
+
 std::uint64_t ParamTable::numel() const {
     std::uint64_t n = 0;
     for (const auto& p : params_) n += p.numel;

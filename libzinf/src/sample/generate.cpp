@@ -1,9 +1,10 @@
-// Drawing the next token (Chooser) and the loop that feeds a prompt and
-// draws tokens over every rank (generate).
+// Drawing the next token (Chooser), the loop that feeds a prompt and draws
+// tokens over every rank (generate), and the engine's options for it.
 #include <zinf/sample.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace zinf::sample {
@@ -94,6 +95,19 @@ std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, 
         pass(next);
     }
     return drawn;
+}
+
+zero::InfinityOptions engine_options(const shard::Manifest& m, const model::GPT& gpt, std::uint64_t prefetch_bytes,
+                                     std::optional<std::uint64_t> persist_below, std::uint64_t device_left) {
+    zero::InfinityOptions io;
+    io.prefetch_bytes = prefetch_bytes;
+    if (persist_below) {
+        io.persist_below = *persist_below;
+        return io;
+    }
+    io.persist_below = std::numeric_limits<std::uint64_t>::max();
+    if (zero::InfinityEngine::need(m, gpt.modules(), io).total() > device_left) io.persist_below = 0;
+    return io;
 }
 
 }  // namespace zinf::sample

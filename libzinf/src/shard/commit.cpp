@@ -2,7 +2,9 @@
 // place beside a committed state (place_beside names them so that the old
 // manifest's files are never touched), the placed files taken back when the
 // manifest cannot be committed, the old state's files retired once it is;
-// and the check that a manifest's paths stay beneath its data directory.
+// the same over several processes (init_ranks); and the check that a
+// manifest's paths stay beneath its data directory.
+#include <zinf/comm.hpp>
 #include <zinf/shard.hpp>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -89,6 +92,182 @@ void Written::discard() noexcept {
     temps.clear();
     finals.clear();
     folders.clear();
+}
+
+namespace {
+
+// The manifest's identity on disk, to tell after a failed save whether its
+// rename happened (then the new state is committed and must be kept).
+std::pair<dev_t, ino_t> identity(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return {0, 0};
+    return {st.st_dev, st.st_ino};
+}
+
+// Commits `m` over whatever manifest `path` holds. The files are in place
+// under names the old manifest does not name (place_beside), so the old
+// state is whole until the rename inside save_manifest replaces it: a
+// failure or a kill before that leaves it committed, and what was placed
+// goes. After it, the old state's files go (the caller's retire()).
+void save_placed(Written& w, const Manifest& m, const std::string& path) {
+    const auto before = identity(path);
+    try {
+        save_manifest(m, path);
+    } catch (...) {
+        if (identity(path) == before) w.unplace();
+        throw;
+    }
+}
+
+// Every process learns whether any failed; on a failure each removes what
+// it wrote before the error leaves (comm::agree).
+void agree(comm::Communicator& c, const std::exception_ptr& failed, Written* w = nullptr,
+           const char* outcome = "nothing was committed") {
+    try {
+        comm::agree(c, failed, outcome);
+    } catch (...) {
+        if (w) w->discard();
+        throw;
+    }
+}
+
+// Process 0's manifest, with the names beside an old state set (the same
+// for every process), to every process.
+Manifest share(comm::Communicator& c, const std::function<Manifest()>& prepare, const std::string& dir) {
+    std::string text;
+    std::exception_ptr failed;
+    if (c.rank() == 0) try {
+            Manifest m = prepare();
+            (void)place_beside(m, dir);
+            std::ostringstream s;
+            write_manifest(s, m);
+            text = s.str();
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    agree(c, failed);
+    std::int64_t size = static_cast<std::int64_t>(text.size());
+    c.broadcast(std::as_writable_bytes(std::span(&size, 1)), comm::DType::i64, 0);
+    text.resize(static_cast<std::size_t>(size));
+    c.broadcast(std::as_writable_bytes(std::span(text.data(), text.size())), comm::DType::u8, 0);
+    std::istringstream in(text);
+    return read_manifest(in, "<the manifest from rank 0>");
+}
+
+// Every partition's xxh3, gathered by process in manifest order: process p
+// hashed the ranks r with r % N == p.
+void gather_hashes(comm::Communicator& c, Manifest& m) {
+    const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
+    const auto owner = [&](const Partition& p) { return p.rank % procs; };
+    std::vector<std::int64_t> mine, all(m.parts.size());
+    std::vector<std::uint64_t> counts(procs);
+    for (const auto& p : m.parts) {
+        ++counts[owner(p)];
+        if (owner(p) == me) mine.push_back(static_cast<std::int64_t>(p.xxh3.value_or(0)));
+    }
+    const comm::Buffer hashes{std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), counts};
+    c.run(comm::Kind::allgather, std::span(&hashes, 1), comm::DType::i64);
+    std::vector<std::size_t> next(procs);
+    for (unsigned q = 1; q < procs; ++q) next[q] = next[q - 1] + counts[q - 1];
+    for (auto& p : m.parts) p.xxh3 = static_cast<std::uint64_t>(all[next[owner(p)]++]);
+}
+
+// Every process's files go into place beside the old state (names its
+// manifest does not use, place_beside), then process 0 commits the manifest
+// over the old one; then every process retires the old state's files it
+// can reach (with node-local rank folders, only its own node holds them).
+// When the commit failed, the others keep what they placed: the manifest
+// may name it. (Process 0 holds rank 0, so its init set m.dir.)
+void commit_ranks(comm::Communicator& c, Written& w, const Manifest& m) {
+    const std::string path = m.dir + "/manifest.jsonl";
+    std::exception_ptr failed;
+    try {
+        w.commit();
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    try {
+        comm::agree(c, failed, "nothing was committed; the directory's manifest is the one before");
+    } catch (...) {
+        w.unplace();
+        w.discard();
+        throw;
+    }
+    if (c.rank() == 0) try {
+            save_placed(w, m, path);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    comm::agree(c, failed, "process 0 could not commit the new manifest (zinf-shard verify tells which one stands)");
+    w.retire();
+}
+
+}  // namespace
+
+void commit(Written& w, const Manifest& m) {
+    try {
+        w.commit();
+    } catch (...) {
+        w.discard();
+        throw;
+    }
+    save_placed(w, m, m.dir + "/manifest.jsonl");
+    w.retire();
+}
+
+DistributedResult init_ranks(comm::Communicator& c, const std::function<Manifest()>& prepare, const std::string& dir,
+                             const DistributedInit& opts) {
+    const bool lead = c.rank() == 0;
+    const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
+    DistributedResult out;
+    Manifest& m = out.manifest;
+    m = share(c, prepare, dir);
+    if (lead && procs > m.opts.dp)
+        log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
+                  std::to_string(m.opts.dp) + " and up have nothing to write");
+
+    RunOptions ro = opts.run;
+    ro.ranks.clear();
+    for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
+    const auto limit = c.timeout();
+    if (!opts.limit_write_wait) c.set_timeout(std::chrono::milliseconds(0));
+    Timer t;
+    Written w;
+    std::exception_ptr failed;
+    try {
+        if (!ro.ranks.empty()) {
+            io::Engine engine(opts.engine());
+            mem::PinnedPool pool(opts.pool(), &engine);
+            Progress bar("init", m.total_bytes() / procs);
+            if (lead) ro.progress = [&bar](std::uint64_t n) { bar.advance(n); };
+            w = init(m, dir, engine, pool, ro);
+        }
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    agree(c, failed, &w);
+    c.set_timeout(limit);
+
+    gather_hashes(c, m);
+    commit_ranks(c, w, m);
+    out.write_seconds = t.seconds();
+    return out;
+}
+
+Committed read_committed(const std::string& given) {
+    Committed c;
+    c.manifest = read_manifest_file(given);
+    const std::string& dir = c.manifest.dir;
+    if (dir.empty()) throw DataError("manifest " + given + " has no data directory: run zinf-shard init first");
+    c.path = dir + "/manifest.jsonl";
+    std::error_code ec;
+    if (fs::equivalent(given, c.path, ec)) return c;
+    if (!fs::exists(c.path))
+        throw DataError("manifest " + given + ": its data directory " + dir +
+                        " holds no manifest.jsonl (was it made by zinf-shard init?)");
+    c.manifest = read_manifest_file(c.path);
+    c.copy_of = given;
+    return c;
 }
 
 // ---------------------------------------------------------------------------

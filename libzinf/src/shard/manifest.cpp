@@ -355,31 +355,42 @@ void save_manifest(const Manifest& m, const std::string& path) {
 }
 
 // ---------------------------------------------------------------------------
-Manifest read_manifest(std::istream& in, const std::string& source) {
-    std::string text;
-    std::size_t line_no = 0;
-    auto next = [&](json::Json& out) {
-        while (std::getline(in, text)) {
-            ++line_no;
-            if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-            out = json::parse_line(text, source, line_no);
-            return true;
-        }
-        if (in.bad()) throw IoError("read failed", {errno, source, {}, -1});
-        return false;
-    };
-    auto at = [&](std::size_t line) { return source + ": line " + std::to_string(line); };
+// Reading a manifest: the header, then each record against the layout it
+// implies, then what the records say together.
+namespace {
 
-    json::Json h;
-    if (!next(h)) throw DataError(source + ": empty manifest (no header line)");
-    const std::string hw = at(line_no);
-    const std::size_t header_line = line_no;
+// The header's rank_dirs: one absolute folder per rank, no "..", no two alike.
+std::vector<std::string> read_rank_dirs(const json::Json& rd, unsigned dp, const std::string& hw) {
+    if (!rd.is_array() || rd.size() != dp)
+        throw DataError(hw + ": rank_dirs must be an array of " + std::to_string(dp) + " folders, one per rank (dp " +
+                        std::to_string(dp) + ")");
+    std::vector<std::string> out;
+    std::set<std::string> distinct;
+    for (std::size_t r = 0; r < rd.size(); ++r) {
+        if (!rd[r].is_string()) throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] is not a string");
+        const std::string d = rd[r].get<std::string>();
+        const std::string n = std::filesystem::path(d).lexically_normal().string();
+        if (d.empty() || d.front() != '/' || d.find('\0') != std::string::npos)
+            throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is not an absolute path");
+        for (const auto& part : std::filesystem::path(d))
+            if (part == "..")
+                throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "': '..' is refused");
+        if (!distinct.insert(n).second)
+            throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is another rank's folder too");
+        out.push_back(n.size() > 1 && n.back() == '/' ? n.substr(0, n.size() - 1) : n);
+    }
+    return out;
+}
+
+// The header's model and layout into `m` (its tensors too), every count
+// checked against the model before anything of its size is allocated.
+// Returns the number of records the header promises.
+std::uint64_t read_header(const json::Json& h, const std::string& hw, Manifest& m) {
     if (!h.contains("schema") || !h["schema"].is_string())
         throw DataError(hw + ": the first record must be the header, with \"schema\": \"" + kManifestSchema + "\"");
     if (h["schema"] != kManifestSchema)
         throw DataError(hw + ": schema " + h["schema"].dump() + " is not " + kManifestSchema);
 
-    Manifest m;
     m.spec = as_data(hw, [&] { return ModelSpec::parse(json::get_string(h, "model", hw)); });
     if (h.contains("preset")) m.spec.preset = json::get_string(h, "preset", hw);
     auto& o = m.opts;
@@ -408,29 +419,10 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
         m.dir = json::get_string(h, "dir", hw);
         if (m.dir.empty()) throw DataError(hw + ": dir is empty");
     }
-    if (h.contains("rank_dirs")) {
-        const json::Json& rd = h["rank_dirs"];
-        if (!rd.is_array() || rd.size() != o.dp)
-            throw DataError(hw + ": rank_dirs must be an array of " + std::to_string(o.dp) +
-                            " folders, one per rank (dp " + std::to_string(o.dp) + ")");
-        std::set<std::string> distinct;
-        for (std::size_t r = 0; r < rd.size(); ++r) {
-            if (!rd[r].is_string()) throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] is not a string");
-            const std::string d = rd[r].get<std::string>();
-            const std::string n = std::filesystem::path(d).lexically_normal().string();
-            if (d.empty() || d.front() != '/' || d.find('\0') != std::string::npos)
-                throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is not an absolute path");
-            for (const auto& part : std::filesystem::path(d))
-                if (part == "..")
-                    throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "': '..' is refused");
-            if (!distinct.insert(n).second)
-                throw DataError(hw + ": rank_dirs[" + std::to_string(r) + "] '" + d + "' is another rank's folder too");
-            m.rank_dirs.push_back(n.size() > 1 && n.back() == '/' ? n.substr(0, n.size() - 1) : n);
-        }
-    }
+    if (h.contains("rank_dirs")) m.rank_dirs = read_rank_dirs(h["rank_dirs"], o.dp, hw);
     if (h.contains("created_by")) m.created_by = json::get_string(h, "created_by", hw);
     m.extra = unknown_keys(h, kHeaderKeys);
-    // Every count is checked before anything of its size is allocated.
+
     const std::uint64_t n_model = tensor_count(m.spec, o.tile);
     const std::uint64_t n_tensors = json::get_u64(h, "tensors", hw), n_records = json::get_u64(h, "records", hw);
     if (n_tensors != n_model)
@@ -450,110 +442,109 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
                         std::to_string(n_model) + " tensors x " + std::to_string(m.states.size()) +
                         " states makes " + std::to_string(expect));
     m.tensors = tensors(m.spec, o.tile);
+    return expect;
+}
 
-    std::map<std::string_view, std::size_t> by_name;
-    for (std::size_t i = 0; i < m.tensors.size(); ++i) by_name[m.tensors[i].name] = i;
-    std::map<std::string_view, std::size_t> state_index;
-    for (std::size_t i = 0; i < m.states.size(); ++i) state_index[m.states[i]] = i;
-    // Which (tensor, rank, state) has been read: duplicates and gaps. One bit
-    // each (32MiB at kMaxRecords); nothing else is sized by the header.
-    std::vector<bool> seen(expect, false);
-
-    json::Json r;
-    while (next(r)) {
-        const std::string w = at(line_no);
-        if (r.contains("schema")) throw DataError(w + ": a second header");
-        Partition p;
-        p.line = line_no;
-        const std::string name = json::get_string(r, "tensor", w);
-        auto ti = by_name.find(name);
-        if (ti == by_name.end()) throw DataError(w + ": tensor '" + name + "' is not in " + m.spec.to_string());
-        p.tensor = ti->second;
-        const Tensor& t = m.tensors[p.tensor];
-        if (!r.contains("shape") || r["shape"] != json::Json(t.shape))
-            throw DataError(w + ": " + name + ": shape " + (r.contains("shape") ? r["shape"].dump() : "missing") +
-                            ", expected " + json::Json(t.shape).dump());
-        p.state = json::get_string(r, "state", w);
-        auto si = state_index.find(p.state);
-        if (si == state_index.end())
-            throw DataError(w + ": state '" + p.state + "' is not one of " + json::Json(m.states).dump());
-        const std::uint64_t rank = json::get_u64(r, "rank", w);
-        if (rank >= o.dp)
-            throw DataError(w + ": rank " + std::to_string(rank) + " is not below dp " + std::to_string(o.dp));
-        p.rank = static_cast<unsigned>(rank);
-        p.dtype = as_data(w, [&] { return parse_dtype(json::get_string(r, "dtype", w)); });
-        if (p.dtype != state_dtype(o, p.state))
-            throw DataError(w + ": " + name + " " + p.state + ": dtype " + dtype_name(p.dtype) + ", the header says " +
-                            dtype_name(state_dtype(o, p.state)));
-        p.tier = as_data(w, [&] { return parse_tier(json::get_string(r, "tier", w)); });
-        if (p.tier != tier_of(o, p.state))
-            throw DataError(w + ": " + name + " " + p.state + ": tier " + tier_name(p.tier) + ", the header says " +
-                            tier_name(tier_of(o, p.state)));
-        if (!r.contains("elements") || !r["elements"].is_array() || r["elements"].size() != 2 ||
-            !r["elements"][0].is_number_unsigned() || !r["elements"][1].is_number_unsigned())
-            throw DataError(w + ": elements must be [first, last]");
-        p.first = r["elements"][0].get<std::uint64_t>();
-        p.last = r["elements"][1].get<std::uint64_t>();
-        const Owned own = owned(t.numel, o.dp, p.rank);
-        const std::uint64_t f = own.first, l = own.last();
-        if (p.first != f || p.last != l)
-            throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + ": elements [" +
-                            std::to_string(p.first) + ", " + std::to_string(p.last) + "), but dp " +
-                            std::to_string(o.dp) + " gives [" + std::to_string(f) + ", " + std::to_string(l) +
-                            ") (overlapping or missing range)");
-        p.file = normal_path(json::get_string(r, "file", w), w);
-        if (!m.rank_dirs.empty())
-            if (auto rf = rank_file(p.file); !rf || rf->first != p.rank)
-                throw DataError(w + ": file '" + p.file + "': with rank_dirs, rank " + std::to_string(p.rank) +
-                                "'s files are named rank" + std::to_string(p.rank) + "/<name>");
-        p.offset = json::get_u64(r, "offset", w);
-        if (p.offset % o.alignment)
-            throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +
-                            std::to_string(o.alignment));
-        p.bytes = json::get_u64(r, "bytes", w);
-        if (p.bytes != own.per * dtype_bytes(p.dtype))
-            throw DataError(w + ": bytes " + std::to_string(p.bytes) + ", expected " +
-                            std::to_string(own.per * dtype_bytes(p.dtype)));
-        // Offset + bytes near 2^64 would wrap in every sum made of them
-        // (the overlap check below, file sizes): no file reaches 2^63.
-        if (past_max_end(p.offset, p.bytes))
-            throw DataError(w + ": offset " + std::to_string(p.offset) + " + bytes " + std::to_string(p.bytes) +
-                            " runs past the largest file offset (2^63 - 1) of " + p.file);
-        if (r.contains("xxh3")) {
-            const std::string hx = json::get_string(r, "xxh3", w);
-            p.xxh3 = as_data(w, [&] {
-                try {
-                    return parse_hex64(hx);
-                } catch (const DataError& e) {
-                    throw DataError(w + ": xxh3: " + e.message());
-                }
-            });
-        }
-        if (r.contains("step")) p.step = json::get_u64(r, "step", w);
-        p.extra = unknown_keys(r, kRecordKeys);
-        const std::size_t slot = (p.tensor * o.dp + p.rank) * m.states.size() + si->second;
-        if (seen[slot]) {
-            const auto first = std::find_if(m.parts.begin(), m.parts.end(), [&](const Partition& q) {
-                return q.tensor == p.tensor && q.rank == p.rank && q.state == p.state;
-            });
-            throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + " " + p.state +
-                            " again (first on line " + std::to_string(first->line) + ")");
-        }
-        seen[slot] = true;
-        m.parts.push_back(std::move(p));
+// The manifest's tensors and states by name, for its records.
+struct Names {
+    std::map<std::string_view, std::size_t> tensors, states;
+    explicit Names(const Manifest& m) {
+        for (std::size_t i = 0; i < m.tensors.size(); ++i) tensors[m.tensors[i].name] = i;
+        for (std::size_t i = 0; i < m.states.size(); ++i) states[m.states[i]] = i;
     }
-    if (m.parts.size() != expect) {
-        for (std::size_t s = 0; s < expect; ++s)
-            if (!seen[s]) {
-                const std::size_t st = s % m.states.size(), rk = s / m.states.size() % o.dp,
-                                  tn = s / m.states.size() / o.dp;
-                throw DataError(source + ": " + std::to_string(expect - m.parts.size()) +
-                                " record(s) missing after line " + std::to_string(line_no) + ", the first: " +
-                                m.tensors[tn].name + " rank " + std::to_string(rk) + " " + m.states[st] +
-                                " (header on line " + std::to_string(header_line) + ")");
+};
+
+// One record (`w`: where it stands), checked against the layout the header
+// implies: its tensor, shape, state, rank, dtype, tier, elements, file,
+// offset and size.
+Partition read_record(const json::Json& r, const std::string& w, const Manifest& m, const Names& names) {
+    const LayoutOptions& o = m.opts;
+    if (r.contains("schema")) throw DataError(w + ": a second header");
+    Partition p;
+    const std::string name = json::get_string(r, "tensor", w);
+    auto ti = names.tensors.find(name);
+    if (ti == names.tensors.end()) throw DataError(w + ": tensor '" + name + "' is not in " + m.spec.to_string());
+    p.tensor = ti->second;
+    const Tensor& t = m.tensors[p.tensor];
+    if (!r.contains("shape") || r["shape"] != json::Json(t.shape))
+        throw DataError(w + ": " + name + ": shape " + (r.contains("shape") ? r["shape"].dump() : "missing") +
+                        ", expected " + json::Json(t.shape).dump());
+    p.state = json::get_string(r, "state", w);
+    if (!names.states.count(p.state))
+        throw DataError(w + ": state '" + p.state + "' is not one of " + json::Json(m.states).dump());
+    const std::uint64_t rank = json::get_u64(r, "rank", w);
+    if (rank >= o.dp) throw DataError(w + ": rank " + std::to_string(rank) + " is not below dp " + std::to_string(o.dp));
+    p.rank = static_cast<unsigned>(rank);
+    p.dtype = as_data(w, [&] { return parse_dtype(json::get_string(r, "dtype", w)); });
+    if (p.dtype != state_dtype(o, p.state))
+        throw DataError(w + ": " + name + " " + p.state + ": dtype " + dtype_name(p.dtype) + ", the header says " +
+                        dtype_name(state_dtype(o, p.state)));
+    p.tier = as_data(w, [&] { return parse_tier(json::get_string(r, "tier", w)); });
+    if (p.tier != tier_of(o, p.state))
+        throw DataError(w + ": " + name + " " + p.state + ": tier " + tier_name(p.tier) + ", the header says " +
+                        tier_name(tier_of(o, p.state)));
+    if (!r.contains("elements") || !r["elements"].is_array() || r["elements"].size() != 2 ||
+        !r["elements"][0].is_number_unsigned() || !r["elements"][1].is_number_unsigned())
+        throw DataError(w + ": elements must be [first, last]");
+    p.first = r["elements"][0].get<std::uint64_t>();
+    p.last = r["elements"][1].get<std::uint64_t>();
+    const Owned own = owned(t.numel, o.dp, p.rank);
+    const std::uint64_t f = own.first, l = own.last();
+    if (p.first != f || p.last != l)
+        throw DataError(w + ": " + name + " rank " + std::to_string(p.rank) + ": elements [" + std::to_string(p.first) +
+                        ", " + std::to_string(p.last) + "), but dp " + std::to_string(o.dp) + " gives [" +
+                        std::to_string(f) + ", " + std::to_string(l) + ") (overlapping or missing range)");
+    p.file = normal_path(json::get_string(r, "file", w), w);
+    if (!m.rank_dirs.empty())
+        if (auto rf = rank_file(p.file); !rf || rf->first != p.rank)
+            throw DataError(w + ": file '" + p.file + "': with rank_dirs, rank " + std::to_string(p.rank) +
+                            "'s files are named rank" + std::to_string(p.rank) + "/<name>");
+    p.offset = json::get_u64(r, "offset", w);
+    if (p.offset % o.alignment)
+        throw DataError(w + ": offset " + std::to_string(p.offset) + " is not aligned to " +
+                        std::to_string(o.alignment));
+    p.bytes = json::get_u64(r, "bytes", w);
+    if (p.bytes != own.per * dtype_bytes(p.dtype))
+        throw DataError(w + ": bytes " + std::to_string(p.bytes) + ", expected " +
+                        std::to_string(own.per * dtype_bytes(p.dtype)));
+    // Offset + bytes near 2^64 would wrap in every sum made of them
+    // (the overlap check, file sizes): no file reaches 2^63.
+    if (past_max_end(p.offset, p.bytes))
+        throw DataError(w + ": offset " + std::to_string(p.offset) + " + bytes " + std::to_string(p.bytes) +
+                        " runs past the largest file offset (2^63 - 1) of " + p.file);
+    if (r.contains("xxh3")) {
+        const std::string hx = json::get_string(r, "xxh3", w);
+        p.xxh3 = as_data(w, [&] {
+            try {
+                return parse_hex64(hx);
+            } catch (const DataError& e) {
+                throw DataError(w + ": xxh3: " + e.message());
             }
+        });
     }
-    // No two partitions may share bytes of a file.
+    if (r.contains("step")) p.step = json::get_u64(r, "step", w);
+    p.extra = unknown_keys(r, kRecordKeys);
+    return p;
+}
+
+// After the last record (line `last_line`): the first (tensor, rank, state)
+// none named, when any is missing.
+void check_complete(const Manifest& m, const std::vector<bool>& seen, const std::string& source, std::size_t last_line,
+                    std::size_t header_line) {
+    if (m.parts.size() == seen.size()) return;
+    for (std::size_t s = 0; s < seen.size(); ++s)
+        if (!seen[s]) {
+            const std::size_t st = s % m.states.size(), rk = s / m.states.size() % m.opts.dp,
+                              tn = s / m.states.size() / m.opts.dp;
+            throw DataError(source + ": " + std::to_string(seen.size() - m.parts.size()) +
+                            " record(s) missing after line " + std::to_string(last_line) + ", the first: " +
+                            m.tensors[tn].name + " rank " + std::to_string(rk) + " " + m.states[st] +
+                            " (header on line " + std::to_string(header_line) + ")");
+        }
+}
+
+// No two partitions may share bytes of a file.
+void check_overlaps(const Manifest& m, const std::string& source) {
     std::vector<const Partition*> order;
     order.reserve(m.parts.size());
     for (const auto& p : m.parts) order.push_back(&p);
@@ -563,11 +554,57 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
     for (std::size_t i = 1; i < order.size(); ++i) {
         const Partition &a = *order[i - 1], &b = *order[i];
         if (a.file == b.file && a.offset + a.bytes > b.offset)
-            throw DataError(at(b.line) + ": bytes [" + std::to_string(b.offset) + ", " +
-                            std::to_string(b.offset + b.bytes) + ") of " + b.file + " overlap line " +
+            throw DataError(source + ": line " + std::to_string(b.line) + ": bytes [" + std::to_string(b.offset) +
+                            ", " + std::to_string(b.offset + b.bytes) + ") of " + b.file + " overlap line " +
                             std::to_string(a.line) + "'s [" + std::to_string(a.offset) + ", " +
                             std::to_string(a.offset + a.bytes) + ")");
     }
+}
+
+}  // namespace
+
+Manifest read_manifest(std::istream& in, const std::string& source) {
+    std::string text;
+    std::size_t line_no = 0;
+    auto next = [&](json::Json& out) {
+        while (std::getline(in, text)) {
+            ++line_no;
+            if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+            out = json::parse_line(text, source, line_no);
+            return true;
+        }
+        if (in.bad()) throw IoError("read failed", {errno, source, {}, -1});
+        return false;
+    };
+    auto at = [&](std::size_t line) { return source + ": line " + std::to_string(line); };
+
+    json::Json h;
+    if (!next(h)) throw DataError(source + ": empty manifest (no header line)");
+    const std::size_t header_line = line_no;
+    Manifest m;
+    const std::uint64_t expect = read_header(h, at(header_line), m);
+    const Names names(m);
+    // Which (tensor, rank, state) has been read: duplicates and gaps. One bit
+    // each (32MiB at kMaxRecords); nothing else is sized by the header.
+    std::vector<bool> seen(expect, false);
+    json::Json r;
+    while (next(r)) {
+        const std::string w = at(line_no);
+        Partition p = read_record(r, w, m, names);
+        p.line = line_no;
+        const std::size_t slot = (p.tensor * m.opts.dp + p.rank) * m.states.size() + names.states.at(p.state);
+        if (seen[slot]) {
+            const auto first = std::find_if(m.parts.begin(), m.parts.end(), [&](const Partition& q) {
+                return q.tensor == p.tensor && q.rank == p.rank && q.state == p.state;
+            });
+            throw DataError(w + ": " + m.tensors[p.tensor].name + " rank " + std::to_string(p.rank) + " " + p.state +
+                            " again (first on line " + std::to_string(first->line) + ")");
+        }
+        seen[slot] = true;
+        m.parts.push_back(std::move(p));
+    }
+    check_complete(m, seen, source, line_no, header_line);
+    check_overlaps(m, source);
     return m;
 }
 

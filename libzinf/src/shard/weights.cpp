@@ -416,6 +416,99 @@ private:
     std::map<std::string, io::File> files_;
 };
 
+// Every partition of `state` read against its xxh3, before a byte of the
+// export is written.
+void verify_state(const Manifest& m, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
+                  const RunOptions& opts) {
+    Manifest mine = m;
+    mine.parts.clear();
+    for (const auto& p : m.parts)
+        if (p.state == state) mine.parts.push_back(p);
+    RunOptions vo;
+    vo.jobs = opts.jobs;
+    vo.stop = opts.stop;
+    verify(mine, engine, pool, vo);
+}
+
+// The layout of the output file: its header's bytes, where each model tensor
+// goes, and a run of zero bytes (llm.c's padded vocabulary rows).
+struct OutLayout {
+    std::vector<std::byte> head;
+    std::vector<Out> outs;
+    std::uint64_t pad_at = 0, pad_bytes = 0;
+    std::uint64_t bytes = 0;  // the file's size
+};
+
+// safetensors: every tensor in the state's element type, in model order.
+OutLayout safetensors_layout(const Manifest& m, const std::vector<Tensor>& keys, Elem se, const std::string& state) {
+    OutLayout l;
+    std::vector<detail::StTensor> st;
+    std::uint64_t at = 0;
+    for (const auto& k : keys) {
+        const std::uint64_t bytes = k.numel * elem_bytes(se);
+        st.push_back({k.name, detail::st_dtype(se), k.shape, at, at + bytes});
+        at += bytes;
+    }
+    const json::Json meta = {{"format", "pt"}, {"zinf_model", m.spec.to_string()}, {"zinf_state", state}};
+    const std::string h = detail::safetensors_header(st, meta);
+    l.head.resize(h.size());
+    std::memcpy(l.head.data(), h.data(), h.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) l.outs.push_back({i, l.head.size() + st[i].begin, true, se});
+    l.bytes = l.head.size() + at;
+    return l;
+}
+
+// llm.c's version 3: fp32, the vocabulary padded to a multiple of 128.
+OutLayout llmc_layout(const Manifest& m, const std::vector<Tensor>& keys) {
+    OutLayout l;
+    detail::LlmcHeader h;
+    h.version = detail::kLlmcVersionFp32;
+    h.max_seq = m.spec.seq;
+    h.vocab = m.spec.vocab;
+    h.layers = m.spec.layers;
+    h.heads = m.spec.heads;
+    h.channels = m.spec.hidden;
+    h.padded_vocab = align_up(m.spec.vocab, 128);  // llm.c's own padding
+    if (h.padded_vocab > INT32_MAX || h.max_seq > INT32_MAX || h.layers > INT32_MAX || h.heads > INT32_MAX)
+        throw UsageError("the model " + m.spec.to_string() + " does not fit llm.c's int32 header");
+    l.head = detail::llmc_header_bytes(h);
+    const auto places = detail::llmc_places(h);
+    for (std::size_t i = 0; i < keys.size(); ++i) l.outs.push_back({i, places[i].offset, places[i].row_major, Elem::f32});
+    l.pad_at = places[0].offset + keys[0].numel * 4;
+    l.pad_bytes = (h.padded_vocab - h.vocab) * h.channels * 4;
+    l.bytes = detail::kLlmcHeaderBytes + h.parameters() * 4;
+    return l;
+}
+
+// One model tensor gathered from its tiles' partitions of the state into
+// its place in `file`.
+void write_tensor(const Manifest& m, const Tensor& k, const Out& o, const std::vector<std::size_t>& tiles, Elem se,
+                  StateReader& state, Reads& reads, mem::Stream& stream, io::File& file, std::span<std::byte> scratch,
+                  const RunOptions& opts) {
+    const auto [rows, cols] = matrix(k);
+    const Region dst{o.row_major, rows, 0, cols, o.elem};
+    std::vector<Source> sources;
+    for (std::size_t ti : tiles) {
+        const Tensor& t = m.tensors[ti];
+        Source s;
+        s.row_major = true;
+        s.rows = rows;
+        s.c0 = t.col0;
+        s.w = t.numel / rows;
+        s.elem = se;
+        s.read = [&state, ti](Reads& r, std::uint64_t e, std::uint64_t count, std::span<std::byte> into) {
+            state.read(r, ti, e, count, into);
+        };
+        sources.push_back(std::move(s));
+    }
+    const std::size_t eb = elem_bytes(o.elem);
+    stream.write(file, o.offset, k.numel * eb, [&](std::uint64_t at, std::span<std::byte> piece) {
+        check_stop(opts);
+        if (at % eb || piece.size() % eb) throw InternalError("export: a piece that splits an element");
+        gather(dst, at / eb, piece.size() / eb, piece, sources, scratch, reads);
+    });
+}
+
 }  // namespace
 
 ExportResult export_weights(const Manifest& m, const std::string& to, WeightFormat format, io::Engine& engine,
@@ -426,58 +519,14 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     ExportResult res;
     res.state = std::find(m.states.begin(), m.states.end(), "master") != m.states.end() ? "master" : "param";
     const Elem se = state_dtype(m.opts, res.state) == DType::fp32 ? Elem::f32 : Elem::bf16;
-    {  // Every partition to be read, against its xxh3, before a byte is written.
-        Manifest mine = m;
-        mine.parts.clear();
-        for (const auto& p : m.parts)
-            if (p.state == res.state) mine.parts.push_back(p);
-        RunOptions vo;
-        vo.jobs = opts.jobs;
-        vo.stop = opts.stop;
-        verify(mine, engine, pool, vo);
-    }
+    verify_state(m, res.state, engine, pool, opts);
     const auto keys = tensors(m.spec);
     std::map<std::string, std::vector<std::size_t>> tiles;  // model tensor -> its tensors in the manifest
     for (std::size_t i = 0; i < m.tensors.size(); ++i) tiles[m.tensors[i].key].push_back(i);
-
-    // The layout of the output.
-    std::vector<std::byte> head;
-    std::vector<Out> outs;
-    std::uint64_t pad_at = 0, pad_bytes = 0;  // llm.c's padded vocabulary rows
-    if (format == WeightFormat::safetensors) {
-        std::vector<detail::StTensor> st;
-        std::uint64_t at = 0;
-        for (const auto& k : keys) {
-            const std::uint64_t bytes = k.numel * elem_bytes(se);
-            st.push_back({k.name, detail::st_dtype(se), k.shape, at, at + bytes});
-            at += bytes;
-        }
-        const json::Json meta = {{"format", "pt"}, {"zinf_model", m.spec.to_string()}, {"zinf_state", res.state}};
-        const std::string h = detail::safetensors_header(st, meta);
-        head.resize(h.size());
-        std::memcpy(head.data(), h.data(), h.size());
-        for (std::size_t i = 0; i < keys.size(); ++i) outs.push_back({i, head.size() + st[i].begin, true, se});
-        res.bytes = head.size() + at;
-        res.tensors = keys.size();
-    } else {
-        detail::LlmcHeader h;
-        h.version = detail::kLlmcVersionFp32;
-        h.max_seq = m.spec.seq;
-        h.vocab = m.spec.vocab;
-        h.layers = m.spec.layers;
-        h.heads = m.spec.heads;
-        h.channels = m.spec.hidden;
-        h.padded_vocab = align_up(m.spec.vocab, 128);  // llm.c's own padding
-        if (h.padded_vocab > INT32_MAX || h.max_seq > INT32_MAX || h.layers > INT32_MAX || h.heads > INT32_MAX)
-            throw UsageError("the model " + m.spec.to_string() + " does not fit llm.c's int32 header");
-        head = detail::llmc_header_bytes(h);
-        const auto places = detail::llmc_places(h);
-        for (std::size_t i = 0; i < keys.size(); ++i) outs.push_back({i, places[i].offset, places[i].row_major, Elem::f32});
-        pad_at = places[0].offset + keys[0].numel * 4;
-        pad_bytes = (h.padded_vocab - h.vocab) * h.channels * 4;
-        res.bytes = detail::kLlmcHeaderBytes + h.parameters() * 4;
-        res.tensors = keys.size();
-    }
+    const OutLayout l =
+        format == WeightFormat::safetensors ? safetensors_layout(m, keys, se, res.state) : llmc_layout(m, keys);
+    res.bytes = l.bytes;
+    res.tensors = keys.size();
 
     // Written under a temporary name beside `to`, then renamed over it.
     // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted there is written through.
@@ -489,34 +538,12 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
         mem::Lease scratch = pool.lease("zinf-shard export scratch");
         StateReader state(m, res.state);
         Reads reads(engine);
-        stream.write(file, 0, head);
-        for (const auto& o : outs) {
-            const Tensor& k = keys[o.key];
-            const auto [rows, cols] = matrix(k);
-            const Region dst{o.row_major, rows, 0, cols, o.elem};
-            std::vector<Source> sources;
-            for (std::size_t ti : tiles.at(k.name)) {
-                const Tensor& t = m.tensors[ti];
-                Source s;
-                s.row_major = true;
-                s.rows = rows;
-                s.c0 = t.col0;
-                s.w = t.numel / rows;
-                s.elem = se;
-                s.read = [&state, ti](Reads& r, std::uint64_t e, std::uint64_t count, std::span<std::byte> into) {
-                    state.read(r, ti, e, count, into);
-                };
-                sources.push_back(std::move(s));
-            }
-            const std::size_t eb = elem_bytes(o.elem);
-            stream.write(file, o.offset, k.numel * eb, [&](std::uint64_t at, std::span<std::byte> piece) {
-                check_stop(opts);
-                if (at % eb || piece.size() % eb) throw InternalError("export: a piece that splits an element");
-                gather(dst, at / eb, piece.size() / eb, piece, sources, scratch.bytes(), reads);
-            });
-        }
-        if (pad_bytes)
-            stream.write(file, pad_at, pad_bytes, [](std::uint64_t, std::span<std::byte> piece) {
+        stream.write(file, 0, l.head);
+        for (const auto& o : l.outs)
+            write_tensor(m, keys[o.key], o, tiles.at(keys[o.key].name), se, state, reads, stream, file,
+                         scratch.bytes(), opts);
+        if (l.pad_bytes)
+            stream.write(file, l.pad_at, l.pad_bytes, [](std::uint64_t, std::span<std::byte> piece) {
                 std::memset(piece.data(), 0, piece.size());
             });
         engine.sync(file);

@@ -93,12 +93,7 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     if (static_cast<unsigned>(comm.size()) != dp)
         throw UsageError("manifest " + o.manifest_path + " is laid out for dp " + std::to_string(dp) + ", but " +
                          std::to_string(comm.size()) + " ranks are running (reshard it with zinf-shard reshard)");
-    const auto& table = gpt.params_table();
-    if (table.size() != m.tensors.size()) throw InternalError("the model's parameters and the manifest's tensors differ");
-    for (std::size_t t = 0; t < table.size(); ++t)
-        if (table[t].name != m.tensors[t].name || table[t].shape != m.tensors[t].shape)
-            throw DataError("manifest " + o.manifest_path + ": tensor " + std::to_string(t) + " is " +
-                            m.tensors[t].name + ", the model expects " + table[t].name);
+    gpt.params_table().check(m, o.manifest_path);
     // The disk the run will need, before anything is written: every rank
     // checks its own folder, and one rank's shortage is every rank's 73.
     // First its files: none may lead out of the data directory (or out of
@@ -297,11 +292,12 @@ Trainer::~Trainer() = default;
 
 std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
 model::GPT& Trainer::gpt() { return impl_->gpt; }
-model::ResidentEngine& Trainer::engine() {
-    if (!impl_->resident) throw InternalError("Trainer::engine(): the trainer runs the ZeRO-Infinity engine");
+model::ResidentEngine& Trainer::resident_engine() {
+    if (!impl_->resident) throw InternalError("Trainer::resident_engine(): the trainer runs the ZeRO-Infinity engine");
     return *impl_->resident;
 }
 zero::InfinityEngine* Trainer::infinity() { return impl_->infinity.get(); }
+const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
 void Trainer::save() { impl_->optim->save(); }
