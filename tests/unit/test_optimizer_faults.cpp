@@ -591,11 +591,11 @@ BOOST_AUTO_TEST_CASE(bad_manifests_and_options) {
 }
 
 BOOST_AUTO_TEST_CASE(twin_files) {
-    BOOST_TEST(zero::twin_file("rank0/master.bin") == "rank0/master.alt.bin");
-    BOOST_TEST(zero::twin_file("rank0/master.alt.bin") == "rank0/master.bin");
-    BOOST_TEST(zero::twin_file("rank12/exp_avg_sq.bin") == "rank12/exp_avg_sq.alt.bin");
-    BOOST_TEST(zero::twin_file(zero::twin_file("rank3/param.bin")) == "rank3/param.bin");
-    BOOST_TEST(zero::twin_file("x") == "x.alt");
+    BOOST_TEST(shard::other_generation("rank0/master.bin") == "rank0/master.alt.bin");
+    BOOST_TEST(shard::other_generation("rank0/master.alt.bin") == "rank0/master.bin");
+    BOOST_TEST(shard::other_generation("rank12/exp_avg_sq.bin") == "rank12/exp_avg_sq.alt.bin");
+    BOOST_TEST(shard::other_generation(shard::other_generation("rank3/param.bin")) == "rank3/param.bin");
+    BOOST_TEST(shard::other_generation("x") == "x.alt");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -206,9 +206,6 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// The twin of a state file: "rank0/master.bin" <-> "rank0/master.alt.bin".
-std::string twin_file(const std::string& file);
-
 // This rank's committed working parameters, read only: what the engine
 // fetches when no optimizer runs. The manifest's param records of the rank
 // are the source: on nvme their files, opened read-only, each read checked

@@ -249,7 +249,7 @@ void Trainer::Impl::install(std::size_t t, std::span<const std::byte> full) {
     }
     std::vector<float> wide(dst.size());
     const auto* src = reinterpret_cast<const std::uint16_t*>(full.data());
-    for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = from_bf16(src[i]);
+    from_bf16(std::span(src, wide.size()), std::span(wide));
     dev.copy(s, std::as_writable_bytes(dst), std::as_bytes(std::span(wide)));
     dev.synchronize(s);
 }

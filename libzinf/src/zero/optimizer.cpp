@@ -15,13 +15,9 @@
 
 namespace zinf::zero {
 
-std::string twin_file(const std::string& file) { return shard::other_generation(file); }
+std::string detail::RoleState::name(int g) const { return base + shard::kGenerations[g]; }
 
-std::string detail::RoleState::name(int g) const { return base + kGenerations[g]; }
-
-using detail::base_of;
 using detail::Chunk;
-using detail::generation_of;
 using detail::Piece;
 using detail::Role;
 using detail::RoleState;
@@ -148,14 +144,7 @@ io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::ui
     // A state file or rank folder that is a link out of the data directory
     // (or out of the rank's node-local folder) is refused.
     oo.beneath = at.root;
-    io::File f = io::File::open(full, oo);
-    if (f.direct() && A % f.alignment() != 0) {
-        log::warn_once("optim-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
-                                                  "-byte alignment, the manifest aligns to " + std::to_string(A) +
-                                                  "; using buffered I/O");
-        oo.direct = io::Direct::buffered;
-        f = io::File::open(full, oo);
-    }
+    io::File f = io::File::open_aligned(full, oo, A, "the manifest");
     if (create && f.size() < bytes) {
         f.preallocate(bytes);
         fsync_dir(std::filesystem::path(full).parent_path().string());  // the name, too, must survive a crash before the commit names it
@@ -188,11 +177,11 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
         shard::Partition* part = record(t, rank, state);
         if (!part) throw DataError("the manifest has no record of " + where_of(m, t, rank, state));
         if (t == 0) {
-            const int g = generation_of(part->file);
+            const int g = shard::generation_of(part->file);
             if (g < 0)
                 throw DataError(where_of(m, t, rank, state) + ": file " + part->file +
                                 " does not end in .bin, so the optimizer cannot name its next generation");
-            rs.base = base_of(part->file);
+            rs.base = shard::generation_base(part->file);
             rs.cur = rs.committed = g;
         } else if (part->file != rs.name(rs.cur)) {
             throw DataError(where_of(m, t, rank, state) + " is in " + part->file + ", " +
@@ -235,12 +224,9 @@ void Optimizer::Impl::setup_grad() {
     g.dtype = opts.grad_dtype;
     g.dt = shard::dtype_bytes(g.dtype);
     g.file = m.opts.optim_tier == shard::Tier::nvme;
-    g.offset.resize(T);
-    // Packed like zinf-shard's files: each partition at an aligned offset.
-    for (std::size_t t = 0; t < T; ++t) {
-        g.offset[t] = g.end;
-        g.end = align_up(g.end + per(t) * g.dt, A);
-    }
+    detail::PackedLayout layout = detail::packed_layout(m.tensors, m.opts, g.dtype);
+    g.offset = std::move(layout.offset);
+    g.end = layout.bytes;
     grad_sq.assign(T, 0);
     have_grad.assign(T, false);
     if (!g.file) {
@@ -258,6 +244,18 @@ void Optimizer::Impl::setup_grad() {
     // writes would put them in the drive's write cache, and every step's
     // commit would flush them to the medium with the state.
     g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
+}
+
+detail::PackedLayout detail::packed_layout(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo,
+                                           shard::DType dtype) {
+    const std::uint64_t dt = shard::dtype_bytes(dtype);
+    PackedLayout out;
+    out.offset.reserve(tensors.size());
+    for (const auto& t : tensors) {
+        out.offset.push_back(out.bytes);
+        out.bytes = align_up(out.bytes + shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
+    }
+    return out;
 }
 
 std::uint64_t Optimizer::Impl::per(std::size_t t) const { return shard::owned(m.tensors[t].numel, m.opts.dp, 0).per; }

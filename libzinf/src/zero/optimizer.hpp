@@ -8,8 +8,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -30,10 +30,9 @@ struct RoleState {
     std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
     std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
     std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
-    // The file in two generations, base + kGenerations[g] ("rank0/master" +
-    // ".bin", ".alt.bin"; a ".work.bin" a manifest of an earlier version
-    // names is read, never made): `committed` is the one the manifest names,
-    // `cur` holds the current values, `next` is where a step writes.
+    // The file in two generations, base + shard::kGenerations[g]:
+    // `committed` is the one the manifest names, `cur` holds the current
+    // values, `next` is where a step writes.
     std::string base;
     int cur = 0, committed = 0, next = 0;
     io::File gen_f[3];      // opened when first used
@@ -48,20 +47,15 @@ struct RoleState {
     std::vector<std::unique_ptr<Xxh3Stream>> read_hash;
 };
 
-inline constexpr const char* kGenerations[3] = {".bin", ".alt.bin", ".work.bin"};
-
-// The generation a state file's name ends in (-1: none), and the name without it.
-inline int generation_of(const std::string& file) {
-    for (int g : {1, 2, 0}) {
-        const std::string_view suffix = kGenerations[g];
-        if (file.size() > suffix.size() && file.ends_with(suffix)) return g;
-    }
-    return -1;
-}
-inline std::string base_of(const std::string& file) {
-    const int g = generation_of(file);
-    return g < 0 ? file : file.substr(0, file.size() - std::string_view(kGenerations[g]).size());
-}
+// A rank's partition of each tensor in turn, each at an aligned offset, in
+// `dtype`: how zinf-shard packs a state file, and how the optimizer keeps
+// the gradients a step hands over (with the optimizer state on NVMe, the
+// gradient scratch file). Every rank's is the same size.
+struct PackedLayout {
+    std::vector<std::uint64_t> offset;  // per tensor, bytes
+    std::uint64_t bytes = 0;            // the end of the last, aligned
+};
+PackedLayout packed_layout(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo, shard::DType dtype);
 
 // Piece: elements [e0, e1) of a tensor's partition (per elements, padding included).
 struct Piece {

@@ -14,7 +14,6 @@ namespace zinf::zero {
 
 using Impl = Optimizer::Impl;
 
-using detail::base_of;
 using detail::Role;
 
 void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
@@ -58,7 +57,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         if (g.dtype == shard::DType::fp32) {
             auto* o = reinterpret_cast<float*>(out.data());
             if (!f32.empty()) std::copy_n(f32.data() + e0, k, o);
-            else for (std::size_t i = 0; i < k; ++i) o[i] = from_bf16(b16[e0 + i]);
+            else from_bf16(b16.subspan(e0, k), std::span(o, k));
         } else {
             auto* o = reinterpret_cast<std::uint16_t*>(out.data());
             if (!b16.empty()) std::copy_n(b16.data() + e0, k, o);
@@ -309,7 +308,7 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
             for (std::size_t t = 0; t < T; ++t) {
                 shard::Partition* p = record(t, q, roles[r].state);
                 old.push_back({p, p->file, p->xxh3, p->step});
-                p->file = base_of(p->file) + detail::kGenerations[g];
+                p->file = shard::generation_base(p->file) + shard::kGenerations[g];
                 p->xxh3 = static_cast<std::uint64_t>(all[i++]);
                 p->step = new_step;
             }
