@@ -126,7 +126,7 @@ public:
     // One stream of each kind, made with the device and living as long as it.
     virtual Stream& stream(StreamKind k) = 0;
     Stream& compute() { return stream(StreamKind::compute); }  // where kernels go by default
-    Stream& copies() { return stream(StreamKind::h2d); }
+    Stream& h2d() { return stream(StreamKind::h2d); }  // host -> device copies
     virtual Event record(Stream& s) = 0;
     // Work enqueued on `s` after this call starts once `e` is done; the host
     // does not wait. This is how one stage orders itself after another: a

@@ -1,5 +1,5 @@
 // zinf model: a GPT-2 built from modules with explicit forward and backward,
-// every one of them run through an Engine's hooks. A module reaches its
+// every one of them run through a ParamEngine's hooks. A module reaches its
 // parameters only through the engine, so the engine decides where they live
 // and when they move; a model author writes no data movement.
 //
@@ -80,30 +80,30 @@ protected:
 };
 
 // Where parameters live and when they move: zero's hook interface.
-using Engine = zero::Engine;
+using ParamEngine = zero::ParamEngine;
 
 // What a forward or backward runs with.
 struct Context {
     device::Device& dev;
     device::Stream& stream;
-    Engine& engine;
+    ParamEngine& engine;
 };
 
 // Runs `m`'s forward (or backward) between the engine's two hooks.
 class ForwardScope {
 public:
-    ForwardScope(Engine& e, const Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
+    ForwardScope(ParamEngine& e, const Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
     ~ForwardScope() noexcept(false) { if (!std::uncaught_exceptions()) e_.after_forward(m_); }
 private:
-    Engine& e_;
+    ParamEngine& e_;
     const Module& m_;
 };
 class BackwardScope {
 public:
-    BackwardScope(Engine& e, const Module& m) : e_(e), m_(m) { e_.before_backward(m_); }
+    BackwardScope(ParamEngine& e, const Module& m) : e_(e), m_(m) { e_.before_backward(m_); }
     ~BackwardScope() noexcept(false) { if (!std::uncaught_exceptions()) e_.after_backward(m_); }
 private:
-    Engine& e_;
+    ParamEngine& e_;
     const Module& m_;
 };
 

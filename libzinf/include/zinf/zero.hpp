@@ -227,7 +227,7 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// The engine's side of the model (paper §7): the model calls an Engine's
+// The engine's side of the model (paper §7): the model calls a ParamEngine's
 // hooks around every module's forward and backward and asks it for each
 // parameter's values and gradient inside them; the engine decides where the
 // parameters live and when they move. A model author writes no data movement.
@@ -261,9 +261,12 @@ private:
     std::vector<std::size_t> own_, external_;
 };
 
-class Engine {
+// The parameter engine: where a module finds its parameters and gradients
+// (ResidentEngine, InfinityEngine). Not io::Engine, which moves bytes
+// between files and memory for it.
+class ParamEngine {
 public:
-    virtual ~Engine() = default;
+    virtual ~ParamEngine() = default;
     virtual void before_forward(const Module&) {}
     virtual void after_forward(const Module&) {}
     virtual void before_backward(const Module&) {}
@@ -284,7 +287,7 @@ protected:
 // memory, one Array each for all values and all gradients (fp32). Records
 // the hooks it sees when tracing. The trainer loads it and refreshes it
 // after each step through copies (--resident).
-class ResidentEngine : public Engine {
+class ResidentEngine : public ParamEngine {
 public:
     ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels);
 
@@ -359,7 +362,7 @@ struct InfinityOptions {
     bool persist_shared = true;
 };
 
-struct EngineStats {
+struct InfinityStats {
     // Bytes of this rank's partitions read, by the tier they came from
     // (gpu, cpu, nvme), and bytes the allgathers delivered.
     std::uint64_t fetched_bytes[3] = {};
@@ -383,7 +386,7 @@ public:
     std::uint64_t need = 0, have = 0;
 };
 
-class InfinityEngine : public Engine {
+class InfinityEngine : public ParamEngine {
 public:
     // `modules`: every module of the model that uses a parameter, each once.
     // Reserves its device memory now (after the activations were planned)
@@ -420,7 +423,7 @@ public:
     void on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values);
     void after_step();
 
-    EngineStats stats() const;  // of the last pass
+    InfinityStats stats() const;  // of the last pass
     std::vector<std::string> trace(bool train) const;  // module names in recorded order
 
     void before_forward(const Module& m) override;

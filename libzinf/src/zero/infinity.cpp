@@ -485,7 +485,7 @@ void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span
 
 void InfinityEngine::after_step() { ++impl_->version; }
 
-EngineStats InfinityEngine::stats() const { return impl_->st; }
+InfinityStats InfinityEngine::stats() const { return impl_->st; }
 
 std::vector<std::string> InfinityEngine::trace(bool train) const {
     std::vector<std::string> out;

@@ -198,7 +198,7 @@ struct InfinityEngine::Impl {
     // after a failure, before their buffers go. Not io.wait_all(): the
     // optimizer's thread has its own requests in flight on the same engine.
     std::vector<std::shared_future<void>> reads_out;
-    EngineStats st;
+    InfinityStats st;
     std::uint64_t base_used = 0;  // arena bytes used outside the ring
 
     // fetch.cpp

@@ -16,10 +16,11 @@
 namespace zinf::zero {
 namespace detail {
 
-// What a state is to the update: master weights (W, "param" itself when the
-// parameters are fp32), the moments (M, V), the gradient (G), and the bf16
-// working parameters written from W (P, only beside a master copy).
-enum Role { W, M, V, G, P, count };
+// What a state is to the update (optim::Update's names): the master weights
+// ("param" itself when the parameters are fp32), the moments, the gradient,
+// and the bf16 working parameters written from the master weights (only
+// beside a master copy).
+enum Role { master, exp_avg, exp_avg_sq, grad, param, count };
 
 struct RoleState {
     bool present = false;
@@ -28,7 +29,7 @@ struct RoleState {
     shard::DType dtype = shard::DType::fp32;
     std::size_t dt = 4;     // bytes per element
     std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
-    std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
+    std::vector<shard::Partition*> part;        // per tensor: its record (none for grad)
     std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
     // The file in two generations, base + shard::kGenerations[g]:
     // `committed` is the one the manifest names, `cur` holds the current
@@ -86,8 +87,8 @@ struct Optimizer::Impl {
     double lr = 0;
     unsigned rank = 0;
     std::string path;            // the manifest commits go to
-    std::uint64_t A = 4096;      // the manifest's alignment
-    std::size_t T = 0;           // tensors
+    std::uint64_t alignment = 4096;  // the manifest's
+    std::size_t tensor_count = 0;
     std::uint64_t step = 0;      // committed steps
     bool broken = false;         // a step failed half-way: the memory state is not a step's
     bool commit_steps = true;    // every written state streams from NVMe: each step commits
@@ -109,10 +110,11 @@ struct Optimizer::Impl {
     detail::RoleState roles[Role::count];
     std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)
 
-    // Chunks (file roles only): K bytes per piece, U the cut unit in elements.
+    // Chunks (file roles only): the bytes of one role's piece, and the unit
+    // (elements) a partition is cut at.
     std::vector<Role> file_roles;
     std::size_t slots = 3, per_buffer = 1, leases = 0;
-    std::uint64_t K = 0, U = 2048;
+    std::uint64_t piece_bytes = 0, cut_unit = 2048;
     std::vector<Chunk> all_chunks;
 
     // Gradients of the current step.

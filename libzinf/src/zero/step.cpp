@@ -25,7 +25,8 @@ void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
 
 void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16) {
     if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
-    if (t >= T) throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(T));
+    if (t >= tensor_count)
+        throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(tensor_count));
     const std::string& name = m.tensors[t].name;
     const shard::Owned own = shard::owned(m.tensors[t].numel, m.opts.dp, rank);
     const std::size_t n = f32.empty() ? b16.size() : f32.size();
@@ -50,7 +51,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
 
     // Stored in the gradient's dtype, padding zero.
-    detail::RoleState& g = roles[Role::G];
+    detail::RoleState& g = roles[Role::grad];
     auto fill = [&](std::uint64_t e0, std::span<std::byte> out) {
         const std::uint64_t e1 = e0 + out.size() / g.dt, real = std::min<std::uint64_t>(e1, std::max(e0, n));
         const std::size_t k = static_cast<std::size_t>(real - std::min(e0, real));
@@ -70,12 +71,12 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         fill(0, g.image.bytes().subspan(g.offset[t], bytes));
     } else {
         mem::Stream s(engine, pool, {.buffers = opts.overlap ? 2u : 0u, .who = "gradient"});
-        s.write(g.gen_f[0], g.offset[t], align_up(bytes, A),
+        s.write(g.gen_f[0], g.offset[t], align_up(bytes, alignment),
                 [&](std::uint64_t at, std::span<std::byte> piece) { fill(at / g.dt, piece); });
     }
 
     std::lock_guard lk(mu);
-    if (g.file) grad_written += align_up(bytes, A);
+    if (g.file) grad_written += align_up(bytes, alignment);
     grad_sq[t] = sq;
     have_grad[t] = true;
     if (!speculative) return;
@@ -83,7 +84,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     // step will be skipped (not finite) or clipped (their norm alone is past
     // the limit; the global norm is at least theirs).
     double part = 0;
-    for (std::size_t u = 0; u < T; ++u)
+    for (std::size_t u = 0; u < tensor_count; ++u)
         if (have_grad[u]) part += grad_sq[u];
     if (!std::isfinite(part) ||
         (opts.grad_clip > 0 && optim::clip_coefficient(std::sqrt(part) / spec_loss_scale, opts.grad_clip) < 1))
@@ -131,7 +132,7 @@ void Impl::work() {
 void Impl::prepare_step() {
     in_place = false;
     for (Role r : file_roles) {
-        if (r == Role::G) continue;
+        if (r == Role::grad) continue;
         auto& rs = roles[r];
         if (rs.cur != rs.committed) {
             rs.next = rs.cur;
@@ -158,7 +159,7 @@ StepReport Impl::run_step(double loss_scale) {
         if (!(loss_scale > 0) || !std::isfinite(loss_scale))
             throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
         std::lock_guard lk(mu);
-        for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t t = 0; t < tensor_count; ++t)
             if (!have_grad[t])
                 throw InternalError("step: no gradient for " + m.tensors[t].name + " (rank " + std::to_string(rank) +
                                     "); hand every tensor's over with put_gradient first");
@@ -169,7 +170,7 @@ StepReport Impl::run_step(double loss_scale) {
     flush_written();  // what the backward's updates wrote, beside the rest of the step
     if (speculative) {
         std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return done_tensors == T; });
+        cv.wait(lk, [&] { return done_tensors == tensor_count; });
     }
     const double local = std::accumulate(grad_sq.begin(), grad_sq.end(), 0.0);
     double total = local;
@@ -184,7 +185,7 @@ StepReport Impl::run_step(double loss_scale) {
         totals = {};
         spec_loss_scale = loss_scale;  // what the next step's speculation assumes
     };
-    for (std::size_t t = 0; t < T; ++t) rep.speculated += speculated[t];
+    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
     rep.overlap_seconds = totals.speculative;
     rep.grad_norm = std::sqrt(total) / loss_scale;
     rep.overflow = !std::isfinite(total);
@@ -215,7 +216,7 @@ StepReport Impl::run_step(double loss_scale) {
     std::exception_ptr failed;
     std::vector<Role> written;
     for (Role r : file_roles)
-        if (r != Role::G) written.push_back(r);
+        if (r != Role::grad) written.push_back(r);
     Timer c;
     try {
         optim::Scalars sc[2];
@@ -235,7 +236,7 @@ StepReport Impl::run_step(double loss_scale) {
                 stream(all_chunks, sc, totals);
             } else {
                 std::vector<std::size_t> rest;
-                for (std::size_t t = 0; t < T; ++t)
+                for (std::size_t t = 0; t < tensor_count; ++t)
                     if (!speculated[t]) rest.push_back(t);
                 stream(cut(rest), sc, totals);
             }
@@ -273,7 +274,7 @@ StepReport Impl::run_step(double loss_scale) {
     rep.bytes_written = totals.written;
     rep.grad_bytes_written = grad_written;
     rep.chunks = totals.chunks;
-    rep.chunk_bytes = K;
+    rep.chunk_bytes = piece_bytes;
     next_step();
     rep.seconds = all.seconds();
     return rep;
@@ -289,9 +290,9 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
         return;
     }
     const unsigned dp = m.opts.dp;
-    std::vector<std::int64_t> mine, all(changed.size() * T * dp);
+    std::vector<std::int64_t> mine, all(changed.size() * tensor_count * dp);
     for (auto [r, g] : changed)
-        for (std::size_t t = 0; t < T; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
+        for (std::size_t t = 0; t < tensor_count; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
     comm.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i64);
 
     struct Old {
@@ -305,7 +306,7 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
     std::size_t i = 0;
     for (unsigned q = 0; q < dp; ++q)
         for (auto [r, g] : changed)
-            for (std::size_t t = 0; t < T; ++t) {
+            for (std::size_t t = 0; t < tensor_count; ++t) {
                 shard::Partition* p = record(t, q, roles[r].state);
                 old.push_back({p, p->file, p->xxh3, p->step});
                 p->file = shard::generation_base(p->file) + shard::kGenerations[g];
@@ -341,9 +342,9 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
 // by nothing, but the working parameters they handed out (on_param, and
 // the memory-held bf16 copy) are put back to the current generation's.
 void Impl::undo_speculation() {
-    const Role out = roles[Role::P].present ? Role::P : Role::W;
+    const Role out = roles[Role::param].present ? Role::param : Role::master;
     detail::RoleState& rs = roles[out];
-    for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t t = 0; t < tensor_count; ++t) {
         if (!speculated[t]) continue;
         const std::uint64_t bytes = per(t) * rs.dt;
         if (!rs.file) {
@@ -354,11 +355,11 @@ void Impl::undo_speculation() {
         if (!opts.on_param) continue;
         // Through one buffer of the pool, checked against its hash as read.
         mem::Lease lease = pool.lease("optimizer: parameters put back after a skipped step");
-        const std::uint64_t B = align_down(lease.size(), A);
+        const std::uint64_t B = align_down(lease.size(), alignment);
         Xxh3Stream h;
         for (std::uint64_t at = 0; at < bytes; at += B) {
             const std::uint64_t n = std::min(B, bytes - at);
-            auto buf = lease.bytes().first(align_up(n, A));
+            auto buf = lease.bytes().first(align_up(n, alignment));
             engine.wait(engine.read(gen_file(rs, rs.cur, false), rs.offset[t] + at, buf));
             h.update(buf.first(n));
             opts.on_param(t, at / rs.dt, buf.first(n));
@@ -385,7 +386,7 @@ void Impl::save() {
     std::vector<std::pair<Role, int>> changed;
     std::exception_ptr failed;
     try {
-        for (Role r : {Role::W, Role::M, Role::V, Role::P}) {
+        for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq, Role::param}) {
             auto& rs = roles[r];
             if (!rs.present) continue;
             if (rs.file) {
@@ -401,7 +402,7 @@ void Impl::save() {
             engine.wait(engine.write(f, 0, rs.image.bytes().first(rs.end)));
             engine.sync(f);
             f.close();
-            for (std::size_t t = 0; t < T; ++t)
+            for (std::size_t t = 0; t < tensor_count; ++t)
                 rs.new_hash[t] = xxh3(rs.image.bytes().subspan(rs.part[t]->offset, rs.part[t]->bytes));
             changed.emplace_back(r, g);
         }
@@ -429,7 +430,7 @@ Optimizer::~Optimizer() = default;
 
 unsigned Optimizer::rank() const { return impl_->rank; }
 std::uint64_t Optimizer::step_count() const { return impl_->step; }
-std::uint64_t Optimizer::chunk_bytes() const { return impl_->K; }
+std::uint64_t Optimizer::chunk_bytes() const { return impl_->piece_bytes; }
 
 void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
@@ -450,9 +451,9 @@ StepReport Optimizer::step(double loss_scale) { return impl_->run_step(loss_scal
 void Optimizer::save() { impl_->save(); }
 
 std::span<const std::byte> Optimizer::param(std::size_t tensor) const {
-    const auto& rs = impl_->roles[impl_->roles[Role::P].present ? Role::P : Role::W];
+    const auto& rs = impl_->roles[impl_->roles[Role::param].present ? Role::param : Role::master];
     if (rs.file) throw InternalError("param(): the working parameters live on nvme, not in memory");
-    if (tensor >= impl_->T) throw InternalError("param(): tensor " + std::to_string(tensor));
+    if (tensor >= impl_->tensor_count) throw InternalError("param(): tensor " + std::to_string(tensor));
     return rs.image.bytes().subspan(rs.offset[tensor], impl_->per(tensor) * rs.dt);
 }
 
@@ -462,8 +463,8 @@ namespace zinf::zero {
 
 Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     Impl& I = *impl_;
-    if (tensor >= I.T) throw InternalError("param_source(): tensor " + std::to_string(tensor));
-    auto& rs = I.roles[I.roles[Role::P].present ? Role::P : Role::W];
+    if (tensor >= I.tensor_count) throw InternalError("param_source(): tensor " + std::to_string(tensor));
+    auto& rs = I.roles[I.roles[Role::param].present ? Role::param : Role::master];
     ParamSource src;
     src.bytes = I.per(tensor) * rs.dt;
     src.where = I.m.tensors[tensor].name + " rank " + std::to_string(I.rank) + " " + rs.state;
