@@ -184,6 +184,12 @@ struct Optimizer::Impl {
     void work();
     void prepare_step();
     StepReport run_step(double loss_scale);
+    void check_step(double loss_scale);
+    double global_sum_squares();
+    void skip_step(const StepReport& rep);
+    void update_step(StepReport& rep, double loss_scale);
+    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep);
+    void next_step(double loss_scale);
     // Each (role, generation) becomes what the manifest names, at new_step.
     void commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step);
     void save();

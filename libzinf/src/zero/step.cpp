@@ -150,9 +150,8 @@ void Impl::check_entry(const char* what, const std::exception_ptr& local) {
     comm::agree(comm, local, std::string(what) + " did not start on every rank; nothing was written");
 }
 
-StepReport Impl::run_step(double loss_scale) {
-    Timer all;
-    StepReport rep;
+// Every rank learns whether the step can start on all of them.
+void Impl::check_step(double loss_scale) {
     std::exception_ptr refused;
     try {
         if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
@@ -167,7 +166,11 @@ StepReport Impl::run_step(double loss_scale) {
         refused = std::current_exception();
     }
     check_entry("the optimizer step", refused);
-    flush_written();  // what the backward's updates wrote, beside the rest of the step
+}
+
+// The sum of squares of every rank's gradients, once the updates
+// overlapped with backward are done.
+double Impl::global_sum_squares() {
     if (speculative) {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] { return done_tensors == tensor_count; });
@@ -176,42 +179,51 @@ StepReport Impl::run_step(double loss_scale) {
     double total = local;
     comm.allreduce(std::as_bytes(std::span(&local, 1)), std::as_writable_bytes(std::span(&total, 1)),
                    comm::DType::f64);
-    auto next_step = [&] {
-        std::lock_guard lk(mu);
-        std::fill(have_grad.begin(), have_grad.end(), false);
-        std::fill(speculated.begin(), speculated.end(), false);
-        done_tensors = 0;
-        grad_written = 0;
-        totals = {};
-        spec_loss_scale = loss_scale;  // what the next step's speculation assumes
-    };
-    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
-    rep.overlap_seconds = totals.speculative;
-    rep.grad_norm = std::sqrt(total) / loss_scale;
-    rep.overflow = !std::isfinite(total);
-    if (rep.overflow) {
-        // Skipped: the speculative writes went to a generation nothing
-        // names; parameters held in memory are put back.
-        std::exception_ptr failed;
-        try {
-            stop_flushing();
-            if (worker_error) std::rethrow_exception(worker_error);
-            if (rep.speculated) undo_speculation();
-        } catch (...) {
-            broken = true;
-            failed = std::current_exception();
-        }
-        comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
-                                  "state before it");
-        last_clipped = true;
-        next_step();
-        rep.step = step;
-        rep.seconds = all.seconds();
-        return rep;
-    }
-    rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
-    last_clipped = rep.clip < 1;
+    return total;
+}
 
+// Skipped: the speculative writes went to a generation nothing names;
+// parameters held in memory are put back.
+void Impl::skip_step(const StepReport& rep) {
+    std::exception_ptr failed;
+    try {
+        stop_flushing();
+        if (worker_error) std::rethrow_exception(worker_error);
+        if (rep.speculated) undo_speculation();
+    } catch (...) {
+        broken = true;
+        failed = std::current_exception();
+    }
+    comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
+                              "state before it");
+    last_clipped = true;
+}
+
+// What the overlap left to update with the step's scalars `sc`: every
+// tensor (no overlap, or scalars other than it assumed: clipped, or scaled
+// other than assumed, redone from the current generation, still on disk),
+// or the tensors it did not reach.
+void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep) {
+    if (!speculative || rep.speculated == 0) {
+        if (!speculative) prepare_step();
+        stream(all_chunks, sc, totals);
+        return;
+    }
+    if (worker_error) std::rethrow_exception(worker_error);
+    if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
+        rep.redo = true;
+        stream(all_chunks, sc, totals);
+        return;
+    }
+    std::vector<std::size_t> rest;
+    for (std::size_t t = 0; t < tensor_count; ++t)
+        if (!speculated[t]) rest.push_back(t);
+    stream(cut(rest), sc, totals);
+}
+
+// The update, synced to disk, and the step made the current state: on
+// every rank or (an error) on none.
+void Impl::update_step(StepReport& rep, double loss_scale) {
     broken = true;  // until the step is whole again
     std::exception_ptr failed;
     std::vector<Role> written;
@@ -224,23 +236,7 @@ StepReport Impl::run_step(double loss_scale) {
         // A speculative update that failed before it finished a tensor
         // still failed: its error is the step's, never dropped for a redo.
         if (worker_error) std::rethrow_exception(worker_error);
-        if (!speculative || rep.speculated == 0) {
-            if (!speculative) prepare_step();
-            stream(all_chunks, sc, totals);
-        } else {
-            if (worker_error) std::rethrow_exception(worker_error);
-            if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
-                // Clipped, or scaled other than assumed: every tensor again
-                // from the current generation, still on disk.
-                rep.redo = true;
-                stream(all_chunks, sc, totals);
-            } else {
-                std::vector<std::size_t> rest;
-                for (std::size_t t = 0; t < tensor_count; ++t)
-                    if (!speculated[t]) rest.push_back(t);
-                stream(cut(rest), sc, totals);
-            }
-        }
+        update_rest(sc, rep);
         c.reset();
         stop_flushing();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
@@ -267,7 +263,6 @@ StepReport Impl::run_step(double loss_scale) {
     }
     broken = false;
     rep.commit_seconds = c.seconds();
-    rep.step = step;
     rep.update_seconds = totals.update;
     rep.wait_seconds = totals.wait;
     rep.bytes_read = totals.read;
@@ -275,7 +270,38 @@ StepReport Impl::run_step(double loss_scale) {
     rep.grad_bytes_written = grad_written;
     rep.chunks = totals.chunks;
     rep.chunk_bytes = piece_bytes;
-    next_step();
+}
+
+// The step is over, updated or skipped: the next one starts afresh.
+void Impl::next_step(double loss_scale) {
+    std::lock_guard lk(mu);
+    std::fill(have_grad.begin(), have_grad.end(), false);
+    std::fill(speculated.begin(), speculated.end(), false);
+    done_tensors = 0;
+    grad_written = 0;
+    totals = {};
+    spec_loss_scale = loss_scale;  // what the next step's speculation assumes
+}
+
+StepReport Impl::run_step(double loss_scale) {
+    Timer all;
+    StepReport rep;
+    check_step(loss_scale);
+    flush_written();  // what the backward's updates wrote, beside the rest of the step
+    const double total = global_sum_squares();
+    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
+    rep.overlap_seconds = totals.speculative;
+    rep.grad_norm = std::sqrt(total) / loss_scale;
+    rep.overflow = !std::isfinite(total);
+    if (rep.overflow) {
+        skip_step(rep);
+    } else {
+        rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
+        last_clipped = rep.clip < 1;
+        update_step(rep, loss_scale);
+    }
+    next_step(loss_scale);
+    rep.step = step;
     rep.seconds = all.seconds();
     return rep;
 }
