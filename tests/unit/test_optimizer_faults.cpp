@@ -222,7 +222,7 @@ BOOST_AUTO_TEST_CASE(overflow_skips_the_step) {
         std::vector<Bytes> params;
         if (tier == Tier::cpu)
             for (std::size_t t = 0; t < x.m.tensors.size(); ++t) {
-                const auto p = ox.param(t);
+                const auto p = ox.param_source(t).memory;
                 params.emplace_back(p.begin(), p.end());
             }
         const std::size_t bad_t = x.m.find_tensor("h.0.attn.c_attn.weight");
@@ -262,8 +262,8 @@ BOOST_AUTO_TEST_CASE(overflow_skips_the_step) {
             }
             if (tier == Tier::cpu)
                 for (std::size_t t = 0; t < x.m.tensors.size(); ++t) {
-                    const auto p = ox.param(t);
-                    same_bytes(Bytes(p.begin(), p.end()), params[t], at + ": param() of " + x.m.tensors[t].name);
+                    const auto p = ox.param_source(t).memory;
+                    same_bytes(Bytes(p.begin(), p.end()), params[t], at + ": param_source() of " + x.m.tensors[t].name);
                 }
         }
         for (unsigned k = 2; k <= 3; ++k) {

@@ -14,9 +14,9 @@
 // order; an event is a completion count; device memory is host memory from
 // the arena. `cuda` comes in its own issue behind the same interface, so the
 // interface holds only what both can do: spans given to kernels are device
-// memory, to be read on the host only after a copy and a synchronize. (The
-// trainer of this stage still reads and writes the resident parameters and
-// gradients from the host, which only the cpu backend allows; see train.hpp.)
+// memory, to be read on the host only after a copy and a synchronize. (Host
+// code hands device memory to host collectives only where
+// host_addressable() says it may; see train.hpp.)
 //
 // Numbers: fp32 everywhere inside the kernels; bf16 only at the casts.
 // Every kernel is deterministic: the same inputs give the same bits for any

@@ -6,8 +6,10 @@
 //   zinf::model::GPT gpt(zinf::model::Config::from(spec, tile));
 //   zinf::model::ResidentEngine engine(dev, numels(gpt.params_table()));  // every parameter on the device
 //   auto acts = gpt.plan(dev, {.batch = 4, .seq = 64});      // all buffers, once
-//   gpt.forward(ctx, acts, inputs, targets);                  // losses in acts.losses
-//   gpt.backward(ctx, acts, inputs, targets);                 // gradients through engine.grad()
+//   zinf::model::Context ctx{dev, dev.compute(), engine};
+//   // copy the tokens into acts.inputs and the next tokens into acts.targets
+//   gpt.forward(ctx, acts);                                   // losses in acts.losses
+//   gpt.backward(ctx, acts);                                  // gradients through engine.grad()
 //
 // Parameter names, shapes and order are exactly zinf-shard's (shard::tensors):
 // wte.weight (V,C), wpe.weight (maxT,C), h.<l>.ln_1.weight (C), ... ln_f.bias,

@@ -62,7 +62,8 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
 //
 //   gpu, cpu  the rank's state sits in host memory for the whole run, loaded
 //             (and checked against its xxh3) when the optimizer opens; gpu
-//             runs the CPU update until the device layer brings its kernel.
+//             runs the CPU update too (the optimizer does not call the
+//             device's AdamW, Device::adamw, yet).
 //   nvme      the state stays in its files and streams through the pinned
 //             pool in chunks: chunk i+1 is read (master, moments, gradient)
 //             while chunk i is updated while chunk i-1 is written, the
@@ -187,10 +188,6 @@ public:
     // manifest holds the whole state at step_count(). Not while a step has
     // gradients handed over.
     void save();
-
-    // The working parameters of `tensor` (this rank's partition, `per`
-    // elements of the param dtype) when the param state is held in memory.
-    std::span<const std::byte> param(std::size_t tensor) const;
 
     // Where this rank's current working parameters of `tensor` are (the
     // ParamStore's contract). Valid until the next step().

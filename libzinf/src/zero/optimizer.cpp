@@ -200,7 +200,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     // Held in memory for the run: read now, every partition checked.
     if ((state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::gpu)
         log::warn_once("optim-gpu-tier", "gpu-tier state is held in host memory and updated by the CPU AdamW: "
-                                         "the device layer has no GPU kernel yet");
+                                         "the optimizer does not run the device's kernel yet");
     rs.image = AlignedBuffer::allocate(rs.end);
     if (int err = rs.image.lock())
         log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +

@@ -209,7 +209,6 @@ void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep) {
         stream(all_chunks, sc, totals);
         return;
     }
-    if (worker_error) std::rethrow_exception(worker_error);
     if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
         rep.redo = true;
         stream(all_chunks, sc, totals);
@@ -475,17 +474,6 @@ void Optimizer::put_gradient(std::size_t tensor, std::span<const std::uint16_t> 
 
 StepReport Optimizer::step(double loss_scale) { return impl_->run_step(loss_scale); }
 void Optimizer::save() { impl_->save(); }
-
-std::span<const std::byte> Optimizer::param(std::size_t tensor) const {
-    const auto& rs = impl_->roles[impl_->roles[Role::param].present ? Role::param : Role::master];
-    if (rs.file) throw InternalError("param(): the working parameters live on nvme, not in memory");
-    if (tensor >= impl_->tensor_count) throw InternalError("param(): tensor " + std::to_string(tensor));
-    return rs.image.bytes().subspan(rs.offset[tensor], impl_->per(tensor) * rs.dt);
-}
-
-}  // namespace zinf::zero
-
-namespace zinf::zero {
 
 Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     Impl& I = *impl_;
