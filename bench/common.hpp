@@ -1,14 +1,12 @@
 // What the library benchmarks (zinf-iobench, zinf-streambench) share: the
-// input file, and the median of their rounds.
+// input file (the median of their rounds is zinf::median, util.hpp).
 #pragma once
 
 #include <zinf/options.hpp>
 
-#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <sys/stat.h>
-#include <vector>
 
 namespace zinf::bench {
 
@@ -20,12 +18,6 @@ inline io::File open_input(const std::string& path) {
     if (::stat(path.c_str(), &st) != 0) throw_errno("stat", errno, path);
     if (!S_ISREG(st.st_mode)) throw UsageError(path + ": not a regular file");
     return io::File::open(path, {});
-}
-
-inline double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace zinf::bench

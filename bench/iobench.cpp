@@ -71,7 +71,7 @@ int run(const Options& o) {
         log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
                   std::to_string(gibps.back()) + " GiB/s");
     }
-    const double median = bench::median(gibps);
+    const double median = zinf::median(gibps);
     if (o.json) {
         json::Json rec = eng.config().to_json();
         rec["schema"] = "zinf.iobench/1";

@@ -96,7 +96,6 @@ void fill(std::span<float> v, std::uint64_t seed, float scale, bool positive = f
     }
 }
 
-double median(std::vector<double> v) { return bench::median(std::move(v)); }
 
 // Memory bandwidth in GiB/s (bytes read plus bytes written), all threads,
 // best of 5, on buffers well past the caches: `copy` from one buffer to
@@ -256,7 +255,7 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
     std::vector<std::string> reads, writes;
     for (const std::string& f : m.files()) {
         reads.push_back(f);
-        writes.push_back(zero::twin_file(f));
+        writes.push_back(shard::other_generation(f));
     }
     std::uint64_t rb = 0, wb = 0;
     Timer tr;

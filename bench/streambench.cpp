@@ -60,7 +60,7 @@ int run(const Options& o) {
         log::info("round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) + ": " +
                   std::to_string(gibps.back()) + " GiB/s");
     }
-    const double median = bench::median(gibps);
+    const double median = zinf::median(gibps);
     const mem::PoolStats ps = pool.stats();
     const std::uint64_t peak = peak_resident_bytes();
     if (o.json) {

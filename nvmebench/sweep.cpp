@@ -165,14 +165,119 @@ void stamp(std::span<std::byte> block, std::uint64_t offset) {
         std::memcpy(block.data() + u, &v, 8);
     }
 }
+
+// Incompressible data, so that drives that compress or deduplicate cannot
+// report a speed they would not reach on real tensors.
+void fill_incompressible(AlignedBuffer& mem) {
+    auto* w = reinterpret_cast<std::uint64_t*>(mem.data());
+    std::uint64_t x = 0x243f6a8885a308d3ull;
+    for (std::size_t i = 0; i < mem.size() / 8; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[i] = x;
+    }
+}
+
+// Passes over the file with up to `slots` requests in flight, each on its
+// own buffer. When one finishes, its callback (on the engine's ring thread)
+// checks it and refills the same buffer with the next block: the queue
+// never waits for this thread, as fio's single loop never waits for another.
+class Pass {
+public:
+    Pass(io::Engine& eng, Target& t, io::Op op, AlignedBuffer& mem, std::uint64_t bs, std::uint64_t size,
+         Pattern* pattern, const OnBytes& on_bytes)
+        : eng_(eng), t_(t), op_(op), mem_(mem), bs_(bs), size_(size), nblocks_((size + bs - 1) / bs),
+          pattern_(pattern), on_bytes_(on_bytes) {}
+
+    // One pass over the file, `slots` requests first; returns when every
+    // request it issued is done.
+    void run(std::uint64_t slots) {
+        next_ = 0;
+        active_.fetch_add(1);  // held by this thread while it issues
+        try {
+            for (std::uint64_t b = 0; b < slots && !stop_; ++b) issue(b);
+        } catch (...) {
+            fail(std::current_exception());
+        }
+        leave();
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return active_.load() == 0; });
+        if (g_interrupted.load()) stop_ = true;
+    }
+    bool stopped() const { return stop_; }
+    // The first failure; read once no request is in flight.
+    std::exception_ptr error() const { return error_; }
+    std::uint64_t blocks() const { return blocks_.load(); }
+
+private:
+    void issue(std::uint64_t buf) {
+        const std::uint64_t block = next_.fetch_add(1);
+        if (block >= nblocks_) return;
+        const std::uint64_t off = block * bs_, len = std::min(bs_, size_ - off);
+        auto span = mem_.bytes().subspan(buf * bs_, len);
+        if (op_ == io::Op::write) {
+            if (pattern_)
+                pattern_->fill(span, off);
+            else
+                stamp(span, off);
+        }
+        active_.fetch_add(1);
+        auto done = [this, buf, off, span](const IoError* e) {
+            try {
+                if (e) throw *e;
+                if (op_ == io::Op::read && pattern_) pattern_->check(span, off, t_.path());
+                blocks_.fetch_add(1, std::memory_order_relaxed);
+                if (on_bytes_) on_bytes_(span.size());
+                if (!stop_ && !g_interrupted.load(std::memory_order_relaxed)) issue(buf);
+            } catch (...) {
+                fail(std::current_exception());
+            }
+            leave();
+        };
+        try {
+            if (op_ == io::Op::read)
+                eng_.read_then(t_.file(), off, span, done);
+            else
+                eng_.write_then(t_.file(), off, span, done);
+        } catch (...) {  // never submitted: no callback will count it down
+            leave();
+            throw;
+        }
+    }
+    // A request (or the issuing thread) is done: the last one wakes run().
+    void leave() {
+        if (active_.fetch_sub(1) == 1) {
+            std::lock_guard lk(mu_);
+            cv_.notify_all();
+        }
+    }
+    void fail(std::exception_ptr e) {
+        std::lock_guard lk(mu_);
+        if (!error_) error_ = e;
+        stop_ = true;
+    }
+
+    io::Engine& eng_;
+    Target& t_;
+    const io::Op op_;
+    AlignedBuffer& mem_;
+    const std::uint64_t bs_, size_, nblocks_;
+    Pattern* pattern_;
+    const OnBytes& on_bytes_;
+    std::atomic<std::uint64_t> next_{0};    // next block to issue
+    std::atomic<std::uint64_t> active_{0};  // requests in flight
+    std::atomic<std::uint64_t> blocks_{0};  // requests completed
+    std::atomic<bool> stop_{false};
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::exception_ptr error_;  // the first failure, under mu_
+};
 }  // namespace
 
 Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpec& spec,
                Pattern* pattern, const OnBytes& on_bytes) {
     io::File& f = t.file();
     const std::uint64_t bs = cfg.block_size;
-    const std::uint64_t size = spec.size;
-    const std::uint64_t nblocks = (size + bs - 1) / bs;
+    const std::uint64_t nblocks = (spec.size + bs - 1) / bs;
     const std::uint64_t slots =
         std::min<std::uint64_t>(std::uint64_t(cfg.queues) * cfg.queue_depth, nblocks);
 
@@ -186,16 +291,7 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
         regs.push_back(eng.register_buffer(mem.bytes().subspan(at, std::min(per_reg, mem.size() - at))));
     io::Registration file_reg = eng.register_file(f);
 
-    if (op == io::Op::write && !pattern) {
-        // Incompressible data, so that drives that compress or deduplicate
-        // cannot report a speed they would not reach on real tensors.
-        auto* w = reinterpret_cast<std::uint64_t*>(mem.data());
-        std::uint64_t x = 0x243f6a8885a308d3ull;
-        for (std::size_t i = 0; i < mem.size() / 8; ++i) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            w[i] = x;
-        }
-    }
+    if (op == io::Op::write && !pattern) fill_incompressible(mem);
     if (op == io::Op::write && pattern) pattern->next_generation();
     if (op == io::Op::read && !f.direct()) {
         // Reads must come from the device, not from pages the writes left behind.
@@ -205,86 +301,16 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
 
     Result r{op, eng.config()};
     r.notes = eng.notes();
-    // Up to `slots` requests in flight, each on its own buffer. When one
-    // finishes, its callback (on the engine's ring thread) checks it and
-    // refills the same buffer with the next block: the queue never waits for
-    // this thread, as fio's single loop never waits for another.
-    struct Pass {
-        std::atomic<std::uint64_t> next{0};    // next block to issue
-        std::atomic<std::uint64_t> active{0};  // requests in flight
-        std::atomic<std::uint64_t> blocks{0};  // requests completed
-        std::atomic<bool> stop{false};
-        std::mutex mu;
-        std::condition_variable cv;
-        std::exception_ptr error;  // the first failure, under mu
-    } pass;
-    // A request (or the issuing thread) is done: the last one wakes the pass.
-    auto leave = [&] {
-        if (pass.active.fetch_sub(1) == 1) {
-            std::lock_guard lk(pass.mu);
-            pass.cv.notify_all();
-        }
-    };
-    auto fail = [&](std::exception_ptr e) {
-        std::lock_guard lk(pass.mu);
-        if (!pass.error) pass.error = e;
-        pass.stop = true;
-    };
-    std::function<void(std::uint64_t)> issue = [&](std::uint64_t buf) {
-        const std::uint64_t block = pass.next.fetch_add(1);
-        if (block >= nblocks) return;
-        const std::uint64_t off = block * bs, len = std::min(bs, size - off);
-        auto span = mem.bytes().subspan(buf * bs, len);
-        if (op == io::Op::write) {
-            if (pattern)
-                pattern->fill(span, off);
-            else
-                stamp(span, off);
-        }
-        pass.active.fetch_add(1);
-        auto done = [&, buf, off, span](const IoError* e) {
-            try {
-                if (e) throw *e;
-                if (op == io::Op::read && pattern) pattern->check(span, off, t.path());
-                pass.blocks.fetch_add(1, std::memory_order_relaxed);
-                if (on_bytes) on_bytes(span.size());
-                if (!pass.stop && !g_interrupted.load(std::memory_order_relaxed)) issue(buf);
-            } catch (...) {
-                fail(std::current_exception());
-            }
-            leave();
-        };
-        try {
-            if (op == io::Op::read)
-                eng.read_then(f, off, span, done);
-            else
-                eng.write_then(f, off, span, done);
-        } catch (...) {  // never submitted: no callback will count it down
-            leave();
-            throw;
-        }
-    };
+    Pass pass(eng, t, op, mem, bs, spec.size, pattern, on_bytes);
     Timer timer;
-    for (unsigned loop = 0; loop < spec.loops && !pass.stop; ++loop) {
-        pass.next = 0;
-        pass.active.fetch_add(1);  // held by this thread while it issues
-        try {
-            for (std::uint64_t b = 0; b < slots && !pass.stop; ++b) issue(b);
-        } catch (...) {
-            fail(std::current_exception());
-        }
-        leave();
-        std::unique_lock lk(pass.mu);
-        pass.cv.wait(lk, [&] { return pass.active.load() == 0; });
-        if (g_interrupted.load()) pass.stop = true;
-    }
+    for (unsigned loop = 0; loop < spec.loops && !pass.stopped(); ++loop) pass.run(slots);
     eng.wait_all();  // every callback has returned
-    if (pass.error) std::rethrow_exception(pass.error);
+    if (pass.error()) std::rethrow_exception(pass.error());
     if (g_interrupted.load()) throw Interrupted("interrupted");
-    r.blocks = pass.blocks.load();
+    r.blocks = pass.blocks();
     if (op == io::Op::write) eng.sync(f);
     r.seconds = timer.seconds();
-    r.bytes = size * spec.loops;
+    r.bytes = spec.size * spec.loops;
     if (op == io::Op::write) t.mark_written();
     return r;
 }

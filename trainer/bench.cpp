@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 #include <random>
-#include <sched.h>
 #include <thread>
 
 namespace zinf::trainer {
@@ -36,22 +35,6 @@ void BenchOptions::check() const {
     for (const CLI::Option* opt : options)
         if (opt->count() > 0) throw UsageError(opt->get_name() + " needs --bench");
 }
-
-namespace {
-
-unsigned affinity_cpus() {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
-    return std::max(1u, std::thread::hardware_concurrency());
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     if (threads) return threads;

@@ -776,7 +776,7 @@ BOOST_AUTO_TEST_CASE(streams_run_in_order) {
 
 BOOST_AUTO_TEST_CASE(events_order_work_across_streams) {
     Rig r;
-    Stream &compute = r->compute(), &copies = r->copies();
+    Stream &compute = r->compute(), &copies = r->h2d();
     BOOST_TEST(compute.name() == "compute");
     BOOST_TEST(copies.name() == "h2d");
     for (int dir = 0; dir < 2; ++dir) {

@@ -272,7 +272,7 @@ BOOST_AUTO_TEST_CASE(divergence_fetches_on_demand_with_the_same_losses) {
             inf = std::make_unique<zero::InfinityEngine>(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, opt,
                                                          zero::InfinityOptions{});
         }
-        zero::Engine& eng = resident ? static_cast<zero::Engine&>(*res) : *inf;
+        zero::ParamEngine& eng = resident ? static_cast<zero::ParamEngine&>(*res) : *inf;
         data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
         std::vector<std::int32_t> in(kB * kT), tg(kB * kT);
         std::vector<float> l(kB * kT);

@@ -222,7 +222,7 @@ BOOST_AUTO_TEST_CASE(overflow_skips_the_step) {
         std::vector<Bytes> params;
         if (tier == Tier::cpu)
             for (std::size_t t = 0; t < x.m.tensors.size(); ++t) {
-                const auto p = ox.param(t);
+                const auto p = ox.param_source(t).memory;
                 params.emplace_back(p.begin(), p.end());
             }
         const std::size_t bad_t = x.m.find_tensor("h.0.attn.c_attn.weight");
@@ -262,8 +262,8 @@ BOOST_AUTO_TEST_CASE(overflow_skips_the_step) {
             }
             if (tier == Tier::cpu)
                 for (std::size_t t = 0; t < x.m.tensors.size(); ++t) {
-                    const auto p = ox.param(t);
-                    same_bytes(Bytes(p.begin(), p.end()), params[t], at + ": param() of " + x.m.tensors[t].name);
+                    const auto p = ox.param_source(t).memory;
+                    same_bytes(Bytes(p.begin(), p.end()), params[t], at + ": param_source() of " + x.m.tensors[t].name);
                 }
         }
         for (unsigned k = 2; k <= 3; ++k) {
@@ -591,11 +591,11 @@ BOOST_AUTO_TEST_CASE(bad_manifests_and_options) {
 }
 
 BOOST_AUTO_TEST_CASE(twin_files) {
-    BOOST_TEST(zero::twin_file("rank0/master.bin") == "rank0/master.alt.bin");
-    BOOST_TEST(zero::twin_file("rank0/master.alt.bin") == "rank0/master.bin");
-    BOOST_TEST(zero::twin_file("rank12/exp_avg_sq.bin") == "rank12/exp_avg_sq.alt.bin");
-    BOOST_TEST(zero::twin_file(zero::twin_file("rank3/param.bin")) == "rank3/param.bin");
-    BOOST_TEST(zero::twin_file("x") == "x.alt");
+    BOOST_TEST(shard::other_generation("rank0/master.bin") == "rank0/master.alt.bin");
+    BOOST_TEST(shard::other_generation("rank0/master.alt.bin") == "rank0/master.bin");
+    BOOST_TEST(shard::other_generation("rank12/exp_avg_sq.bin") == "rank12/exp_avg_sq.alt.bin");
+    BOOST_TEST(shard::other_generation(shard::other_generation("rank3/param.bin")) == "rank3/param.bin");
+    BOOST_TEST(shard::other_generation("x") == "x.alt");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -31,7 +31,7 @@ std::unique_ptr<device::Device> device_of() {
 void fill_weights(device::Device& dev, model::ResidentEngine& eng, const model::ParamTable& table, std::uint64_t s) {
     std::mt19937_64 rng(s);
     std::uniform_real_distribution<float> u(-0.4f, 0.4f);
-    auto& st = dev.copies();
+    auto& st = dev.h2d();
     std::vector<std::vector<float>> host(table.size());
     for (std::size_t t = 0; t < table.size(); ++t) {
         host[t].resize(table[t].numel);
@@ -43,7 +43,7 @@ void fill_weights(device::Device& dev, model::ResidentEngine& eng, const model::
 }
 
 // The full forward's logits (T,V) for one row of tokens.
-std::vector<float> full_logits(device::Device& dev, model::GPT& gpt, zero::Engine& eng,
+std::vector<float> full_logits(device::Device& dev, model::GPT& gpt, zero::ParamEngine& eng,
                                const std::vector<std::int32_t>& tokens) {
     const std::uint64_t T = tokens.size(), V = gpt.config().vocab;
     auto acts = gpt.plan(dev, {.batch = 1, .seq = T, .checkpoint = false});
@@ -152,8 +152,8 @@ BOOST_AUTO_TEST_CASE(through_the_engine_equals_resident) {
                     shard::cat(run.m, t, "param", rig.engine, rig.pool,
                                [&](std::span<const std::byte> b) { full.insert(full.end(), b.begin(), b.end()); });
                     BOOST_REQUIRE_EQUAL(full.size(), res.values(t).size_bytes());
-                    dev->copy(dev->copies(), std::as_writable_bytes(res.values(t)), full);
-                    dev->synchronize(dev->copies());
+                    dev->copy(dev->h2d(), std::as_writable_bytes(res.values(t)), full);
+                    dev->synchronize(dev->h2d());
                 }
                 sample::Decoder ref_dec(gpt, *dev, tokens.size());
                 const auto want = cached_logits(*dev, ref_dec, {res, {}, {}, {}}, tokens);
@@ -168,7 +168,7 @@ BOOST_AUTO_TEST_CASE(through_the_engine_equals_resident) {
                                                {inf, [&] { inf.begin(false); }, [&] { inf.end(); }, {}}, tokens);
                 BOOST_REQUIRE_EQUAL(got.size(), want.size());
                 BOOST_TEST(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
-                const zero::EngineStats st = inf.stats();  // of the last pass
+                const zero::InfinityStats st = inf.stats();  // of the last pass
                 const std::uint64_t from_tier = st.fetched_bytes[tier == shard::Tier::nvme ? 2 : 1];
                 if (persist) BOOST_TEST(from_tier == 0u);  // kept since the first pass
                 else BOOST_TEST(from_tier > 0u);

@@ -14,9 +14,9 @@
 // order; an event is a completion count; device memory is host memory from
 // the arena. `cuda` comes in its own issue behind the same interface, so the
 // interface holds only what both can do: spans given to kernels are device
-// memory, to be read on the host only after a copy and a synchronize. (The
-// trainer of this stage still reads and writes the resident parameters and
-// gradients from the host, which only the cpu backend allows; see train.hpp.)
+// memory, to be read on the host only after a copy and a synchronize. (Host
+// code hands device memory to host collectives only where
+// host_addressable() says it may; see train.hpp.)
 //
 // Numbers: fp32 everywhere inside the kernels; bf16 only at the casts.
 // Every kernel is deterministic: the same inputs give the same bits for any
@@ -126,7 +126,7 @@ public:
     // One stream of each kind, made with the device and living as long as it.
     virtual Stream& stream(StreamKind k) = 0;
     Stream& compute() { return stream(StreamKind::compute); }  // where kernels go by default
-    Stream& copies() { return stream(StreamKind::h2d); }
+    Stream& h2d() { return stream(StreamKind::h2d); }  // host -> device copies
     virtual Event record(Stream& s) = 0;
     // Work enqueued on `s` after this call starts once `e` is done; the host
     // does not wait. This is how one stage orders itself after another: a

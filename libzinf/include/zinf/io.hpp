@@ -102,6 +102,13 @@ public:
     // 65); beneath a folder, no file opened for writing may be one. A folder
     // is refused with a message that says so.
     static File open(const std::string& path, const OpenOptions& opts = {});
+    // Opens `path` for I/O at offsets and lengths that are multiples of
+    // `unit` bytes: as open() does, then again buffered (and without
+    // `exclusive`: the first open made the file) when direct I/O needs an
+    // alignment that does not divide `unit`. With `unit_of` (what sets the
+    // unit: "the manifest"), says so once per file.
+    static File open_aligned(const std::string& path, OpenOptions opts, std::uint64_t unit,
+                             std::string_view unit_of = {});
 
     File();
     File(File&&) noexcept;

@@ -1,13 +1,15 @@
 // zinf model: a GPT-2 built from modules with explicit forward and backward,
-// every one of them run through an Engine's hooks. A module reaches its
+// every one of them run through a ParamEngine's hooks. A module reaches its
 // parameters only through the engine, so the engine decides where they live
 // and when they move; a model author writes no data movement.
 //
 //   zinf::model::GPT gpt(zinf::model::Config::from(spec, tile));
 //   zinf::model::ResidentEngine engine(dev, numels(gpt.params_table()));  // every parameter on the device
 //   auto acts = gpt.plan(dev, {.batch = 4, .seq = 64});      // all buffers, once
-//   gpt.forward(ctx, acts, inputs, targets);                  // losses in acts.losses
-//   gpt.backward(ctx, acts, inputs, targets);                 // gradients through engine.grad()
+//   zinf::model::Context ctx{dev, dev.compute(), engine};
+//   // copy the tokens into acts.inputs and the next tokens into acts.targets
+//   gpt.forward(ctx, acts);                                   // losses in acts.losses
+//   gpt.backward(ctx, acts);                                  // gradients through engine.grad()
 //
 // Parameter names, shapes and order are exactly zinf-shard's (shard::tensors):
 // wte.weight (V,C), wpe.weight (maxT,C), h.<l>.ln_1.weight (C), ... ln_f.bias,
@@ -83,30 +85,30 @@ protected:
 };
 
 // Where parameters live and when they move: zero's hook interface.
-using Engine = zero::Engine;
+using ParamEngine = zero::ParamEngine;
 
 // What a forward or backward runs with.
 struct Context {
     device::Device& dev;
     device::Stream& stream;
-    Engine& engine;
+    ParamEngine& engine;
 };
 
 // Runs `m`'s forward (or backward) between the engine's two hooks.
 class ForwardScope {
 public:
-    ForwardScope(Engine& e, const Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
+    ForwardScope(ParamEngine& e, const Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
     ~ForwardScope() noexcept(false) { if (!std::uncaught_exceptions()) e_.after_forward(m_); }
 private:
-    Engine& e_;
+    ParamEngine& e_;
     const Module& m_;
 };
 class BackwardScope {
 public:
-    BackwardScope(Engine& e, const Module& m) : e_(e), m_(m) { e_.before_backward(m_); }
+    BackwardScope(ParamEngine& e, const Module& m) : e_(e), m_(m) { e_.before_backward(m_); }
     ~BackwardScope() noexcept(false) { if (!std::uncaught_exceptions()) e_.after_backward(m_); }
 private:
-    Engine& e_;
+    ParamEngine& e_;
     const Module& m_;
 };
 

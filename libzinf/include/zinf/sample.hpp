@@ -62,7 +62,7 @@ public:
     // alive and untouched until `s` is synchronized. UsageError when the
     // cache is full; a token past the vocabulary is a DataError at the
     // synchronize.
-    void step(device::Stream& s, zero::Engine& engine, std::int32_t token, std::span<float> logits);
+    void step(device::Stream& s, zero::ParamEngine& engine, std::int32_t token, std::span<float> logits);
 
     struct Impl;
 
@@ -118,7 +118,7 @@ inline constexpr std::uint32_t kTokenizerMagic = 20240328;
 // brackets around each pass (the ZeRO-Infinity engine's begin(false) and
 // end(); nothing for the resident engine).
 struct Passes {
-    zero::Engine& engine;
+    zero::ParamEngine& engine;
     std::function<void()> begin, end, reset;
 };
 

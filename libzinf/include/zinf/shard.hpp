@@ -332,6 +332,13 @@ struct ValueSource {
 Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts,
              const ValueSource& values);
 
+// A state file's generations (zinf-manifest(5)): its base name and ".bin"
+// or ".alt.bin" ("rank0/master" + ".bin"); a ".work.bin" a manifest of an
+// earlier version names is read, never made.
+inline constexpr const char* kGenerations[3] = {".bin", ".alt.bin", ".work.bin"};
+// The generation a state file's name ends in (-1: none), and the name without it.
+int generation_of(const std::string& file);
+std::string generation_base(const std::string& file);
 // The other name of a state file: "rank0/param.bin" <-> "rank0/param.alt.bin"
 // (the optimizer's generations, zinf-manifest(5)).
 std::string other_generation(const std::string& file);

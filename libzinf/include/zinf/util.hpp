@@ -6,6 +6,7 @@
 // exit code (see exit_code()).
 #pragma once
 
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -254,9 +255,13 @@ private:
 // bf16: the top half of an fp32, rounded to nearest even; a NaN stays a (quiet)
 // NaN instead of rounding into infinity. One definition for every module.
 std::uint16_t to_bf16(float v);
-float from_bf16(std::uint16_t v);
-// out[i] = to_bf16(in[i]), vectorised; out.size() >= in.size().
+// Exact: the bf16 is the top half of the fp32. Inline, so that a loop over it
+// vectorises.
+inline float from_bf16(std::uint16_t v) { return std::bit_cast<float>(std::uint32_t{v} << 16); }
+// out[i] = to_bf16(in[i]) and out[i] = from_bf16(in[i]), vectorised;
+// out.size() >= in.size().
 void to_bf16(std::span<const float> in, std::span<std::uint16_t> out);
+void from_bf16(std::span<const std::uint16_t> in, std::span<float> out);
 
 // ---------------------------------------------------------------------------
 // Logging: stderr only, one line per call, prefixed with the program name.
@@ -316,6 +321,11 @@ std::uint64_t peak_resident_bytes();
 // A /proc/meminfo figure ("MemTotal", "MemAvailable") in bytes; 0 where it
 // cannot be read.
 std::uint64_t meminfo_bytes(std::string_view key);
+// The CPUs this process may run on (sched_getaffinity), at least 1.
+unsigned affinity_cpus();
+// The median of a benchmark's rounds (the mean of the middle two of an even
+// count; 0 of none).
+double median(std::vector<double> v);
 
 // ---------------------------------------------------------------------------
 // JSON helpers over nlohmann-json.

@@ -62,7 +62,8 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
 //
 //   gpu, cpu  the rank's state sits in host memory for the whole run, loaded
 //             (and checked against its xxh3) when the optimizer opens; gpu
-//             runs the CPU update until the device layer brings its kernel.
+//             runs the CPU update too (the optimizer does not call the
+//             device's AdamW, Device::adamw, yet).
 //   nvme      the state stays in its files and streams through the pinned
 //             pool in chunks: chunk i+1 is read (master, moments, gradient)
 //             while chunk i is updated while chunk i-1 is written, the
@@ -188,10 +189,6 @@ public:
     // gradients handed over.
     void save();
 
-    // The working parameters of `tensor` (this rank's partition, `per`
-    // elements of the param dtype) when the param state is held in memory.
-    std::span<const std::byte> param(std::size_t tensor) const;
-
     // Where this rank's current working parameters of `tensor` are (the
     // ParamStore's contract). Valid until the next step().
     using ParamSource = zero::ParamSource;
@@ -205,9 +202,6 @@ public:
 private:
     std::unique_ptr<Impl> impl_;
 };
-
-// The twin of a state file: "rank0/master.bin" <-> "rank0/master.alt.bin".
-std::string twin_file(const std::string& file);
 
 // This rank's committed working parameters, read only: what the engine
 // fetches when no optimizer runs. The manifest's param records of the rank
@@ -230,7 +224,7 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// The engine's side of the model (paper §7): the model calls an Engine's
+// The engine's side of the model (paper §7): the model calls a ParamEngine's
 // hooks around every module's forward and backward and asks it for each
 // parameter's values and gradient inside them; the engine decides where the
 // parameters live and when they move. A model author writes no data movement.
@@ -264,9 +258,12 @@ private:
     std::vector<std::size_t> own_, external_;
 };
 
-class Engine {
+// The parameter engine: where a module finds its parameters and gradients
+// (ResidentEngine, InfinityEngine). Not io::Engine, which moves bytes
+// between files and memory for it.
+class ParamEngine {
 public:
-    virtual ~Engine() = default;
+    virtual ~ParamEngine() = default;
     virtual void before_forward(const Module&) {}
     virtual void after_forward(const Module&) {}
     virtual void before_backward(const Module&) {}
@@ -287,7 +284,7 @@ protected:
 // memory, one Array each for all values and all gradients (fp32). Records
 // the hooks it sees when tracing. The trainer loads it and refreshes it
 // after each step through copies (--resident).
-class ResidentEngine : public Engine {
+class ResidentEngine : public ParamEngine {
 public:
     ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels);
 
@@ -362,7 +359,7 @@ struct InfinityOptions {
     bool persist_shared = true;
 };
 
-struct EngineStats {
+struct InfinityStats {
     // Bytes of this rank's partitions read, by the tier they came from
     // (gpu, cpu, nvme), and bytes the allgathers delivered.
     std::uint64_t fetched_bytes[3] = {};
@@ -386,7 +383,7 @@ public:
     std::uint64_t need = 0, have = 0;
 };
 
-class InfinityEngine : public Engine {
+class InfinityEngine : public ParamEngine {
 public:
     // `modules`: every module of the model that uses a parameter, each once.
     // Reserves its device memory now (after the activations were planned)
@@ -423,7 +420,7 @@ public:
     void on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values);
     void after_step();
 
-    EngineStats stats() const;  // of the last pass
+    InfinityStats stats() const;  // of the last pass
     std::vector<std::string> trace(bool train) const;  // module names in recorded order
 
     void before_forward(const Module& m) override;

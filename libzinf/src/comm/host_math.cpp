@@ -6,7 +6,6 @@
 #include "../util/cpu.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -94,9 +93,6 @@ template <class T>
     }
 }
 
-// from_bf16, inline so that the loops below vectorise (util's is out of line).
-inline float widen(std::uint16_t v) { return std::bit_cast<float>(std::uint32_t{v} << 16); }
-
 // bf16 as bf16_reduce does it: each step in f32, rounded back to bf16.
 [[gnu::always_inline]] inline void fold_bf16(std::span<std::byte> out_bytes, std::span<const std::byte* const> in,
                                              Reduce r) {
@@ -117,9 +113,9 @@ inline float widen(std::uint16_t v) { return std::bit_cast<float>(std::uint32_t{
             const auto* __restrict acc = k == 1 ? a : o;
             const auto* __restrict x = reinterpret_cast<const std::uint16_t*>(in[k]) + at;
             if (max)
-                for (std::size_t i = 0; i < m; ++i) step[i] = std::max(widen(acc[i]), widen(x[i]));
+                for (std::size_t i = 0; i < m; ++i) step[i] = std::max(from_bf16(acc[i]), from_bf16(x[i]));
             else
-                for (std::size_t i = 0; i < m; ++i) step[i] = widen(acc[i]) + widen(x[i]);
+                for (std::size_t i = 0; i < m; ++i) step[i] = from_bf16(acc[i]) + from_bf16(x[i]);
             to_bf16(std::span<const float>(step, m), std::span<std::uint16_t>(o, m));
         }
     }

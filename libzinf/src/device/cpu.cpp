@@ -12,7 +12,6 @@
 #endif
 
 #include <omp.h>
-#include <sched.h>
 
 #include <array>
 #include <chrono>
@@ -155,14 +154,6 @@ CpuStream& as_cpu(const Stream& s) {
     auto* c = dynamic_cast<const CpuStream*>(&s);
     if (!c) throw InternalError("device: a stream of another backend given to the cpu backend");
     return const_cast<CpuStream&>(*c);
-}
-
-// The CPUs this process may run on.
-unsigned affinity_cpus() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
-    return std::max(1, CPU_COUNT(&set));
 }
 
 // ---------------------------------------------------------------------------

@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <numbers>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace zinf::device::cpu {
@@ -212,26 +212,24 @@ void accumulate(float* acc, const float* x, u64 n) {
     for (u64 i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-void to_bf16(std::uint16_t* dst, const float* src, u64 n) {
-    // util's vectorised rounding, one piece per task.
+namespace {
+// util's vectorised conversion, one piece per task.
+template <class To, class From>
+void convert(To* dst, const From* src, u64 n) {
     constexpr u64 kPiece = 1 << 16;
     const u64 pieces = (n + kPiece - 1) / kPiece;
 #pragma omp parallel for schedule(static) if (pieces > 1)
     for (u64 p = 0; p < pieces; ++p) {
         const u64 first = p * kPiece, len = std::min(kPiece, n - first);
-        zinf::to_bf16(std::span<const float>(src + first, len), std::span<std::uint16_t>(dst + first, len));
+        if constexpr (std::is_same_v<To, float>)
+            zinf::from_bf16(std::span<const From>(src + first, len), std::span<To>(dst + first, len));
+        else
+            zinf::to_bf16(std::span<const From>(src + first, len), std::span<To>(dst + first, len));
     }
 }
+}  // namespace
 
-void from_bf16(float* dst, const std::uint16_t* src, u64 n) {
-    // zinf::from_bf16 inline: the bf16 is the top half of the fp32, exactly.
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (u64 i = 0; i < n; ++i) {
-        const std::uint32_t u = std::uint32_t{src[i]} << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        dst[i] = f;
-    }
-}
+void to_bf16(std::uint16_t* dst, const float* src, u64 n) { convert(dst, src, n); }
+void from_bf16(float* dst, const std::uint16_t* src, u64 n) { convert(dst, src, n); }
 
 }  // namespace zinf::device::cpu

@@ -237,6 +237,18 @@ File File::open(const std::string& path, const OpenOptions& opts) {
     return f;
 }
 
+File File::open_aligned(const std::string& path, OpenOptions opts, std::uint64_t unit, std::string_view unit_of) {
+    File f = open(path, opts);
+    if (!f.direct() || unit % f.alignment() == 0) return f;
+    if (!unit_of.empty())
+        log::warn_once("direct-align-" + path, path + ": direct I/O needs " + std::to_string(f.alignment()) +
+                                                   "-byte alignment, " + std::string(unit_of) + " aligns to " +
+                                                   std::to_string(unit) + "; using buffered I/O");
+    opts.direct = Direct::buffered;
+    opts.exclusive = false;
+    return open(path, opts);
+}
+
 File::File() = default;
 File::File(File&&) noexcept = default;
 File& File::operator=(File&&) noexcept = default;

@@ -52,12 +52,7 @@ ActivationStore::ActivationStore(Offload kind, std::uint64_t count, std::uint64_
     // Scratch: whatever an earlier run left is void.
     ::unlink(path_.c_str());
     io::OpenOptions oo{.access = io::Access::read_write, .create = true, .exclusive = true, .mode = 0600};
-    file_ = io::File::open(path_, oo);
-    if (file_.direct() && slot_ % file_.alignment() != 0) {
-        oo.direct = io::Direct::buffered;
-        oo.exclusive = false;
-        file_ = io::File::open(path_, oo);
-    }
+    file_ = io::File::open_aligned(path_, oo, slot_);
     file_.preallocate(std::max<std::uint64_t>(count * slot_, 1));
 }
 

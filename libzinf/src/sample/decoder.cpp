@@ -17,12 +17,12 @@ namespace {
 // zero::Module, as the decoder finds the modules through the parameters).
 class Scope {
 public:
-    Scope(zero::Engine& e, const zero::Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
+    Scope(zero::ParamEngine& e, const zero::Module& m) : e_(e), m_(m) { e_.before_forward(m_); }
     ~Scope() noexcept(false) { if (!std::uncaught_exceptions()) e_.after_forward(m_); }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 private:
-    zero::Engine& e_;
+    zero::ParamEngine& e_;
     const zero::Module& m_;
 };
 
@@ -71,8 +71,8 @@ struct Decoder::Impl {
     device::Array<float> fch, fch_gelu, logits;         // (4C), (4C), (V)
 
     Impl(const model::GPT& gpt, device::Device& d, std::uint64_t n);
-    void linear(device::Stream& s, zero::Engine& e, const Lin& l, std::span<float> y, std::span<const float> xin);
-    void norm(device::Stream& s, zero::Engine& e, const Norm& n, std::span<float> y, std::span<const float> xin);
+    void linear(device::Stream& s, zero::ParamEngine& e, const Lin& l, std::span<float> y, std::span<const float> xin);
+    void norm(device::Stream& s, zero::ParamEngine& e, const Norm& n, std::span<float> y, std::span<const float> xin);
 };
 
 namespace {
@@ -184,7 +184,7 @@ Decoder::Impl::Impl(const model::GPT& gpt, device::Device& d, std::uint64_t n)
 }
 
 // Linear::forward and TiledLinear::forward on one row.
-void Decoder::Impl::linear(device::Stream& s, zero::Engine& e, const Lin& l, std::span<float> y,
+void Decoder::Impl::linear(device::Stream& s, zero::ParamEngine& e, const Lin& l, std::span<float> y,
                            std::span<const float> xin) {
     Scope scope(e, *l.mod);
     for (const auto& t : l.tiles) {
@@ -199,7 +199,7 @@ void Decoder::Impl::linear(device::Stream& s, zero::Engine& e, const Lin& l, std
     dev.bias_add(s, y, e.weight(*l.mod, l.bias), 1, l.out);
 }
 
-void Decoder::Impl::norm(device::Stream& s, zero::Engine& e, const Norm& n, std::span<float> y,
+void Decoder::Impl::norm(device::Stream& s, zero::ParamEngine& e, const Norm& n, std::span<float> y,
                          std::span<const float> xin) {
     Scope scope(e, *n.mod);
     dev.layernorm_forward(s, y, mean, rstd, xin, e.weight(*n.mod, n.w), e.weight(*n.mod, n.b), 1, cfg.hidden);
@@ -217,7 +217,7 @@ void Decoder::reset() { impl_->pos = 0; }
 
 // Block::forward, GPT::forward's ln_f and LMHead::forward for the row at
 // position p; the cache holds the keys and values of rows 0..p-1.
-void Decoder::step(device::Stream& s, zero::Engine& e, std::int32_t tok, std::span<float> logits_host) {
+void Decoder::step(device::Stream& s, zero::ParamEngine& e, std::int32_t tok, std::span<float> logits_host) {
     Impl& I = *impl_;
     auto& dev = I.dev;
     const std::uint64_t C = I.cfg.hidden, V = I.cfg.vocab, NH = I.cfg.heads, p = I.pos;

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -271,11 +272,26 @@ Committed read_committed(const std::string& given) {
 }
 
 // ---------------------------------------------------------------------------
+int generation_of(const std::string& file) {
+    for (int g : {1, 2, 0}) {
+        const std::string_view suffix = kGenerations[g];
+        if (file.size() > suffix.size() && file.ends_with(suffix)) return g;
+    }
+    return -1;
+}
+
+std::string generation_base(const std::string& file) {
+    const int g = generation_of(file);
+    return g < 0 ? file : file.substr(0, file.size() - std::string_view(kGenerations[g]).size());
+}
+
 std::string other_generation(const std::string& file) {
-    const std::string alt = ".alt.bin", work = ".work.bin", bin = ".bin";
-    if (file.ends_with(alt)) return file.substr(0, file.size() - alt.size()) + bin;
-    if (file.ends_with(work)) return file.substr(0, file.size() - work.size()) + bin;
-    if (file.ends_with(bin)) return file.substr(0, file.size() - bin.size()) + alt;
+    // Unlike generation_of, a name that is the suffix alone has a twin too.
+    for (int g : {1, 2, 0}) {
+        const std::string_view suffix = kGenerations[g];
+        if (file.ends_with(suffix))
+            return file.substr(0, file.size() - suffix.size()) + kGenerations[g == 0 ? 1 : 0];
+    }
     return file + ".alt";
 }
 

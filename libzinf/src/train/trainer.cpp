@@ -34,7 +34,7 @@ struct Trainer::Impl {
     std::uint64_t acts_used = 0;  // of the arena, after planning the activations
     std::unique_ptr<zero::Optimizer> optim;
     std::unique_ptr<zero::InfinityEngine> infinity;   // else
-    zero::Engine& engine() { return resident ? static_cast<zero::Engine&>(*resident) : *infinity; }
+    zero::ParamEngine& engine() { return resident ? static_cast<zero::ParamEngine&>(*resident) : *infinity; }
     shard::DType param_dtype;
     std::size_t pbytes;
     // This rank's partition of each tensor: its averaged gradient (fp32) and
@@ -244,7 +244,7 @@ void Trainer::Impl::install(std::size_t t, std::span<const std::byte> full) {
     }
     std::vector<float> wide(dst.size());
     const auto* src = reinterpret_cast<const std::uint16_t*>(full.data());
-    for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = from_bf16(src[i]);
+    from_bf16(std::span(src, wide.size()), std::span(wide));
     dev.copy(s, std::as_writable_bytes(dst), std::as_bytes(std::span(wide)));
     dev.synchronize(s);
 }
@@ -403,7 +403,7 @@ StepLog Trainer::step(const data::Loader& train) {
         log.grad_norm = r.grad_norm;
         log.overflow = r.overflow;
         optimizer_fields(log, r);
-        const zero::EngineStats st = I.infinity->stats();
+        const zero::InfinityStats st = I.infinity->stats();
         std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
         log.stall_seconds = st.stall_seconds;
         log.device_peak_bytes = st.device_peak;

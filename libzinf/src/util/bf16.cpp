@@ -20,13 +20,6 @@ std::uint16_t to_bf16(float v) {
     return round_bits(u);
 }
 
-float from_bf16(std::uint16_t v) {
-    const std::uint32_t u = std::uint32_t{v} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 namespace {
 [[gnu::always_inline]] inline void round_all(const float* src, std::uint16_t* dst, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
@@ -38,10 +31,22 @@ namespace {
 ZINF_TARGET_V4 void round_v4(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
 ZINF_TARGET_AVX2 void round_avx2(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
 void round_base(const float* src, std::uint16_t* dst, std::size_t n) { round_all(src, dst, n); }
+
+[[gnu::always_inline]] inline void widen_all(const std::uint16_t* src, float* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = from_bf16(src[i]);
+}
+ZINF_TARGET_V4 void widen_v4(const std::uint16_t* src, float* dst, std::size_t n) { widen_all(src, dst, n); }
+ZINF_TARGET_AVX2 void widen_avx2(const std::uint16_t* src, float* dst, std::size_t n) { widen_all(src, dst, n); }
+void widen_base(const std::uint16_t* src, float* dst, std::size_t n) { widen_all(src, dst, n); }
 }  // namespace
 
 void to_bf16(std::span<const float> in, std::span<std::uint16_t> out) {
     static const auto run = for_cpu(round_v4, round_avx2, round_base);
+    run(in.data(), out.data(), in.size());
+}
+
+void from_bf16(std::span<const std::uint16_t> in, std::span<float> out) {
+    static const auto run = for_cpu(widen_v4, widen_avx2, widen_base);
     run(in.data(), out.data(), in.size());
 }
 

@@ -1,7 +1,12 @@
+// This process as the system sees it (memory, CPUs), and the median its
+// benchmarks report.
 #include <zinf/util.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <sched.h>
 #include <string>
+#include <thread>
 
 namespace zinf {
 
@@ -18,5 +23,18 @@ static std::uint64_t kib_line(const char* file, std::string_view key) {
 std::uint64_t resident_bytes() { return kib_line("/proc/self/status", "VmRSS"); }
 std::uint64_t peak_resident_bytes() { return kib_line("/proc/self/status", "VmHWM"); }
 std::uint64_t meminfo_bytes(std::string_view key) { return kib_line("/proc/meminfo", key); }
+
+unsigned affinity_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
+    return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
 
 }  // namespace zinf

@@ -22,15 +22,8 @@ struct CommittedParams::Impl {
         // (or out of the rank's node-local folder) is refused.
         const shard::Manifest::Place at = m.place(rel);
         const std::string full = at.path();
-        io::OpenOptions oo{.access = io::Access::read, .beneath = at.root};
-        io::File f = io::File::open(full, oo);
-        if (f.direct() && m.opts.alignment % f.alignment() != 0) {
-            log::warn_once("committed-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
-                                                          "-byte alignment, the manifest aligns to " +
-                                                          std::to_string(m.opts.alignment) + "; using buffered I/O");
-            oo.direct = io::Direct::buffered;
-            f = io::File::open(full, oo);
-        }
+        io::File f = io::File::open_aligned(full, {.access = io::Access::read, .beneath = at.root}, m.opts.alignment,
+                                            "the manifest");
         return files.emplace(rel, std::move(f)).first->second;
     }
 

@@ -1,6 +1,6 @@
 // What a training run will write on disk (zero.hpp, DiskNeed), worked out
 // from the manifest before anything is written.
-#include "optimizer.hpp"  // detail::base_of: a state file's name without its generation
+#include "optimizer.hpp"  // detail::packed_layout: the state files and the gradient scratch
 
 #include <algorithm>
 #include <filesystem>
@@ -23,6 +23,14 @@ std::uint64_t allocated(const std::string& path, std::uint64_t cap) {
     return std::min<std::uint64_t>(static_cast<std::uint64_t>(st.st_blocks) * 512, cap);
 }
 
+// The gradient scratch: with the optimizer state on NVMe, this rank's
+// gradient partitions (made afresh each run).
+std::uint64_t scratch_bytes(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo,
+                            shard::DType grad_dtype) {
+    if (!lo.train || lo.optim_tier != shard::Tier::nvme) return 0;
+    return detail::packed_layout(tensors, lo, grad_dtype).bytes;
+}
+
 std::string folder_of(const std::string& file) {
     const std::string f = fs::path(file).parent_path().string();
     return f.empty() ? "." : f;
@@ -43,7 +51,7 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
     std::string folder;
     for (const auto& p : m.parts) {
         if (p.rank != rank) continue;
-        const std::string base = detail::base_of(p.file);
+        const std::string base = shard::generation_base(p.file);
         files[base] = std::max(files[base], align_up(p.offset + p.bytes, A));
         if (folder.empty()) folder = folder_of(p.file);
     }
@@ -51,14 +59,10 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
     for (const auto& [base, bytes] : files) {
         need.states += 2 * bytes;
         if (!m.dir.empty())
-            for (const char* g : {".bin", ".alt.bin"}) need.present += allocated(m.path_of(base + g), bytes);
+            for (const char* g : {shard::kGenerations[0], shard::kGenerations[1]})
+                need.present += allocated(m.path_of(base + g), bytes);
     }
-    // The gradient scratch: with the optimizer state on NVMe, this rank's
-    // gradient partitions, each at an aligned offset (made afresh each run).
-    if (m.opts.train && m.opts.optim_tier == shard::Tier::nvme) {
-        const std::uint64_t dt = shard::dtype_bytes(o.grad_dtype);
-        for (const auto& t : m.tensors) need.gradients += align_up(shard::owned(t.numel, m.opts.dp, 0).per * dt, A);
-    }
+    need.gradients = scratch_bytes(m.tensors, m.opts, o.grad_dtype);
     need.activations = o.activation_bytes;
     if (!m.dir.empty()) {
         struct statvfs sv {};
@@ -82,17 +86,9 @@ DiskNeed disk_need(const shard::ModelSpec& spec, const shard::LayoutOptions& lo,
     one.dp = 1;
     const shard::Manifest m1 = shard::layout(spec, one);
     DiskNeed need;
-    for (const std::string& s : m1.states) {
-        const std::uint64_t dt = shard::dtype_bytes(shard::state_dtype(lo, s));
-        std::uint64_t file = 0;
-        for (const auto& t : m1.tensors) file = align_up(file + shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
-        need.states += 2 * file;
-    }
-    if (lo.train && lo.optim_tier == shard::Tier::nvme) {
-        const std::uint64_t dt = shard::dtype_bytes(o.grad_dtype);
-        for (const auto& t : m1.tensors)
-            need.gradients += align_up(shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
-    }
+    for (const std::string& s : m1.states)
+        need.states += 2 * detail::packed_layout(m1.tensors, lo, shard::state_dtype(lo, s)).bytes;
+    need.gradients = scratch_bytes(m1.tensors, lo, o.grad_dtype);
     need.activations = o.activation_bytes;
     return need;
 }

@@ -160,7 +160,7 @@ detail::ValuesLayout detail::values_layout(const ParamState& p, unsigned dp, boo
 
 void InfinityEngine::Impl::release(std::unique_ptr<Fetch>& f, const device::Event& done) {
     if (!f) return;
-    ring.release(f->place.id, done);
+    ring.places.release(f->place.id, done);
     f.reset();
 }
 
@@ -173,20 +173,20 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
     f->grads = grads;
     f->trace_index = trace_index;
     const std::uint64_t bytes = block_bytes(mod, grads, &f->slots);
-    ring.prune(dev);
+    ring.places.prune(dev);
     // A place still being handed over to the optimizer is busy.
     const auto busy = [this](const device::Event& e) { return e.stream == d2h && !dev.query(e); };
-    auto place = ring.place(bytes, busy);
+    auto place = ring.places.place(bytes, busy);
     if (!place) {
         if (prefetch) return nullptr;
         drop_prefetched();
         drop_parked();
-        place = ring.place(bytes, busy);
+        place = ring.places.place(bytes, busy);
         if (!place)
             throw InternalError("engine: " + mod.name() + " needs " + format_size(bytes) + " of device memory, and " +
-                                format_size(ring.size() - ring.live_bytes()) + " of the engine's " +
-                                format_size(ring.size()) + " is not held by other modules (live: " +
-                                ring.describe_live() + ")");
+                                format_size(ring.places.size() - ring.places.live_bytes()) + " of the engine's " +
+                                format_size(ring.places.size()) + " is not held by other modules (live: " +
+                                ring.places.describe_live() + ")");
     }
     f->place = std::move(*place);
     // A place that held gradients still being handed to the optimizer: wait
@@ -206,12 +206,13 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
         ParamState& p = params[s.param];
         const std::uint64_t base = f->place.at;
         if (s.values_at != kNone)
-            gather_into(p, ring.bytes(base + s.values_at, s.values.bytes), s.values, f->place.waits, trace_index);
+            gather_into(p, ring.places.bytes(base + s.values_at, s.values.bytes), s.values, f->place.waits,
+                        trace_index);
         if (s.grad != kNone) {
             // The gradient the backward adds to starts at zero, written on the
             // collectives stream after whatever used the place before.
             for (const auto& w : f->place.waits) dev.wait(*coll, w);
-            auto g = ring.bytes(base + s.grad, p.numel * 4);
+            auto g = ring.places.bytes(base + s.grad, p.numel * 4);
             dev.zero(*coll, {reinterpret_cast<float*>(g.data()), p.numel});
         }
     }
@@ -253,10 +254,10 @@ std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_parti
         piece->future = piece->done.get_future().share();
         pieces.push_back(std::move(piece));
     }
-    std::erase_if(reads_out, [](const std::shared_future<void>& f) {
+    std::erase_if(fetch.reads_out, [](const std::shared_future<void>& f) {
         return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     });
-    for (auto& piece : pieces) reads_out.push_back(piece->future);
+    for (auto& piece : pieces) fetch.reads_out.push_back(piece->future);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
         auto& piece = pieces[k];
         const std::uint64_t at = k * B, n = std::min(B, total - at);
@@ -275,12 +276,12 @@ std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_parti
 // their bytes stay under the prefetch budget and at least half the pool is
 // left to the fetches and the optimizer; never waiting for a buffer.
 void InfinityEngine::Impl::read_ahead() {
-    const auto& tr = trace[train];
-    nc_next = std::max(nc_next, pf_next);
-    while (nc_next < tr.size()) {
-        const TraceEntry& e = tr[nc_next];
-        if (reuse_from[train][nc_next] != kNone) {
-            ++nc_next;
+    const auto& tr = trace.order[train];
+    fetch.nc_next = std::max(fetch.nc_next, trace.pf_next);
+    while (fetch.nc_next < tr.size()) {
+        const TraceEntry& e = tr[fetch.nc_next];
+        if (trace.reuse_from[train][fetch.nc_next] != kNone) {
+            ++fetch.nc_next;
             continue;
         }
         std::vector<std::size_t> on_nvme;  // the module's parameters read from their file
@@ -294,16 +295,16 @@ void InfinityEngine::Impl::read_ahead() {
                 buffers += (p.per * p.dt + pool.buffer_bytes() - 1) / pool.buffer_bytes();
             }
         const mem::PoolStats ps = pool.stats();
-        if (nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
+        if (fetch.nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
         for (std::size_t pi : on_nvme) {
             const ParamSource src = store.param_source(pi);
             auto pieces = read_partition(src, params[pi].per * params[pi].dt, true);
             if (pieces.empty()) return;  // the pool is busy: try again at the next hook
-            pre_read[{nc_next, pi}] = {std::move(pieces), params[pi].per * params[pi].dt};
+            fetch.pre_read[{fetch.nc_next, pi}] = {std::move(pieces), params[pi].per * params[pi].dt};
             ++st.read_ahead;
-            nc_held += params[pi].per * params[pi].dt;
+            fetch.nc_held += params[pi].per * params[pi].dt;
         }
-        ++nc_next;
+        ++fetch.nc_next;
     }
 }
 
@@ -329,10 +330,10 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
         } else {
             // nc: the reads the stage started ahead (read_ahead), or now.
             std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
-            if (const auto it = pre_read.find({trace_index, p.tensor}); it != pre_read.end()) {
+            if (const auto it = fetch.pre_read.find({trace_index, p.tensor}); it != fetch.pre_read.end()) {
                 pieces = std::move(it->second.pieces);
-                nc_held -= it->second.bytes;
-                pre_read.erase(it);
+                fetch.nc_held -= it->second.bytes;
+                fetch.pre_read.erase(it);
             } else {
                 pieces = read_partition(src, pbytes, false);
             }

@@ -97,7 +97,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     params = detail::describe_params(m, modules, opts, rank);
 
     const Need n = InfinityEngine::need(m, modules, opts);
-    largest_block = n.largest;
+    gradients.largest_block = n.largest;
     const mem::ArenaStats before = dev.arena().stats();
     if (n.total() > before.largest_free)
         throw DoesNotFit("engine: " + n.module + " needs " + format_size(n.largest) + " beside the " +
@@ -119,13 +119,13 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
-    grad_staging = AlignedBuffer::allocate(align_up(largest_count * 4, 4096));
-    grad_staging.lock();
+    gradients.staging = AlignedBuffer::allocate(align_up(largest_count * 4, 4096));
+    gradients.staging.lock();
 
     const std::uint64_t left = align_down(dev.arena().stats().largest_free, mem::kArenaAlignment);
-    ring_block = dev.arena().allocate(left, "engine working memory");
-    ring.init({ring_block.data(), ring_block.size()});
-    base_used = dev.arena().stats().used - ring_block.size();
+    ring.block = dev.arena().allocate(left, "engine working memory");
+    ring.places.init({ring.block.data(), ring.block.size()});
+    ring.base_used = dev.arena().stats().used - ring.block.size();
 }
 
 Impl::~Impl() { reset_streams(); }
@@ -136,46 +136,46 @@ void Impl::reset_streams() noexcept {
         } catch (const std::exception& e) {
             log::debug(std::string("engine: dropped after a failure: ") + e.what());
         }
-    for (auto& f : reads_out) try {
+    for (auto& f : fetch.reads_out) try {
             f.get();
         } catch (const std::exception& e) {
             log::debug(std::string("engine: dropped after a failure: ") + e.what());
         }
-    reads_out.clear();
-    current.clear();
-    candidate.reset();
-    prefetched.clear();
-    parked.clear();
-    parked_bytes = 0;
-    handovers.clear();
-    handover_bytes = 0;
-    pre_read.clear();
-    nc_next = 0;
-    nc_held = 0;
-    ring.clear();
+    fetch.reads_out.clear();
+    fetch.current.clear();
+    fetch.candidate.reset();
+    fetch.prefetched.clear();
+    fetch.parked.clear();
+    fetch.parked_bytes = 0;
+    gradients.handovers.clear();
+    gradients.handover_bytes = 0;
+    fetch.pre_read.clear();
+    fetch.nc_next = 0;
+    fetch.nc_held = 0;
+    ring.places.clear();
     in_pass = false;
 }
 
 // ---------------------------------------------------------------------------
 Impl::Fetch* Impl::fetch_of(const Module& mod) const {
-    const auto it = current.find(&mod);
-    return it == current.end() ? nullptr : it->second.get();
+    const auto it = fetch.current.find(&mod);
+    return it == fetch.current.end() ? nullptr : it->second.get();
 }
 
 void Impl::drop_prefetched() {
-    for (auto& [i, f] : prefetched) release(f, f->ready);
-    prefetched.clear();
-    ahead_bytes = 0;
-    pf_next = trace[train].size();
-    pre_read.clear();  // reads in flight keep their buffers until they land
-    nc_held = 0;
-    nc_next = pf_next;
+    for (auto& [i, f] : fetch.prefetched) release(f, f->ready);
+    fetch.prefetched.clear();
+    fetch.ahead_bytes = 0;
+    trace.pf_next = trace.order[train].size();
+    fetch.pre_read.clear();  // reads in flight keep their buffers until they land
+    fetch.nc_held = 0;
+    fetch.nc_next = trace.pf_next;
 }
 
 void Impl::drop_parked() {
-    for (auto& [mod, f] : parked) release(f, dev.record(*compute));
-    parked.clear();
-    parked_bytes = 0;
+    for (auto& [mod, f] : fetch.parked) release(f, dev.record(*compute));
+    fetch.parked.clear();
+    fetch.parked_bytes = 0;
 }
 
 // Which fetches a recorded order lets later hooks reuse: a module's forward
@@ -183,8 +183,8 @@ void Impl::drop_parked() {
 // again inside backward (activation checkpointing) kept for the module's
 // backward that comes after it. Such a fetch carries the gradient buffers.
 void Impl::set_trace(bool train_pass, std::vector<TraceEntry> t) {
-    auto& from = reuse_from[train_pass];
-    auto& fed = feeds[train_pass];
+    auto& from = trace.reuse_from[train_pass];
+    auto& fed = trace.feeds[train_pass];
     from.assign(t.size(), kNone);
     fed.assign(t.size(), false);
     std::size_t first_backward = t.size();
@@ -200,38 +200,40 @@ void Impl::set_trace(bool train_pass, std::vector<TraceEntry> t) {
             break;
         }
     }
-    trace[train_pass] = std::move(t);
+    trace.order[train_pass] = std::move(t);
 }
 
 Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
     if (!in_pass) throw InternalError("engine: " + mod.name() + " ran outside begin()/end()");
     if (fetch_of(mod)) throw InternalError("engine: " + mod.name() + " entered twice");
     const TraceEntry e{&mod, backward};
-    const auto& tr = trace[train];
-    std::size_t idx = recording.size();
-    recording.push_back(e);
+    const auto& tr = trace.order[train];
+    std::size_t idx = trace.recording.size();
+    trace.recording.push_back(e);
 
     std::unique_ptr<Fetch> f;
-    const bool reuse = candidate && candidate->module == &mod && (!backward || candidate->grads);
-    if (const auto it = parked.find(&mod); it != parked.end()) {
-        parked_bytes -= it->second->bytes();
-        if (backward && it->second->grads && !diverged) {
+    const bool reuse = fetch.candidate && fetch.candidate->module == &mod && (!backward || fetch.candidate->grads);
+    if (const auto it = fetch.parked.find(&mod); it != fetch.parked.end()) {
+        fetch.parked_bytes -= it->second->bytes();
+        if (backward && it->second->grads && !trace.diverged) {
             f = std::move(it->second);
             ++st.reused;
         } else {
             release(it->second, dev.record(*compute));
         }
-        parked.erase(it);
+        fetch.parked.erase(it);
     }
-    if (replay && !diverged) {
-        if (pos >= tr.size() || !(tr[pos] == e)) {
-            diverged = true;
-            const std::string expected = pos < tr.size() ? tr[pos].module->name() + (tr[pos].backward ? " (backward)" : " (forward)") : "the end of the pass";
-            if (!warned)
-                log::warn("engine: the modules ran out of the recorded order at fetch " + std::to_string(pos + 1) + " of the " +
+    if (trace.replay && !trace.diverged) {
+        if (trace.pos >= tr.size() || !(tr[trace.pos] == e)) {
+            trace.diverged = true;
+            const std::string expected =
+                trace.pos < tr.size() ? tr[trace.pos].module->name() + (tr[trace.pos].backward ? " (backward)" : " (forward)")
+                                      : "the end of the pass";
+            if (!trace.warned)
+                log::warn("engine: the modules ran out of the recorded order at fetch " + std::to_string(trace.pos + 1) + " of the " +
                           (train ? "training step" : "evaluation") + ": " + mod.name() + (backward ? " (backward)" : " (forward)") +
                           " where the trace has " + expected + "; fetching on demand for the rest of this pass and recording the order again");
-            warned = true;
+            trace.warned = true;
             drop_prefetched();
             drop_parked();
             if (f) {
@@ -239,54 +241,54 @@ Impl::Fetch& Impl::acquire(const Module& mod, bool backward) {
                 --st.reused;
             }
         } else {
-            idx = pos++;
-            const auto it = prefetched.find(idx);
-            if (!f && it != prefetched.end()) {
+            idx = trace.pos++;
+            const auto it = fetch.prefetched.find(idx);
+            if (!f && it != fetch.prefetched.end()) {
                 f = std::move(it->second);
-                prefetched.erase(it);
-                ahead_bytes -= f->bytes();
+                fetch.prefetched.erase(it);
+                fetch.ahead_bytes -= f->bytes();
             }
         }
     }
     if (reuse && !f) {
-        f = std::move(candidate);
+        f = std::move(fetch.candidate);
         ++st.reused;
-    } else if (candidate) {
-        release(candidate, dev.record(*compute));
+    } else if (fetch.candidate) {
+        release(fetch.candidate, dev.record(*compute));
     }
     if (!f) {
-        const bool grads = backward || (replay && !diverged && feeds[train][idx]);
+        const bool grads = backward || (trace.replay && !trace.diverged && trace.feeds[train][idx]);
         f = issue(mod, grads, idx, false);
     }
-    dev.wait(*compute, f->ready, stall_ns);
+    dev.wait(*compute, f->ready, fetch.stall_ns);
     for (auto list : {mod.params(), mod.external()})
         for (std::size_t pi : list)
-            if (params[pi].persistent) dev.wait(*compute, params[pi].persist_ready, stall_ns);
+            if (params[pi].persistent) dev.wait(*compute, params[pi].persist_ready, fetch.stall_ns);
     Fetch& ref = *f;
-    current[&mod] = std::move(f);
-    if (replay && !diverged) prefetch();
+    fetch.current[&mod] = std::move(f);
+    if (trace.replay && !trace.diverged) prefetch();
     return ref;
 }
 
 // Fetches ahead along the trace while the bytes fetched and not yet used
 // stay under the budget and the ring has a place clear of live buffers.
 void Impl::prefetch() {
-    const auto& tr = trace[train];
+    const auto& tr = trace.order[train];
     if (opts.prefetch_bytes == 0) return;
-    pf_next = std::max(pf_next, pos);
-    while (pf_next < tr.size()) {
-        const TraceEntry& e = tr[pf_next];
-        if (reuse_from[train][pf_next] != kNone) {  // an earlier fetch serves it
-            ++pf_next;
+    trace.pf_next = std::max(trace.pf_next, trace.pos);
+    while (trace.pf_next < tr.size()) {
+        const TraceEntry& e = tr[trace.pf_next];
+        if (trace.reuse_from[train][trace.pf_next] != kNone) {  // an earlier fetch serves it
+            ++trace.pf_next;
             continue;
         }
-        const bool grads = e.backward || feeds[train][pf_next];
+        const bool grads = e.backward || trace.feeds[train][trace.pf_next];
         const std::uint64_t b = align_up(block_bytes(*e.module, grads, nullptr), mem::kArenaAlignment);
-        if (ahead_bytes + b > opts.prefetch_bytes) break;
-        auto f = issue(*e.module, grads, pf_next, true);
+        if (fetch.ahead_bytes + b > opts.prefetch_bytes) break;
+        auto f = issue(*e.module, grads, trace.pf_next, true);
         if (!f) break;
-        ahead_bytes += f->bytes();
-        prefetched[pf_next++] = std::move(f);
+        fetch.ahead_bytes += f->bytes();
+        fetch.prefetched[trace.pf_next++] = std::move(f);
     }
     read_ahead();
 }
@@ -314,9 +316,9 @@ void Impl::hand_over(const Module& mod) {
         if (slot == f->slots.end() && !(p.shared_grad && dp == 1))
             throw InternalError("engine: no gradient slot for " + m.tensors[pi].name);
         const std::span<std::byte> full = p.shared_grad ? std::span<std::byte>(p.shared.data(), p.numel * 4)
-                                                        : ring.bytes(f->place.at + slot->grad, p.numel * 4);
+                                                        : ring.places.bytes(f->place.at + slot->grad, p.numel * 4);
         if (dp > 1) {
-            const auto own = ring.bytes(f->place.at + slot->own_grad, p.per * 4);
+            const auto own = ring.places.bytes(f->place.at + slot->own_grad, p.per * 4);
             bucket.push_back({full, own, p.numel});
             outs.push_back({pi, own.first(p.count * 4), p.count});
         } else {
@@ -332,7 +334,7 @@ void Impl::hand_over(const Module& mod) {
     }
     dev.wait(*d2h, dev.record(*coll));
     for (const Out& o : outs) {
-        const auto host = grad_staging.bytes().first(o.count * 4);
+        const auto host = gradients.staging.bytes().first(o.count * 4);
         dev.copy(*d2h, host, o.src);
         dev.host(*d2h, [this, o, host] {
             store.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
@@ -348,22 +350,24 @@ void InfinityEngine::before_forward(const Module& m) {
 void InfinityEngine::after_forward(const Module& m) {
     Impl& I = *impl_;
     if (!I.has_params(m)) return;
-    auto it = I.current.find(&m);
-    if (it == I.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
+    auto it = I.fetch.current.find(&m);
+    if (it == I.fetch.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
     auto& f = it->second;
     // Kept for the module's backward while the kept fetches stay within the
     // prefetch budget (a budget of 0 keeps one module live at a time: the
     // least memory, tiles released one by one).
-    const bool park = I.replay && !I.diverged && I.in_backward && f->grads && f->trace_index < I.feeds[I.train].size() &&
-                      I.feeds[I.train][f->trace_index] && I.parked_bytes + f->bytes() <= I.opts.prefetch_bytes;
+    const auto& feeds = I.trace.feeds[I.train];
+    const bool park = I.trace.replay && !I.trace.diverged && I.in_backward && f->grads &&
+                      f->trace_index < feeds.size() && feeds[f->trace_index] &&
+                      I.fetch.parked_bytes + f->bytes() <= I.opts.prefetch_bytes;
     if (park) {
-        I.parked_bytes += f->bytes();
-        I.parked[&m] = std::move(f);
+        I.fetch.parked_bytes += f->bytes();
+        I.fetch.parked[&m] = std::move(f);
     } else {
-        if (I.candidate) I.release(I.candidate, I.dev.record(*I.compute));
-        I.candidate = std::move(f);
+        if (I.fetch.candidate) I.release(I.fetch.candidate, I.dev.record(*I.compute));
+        I.fetch.candidate = std::move(f);
     }
-    I.current.erase(it);
+    I.fetch.current.erase(it);
 }
 
 void InfinityEngine::before_backward(const Module& m) {
@@ -376,28 +380,29 @@ void InfinityEngine::before_backward(const Module& m) {
 void InfinityEngine::after_backward(const Module& m) {
     Impl& I = *impl_;
     if (!I.has_params(m)) return;
-    auto it = I.current.find(&m);
-    if (it == I.current.end()) throw InternalError("engine: after_backward of " + m.name() + " without its fetch");
+    auto it = I.fetch.current.find(&m);
+    if (it == I.fetch.current.end())
+        throw InternalError("engine: after_backward of " + m.name() + " without its fetch");
     if (!m.params().empty()) {
         I.hand_over(m);
         const device::Event done = I.dev.record(*I.d2h);
         const std::uint64_t bytes = it->second->bytes();
         I.release(it->second, done);
-        I.handovers.emplace_back(done, bytes);
-        I.handover_bytes += bytes;
+        I.gradients.handovers.emplace_back(done, bytes);
+        I.gradients.handover_bytes += bytes;
         // At least two of the largest modules, so that one module's hand-over
         // overlaps the next one's backward whatever the prefetch budget.
-        const std::uint64_t window = std::max<std::uint64_t>(I.opts.prefetch_bytes, 2 * I.largest_block);
-        while (!I.handovers.empty() &&
-               (I.handover_bytes > window || I.dev.query(I.handovers.front().first))) {
-            I.dev.synchronize(I.handovers.front().first);
-            I.handover_bytes -= I.handovers.front().second;
-            I.handovers.pop_front();
+        const std::uint64_t window = std::max<std::uint64_t>(I.opts.prefetch_bytes, 2 * I.gradients.largest_block);
+        while (!I.gradients.handovers.empty() &&
+               (I.gradients.handover_bytes > window || I.dev.query(I.gradients.handovers.front().first))) {
+            I.dev.synchronize(I.gradients.handovers.front().first);
+            I.gradients.handover_bytes -= I.gradients.handovers.front().second;
+            I.gradients.handovers.pop_front();
         }
     } else {
         I.release(it->second, I.dev.record(*I.compute));
     }
-    I.current.erase(it);
+    I.fetch.current.erase(it);
 }
 
 std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
@@ -409,7 +414,8 @@ std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t pa
     if (!f) throw InternalError("engine: " + m.name() + " asked for a weight outside its hooks");
     for (const Slot& s : f->slots)
         if (s.param == param && s.values_at != kNone)
-            return {reinterpret_cast<const float*>(I.ring.bytes(f->place.at + s.values_at + s.values.full, 4).data()),
+            return {reinterpret_cast<const float*>(
+                        I.ring.places.bytes(f->place.at + s.values_at + s.values.full, 4).data()),
                     p.numel};
     throw InternalError("engine: " + m.name() + "'s fetch has no buffer for " + I.m.tensors[param].name);
 }
@@ -423,7 +429,7 @@ std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {
     if (p.shared_grad) return {reinterpret_cast<float*>(p.shared.data()), p.numel};
     for (const Slot& s : f->slots)
         if (s.param == param && s.grad != kNone)
-            return {reinterpret_cast<float*>(I.ring.bytes(f->place.at + s.grad, 4).data()), p.numel};
+            return {reinterpret_cast<float*>(I.ring.places.bytes(f->place.at + s.grad, 4).data()), p.numel};
     throw InternalError("engine: " + m.name() + "'s fetch has no gradient for " + I.m.tensors[param].name);
 }
 
@@ -441,18 +447,18 @@ void InfinityEngine::begin(bool train) {
     I.in_pass = true;
     I.train = train;
     I.in_backward = false;
-    I.recording.clear();
-    I.diverged = false;
-    I.pos = I.pf_next = 0;
-    I.ahead_bytes = 0;
-    I.stall_ns = 0;
+    I.trace.recording.clear();
+    I.trace.diverged = false;
+    I.trace.pos = I.trace.pf_next = 0;
+    I.fetch.ahead_bytes = 0;
+    I.fetch.stall_ns = 0;
     I.st = {};
-    I.ring.reset_peak();
-    I.replay = !I.trace[train].empty();
+    I.ring.places.reset_peak();
+    I.trace.replay = !I.trace.order[train].empty();
     if (train)  // gradients kept whole through backward start from zero
         for (auto& p : I.params)
             if (p.shared_grad) I.dev.zero(*I.compute, {reinterpret_cast<float*>(p.shared.data()), p.numel});
-    if (I.replay) I.prefetch();
+    if (I.trace.replay) I.prefetch();
 }
 
 void InfinityEngine::end() {
@@ -465,12 +471,13 @@ void InfinityEngine::end() {
         } catch (...) {
             if (!failed) failed = std::current_exception();
         }
-    if (!failed && (!I.current.empty()))
+    if (!failed && (!I.fetch.current.empty()))
         failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
-    if (!failed && (I.trace[I.train].empty() || I.diverged)) I.set_trace(I.train, std::move(I.recording));
-    I.st.stall_seconds = static_cast<double>(I.stall_ns.load()) / 1e9;
-    I.st.device_peak = I.base_used + I.ring.peak();
-    I.st.diverged = I.diverged;
+    if (!failed && (I.trace.order[I.train].empty() || I.trace.diverged))
+        I.set_trace(I.train, std::move(I.trace.recording));
+    I.st.stall_seconds = static_cast<double>(I.fetch.stall_ns.load()) / 1e9;
+    I.st.device_peak = I.ring.base_used + I.ring.places.peak();
+    I.st.diverged = I.trace.diverged;
     I.reset_streams();
     if (failed) std::rethrow_exception(failed);
 }
@@ -485,11 +492,12 @@ void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span
 
 void InfinityEngine::after_step() { ++impl_->version; }
 
-EngineStats InfinityEngine::stats() const { return impl_->st; }
+InfinityStats InfinityEngine::stats() const { return impl_->st; }
 
 std::vector<std::string> InfinityEngine::trace(bool train) const {
     std::vector<std::string> out;
-    for (const auto& e : impl_->trace[train]) out.push_back(e.module->name() + (e.backward ? " backward" : " forward"));
+    for (const auto& e : impl_->trace.order[train])
+        out.push_back(e.module->name() + (e.backward ? " backward" : " forward"));
     return out;
 }
 

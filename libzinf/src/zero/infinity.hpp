@@ -162,44 +162,67 @@ struct InfinityEngine::Impl {
     device::Stream *compute = nullptr, *h2d = nullptr, *d2h = nullptr, *coll = nullptr;
 
     std::vector<ParamState> params;
-    mem::Block ring_block;
-    detail::Ring ring;
-    AlignedBuffer grad_staging;  // host: the largest gradient partition, for the hand-over
     std::uint64_t version = 0;   // optimizer steps seen (persistent parameters)
 
     // The pass under way.
     bool in_pass = false, train = false, in_backward = false;
-    std::map<const Module*, std::unique_ptr<Fetch>> current;  // in use by a module now
-    std::unique_ptr<Fetch> candidate;  // after its forward; reused if the same module is next
-    // A block's forward run again in backward, kept for the module's own
-    // backward that the trace says follows (recompute -> backward reuse).
-    std::map<const Module*, std::unique_ptr<Fetch>> parked;
-    std::uint64_t parked_bytes = 0;  // within the prefetch budget: 0 keeps only one module live
-    std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
-    std::vector<TraceEntry> trace[2], recording;  // [train]
-    // Per trace entry: the earlier entry whose fetch it reuses (kNone: none),
-    // and whether a later one reuses its fetch (it then carries gradients).
-    std::vector<std::uint64_t> reuse_from[2];
-    std::vector<bool> feeds[2];
+    InfinityStats st;
+
+    // The ring: the engine's working memory, each fetch a place in it.
+    struct RingStage {
+        mem::Block block;
+        detail::Ring places;
+        std::uint64_t base_used = 0;  // arena bytes used outside the ring
+    } ring;
+
+    // Fetches (nc -> cg -> gg) and who holds them.
+    struct PreRead {
+        std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
+        std::uint64_t bytes = 0;
+    };
+    struct FetchStage {
+        std::map<const Module*, std::unique_ptr<Fetch>> current;  // in use by a module now
+        std::unique_ptr<Fetch> candidate;  // after its forward; reused if the same module is next
+        // A block's forward run again in backward, kept for the module's own
+        // backward that the trace says follows (recompute -> backward reuse).
+        std::map<const Module*, std::unique_ptr<Fetch>> parked;
+        std::uint64_t parked_bytes = 0;  // within the prefetch budget: 0 keeps only one module live
+        std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
+        std::uint64_t ahead_bytes = 0;   // of the prefetched
+        // nc read ahead of the fetches: by (trace index, parameter).
+        std::map<std::pair<std::size_t, std::size_t>, PreRead> pre_read;
+        std::size_t nc_next = 0;
+        std::uint64_t nc_held = 0;
+        // Every read this engine has in flight (its pieces' futures): waited for
+        // after a failure, before their buffers go. Not io.wait_all(): the
+        // optimizer's thread has its own requests in flight on the same engine.
+        std::vector<std::shared_future<void>> reads_out;
+        std::atomic<std::uint64_t> stall_ns{0};  // compute waiting for them
+    } fetch;
+
+    // The recorded order of each kind of pass ([train]) and its replay.
+    struct TraceStage {
+        std::vector<TraceEntry> order[2], recording;
+        // Per trace entry: the earlier entry whose fetch it reuses (kNone: none),
+        // and whether a later one reuses its fetch (it then carries gradients).
+        std::vector<std::uint64_t> reuse_from[2];
+        std::vector<bool> feeds[2];
+        bool replay = false, diverged = false, warned = false;
+        std::size_t pos = 0, pf_next = 0;  // the replay's next entry, and the prefetch's
+    } trace;
     void set_trace(bool train_pass, std::vector<TraceEntry> t);
-    bool replay = false, diverged = false, warned = false;
-    std::size_t pos = 0, pf_next = 0;
-    std::uint64_t ahead_bytes = 0;
+
     // Gradients on their way to the optimizer (release event, bytes): the
     // host waits for the oldest while they hold more than the prefetch
     // budget (and two of the largest modules), so backward cannot run
     // arbitrarily far ahead of the hand-over and spread its buffers over the
     // whole ring.
-    std::deque<std::pair<device::Event, std::uint64_t>> handovers;
-    std::uint64_t handover_bytes = 0;
-    std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
-    std::atomic<std::uint64_t> stall_ns{0};
-    // Every read this engine has in flight (its pieces' futures): waited for
-    // after a failure, before their buffers go. Not io.wait_all(): the
-    // optimizer's thread has its own requests in flight on the same engine.
-    std::vector<std::shared_future<void>> reads_out;
-    EngineStats st;
-    std::uint64_t base_used = 0;  // arena bytes used outside the ring
+    struct GradientStage {
+        AlignedBuffer staging;  // host: the largest gradient partition, for the hand-over
+        std::deque<std::pair<device::Event, std::uint64_t>> handovers;
+        std::uint64_t handover_bytes = 0;
+        std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
+    } gradients;
 
     // fetch.cpp
     std::uint64_t block_bytes(const Module& mod, bool grads, std::vector<Slot>* slots) const {
@@ -211,13 +234,6 @@ struct InfinityEngine::Impl {
     std::vector<std::shared_ptr<detail::ReadPiece>> read_partition(const ParamSource& src,
                                                                std::uint64_t pbytes, bool try_only);
     void read_ahead();
-    struct PreRead {
-        std::vector<std::shared_ptr<detail::ReadPiece>> pieces;
-        std::uint64_t bytes = 0;
-    };
-    std::map<std::pair<std::size_t, std::size_t>, PreRead> pre_read;  // by (trace index, parameter)
-    std::size_t nc_next = 0;
-    std::uint64_t nc_held = 0;
     void fetch_persistent(ParamState& p);
     void gather_into(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
                      const std::vector<device::Event>& waits, std::size_t trace_index);

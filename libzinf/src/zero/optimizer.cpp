@@ -15,13 +15,9 @@
 
 namespace zinf::zero {
 
-std::string twin_file(const std::string& file) { return shard::other_generation(file); }
+std::string detail::RoleState::name(int g) const { return base + shard::kGenerations[g]; }
 
-std::string detail::RoleState::name(int g) const { return base + kGenerations[g]; }
-
-using detail::base_of;
 using detail::Chunk;
-using detail::generation_of;
 using detail::Piece;
 using detail::Role;
 using detail::RoleState;
@@ -50,8 +46,8 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
                          std::to_string(comm.size()) + " rank(s) run the optimizer");
     rank = static_cast<unsigned>(comm.rank());
     path = opts.manifest_path.empty() ? m.dir + "/manifest.jsonl" : opts.manifest_path;
-    A = m.opts.alignment;
-    T = m.tensors.size();
+    alignment = m.opts.alignment;
+    tensor_count = m.tensors.size();
 
     // Every record at one step: a manifest with memory-held state not saved
     // since the last step is not a complete state.
@@ -67,34 +63,34 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
 
     index_records();
     const bool has_master = std::find(m.states.begin(), m.states.end(), "master") != m.states.end();
-    setup_role(Role::W, has_master ? "master" : "param");
-    setup_role(Role::M, "exp_avg");
-    setup_role(Role::V, "exp_avg_sq");
-    if (has_master) setup_role(Role::P, "param");
-    for (Role r : {Role::W, Role::M, Role::V, Role::P})
+    setup_role(Role::master, has_master ? "master" : "param");
+    setup_role(Role::exp_avg, "exp_avg");
+    setup_role(Role::exp_avg_sq, "exp_avg_sq");
+    if (has_master) setup_role(Role::param, "param");
+    for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq, Role::param})
         if (roles[r].present && !roles[r].file) commit_steps = false;
     // Speculation needs the previous generation of everything the update
     // reads (a redo starts from it): every state but the bf16 parameters
     // streamed from its file. With master weights or moments in memory an
     // overlapped optimizer updates after backward, as without overlap.
     speculative = opts.overlap;
-    for (Role r : {Role::W, Role::M, Role::V})
+    for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq})
         if (roles[r].present && !roles[r].file) speculative = false;
     if (opts.overlap && !speculative)
         log::debug("optimizer: the master weights and moments are held in memory, so the update runs after "
                   "backward (an update overlapped with backward could not be redone exactly without a second "
                   "copy of them)");
-    if (speculative && roles[Role::P].present && !roles[Role::P].file) {
-        p_undo = AlignedBuffer::allocate(roles[Role::P].end);
+    if (speculative && roles[Role::param].present && !roles[Role::param].file) {
+        p_undo = AlignedBuffer::allocate(roles[Role::param].end);
         p_undo.lock();
     }
-    speculated.assign(T, false);
+    speculated.assign(tensor_count, false);
     setup_grad();
     try {
         plan_chunks();
         prepare_step();  // the files the first step writes exist before it starts
     } catch (...) {
-        if (roles[Role::G].file) ::unlink(m.path_of(roles[Role::G].name(0)).c_str());
+        if (roles[Role::grad].file) ::unlink(m.path_of(roles[Role::grad].name(0)).c_str());
         throw;
     }
     if (speculative) worker = std::thread([this] { work(); });
@@ -118,7 +114,7 @@ Optimizer::Impl::~Impl() {
         flush_cv.notify_all();
         flusher.join();
     }
-    auto& g = roles[Role::G];
+    auto& g = roles[Role::grad];
     if (g.file) {
         // Scratch, removed at once: no error of its close can lose anything.
         g.gen_f[0] = io::File();
@@ -127,7 +123,7 @@ Optimizer::Impl::~Impl() {
 }
 
 void Optimizer::Impl::index_records() {
-    by_key.assign(T * m.opts.dp * m.states.size(), nullptr);
+    by_key.assign(tensor_count * m.opts.dp * m.states.size(), nullptr);
     for (auto& part : m.parts) {
         const std::size_t s = static_cast<std::size_t>(
             std::find(m.states.begin(), m.states.end(), part.state) - m.states.begin());
@@ -148,14 +144,7 @@ io::File Optimizer::Impl::open_file(const std::string& rel, bool create, std::ui
     // A state file or rank folder that is a link out of the data directory
     // (or out of the rank's node-local folder) is refused.
     oo.beneath = at.root;
-    io::File f = io::File::open(full, oo);
-    if (f.direct() && A % f.alignment() != 0) {
-        log::warn_once("optim-align-" + full, full + ": direct I/O needs " + std::to_string(f.alignment()) +
-                                                  "-byte alignment, the manifest aligns to " + std::to_string(A) +
-                                                  "; using buffered I/O");
-        oo.direct = io::Direct::buffered;
-        f = io::File::open(full, oo);
-    }
+    io::File f = io::File::open_aligned(full, oo, alignment, "the manifest");
     if (create && f.size() < bytes) {
         f.preallocate(bytes);
         fsync_dir(std::filesystem::path(full).parent_path().string());  // the name, too, must survive a crash before the commit names it
@@ -178,21 +167,21 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     rs.dtype = shard::state_dtype(m.opts, state);
     rs.dt = shard::dtype_bytes(rs.dtype);
     rs.file = (state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::nvme;
-    rs.offset.resize(T);
-    rs.part.resize(T);
-    rs.hash.resize(T);
-    rs.read_hash.resize(T);
-    rs.new_hash.assign(T, 0);
-    rs.cur_hash.assign(T, 0);
-    for (std::size_t t = 0; t < T; ++t) {
+    rs.offset.resize(tensor_count);
+    rs.part.resize(tensor_count);
+    rs.hash.resize(tensor_count);
+    rs.read_hash.resize(tensor_count);
+    rs.new_hash.assign(tensor_count, 0);
+    rs.cur_hash.assign(tensor_count, 0);
+    for (std::size_t t = 0; t < tensor_count; ++t) {
         shard::Partition* part = record(t, rank, state);
         if (!part) throw DataError("the manifest has no record of " + where_of(m, t, rank, state));
         if (t == 0) {
-            const int g = generation_of(part->file);
+            const int g = shard::generation_of(part->file);
             if (g < 0)
                 throw DataError(where_of(m, t, rank, state) + ": file " + part->file +
                                 " does not end in .bin, so the optimizer cannot name its next generation");
-            rs.base = base_of(part->file);
+            rs.base = shard::generation_base(part->file);
             rs.cur = rs.committed = g;
         } else if (part->file != rs.name(rs.cur)) {
             throw DataError(where_of(m, t, rank, state) + " is in " + part->file + ", " +
@@ -202,7 +191,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
         rs.part[t] = part;
         rs.cur_hash[t] = part->xxh3.value_or(0);
         rs.offset[t] = part->offset;
-        rs.end = std::max(rs.end, align_up(part->offset + part->bytes, A));
+        rs.end = std::max(rs.end, align_up(part->offset + part->bytes, alignment));
     }
     if (rs.file) {
         gen_file(rs, rs.cur, false);
@@ -211,14 +200,14 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     // Held in memory for the run: read now, every partition checked.
     if ((state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::gpu)
         log::warn_once("optim-gpu-tier", "gpu-tier state is held in host memory and updated by the CPU AdamW: "
-                                         "the device layer has no GPU kernel yet");
+                                         "the optimizer does not run the device's kernel yet");
     rs.image = AlignedBuffer::allocate(rs.end);
     if (int err = rs.image.lock())
         log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +
                                           std::string(std::strerror(err)) + "); it stays pageable");
     io::File f = open_file(rs.name(rs.cur), false, rs.end);
     engine.wait(engine.read(f, 0, rs.image.bytes()));
-    for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t t = 0; t < tensor_count; ++t) {
         const shard::Partition& part = *rs.part[t];
         const std::uint64_t h = xxh3(rs.image.bytes().subspan(part.offset, part.bytes));
         if (part.xxh3 && h != *part.xxh3)
@@ -229,26 +218,23 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
 }
 
 void Optimizer::Impl::setup_grad() {
-    RoleState& g = roles[Role::G];
+    RoleState& g = roles[Role::grad];
     g.present = true;
     g.state = "gradient";
     g.dtype = opts.grad_dtype;
     g.dt = shard::dtype_bytes(g.dtype);
     g.file = m.opts.optim_tier == shard::Tier::nvme;
-    g.offset.resize(T);
-    // Packed like zinf-shard's files: each partition at an aligned offset.
-    for (std::size_t t = 0; t < T; ++t) {
-        g.offset[t] = g.end;
-        g.end = align_up(g.end + per(t) * g.dt, A);
-    }
-    grad_sq.assign(T, 0);
-    have_grad.assign(T, false);
+    detail::PackedLayout layout = detail::packed_layout(m.tensors, m.opts, g.dtype);
+    g.offset = std::move(layout.offset);
+    g.end = layout.bytes;
+    grad_sq.assign(tensor_count, 0);
+    have_grad.assign(tensor_count, false);
     if (!g.file) {
         g.image = AlignedBuffer::allocate(std::max<std::uint64_t>(g.end, 1));
         g.image.lock();
         return;
     }
-    const std::string folder = std::filesystem::path(roles[Role::W].base).parent_path().string();
+    const std::string folder = std::filesystem::path(roles[Role::master].base).parent_path().string();
     g.base = (folder.empty() ? "" : folder + "/") + "grad";
     ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
     // Through the page cache, unlike every state file: the gradients are
@@ -260,26 +246,39 @@ void Optimizer::Impl::setup_grad() {
     g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
 }
 
+detail::PackedLayout detail::packed_layout(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo,
+                                           shard::DType dtype) {
+    const std::uint64_t dt = shard::dtype_bytes(dtype);
+    PackedLayout out;
+    out.offset.reserve(tensors.size());
+    for (const auto& t : tensors) {
+        out.offset.push_back(out.bytes);
+        out.bytes = align_up(out.bytes + shard::owned(t.numel, lo.dp, 0).per * dt, lo.alignment);
+    }
+    return out;
+}
+
 std::uint64_t Optimizer::Impl::per(std::size_t t) const { return shard::owned(m.tensors[t].numel, m.opts.dp, 0).per; }
 
 // ---------------------------------------------------------------------------
 // Chunks: how much of each file one read or write covers. Every file role's
-// piece must fit K bytes; a chunk ends where a file's next partition is not
-// adjacent, and cuts inside a partition at multiples of U elements, where
+// piece must fit piece_bytes; a chunk ends where a file's next partition is
+// not adjacent, and cuts inside a partition at multiples of cut_unit
+// elements, where
 // every dtype's offset stays aligned.
 void Optimizer::Impl::plan_chunks() {
     std::vector<Role> files;
     for (int r = 0; r < Role::count; ++r)
         if (roles[r].present && roles[r].file) files.push_back(static_cast<Role>(r));
     file_roles = files;
-    std::vector<std::size_t> all(T);
+    std::vector<std::size_t> all(tensor_count);
     std::iota(all.begin(), all.end(), std::size_t{0});
     if (files.empty()) {
         all_chunks = cut(all);
         return;
     }
     const std::size_t k = files.size(), N = pool.buffers(), B = pool.buffer_bytes();
-    const std::size_t reserve = speculative && roles[Role::G].file ? 2 : 0;  // put_gradient's stream
+    const std::size_t reserve = speculative && roles[Role::grad].file ? 2 : 0;  // put_gradient's stream
     slots = opts.slots;
     const std::size_t avail = N > reserve ? N - reserve : 0;
     if (avail < 2)
@@ -287,14 +286,14 @@ void Optimizer::Impl::plan_chunks() {
                          std::to_string(2 + reserve) + " or more (raise --pinned or lower --pinned-buffer)");
     slots = std::min<std::size_t>(slots, avail);
     per_buffer = (slots * k + avail - 1) / avail;
-    K = align_down(B / per_buffer, A);
+    piece_bytes = align_down(B / per_buffer, alignment);
     const std::uint64_t block = engine.config().block_size;
-    if (K >= block) K = align_down(K, block);
-    U = A / 2;
-    if (K < 4 * U)
+    if (piece_bytes >= block) piece_bytes = align_down(piece_bytes, block);
+    cut_unit = alignment / 2;
+    if (piece_bytes < 4 * cut_unit)
         throw UsageError("the pinned pool's buffers (" + format_size(B) + ") are too small for " +
                          std::to_string(slots) + " chunks of " + std::to_string(k) +
-                         " states: each piece would be under " + format_size(4 * U) +
+                         " states: each piece would be under " + format_size(4 * cut_unit) +
                          " (raise --pinned-buffer or --pinned)");
     leases = (slots * k + per_buffer - 1) / per_buffer;
     if (slots < opts.slots)
@@ -306,7 +305,7 @@ void Optimizer::Impl::plan_chunks() {
 bool Optimizer::Impl::adjacent(std::size_t a, std::size_t b) const {
     for (Role r : file_roles) {
         const RoleState& rs = roles[r];
-        if (rs.offset[b] != align_up(rs.offset[a] + per(a) * rs.dt, A)) return false;
+        if (rs.offset[b] != align_up(rs.offset[a] + per(a) * rs.dt, alignment)) return false;
     }
     return true;
 }
@@ -328,8 +327,9 @@ std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors)
         for (Role r : file_roles) {
             const Piece &a = c.pieces.front(), &z = c.pieces.back();
             c.lo[r] = roles[r].offset[a.tensor] + a.e0 * roles[r].dt;
-            c.hi[r] = z.e1 == per(z.tensor) ? align_up(roles[r].offset[z.tensor] + per(z.tensor) * roles[r].dt, A)
-                                            : roles[r].offset[z.tensor] + z.e1 * roles[r].dt;
+            c.hi[r] = z.e1 == per(z.tensor)
+                          ? align_up(roles[r].offset[z.tensor] + per(z.tensor) * roles[r].dt, alignment)
+                          : roles[r].offset[z.tensor] + z.e1 * roles[r].dt;
         }
         out.push_back(std::move(c));
         c = Chunk{};
@@ -343,13 +343,13 @@ std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors)
         while (e < n) {
             // The span the rest of this partition takes, gap included.
             std::uint64_t need = 0;
-            for (Role r : file_roles) need = std::max(need, align_up(n * roles[r].dt, A) - e * roles[r].dt);
-            if (used + need <= K) {
+            for (Role r : file_roles) need = std::max(need, align_up(n * roles[r].dt, alignment) - e * roles[r].dt);
+            if (used + need <= piece_bytes) {
                 c.pieces.push_back({t, e, n});
                 used += need;
                 break;
             }
-            const std::uint64_t fit = align_down((K - used) / max_dt, U);
+            const std::uint64_t fit = align_down((piece_bytes - used) / max_dt, cut_unit);
             if (fit == 0) {
                 close();
                 continue;
@@ -375,7 +375,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
     const std::size_t k = file_roles.size();
     auto piece_buf = [&](std::size_t slot, std::size_t j) {
         const std::size_t q = slot * k + j;
-        return held[q / per_buffer].data() + (q % per_buffer) * K;
+        return held[q / per_buffer].data() + (q % per_buffer) * piece_bytes;
     };
     std::vector<std::vector<io::Ticket>> reads(chunks.size()), writes(chunks.size());
     std::vector<bool> read_waited(chunks.size()), write_waited(chunks.size());
@@ -384,7 +384,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         const Chunk& c = chunks[i];
         for (std::size_t j = 0; j < k; ++j) {
             const Role r = file_roles[j];
-            if (r == Role::P) continue;  // output only
+            if (r == Role::param) continue;  // output only
             RoleState& rs = roles[r];
             const std::span<std::byte> dst(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
             reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
@@ -395,7 +395,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         const Chunk& c = chunks[i];
         for (std::size_t j = 0; j < k; ++j) {
             const Role r = file_roles[j];
-            if (r == Role::G) continue;
+            if (r == Role::grad) continue;
             RoleState& rs = roles[r];
             const std::span<const std::byte> src(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
             writes[i].push_back(engine.write(rs.gen_f[rs.next], c.lo[r], src));
@@ -410,7 +410,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
     auto flushable = [&](std::size_t i) {
         const Chunk& c = chunks[i];
         for (Role r : file_roles)
-            if (r != Role::G) note_written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
+            if (r != Role::grad) note_written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
     };
 
     try {
@@ -423,7 +423,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             // corrupt state reaches a commit.
             w.reset();
             for (std::size_t j = 0; j < k; ++j)
-                if (file_roles[j] != Role::G && file_roles[j] != Role::P)
+                if (file_roles[j] != Role::grad && file_roles[j] != Role::param)
                     check_read(chunks[i], file_roles[j], piece_buf(i % slots, j) - chunks[i].lo[file_roles[j]]);
             tot.hash += w.seconds();
             update(chunks[i], i % slots, piece_buf, sc, tot, on_worker);
@@ -554,24 +554,25 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
     for (const Piece& p : c.pieces) {
         const std::size_t n = p.e1 - p.e0;
         optim::Update u;
-        u.master = {reinterpret_cast<float*>(at(Role::W, p)), n};
-        u.exp_avg = {reinterpret_cast<float*>(at(Role::M, p)), n};
-        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::V, p)), n};
-        if (roles[Role::G].dtype == shard::DType::fp32)
-            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::G, p)), n};
+        u.master = {reinterpret_cast<float*>(at(Role::master, p)), n};
+        u.exp_avg = {reinterpret_cast<float*>(at(Role::exp_avg, p)), n};
+        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::exp_avg_sq, p)), n};
+        if (roles[Role::grad].dtype == shard::DType::fp32)
+            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::grad, p)), n};
         else
-            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::G, p)), n};
-        if (roles[Role::P].present) {
-            u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::P, p)), n};
+            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::grad, p)), n};
+        if (roles[Role::param].present) {
+            u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::param, p)), n};
             // A speculative update of parameters held in memory keeps what
             // it overwrites: a skipped step puts them back.
-            if (on_worker && !roles[Role::P].file)
-                std::memcpy(p_undo.data() + (at(Role::P, p) - roles[Role::P].image.data()), at(Role::P, p),
-                            n * roles[Role::P].dt);
+            if (on_worker && !roles[Role::param].file)
+                std::memcpy(p_undo.data() + (at(Role::param, p) - roles[Role::param].image.data()), at(Role::param, p),
+                            n * roles[Role::param].dt);
             // The gap after a partition's last element is written too: zero it.
-            if (roles[Role::P].file && p.e1 == per(p.tensor)) {
-                std::byte* end = at(Role::P, p) + n * roles[Role::P].dt;
-                const std::uint64_t gap = align_up(per(p.tensor) * roles[Role::P].dt, A) - per(p.tensor) * roles[Role::P].dt;
+            if (roles[Role::param].file && p.e1 == per(p.tensor)) {
+                std::byte* end = at(Role::param, p) + n * roles[Role::param].dt;
+                const std::uint64_t part_bytes = per(p.tensor) * roles[Role::param].dt;
+                const std::uint64_t gap = align_up(part_bytes, alignment) - part_bytes;
                 std::memset(end, 0, gap);
             }
         }
@@ -584,7 +585,7 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
     optim::adamw(us, ss, kernel);
     tot.update += t.seconds();
     if (opts.on_param) {
-        const Role out = roles[Role::P].present ? Role::P : Role::W;
+        const Role out = roles[Role::param].present ? Role::param : Role::master;
         for (const Piece& p : c.pieces) opts.on_param(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
     }
 
@@ -592,7 +593,7 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_b
     t.reset();
     std::vector<Role> hashed;
     for (Role r : file_roles)
-        if (r != Role::G) hashed.push_back(r);
+        if (r != Role::grad) hashed.push_back(r);
     const int hash_threads = on_worker ? 1 : static_cast<int>(std::max<std::size_t>(hashed.size(), 1));
 #pragma omp parallel for schedule(dynamic) num_threads(hash_threads)
     for (std::size_t j = 0; j < hashed.size(); ++j) {

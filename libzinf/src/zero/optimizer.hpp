@@ -8,18 +8,19 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
 namespace zinf::zero {
 namespace detail {
 
-// What a state is to the update: master weights (W, "param" itself when the
-// parameters are fp32), the moments (M, V), the gradient (G), and the bf16
-// working parameters written from W (P, only beside a master copy).
-enum Role { W, M, V, G, P, count };
+// What a state is to the update (optim::Update's names): the master weights
+// ("param" itself when the parameters are fp32), the moments, the gradient,
+// and the bf16 working parameters written from the master weights (only
+// beside a master copy).
+enum Role { master, exp_avg, exp_avg_sq, grad, param, count };
 
 struct RoleState {
     bool present = false;
@@ -28,12 +29,11 @@ struct RoleState {
     shard::DType dtype = shard::DType::fp32;
     std::size_t dt = 4;     // bytes per element
     std::vector<std::uint64_t> offset;          // per tensor: this rank's partition in the file
-    std::vector<shard::Partition*> part;        // per tensor: its record (none for G)
+    std::vector<shard::Partition*> part;        // per tensor: its record (none for grad)
     std::uint64_t end = 0;  // bytes of the file this rank's partitions reach, aligned
-    // The file in two generations, base + kGenerations[g] ("rank0/master" +
-    // ".bin", ".alt.bin"; a ".work.bin" a manifest of an earlier version
-    // names is read, never made): `committed` is the one the manifest names,
-    // `cur` holds the current values, `next` is where a step writes.
+    // The file in two generations, base + shard::kGenerations[g]:
+    // `committed` is the one the manifest names, `cur` holds the current
+    // values, `next` is where a step writes.
     std::string base;
     int cur = 0, committed = 0, next = 0;
     io::File gen_f[3];      // opened when first used
@@ -48,20 +48,15 @@ struct RoleState {
     std::vector<std::unique_ptr<Xxh3Stream>> read_hash;
 };
 
-inline constexpr const char* kGenerations[3] = {".bin", ".alt.bin", ".work.bin"};
-
-// The generation a state file's name ends in (-1: none), and the name without it.
-inline int generation_of(const std::string& file) {
-    for (int g : {1, 2, 0}) {
-        const std::string_view suffix = kGenerations[g];
-        if (file.size() > suffix.size() && file.ends_with(suffix)) return g;
-    }
-    return -1;
-}
-inline std::string base_of(const std::string& file) {
-    const int g = generation_of(file);
-    return g < 0 ? file : file.substr(0, file.size() - std::string_view(kGenerations[g]).size());
-}
+// A rank's partition of each tensor in turn, each at an aligned offset, in
+// `dtype`: how zinf-shard packs a state file, and how the optimizer keeps
+// the gradients a step hands over (with the optimizer state on NVMe, the
+// gradient scratch file). Every rank's is the same size.
+struct PackedLayout {
+    std::vector<std::uint64_t> offset;  // per tensor, bytes
+    std::uint64_t bytes = 0;            // the end of the last, aligned
+};
+PackedLayout packed_layout(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo, shard::DType dtype);
 
 // Piece: elements [e0, e1) of a tensor's partition (per elements, padding included).
 struct Piece {
@@ -92,8 +87,8 @@ struct Optimizer::Impl {
     double lr = 0;
     unsigned rank = 0;
     std::string path;            // the manifest commits go to
-    std::uint64_t A = 4096;      // the manifest's alignment
-    std::size_t T = 0;           // tensors
+    std::uint64_t alignment = 4096;  // the manifest's
+    std::size_t tensor_count = 0;
     std::uint64_t step = 0;      // committed steps
     bool broken = false;         // a step failed half-way: the memory state is not a step's
     bool commit_steps = true;    // every written state streams from NVMe: each step commits
@@ -115,10 +110,11 @@ struct Optimizer::Impl {
     detail::RoleState roles[Role::count];
     std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)
 
-    // Chunks (file roles only): K bytes per piece, U the cut unit in elements.
+    // Chunks (file roles only): the bytes of one role's piece, and the unit
+    // (elements) a partition is cut at.
     std::vector<Role> file_roles;
     std::size_t slots = 3, per_buffer = 1, leases = 0;
-    std::uint64_t K = 0, U = 2048;
+    std::uint64_t piece_bytes = 0, cut_unit = 2048;
     std::vector<Chunk> all_chunks;
 
     // Gradients of the current step.
@@ -188,6 +184,12 @@ struct Optimizer::Impl {
     void work();
     void prepare_step();
     StepReport run_step(double loss_scale);
+    void check_step(double loss_scale);
+    double global_sum_squares();
+    void skip_step(const StepReport& rep);
+    void update_step(StepReport& rep, double loss_scale);
+    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep);
+    void next_step(double loss_scale);
     // Each (role, generation) becomes what the manifest names, at new_step.
     void commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step);
     void save();

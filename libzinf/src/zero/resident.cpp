@@ -11,14 +11,14 @@ bool Module::uses(std::size_t param) const {
            std::find(external_.begin(), external_.end(), param) != external_.end();
 }
 
-std::span<const float> Engine::weight(const Module& m, std::size_t param) {
+std::span<const float> ParamEngine::weight(const Module& m, std::size_t param) {
     if (!m.uses(param))
         throw InternalError("module " + m.name() + " asked for parameter " + std::to_string(param) +
                             ", which it neither declared nor registered as external");
     return weight_of(m, param);
 }
 
-std::span<float> Engine::grad(const Module& m, std::size_t param) {
+std::span<float> ParamEngine::grad(const Module& m, std::size_t param) {
     if (!m.uses(param))
         throw InternalError("module " + m.name() + " asked for the gradient of parameter " + std::to_string(param) +
                             ", which it neither declared nor registered as external");

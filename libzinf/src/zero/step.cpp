@@ -14,7 +14,6 @@ namespace zinf::zero {
 
 using Impl = Optimizer::Impl;
 
-using detail::base_of;
 using detail::Role;
 
 void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
@@ -26,7 +25,8 @@ void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
 
 void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16) {
     if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
-    if (t >= T) throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(T));
+    if (t >= tensor_count)
+        throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(tensor_count));
     const std::string& name = m.tensors[t].name;
     const shard::Owned own = shard::owned(m.tensors[t].numel, m.opts.dp, rank);
     const std::size_t n = f32.empty() ? b16.size() : f32.size();
@@ -51,14 +51,14 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
 
     // Stored in the gradient's dtype, padding zero.
-    detail::RoleState& g = roles[Role::G];
+    detail::RoleState& g = roles[Role::grad];
     auto fill = [&](std::uint64_t e0, std::span<std::byte> out) {
         const std::uint64_t e1 = e0 + out.size() / g.dt, real = std::min<std::uint64_t>(e1, std::max(e0, n));
         const std::size_t k = static_cast<std::size_t>(real - std::min(e0, real));
         if (g.dtype == shard::DType::fp32) {
             auto* o = reinterpret_cast<float*>(out.data());
             if (!f32.empty()) std::copy_n(f32.data() + e0, k, o);
-            else for (std::size_t i = 0; i < k; ++i) o[i] = from_bf16(b16[e0 + i]);
+            else from_bf16(b16.subspan(e0, k), std::span(o, k));
         } else {
             auto* o = reinterpret_cast<std::uint16_t*>(out.data());
             if (!b16.empty()) std::copy_n(b16.data() + e0, k, o);
@@ -71,12 +71,12 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         fill(0, g.image.bytes().subspan(g.offset[t], bytes));
     } else {
         mem::Stream s(engine, pool, {.buffers = opts.overlap ? 2u : 0u, .who = "gradient"});
-        s.write(g.gen_f[0], g.offset[t], align_up(bytes, A),
+        s.write(g.gen_f[0], g.offset[t], align_up(bytes, alignment),
                 [&](std::uint64_t at, std::span<std::byte> piece) { fill(at / g.dt, piece); });
     }
 
     std::lock_guard lk(mu);
-    if (g.file) grad_written += align_up(bytes, A);
+    if (g.file) grad_written += align_up(bytes, alignment);
     grad_sq[t] = sq;
     have_grad[t] = true;
     if (!speculative) return;
@@ -84,7 +84,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     // step will be skipped (not finite) or clipped (their norm alone is past
     // the limit; the global norm is at least theirs).
     double part = 0;
-    for (std::size_t u = 0; u < T; ++u)
+    for (std::size_t u = 0; u < tensor_count; ++u)
         if (have_grad[u]) part += grad_sq[u];
     if (!std::isfinite(part) ||
         (opts.grad_clip > 0 && optim::clip_coefficient(std::sqrt(part) / spec_loss_scale, opts.grad_clip) < 1))
@@ -132,7 +132,7 @@ void Impl::work() {
 void Impl::prepare_step() {
     in_place = false;
     for (Role r : file_roles) {
-        if (r == Role::G) continue;
+        if (r == Role::grad) continue;
         auto& rs = roles[r];
         if (rs.cur != rs.committed) {
             rs.next = rs.cur;
@@ -150,16 +150,15 @@ void Impl::check_entry(const char* what, const std::exception_ptr& local) {
     comm::agree(comm, local, std::string(what) + " did not start on every rank; nothing was written");
 }
 
-StepReport Impl::run_step(double loss_scale) {
-    Timer all;
-    StepReport rep;
+// Every rank learns whether the step can start on all of them.
+void Impl::check_step(double loss_scale) {
     std::exception_ptr refused;
     try {
         if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
         if (!(loss_scale > 0) || !std::isfinite(loss_scale))
             throw UsageError("the loss scale must be finite and > 0, not " + std::to_string(loss_scale));
         std::lock_guard lk(mu);
-        for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t t = 0; t < tensor_count; ++t)
             if (!have_grad[t])
                 throw InternalError("step: no gradient for " + m.tensors[t].name + " (rank " + std::to_string(rank) +
                                     "); hand every tensor's over with put_gradient first");
@@ -167,56 +166,68 @@ StepReport Impl::run_step(double loss_scale) {
         refused = std::current_exception();
     }
     check_entry("the optimizer step", refused);
-    flush_written();  // what the backward's updates wrote, beside the rest of the step
+}
+
+// The sum of squares of every rank's gradients, once the updates
+// overlapped with backward are done.
+double Impl::global_sum_squares() {
     if (speculative) {
         std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return done_tensors == T; });
+        cv.wait(lk, [&] { return done_tensors == tensor_count; });
     }
     const double local = std::accumulate(grad_sq.begin(), grad_sq.end(), 0.0);
     double total = local;
     comm.allreduce(std::as_bytes(std::span(&local, 1)), std::as_writable_bytes(std::span(&total, 1)),
                    comm::DType::f64);
-    auto next_step = [&] {
-        std::lock_guard lk(mu);
-        std::fill(have_grad.begin(), have_grad.end(), false);
-        std::fill(speculated.begin(), speculated.end(), false);
-        done_tensors = 0;
-        grad_written = 0;
-        totals = {};
-        spec_loss_scale = loss_scale;  // what the next step's speculation assumes
-    };
-    for (std::size_t t = 0; t < T; ++t) rep.speculated += speculated[t];
-    rep.overlap_seconds = totals.speculative;
-    rep.grad_norm = std::sqrt(total) / loss_scale;
-    rep.overflow = !std::isfinite(total);
-    if (rep.overflow) {
-        // Skipped: the speculative writes went to a generation nothing
-        // names; parameters held in memory are put back.
-        std::exception_ptr failed;
-        try {
-            stop_flushing();
-            if (worker_error) std::rethrow_exception(worker_error);
-            if (rep.speculated) undo_speculation();
-        } catch (...) {
-            broken = true;
-            failed = std::current_exception();
-        }
-        comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
-                                  "state before it");
-        last_clipped = true;
-        next_step();
-        rep.step = step;
-        rep.seconds = all.seconds();
-        return rep;
-    }
-    rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
-    last_clipped = rep.clip < 1;
+    return total;
+}
 
+// Skipped: the speculative writes went to a generation nothing names;
+// parameters held in memory are put back.
+void Impl::skip_step(const StepReport& rep) {
+    std::exception_ptr failed;
+    try {
+        stop_flushing();
+        if (worker_error) std::rethrow_exception(worker_error);
+        if (rep.speculated) undo_speculation();
+    } catch (...) {
+        broken = true;
+        failed = std::current_exception();
+    }
+    comm::agree(comm, failed, "the skipped step's speculative update could not be undone; the manifest names the "
+                              "state before it");
+    last_clipped = true;
+}
+
+// What the overlap left to update with the step's scalars `sc`: every
+// tensor (no overlap, or scalars other than it assumed: clipped, or scaled
+// other than assumed, redone from the current generation, still on disk),
+// or the tensors it did not reach.
+void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep) {
+    if (!speculative || rep.speculated == 0) {
+        if (!speculative) prepare_step();
+        stream(all_chunks, sc, totals);
+        return;
+    }
+    if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
+        rep.redo = true;
+        stream(all_chunks, sc, totals);
+        return;
+    }
+    std::vector<std::size_t> rest;
+    for (std::size_t t = 0; t < tensor_count; ++t)
+        if (!speculated[t]) rest.push_back(t);
+    stream(cut(rest), sc, totals);
+}
+
+// The update, synced to disk, and the step made the current state: on
+// every rank or (an error) on none.
+void Impl::update_step(StepReport& rep, double loss_scale) {
     broken = true;  // until the step is whole again
     std::exception_ptr failed;
     std::vector<Role> written;
     for (Role r : file_roles)
-        if (r != Role::G) written.push_back(r);
+        if (r != Role::grad) written.push_back(r);
     Timer c;
     try {
         optim::Scalars sc[2];
@@ -224,23 +235,7 @@ StepReport Impl::run_step(double loss_scale) {
         // A speculative update that failed before it finished a tensor
         // still failed: its error is the step's, never dropped for a redo.
         if (worker_error) std::rethrow_exception(worker_error);
-        if (!speculative || rep.speculated == 0) {
-            if (!speculative) prepare_step();
-            stream(all_chunks, sc, totals);
-        } else {
-            if (worker_error) std::rethrow_exception(worker_error);
-            if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
-                // Clipped, or scaled other than assumed: every tensor again
-                // from the current generation, still on disk.
-                rep.redo = true;
-                stream(all_chunks, sc, totals);
-            } else {
-                std::vector<std::size_t> rest;
-                for (std::size_t t = 0; t < T; ++t)
-                    if (!speculated[t]) rest.push_back(t);
-                stream(cut(rest), sc, totals);
-            }
-        }
+        update_rest(sc, rep);
         c.reset();
         stop_flushing();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
@@ -267,15 +262,45 @@ StepReport Impl::run_step(double loss_scale) {
     }
     broken = false;
     rep.commit_seconds = c.seconds();
-    rep.step = step;
     rep.update_seconds = totals.update;
     rep.wait_seconds = totals.wait;
     rep.bytes_read = totals.read;
     rep.bytes_written = totals.written;
     rep.grad_bytes_written = grad_written;
     rep.chunks = totals.chunks;
-    rep.chunk_bytes = K;
-    next_step();
+    rep.chunk_bytes = piece_bytes;
+}
+
+// The step is over, updated or skipped: the next one starts afresh.
+void Impl::next_step(double loss_scale) {
+    std::lock_guard lk(mu);
+    std::fill(have_grad.begin(), have_grad.end(), false);
+    std::fill(speculated.begin(), speculated.end(), false);
+    done_tensors = 0;
+    grad_written = 0;
+    totals = {};
+    spec_loss_scale = loss_scale;  // what the next step's speculation assumes
+}
+
+StepReport Impl::run_step(double loss_scale) {
+    Timer all;
+    StepReport rep;
+    check_step(loss_scale);
+    flush_written();  // what the backward's updates wrote, beside the rest of the step
+    const double total = global_sum_squares();
+    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
+    rep.overlap_seconds = totals.speculative;
+    rep.grad_norm = std::sqrt(total) / loss_scale;
+    rep.overflow = !std::isfinite(total);
+    if (rep.overflow) {
+        skip_step(rep);
+    } else {
+        rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
+        last_clipped = rep.clip < 1;
+        update_step(rep, loss_scale);
+    }
+    next_step(loss_scale);
+    rep.step = step;
     rep.seconds = all.seconds();
     return rep;
 }
@@ -290,9 +315,9 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
         return;
     }
     const unsigned dp = m.opts.dp;
-    std::vector<std::int64_t> mine, all(changed.size() * T * dp);
+    std::vector<std::int64_t> mine, all(changed.size() * tensor_count * dp);
     for (auto [r, g] : changed)
-        for (std::size_t t = 0; t < T; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
+        for (std::size_t t = 0; t < tensor_count; ++t) mine.push_back(static_cast<std::int64_t>(roles[r].new_hash[t]));
     comm.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), comm::DType::i64);
 
     struct Old {
@@ -306,10 +331,10 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
     std::size_t i = 0;
     for (unsigned q = 0; q < dp; ++q)
         for (auto [r, g] : changed)
-            for (std::size_t t = 0; t < T; ++t) {
+            for (std::size_t t = 0; t < tensor_count; ++t) {
                 shard::Partition* p = record(t, q, roles[r].state);
                 old.push_back({p, p->file, p->xxh3, p->step});
-                p->file = base_of(p->file) + detail::kGenerations[g];
+                p->file = shard::generation_base(p->file) + shard::kGenerations[g];
                 p->xxh3 = static_cast<std::uint64_t>(all[i++]);
                 p->step = new_step;
             }
@@ -342,9 +367,9 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
 // by nothing, but the working parameters they handed out (on_param, and
 // the memory-held bf16 copy) are put back to the current generation's.
 void Impl::undo_speculation() {
-    const Role out = roles[Role::P].present ? Role::P : Role::W;
+    const Role out = roles[Role::param].present ? Role::param : Role::master;
     detail::RoleState& rs = roles[out];
-    for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t t = 0; t < tensor_count; ++t) {
         if (!speculated[t]) continue;
         const std::uint64_t bytes = per(t) * rs.dt;
         if (!rs.file) {
@@ -355,11 +380,11 @@ void Impl::undo_speculation() {
         if (!opts.on_param) continue;
         // Through one buffer of the pool, checked against its hash as read.
         mem::Lease lease = pool.lease("optimizer: parameters put back after a skipped step");
-        const std::uint64_t B = align_down(lease.size(), A);
+        const std::uint64_t B = align_down(lease.size(), alignment);
         Xxh3Stream h;
         for (std::uint64_t at = 0; at < bytes; at += B) {
             const std::uint64_t n = std::min(B, bytes - at);
-            auto buf = lease.bytes().first(align_up(n, A));
+            auto buf = lease.bytes().first(align_up(n, alignment));
             engine.wait(engine.read(gen_file(rs, rs.cur, false), rs.offset[t] + at, buf));
             h.update(buf.first(n));
             opts.on_param(t, at / rs.dt, buf.first(n));
@@ -386,7 +411,7 @@ void Impl::save() {
     std::vector<std::pair<Role, int>> changed;
     std::exception_ptr failed;
     try {
-        for (Role r : {Role::W, Role::M, Role::V, Role::P}) {
+        for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq, Role::param}) {
             auto& rs = roles[r];
             if (!rs.present) continue;
             if (rs.file) {
@@ -402,7 +427,7 @@ void Impl::save() {
             engine.wait(engine.write(f, 0, rs.image.bytes().first(rs.end)));
             engine.sync(f);
             f.close();
-            for (std::size_t t = 0; t < T; ++t)
+            for (std::size_t t = 0; t < tensor_count; ++t)
                 rs.new_hash[t] = xxh3(rs.image.bytes().subspan(rs.part[t]->offset, rs.part[t]->bytes));
             changed.emplace_back(r, g);
         }
@@ -430,7 +455,7 @@ Optimizer::~Optimizer() = default;
 
 unsigned Optimizer::rank() const { return impl_->rank; }
 std::uint64_t Optimizer::step_count() const { return impl_->step; }
-std::uint64_t Optimizer::chunk_bytes() const { return impl_->K; }
+std::uint64_t Optimizer::chunk_bytes() const { return impl_->piece_bytes; }
 
 void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
@@ -450,21 +475,10 @@ void Optimizer::put_gradient(std::size_t tensor, std::span<const std::uint16_t> 
 StepReport Optimizer::step(double loss_scale) { return impl_->run_step(loss_scale); }
 void Optimizer::save() { impl_->save(); }
 
-std::span<const std::byte> Optimizer::param(std::size_t tensor) const {
-    const auto& rs = impl_->roles[impl_->roles[Role::P].present ? Role::P : Role::W];
-    if (rs.file) throw InternalError("param(): the working parameters live on nvme, not in memory");
-    if (tensor >= impl_->T) throw InternalError("param(): tensor " + std::to_string(tensor));
-    return rs.image.bytes().subspan(rs.offset[tensor], impl_->per(tensor) * rs.dt);
-}
-
-}  // namespace zinf::zero
-
-namespace zinf::zero {
-
 Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     Impl& I = *impl_;
-    if (tensor >= I.T) throw InternalError("param_source(): tensor " + std::to_string(tensor));
-    auto& rs = I.roles[I.roles[Role::P].present ? Role::P : Role::W];
+    if (tensor >= I.tensor_count) throw InternalError("param_source(): tensor " + std::to_string(tensor));
+    auto& rs = I.roles[I.roles[Role::param].present ? Role::param : Role::master];
     ParamSource src;
     src.bytes = I.per(tensor) * rs.dt;
     src.where = I.m.tensors[tensor].name + " rank " + std::to_string(I.rank) + " " + rs.state;
