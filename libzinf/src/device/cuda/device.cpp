@@ -372,12 +372,13 @@ CudaStream& as_cuda(const Stream& s) {
 
 cudaEvent_t event_of(const Event& e) { return static_cast<cudaEvent_t>(e.handle.get()); }
 
-// The largest power of two (up to 256) that divides a pointer: cuBLASLt's
-// heuristics need the operands' alignment.
-std::uint32_t alignment(const void* p) {
+// The largest power of two (up to 256) that divides a pointer and, in a
+// batch, the byte stride between its matrices (every matrix's alignment):
+// cuBLASLt's heuristics are told it.
+std::uint32_t alignment(const void* p, std::uint64_t stride_bytes = 0) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     std::uint32_t al = 256;
-    while (al > 1 && a % al) al /= 2;
+    while (al > 1 && (a % al || stride_bytes % al)) al /= 2;
     return al;
 }
 
@@ -865,14 +866,17 @@ private:
         const bool on_compute = &cs == streams_[0].get();
         void* ws = on_compute && workspace_ ? workspace_.data() : nullptr;
         const std::size_t ws_bytes = ws ? workspace_.size() : 0;
-        const PlanKey key{g.ta,  g.tb,        g.m,         g.n,         g.k,  g.lda,         g.ldb,
-                          g.ldc, g.batch,     g.stride_a,  g.stride_b,  g.stride_c, alignment(a), alignment(b),
-                          alignment(c), static_cast<int>(type), ws != nullptr};
+        const u64 elem = type == CUDA_R_16BF ? 2 : 4, batched = g.batch > 1;
+        const std::uint32_t al_a = alignment(a, batched * g.stride_a * elem),
+                            al_b = alignment(b, batched * g.stride_b * elem),
+                            al_c = alignment(c, batched * g.stride_c * elem);
+        const PlanKey key{g.ta,  g.tb,    g.m,        g.n,        g.k,        g.lda, g.ldb, g.ldc, g.batch,
+                          g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c, static_cast<int>(type), ws != nullptr};
         const Plan* plan = nullptr;
         {
             std::lock_guard lk(plans_mu_);
             auto it = plans_.find(key);
-            if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, a, b, c, type, ws_bytes)).first;
+            if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, al_a, al_b, al_c, type, ws_bytes)).first;
             plan = &it->second;
         }
         const float alpha = g.alpha, beta = g.beta;
@@ -882,7 +886,7 @@ private:
                    "cublasLtMatmul");
     }
 
-    Plan make_plan(const Gemm& g, const void* a, const void* b, const void* c, cudaDataType_t type,
+    Plan make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c, cudaDataType_t type,
                    std::size_t ws_bytes) {
         const Lt& lt = *lt_;
         Plan p;
@@ -917,10 +921,10 @@ private:
                 lt.check(lt.MatmulPreferenceSetAttribute(pref, attr, &value, sizeof value), "set preference");
             };
             set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws_bytes));
-            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(b));
-            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(a));
-            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(c));
-            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(c));
+            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);  // cuBLASLt's A is our B
+            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
+            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
+            set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
             cublasLtMatmulHeuristicResult_t result{};
             int found = 0;
             const cublasStatus_t st =
