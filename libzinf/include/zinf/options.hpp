@@ -1,11 +1,13 @@
 // zinf options: the command-line options of programs that run the io engine
 // and the pinned pool, declared once so that every program spells them alike
 // (--config or --engine/--block-size/--queue-depth/--queues; --pinned,
-// --pinned-buffer; --backend, --comm-timeout; --device-memory). Sits on top of cli, io, mem and comm.
+// --pinned-buffer; --backend, --comm-timeout; --device, --gpu, --device-memory). Sits on top of cli,
+// io, mem, comm and device.
 #pragma once
 
 #include <zinf/cli.hpp>
 #include <zinf/comm.hpp>
+#include <zinf/device.hpp>
 #include <zinf/io.hpp>
 #include <zinf/mem.hpp>
 
@@ -93,11 +95,46 @@ struct CommOptions {
 };
 
 // --device-memory: a size ("4GiB"), or "auto": three quarters of the memory
-// available now, as the cpu backend's arena takes pages only as they are used.
-inline std::uint64_t device_memory(const std::string& text) {
+// available now, as the cpu backend's arena takes pages only as they are used
+// (`gpu_bytes`: three quarters of the GPU's memory instead, for cuda).
+inline std::uint64_t device_memory(const std::string& text, std::uint64_t gpu_bytes = 0) {
     if (text != "auto") return parse_sizes({text}, "--device-memory")[0];
+    if (gpu_bytes) return gpu_bytes / 4 * 3;
     const std::uint64_t available = meminfo_bytes("MemAvailable");
     return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
 }
+
+// --device and --gpu: which backend runs the kernels, and on which GPU. The
+// default is cpu, the reference, until the cuda backend has passed its checks
+// on a GPU (tests/unit/test_cuda.cpp, tests/e2e/cuda.sh): every suite that
+// compares runs' bits or runs data parallel assumes it.
+struct DeviceOptions {
+    std::string device = "cpu";
+    int gpu = -1;
+
+    void add(CLI::App& app) {
+        app.add_option("--device", device, "Device backend: auto (cuda when a GPU is present, else cpu), cpu, cuda")
+            ->capture_default_str()
+            ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+        app.add_option("--gpu", gpu, "The GPU (cuda); default: the local rank modulo the GPUs, else 0")
+            ->default_str("local rank")
+            ->check(CLI::NonNegativeNumber);
+    }
+
+    // The backend auto stands for here: "cuda" or "cpu".
+    std::string backend() const {
+        if (device != "auto") return device;
+        return device::cuda_unavailable().empty() ? "cuda" : "cpu";
+    }
+
+    // After parsing: the device to open, its budget from --device-memory's
+    // text (auto: of the GPU's memory on cuda), `threads` for the cpu backend.
+    device::Options resolve(const std::string& memory, unsigned threads) const {
+        device::Options d{.backend = backend(), .threads = threads, .gpu = gpu};
+        if (d.backend != "cuda" && gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
+        d.memory_bytes = device_memory(memory, d.backend == "cuda" && memory == "auto" ? mem::gpu_info().bytes : 0);
+        return d;
+    }
+};
 
 }  // namespace zinf::cli
