@@ -141,6 +141,25 @@ LIB := $(BUILD)/libzinf-$(subst $(space),-,$(strip $(SANITIZED_MODULES))).a
 endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 
+# --- the cuda device backend (libzinf/src/device/cuda/, GPU.md) ----------------
+# Kernels: .cu files built by nvcc for Hopper (sm_90 code, plus compute_90 PTX
+# the driver compiles for anything newer), with -fmad=false (no fused
+# multiply-add, as the cpu kernels' -ffp-contract=off), so that most kernels
+# give the cpu backend's bits. Host side: .cpp built by g++ against the
+# toolkit's headers. cuBLASLt is opened at run time (dlopen), so nothing links
+# it. Without the toolkit, device/cuda_none.cpp stands in (it says why).
+ifneq ($(NVCC),)
+CUDA_DEVICE_SRCS := $(wildcard libzinf/src/device/cuda/*.cpp libzinf/src/device/cuda/*.cu)
+LIB_OBJS += $(patsubst %,$(BUILD)/%.o,$(basename $(CUDA_DEVICE_SRCS)))
+NVCCFLAGS := -std=c++20 -O3 -lineinfo -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 \
+  -fmad=false -Xcompiler=-Wall,-Wextra
+$(BUILD)/libzinf/src/device/cuda/%.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
+$(BUILD)/libzinf/src/device/cuda/%.o: libzinf/src/device/cuda/%.cu $(FLAGS_STAMP) Makefile
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+endif
+
 # One folder per program: main.cpp plus its own small files.
 PROGRAM_DIRS := $(patsubst %/main.cpp,%,$(wildcard */main.cpp))
 program_name = zinf-$(if $(filter trainer,$(1)),train,$(1))

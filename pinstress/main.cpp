@@ -5,6 +5,7 @@
 #include "stress.hpp"
 
 #include <zinf/cli.hpp>
+#include <zinf/device.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,8 @@ struct Options {
     unsigned copy_rounds = 20;
     bool no_copy = false;
     bool json = false;
+    std::string device = "auto";  // auto, cpu (no device copies), cuda (a GPU or an error)
+    int gpu = -1;
     std::string inject = "none";
 };
 
@@ -131,10 +134,14 @@ int run(const Options& o) {
                          std::to_string(pc.buffers()) + " buffers (" + pc.describe() + ")");
 
     const mem::GpuInfo gpu = mem::gpu_info();
+    if (o.device == "cuda" && gpu.count == 0) throw UsageError("--device cuda: " + gpu.why_not);
+    if (o.device == "cpu" && o.gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
+    const bool on_gpu = gpu.count > 0 && o.device != "cpu";
     mem::PinnedPool pool(pc);
     std::unique_ptr<mem::DeviceArena> arena;
-    if (gpu.count > 0 && !o.no_copy)
-        arena = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{.bytes = pc.buffer, .backend = "cuda"});
+    if (on_gpu && !o.no_copy)
+        arena = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{
+            .bytes = pc.buffer, .backend = "cuda", .gpu = device::select_gpu(o.gpu, gpu.count)});
     // Everything the run uses is allocated and touched before the first sample.
     AlignedBuffer pageable, source;
     if (!o.no_copy) {
@@ -209,6 +216,13 @@ int main(int argc, char** argv) {
         ->default_str("random");
     app.add_option("--copy-rounds", o.copy_rounds, "Copies per bandwidth figure")->check(CLI::Range(1u, 100000u));
     app.add_flag("--no-copy", o.no_copy, "Skip the copy-bandwidth measurements");
+    app.add_option("--device", o.device,
+                   "Where the copies go: auto (the GPU when there is one), cpu (no device copies), cuda (a GPU, "
+                   "else an error)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--gpu", o.gpu, "The GPU; default: the local rank modulo the GPUs, else 0")
+        ->check(CLI::NonNegativeNumber);
     app.add_flag("--json", o.json, "Print one JSON record (zinf.pinstress/1) instead of the table");
     app.add_option("--inject", o.inject, "Test the checks: corrupt a held buffer, or leak a lease past its thread")
         ->check(CLI::IsMember({"none", "corrupt", "leak"}));

@@ -25,6 +25,7 @@ struct Options {
     std::optional<std::uint64_t> seed;
     unsigned threads = 0;
     std::string device_memory = "auto", prefetch_bytes = "64MiB", persist_below = "auto";
+    cli::DeviceOptions device;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;
@@ -88,7 +89,10 @@ int run(Options& o) {
                          std::to_string(m.opts.dp) + ", or reshard it (zinf-shard reshard --dp " +
                          std::to_string(comm.size()) + ")");
     const bool lead = comm.rank() == 0;
-    auto dev = device::open({.backend = "cpu", .memory_bytes = cli::device_memory(o.device_memory), .threads = o.threads});
+    auto dev = device::open(o.device.resolve(o.device_memory, o.threads));
+    if (comm.size() > 1 && !dev->host_addressable())
+        throw UsageError("--device " + dev->backend() + " runs one rank for now: data parallelism there needs NCCL on "
+                         "the device's collectives stream, which is not built yet (use --device cpu)");
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
@@ -181,6 +185,7 @@ int main(int argc, char** argv) {
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);
+    o.device.add(app);
     return cli::run(app, argc, argv, "zinf-sample", common, [&] {
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report
         return run(o);

@@ -46,18 +46,26 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     return std::min(affinity_cpus(), share);
 }
 
-int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,
-              std::uint64_t device_bytes, bool json, bool checkpoint, const std::atomic<bool>& stop) {
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device, bool json,
+              bool checkpoint, const std::atomic<bool>& stop) {
     const shard::ModelSpec spec = shard::ModelSpec::parse(o.model);
-    const unsigned cores = threads ? threads : affinity_cpus();
-    auto dev = device::open({.backend = "cpu", .memory_bytes = device_bytes, .threads = cores});
+    if (!device.threads) device.threads = affinity_cpus();
+    auto dev = device::open(device);
     auto& s = dev->compute();
 
     model::GPT gpt(model::Config::from(spec));
     model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
     auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint});
     const auto tensors = shard::tensors(spec);
-    for (std::size_t t = 0; t < tensors.size(); ++t) shard::fill_fp32(tensors[t], spec, 0x5eed, 0, eng.values(t));
+    {  // filled on the host, copied in: device memory is not the host's on every backend
+        std::vector<float> host;
+        for (std::size_t t = 0; t < tensors.size(); ++t) {
+            host.resize(eng.values(t).size());
+            shard::fill_fp32(tensors[t], spec, 0x5eed, 0, host);
+            dev->copy(s, std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(host)));
+            dev->synchronize(s);
+        }
+    }
     std::mt19937 rng(1234);
     std::vector<std::int32_t> tokens(batch * seq);
     for (auto& v : tokens) v = static_cast<std::int32_t>(rng() % spec.vocab);
@@ -97,6 +105,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, uns
     double gemm = 0;
     for (int r = 0; r < 3 && !stop.load(); ++r) gemm = std::max(gemm, device::measure_gemm_flops(*dev, o.gemm_n, 3));
     if (stop.load()) throw Interrupted("interrupted while timing sgemm");
+    // On a GPU, the rate a bf16 step would be held to (fp32 is the step's own).
+    const double gemm_bf16 = device::measure_gemm_bf16_flops(*dev, o.gemm_n, 3);
 
     const double rate = model_flops / step_s, ratio = rate / gemm;
     if (json) {
@@ -114,11 +124,15 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, uns
         j["executed_flops_per_s"] = (model_flops + recompute) / step_s;
         j["sgemm_n"] = o.gemm_n;
         j["sgemm_flops_per_s"] = gemm;
+        j["device"] = dev->backend();
+        if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = gemm_bf16;
         j["ratio"] = ratio;
         std::cout << j.dump() << '\n';
     } else {
-        std::printf("# zinf-train --bench: %s, batch %llu x %llu, %u threads\n", spec.to_string().c_str(),
-                    static_cast<unsigned long long>(batch), static_cast<unsigned long long>(seq), dev->threads());
+        std::printf("# zinf-train --bench: %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),
+                    static_cast<unsigned long long>(batch), static_cast<unsigned long long>(seq),
+                    dev->backend().c_str(), dev->threads(), dev->backend() == "cuda" ? "SMs" : "threads");
+        if (gemm_bf16 > 0) std::printf("# cuBLASLt bf16 GEMM (fp32 accumulation): %.2f GFLOP/s\n", gemm_bf16 / 1e9);
         std::printf("# step_s  model_GFLOP/s  executed_GFLOP/s  sgemm_GFLOP/s  ratio\n");
         std::printf("%.4f  %.2f  %.2f  %.2f  %.3f\n", step_s, rate / 1e9, (model_flops + recompute) / step_s / 1e9,
                     gemm / 1e9, ratio);

@@ -3,6 +3,7 @@
 
 #include <zinf/cli.hpp>
 #include <zinf/comm.hpp>
+#include <zinf/device.hpp>
 #include <zinf/shard.hpp>
 
 #include <atomic>
@@ -30,7 +31,7 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
 
 
 // Stops (Interrupted) between steps once `stop` is set.
-int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, unsigned threads,
-              std::uint64_t device_bytes, bool json, bool checkpoint, const std::atomic<bool>& stop);
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device, bool json,
+              bool checkpoint, const std::atomic<bool>& stop);
 
 }  // namespace zinf::trainer

@@ -40,6 +40,7 @@ struct Options {
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
     std::string device_memory = "auto";
+    cli::DeviceOptions device;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;
@@ -219,9 +220,10 @@ int run(Options& o) {
 
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
-    device::Options dopts{.backend = "cpu", .memory_bytes = 0, .threads = cores};
-    dopts.memory_bytes = cli::device_memory(o.device_memory);
-    auto dev = device::open(dopts);
+    auto dev = device::open(o.device.resolve(o.device_memory, cores));
+    if (comm.size() > 1 && !dev->host_addressable())
+        throw UsageError("--device " + dev->backend() + " runs one rank for now: data parallelism there needs NCCL on "
+                         "the device's collectives stream, which is not built yet (use --device cpu)");
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
@@ -327,6 +329,7 @@ int main(int argc, char** argv) {
     o.pool.add(app);
     o.comm.add(app);
     o.bench.add(app);
+    o.device.add(app);
     return cli::run(app, argc, argv, "zinf-train", common, [&] {
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
@@ -334,8 +337,8 @@ int main(int argc, char** argv) {
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
         o.bench.check();
         if (o.bench.enabled)
-            return trainer::run_bench(o.bench, o.batch, o.seq, o.threads, cli::device_memory(o.device_memory),
-                                      o.json, !o.no_checkpoint, g_stop);
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.device_memory, o.threads), o.json,
+                                      !o.no_checkpoint, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);
     });

@@ -9,10 +9,11 @@
 //   dev->layernorm_forward(s, ...);       // enqueued; returns at once
 //   dev->synchronize(s);                  // everything before it is done
 //
-// Backends: `cpu` (now): GEMMs through OpenBLAS, the rest vectorised and
+// Backends: `cpu`: GEMMs through OpenBLAS, the rest vectorised and
 // threaded with OpenMP; a stream is a worker thread running its queue in
 // order; an event is a completion count; device memory is host memory from
-// the arena. `cuda` comes in its own issue behind the same interface, so the
+// the arena. `cuda` (device/cuda/): cuBLASLt and its own kernels on CUDA
+// streams, events that own a cudaEvent_t, the arena from one cudaMalloc; the
 // interface holds only what both can do: spans given to kernels are device
 // memory, to be read on the host only after a copy and a synchronize. (Host
 // code hands device memory to host collectives only where
@@ -44,11 +45,24 @@
 namespace zinf::device {
 
 struct Options {
-    std::string backend = "cpu";    // "cpu" ("cuda" comes in its own issue)
+    std::string backend = "cpu";    // "cpu", "cuda", or "auto" (cuda when a GPU is present, else cpu)
     std::uint64_t memory_bytes = 0;  // the arena budget; 0 = 1 GiB
     std::uint64_t max_block = 0;     // largest single allocation; 0 = no limit
-    unsigned threads = 0;            // kernel threads; 0 = the CPUs this process may use
+    unsigned threads = 0;            // kernel threads (cpu); 0 = the CPUs this process may use
+    int gpu = -1;                    // the GPU (cuda); -1 = select_gpu's choice by local rank
 };
+
+// The GPU a process takes among `count` visible: `requested` when >= 0
+// (UsageError when it is not below `count`), else the launcher's local rank
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID, the first set)
+// modulo `count`, else 0. `env` reads a variable (nullptr: unset); a local
+// rank that is not a number is a UsageError naming the variable.
+int select_gpu(int requested, int count, const std::function<const char*(const char*)>& env);
+int select_gpu(int requested, int count);  // from the process environment
+
+// Why the cuda backend cannot run here ("" when it can): this build has no
+// CUDA toolkit, or there is no usable GPU. `auto` picks cuda when "".
+std::string cuda_unavailable();
 
 // What a stream is for. The ZeRO engine gives each stage of its fetch
 // pipeline its own (paper §6.2): copies host -> device (cg), device -> host
@@ -246,13 +260,18 @@ protected:
     std::unique_ptr<mem::DeviceArena> arena_;
 };
 
-// UsageError for an unknown backend, or "cuda" before its issue lands.
+// UsageError for an unknown backend, or for "cuda" where it cannot run
+// (built without the toolkit, or no GPU: the error says which).
 std::unique_ptr<Device> open(const Options& opts);
 
 // The peer's sgemm rate on this device: C = A*B on n x n fp32 matrices,
 // `reps` times after one warm-up, FLOP/s (2 n^3 per product). On the cpu
 // backend that is OpenBLAS's cblas_sgemm on its own threads, as a user would
 // call it (the device's own GEMMs split over its OpenMP team instead). For --bench.
+// On cuda it is cuBLASLt's fp32 GEMM (TF32 off), timed on the compute stream.
 double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps);
+// cuBLASLt's bf16 GEMM (bf16 inputs and output, fp32 accumulation) on cuda,
+// the rate a bf16 step compares against; 0 on a backend without one (cpu).
+double measure_gemm_bf16_flops(Device& dev, std::uint64_t n, unsigned reps);
 
 }  // namespace zinf::device

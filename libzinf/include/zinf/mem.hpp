@@ -212,6 +212,7 @@ struct ArenaConfig {
     // "auto": cudaMalloc when a CUDA device is present, else host memory;
     // "host": host memory (the CPU backend); "cuda": a CUDA device or an error.
     std::string backend = "auto";
+    int gpu = -1;  // the CUDA device to take it on (and this thread's from then); -1: the current one
     void validate() const;
 };
 

@@ -3,7 +3,9 @@
 // count of the jobs a stream had been given. Each kernel call checks its spans
 // against its shape here, on the caller's thread (a short span is a bug:
 // InternalError at once), then enqueues the kernel of kernels.hpp.
+#include "backends.hpp"
 #include "kernels.hpp"
+#include "shape.hpp"
 
 #include <zinf/device.hpp>
 
@@ -155,36 +157,6 @@ CpuStream& as_cpu(const Stream& s) {
     if (!c) throw InternalError("device: a stream of another backend given to the cpu backend");
     return const_cast<CpuStream&>(*c);
 }
-
-// ---------------------------------------------------------------------------
-// A kernel's name and shape, for the InternalError a short span gets.
-class Shape {
-public:
-    Shape(const char* kernel, std::initializer_list<std::pair<const char*, u64>> dims) : kernel_(kernel) {
-        for (const auto& d : dims)
-            if (n_ < dims_.size()) dims_[n_++] = d;
-    }
-    void need(const char* span, std::size_t have, u64 want) const {
-        if (have < want) short_span(span, have, want);
-    }
-    [[noreturn, gnu::noinline, gnu::cold]] void short_span(const char* span, std::size_t have, u64 want) const {
-        std::string what = span;
-        what.append(" has ").append(std::to_string(have)).append(" elements, the shape needs ");
-        fail(what.append(std::to_string(want)));
-    }
-    [[noreturn, gnu::noinline, gnu::cold]] void fail(const std::string& what) const {
-        std::string msg = "device: ";
-        msg.append(kernel_);
-        for (std::size_t i = 0; i < n_; ++i)
-            msg.append(i ? ", " : " (").append(dims_[i].first).append("=").append(std::to_string(dims_[i].second));
-        throw InternalError(msg.append(n_ ? "): " : ": ").append(what));
-    }
-
-private:
-    const char* kernel_;
-    std::array<std::pair<const char*, u64>, 6> dims_{};
-    std::size_t n_ = 0;
-};
 
 // ---------------------------------------------------------------------------
 class CpuDevice final : public Device {
@@ -448,10 +420,6 @@ public:
     void host(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
 
 private:
-    static void check_heads(const Shape& sh, u64 C, u64 NH) {
-        if (NH == 0 || C % NH != 0) sh.fail("C is not a multiple of NH");
-    }
-
     const unsigned threads_;
     std::array<std::unique_ptr<CpuStream>, 4> streams_;  // by StreamKind
 
@@ -487,9 +455,9 @@ const char* stream_kind_name(StreamKind k) {
 }
 
 std::unique_ptr<Device> open(const Options& opts) {
-    if (opts.backend == "cuda")
-        throw UsageError("device backend 'cuda' is not built yet (it comes with its own issue); the backends: cpu");
-    if (opts.backend != "cpu") throw UsageError("unknown device backend '" + opts.backend + "' (the backends: cpu)");
+    if (opts.backend == "cuda" || (opts.backend == "auto" && cuda_unavailable().empty())) return open_cuda(opts);
+    if (opts.backend != "cpu" && opts.backend != "auto")
+        throw UsageError("unknown device backend '" + opts.backend + "' (the backends: auto, cpu, cuda)");
     auto dev = std::make_unique<CpuDevice>(opts);
 #if ZINF_HAVE_OPENBLAS
     // One thread inside each call: the device splits a GEMM over its own
@@ -501,6 +469,7 @@ std::unique_ptr<Device> open(const Options& opts) {
 
 double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps) {
     if (n == 0 || reps == 0) throw UsageError("measure_gemm_flops: n and reps must be positive");
+    if (dev.backend() == "cuda") return cuda_gemm_flops(dev, n, reps, false);
     Stream& s = dev.compute();
     auto a = dev.alloc<float>(n * n, "gemm benchmark A");
     auto b = dev.alloc<float>(n * n, "gemm benchmark B");
@@ -527,6 +496,11 @@ double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps) {
     dev.synchronize(s);
     const double seconds = timer.seconds();
     return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) * reps / seconds;
+}
+
+double measure_gemm_bf16_flops(Device& dev, std::uint64_t n, unsigned reps) {
+    if (n == 0 || reps == 0) throw UsageError("measure_gemm_bf16_flops: n and reps must be positive");
+    return dev.backend() == "cuda" ? cuda_gemm_flops(dev, n, reps, true) : 0.0;
 }
 
 }  // namespace zinf::device

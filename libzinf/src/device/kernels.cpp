@@ -27,10 +27,7 @@ void check_tokens(const std::int32_t* tokens, u64 B, u64 T, u64 V) {
     for (u64 b = 0; b < B; ++b)
         for (u64 t = 0; t < T; ++t) {
             const std::int64_t v = tokens[b * T + t];
-            if (v < 0 || static_cast<u64>(v) >= V)
-                throw DataError("token " + std::to_string(v) + " at batch row " + std::to_string(b) + ", position " +
-                                std::to_string(t) + " is not " + (v < 0 ? "a valid token id (negative)" :
-                                "below the vocabulary size " + std::to_string(V)));
+            if (v < 0 || static_cast<u64>(v) >= V) throw bad_token(v, b, t, V);
         }
 }
 
@@ -68,6 +65,29 @@ inline float tanh_gelu(float u) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+}  // namespace zinf::device::cpu
+
+namespace zinf::device {
+using cpu::u64;
+namespace {
+std::string not_an_id(std::int64_t v, u64 V) {
+    return v < 0 ? "a valid token id (negative)" : "below the vocabulary size " + std::to_string(V);
+}
+}  // namespace
+
+DataError bad_token(std::int64_t v, u64 b, u64 t, u64 V) {
+    return DataError("token " + std::to_string(v) + " at batch row " + std::to_string(b) + ", position " +
+                     std::to_string(t) + " is not " + not_an_id(v, V));
+}
+
+DataError bad_target(std::int64_t v, u64 row, u64 V) {
+    return DataError("target " + std::to_string(v) + " at row " + std::to_string(row) + " is not " + not_an_id(v, V));
+}
+}  // namespace zinf::device
+
+namespace zinf::device::cpu {
 
 // ---------------------------------------------------------------------------
 void bias_add(float* out, const float* bias, u64 N, u64 OC) {

@@ -14,6 +14,16 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace zinf::device {
+
+// The DataError a token (embedding, at batch row b, position t) or a target
+// (cross-entropy, at row `row`) outside [0, V) gets, on every backend: one
+// wording, so a run says the same whichever device found it.
+DataError bad_token(std::int64_t v, std::uint64_t b, std::uint64_t t, std::uint64_t V);
+DataError bad_target(std::int64_t v, std::uint64_t row, std::uint64_t V);
+
+}  // namespace zinf::device
+
 namespace zinf::device::cpu {
 
 using u64 = std::uint64_t;

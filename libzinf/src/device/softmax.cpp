@@ -141,10 +141,7 @@ namespace {
 void check_targets(const std::int32_t* targets, u64 N, u64 V) {
     for (u64 i = 0; i < N; ++i) {
         const std::int64_t v = targets[i];
-        if (v < 0 || static_cast<u64>(v) >= V)
-            throw DataError("target " + std::to_string(v) + " at row " + std::to_string(i) + " is not " +
-                            (v < 0 ? "a valid token id (negative)" :
-                                     "below the vocabulary size " + std::to_string(V)));
+        if (v < 0 || static_cast<u64>(v) >= V) throw bad_target(v, i, V);
     }
 }
 

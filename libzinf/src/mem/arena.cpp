@@ -61,6 +61,7 @@ DeviceArena::DeviceArena(const ArenaConfig& cfg) : impl_(std::make_unique<Impl>(
     // refused at one byte under its need must not get that byte back here).
     const std::uint64_t bytes = std::max<std::uint64_t>(align_down(cfg.bytes, kArenaAlignment), kArenaAlignment);
     if (have_gpu) {
+        if (cfg.gpu >= 0) gpu::set_device(cfg.gpu);
         m.base = static_cast<std::byte*>(gpu::device_alloc(bytes));
         m.gpu = true;
         m.backend = "cuda";

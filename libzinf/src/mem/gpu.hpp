@@ -11,6 +11,7 @@ namespace zinf::mem::gpu {
 
 // Visible CUDA devices; 0 with `why` set when there are none or no runtime.
 int device_count(std::string* why);
+void set_device(int device);  // cudaSetDevice: this thread's current device
 std::string device_name(int device);
 std::size_t device_memory(int device);  // bytes of global memory
 

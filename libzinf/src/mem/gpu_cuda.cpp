@@ -38,6 +38,8 @@ int device_count(std::string* why) {
     return count;
 }
 
+void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")"); }
+
 std::string device_name(int device) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");

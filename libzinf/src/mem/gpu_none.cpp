@@ -15,6 +15,7 @@ int device_count(std::string* why) {
     throw InternalError(std::string(call) + " called in a build without CUDA");
 }
 
+void set_device(int) { no_cuda("cudaSetDevice"); }
 std::string device_name(int) { no_cuda("device_name"); }
 std::size_t device_memory(int) { no_cuda("device_memory"); }
 void* host_alloc(std::size_t) { no_cuda("cudaHostAlloc"); }

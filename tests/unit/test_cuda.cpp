@@ -1,0 +1,590 @@
+// Unit tests of the cuda device backend against the cpu backend, the
+// reference: every kernel on the same random inputs (outputs poisoned with
+// NaN first; "+=" outputs start from the same random values), GEMM in every
+// transpose, padding, batch, alpha and beta case; two cuda runs bitwise the
+// same (backward kernels above all: no atomics); a bad token or target
+// reported at synchronize with the cpu backend's message; host() jobs in
+// order with kernels and copies, their errors at synchronize; copies both
+// ways; the stall a wait measures. Each GPU case is skipped, with the
+// reason, where there is no usable GPU (or no CUDA in the build).
+//
+// Without a GPU: the GPU's selection by --gpu and local rank, and what
+// open() says when cuda cannot run.
+//
+// Tolerance (fp32, TF32 off): |cuda - cpu| <= 1e-5 * (|cpu| + mean |cpu|)
+// per element: relative to the element, with the array's mean magnitude as
+// the floor, so that an element near zero (a sum that cancels) is held to
+// the precision of the terms it came from rather than to its own size. Most
+// kernels are expected bitwise equal (cuda/kernels.hpp says which) and are
+// checked so.
+#define BOOST_TEST_MODULE cuda
+#include "testing.hpp"
+
+#include <zinf/device.hpp>
+#include <zinf/mem.hpp>
+#include <zinf/optim.hpp>
+#include <zinf/util.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace zinf;
+using namespace zinf::device;
+using u64 = std::uint64_t;
+using Vf = std::vector<float>;
+using Vi = std::vector<std::int32_t>;
+using V16 = std::vector<std::uint16_t>;
+namespace utf = boost::unit_test;
+
+namespace {
+
+struct GpuPresent {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        const std::string why = cuda_unavailable();
+        boost::test_tools::assertion_result r(why.empty());
+        if (!r) r.message() << "the cuda backend cannot run here: " << why;
+        return r;
+    }
+};
+
+std::uint64_t fresh_seed(const char* what) {
+    const std::uint64_t s = testing::seed(what);
+    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
+    return s;
+}
+
+Vf randn(std::size_t n, std::mt19937_64& rng, float scale = 1) {
+    std::normal_distribution<float> normal;
+    Vf v(n);
+    for (auto& x : v) x = normal(rng) * scale;
+    return v;
+}
+
+Vi random_tokens(std::size_t n, std::int32_t V, std::mt19937_64& rng) {
+    std::uniform_int_distribution<std::int32_t> d(0, V - 1);
+    Vi v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Host <-> device through the device's own copies, synchronized.
+template <class T>
+Array<T> up(Device& d, const std::vector<T>& h) {
+    auto a = d.alloc<T>(h.size(), "test input");
+    d.copy(d.compute(), std::as_writable_bytes(a.span()), std::as_bytes(std::span<const T>(h)));
+    d.synchronize(d.compute());
+    return a;
+}
+template <class T>
+std::vector<T> down(Device& d, const Array<T>& a) {
+    std::vector<T> h(a.size());
+    d.synchronize(d.compute());
+    d.copy(d.compute(), std::as_writable_bytes(std::span<T>(h)), std::as_bytes(a.span()));
+    d.synchronize(d.compute());
+    return h;
+}
+Array<float> poisoned(Device& d, std::size_t n) { return up(d, Vf(n, kNaN)); }
+
+// The two backends side by side: run(fn) calls fn on each and gives back its
+// named outputs.
+using Outputs = std::map<std::string, Vf>;
+struct Pair {
+    std::unique_ptr<Device> cpu = open({.backend = "cpu", .memory_bytes = 512 * MiB});
+    std::unique_ptr<Device> gpu = open({.backend = "cuda", .memory_bytes = 512 * MiB});
+
+    std::pair<Outputs, Outputs> run(const std::function<Outputs(Device&)>& fn) { return {fn(*cpu), fn(*gpu)}; }
+};
+
+// The tolerance of the file's head; bitwise when `exact`.
+void expect_close(const Vf& got, const Vf& ref, const std::string& what, bool exact = false) {
+    BOOST_REQUIRE_EQUAL(got.size(), ref.size());
+    double mean = 0;
+    for (float r : ref) mean += std::abs(double(r));
+    mean /= std::max<std::size_t>(1, ref.size());
+    std::size_t bad = 0, first = 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double g = got[i], r = ref[i];
+        bool ok;
+        if (exact)
+            ok = std::memcmp(&got[i], &ref[i], 4) == 0;
+        else
+            ok = std::isfinite(g) && std::abs(g - r) <= 1e-5 * (std::abs(r) + mean);
+        if (!std::isfinite(r)) ok = std::memcmp(&got[i], &ref[i], 4) == 0 || (std::isnan(g) && std::isnan(r));
+        if (!ok && bad++ == 0) first = i;
+        if (std::isfinite(g) && std::isfinite(r)) worst = std::max(worst, std::abs(g - r) / (std::abs(r) + mean));
+    }
+    BOOST_TEST(bad == 0u, what << ": " << bad << " of " << ref.size() << " elements differ"
+                               << (exact ? " (bitwise)" : "") << "; first at " << first << ": cuda " << got[first]
+                               << ", cpu " << ref[first] << "; worst relative " << worst);
+}
+
+void expect_all(const std::pair<Outputs, Outputs>& r, const std::string& what, bool exact = false) {
+    for (const auto& [name, ref] : r.first) expect_close(r.second.at(name), ref, what + " " + name, exact);
+}
+
+// Two cuda runs of the same thing, bitwise.
+void expect_same_bits(Device& d, const std::function<Outputs(Device&)>& fn, const std::string& what) {
+    const Outputs a = fn(d), b = fn(d);
+    for (const auto& [name, v] : a)
+        BOOST_TEST(std::memcmp(v.data(), b.at(name).data(), v.size() * 4) == 0, what << " " << name
+                                                                                   << ": two runs differ");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Without a GPU.
+
+BOOST_AUTO_TEST_CASE(select_gpu_by_option_then_local_rank) {
+    std::map<std::string, std::string> env;
+    auto get = [&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+    };
+    BOOST_TEST(select_gpu(-1, 4, get) == 0);  // no launcher
+    BOOST_TEST(select_gpu(2, 4, get) == 2);
+    env["MPI_LOCALRANKID"] = "3";
+    BOOST_TEST(select_gpu(-1, 4, get) == 3);
+    env["SLURM_LOCALID"] = "5";
+    BOOST_TEST(select_gpu(-1, 4, get) == 1);  // Slurm's before MPICH's, modulo the count
+    env["OMPI_COMM_WORLD_LOCAL_RANK"] = "6";
+    BOOST_TEST(select_gpu(-1, 4, get) == 2);  // Open MPI's first
+    BOOST_TEST(select_gpu(1, 4, get) == 1);   // --gpu wins
+    BOOST_TEST(select_gpu(-1, 1, get) == 0);
+
+    std::string what = testing::what_of<UsageError>([&] { select_gpu(4, 4, get); }, "--gpu past the count");
+    BOOST_TEST(testing::contains(what, "--gpu 4: there are 4 GPUs (0 to 3)"), what);
+    what = testing::what_of<UsageError>([&] { select_gpu(1, 1, get); }, "--gpu 1 of 1");
+    BOOST_TEST(testing::contains(what, "there is 1 GPU"), what);
+    testing::what_of<UsageError>([&] { select_gpu(-1, 0, get); }, "no GPU");
+    env["OMPI_COMM_WORLD_LOCAL_RANK"] = "two";
+    what = testing::what_of<UsageError>([&] { select_gpu(-1, 4, get); }, "a local rank that is no number");
+    BOOST_TEST(testing::contains(what, "OMPI_COMM_WORLD_LOCAL_RANK='two'"), what);
+    env["OMPI_COMM_WORLD_LOCAL_RANK"] = "";  // set but empty: as unset
+    BOOST_TEST(select_gpu(-1, 4, get) == 1);
+}
+
+// What open() gives for cuda and auto, GPU or not: each branch asserts.
+BOOST_AUTO_TEST_CASE(open_cuda_says_why_it_cannot_run) {
+    const std::string why = cuda_unavailable();
+    BOOST_TEST_MESSAGE("cuda_unavailable(): '" << why << "'");
+    if (!why.empty()) {
+        const std::string what =
+            testing::what_of<UsageError>([] { open({.backend = "cuda"}); }, "cuda without a GPU");
+        BOOST_TEST(testing::contains(what, "device backend 'cuda'"), what);
+        BOOST_TEST(testing::contains(what, why), what);
+        BOOST_TEST(open({.backend = "auto", .memory_bytes = 64 * MiB})->backend() == "cpu");
+        try {
+            open({.backend = "cuda"});
+        } catch (const Error& e) {
+            BOOST_TEST(e.exit_code() == exit_code::usage);
+        }
+    } else {
+        auto d = open({.backend = "auto", .memory_bytes = 64 * MiB});
+        BOOST_TEST(d->backend() == "cuda");
+        BOOST_TEST(!d->host_addressable());
+        BOOST_TEST(d->native(d->compute()) != nullptr);
+        BOOST_TEST(d->arena().on_gpu());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// On a GPU.
+
+BOOST_AUTO_TEST_CASE(copies_both_ways_and_on_the_device, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("copies"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    const Vf h = randn(100'003, rng);
+    auto a = up(*d, h), b = d->alloc<float>(h.size(), "b");
+    BOOST_TEST(down(*d, b) == Vf(h.size(), 0.0f));  // alloc zero-fills
+    d->copy(d->copies(), std::as_writable_bytes(b.span()), std::as_bytes(a.span()));  // device to device
+    d->synchronize(d->copies());
+    BOOST_TEST(down(*d, b) == h);
+    d->zero(d->compute(), b.span().subspan(10, 20));
+    const Vf z = down(*d, b);
+    BOOST_TEST(z[9] == h[9]);
+    BOOST_TEST(z[10] == 0.0f);
+    BOOST_TEST(z[29] == 0.0f);
+    BOOST_TEST(z[30] == h[30]);
+    const std::string what = testing::what_of<InternalError>(
+        [&] { d->copy(d->compute(), std::as_writable_bytes(b.span().first(5)), std::as_bytes(a.span())); },
+        "short copy");
+    BOOST_TEST(testing::contains(what, "copy"), what);
+}
+
+BOOST_AUTO_TEST_CASE(gemm_transposes_padding_batch_alpha_beta, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("gemm"));
+    Pair p;
+    struct Case {
+        Gemm g;
+        const char* what;
+    };
+    std::vector<Case> cases;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) cases.push_back({{.ta = ta, .tb = tb, .m = 37, .n = 53, .k = 29}, "plain"});
+    cases.push_back({{.m = 64, .n = 96, .k = 128, .alpha = 0.5f, .beta = 0.75f}, "alpha beta"});
+    cases.push_back({{.ta = true, .m = 20, .n = 30, .k = 40, .lda = 24, .ldb = 33, .ldc = 31}, "padded"});
+    cases.push_back({{.tb = true, .m = 16, .n = 24, .k = 8, .batch = 5, .stride_a = 16 * 8 + 3,
+                      .stride_b = 24 * 8 + 5, .stride_c = 16 * 24 + 7},
+                     "batched"});
+    cases.push_back({{.ta = true, .tb = true, .m = 33, .n = 17, .k = 65, .beta = 1, .batch = 3}, "batched, beta 1"});
+    cases.push_back({{.m = 7, .n = 9, .k = 0, .beta = 0.5f}, "k = 0"});
+    cases.push_back({{.m = 7, .n = 9, .k = 0}, "k = 0, beta 0"});
+    cases.push_back({{.m = 256, .n = 768, .k = 192}, "large"});
+    for (const Case& c : cases) {
+        const u64 ra = c.g.ta ? c.g.k : c.g.m, ca = c.g.ta ? c.g.m : c.g.k;
+        const u64 rb = c.g.tb ? c.g.n : c.g.k, cb = c.g.tb ? c.g.k : c.g.n;
+        const u64 lda = c.g.lda ? c.g.lda : ca, ldb = c.g.ldb ? c.g.ldb : cb, ldc = c.g.ldc ? c.g.ldc : c.g.n;
+        const u64 sa = c.g.stride_a ? c.g.stride_a : ra * lda, sb = c.g.stride_b ? c.g.stride_b : rb * ldb;
+        const u64 sc = c.g.stride_c ? c.g.stride_c : c.g.m * ldc;
+        const Vf a = randn(std::max<u64>(1, (c.g.batch - 1) * sa + ra * lda), rng);
+        const Vf b = randn(std::max<u64>(1, (c.g.batch - 1) * sb + rb * ldb), rng);
+        const Vf c0 = randn((c.g.batch - 1) * sc + c.g.m * ldc, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto da = up(d, a), db = up(d, b);
+            auto dc = up(d, c.g.beta == 0 ? Vf(c0.size(), kNaN) : c0);  // beta 0: C is not read
+            d.gemm(d.compute(), c.g, da, db, dc);
+            Vf out = down(d, dc);
+            // Padding between rows and matrices is not written: compare only C's elements.
+            Vf packed;
+            for (u64 e = 0; e < c.g.batch; ++e)
+                for (u64 i = 0; i < c.g.m; ++i)
+                    for (u64 j = 0; j < c.g.n; ++j) packed.push_back(out[e * sc + i * ldc + j]);
+            return {{"C", packed}};
+        };
+        expect_all(p.run(fn), std::string("gemm ") + c.what);
+        expect_same_bits(*p.gpu, fn, std::string("gemm ") + c.what);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(bias_embedding_residual_accumulate, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("bias embedding"));
+    Pair p;
+    const u64 B = 3, T = 17, C = 72, V = 101, N = B * T, OC = 200;
+    Vi tok = random_tokens(B * T, V, rng);
+    tok[5] = tok[9] = tok[40] = 7;  // repeated tokens sum in order
+    const Vf wte = randn(V * C, rng), wpe = randn(T * C, rng), dout = randn(B * T * C, rng);
+    const Vf dwte0 = randn(V * C, rng), dwpe0 = randn(T * C, rng);
+    const Vf out0 = randn(N * OC, rng), bias = randn(OC, rng), dbias0 = randn(OC, rng), dout2 = randn(N * OC, rng);
+    const Vf xa = randn(N * C, rng), xb = randn(N * C, rng);
+    auto embedding = [&](Device& d) -> Outputs {
+        auto out = poisoned(d, B * T * C);
+        auto dt = up(d, tok);
+        auto te = up(d, wte), pe = up(d, wpe), go = up(d, dout);
+        auto dte = up(d, dwte0), dpe = up(d, dwpe0);
+        d.embedding_forward(d.compute(), out, dt, te, pe, B, T, C, V);
+        d.embedding_backward(d.compute(), dte, dpe, go, dt, B, T, C, V);
+        return {{"out", down(d, out)}, {"dwte", down(d, dte)}, {"dwpe", down(d, dpe)}};
+    };
+    auto bias_fn = [&](Device& d) -> Outputs {
+        auto o = up(d, out0), bi = up(d, bias), db = up(d, dbias0), go = up(d, dout2);
+        d.bias_add(d.compute(), o, bi, N, OC);
+        d.bias_backward(d.compute(), db, go, N, OC);
+        return {{"out", down(d, o)}, {"dbias", down(d, db)}};
+    };
+    auto residual = [&](Device& d) -> Outputs {
+        auto o = poisoned(d, N * C), a = up(d, xa), b = up(d, xb);
+        d.residual_forward(d.compute(), o, a, b);
+        d.accumulate(d.compute(), a, b);
+        return {{"residual", down(d, o)}, {"accumulate", down(d, a)}};
+    };
+    // The same order of additions as the cpu kernels (cuda/kernels.hpp): bitwise.
+    expect_all(p.run(embedding), "embedding", true);
+    expect_all(p.run(bias_fn), "bias", true);
+    expect_all(p.run(residual), "residual", true);
+    expect_same_bits(*p.gpu, embedding, "embedding");
+    expect_same_bits(*p.gpu, bias_fn, "bias");
+}
+
+BOOST_AUTO_TEST_CASE(layernorm_and_gelu, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("layernorm gelu"));
+    Pair p;
+    for (const u64 C : {u64{64}, u64{77}, u64{768}}) {  // whole groups of eight, a tail, GPT-2's width
+        const u64 N = 45;
+        const Vf x = randn(N * C, rng, 2), w = randn(C, rng), b = randn(C, rng), dout = randn(N * C, rng);
+        const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng), db0 = randn(C, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, N * C), mean = poisoned(d, N), rstd = poisoned(d, N);
+            auto dx = up(d, x), dw_ = up(d, w), db_ = up(d, b), go = up(d, dout);
+            auto dinp = up(d, dinp0), dw = up(d, dw0), db = up(d, db0);
+            d.layernorm_forward(d.compute(), out, mean, rstd, dx, dw_, db_, N, C);
+            d.layernorm_backward(d.compute(), dinp, dw, db, go, dx, dw_, mean, rstd, N, C);
+            return {{"out", down(d, out)}, {"mean", down(d, mean)}, {"rstd", down(d, rstd)},
+                    {"dinp", down(d, dinp)}, {"dw", down(d, dw)},     {"db", down(d, db)}};
+        };
+        expect_all(p.run(fn), "layernorm C=" + std::to_string(C), true);
+        expect_same_bits(*p.gpu, fn, "layernorm");
+    }
+    Vf x = randn(100'000, rng, 3);
+    x[0] = 12;  // past the tanh clamp
+    x[1] = -12;
+    x[2] = 0;
+    const Vf dout = randn(x.size(), rng);
+    auto gelu = [&](Device& d) -> Outputs {
+        auto out = poisoned(d, x.size()), dinp = poisoned(d, x.size());
+        auto dx = up(d, x), go = up(d, dout);
+        d.gelu_forward(d.compute(), out, dx);
+        d.gelu_backward(d.compute(), dinp, dx, go);
+        return {{"out", down(d, out)}, {"dinp", down(d, dinp)}};
+    };
+    expect_all(p.run(gelu), "gelu", true);
+}
+
+BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("attention"));
+    Pair p;
+    struct Shape {
+        u64 B, T, C, NH;
+    };
+    for (const Shape s : {Shape{2, 7, 24, 3}, Shape{1, 70, 64, 2}, Shape{2, 33, 48, 4}}) {
+        const u64 B = s.B, T = s.T, C = s.C, NH = s.NH;
+        const Vf qkv = randn(B * T * 3 * C, rng), dout = randn(B * T * C, rng);
+        const std::string what = "attention B=" + std::to_string(B) + " T=" + std::to_string(T);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, B * T * C), att = poisoned(d, B * NH * T * T);
+            auto dqkv = poisoned(d, B * T * 3 * C), datt = poisoned(d, B * NH * T * T);
+            auto x = up(d, qkv), go = up(d, dout);
+            d.attention_forward(d.compute(), out, att, x, B, T, C, NH);
+            d.attention_backward(d.compute(), dqkv, datt, go, x, att, B, T, C, NH);
+            return {{"out", down(d, out)}, {"att", down(d, att)}, {"dqkv", down(d, dqkv)}};
+        };
+        expect_all(p.run(fn), what);  // expf is not glibc's: close, not bitwise
+        expect_same_bits(*p.gpu, fn, what);
+
+        // The backward alone on the same att: bitwise (the same sums in the same order).
+        const Vf att = randn(B * NH * T * T, rng);
+        auto backward = [&](Device& d) -> Outputs {
+            auto dqkv = poisoned(d, B * T * 3 * C), datt = poisoned(d, B * NH * T * T);
+            auto x = up(d, qkv), go = up(d, dout), a = up(d, att);
+            d.attention_backward(d.compute(), dqkv, datt, go, x, a, B, T, C, NH);
+            return {{"dqkv", down(d, dqkv)}};
+        };
+        expect_all(p.run(backward), what + " backward", true);
+
+        // Decoding the last position against (T,C) keys and values.
+        const Vf q = randn(C, rng), k = randn(T * C, rng), v = randn(T * C, rng);
+        auto decode = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, C), att_ = poisoned(d, NH * T);
+            auto dq = up(d, q), dk = up(d, k), dv = up(d, v);
+            d.attention_decode(d.compute(), out, att_, dq, dk, dv, T, C, NH);
+            return {{"out", down(d, out)}, {"att", down(d, att_)}};
+        };
+        expect_all(p.run(decode), what + " decode");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(crossentropy_with_and_without_gradient, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("crossentropy"));
+    Pair p;
+    for (const u64 V : {u64{50}, u64{1000}, u64{50257}}) {
+        const u64 N = V > 10000 ? 9 : 37;
+        const Vf logits = randn(N * V, rng, 4);
+        const Vi targets = random_tokens(N, static_cast<std::int32_t>(V), rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto losses = poisoned(d, N), losses2 = poisoned(d, N);
+            auto x = up(d, logits);
+            auto t = up(d, targets);
+            d.crossentropy_forward(d.compute(), losses2, x, t, N, V);
+            d.crossentropy_forward_backward(d.compute(), losses, x, t, 0.25f, N, V);
+            return {{"losses", down(d, losses)}, {"losses (forward only)", down(d, losses2)}, {"dlogits", down(d, x)}};
+        };
+        expect_all(p.run(fn), "crossentropy V=" + std::to_string(V));
+        expect_same_bits(*p.gpu, fn, "crossentropy");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(casts_and_adamw_bitwise, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("casts adamw"));
+    Pair p;
+    Vf x = randn(70'001, rng, 100);
+    // Ties to even, NaN, infinities, the largest finite, denormals.
+    const std::uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7fc00001u, 0xffc00000u, 0x7f800001u,
+                                     0x7f800000u, 0xff800000u, 0x7f7fffffu, 0x00000001u, 0x80400000u};
+    for (std::size_t i = 0; i < std::size(special); ++i) std::memcpy(&x[i], &special[i], 4);
+    auto casts = [&](Device& d) -> Outputs {
+        auto src = up(d, x);
+        auto b16 = up(d, V16(x.size(), 0xdead));
+        auto back = poisoned(d, x.size());
+        d.cast(d.compute(), b16, src);
+        d.cast(d.compute(), back, b16);
+        const V16 bits = down(d, b16);
+        Vf as_float(bits.size());
+        for (std::size_t i = 0; i < bits.size(); ++i) as_float[i] = float(bits[i]);  // exact: < 2^24
+        return {{"bf16 bits", as_float}, {"back", down(d, back)}};
+    };
+    expect_all(p.run(casts), "casts", true);
+
+    const u64 n = 50'000;
+    const Vf w = randn(n, rng), m = randn(n, rng, 0.1f), g = randn(n, rng, 0.01f);
+    Vf v = randn(n, rng, 0.01f);
+    for (auto& e : v) e = std::abs(e);
+    V16 g16(n);
+    to_bf16(std::span<const float>(g), std::span<std::uint16_t>(g16));
+    const auto k = optim::Scalars::make({.lr = 1e-3, .weight_decay = 0.1}, 7, 0.5);
+    for (const bool bf16_grad : {false, true}) {
+        auto fn = [&](Device& d) -> Outputs {
+            auto dw = up(d, w), dm = up(d, m), dv = up(d, v), dg = up(d, g), p32 = poisoned(d, n);
+            auto dg16 = up(d, g16), p16 = up(d, V16(n, 0xdead));
+            optim::Update u{.master = dw, .exp_avg = dm, .exp_avg_sq = dv};
+            if (bf16_grad) {
+                u.grad_bf16 = dg16;
+                u.param_bf16 = p16;
+            } else {
+                u.grad_f32 = dg;
+                u.param_f32 = p32;
+            }
+            d.adamw(d.compute(), u, k);
+            Outputs o{{"w", down(d, dw)}, {"m", down(d, dm)}, {"v", down(d, dv)}};
+            if (bf16_grad) {
+                const V16 bits = down(d, p16);
+                o["p16"] = Vf(bits.begin(), bits.end());
+            } else {
+                o["p32"] = down(d, p32);
+            }
+            return o;
+        };
+        expect_all(p.run(fn), bf16_grad ? "adamw bf16" : "adamw f32", true);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(bad_token_and_target_at_synchronize, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("bad tokens"));
+    Pair p;
+    const u64 B = 2, T = 5, C = 8, V = 50;
+    Vi tok = random_tokens(B * T, V, rng);
+    tok[1 * T + 2] = 50;
+    tok[1 * T + 4] = 99;  // a later one: the first is reported
+    const Vf wte = randn(V * C, rng), wpe = randn(T * C, rng);
+    // The cpu backend's message, word for word, and its exit code.
+    // fn enqueues the kernel and synchronizes (its arrays live until then).
+    auto message = [&](Device& d, const std::function<void(Device&)>& fn) {
+        std::string what;
+        try {
+            fn(d);
+            BOOST_ERROR(d.backend() << ": no error at synchronize");
+        } catch (const DataError& e) {
+            what = e.what();
+            BOOST_TEST(e.exit_code() == exit_code::data);
+        }
+        d.synchronize(d.compute());  // reported once; the stream goes on
+        return what;
+    };
+    auto embedding = [&](Device& d) {
+        auto out = d.alloc<float>(B * T * C, "out");
+        auto dt = up(d, tok);
+        auto te = up(d, wte), pe = up(d, wpe);
+        d.embedding_forward(d.compute(), out, dt, te, pe, B, T, C, V);
+        d.synchronize(d.compute());
+    };
+    auto cpu_what = message(*p.cpu, embedding), gpu_what = message(*p.gpu, embedding);
+    BOOST_TEST(gpu_what == cpu_what);
+    BOOST_TEST(testing::contains(gpu_what, "token 50 at batch row 1, position 2"), gpu_what);
+
+    Vi tgt = random_tokens(B * T, V, rng);
+    tgt[7] = -3;
+    const Vf logits = randn(B * T * V, rng);
+    auto ce = [&](Device& d) {
+        auto x = up(d, logits);
+        auto t = up(d, tgt);
+        auto losses = d.alloc<float>(B * T, "losses");
+        d.crossentropy_forward_backward(d.compute(), losses, x, t, 1, B * T, V);
+        d.synchronize(d.compute());
+    };
+    cpu_what = message(*p.cpu, ce);
+    gpu_what = message(*p.gpu, ce);
+    BOOST_TEST(gpu_what == cpu_what);
+    BOOST_TEST(testing::contains(gpu_what, "target -3 at row 7"), gpu_what);
+
+    // Reported through an event after the kernel, not through one before it.
+    Device& d = *p.gpu;
+    auto out = d.alloc<float>(B * T * C, "out");
+    auto dt = up(d, tok);
+    auto te = up(d, wte), pe = up(d, wpe);
+    const Event before = d.record(d.compute());
+    d.embedding_forward(d.compute(), out, dt, te, pe, B, T, C, V);
+    const Event after = d.record(d.compute());
+    d.synchronize(before);
+    testing::what_of<DataError>([&] { d.synchronize(after); }, "event after the bad token");
+    d.synchronize(d.compute());
+}
+
+BOOST_AUTO_TEST_CASE(host_jobs_in_order_and_their_errors, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("host jobs"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    Stream& s = d->compute();
+    const u64 n = 1 << 20;
+    const Vf x = randn(n, rng);
+    auto a = up(*d, x), b = d->alloc<float>(n, "b");
+    Vf host(n, kNaN), host2(n, kNaN);
+    std::vector<int> order;
+    // kernel -> copy out -> host job reads it and writes another -> copy in -> kernel.
+    d->residual_forward(s, b, a, a);
+    d->copy(s, std::as_writable_bytes(std::span<float>(host)), std::as_bytes(b.span()));
+    d->host(s, [&] {
+        order.push_back(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the stream must wait for it
+        for (u64 i = 0; i < n; ++i) host2[i] = host[i] + 1;
+    });
+    d->copy(s, std::as_writable_bytes(b.span()), std::as_bytes(std::span<const float>(host2)));
+    d->host(s, [&] { order.push_back(2); });
+    d->accumulate(s, b, a);
+    d->synchronize(s);
+    BOOST_TEST((order == std::vector<int>{1, 2}));
+    const Vf got = down(*d, b);
+    std::size_t bad = 0;
+    for (u64 i = 0; i < n; ++i) bad += got[i] != (x[i] + x[i] + 1) + x[i];
+    BOOST_TEST(bad == 0u);
+
+    // Across streams: a copy on h2d waits for a slow host job on compute.
+    std::atomic<std::uint64_t> waited{0};
+    d->host(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+    const Event e = d->record(s);
+    d->wait(d->copies(), e, waited);
+    d->host(d->copies(), [&] { order.push_back(3); });
+    BOOST_TEST(!d->query(e));
+    d->synchronize(d->copies());
+    BOOST_TEST(d->query(e));
+    BOOST_TEST(order.back() == 3);
+    BOOST_TEST(waited.load() >= 50'000'000u, "the copies stream stood " << waited.load() << " ns");
+
+    // An error: thrown by the stream's synchronize (once), or an event's after
+    // it; the jobs behind it dropped; the stream works afterwards.
+    std::atomic<int> ran{0};
+    d->host(s, [&] { ran += 1; });
+    const Event clean = d->record(s);
+    d->host(s, [] { throw std::runtime_error("boom"); });
+    const Event covering = d->record(s);
+    d->host(s, [&] { ran += 10; });
+    d->synchronize(clean);
+    const std::string what = testing::what_of<std::runtime_error>([&] { d->synchronize(covering); }, "job error");
+    BOOST_TEST(what == "boom");
+    d->synchronize(s);  // reported once
+    BOOST_TEST(ran.load() == 1);
+    d->host(s, [&] { ran += 100; });
+    d->synchronize(s);
+    BOOST_TEST(ran.load() == 101);
+    d->host(s, [] { throw DataError("bad data"); });
+    testing::what_of<DataError>([&] { d->synchronize(s); }, "stream after error");
+}
+
+BOOST_AUTO_TEST_CASE(gemm_rates_are_measured, *utf::precondition(GpuPresent())) {
+    auto d = open({.backend = "cuda", .memory_bytes = 256 * MiB});
+    const double f32 = measure_gemm_flops(*d, 1024, 5), bf16 = measure_gemm_bf16_flops(*d, 1024, 5);
+    BOOST_TEST_MESSAGE("cuBLASLt 1024^3: fp32 " << f32 / 1e12 << " TFLOP/s, bf16 " << bf16 / 1e12 << " TFLOP/s");
+    BOOST_TEST(f32 > 1e11);
+    BOOST_TEST(bf16 > f32);
+}
