@@ -22,7 +22,8 @@
 #       240 s); a step that cannot run is skipped with the reason.
 #   scripts/gpu-check.sh --help
 #
-# Options of --from: --quick (tests only), --budget SECONDS (the whole run),
+# Options of --from: --quick (tests only), --budget SECONDS (the whole run;
+# each step's limit scales with it, for slower machines),
 # --cpu-suites "test_util test_io ..." (the CPU unit suites; "none" for none),
 # --jobs N (make -j; every core by default).
 # Exit: 0 every step passed or was skipped; 1 a step failed; 64 usage;
@@ -232,15 +233,16 @@ record() {
     printf '#### %s: %s (%s s)%s\n' "$name" "$status" "$secs" "${reason:+: $reason}"
 }
 
-# step_limit CAP: the seconds a step may take, CAP or what the budget has
-# left (less the summary's reserve); false, with $no_time set, when under 15.
+# step_limit CAP: the seconds a step may take: CAP (for the default budget,
+# scaled with --budget) or what the budget has left less the summary's
+# reserve; false, with $no_time set, when that is under 15.
 step_limit() {
-    local left=$((deadline - SECONDS - 10))
+    local cap=$(($1 * budget / default_budget)) left=$((deadline - SECONDS - 10))
     if ((left < 15)); then
         no_time="no time left: ${left} s of the ${budget} s budget remain"
         return 1
     fi
-    limit=$(($1 < left ? $1 : left))
+    limit=$((cap < left ? cap : left))
 }
 
 # run_timed LIMIT FILE CMD...: CMD under a timeout; its output to the log and
@@ -255,6 +257,12 @@ run_timed() {
     rc=${PIPESTATUS[0]}
     set -e
     secs=$(elapsed "$t0")
+}
+# cpu_now: the CPU seconds (user and system) of every child waited for so
+# far ("times" in this shell: a subshell's count starts at zero).
+child_cpu() {
+    times >"$tmp/times"
+    cpu_now=$(tail -n 1 "$tmp/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); s += t[1] * 60 + t[2] } printf "%.0f", s }')
 }
 banner() { printf '\n######## %s (limit %s s; %s s into the run)\n' "$1" "$2" "$SECONDS"; }
 timed_out() { ((rc == 124 || rc == 137)); }
@@ -326,7 +334,7 @@ run_sanitizer() {
     local tool=$1 cap=$2 name=gpu/$1
     [[ -n $gpu ]] || { record "$name" skip 0 "$no_gpu"; return 0; }
     [[ -x $root/build/tests/test_cuda ]] || { record "$name" skip 0 "no build/tests/test_cuda (the build made none)"; return 0; }
-    [[ -n $sanitizer ]] || { record "$name" skip 0 "no compute-sanitizer in $cuda_home/bin or on PATH"; return 0; }
+    [[ -n $sanitizer ]] || { record "$name" skip 0 "no compute-sanitizer on PATH or in $cuda_home"; return 0; }
     step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
     banner "$name" "$limit"
     local f=$tmp/$tool.out
@@ -443,7 +451,10 @@ survey_host() {
     fi
     [[ -n $gpu ]] || echo "$no_gpu"
     sanitizer=$(command -v compute-sanitizer || true)
-    [[ -z $sanitizer && -x $cuda_home/bin/compute-sanitizer ]] && sanitizer=$cuda_home/bin/compute-sanitizer
+    local c
+    for c in "$cuda_home"/bin/compute-sanitizer "$cuda_home"/compute-sanitizer/compute-sanitizer; do
+        [[ -z $sanitizer && -x $c ]] && sanitizer=$c
+    done
     echo "compute-sanitizer: ${sanitizer:-not found}"
     # NCCL: the toolkit's, else the nvidia-nccl wheel's (the build needs its
     # header, the programs dlopen its libnccl.so.2).
@@ -493,18 +504,23 @@ build() {
         done
     fi
     # -k: what builds is still tested when one file fails.
+    local cpu0
+    child_cpu
+    cpu0=$cpu_now
     run_timed "$limit" "$tmp/build.out" make -C "$root" --no-print-directory -k -j"$jobs" "${args[@]}" all "${tests[@]}"
     local built=0
     for t in "${tests[@]}"; do [[ -x $root/$t ]] && built=$((built + 1)); done
     local progs
     progs=$(find "$root/bin" -maxdepth 1 -name 'zinf-*' -type f 2>/dev/null | wc -l)
-    local fig="{\"jobs\":$jobs,\"unit_suites\":$built,\"programs\":$progs}"
+    child_cpu
+    local cpu=$((cpu_now - cpu0))
+    local fig="{\"jobs\":$jobs,\"cpu_seconds\":$cpu,\"unit_suites\":$built,\"programs\":$progs}"
     if timed_out; then
         record build fail "$secs" "timed out after $limit s with -j$jobs ($built of ${#tests[@]} unit suites built)" "$fig"
     elif ((rc != 0)); then
         record build fail "$secs" "make exit $rc: $(grep -m 3 -E 'error|Error' "$tmp/build.out" | tr '\n' ' ' | cut -c1-300)" "$fig"
     else
-        record build pass "$secs" "-j$jobs: $progs programs, $built unit suites; $(grep -E '^ +[✓✗] (nvcc|NCCL)' "$tmp/build.out" | sed 's/  */ /g' | tr '\n' ';')" "$fig"
+        record build pass "$secs" "-j$jobs, $cpu CPU-seconds: $progs programs, $built unit suites; $(grep -E '^ +[✓✗] (nvcc|NCCL)' "$tmp/build.out" | sed 's/  */ /g' | tr '\n' ';')" "$fig"
     fi
 }
 
@@ -644,7 +660,7 @@ do_from() {
             if ! have_option "$cb" nccl; then
                 record bench/commbench-nccl skip 0 "zinf-commbench's --help names no nccl backend"
             else
-                run_bench bench/commbench-nccl 40 "$cb" --backend nccl -b 1M -e 256M -f 4 --raw --check --json
+                run_bench bench/commbench-nccl 40 "$cb" --backend nccl -b 1M -e 256M -f 4 --raw --json
             fi
         fi
     fi
@@ -676,7 +692,8 @@ bundle)
     ;;
 from)
     [[ -n $out ]] || usage_error "--from needs --out RESULTS"
-    budget=${budget:-$((quick ? 240 : 420))}
+    default_budget=$((quick ? 240 : 420))
+    budget=${budget:-$default_budget}
     [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds"
     [[ $jobs =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs takes a positive number"
     do_from "$dir" "$out"
