@@ -51,7 +51,7 @@ bundle_packages() {
     echo liburing-dev liburing2 libxxhash-dev libxxhash0 librandom123-dev libcli11-dev nlohmann-json3-dev
     # Boost.Test by the versioned names the metapackage stands for (1.74 on Debian 12).
     local dev
-    dev=$(apt-cache depends libboost-test-dev 2>/dev/null | awk '$1 == "Depends:" { print $2; exit }')
+    dev=$(apt-cache depends libboost-test-dev 2>/dev/null | awk '$1 == "Depends:" && !d { print $2; d = 1 }')
     [[ $dev =~ ^libboost-test([0-9.]+)-dev$ ]] || die 69 "apt-cache cannot resolve libboost-test-dev (is this Debian 12?)"
     local v=${BASH_REMATCH[1]}
     echo "$dev libboost-test$v.0 libboost$v-dev"
@@ -295,8 +295,41 @@ run_suites() {
         record "$name" pass "$secs" "$reason" "$fig"
     else
         local failed
-        failed=$(grep '^# failed: ' "$figs" | tail -n 1 | cut -c3-)
+        failed=$(grep '^# failed: ' "$figs" | tail -n 1 | cut -c3- || true)
         record "$name" fail "$secs" "exit $rc; ${reason:-no tally}${failed:+; $failed}" "$fig"
+    fi
+}
+
+# xml_attr NAME FILE: an attribute of the first <TestSuite> of a Boost XML report.
+xml_attr() { grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+' || echo 0; }
+
+# run_boost NAME CAP BINARY: one Boost.Test suite, every case named in the
+# log as it runs (a GPU run is rare: the log should say what ran), its counts
+# from the XML report.
+run_boost() {
+    local name=$1 cap=$2 bin=$3
+    step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
+    banner "$name" "$limit"
+    local f=$tmp/${name//\//-}.out xml=$tmp/${name//\//-}.xml
+    run_timed "$limit" "$f" "$bin" --color_output=no --log_level=test_suite \
+        --report_format=XML --report_level=detailed --report_sink="$xml"
+    local p=0 f_=0 s=0 a=0 fig=
+    if [[ -s $xml ]] && grep -q "<TestSuite" "$xml"; then
+        p=$(xml_attr test_cases_passed "$xml") f_=$(xml_attr test_cases_failed "$xml")
+        s=$(xml_attr test_cases_skipped "$xml") a=$(xml_attr test_cases_aborted "$xml")
+        f_=$((f_ + a))
+        fig="{\"passed\":$p,\"failed\":$f_,\"skipped\":$s}"
+    fi
+    local failed
+    failed=$(grep -o '<TestCase name="[^"]*" result="\(failed\|aborted\)"' "$xml" 2>/dev/null | cut -d'"' -f2 | head -n 5 | tr '\n' ' ' || true)
+    if timed_out; then
+        record "$name" fail "$secs" "timed out after $limit s" "$fig"
+    elif [[ -z $fig ]]; then
+        record "$name" fail "$secs" "exit $rc without a report (a crash?): $(tail -n 2 "$f" | tr '\n' ' ')"
+    elif ((rc != 0 || f_ > 0)); then
+        record "$name" fail "$secs" "$p passed, $f_ failed, $s skipped (exit $rc)${failed:+; failed: $failed}" "$fig"
+    else
+        record "$name" pass "$secs" "$p passed, $f_ failed, $s skipped" "$fig"
     fi
 }
 
@@ -341,7 +374,7 @@ run_sanitizer() {
     run_timed "$limit" "$f" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 20 \
         "$root/build/tests/test_cuda" --color_output=no --log_level=warning
     local summary
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1 | sed 's/^=* *//')
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1 | sed 's/^=* *//' || true)
     if timed_out; then
         record "$name" fail "$secs" "timed out after $limit s (the suite is too slow under $tool in this budget)"
     elif ((rc == 0)); then
@@ -395,7 +428,7 @@ unpack_bundle() {
         exit "${bad%% *}"
     fi
     local n
-    n=$(grep -c '^package ' "$prefix/MANIFEST")
+    n=$(grep -c '^package ' "$prefix/MANIFEST" || true)
     record bundle pass "$(elapsed "$t0")" "$n packages unpacked with $how into $prefix" \
         "{\"packages\":$n,\"bytes\":$(stat -c %s "$dir/$archive")}"
     grep '^package ' "$prefix/MANIFEST" | awk '{ printf "  %-26s %s\n", $2, $3 }'
@@ -411,13 +444,28 @@ survey_host() {
     echo "glibc: $(getconf GNU_LIBC_VERSION 2>/dev/null || echo unknown)"
     facts+=("\"cores\":$(nproc)")
     local problems=()
+    # The compiler: g++, or where it is older than 12 (the version zinf is
+    # built with on Debian 12) the newest g++-NN beside it.
+    cxx=
     if command -v g++ >/dev/null; then
-        line=$(g++ --version | head -n 1)
-        echo "g++: $line"
+        cxx=g++
+        local major v
+        major=$(g++ -dumpversion | cut -d. -f1)
+        if ((major < 12)); then
+            for v in 15 14 13 12; do
+                if command -v "g++-$v" >/dev/null; then
+                    cxx=g++-$v
+                    echo "g++ is version $major; using g++-$v"
+                    break
+                fi
+            done
+        fi
+        line=$("$cxx" --version | head -n 1)
+        echo "g++: $cxx: $line"
         facts+=("\"gxx\":$(json_str "$line")")
     else
         echo "g++: MISSING"
-        problems+=("no g++ (the build needs g++ 12 or newer with C++20)")
+        problems+=("no g++ (the build needs g++ 12 or newer, for C++20)")
     fi
     if command -v make >/dev/null; then
         echo "make: $(make --version | head -n 1)"
@@ -486,6 +534,7 @@ build() {
     step_limit "$cap" || { record build skip 0 "$no_time"; return 1; }
     banner build "$limit"
     local args=(NO_MPI=1 "DEPS_PREFIX=$prefix")
+    [[ $cxx == g++ ]] || args+=("CXX=$cxx")
     # NCCL from the python wheel: its header for the build (the Makefile's
     # NCCL_H, CPATH for the compiler).
     if [[ -n $nccl_header && $nccl_header != "$cuda_home"/include/nccl.h ]]; then
@@ -583,7 +632,7 @@ do_from() {
     elif [[ -z $gpu ]]; then
         record gpu/test_cuda skip 0 "$no_gpu (the suite runs with the CPU suites, where its GPU cases skip themselves)"
     else
-        run_suites gpu/test_cuda 120 "build/tests/test_cuda"
+        run_boost gpu/test_cuda 120 "$cuda_test"
         ran_cuda_test=1
     fi
     if [[ ! -f $root/tests/e2e/cuda.sh ]]; then
