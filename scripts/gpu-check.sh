@@ -461,7 +461,7 @@ survey_host() {
             done
         fi
         line=$("$cxx" --version | head -n 1)
-        echo "g++: $cxx: $line"
+        echo "g++: $line ($cxx)"
         facts+=("\"gxx\":$(json_str "$line")")
     else
         echo "g++: MISSING"
@@ -519,7 +519,7 @@ survey_host() {
         fi
     fi
     echo "NCCL: ${nccl_header:-not found (neither in $cuda_home/include nor in a python nvidia-nccl wheel)}"
-    echo "python3: $(python3 --version 2>&1 || echo none)"
+    echo "python3: $(command -v python3 >/dev/null && python3 --version 2>&1 || echo none)"
     echo "jq: $(command -v jq || echo none)"
     if ((${#problems[@]})); then
         record host fail "$(elapsed "$t0")" "${problems[*]}" "{$(IFS=,; echo "${facts[*]}")}"
