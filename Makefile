@@ -121,6 +121,24 @@ CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
 LDLIBS += $(shell pkg-config --libs openblas)
 endif
 
+# --- DEPS_PREFIX=DIR: the dependencies from a private prefix -----------------
+# A host without our Debian packages (an air-gapped GPU node) builds against
+# their files unpacked under DIR (DIR/usr/include, DIR/usr/lib/<triplet>), as
+# `scripts/gpu-check.sh --from` does with the bundle `--bundle` made. DIR's
+# headers and libraries come before the system's, the programs and tests find
+# its shared libraries through their run path, and the header check looks
+# there too. Nothing else changes: pkg-config is still asked, with fallbacks.
+ifneq ($(DEPS_PREFIX),)
+override DEPS_PREFIX := $(abspath $(DEPS_PREFIX))
+DEPS_LIBDIRS := $(wildcard $(DEPS_PREFIX)/usr/lib/*-linux-gnu) $(DEPS_PREFIX)/usr/lib
+CPPFLAGS += -isystem $(DEPS_PREFIX)/usr/include
+LDFLAGS += $(foreach d,$(DEPS_LIBDIRS),-L$(d) -Wl,-rpath,$(d))
+MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard $(DEPS_PREFIX)/usr/include/$(h) /usr/include/$(h)),,$(h))))
+ifeq ($(MAKELEVEL)$(filter clean deps help,$(MAKECMDGOALS)),0)
+$(info $(call have,$(wildcard $(DEPS_PREFIX)/usr/include)) deps      $(DEPS_PREFIX)$(if $(wildcard $(DEPS_PREFIX)/usr/include),, (no usr/include there)))
+endif
+endif
+
 # Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...).
 FLAGS_STAMP := $(BUILD)/flags
 FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS)

@@ -1,0 +1,751 @@
+#!/usr/bin/env bash
+# The GPU acceptance check in two commands, for GPU hosts without network and
+# without our Debian packages (man/zinf-gpu-check.7).
+#
+#   scripts/gpu-check.sh --bundle DIR
+#       On a Debian 12 machine with network: downloads the Debian packages zinf
+#       builds with (apt-get download, never installed), unpacks them, prunes
+#       them (no docs; of Boost only the headers Boost.Test needs) and packs
+#       DIR/deps.tar.xz with DIR/MANIFEST (each package, its version, the
+#       archive's sha256). Fails when DIR is over 60 MiB.
+#   scripts/gpu-check.sh --from DIR --out RESULTS [--quick] [--budget SECONDS]
+#       On the GPU host: unpacks DIR into build/gpu-deps (never system-wide),
+#       says what the host has, builds with every core against it (NO_MPI=1),
+#       then runs the GPU tests (build/tests/test_cuda, tests/e2e/cuda.sh), a
+#       quick set of CPU unit suites and, unless --quick, compute-sanitizer's
+#       memcheck and racecheck over test_cuda and the GPU benchmarks that the
+#       programs offer (zinf-train --bench, zinf-pinstress, zinf-commbench
+#       --backend nccl). Writes RESULTS/log.txt (everything),
+#       RESULTS/results.jsonl (one record per step: name, status
+#       pass|fail|skip, seconds, reason, figures) and RESULTS/summary.txt.
+#       Every step has its own time limit inside the budget (420 s, --quick
+#       240 s); a step that cannot run is skipped with the reason.
+#   scripts/gpu-check.sh --help
+#
+# Options of --from: --quick (tests only), --budget SECONDS (the whole run;
+# each step's limit scales with it, for slower machines),
+# --cpu-suites "test_util test_io ..." (the CPU unit suites; "none" for none),
+# --jobs N (make -j; every core by default).
+# Exit: 0 every step passed or was skipped; 1 a step failed; 64 usage;
+# 65 a corrupt bundle; 66 no bundle; 69 a tool the command needs is missing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.bash
+. "$root/scripts/lib.bash"
+
+limit_mib=60
+archive=deps.tar.xz
+# The CPU unit suites --from runs by default: every module's suite that takes
+# seconds on 16 cores (the slow ones, engine, optimizer and model, stay with
+# `make test`); enough to see a broken host build.
+default_cpu_suites="test_util test_io test_mem test_data test_optim test_device test_comm test_shard test_plan test_sample"
+
+# --- --bundle ---------------------------------------------------------------
+# The Debian 12 packages whose files the build needs. Not bundled:
+# - OpenMPI: the single-GPU check builds with NO_MPI=1, and Open MPI's
+#   launcher, plugins and their dozen libraries do not run from another prefix
+#   without care; the mpirun suites run wherever `make test` runs.
+# - OpenBLAS: optional (the cpu backend's GEMM has its own OpenMP loop, the
+#   reference the GPU is checked against either way), and 30 MiB with libgfortran.
+bundle_packages() {
+    echo liburing-dev liburing2 libxxhash-dev libxxhash0 librandom123-dev libcli11-dev nlohmann-json3-dev
+    # Boost.Test by the versioned names the metapackage stands for (1.74 on Debian 12).
+    local dev
+    dev=$(apt-cache depends libboost-test-dev 2>/dev/null | awk '$1 == "Depends:" && !d { print $2; d = 1 }')
+    [[ $dev =~ ^libboost-test([0-9.]+)-dev$ ]] || die 69 "apt-cache cannot resolve libboost-test-dev (is this Debian 12?)"
+    local v=${BASH_REMATCH[1]}
+    echo "$dev libboost-test$v.0 libboost$v-dev"
+    # jq, for the end-to-end suites' JSON checks: GPU hosts seldom have it.
+    echo jq libjq1 libonig5
+}
+
+# prune_boost STAGE: of STAGE/usr/include/boost keep what the unit tests
+# include, followed with the compiler's -M, taken a library folder at a time
+# (boost/mpl whole, boost/numeric/conversion whole), so another g++ version
+# finding another path through Boost's configuration still finds its headers;
+# and every top-level boost/*.hpp.
+prune_boost() {
+    local stage=$1 inc=$1/usr/include
+    local probe=$work/boost-probe.cpp
+    cat >"$probe" <<'EOF'
+#define BOOST_TEST_DYN_LINK
+#include <boost/test/unit_test.hpp>
+#include <boost/test/data/test_case.hpp>
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/tools/floating_point_comparison.hpp>
+#include <boost/test/tools/output_test_stream.hpp>
+EOF
+    local deps=$work/boost-deps f
+    : >"$deps"
+    for f in "$probe" "$root"/tests/unit/*.cpp; do
+        # -MG: a header outside the bundle (cuda_runtime_api.h) is not an error.
+        g++ -std=c++20 -DBOOST_TEST_DYN_LINK -I"$root/libzinf/include" -isystem "$inc" -M -MG -MT x "$f" >>"$deps" ||
+            die 70 "g++ -M failed on $f"
+    done
+    local units
+    units=$(tr -s ' \134' '\n' <"$deps" | grep "^$inc/boost/" | sed "s|^$inc/||" |
+        awk -F/ 'NF == 3 { print $1 "/" $2 } NF > 3 { print $1 "/" $2 "/" $3 }' | sort -u)
+    [[ -n $units ]] || die 70 "found no Boost headers through g++ -M"
+    local kept=$work/boost-kept
+    mkdir -p "$kept"
+    local -a unit_list
+    read -r -a unit_list <<<"$(tr '\n' ' ' <<<"$units")"
+    (cd "$inc" && cp -a --parents "${unit_list[@]}" boost/*.hpp "$kept"/) || die 70 "cannot copy the Boost headers"
+    rm -rf "$inc/boost"
+    mv "$kept/boost" "$inc/boost"
+    say "Boost: kept $(find "$inc/boost" -type f | wc -l) headers in $(wc -w <<<"$units") folders"
+}
+
+do_bundle() {
+    local dir=$1
+    local tool
+    for tool in apt-get apt-cache dpkg-deb g++ tar xz sha256sum; do
+        command -v "$tool" >/dev/null || die 69 "--bundle needs $tool (a Debian 12 machine with build-essential and xz-utils)"
+    done
+    [[ -r /etc/debian_version ]] || die 69 "--bundle runs on Debian 12 (no /etc/debian_version)"
+    [[ $(cut -d. -f1 /etc/debian_version) == 12 ]] ||
+        say "warning: Debian $(cat /etc/debian_version), not 12: the bundle is built from this release's packages"
+    mkdir -p "$dir" || die 73 "cannot create $dir"
+    work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle.XXXXXX")
+    # shellcheck disable=SC2317  # called by the trap
+    _remove_work() { rm -rf -- "$work"; }
+    trap _remove_work EXIT
+    local t0=$SECONDS
+    local -a pkgs apt=(apt-get -q)
+    read -r -a pkgs <<<"$(bundle_packages | tr '\n' ' ')"
+    # As root apt downloads as _apt, who cannot write into our private folder.
+    [[ $(id -u) == 0 ]] && apt+=(-o APT::Sandbox::User=root)
+    mkdir "$work/debs"
+    say "downloading ${#pkgs[@]} packages: ${pkgs[*]}"
+    if ! (cd "$work/debs" && "${apt[@]}" download "${pkgs[@]}" >&2); then
+        # Stale or missing package lists: refresh once when we may.
+        [[ $(id -u) == 0 ]] || die 69 "apt-get download failed; an administrator may need to run apt-get update"
+        if ! "${apt[@]}" update >&2 || ! (cd "$work/debs" && "${apt[@]}" download "${pkgs[@]}" >&2); then
+            die 69 "apt-get download failed (no route to the Debian mirror?)"
+        fi
+    fi
+    local stage=$work/stage deb
+    mkdir "$stage"
+    {
+        echo "# zinf GPU-check bundle: Debian packages unpacked, pruned, packed in $archive"
+        echo "format 1"
+        echo "made $(date -u +%Y-%m-%dT%H:%M:%SZ) on Debian $(cat /etc/debian_version) $(dpkg --print-architecture)"
+        echo "glibc-needs GLIBC_2.17 GLIBCXX_3.4.29 (libboost_unit_test_framework; Ubuntu 22.04 or newer)"
+        echo "# package version sha256-of-the-.deb"
+    } >"$work/MANIFEST"
+    for deb in "$work"/debs/*.deb; do
+        dpkg-deb -x "$deb" "$stage" || die 65 "cannot unpack $deb"
+        printf 'package %s %s %s\n' "$(dpkg-deb -f "$deb" Package)" "$(dpkg-deb -f "$deb" Version)" \
+            "$(sha256sum "$deb" | cut -d' ' -f1)" >>"$work/MANIFEST"
+    done
+    local before
+    before=$(du -sm "$stage" | cut -f1)
+    # Pruning: documentation, CMake files, static archives (every library is
+    # linked shared, with a run path), the Boost libraries other than Boost.Test's.
+    local lib
+    lib=$(echo "$stage"/usr/lib/*-linux-gnu)
+    [[ -d $lib ]] || die 65 "the packages have no usr/lib/<triplet> folder"
+    find "$stage/usr/share" -mindepth 1 -maxdepth 1 ! -name pkgconfig -exec rm -rf {} +
+    rm -rf "$lib/cmake"
+    find "$lib" -name '*.a' -delete
+    find "$lib" -name 'libboost_*' ! -name 'libboost_unit_test_framework*' -delete
+    prune_boost "$stage"
+    # pkg-config files that follow the prefix wherever it is unpacked.
+    local pc
+    for pc in "$lib"/pkgconfig/*.pc "$stage"/usr/share/pkgconfig/*.pc; do
+        [[ -f $pc ]] || continue
+        local up=../..
+        [[ $pc == "$lib"/* ]] && up=../../..
+        sed -i -e "s|^prefix=/usr\$|prefix=\${pcfiledir}/$up|" -e "s|=/usr/|=\${prefix}/|" "$pc"
+    done
+    # jq finds its libraries beside it through a wrapper (no patchelf needed).
+    mkdir -p "$stage/usr/libexec/zinf"
+    mv "$stage/usr/bin/jq" "$stage/usr/libexec/zinf/jq"
+    cat >"$stage/usr/bin/jq" <<EOF
+#!/bin/sh
+# jq from the zinf GPU-check bundle, with its libraries from this prefix.
+usr=\$(cd "\$(dirname "\$0")/.." && pwd)
+LD_LIBRARY_PATH=\$usr/lib/$(basename "$lib")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec "\$usr/libexec/zinf/jq" "\$@"
+EOF
+    chmod 755 "$stage/usr/bin/jq"
+    "$stage/usr/bin/jq" -n '1' >/dev/null || die 70 "the bundled jq does not run"
+    cp "$work/MANIFEST" "$stage/MANIFEST"
+    local after
+    after=$(du -sm "$stage" | cut -f1)
+    say "unpacked ${before} MiB, ${after} MiB after pruning; compressing"
+    tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . |
+        xz -9 -T2 >"$work/$archive" || die 70 "cannot pack $archive"
+    {
+        echo "archive $archive $(stat -c %s "$work/$archive") $(sha256sum "$work/$archive" | cut -d' ' -f1)"
+        echo "unpacked-mib $after"
+    } >>"$work/MANIFEST"
+    # Into DIR last, each file whole (a temporary name, then rename).
+    local f
+    for f in "$archive" MANIFEST; do
+        { cp "$work/$f" "$dir/.$f.tmp" && mv "$dir/.$f.tmp" "$dir/$f"; } || die 73 "cannot write $dir/$f"
+    done
+    local bytes mib
+    bytes=$(du -sb "$dir" | cut -f1)
+    mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
+    grep '^package ' "$dir/MANIFEST" | awk '{ printf "  %-26s %s\n", $2, $3 }' >&2
+    say "bundle $dir: $mib MiB ($bytes bytes) in $((SECONDS - t0)) s"
+    ((bytes <= limit_mib * 1048576)) || die 1 "bundle $dir is $mib MiB, over the $limit_mib MiB limit"
+    # The whole tree travels beside it: say when the two pass 64 MiB.
+    if command -v git >/dev/null && git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+        local tree
+        tree=$(cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 -r du -cb 2>/dev/null | awk 'END { print $1 }')
+        say "the tree (tracked and unignored files) is $(awk -v b="$tree" 'BEGIN { printf "%.1f", b / 1048576 }') MiB;" \
+            "with the bundle $(awk -v b="$((tree + bytes))" 'BEGIN { printf "%.1f", b / 1048576 }') MiB of the 64 MiB a transfer takes"
+    fi
+}
+
+# --- --from -----------------------------------------------------------------
+now() { echo "${EPOCHREALTIME:-$SECONDS}"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+json_str() {  # a JSON string of $1
+    local s=$1
+    s=${s//\\/\\\\}
+    s=${s//\"/\\\"}
+    s=${s//$'\n'/\\n}
+    s=${s//$'\t'/\\t}
+    s=${s//$'\r'/}
+    printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\010\013\014\016-\037')"
+}
+
+n_pass=0 n_fail=0 n_skip=0
+summary_rows=()
+# record NAME STATUS SECONDS REASON [FIGURES]: one line of results.jsonl and of
+# the summary; FIGURES is a JSON object.
+record() {
+    local name=$1 status=$2 secs=$3 reason=$4 figures=${5:-}
+    {
+        printf '{"schema":"zinf.gpu-check/1","name":%s,"status":"%s","seconds":%s,"reason":%s' \
+            "$(json_str "$name")" "$status" "$secs" "$(json_str "$reason")"
+        [[ -n $figures ]] && printf ',"figures":%s' "$figures"
+        printf '}\n'
+    } >>"$out/results.jsonl"
+    case $status in
+    pass) n_pass=$((n_pass + 1)) ;;
+    fail) n_fail=$((n_fail + 1)) ;;
+    skip) n_skip=$((n_skip + 1)) ;;
+    esac
+    summary_rows+=("$(printf '%-22s %-4s %6s  %s' "$name" "$status" "$secs" "${reason:0:120}")")
+    printf '#### %s: %s (%s s)%s\n' "$name" "$status" "$secs" "${reason:+: $reason}"
+}
+
+# step_limit CAP: the seconds a step may take: CAP (for the default budget,
+# scaled with --budget) or what the budget has left less the summary's
+# reserve; false, with $no_time set, when that is under 15.
+step_limit() {
+    local cap=$(($1 * budget / default_budget)) left=$((deadline - SECONDS - 10))
+    if ((left < 15)); then
+        no_time="no time left: ${left} s of the ${budget} s budget remain"
+        return 1
+    fi
+    limit=$((cap < left ? cap : left))
+}
+
+# run_timed LIMIT FILE CMD...: CMD under a timeout; its output to the log and
+# FILE; sets rc and secs.
+run_timed() {
+    local lim=$1 file=$2 t0
+    shift 2
+    t0=$(now)
+    echo "\$ $*"
+    set +e
+    timeout --kill-after=10 "$lim" "$@" </dev/null 2>&1 | tee "$file"
+    rc=${PIPESTATUS[0]}
+    set -e
+    secs=$(elapsed "$t0")
+}
+# cpu_now: the CPU seconds (user and system) of every child waited for so
+# far ("times" in this shell: a subshell's count starts at zero).
+child_cpu() {
+    times >"$tmp/times"
+    cpu_now=$(tail -n 1 "$tmp/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); s += t[1] * 60 + t[2] } printf "%.0f", s }')
+}
+banner() { printf '\n######## %s (limit %s s; %s s into the run)\n' "$1" "$2" "$SECONDS"; }
+timed_out() { ((rc == 124 || rc == 137)); }
+
+# The last "N passed, N failed[, N skipped]" line of scripts/run-tests.sh.
+tally_figures() {
+    local line tp tf ts
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1)
+    [[ -n $line ]] || return 1
+    read -r tp _ tf _ ts _ <<<"${line//,/}"
+    ts=${ts:-0}
+    printf '{"passed":%d,"failed":%d,"skipped":%d}' "$tp" "$tf" "$ts"
+}
+
+# run_suites NAME CAP BINARY...: Boost.Test binaries through scripts/run-tests.sh.
+run_suites() {
+    local name=$1 cap=$2
+    shift 2
+    step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
+    banner "$name" "$limit"
+    local figs=$tmp/${name//\//-}.out
+    run_timed "$limit" "$figs" env ZINF_UNIT_TESTS="$*" ZINF_MPI_TESTS= ZINF_E2E=0 \
+        ZINF_UNIT_TIMEOUT="$limit" "$root/scripts/run-tests.sh"
+    local fig reason
+    fig=$(tally_figures "$figs") || fig=
+    reason=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$figs" | tail -n 1 || true)
+    if timed_out; then
+        record "$name" fail "$secs" "timed out after $limit s${reason:+; $reason}" "$fig"
+    elif ((rc == 0)) && [[ -n $fig ]]; then
+        record "$name" pass "$secs" "$reason" "$fig"
+    else
+        local failed
+        failed=$(grep '^# failed: ' "$figs" | tail -n 1 | cut -c3- || true)
+        record "$name" fail "$secs" "exit $rc; ${reason:-no tally}${failed:+; $failed}" "$fig"
+    fi
+}
+
+# xml_attr NAME FILE: an attribute of the first <TestSuite> of a Boost XML report.
+xml_attr() { grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+' || echo 0; }
+
+# run_boost NAME CAP BINARY: one Boost.Test suite, every case named in the
+# log as it runs (a GPU run is rare: the log should say what ran), its counts
+# from the XML report.
+run_boost() {
+    local name=$1 cap=$2 bin=$3
+    step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
+    banner "$name" "$limit"
+    local f=$tmp/${name//\//-}.out xml=$tmp/${name//\//-}.xml
+    run_timed "$limit" "$f" "$bin" --color_output=no --log_level=test_suite \
+        --report_format=XML --report_level=detailed --report_sink="$xml"
+    local p=0 f_=0 s=0 a=0 fig=
+    if [[ -s $xml ]] && grep -q "<TestSuite" "$xml"; then
+        p=$(xml_attr test_cases_passed "$xml") f_=$(xml_attr test_cases_failed "$xml")
+        s=$(xml_attr test_cases_skipped "$xml") a=$(xml_attr test_cases_aborted "$xml")
+        f_=$((f_ + a))
+        fig="{\"passed\":$p,\"failed\":$f_,\"skipped\":$s}"
+    fi
+    local failed
+    failed=$(grep -o '<TestCase name="[^"]*" result="\(failed\|aborted\)"' "$xml" 2>/dev/null | cut -d'"' -f2 | head -n 5 | tr '\n' ' ' || true)
+    if timed_out; then
+        record "$name" fail "$secs" "timed out after $limit s" "$fig"
+    elif [[ -z $fig ]]; then
+        record "$name" fail "$secs" "exit $rc without a report (a crash?): $(tail -n 2 "$f" | tr '\n' ' ')"
+    elif ((rc != 0 || f_ > 0)); then
+        record "$name" fail "$secs" "$p passed, $f_ failed, $s skipped (exit $rc)${failed:+; failed: $failed}" "$fig"
+    else
+        record "$name" pass "$secs" "$p passed, $f_ failed, $s skipped" "$fig"
+    fi
+}
+
+# have_option PROGRAM OPTION: PROGRAM's --help names OPTION.
+have_option() { [[ -x $1 ]] && "$1" --help 2>&1 | grep -q -- "$2"; }
+
+# The benchmarks: a program run with its figures (JSON records when it
+# prints them) kept; a refusal (64) is a skip with the program's words.
+run_bench() {
+    local name=$1 cap=$2
+    shift 2
+    step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
+    banner "$name" "$limit"
+    local f=$tmp/${name//\//-}.out
+    run_timed "$limit" "$f" "$@"
+    # The program's JSON records as figures, when jq finds them valid.
+    local records fig=
+    records=$(grep '^{' "$f" | paste -sd, - || true)
+    if [[ -n $records ]] && command -v jq >/dev/null && printf '[%s]' "$records" | jq -e . >/dev/null 2>&1; then
+        fig="{\"records\":[$records]}"
+    fi
+    if timed_out; then
+        record "$name" fail "$secs" "timed out after $limit s" "$fig"
+    elif ((rc == 64)); then
+        record "$name" skip "$secs" "the program refused (exit 64): $(grep -v '^{' "$f" | grep -v '^#' | tail -n 2 | tr '\n' ' ')"
+    elif ((rc == 0)); then
+        record "$name" pass "$secs" "$(grep -v '^{' "$f" | grep -c . || true) lines of output" "$fig"
+    else
+        record "$name" fail "$secs" "exit $rc: $(tail -n 2 "$f" | tr '\n' ' ')" "$fig"
+    fi
+}
+
+# compute-sanitizer TOOL over test_cuda.
+run_sanitizer() {
+    local tool=$1 cap=$2 name=gpu/$1
+    [[ -n $gpu ]] || { record "$name" skip 0 "$no_gpu"; return 0; }
+    [[ -x $root/build/tests/test_cuda ]] || { record "$name" skip 0 "no build/tests/test_cuda (the build made none)"; return 0; }
+    [[ -n $sanitizer ]] || { record "$name" skip 0 "no compute-sanitizer on PATH or in $cuda_home"; return 0; }
+    step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
+    banner "$name" "$limit"
+    local f=$tmp/$tool.out
+    run_timed "$limit" "$f" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$root/build/tests/test_cuda" --color_output=no --log_level=warning
+    local summary
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1 | sed 's/^=* *//' || true)
+    if timed_out; then
+        record "$name" fail "$secs" "timed out after $limit s (the suite is too slow under $tool in this budget)"
+    elif ((rc == 0)); then
+        record "$name" pass "$secs" "${summary:-no errors}"
+    elif ((rc == 99)); then
+        record "$name" fail "$secs" "$tool found errors: ${summary:-see log.txt}"
+    else
+        record "$name" fail "$secs" "exit $rc (a test failed under $tool)${summary:+; $summary}"
+    fi
+}
+
+# unpack_bundle DIR: checks DIR's archive against its MANIFEST, unpacks it
+# into $prefix. Exits 66 (missing) or 65 (corrupt) after recording why.
+unpack_bundle() {
+    local dir=$1 t0
+    t0=$(now)
+    local bad=
+    if [[ ! -d $dir ]]; then
+        bad="66 no bundle folder $dir (make one with: scripts/gpu-check.sh --bundle $dir)"
+    elif [[ ! -f $dir/MANIFEST || ! -f $dir/$archive ]]; then
+        bad="66 $dir has no MANIFEST and $archive (make one with: scripts/gpu-check.sh --bundle $dir)"
+    else
+        local want got
+        want=$(awk -v a="$archive" '$1 == "archive" && $2 == a { print $4 }' "$dir/MANIFEST")
+        got=$(sha256sum "$dir/$archive" | cut -d' ' -f1)
+        if [[ -z $want ]]; then
+            bad="65 $dir/MANIFEST names no checksum for $archive: a corrupt or unfinished bundle"
+        elif [[ $want != "$got" ]]; then
+            bad="65 $dir/$archive is corrupt: sha256 $got, the MANIFEST says $want"
+        fi
+    fi
+    if [[ -z $bad ]]; then
+        rm -rf "$prefix"
+        mkdir -p "$prefix"
+        local how
+        if command -v xz >/dev/null; then
+            how="tar and xz"
+            tar -C "$prefix" -xJf "$dir/$archive" || bad="65 $dir/$archive does not unpack (tar -xJf failed)"
+        elif command -v python3 >/dev/null; then
+            how="python3's tarfile (no xz here)"
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$dir/$archive" "$prefix" ||
+                bad="65 $dir/$archive does not unpack (python3 tarfile failed)"
+        else
+            bad="69 cannot unpack $archive: neither xz nor python3 on this host"
+        fi
+    fi
+    if [[ -n $bad ]]; then
+        record bundle fail "$(elapsed "$t0")" "${bad#* }"
+        finish_run
+        close_log
+        exit "${bad%% *}"
+    fi
+    local n
+    n=$(grep -c '^package ' "$prefix/MANIFEST" || true)
+    record bundle pass "$(elapsed "$t0")" "$n packages unpacked with $how into $prefix" \
+        "{\"packages\":$n,\"bytes\":$(stat -c %s "$dir/$archive")}"
+    grep '^package ' "$prefix/MANIFEST" | awk '{ printf "  %-26s %s\n", $2, $3 }'
+}
+
+# What the host has. Sets gpu / no_gpu, nvcc, cuda_home, sanitizer, nccl_*.
+survey_host() {
+    local t0 facts=() line l
+    t0=$(now)
+    banner host 10
+    echo "os: $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"'), kernel $(uname -r), $(uname -m)"
+    echo "cores: $(nproc), memory: $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
+    echo "glibc: $(getconf GNU_LIBC_VERSION 2>/dev/null || echo unknown)"
+    facts+=("\"cores\":$(nproc)")
+    local problems=()
+    # The compiler: g++, or where it is older than 12 (the version zinf is
+    # built with on Debian 12) the newest g++-NN beside it.
+    cxx=
+    if command -v g++ >/dev/null; then
+        cxx=g++
+        local major v
+        major=$(g++ -dumpversion | cut -d. -f1)
+        if ((major < 12)); then
+            for v in 15 14 13 12; do
+                if command -v "g++-$v" >/dev/null; then
+                    cxx=g++-$v
+                    echo "g++ is version $major; using g++-$v"
+                    break
+                fi
+            done
+        fi
+        line=$("$cxx" --version | head -n 1)
+        echo "g++: $line ($cxx)"
+        facts+=("\"gxx\":$(json_str "$line")")
+    else
+        echo "g++: MISSING"
+        problems+=("no g++ (the build needs g++ 12 or newer, for C++20)")
+    fi
+    if command -v make >/dev/null; then
+        echo "make: $(make --version | head -n 1)"
+    else
+        echo "make: MISSING"
+        problems+=("no make")
+    fi
+    cuda_home=${CUDA_HOME:-}
+    nvcc=$(command -v nvcc || true)
+    [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+    if [[ -n $nvcc ]]; then
+        [[ -z $cuda_home ]] && cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+        line=$("$nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*' || true)
+        echo "nvcc: $nvcc ($line), toolkit $cuda_home"
+        facts+=("\"nvcc\":$(json_str "$line")")
+    else
+        echo "nvcc: not found (nor /usr/local/cuda/bin/nvcc): the cuda backend is not built"
+        cuda_home=${cuda_home:-/usr/local/cuda}
+    fi
+    gpu=
+    if ! command -v nvidia-smi >/dev/null; then
+        no_gpu="no GPU: nvidia-smi is not on this host"
+    elif ! line=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1) || [[ -z $line ]]; then
+        no_gpu="no GPU: nvidia-smi answers: $(head -n 1 <<<"$line")"
+    else
+        gpu=$(head -n 1 <<<"$line")
+        echo "GPUs ($(wc -l <<<"$line")):"
+        while IFS= read -r l; do echo "  $l"; done <<<"$line"
+        facts+=("\"gpu\":$(json_str "$gpu")" "\"gpus\":$(wc -l <<<"$line")")
+        timeout 30 nvidia-smi 2>&1 | head -n 20 || true
+    fi
+    [[ -n $gpu ]] || echo "$no_gpu"
+    sanitizer=$(command -v compute-sanitizer || true)
+    local c
+    for c in "$cuda_home"/bin/compute-sanitizer "$cuda_home"/compute-sanitizer/compute-sanitizer; do
+        [[ -z $sanitizer && -x $c ]] && sanitizer=$c
+    done
+    echo "compute-sanitizer: ${sanitizer:-not found}"
+    # NCCL: the toolkit's, else the nvidia-nccl wheel's (the build needs its
+    # header, the programs dlopen its libnccl.so.2).
+    nccl_header='' nccl_lib=''
+    if [[ -f $cuda_home/include/nccl.h ]]; then
+        nccl_header=$cuda_home/include/nccl.h
+        nccl_lib=$cuda_home/lib64
+    elif command -v python3 >/dev/null; then
+        local wheel
+        wheel=$(timeout 30 python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+        if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then
+            nccl_header=$wheel/include/nccl.h
+            nccl_lib=$wheel/lib
+        fi
+    fi
+    echo "NCCL: ${nccl_header:-not found (neither in $cuda_home/include nor in a python nvidia-nccl wheel)}"
+    echo "python3: $(command -v python3 >/dev/null && python3 --version 2>&1 || echo none)"
+    echo "jq: $(command -v jq || echo none)"
+    if ((${#problems[@]})); then
+        record host fail "$(elapsed "$t0")" "${problems[*]}" "{$(IFS=,; echo "${facts[*]}")}"
+        return 1
+    fi
+    record host pass "$(elapsed "$t0")" "${gpu:-$no_gpu}; $([[ -n $nvcc ]] && echo "nvcc $cuda_home" || echo "no nvcc"); $([[ -n $nccl_header ]] && echo NCCL || echo "no NCCL")" \
+        "{$(IFS=,; echo "${facts[*]}")}"
+}
+
+build() {
+    local cap=$1
+    step_limit "$cap" || { record build skip 0 "$no_time"; return 1; }
+    banner build "$limit"
+    local args=(NO_MPI=1 "DEPS_PREFIX=$prefix")
+    [[ $cxx == g++ ]] || args+=("CXX=$cxx")
+    # NCCL from the python wheel: its header for the build (the Makefile's
+    # NCCL_H, CPATH for the compiler).
+    if [[ -n $nccl_header && $nccl_header != "$cuda_home"/include/nccl.h ]]; then
+        args+=("NCCL_H=$nccl_header")
+        export CPATH=${nccl_header%/nccl.h}${CPATH:+:$CPATH}
+    fi
+    [[ -n $nvcc ]] && args+=("CUDA_HOME=$cuda_home")
+    # The unit suites this build makes: the Makefile's own list (a suite it
+    # leaves out, test_cuda without a toolkit say, is not asked for).
+    local tests=() t
+    read -r -a tests <<<"$(make -C "$root" --no-print-directory -pq "${args[@]}" 2>/dev/null | sed -n 's/^TESTS := //p' | head -n 1)"
+    if ((${#tests[@]} == 0)); then
+        for t in "$root"/tests/unit/test_*.cpp; do
+            t=${t##*/}
+            tests+=("build/tests/${t%.cpp}")
+        done
+    fi
+    # -k: what builds is still tested when one file fails.
+    local cpu0
+    child_cpu
+    cpu0=$cpu_now
+    run_timed "$limit" "$tmp/build.out" make -C "$root" --no-print-directory -k -j"$jobs" "${args[@]}" all "${tests[@]}"
+    local built=0
+    for t in "${tests[@]}"; do [[ -x $root/$t ]] && built=$((built + 1)); done
+    local progs
+    progs=$(find "$root/bin" -maxdepth 1 -name 'zinf-*' -type f 2>/dev/null | wc -l)
+    child_cpu
+    local cpu=$((cpu_now - cpu0))
+    local fig="{\"jobs\":$jobs,\"cpu_seconds\":$cpu,\"unit_suites\":$built,\"programs\":$progs}"
+    if timed_out; then
+        record build fail "$secs" "timed out after $limit s with -j$jobs ($built of ${#tests[@]} unit suites built)" "$fig"
+    elif ((rc != 0)); then
+        record build fail "$secs" "make exit $rc: $(grep -m 3 -E 'error|Error' "$tmp/build.out" | tr '\n' ' ' | cut -c1-300)" "$fig"
+    else
+        record build pass "$secs" "-j$jobs, $cpu CPU-seconds: $progs programs, $built unit suites; $(grep -E '^ +[✓✗] (nvcc|NCCL)' "$tmp/build.out" | sed 's/  */ /g' | tr '\n' ';')" "$fig"
+    fi
+}
+
+# Back to the terminal, once tee has written the whole log.
+close_log() {
+    exec 1>&3 2>&4 3>&- 4>&-
+    wait "$tee_pid" 2>/dev/null || true
+}
+
+finish_run() {
+    local verdict=PASS
+    ((n_fail == 0)) || verdict=FAIL
+    {
+        echo "# zinf GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)$( ((quick)) && echo ' (--quick)')"
+        echo "# host: ${gpu:-${no_gpu:-GPU not surveyed}}"
+        printf '# %-20s %-4s %6s  %s\n' step stat sec note
+        printf '%s\n' "${summary_rows[@]}"
+        echo "# $n_pass passed, $n_fail failed, $n_skip skipped in $SECONDS s (budget $budget s): $verdict"
+    } >"$out/summary.txt"
+    echo
+    cat "$out/summary.txt"
+}
+
+do_from() {
+    local dir=$1
+    out=$2
+    mkdir -p "$out" || die 73 "cannot create $out"
+    out=$(cd "$out" && pwd)
+    rm -f "$out/log.txt" "$out/results.jsonl" "$out/summary.txt"
+    exec 3>&1 4>&2
+    exec > >(tee -a "$out/log.txt") 2>&1
+    tee_pid=$!
+    deadline=$((SECONDS + budget))
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+    # shellcheck disable=SC2317  # called by the trap
+    _remove_tmp() { rm -rf -- "$tmp"; }
+    trap _remove_tmp EXIT
+    echo "# zinf GPU check: --from $dir --out $out$( ((quick)) && echo ' --quick'), budget $budget s, $(date -u)"
+    echo "# tree $root at $(git -C "$root" log -1 --format='%h %s' 2>/dev/null || echo '(not a git checkout)')"
+    prefix=$root/build/gpu-deps
+    unpack_bundle "$dir"
+    export PATH=$prefix/usr/bin:$PATH
+    local host_ok=1
+    survey_host || host_ok=0
+    # The CUDA libraries (cuBLASLt, NCCL's dlopen) for every program run.
+    export CUDA_HOME=$cuda_home
+    export LD_LIBRARY_PATH=$cuda_home/lib64${nccl_lib:+:$nccl_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ((host_ok)); then
+        build $((quick ? 170 : 200)) || true
+    else
+        record build skip 0 "the host cannot build: see the host step"
+    fi
+
+    # The GPU tests.
+    local cuda_test=$root/build/tests/test_cuda ran_cuda_test=0
+    if [[ ! -f $root/tests/unit/test_cuda.cpp ]]; then
+        record gpu/test_cuda skip 0 "no tests/unit/test_cuda.cpp in this tree"
+    elif [[ ! -x $cuda_test ]]; then
+        record gpu/test_cuda fail 0 "tests/unit/test_cuda.cpp exists but the build made no build/tests/test_cuda"
+    elif [[ -z $gpu ]]; then
+        record gpu/test_cuda skip 0 "$no_gpu (the suite runs with the CPU suites, where its GPU cases skip themselves)"
+    else
+        run_boost gpu/test_cuda 120 "$cuda_test"
+        ran_cuda_test=1
+    fi
+    if [[ ! -f $root/tests/e2e/cuda.sh ]]; then
+        record gpu/e2e-cuda skip 0 "no tests/e2e/cuda.sh in this tree"
+    elif [[ -z $gpu ]]; then
+        record gpu/e2e-cuda skip 0 "$no_gpu"
+    elif step_limit 120; then
+        banner gpu/e2e-cuda "$limit"
+        local f=$tmp/e2e-cuda.out line
+        run_timed "$limit" "$f" bash "$root/tests/e2e/cuda.sh"
+        line=$(grep '^# e2e-result ' "$f" | tail -n 1 || true)
+        local p f_ s fig=
+        if [[ -n $line ]]; then
+            read -r _ _ p f_ s <<<"$line"
+            fig="{\"passed\":$p,\"failed\":$f_,\"skipped\":$s}"
+        fi
+        if timed_out; then
+            record gpu/e2e-cuda fail "$secs" "timed out after $limit s" "$fig"
+        elif [[ -z $line ]]; then
+            record gpu/e2e-cuda fail "$secs" "exit $rc without a '# e2e-result' line"
+        elif ((rc != 0 || f_ > 0)); then
+            record gpu/e2e-cuda fail "$secs" "$p passed, $f_ failed, $s skipped (exit $rc): $(grep '^FAIL' "$f" | head -n 3 | tr '\n' ' ')" "$fig"
+        else
+            record gpu/e2e-cuda pass "$secs" "$p passed, $f_ failed, $s skipped" "$fig"
+        fi
+    else
+        record gpu/e2e-cuda skip 0 "$no_time"
+    fi
+
+    # The CPU suites: a quick set, so a broken host build shows.
+    if [[ $cpu_suites == none ]]; then
+        record cpu/unit skip 0 "--cpu-suites none"
+    else
+        local suites=() s
+        for s in $cpu_suites $( ((ran_cuda_test)) || echo test_cuda); do
+            [[ -x $root/build/tests/$s ]] && suites+=("build/tests/$s")
+        done
+        if ((${#suites[@]} == 0)); then
+            record cpu/unit fail 0 "none of the CPU unit suites was built ($cpu_suites)"
+        else
+            run_suites cpu/unit $((quick ? 60 : 90)) "${suites[@]}"
+        fi
+    fi
+
+    if ((quick)); then
+        local s
+        for s in gpu/memcheck gpu/racecheck bench/train bench/pinstress bench/commbench-nccl; do
+            record "$s" skip 0 "--quick runs the tests only"
+        done
+    else
+        if [[ -f $root/tests/unit/test_cuda.cpp ]]; then
+            run_sanitizer memcheck 75
+            run_sanitizer racecheck 75
+        else
+            record gpu/memcheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
+            record gpu/racecheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
+        fi
+        local train=$root/bin/zinf-train pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
+        if [[ -z $gpu ]]; then
+            record bench/train skip 0 "$no_gpu"
+            record bench/pinstress skip 0 "$no_gpu"
+            record bench/commbench-nccl skip 0 "$no_gpu"
+        else
+            if ! have_option "$train" --device; then
+                record bench/train skip 0 "zinf-train has no --device option (its --help names none)"
+            else
+                run_bench bench/train 60 "$train" --device cuda --bench --json
+            fi
+            if ! have_option "$pin" --device; then
+                record bench/pinstress skip 0 "zinf-pinstress has no --device option (its --help names none)"
+            else
+                run_bench bench/pinstress 30 "$pin" --device cuda --seconds 5s --json
+            fi
+            if ! have_option "$cb" nccl; then
+                record bench/commbench-nccl skip 0 "zinf-commbench's --help names no nccl backend"
+            else
+                run_bench bench/commbench-nccl 40 "$cb" --backend nccl -b 1M -e 256M -f 4 --raw --json
+            fi
+        fi
+    fi
+    finish_run
+    close_log
+    ((n_fail == 0))
+}
+
+# --- options ------------------------------------------------------------------
+mode='' dir='' out='' quick=0 budget='' cpu_suites=$default_cpu_suites jobs=$(nproc)
+while (($#)); do
+    case $1 in
+    -h | --help) usage; exit 0 ;;
+    --bundle) need_value "$@"; mode=bundle dir=$2; shift ;;
+    --from) need_value "$@"; mode=from dir=$2; shift ;;
+    --out) need_value "$@"; out=$2; shift ;;
+    --quick) quick=1 ;;
+    --budget) need_value "$@"; budget=$2; shift ;;
+    --cpu-suites) need_value "$@"; cpu_suites=$2; shift ;;
+    --jobs) need_value "$@"; jobs=$2; shift ;;
+    *) usage_error "unknown argument '$1'" ;;
+    esac
+    shift
+done
+case $mode in
+bundle)
+    [[ -z $out ]] || usage_error "--out goes with --from"
+    do_bundle "$dir"
+    ;;
+from)
+    [[ -n $out ]] || usage_error "--from needs --out RESULTS"
+    default_budget=$((quick ? 240 : 420))
+    budget=${budget:-$default_budget}
+    [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds"
+    [[ $jobs =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs takes a positive number"
+    do_from "$dir" "$out"
+    ;;
+*) usage_error "say --bundle DIR or --from DIR --out RESULTS" ;;
+esac
