@@ -211,8 +211,8 @@ BOOST_AUTO_TEST_CASE(copies_both_ways_and_on_the_device, *utf::precondition(GpuP
     const Vf h = randn(100'003, rng);
     auto a = up(*d, h), b = d->alloc<float>(h.size(), "b");
     BOOST_TEST(down(*d, b) == Vf(h.size(), 0.0f));  // alloc zero-fills
-    d->copy(d->copies(), std::as_writable_bytes(b.span()), std::as_bytes(a.span()));  // device to device
-    d->synchronize(d->copies());
+    d->copy(d->h2d(), std::as_writable_bytes(b.span()), std::as_bytes(a.span()));  // device to device
+    d->synchronize(d->h2d());
     BOOST_TEST(down(*d, b) == h);
     d->zero(d->compute(), b.span().subspan(10, 20));
     const Vf z = down(*d, b);
@@ -553,10 +553,10 @@ BOOST_AUTO_TEST_CASE(host_jobs_in_order_and_their_errors, *utf::precondition(Gpu
     std::atomic<std::uint64_t> waited{0};
     d->host(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
     const Event e = d->record(s);
-    d->wait(d->copies(), e, waited);
-    d->host(d->copies(), [&] { order.push_back(3); });
+    d->wait(d->h2d(), e, waited);
+    d->host(d->h2d(), [&] { order.push_back(3); });
     BOOST_TEST(!d->query(e));
-    d->synchronize(d->copies());
+    d->synchronize(d->h2d());
     BOOST_TEST(d->query(e));
     BOOST_TEST(order.back() == 3);
     BOOST_TEST(waited.load() >= 50'000'000u, "the copies stream stood " << waited.load() << " ns");

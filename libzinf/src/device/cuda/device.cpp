@@ -242,6 +242,10 @@ public:
 
     // Whether the stream holds an error not yet reported (host jobs are then
     // dropped, as the cpu backend drops the rest of its queue).
+    bool dropped(u64 ticket) const {
+        std::lock_guard lk(mu_);
+        return ticket <= drop_through_;
+    }
     bool failed() const {
         std::lock_guard lk(mu_);
         return error_ != nullptr || mapped_->rec.set;
@@ -275,6 +279,7 @@ public:
         std::unique_lock lk(mu_);
         const bool id_error = mapped_->rec.set && mapped_->rec.ticket <= ticket;
         const bool host_error = error_ && error_ticket_ <= ticket;
+        if (host_error || id_error) drop_through_ = ops_;  // the queue up to this report is dropped
         if (host_error && (!id_error || error_ticket_ < mapped_->rec.ticket)) {
             lk.unlock();
             std::rethrow_exception(std::exchange(error_, nullptr));
@@ -322,7 +327,7 @@ private:
             if (waited != cudaSuccess) {
                 err = std::make_exception_ptr(
                     InternalError("cuda: cudaEventSynchronize before a host job failed (" + describe(waited) + ")"));
-            } else if (!failed()) {
+            } else if (!failed() && !dropped(job.ticket)) {
                 try {
                     job.fn();
                 } catch (...) {
@@ -335,6 +340,7 @@ private:
             if (err && !error_) {
                 error_ = err;
                 error_ticket_ = job.ticket;
+                drop_through_ = ops_;  // what was queued behind it is dropped, even once it is reported
             }
             running_ = false;
             // Released last: the stream goes on once this store is seen.
@@ -360,6 +366,7 @@ private:
     u64 ops_ = 0;
     std::exception_ptr error_;
     u64 error_ticket_ = 0;
+    u64 drop_through_ = 0;  // host jobs up to this ticket were queued behind an error: not run
     std::vector<Stall> stalls_;
     std::thread worker_;
 };
@@ -508,8 +515,30 @@ public:
         Shape{"copy", {}}.need("dst", dst.size(), src.size());
         if (src.empty()) return;
         bind();
+        if (pageable(dst.data()) || pageable(src.data())) {
+            // Pageable host memory: cudaMemcpyAsync would stage it when called
+            // (host to device: before the stream's earlier work, a host job that
+            // fills it among them) or block the caller until the stream gets
+            // there (device to host). A host job copies it in stream order
+            // instead, synchronously on the worker (cudaMemcpy's legacy stream
+            // does not wait for our non-blocking ones).
+            host(s, [dst, src] {
+                check(cudaMemcpy(dst.data(), src.data(), src.size(), cudaMemcpyDefault), "cudaMemcpy");
+            });
+            return;
+        }
         check(cudaMemcpyAsync(dst.data(), src.data(), src.size(), cudaMemcpyDefault, as_cuda(s).native()),
               "cudaMemcpyAsync");
+    }
+
+    // Host memory CUDA does not know (neither pinned nor registered nor the arena's).
+    static bool pageable(const void* p) {
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return true;
+        }
+        return attr.type == cudaMemoryTypeUnregistered;
     }
 
     // Synchronous: on a private stream, waited for. Host memory (not the
