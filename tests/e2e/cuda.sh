@@ -58,8 +58,9 @@ printf '%s\n' "$out" >"$W/cuda1.jsonl"
 run "$TR" --manifest "$(mf cuda2)" "${RUN[@]}" --steps 10 --device cuda
 expect_rc 0 "10 steps on cuda, again"
 printf '%s\n' "$out" >"$W/cuda2.jsonl"
-check "each run logged steps 1 to 10" jq -e -s '[.[].step] == [range(1; 11)]' "$W/cpu.jsonl" "$W/cuda1.jsonl" \
-  "$W/cuda2.jsonl"
+for f in cpu cuda1 cuda2; do
+  check "the $f run logged steps 1 to 10" jq -e -s '[.[].step] == [range(1; 11)]' "$W/$f.jsonl"
+done
 close_losses() { # A B: the same steps, every loss within 1e-4
   jq -e -n --slurpfile a "$1" --slurpfile b "$2" \
     '($a | length) == 10 and ($b | length) == 10 and
