@@ -371,11 +371,17 @@ run_sanitizer() {
     step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
     banner "$name" "$limit"
     local f=$tmp/$tool.out
+    # The GEMM rates are not measured under a sanitizer (it slows every kernel).
     run_timed "$limit" "$f" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        "$root/build/tests/test_cuda" --color_output=no --log_level=warning
-    local summary
+        "$root/build/tests/test_cuda" --color_output=no --log_level=warning --run_test='!gemm_rates_are_measured'
+    local summary ours
     summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1 | sed 's/^=* *//' || true)
-    if timed_out; then
+    # racecheck reports hazards inside cuBLASLt's own GEMM kernels (nvjet_*,
+    # seen on an H200, 2026-11-26): not zinf's code, counted apart.
+    ours=$(grep -E 'Error: Race reported' "$f" | grep -cvE 'nvjet|cublas' || true)
+    if [[ $tool == racecheck ]] && ((rc == 99)) && ((ours == 0)) && ! grep -q 'failures\? \(is\|are\) detected' "$f"; then
+        record "$name" pass "$secs" "no hazard in zinf's kernels; ${summary:-?} all inside cuBLASLt's own kernels"
+    elif timed_out; then
         record "$name" fail "$secs" "timed out after $limit s (the suite is too slow under $tool in this budget)"
     elif ((rc == 0)); then
         record "$name" pass "$secs" "${summary:-no errors}"
