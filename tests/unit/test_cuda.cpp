@@ -18,7 +18,7 @@
 // kernels are expected bitwise equal (cuda/kernels.hpp says which) and are
 // checked so.
 #define BOOST_TEST_MODULE cuda
-#include "testing.hpp"
+#include "device_testing.hpp"
 
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
@@ -58,25 +58,9 @@ struct GpuPresent {
     }
 };
 
-std::uint64_t fresh_seed(const char* what) {
-    const std::uint64_t s = testing::seed(what);
-    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
-    return s;
-}
-
-Vf randn(std::size_t n, std::mt19937_64& rng, float scale = 1) {
-    std::normal_distribution<float> normal;
-    Vf v(n);
-    for (auto& x : v) x = normal(rng) * scale;
-    return v;
-}
-
-Vi random_tokens(std::size_t n, std::int32_t V, std::mt19937_64& rng) {
-    std::uniform_int_distribution<std::int32_t> d(0, V - 1);
-    Vi v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
+using testing::fresh_seed;
+using testing::randn;
+using testing::random_tokens;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 

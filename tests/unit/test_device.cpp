@@ -7,7 +7,7 @@
 // stream afterwards), and the errors: a token or target past the vocabulary,
 // a span too short for its shape, an unknown backend, an arena too small.
 #define BOOST_TEST_MODULE device
-#include "testing.hpp"
+#include "device_testing.hpp"
 
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
@@ -41,25 +41,9 @@ using Vi = std::vector<std::int32_t>;
 
 namespace {
 
-std::uint64_t fresh_seed(const char* what) {
-    const std::uint64_t s = testing::seed(what);
-    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
-    return s;
-}
-
-Vf randn(std::size_t n, std::mt19937_64& rng, float scale = 1) {
-    std::normal_distribution<float> normal;
-    Vf v(n);
-    for (auto& x : v) x = normal(rng) * scale;
-    return v;
-}
-
-Vi random_tokens(std::size_t n, std::int32_t V, std::mt19937_64& rng) {
-    std::uniform_int_distribution<std::int32_t> d(0, V - 1);
-    Vi v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
+using testing::fresh_seed;
+using testing::randn;
+using testing::random_tokens;
 
 Vd dbl(const Vf& v) { return Vd(v.begin(), v.end()); }
 

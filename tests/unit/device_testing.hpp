@@ -1,0 +1,34 @@
+// What the device suites share (test_device, test_cuda): a fresh seed named
+// in the log, and random inputs (never zeros).
+#pragma once
+
+#include "testing.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace zinf::testing {
+
+inline std::uint64_t fresh_seed(const char* what) {
+    const std::uint64_t s = seed(what);
+    BOOST_TEST_MESSAGE(what << ": seed " << s << " (replay with ZINF_TEST_SEED=" << s << ")");
+    return s;
+}
+
+inline std::vector<float> randn(std::size_t n, std::mt19937_64& rng, float scale = 1) {
+    std::normal_distribution<float> normal;
+    std::vector<float> v(n);
+    for (auto& x : v) x = normal(rng) * scale;
+    return v;
+}
+
+inline std::vector<std::int32_t> random_tokens(std::size_t n, std::int32_t V, std::mt19937_64& rng) {
+    std::uniform_int_distribution<std::int32_t> d(0, V - 1);
+    std::vector<std::int32_t> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+}  // namespace zinf::testing
