@@ -177,7 +177,7 @@ $(BUILD)/libzinf/src/device/cuda/%.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
 $(BUILD)/libzinf/src/device/cuda/%.o: libzinf/src/device/cuda/%.cu $(FLAGS_STAMP) Makefile
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(Q)$(LAUNCH) $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 endif
 
 # One folder per program: main.cpp plus its own small files.
