@@ -292,11 +292,21 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 # -include is not inherited by the .gch they depend on.
 #   tests:    every unit and MPI test (Boost.Test, JSON, the public headers), -O1:
 #             their own code needs no more; the library they call is built as always
-#   programs: every program and benchmark file (CLI11, JSON, the public headers),
-#             but those built with OpenMP (another set of predefined macros)
+#   programs: every program and benchmark file that parses options (CLI11, JSON,
+#             the public headers), -O1 like the tests: a program parses options,
+#             calls the library and prints. CLI11 2.1 is header-only and builds
+#             its validators in every file that includes it (3 s each), so the
+#             programs' other files include only what they use, without it.
+#             Not optbench (OpenMP: another set of predefined macros, and its
+#             own kernels), nor the files whose loops run inside a measurement
+#             (the pattern fills and checks of pinstress and nvmebench): -O2.
 TEST_OBJS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/unit/%.o)
-PROGRAM_OBJS := $(filter-out $(BUILD)/bench/optbench.o,$(patsubst %.cpp,$(BUILD)/%.o,\
-  $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)))
+PROGRAM_SRCS := $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)
+PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out bench/optbench.cpp,\
+  $(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS))))
+PROGRAM_O1_OBJS := $(filter-out $(BUILD)/bench/optbench.o $(BUILD)/pinstress/stress.o $(BUILD)/nvmebench/sweep.o,\
+  $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
+$(PROGRAM_O1_OBJS) $(BUILD)/pch/programs.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CPPFLAGS += -DBOOST_TEST_DYN_LINK
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 define use_pch  # name, objects
@@ -311,6 +321,13 @@ $(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
 	@$(if $(Q),echo "  PCH     $<")
 	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.gch=)
 	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.gch=) -o $@
+
+# The library's files that parse and print (options, JSON manifests, plans,
+# configs, headers, the pool's and arena's reports), no loops over data: -O1,
+# as the programs. Their codegen is most of their compile time.
+LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options util/json shard/manifest \
+  shard/safetensors plan/plan io/config mem/arena mem/pool)
+$(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 
 # The normal generator: vectorised at -O3 with its own log and sincos, and no
 # fused multiply-add, so its values are the same bits whichever clone runs.
