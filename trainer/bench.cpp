@@ -80,7 +80,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
 
     model::Context ctx{*dev, s, eng};
     log::info(spec.to_string() + ", batch " + std::to_string(batch) + " x " + std::to_string(seq) + ", " +
-              std::to_string(dev->threads()) + " threads: " + std::to_string(o.steps) + " steps after a warm-up");
+              std::to_string(dev->threads()) + (dev->backend() == "cuda" ? " SMs: " : " threads: ") +
+              std::to_string(o.steps) + " steps after a warm-up");
     std::vector<double> times;
     for (unsigned i = 0; i <= o.steps; ++i) {
         if (stop.load()) throw Interrupted("interrupted after " + std::to_string(times.size()) + " timed steps");

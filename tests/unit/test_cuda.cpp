@@ -165,7 +165,8 @@ BOOST_AUTO_TEST_CASE(select_gpu_by_option_then_local_rank) {
 // What open() gives for cuda and auto, GPU or not: each branch asserts.
 BOOST_AUTO_TEST_CASE(open_cuda_says_why_it_cannot_run) {
     const std::string why = cuda_unavailable();
-    BOOST_TEST_MESSAGE("cuda_unavailable(): '" << why << "'");
+    const std::string said = why.empty() ? "a GPU is usable here: --device auto picks cuda" : "cuda_unavailable(): " + why;
+    BOOST_TEST_MESSAGE(said);
     if (!why.empty()) {
         const std::string what =
             testing::what_of<UsageError>([] { open({.backend = "cuda"}); }, "cuda without a GPU");
