@@ -367,6 +367,9 @@ struct InfinityStats {
     std::uint64_t fetches = 0, prefetched = 0, on_demand = 0, reused = 0;
     std::uint64_t read_ahead = 0;      // partitions the nc stage read ahead of their fetch
     std::uint64_t grad_bytes = 0;      // this rank's gradient partitions handed to the optimizer
+    // Collectives the engine started: allgathers of parameters and
+    // reduce-scatters of gradients (0 at dp 1).
+    std::uint64_t collectives = 0;
     double stall_seconds = 0;          // compute waiting for parameters
     std::uint64_t device_peak = 0;     // the arena's peak use (bytes)
     bool diverged = false;             // a module ran out of trace order

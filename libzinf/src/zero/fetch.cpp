@@ -385,6 +385,7 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
         dev.host(*coll, [this, src_dev, dst, n] {
             zero::gather(comm, Gather{src_dev, dst, n}, bf16 ? comm::DType::bf16 : comm::DType::f32);
         });
+        ++st.collectives;
         if (bf16) dev.cast(*coll, full, {reinterpret_cast<const std::uint16_t*>(staging.data()), n});
     }
     st.gathered_bytes += n * p.dt;

@@ -331,6 +331,7 @@ void Impl::hand_over(const Module& mod) {
             throw InternalError("engine: reduce-scatter of device memory needs the device's own collectives (NCCL), "
                                 "which come with the cuda backend");
         dev.host(*coll, [this, bucket] { zero::reduce_scatter(comm, bucket, comm::DType::f32); });
+        ++st.collectives;
     }
     dev.wait(*d2h, dev.record(*coll));
     for (const Out& o : outs) {
