@@ -207,12 +207,13 @@ private:
 // fetches when no optimizer runs. The manifest's param records of the rank
 // are the source: on nvme their files, opened read-only, each read checked
 // against the record's xxh3 by the engine; on gpu and cpu every partition
-// read once into page-locked memory and checked here (DataError naming
-// tensor, rank, file and offset). Nothing is written. put_gradient refuses
-// (InternalError): a pass with gradients needs the Optimizer.
+// read once into page-locked memory the pool pins (PinnedPool::pin) and
+// checked here (DataError naming tensor, rank, file and offset). Nothing is
+// written. put_gradient refuses (InternalError): a pass with gradients needs
+// the Optimizer.
 class CommittedParams : public ParamStore {
 public:
-    CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine);
+    CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine, mem::PinnedPool& pool);
     ~CommittedParams() override;
     ParamSource param_source(std::size_t tensor) override;
     void put_gradient(std::size_t tensor, std::span<const float> grad) override;

@@ -119,8 +119,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
-    gradients.staging = AlignedBuffer::allocate(align_up(largest_count * 4, 4096));
-    gradients.staging.lock();
+    gradients.staging = pool.pin(largest_count * 4, "engine's gradient staging");
 
     const std::uint64_t left = align_down(dev.arena().stats().largest_free, mem::kArenaAlignment);
     ring.block = dev.arena().allocate(left, "engine working memory");

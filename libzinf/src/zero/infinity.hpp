@@ -218,7 +218,7 @@ struct InfinityEngine::Impl {
     // arbitrarily far ahead of the hand-over and spread its buffers over the
     // whole ring.
     struct GradientStage {
-        AlignedBuffer staging;  // host: the largest gradient partition, for the hand-over
+        mem::Pinned staging;  // host: the largest gradient partition, for the hand-over
         std::deque<std::pair<device::Event, std::uint64_t>> handovers;
         std::uint64_t handover_bytes = 0;
         std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
