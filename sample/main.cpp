@@ -105,7 +105,7 @@ int run(Options& o) {
     if (o.persist_below != "auto") persist_below = parse_size(o.persist_below);
     const zero::InfinityOptions io =
         sample::engine_options(m, gpt, prefetch_bytes, persist_below, dev->arena().stats().largest_free);
-    zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine);
+    zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine, pool);
     zero::InfinityEngine inf(m, gpt.modules(), comm, engine, pool, *dev, params, io);
 
     sample::GenerateOptions go;

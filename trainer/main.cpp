@@ -81,6 +81,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["fetched_cpu_bytes"] = s.fetched_bytes[1];
         j["fetched_nvme_bytes"] = s.fetched_bytes[2];
         j["stall_seconds"] = s.stall_seconds;
+        j["collectives"] = s.collectives;
         j["device_peak_bytes"] = s.device_peak_bytes;
         j["peak_rss_bytes"] = s.peak_rss_bytes;
         if (s.trace_diverged) j["trace_diverged"] = true;

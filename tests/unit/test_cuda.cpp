@@ -20,6 +20,7 @@
 #define BOOST_TEST_MODULE cuda
 #include "device_testing.hpp"
 
+#include <zinf/comm.hpp>
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
 #include <zinf/optim.hpp>
@@ -48,6 +49,19 @@ using V16 = std::vector<std::uint16_t>;
 namespace utf = boost::unit_test;
 
 namespace {
+
+// NCCL, for the stream-ordered collectives: a GPU, libnccl.so.2, and MPI
+// in the build (NCCL's id travels over it, even for one rank).
+struct NcclPresent {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        std::string why = cuda_unavailable();
+        if (why.empty() && !comm::compiled(comm::Backend::mpi)) why = "built without MPI";
+        if (why.empty() && !comm::usable(comm::Backend::nccl)) why = "libnccl.so.2 does not load";
+        boost::test_tools::assertion_result r(why.empty());
+        if (!r) r.message() << "NCCL cannot run here: " << why;
+        return r;
+    }
+};
 
 struct GpuPresent {
     boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
@@ -572,4 +586,31 @@ BOOST_AUTO_TEST_CASE(gemm_rates_are_measured, *utf::precondition(GpuPresent())) 
     BOOST_TEST_MESSAGE("cuBLASLt 1024^3: fp32 " << f32 / 1e12 << " TFLOP/s, bf16 " << bf16 / 1e12 << " TFLOP/s");
     BOOST_TEST(f32 > 1e11);
     BOOST_TEST(bf16 > f32);
+}
+
+// comm::Communicator::enqueue on nccl (one rank): an allgather enqueued on
+// the collectives stream's native handle after an event the h2d stream
+// recorded behind the input's copy, then a bucket of two allreduces in the
+// stream's own order; the stream's synchronize gives the results, and a
+// blocking collective afterwards runs after them.
+BOOST_AUTO_TEST_CASE(nccl_collectives_enqueued_on_a_device_stream, *utf::precondition(NcclPresent())) {
+    std::mt19937_64 rng(fresh_seed("nccl enqueue"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    comm::Communicator c({.backend = comm::Backend::nccl, .memory = comm::Memory::device});
+    const Vf h = randn(40'009, rng), g = randn(1'001, rng);
+    auto src = d->alloc<float>(h.size(), "src"), gathered = poisoned(*d, h.size()), summed = poisoned(*d, h.size());
+    auto gsrc = up(*d, g), gsum = poisoned(*d, g.size());
+    d->copy(d->h2d(), std::as_writable_bytes(src.span()), std::as_bytes(std::span<const float>(h)));
+    const Event copied = d->record(d->h2d());
+    void* coll = d->native(d->stream(StreamKind::collectives));
+    const comm::Buffer all{std::as_bytes(src.span()), std::as_writable_bytes(gathered.span()), {}};
+    c.enqueue(comm::Kind::allgather, std::span(&all, 1), comm::DType::f32, coll, copied.handle.get());
+    const comm::Buffer sums[] = {{std::as_bytes(src.span()), std::as_writable_bytes(summed.span()), {}},
+                                 {std::as_bytes(gsrc.span()), std::as_writable_bytes(gsum.span()), {}}};
+    c.enqueue(comm::Kind::allreduce, sums, comm::DType::f32, coll, nullptr, comm::Reduce::sum);
+    d->synchronize(d->stream(StreamKind::collectives));
+    BOOST_TEST(down(*d, gathered) == h);
+    BOOST_TEST(down(*d, summed) == h);
+    BOOST_TEST(down(*d, gsum) == g);
+    c.barrier();
 }

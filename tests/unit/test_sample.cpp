@@ -160,7 +160,7 @@ BOOST_AUTO_TEST_CASE(through_the_engine_equals_resident) {
 
                 auto self = self_comm();
                 sample::Decoder dec(gpt, *dev, tokens.size());
-                zero::CommittedParams params(run.m, 0, rig.engine);
+                zero::CommittedParams params(run.m, 0, rig.engine, rig.pool);
                 zero::InfinityOptions io;
                 io.persist_below = persist;
                 zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, params, io);
@@ -208,9 +208,9 @@ BOOST_AUTO_TEST_CASE(a_corrupted_partition_is_refused) {
             sample::Decoder dec(gpt, *dev, 4);
             std::string msg;
             if (tier == shard::Tier::cpu) {
-                msg = what_of<DataError>([&] { zero::CommittedParams bad(run.m, 0, rig.engine); }, "cpu tier");
+                msg = what_of<DataError>([&] { zero::CommittedParams bad(run.m, 0, rig.engine, rig.pool); }, "cpu tier");
             } else {
-                zero::CommittedParams params(run.m, 0, rig.engine);
+                zero::CommittedParams params(run.m, 0, rig.engine, rig.pool);
                 zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, params, {});
                 std::vector<float> l(dec.vocab());
                 msg = what_of<DataError>(

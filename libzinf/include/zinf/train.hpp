@@ -80,6 +80,7 @@ struct StepLog {
     // from each tier (gpu, cpu, nvme), compute's wait for them, the device
     // budget's peak use, and the process's peak resident memory.
     std::uint64_t fetched_bytes[3] = {};
+    std::uint64_t collectives = 0;      // the engine's allgathers and reduce-scatters (dp > 1)
     double stall_seconds = 0;
     std::uint64_t device_peak_bytes = 0, peak_rss_bytes = 0;
     bool trace_diverged = false;

@@ -406,6 +406,7 @@ StepLog Trainer::step(const data::Loader& train) {
         const zero::InfinityStats st = I.infinity->stats();
         std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
         log.stall_seconds = st.stall_seconds;
+        log.collectives = st.collectives;
         log.device_peak_bytes = st.device_peak;
         log.trace_diverged = st.diverged;
         if (!r.overflow) I.infinity->after_step();
