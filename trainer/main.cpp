@@ -124,7 +124,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
 // or the last --val-fraction of the training tokens.
 struct Data {
     std::optional<data::Tokens> train_file, val_file;
-    std::span<const std::uint16_t> train, val;
+    data::TokenSpan train, val;
     std::string train_source, val_source;
 };
 

@@ -108,6 +108,30 @@ check "model.layers.1.self_attn.v_proj.weight's bytes are the same after reshard
   test "$("$SH" cat -m "$(mf rs)" --tensor model.layers.1.self_attn.v_proj.weight --state param "${POOL[@]}" | sha256sum)" = \
   "$("$SH" cat -m "$W/rs3/manifest.jsonl" --tensor model.layers.1.self_attn.v_proj.weight --state param "${POOL[@]}" | sha256sum)"
 
+# --- llm.c's token files, version 2 (uint32): ids past 65,535 train; one past the vocabulary is refused
+python3 - "$W" <<'PY'
+import random, struct, sys
+d = sys.argv[1]
+random.seed(7)
+toks = [random.randrange(70000) for _ in range(4000)]
+toks[100] = 69999
+def write(name, toks):
+    h = [0] * 256
+    h[0], h[1], h[2] = 20240520, 2, len(toks)
+    open(f"{d}/{name}", "wb").write(struct.pack("<256i", *h) + struct.pack("<%dI" % len(toks), *toks))
+write("wide.bin", toks)
+PY
+V2=llama:layers=1,hidden=32,heads=4,kv_heads=2,ffn=32,seq=32,tied=1
+state wide --model "$V2,vocab=70000"
+run "$TR" --manifest "$(mf wide)" --data "$W/wide.bin" --steps 2 --json "${RUN[@]}"
+expect_rc 0 "a version 2 token file (ids up to 69999) trains a vocabulary of 70000"
+check "…its first loss about ln 70000" jq -e -s '(.[0].loss - (70000 | log)) | fabs < 0.1' <<<"$out"
+state narrow --model "$V2,vocab=60000"
+run "$TR" --manifest "$(mf narrow)" --data "$W/wide.bin" --steps 2 "${RUN[@]}"
+expect_rc 65 "a token past a vocabulary of 60000 exits 65"
+check "…naming the file, the token, its offset and its byte" \
+  has_all "$err" "$W/wide.bin" "at token offset" "(byte " "not below the model's vocabulary 60000"
+
 # --- data parallel: mpirun -np 2 on a dp=2 state with -B 2 = one process with -B 4
 if command -v mpirun >/dev/null; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
