@@ -296,6 +296,12 @@ struct RunOptions {
     // reshard: node-local folders for the new layout's ranks (Manifest::
     // rank_dirs; empty: beneath the new directory).
     std::vector<std::string> rank_dirs;
+    // export of a Llama-family model in Hugging Face's layout (safetensors):
+    // shards of at most `shard_bytes` of tensors into the folder --to, with
+    // model.safetensors.index.json (0: one file), elements in `dtype`
+    // (unset: the state's, F32 for the master copy).
+    std::uint64_t shard_bytes = 0;
+    std::optional<DType> dtype;
 };
 
 // Writes every partition of `ranks` into `dir` (created when absent) and sets
@@ -436,6 +442,13 @@ WeightFormat parse_weight_format(std::string_view s);  // UsageError
 WeightFormat detect_weight_format(const std::string& path);
 inline constexpr std::int32_t kLlmcMagic = 20240326;
 
+// For a Llama-family model, `from` is a Hugging Face checkpoint: a
+// .safetensors file, the model.safetensors.index.json of a sharded one (its
+// weight_map's files beside it), or the folder that holds either; names and
+// shapes as published (model.layers.N.self_attn.q_proj.weight, (out, in)).
+// A tied model's lm_head.weight, when a file has it, and rotary_emb.inv_freq
+// buffers are left out.
+//
 // Every partition of m's param and master states from the file's tensors
 // (converted to fp32, then to the param dtype), the moments zero; written and
 // hashed as init does, committed by the caller with Written::commit. The whole
@@ -452,10 +465,14 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
 // its xxh3 first. Tiles are joined into the untiled tensors. safetensors keeps
 // the state's dtype (F32 or BF16); llm.c's version 3 is fp32, with the
 // vocabulary padded to a multiple of 128 by zero rows.
+// A Llama-family model's safetensors keep Hugging Face's names and shapes
+// (RunOptions::shard_bytes and dtype: shards with their index, and the
+// elements' type).
 struct ExportResult {
     std::string state;          // "master" or "param"
     std::uint64_t bytes = 0;    // the file's size
     std::size_t tensors = 0;    // tensors written (safetensors) or model tensors (llm.c)
+    std::vector<std::string> files;  // what was written (the shards, then the index)
 };
 ExportResult export_weights(const Manifest& m, const std::string& to, WeightFormat format, io::Engine& engine,
                             mem::PinnedPool& pool, const RunOptions& opts);
