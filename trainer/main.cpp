@@ -125,7 +125,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
 // or the last --val-fraction of the training tokens.
 struct Data {
     std::optional<data::Tokens> train_file, val_file;
-    std::span<const std::uint16_t> train, val;
+    data::TokenSpan train, val;
     std::string train_source, val_source;
 };
 
@@ -183,7 +183,7 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
         log::info("the checkpoint is " + committed + " (" + checkpoint.copy_of +
                   " is a copy): reading and committing it");
     log::info(comm.describe());
-    log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
+    log::info(m.spec.to_string() + ": " + std::to_string(t.model().params_table().numel()) + " parameters, batch " +
               std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
               " ranks, " + std::to_string(dev.threads()) + " threads per rank; activations " +
               format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));

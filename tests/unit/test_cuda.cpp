@@ -614,3 +614,119 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_enqueued_on_a_device_stream, *utf::precond
     BOOST_TEST(down(*d, gsum) == g);
     c.barrier();
 }
+
+// ---------------------------------------------------------------------------
+// The Llama family's kernels (cuda/llama.hpp): RMSNorm, rotary embeddings,
+// SwiGLU and the embedding without a position table bitwise the cpu
+// backend's; grouped-query attention close (expf), its backward alone on a
+// given softmax bitwise; every one the same bits on two cuda runs.
+BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("llama kernels"));
+    Pair p;
+    for (const u64 C : {u64{64}, u64{77}, u64{576}}) {
+        const u64 N = 45;
+        const Vf x = randn(N * C, rng, 2), w = randn(C, rng), dout = randn(N * C, rng);
+        const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, N * C), rstd = poisoned(d, N);
+            auto dx = up(d, x), dw_ = up(d, w), go = up(d, dout), dinp = up(d, dinp0), dw = up(d, dw0);
+            d.rmsnorm_forward(d.compute(), out, rstd, dx, dw_, N, C, 1e-5f);
+            d.rmsnorm_backward(d.compute(), dinp, dw, go, dx, dw_, rstd, N, C);
+            return {{"out", down(d, out)}, {"rstd", down(d, rstd)}, {"dinp", down(d, dinp)}, {"dw", down(d, dw)}};
+        };
+        expect_all(p.run(fn), "rmsnorm C=" + std::to_string(C), true);
+        expect_same_bits(*p.gpu, fn, "rmsnorm");
+    }
+    {
+        const u64 B = 2, T = 13, H = 7, hd = 64, pos0 = 5;
+        Vf table((pos0 + T) * hd);
+        for (u64 pos = 0; pos < pos0 + T; ++pos)
+            for (u64 i = 0; i < hd / 2; ++i) {
+                const double a = double(pos) * std::pow(500000.0, -2.0 * double(i) / double(hd));
+                table[pos * hd + i] = float(std::cos(a));
+                table[pos * hd + hd / 2 + i] = float(std::sin(a));
+            }
+        const Vf x = randn(B * T * H * hd, rng), dy = randn(x.size(), rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto dx = up(d, x), g = up(d, dy), tab = up(d, table);
+            d.rope_forward(d.compute(), dx, tab, B, T, H, hd, pos0);
+            d.rope_backward(d.compute(), g, tab, B, T, H, hd, pos0);
+            return {{"x", down(d, dx)}, {"dx", down(d, g)}};
+        };
+        expect_all(p.run(fn), "rope", true);
+    }
+    {
+        Vf g = randn(100'000, rng, 4);
+        g[0] = 100, g[1] = -100, g[2] = 0;
+        const Vf u = randn(g.size(), rng), dout = randn(g.size(), rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, g.size()), dg = poisoned(d, g.size()), du = poisoned(d, g.size());
+            auto dgate = up(d, g), dup = up(d, u), go = up(d, dout);
+            d.swiglu_forward(d.compute(), out, dgate, dup);
+            d.swiglu_backward(d.compute(), dg, du, go, dgate, dup);
+            return {{"out", down(d, out)}, {"dgate", down(d, dg)}, {"dup", down(d, du)}};
+        };
+        expect_all(p.run(fn), "swiglu", true);
+    }
+    {
+        const u64 B = 3, T = 17, C = 72, V = 101;
+        Vi tok = random_tokens(B * T, V, rng);
+        tok[5] = tok[9] = tok[40] = 7;
+        const Vf wte = randn(V * C, rng), dout = randn(B * T * C, rng), dwte0 = randn(V * C, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, B * T * C), dte = up(d, dwte0);
+            auto dt = up(d, tok);
+            auto te = up(d, wte), go = up(d, dout);
+            d.embedding_forward(d.compute(), out, dt, te, {}, B, T, C, V);
+            d.embedding_backward(d.compute(), dte, {}, go, dt, B, T, C, V);
+            return {{"out", down(d, out)}, {"dwte", down(d, dte)}};
+        };
+        expect_all(p.run(fn), "embedding without positions", true);
+        expect_same_bits(*p.gpu, fn, "embedding without positions");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("gqa"));
+    Pair p;
+    struct Shape {
+        u64 B, T, NH, KVH, hd;
+    };
+    for (const Shape s : {Shape{2, 7, 6, 2, 8}, Shape{1, 70, 9, 3, 64}, Shape{2, 33, 4, 4, 16}, Shape{1, 40, 8, 1, 32}}) {
+        const u64 B = s.B, T = s.T, NH = s.NH, KVH = s.KVH, hd = s.hd;
+        const Vf q = randn(B * T * NH * hd, rng), k = randn(B * T * KVH * hd, rng), v = randn(B * T * KVH * hd, rng);
+        const Vf dout = randn(q.size(), rng);
+        const std::string what = "gqa B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+                                 std::to_string(NH) + " KVH=" + std::to_string(KVH);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, q.size()), att = poisoned(d, B * NH * T * T), datt = poisoned(d, B * NH * T * T);
+            auto dq = poisoned(d, q.size()), dk = poisoned(d, k.size()), dv = poisoned(d, v.size());
+            auto Q = up(d, q), K = up(d, k), Vv = up(d, v), go = up(d, dout);
+            d.gqa_forward(d.compute(), out, att, Q, K, Vv, B, T, NH, KVH, hd);
+            d.gqa_backward(d.compute(), dq, dk, dv, datt, go, Q, K, Vv, att, B, T, NH, KVH, hd);
+            return {{"out", down(d, out)}, {"att", down(d, att)}, {"dq", down(d, dq)}, {"dk", down(d, dk)},
+                    {"dv", down(d, dv)}};
+        };
+        expect_all(p.run(fn), what);
+        expect_same_bits(*p.gpu, fn, what);
+
+        const Vf att = randn(B * NH * T * T, rng);
+        auto backward = [&](Device& d) -> Outputs {
+            auto datt = poisoned(d, B * NH * T * T);
+            auto dq = poisoned(d, q.size()), dk = poisoned(d, k.size()), dv = poisoned(d, v.size());
+            auto Q = up(d, q), K = up(d, k), Vv = up(d, v), go = up(d, dout), a = up(d, att);
+            d.gqa_backward(d.compute(), dq, dk, dv, datt, go, Q, K, Vv, a, B, T, NH, KVH, hd);
+            return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
+        };
+        expect_all(p.run(backward), what + " backward", true);
+
+        const Vf q1 = randn(NH * hd, rng), kc = randn(T * KVH * hd, rng), vc = randn(T * KVH * hd, rng);
+        auto decode = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, NH * hd), a = poisoned(d, NH * T);
+            auto Q = up(d, q1), K = up(d, kc), Vv = up(d, vc);
+            d.gqa_decode(d.compute(), out, a, Q, K, Vv, T, NH, KVH, hd);
+            return {{"out", down(d, out)}, {"att", down(d, a)}};
+        };
+        expect_all(p.run(decode), what + " decode");
+    }
+}

@@ -74,7 +74,7 @@ struct StepLog {
     bool overflow = false;              // a gradient was not finite: the update was skipped
     double seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
     std::uint64_t tokens = 0;           // over every rank
-    double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (GPT::flops_per_step), every rank
+    double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (LanguageModel::flops_per_step), every rank
     // This rank's engine, over the step (zeros with the resident engine,
     // which reads nothing during a step): bytes of its partitions fetched
     // from each tier (gpu, cpu, nvme), compute's wait for them, the device
@@ -116,7 +116,7 @@ public:
     // Commits every state at step_count() into the manifest.
     void save();
 
-    model::GPT& gpt();
+    model::LanguageModel& model();  // the GPT or the Llama the manifest's spec names
     // The resident engine (InternalError unless Options::resident).
     model::ResidentEngine& resident_engine();
     // The ZeRO-Infinity engine (nullptr with Options::resident).

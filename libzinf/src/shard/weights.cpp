@@ -5,6 +5,7 @@
 // (row-major too, or llm.c's (out, in): zinf's matrix column-major), a block
 // at a time through a pool buffer, so memory does not grow with the model.
 #include "formats.hpp"
+#include "llama.hpp"
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -334,6 +335,7 @@ WeightFormat detect_weight_format(const std::string& path) {
 
 Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
                        mem::PinnedPool& pool, const RunOptions& opts) {
+    if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
     const auto places = detect_weight_format(from) == WeightFormat::llmc ? llmc_places(m, file, engine)
                                                                           : safetensors_places(m, file, engine);
@@ -516,6 +518,13 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     if (m.dir.empty() || !m.initialised())
         throw UsageError("the manifest has no committed state (no data directory, or partitions without an xxh3): "
                          "export reads what init, import or zinf-train committed");
+    if (m.spec.llama()) {
+        if (format != WeightFormat::safetensors)
+            throw UsageError("llm.c's checkpoint holds a GPT-2; a Llama-family model exports as safetensors");
+        return detail::export_hf(m, to, engine, pool, opts);
+    }
+    if (opts.shard_bytes || opts.dtype)
+        throw UsageError("--shard-size and --dtype are for Llama-family models (Hugging Face's layout)");
     ExportResult res;
     res.state = std::find(m.states.begin(), m.states.end(), "master") != m.states.end() ? "master" : "param";
     const Elem se = state_dtype(m.opts, res.state) == DType::fp32 ? Elem::f32 : Elem::bf16;
@@ -526,6 +535,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     const OutLayout l =
         format == WeightFormat::safetensors ? safetensors_layout(m, keys, se, res.state) : llmc_layout(m, keys);
     res.bytes = l.bytes;
+    res.files = {to};
     res.tensors = keys.size();
 
     // Written under a temporary name beside `to`, then renamed over it.
