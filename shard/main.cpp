@@ -102,15 +102,6 @@ std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
     return out;
 }
 
-// A directory that already holds a committed manifest is replaced only when
-// asked: it may be a run's only copy of its weights.
-void check_target(const std::string& dir, bool force) {
-    const std::string m = dir + "/manifest.jsonl";
-    if (std::filesystem::exists(m) && !force)
-        throw CreateError(dir + " already holds a manifest (manifest.jsonl); give --force to replace it "
-                                "(the old state stays intact until the new one is complete)");
-}
-
 // Progress on stderr, drawn only on a terminal.
 struct Meter {
     Progress bar;
@@ -166,6 +157,7 @@ RunOptions run_options(const Options& o) {
     RunOptions ro;
     ro.jobs = o.jobs;
     ro.stop = &g_stop;
+    ro.force = o.force;
     return ro;
 }
 
@@ -291,6 +283,7 @@ int do_cat(const Options& o) {
     } catch (const DataError& e) {  // a misspelt --tensor is the command line's fault
         throw UsageError("--tensor: " + e.message());
     }
+    const Lock lock = lock_state(m, LockMode::shared);  // no writer beside
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     cat(m, t, o.state, engine, pool, [](std::span<const std::byte> piece) {

@@ -139,6 +139,10 @@ private:
 // first step), its files checked to stay beneath the data directory
 // (shard::check_paths; with node-local rank folders every rank checks its
 // own, in the Trainer), since the engine and the optimizer open them later.
+// Read under the lock this process holds for the run (Committed::lock,
+// exclusive: rank 0 the data directory, each rank its node-local folder,
+// the rank taken from the launcher's environment): LockedError (75) when
+// another program uses the state.
 shard::Committed read_checkpoint(const std::string& given);
 
 // The step a run starts from: a manifest past step 0 is a checkpoint,

@@ -13,6 +13,8 @@ using namespace detail;
 
 VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
     const auto ranks = rank_set(m, opts);
+    // No writer beside: what is read is one state (a reader's lock).
+    const Lock lock = lock_state(m, LockMode::shared);
     for (const auto& p : m.parts)
         if (ranks.count(p.rank) && !p.xxh3)
             throw DataError("line " + std::to_string(p.line) + ": " + describe(m, p) +

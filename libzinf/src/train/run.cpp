@@ -19,7 +19,11 @@ std::string four_places(double v) {
 }  // namespace
 
 shard::Committed read_checkpoint(const std::string& given) {
-    shard::Committed c = shard::read_committed(given);
+    // One writer at a time: this process's share of the state locked
+    // (rank 0 the data directory, every rank its node-local folder) before
+    // the committed manifest is read, held for the run (c.lock).
+    const auto rank = static_cast<unsigned>(comm::Launch::from_env().rank);
+    shard::Committed c = shard::read_committed(given, shard::LockMode::exclusive, {rank});
     // The engine and the optimizer open these files later: none may lead
     // outside the data directory (a rank folder that is a link elsewhere
     // would have every checkpoint written there). Node-local rank folders
