@@ -39,6 +39,7 @@ struct Options {
     std::string dir;
     std::vector<std::string> rank_dir;  // node-local rank folders: "/local/nvme/run/rank%r", or one per rank
     bool force = false;
+    bool allow_nonfinite = false;  // import
     std::string stats;  // a JSON record of the run, for scripts
     unsigned jobs = 0;
     std::string ranks = "all";
@@ -307,6 +308,7 @@ int do_import(const Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro = run_options(o);
+    ro.allow_nonfinite = o.allow_nonfinite;
     Timer t;
     Written w;
     {
@@ -460,6 +462,8 @@ CLI::App* add_import(CLI::App& app, Options& o) {
     imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
         ->check(CLI::IsMember({"safetensors", "llmc"}));
     add_target(imp, o, "Data directory (created); its manifest.jsonl is written last");
+    imp->add_flag("--allow-nonfinite", o.allow_nonfinite,
+                  "Import weights that are NaN or infinite (or that bf16 would round to infinity); refused otherwise");
     add_io(imp, o);
     return imp;
 }

@@ -126,4 +126,69 @@ for i in 1 2 3 4 5; do
   expect_rc 0 "layout | init | verify, try $i: verify finds the directory free"
 done
 
+# --- 4. A diverged run commits a poisoned checkpoint (data loss) ------------
+# Probe: train to step 4 with --checkpoint-every 1, then --resume --steps 10
+# --lr 1e12: "the gradient is not finite ... committed at step 5", exit 65,
+# and the committed step-5 weights reached |w| = 5.6e11 (zinf-sample on
+# them: "logits are all NaN"); the good step-4 checkpoint was no longer
+# named. Now the manifest names step 4 again, the message says so, and the
+# state verifies, samples and resumes; for the state on NVMe (every step
+# committed) and in memory (committed by the checkpoint), and when the
+# poisoned step is the last (a run never ends on weights the next cannot use).
+steps_of() { jq -s '[.[1:][] | .step // 0] | max' "$1"; }
+for tiers in nvme cpu; do
+  rm -rf "$W/d"
+  zs layout --model "$MT" --param "$tiers" --optim "$tiers" | zs init --dir "$W/d" >/dev/null
+  train --manifest "$W/d/manifest.jsonl" --steps 4 --checkpoint-every 1 >/dev/null 2>&1
+  run train --manifest "$W/d/manifest.jsonl" --steps 10 --resume --lr 1e12 --checkpoint-every 1
+  expect_rc 65 "$tiers: --lr 1e12 diverges (65)"
+  check "$tiers: …the manifest names step 4 again, the last whose weights gave a finite loss" \
+    test "$(steps_of "$W/d/manifest.jsonl")" = 4
+  check "$tiers: …and the message says so" has_all "$err" "not finite" "committed again at step 4"
+  run zs verify -m "$W/d/manifest.jsonl"
+  expect_rc 0 "$tiers: …the state verifies"
+  run "$SA" -m "$W/d/manifest.jsonl" --prompt ab -n 4 --temperature 0 --threads 1 "${POOL[@]}"
+  expect_rc 0 "$tiers: …zinf-sample reads it (no NaN logits)"
+  run train --manifest "$W/d/manifest.jsonl" --steps 6 --resume
+  expect_rc 0 "$tiers: …and a run resumes from it"
+  # The poisoned update is the run's last: no step after it to see the NaN.
+  run train --manifest "$W/d/manifest.jsonl" --steps 7 --resume --lr 1e12
+  expect_rc 65 "$tiers: a diverging last step is not committed either (65)"
+  check "$tiers: …the manifest stays at step 6" test "$(steps_of "$W/d/manifest.jsonl")" = 6
+done
+
+# --- 8. Non-finite weights imported silently, then the wrong advice ---------
+# Probe: imports with NaN or ±Inf (or 3e38) exited 0; training then stopped
+# at step 1 with "training diverged ... lower --lr" although no update had
+# run. Now import refuses them (65, naming the tensor and the index) unless
+# --allow-nonfinite, and the trainer says the committed weights are not
+# finite.
+zs layout --model "$MT" --param-dtype fp32 | zs init --dir "$W/w" >/dev/null
+zs export -m "$W/w/manifest.jsonl" --to "$W/w.bin" --format llmc 2>/dev/null
+# poke FILE ELEMENT HEXBYTES: llm.c's wte (the first tensor, after the 1 KiB
+# header) element ELEMENT set to the little-endian fp32 HEXBYTES.
+poke() { cp "$W/w.bin" "$1" && printf "$3" | dd of="$1" bs=1 seek=$((1024 + 4 * $2)) conv=notrunc status=none; }
+poke "$W/nan.bin" 5 '\x00\x00\xc0\x7f'
+poke "$W/inf.bin" 7 '\x00\x00\x80\xff'
+poke "$W/big.bin" 9 '\xff\xff\x7f\x7f' # 3.4e38: finite in fp32, infinite in bf16
+for f in nan inf; do
+  run bash -c 'set -o pipefail; "$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+    _ "$SH" "$MT" "$W/$f.bin" "$W/i$f"
+  expect_rc 65 "import of a weight that is $f is refused (65)"
+  check "…naming the tensor and the element" has_all "$err" "tensor 'wte'" "element $([[ $f == nan ]] && echo 5 || echo 7)"
+  check "…and committing nothing" test ! -e "$W/i$f/manifest.jsonl"
+done
+run bash -c 'set -o pipefail; "$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W/big.bin" "$W/ibig"
+expect_rc 65 "import of 3.4e38 into bf16 parameters (where it is infinite) is refused (65)"
+check "…saying why" contains "$err" "infinite in the bf16 parameters"
+run bash -c 'set -o pipefail; "$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --allow-nonfinite --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W/nan.bin" "$W/inan"
+expect_rc 0 "import --allow-nonfinite takes it"
+run train --manifest "$W/inan/manifest.jsonl" --steps 3
+expect_rc 65 "zinf-train on weights that are not finite stops (65)"
+check "…saying the committed weights are not finite, which and where, not to lower --lr" \
+  bash -c '[[ $1 == *"committed weights are not finite"*"wte.weight element 5 is nan"* && $1 != *"lower --lr"* ]]' _ "$err"
+check "…and the manifest stays at step 0" test "$(steps_of "$W/inan/manifest.jsonl")" = 0
+
 finish

@@ -326,6 +326,12 @@ struct RunOptions {
     // Writers: replace a directory that holds a committed manifest
     // (check_target, made again under the lock); false refuses it (73).
     bool force = true;
+    // Readers (verify, find_nonfinite): take the state's shared lock; false
+    // when the caller holds the state's lock (a trainer's rank reading its
+    // own files while rank 0 holds the directory's).
+    bool lock = true;
+    // import: non-finite values (NaN, ±inf) are imported instead of refused.
+    bool allow_nonfinite = false;
 };
 
 // Writes every partition of `ranks` into `dir` (created when absent) and sets
@@ -445,6 +451,12 @@ struct VerifyResult {
     std::uint64_t partitions = 0, bytes = 0;
 };
 VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
+
+// The first value of `states` (of `ranks`) that is not finite, as "<tensor>
+// element <i> is nan (rank r state, file)"; nullopt when every one is.
+// Streams through the pool; checks nothing against the xxh3s.
+std::optional<std::string> find_nonfinite(const Manifest& m, const std::vector<std::string>& states,
+                                          io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
 
 // The whole tensor, gathered from its partitions in rank order, padding left
 // out: `sink` gets consecutive pieces (raw little-endian, the state's dtype).

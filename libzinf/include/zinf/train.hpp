@@ -71,7 +71,7 @@ struct StepLog {
     std::uint64_t step = 0;             // from 1
     double loss = 0;                    // mean over the global batch, before the update
     double lr = 0, grad_norm = 0;
-    bool overflow = false;              // a gradient was not finite: the update was skipped
+    bool overflow = false;              // a gradient (or the loss) was not finite: the update was skipped
     double seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
     std::uint64_t tokens = 0;           // over every rank
     double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (GPT::flops_per_step), every rank
@@ -114,6 +114,16 @@ public:
     double evaluate(const data::Loader& val, std::uint64_t batches);
     // Commits every state at step_count() into the manifest.
     void save();
+    // The manifest as last committed (or as opened).
+    const shard::Manifest& manifest() const;
+    // Commits `to`, a manifest this run committed before (the last whose
+    // weights gave a finite loss), again: every rank first checks that the
+    // files of its partitions `to` names still hold what it says. nullopt
+    // once committed; else why not (nothing is committed then).
+    std::optional<std::string> rollback(const shard::Manifest& to);
+    // The first committed weight (master, else param) of any rank that is not
+    // finite, described; nullopt when every one is. Every rank reads its own.
+    std::optional<std::string> nonfinite_weights();
 
     model::GPT& gpt();
     // The resident engine (InternalError unless Options::resident).

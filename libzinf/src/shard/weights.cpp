@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <dirent.h>
@@ -363,6 +364,23 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
         };
         Reads reads(engine);
         gather(dst, first, n, std::as_writable_bytes(out.first(n)), std::span(&src, 1), scratch, reads);
+        if (opts.allow_nonfinite) return;
+        // A value that is not finite (or that the bf16 parameters would round
+        // to infinity) would be trained into nothing but NaN: refused, named
+        // by the file's tensor and its index there.
+        const bool bf16 = m.opts.param_dtype == DType::bf16;
+        for (std::uint64_t i = 0; i < n; ++i) {
+            const float v = out[i];
+            if (std::isfinite(v) && (!bf16 || std::isfinite(from_bf16(to_bf16(v))))) continue;
+            const std::uint64_t e = first + i, w = t.numel / rows, r = e / w, k = t.col0 + e % w;
+            const std::uint64_t index = p.row_major ? r * cols + k : k * rows + r;
+            char value[32];
+            std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
+            throw DataError("tensor '" + p.what + "' element " + std::to_string(index) + " is " + value +
+                                (std::isfinite(v) ? " (infinite in the bf16 parameters)" : "") +
+                                ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
+                            {0, from, {}, -1});
+        }
     };
     return init(m, dir, engine, pool, opts, values);
 }
