@@ -68,7 +68,7 @@ int run(Options& o) {
     if (o.manifest.empty()) throw UsageError("--manifest is required");
     // The committed state: the data directory's manifest.jsonl, as the
     // trainer commits it (a copy elsewhere goes stale with its first commit).
-    shard::Committed committed = shard::read_committed(o.manifest);
+    shard::Committed committed = shard::read_committed(o.manifest, shard::LockMode::shared);
     if (!committed.copy_of.empty())
         log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
     shard::Manifest& m = committed.manifest;

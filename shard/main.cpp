@@ -39,6 +39,7 @@ struct Options {
     std::string dir;
     std::vector<std::string> rank_dir;  // node-local rank folders: "/local/nvme/run/rank%r", or one per rank
     bool force = false;
+    bool allow_nonfinite = false;  // import
     std::string stats;  // a JSON record of the run, for scripts
     unsigned jobs = 0;
     std::string ranks = "all";
@@ -103,15 +104,6 @@ std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
     return out;
 }
 
-// A directory that already holds a committed manifest is replaced only when
-// asked: it may be a run's only copy of its weights.
-void check_target(const std::string& dir, bool force) {
-    const std::string m = dir + "/manifest.jsonl";
-    if (std::filesystem::exists(m) && !force)
-        throw CreateError(dir + " already holds a manifest (manifest.jsonl); give --force to replace it "
-                                "(the old state stays intact until the new one is complete)");
-}
-
 // Progress on stderr, drawn only on a terminal.
 struct Meter {
     Progress bar;
@@ -167,6 +159,7 @@ RunOptions run_options(const Options& o) {
     RunOptions ro;
     ro.jobs = o.jobs;
     ro.stop = &g_stop;
+    ro.force = o.force;
     return ro;
 }
 
@@ -292,6 +285,7 @@ int do_cat(const Options& o) {
     } catch (const DataError& e) {  // a misspelt --tensor is the command line's fault
         throw UsageError("--tensor: " + e.message());
     }
+    const Lock lock = lock_state(m, LockMode::shared);  // no writer beside
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     cat(m, t, o.state, engine, pool, [](std::span<const std::byte> piece) {
@@ -315,6 +309,7 @@ int do_import(const Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro = run_options(o);
+    ro.allow_nonfinite = o.allow_nonfinite;
     Timer t;
     Written w;
     {
@@ -478,6 +473,8 @@ CLI::App* add_import(CLI::App& app, Options& o) {
     imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
         ->check(CLI::IsMember({"safetensors", "llmc"}));
     add_target(imp, o, "Data directory (created); its manifest.jsonl is written last");
+    imp->add_flag("--allow-nonfinite", o.allow_nonfinite,
+                  "Import weights that are NaN or infinite (or that bf16 would round to infinity); refused otherwise");
     add_io(imp, o);
     return imp;
 }

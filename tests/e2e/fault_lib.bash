@@ -41,7 +41,7 @@ check_sources() {
   fi
 }
 
-fw_sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
+fw_sums() { (cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum); }
 fw_verify() { "$FW_SH" verify "${FW_POOL[@]}" -m "$1" >/dev/null 2>&1; }
 fw_temps() { find "$@" -name '*.zinf-tmp.*' -o -name '*.tmp.*' 2>/dev/null; }
 
@@ -161,7 +161,7 @@ fw_case() {
     problems+=("zinf-shard verify fails on $out/manifest.jsonl")
   fi
   if [[ $out != "$FW_D" && -f $FW_D/manifest.jsonl ]]; then  # the source of reshard
-    [[ $(cd "$FW_D" && find . -path ./dp2 -prune -o -type f -print0 | sort -z | xargs -0r sha256sum) == "$src_before" ]] ||
+    [[ $(cd "$FW_D" && find . -path ./dp2 -prune -o -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum) == "$src_before" ]] ||
       problems+=("the source state changed")
   fi
   local temps

@@ -115,7 +115,7 @@ if command -v strace >/dev/null && strace -f -qq -o /dev/null -e inject=rename:e
   expect_rc 0 "…a re-run of init --force then succeeds"
   check "…the new state verifies" verifies "$W/atomic"
   check "…no temporaries and no file the new manifest does not name" bash -c '
-    cd "$1" && diff <(find . -type f ! -name manifest.jsonl | sed "s|^\./||" | sort) \
+    cd "$1" && diff <(find . -type f ! -name manifest.jsonl ! -name .zinf-lock | sed "s|^\./||" | sort) \
       <(jq -r "select(has(\"file\")) | .file" manifest.jsonl | sort -u)' _ "$W/atomic"
 else
   skip "init --force under injected rename failures" "needs strace with syscall fault injection"
@@ -131,7 +131,7 @@ if command -v mpirun >/dev/null; then
   expect_rc 0 "mpirun -np 2 init --force (dp 1 over dp 3) beside the old state"
   check "…it verifies, and every file under the folder is one the new manifest names" bash -c '
     "$4" verify $3 -m "$1/manifest.jsonl" >/dev/null 2>&1 && cd "$1" &&
-    diff <(find . -type f ! -name manifest.jsonl | sed "s|^\./||" | sort) \
+    diff <(find . -type f ! -name manifest.jsonl ! -name .zinf-lock | sed "s|^\./||" | sort) \
       <(jq -r "select(has(\"file\")) | .file" manifest.jsonl | sort -u)' _ "$W/mp" x "${POOL[*]}" "$SH"
 else
   skip "init --force under mpirun" "no mpirun"

@@ -38,7 +38,7 @@ has_all() { # TEXT STRING...: TEXT holds every STRING
 }
 empty_dir() { [[ -z $(ls -A "$1") ]]; }
 # sums DIR: the sha256 of every file under DIR, by relative path.
-sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum); }
+sums() { (cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum); }
 # zs SUBCOMMAND ARGS...: zinf-shard ($SH), with the suite's pinned pool
 # ($POOL) for the subcommands that stream data.
 zs() {

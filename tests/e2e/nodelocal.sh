@@ -187,7 +187,7 @@ else
     --rank-dir '$NODES/node%r/zinf2/rank%r'"
   expect_rc 0 "init --force into new rank folders"
   check "…the old folders' state files are gone, the new ones there" \
-    test -z "$(find "$NODES"/node*/zinf -type f ! -name .zinf-rank)" \
+    test -z "$(find "$NODES"/node*/zinf -type f ! -name .zinf-rank ! -name .zinf-lock)" \
     -a -s "$NODES/node1/zinf2/rank1/master.bin"
   run "$SH" verify -m "$W/nl/manifest.jsonl"
   expect_rc 0 "…and the new state verifies"

@@ -80,10 +80,10 @@ for model in "$M1" "$M2"; do
     check "$n: D/manifest.jsonl is init's stdout" same_file "$D/manifest.jsonl" "$D.init"
     check "$n: verify passes the manifest through unchanged" same_text "$out" "$D.init"
     check "$n: no temporaries remain" no_temps "$D"
-    check "$n: the files are manifest.jsonl and rank<r>/<state>.bin for every rank, nothing else" \
-      test "$(cd "$D" && find . -type f | sort)" = "$({ echo ./manifest.jsonl; for ((r = 0; r < dp; r++)); do
+    check "$n: the files are manifest.jsonl, the lock file and rank<r>/<state>.bin for every rank, nothing else" \
+      test "$(cd "$D" && find . -type f | sort)" = "$({ echo ./manifest.jsonl; echo ./.zinf-lock; for ((r = 0; r < dp; r++)); do
         for s in param master exp_avg exp_avg_sq; do echo "./rank$r/$s.bin"; done; done; } | sort)" \
-      -a "$(cd "$D" && find . -type f | sort | wc -l)" = $((dp * 4 + 1))
+      -a "$(cd "$D" && find . -type f | sort | wc -l)" = $((dp * 4 + 2))
     check "$n: every file is as long as its last partition's aligned end" bash -c '
       jq -r -s ".[1:] | group_by(.file)[] | \"\(.[0].file) \(map(((.offset + .bytes + 4095) / 4096 | floor) * 4096) | max)\"" \
         "$1/manifest.jsonl" | while read -r f n; do [[ $(stat -c %s "$1/$f") == "$n" ]] || exit 1; done' _ "$D"

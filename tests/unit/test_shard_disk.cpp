@@ -3,6 +3,9 @@
 #define BOOST_TEST_MODULE shard_disk
 #include "shard_testing.hpp"
 
+#include <sys/file.h>
+#include <sys/wait.h>
+
 using namespace zinf;
 using namespace zinf::shard;
 using namespace zinf::testing;
@@ -489,6 +492,120 @@ BOOST_AUTO_TEST_CASE(a_disk_too_small_fails_before_writing, *utf::precondition(C
     }
     BOOST_TEST(!fs::exists(dir + "/rank0"));
     BOOST_TEST(m.dir.empty());
+}
+
+// Issue 29, finding 2. Probe: zinf-shard export in a loop while zinf-train
+// ran: 20/20 exits 0, 5 files matched no committed step (tensors from steps
+// 16 and 18 mixed; one from no step at all): export checked the hashes,
+// then read the data a second time unchecked. A writer now cannot run beside
+// it (the lock); one that ignores the lock changes bytes the export has
+// read, and the export, checking the state again before its rename, refuses
+// (65) and writes nothing.
+BOOST_AUTO_TEST_CASE(export_refuses_a_state_that_changed_while_it_was_read) {
+    Rig rig;
+    TempDir dir, out;
+    const Manifest m = make(rig, dir.path.string(), {.dp = 2, .param_dtype = DType::fp32, .seed = seed("torn")});
+    const std::string to = out.file("torn.safetensors");
+    RunOptions ro;
+    bool changed = false;
+    const auto victim = std::find_if(m.parts.begin(), m.parts.end(),
+                                     [](const Partition& p) { return p.rank == 1 && p.state == "param"; });
+    BOOST_REQUIRE(victim != m.parts.end());
+    ro.progress = [&](std::uint64_t) {
+        if (changed) return;
+        changed = true;  // a writer that ignores the lock, half-way through
+        flip(m.path_of(*victim), victim->offset);
+    };
+    const std::string what = what_of<DataError>(
+        [&] { (void)export_weights(m, to, WeightFormat::safetensors, rig.engine, rig.pool, ro); }, "export");
+    BOOST_TEST(changed);
+    BOOST_TEST(contains(what, "changed while it was exported"), what);
+    BOOST_TEST(!fs::exists(to));
+    BOOST_TEST(std::distance(fs::directory_iterator(out.path), fs::directory_iterator()) == 0);
+}
+
+// Issue 29, finding 3. Probe: `export --to base/rank0/master.bin --force`
+// and `--to base/manifest.jsonl --force` exited 0 and destroyed the state.
+// Any output inside a data directory (or a rank folder) is refused (64),
+// before anything is read or written.
+BOOST_AUTO_TEST_CASE(export_refuses_an_output_inside_the_state) {
+    Rig rig;
+    TempDir dir;
+    const Manifest m = make(rig, dir.path.string(), {.dp = 2, .seed = seed("inside")});
+    std::map<std::string, std::uint64_t> before;
+    for (const auto& f : m.files()) before[f] = xxh3(slurp(m.dir + "/" + f));
+    for (const std::string& to : {m.dir + "/rank0/master.bin", m.dir + "/manifest.jsonl", m.dir + "/weights.bin",
+                                 m.dir + "/rank1/../rank1/param.bin", std::string()}) {
+        const std::string what = what_of<UsageError>(
+            [&] { (void)export_weights(m, to, WeightFormat::llmc, rig.engine, rig.pool, {}); }, "export " + to);
+        BOOST_TEST(!what.empty(), to);
+    }
+    // Another data directory too: it holds a lock file.
+    TempDir other;
+    (void)make(rig, other.path.string(), {.dp = 1});
+    BOOST_TEST(!what_of<UsageError>([&] {
+                    (void)export_weights(m, other.file("rank0/param.bin"), WeightFormat::llmc, rig.engine, rig.pool, {});
+                }, "export into another data directory").empty());
+    for (const auto& f : m.files()) BOOST_TEST(xxh3(slurp(m.dir + "/" + f)) == before[f], f);
+}
+
+// Issue 29, finding 11. Probe: killed exports left full-size temporaries
+// (5 of 20 kills, 59 MB each) that a later export did not remove. Now the
+// next export to the same file removes them, but never one a live export
+// still writes (it holds a flock on it).
+BOOST_AUTO_TEST_CASE(export_removes_what_killed_exports_left) {
+    Rig rig;
+    TempDir dir, out;
+    const Manifest m = make(rig, dir.path.string(), {.dp = 1, .seed = seed("stale exports")});
+    const std::string to = out.file("w.bin");
+    const std::string dead = to + ".tmp.0123456789abcdef", live = to + ".tmp.fedcba9876543210";
+    const std::string other = to + ".tmp.notmine";
+    for (const auto& f : {dead, live, other}) std::ofstream(f) << "left";
+    Fd held = Fd::open(live, O_RDONLY);
+    BOOST_REQUIRE(::flock(held.get(), LOCK_EX | LOCK_NB) == 0);  // a live export's
+    (void)export_weights(m, to, WeightFormat::llmc, rig.engine, rig.pool, {});
+    BOOST_TEST(!fs::exists(dead));
+    BOOST_TEST(fs::exists(live));
+    BOOST_TEST(fs::exists(other));  // not a name export makes
+    BOOST_TEST(fs::exists(to));
+}
+
+// Issue 29, finding 1: the lock (tests/e2e/round2.sh runs the probe's two
+// trainers). Across processes a writer's exclusive lock refuses another
+// writer and a reader; readers share. Within one process a lock held is
+// shared, not taken again (a writer reading its own state).
+BOOST_AUTO_TEST_CASE(a_data_directory_has_one_writer_or_many_readers) {
+    TempDir dir;
+    const std::string d = dir.path.string();
+    // Another process: flock(1) (util-linux), exit 0 when it got the lock.
+    // (A forked child would share this process's open lock file.)
+    auto in_child = [&](LockMode mode) {
+        const std::string cmd = std::string("flock -n ") + (mode == LockMode::exclusive ? "-x " : "-s ") + "'" + d +
+                                "/" + kLockFile + "' true";
+        const int status = std::system(cmd.c_str());
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 75;
+    };
+    {
+        Lock w = lock_folder(d, LockMode::exclusive, true);
+        BOOST_TEST(fs::exists(d + "/" + kLockFile));
+        BOOST_TEST(in_child(LockMode::exclusive) == 75);
+        BOOST_TEST(in_child(LockMode::shared) == 75);
+        Lock again = lock_folder(d, LockMode::shared);  // this process's own: shared with it
+        BOOST_TEST(again.held());
+    }
+    BOOST_TEST(in_child(LockMode::exclusive) == 0);  // released with its Lock
+    {
+        Lock r = lock_folder(d, LockMode::shared);
+        BOOST_TEST(in_child(LockMode::shared) == 0);
+        BOOST_TEST(in_child(LockMode::exclusive) == 75);
+    }
+    // A writer's folder that it made and then failed in goes again.
+    const std::string fresh = d + "/new/run";
+    {
+        Lock w = lock_folder(fresh, LockMode::exclusive, true);
+        w.abandon();
+    }
+    BOOST_TEST(!fs::exists(d + "/new"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

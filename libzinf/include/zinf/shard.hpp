@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -259,6 +260,74 @@ json::Json record_json(const Manifest& m, const Partition& p);
 // Atomically: temp name in the same folder, fsync, rename, fsync the folder.
 void save_manifest(const Manifest& m, const std::string& path);
 
+// ---------------------------------------------------------------------------
+// One writer at a time (zinf(7), LOCKS). A data directory and every node-local
+// rank folder hold a lock file, kLockFile, and every program that touches
+// them holds a flock(2) on it for as long as it does: exclusive to write
+// (init, import, reshard's new directory, zinf-train), shared to read
+// (verify, cat, export, reshard's source, zinf-sample). A second writer, or
+// a reader beside a writer, is refused at once with LockedError (exit 75)
+// naming the holder the file records: its program and command, pid, host
+// and since when. The kernel releases a flock when its holder dies, so a
+// killed run never blocks the next. Locks are per process: a lock this
+// process already holds is shared, not taken again (a writer reading its
+// own state).
+inline constexpr const char* kLockFile = ".zinf-lock";
+enum class LockMode { shared, exclusive };
+
+namespace detail {
+struct LockHold;
+}
+
+class Lock {
+public:
+    Lock();
+    ~Lock();  // release()
+    Lock(Lock&& o) noexcept;
+    Lock& operator=(Lock&& o) noexcept;
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+
+    bool held() const noexcept { return !holds_.empty(); }
+    std::vector<std::string> paths() const;  // the lock files held
+    void add(Lock&& o);                      // holds o's locks too, until this one goes
+    void release() noexcept;
+    // A writer that made the folders it locks (a new data directory) and
+    // then failed: the lock files and folders it made are removed (each
+    // folder only when empty), so that the directory is as it was. The
+    // files first (remove_made_files), so that the writer's own clean-up
+    // of folders inside finds them empty.
+    void remove_made_files() noexcept;
+    void abandon() noexcept;
+    // The writer committed: what it made stays.
+    void keep() noexcept;
+
+private:
+    friend Lock lock_folder(const std::string& folder, LockMode mode, bool make);
+    std::vector<std::shared_ptr<detail::LockHold>> holds_;
+    std::vector<std::string> made_dirs_;
+};
+
+// `mode` on `folder`'s kLockFile, created when absent. `make`: the folder
+// (and its parents) made when absent, remembered for abandon(); else a
+// reader finds no folder (or one it cannot write, on a read-only file
+// system) and gets no lock: nothing can write there either, and the read
+// that follows says what is missing. LockedError (75) when another process
+// holds it; DataError (65) when the lock file is a link or not a file.
+Lock lock_folder(const std::string& folder, LockMode mode, bool make = false);
+// The locks on a manifest's state that a process doing `ranks` (every rank
+// when empty) takes: the data directory `dir` (m.dir when "") when it does
+// rank 0, which commits the manifest, and with node-local rank folders
+// (rank_dirs) the folder of each of its ranks. Under mpirun every process
+// takes its own; the ranks of one data directory on one disk are kept
+// apart by rank 0's lock.
+Lock lock_state(const Manifest& m, LockMode mode, const std::vector<unsigned>& ranks = {}, const std::string& dir = {},
+                bool make = false);
+
+// A directory that holds a committed manifest is replaced only when asked
+// (--force): it may be a run's only copy of its weights. CreateError (73).
+void check_target(const std::string& dir, bool force);
+
 // The committed state a manifest file leads to, for every program that reads
 // or commits a checkpoint (zinf-train, zinf-sample): always the data
 // directory's own manifest.jsonl (zinf-manifest(5)), which every commit
@@ -270,8 +339,13 @@ struct Committed {
     Manifest manifest;    // read from `path`
     std::string path;     // dir/manifest.jsonl, where commits go
     std::string copy_of;  // the file given, when it is a copy ("" when it is `path`)
+    Lock lock;            // with a LockMode: held while the committed state is used
 };
 Committed read_committed(const std::string& given);
+// The same under the data directory's lock, taken before the committed
+// manifest is read (so no commit slips between the read and the lock) by a
+// process doing `ranks` (lock_state). LockedError (75) when in use.
+Committed read_committed(const std::string& given, LockMode mode, const std::vector<unsigned>& ranks = {});
 
 // ---------------------------------------------------------------------------
 // Values. fill_fp32 writes the tensor's elements [first, first + out.size())
@@ -302,6 +376,15 @@ struct RunOptions {
     // (unset: the state's, F32 for the master copy).
     std::uint64_t shard_bytes = 0;
     std::optional<DType> dtype;
+    // Writers: replace a directory that holds a committed manifest
+    // (check_target, made again under the lock); false refuses it (73).
+    bool force = true;
+    // Readers (verify, find_nonfinite): take the state's shared lock; false
+    // when the caller holds the state's lock (a trainer's rank reading its
+    // own files while rank 0 holds the directory's).
+    bool lock = true;
+    // import: non-finite values (NaN, ±inf) are imported instead of refused.
+    bool allow_nonfinite = false;
 };
 
 // Writes every partition of `ranks` into `dir` (created when absent) and sets
@@ -315,6 +398,10 @@ struct RunOptions {
 // (place_beside), so that the old state stays whole until the new manifest
 // replaces it: commit() then save_manifest() then retire().
 struct Written {
+    // The writer's locks (lock_state, exclusive): held until the new manifest
+    // is committed (shard::commit releases them, before the caller prints
+    // it, so that the next program of a pipeline finds the directory free).
+    Lock lock;
     std::vector<std::string> temps, finals;  // paths, pairwise
     std::vector<std::string> folders;        // the run made them (deepest first)
     std::vector<std::string> placed;         // finals renamed by commit(), not yet named by a manifest
@@ -417,6 +504,12 @@ struct VerifyResult {
     std::uint64_t partitions = 0, bytes = 0;
 };
 VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
+
+// The first value of `states` (of `ranks`) that is not finite, as "<tensor>
+// element <i> is nan (rank r state, file)"; nullopt when every one is.
+// Streams through the pool; checks nothing against the xxh3s.
+std::optional<std::string> find_nonfinite(const Manifest& m, const std::vector<std::string>& states,
+                                          io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
 
 // The whole tensor, gathered from its partitions in rank order, padding left
 // out: `sink` gets consecutive pieces (raw little-endian, the state's dtype).

@@ -71,7 +71,7 @@ struct StepLog {
     std::uint64_t step = 0;             // from 1
     double loss = 0;                    // mean over the global batch, before the update
     double lr = 0, grad_norm = 0;
-    bool overflow = false;              // a gradient was not finite: the update was skipped
+    bool overflow = false;              // a gradient (or the loss) was not finite: the update was skipped
     double seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
     std::uint64_t tokens = 0;           // over every rank
     double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (LanguageModel::flops_per_step), every rank
@@ -115,6 +115,16 @@ public:
     double evaluate(const data::Loader& val, std::uint64_t batches);
     // Commits every state at step_count() into the manifest.
     void save();
+    // The manifest as last committed (or as opened).
+    const shard::Manifest& manifest() const;
+    // Commits `to`, a manifest this run committed before (the last whose
+    // weights gave a finite loss), again: every rank first checks that the
+    // files of its partitions `to` names still hold what it says. nullopt
+    // once committed; else why not (nothing is committed then).
+    std::optional<std::string> rollback(const shard::Manifest& to);
+    // The first committed weight (master, else param) of any rank that is not
+    // finite, described; nullopt when every one is. Every rank reads its own.
+    std::optional<std::string> nonfinite_weights();
 
     model::LanguageModel& model();  // the GPT or the Llama the manifest's spec names
     // The resident engine (InternalError unless Options::resident).
@@ -140,6 +150,10 @@ private:
 // first step), its files checked to stay beneath the data directory
 // (shard::check_paths; with node-local rank folders every rank checks its
 // own, in the Trainer), since the engine and the optimizer open them later.
+// Read under the lock this process holds for the run (Committed::lock,
+// exclusive: rank 0 the data directory, each rank its node-local folder,
+// the rank taken from the launcher's environment): LockedError (75) when
+// another program uses the state.
 shard::Committed read_checkpoint(const std::string& given);
 
 // The step a run starts from: a manifest past step 0 is a checkpoint,

@@ -35,6 +35,10 @@ inline constexpr int internal = 70;     // a bug in zinf
 inline constexpr int cant_create = 73;  // cannot create output (exists, no space, no permission)
 inline constexpr int io = 74;           // I/O error while reading or writing
 inline constexpr int threshold = 75;    // a benchmark --min-* threshold was not met
+// EX_TEMPFAIL, as the threshold: nothing is wrong with the input, a later try
+// may succeed. The data directory is in use: another program holds its lock
+// (zinf(7), LOCKS). No program can give both (the benchmarks lock nothing).
+inline constexpr int locked = 75;
 inline constexpr int interrupted = 130; // SIGINT
 }  // namespace exit_code
 
@@ -94,6 +98,7 @@ public:
     int exit_code() const noexcept override;
 };
 ZINF_ERROR_KIND(ThresholdError, exit_code::threshold);
+ZINF_ERROR_KIND(LockedError, exit_code::locked);  // the message names the holder
 ZINF_ERROR_KIND(InternalError, exit_code::internal);
 ZINF_ERROR_KIND(Interrupted, exit_code::interrupted);
 #undef ZINF_ERROR_KIND

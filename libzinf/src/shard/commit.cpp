@@ -43,6 +43,7 @@ void Written::commit() {
     temps.clear();
     finals.clear();
     folders.clear();
+    lock.keep();  // the folders it made hold the new files
 }
 
 void Written::unplace() noexcept {
@@ -60,7 +61,8 @@ void Written::retire() noexcept {
 }
 
 Written::Written(Written&& o) noexcept
-    : temps(std::move(o.temps)), finals(std::move(o.finals)), folders(std::move(o.folders)),
+    : lock(std::move(o.lock)),
+      temps(std::move(o.temps)), finals(std::move(o.finals)), folders(std::move(o.folders)),
       placed(std::move(o.placed)), superseded(std::move(o.superseded)) {
     o.temps.clear();
     o.finals.clear();
@@ -72,6 +74,7 @@ Written::Written(Written&& o) noexcept
 Written& Written::operator=(Written&& o) noexcept {
     if (this != &o) {
         discard();
+        lock = std::move(o.lock);
         temps = std::move(o.temps);
         finals = std::move(o.finals);
         folders = std::move(o.folders);
@@ -88,11 +91,13 @@ Written& Written::operator=(Written&& o) noexcept {
 
 void Written::discard() noexcept {
     for (const auto& t : temps) ::unlink(t.c_str());
+    lock.remove_made_files();  // a rank folder this run made holds its lock file
     std::sort(folders.begin(), folders.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
     for (const auto& d : folders) ::rmdir(d.c_str());  // only when empty
     temps.clear();
     finals.clear();
     folders.clear();
+    lock.abandon();  // and the data directory, when this run made it
 }
 
 namespace {
@@ -201,6 +206,7 @@ void commit_ranks(comm::Communicator& c, Written& w, const Manifest& m) {
         }
     comm::agree(c, failed, "process 0 could not commit the new manifest (zinf-shard verify tells which one stands)");
     w.retire();
+    w.lock.release();
 }
 
 }  // namespace
@@ -214,6 +220,7 @@ void commit(Written& w, const Manifest& m) {
     }
     save_placed(w, m, m.dir + "/manifest.jsonl");
     w.retire();
+    w.lock.release();  // committed: the next program may have the directory
 }
 
 DistributedResult init_ranks(comm::Communicator& c, const std::function<Manifest()>& prepare, const std::string& dir,
@@ -222,36 +229,53 @@ DistributedResult init_ranks(comm::Communicator& c, const std::function<Manifest
     const auto procs = static_cast<unsigned>(c.size()), me = static_cast<unsigned>(c.rank());
     DistributedResult out;
     Manifest& m = out.manifest;
-    m = share(c, prepare, dir);
-    if (lead && procs > m.opts.dp)
-        log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
-                  std::to_string(m.opts.dp) + " and up have nothing to write");
-
-    RunOptions ro = opts.run;
-    ro.ranks.clear();
-    for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
-    const auto limit = c.timeout();
-    if (!opts.limit_write_wait) c.set_timeout(std::chrono::milliseconds(0));
-    Timer t;
-    Written w;
-    std::exception_ptr failed;
-    try {
-        if (!ro.ranks.empty()) {
-            io::Engine engine(opts.engine());
-            mem::PinnedPool pool(opts.pool(), &engine);
-            Progress bar("init", m.total_bytes() / procs);
-            if (lead) ro.progress = [&bar](std::uint64_t n) { bar.advance(n); };
-            w = init(m, dir, engine, pool, ro);
+    // Process 0 commits the manifest: it locks the directory (made when
+    // absent) before reading the one there, and holds it to the commit;
+    // every process locks the node-local folders of its ranks in init().
+    Lock dir_lock;
+    std::exception_ptr refused;
+    if (lead) try {
+            dir_lock = lock_folder(dir, LockMode::exclusive, true);
+        } catch (...) {
+            refused = std::current_exception();
         }
-    } catch (...) {
-        failed = std::current_exception();
-    }
-    agree(c, failed, &w);
-    c.set_timeout(limit);
+    comm::agree(c, refused, "nothing was written");
+    Written w;
+    try {
+        m = share(c, prepare, dir);
+        if (lead && procs > m.opts.dp)
+            log::warn(std::to_string(procs) + " processes for dp " + std::to_string(m.opts.dp) + ": processes " +
+                      std::to_string(m.opts.dp) + " and up have nothing to write");
 
-    gather_hashes(c, m);
-    commit_ranks(c, w, m);
-    out.write_seconds = t.seconds();
+        RunOptions ro = opts.run;
+        ro.ranks.clear();
+        for (unsigned r = me; r < m.opts.dp; r += procs) ro.ranks.push_back(r);
+        const auto limit = c.timeout();
+        if (!opts.limit_write_wait) c.set_timeout(std::chrono::milliseconds(0));
+        Timer t;
+        std::exception_ptr failed;
+        try {
+            if (!ro.ranks.empty()) {
+                io::Engine engine(opts.engine());
+                mem::PinnedPool pool(opts.pool(), &engine);
+                Progress bar("init", m.total_bytes() / procs);
+                if (lead) ro.progress = [&bar](std::uint64_t n) { bar.advance(n); };
+                w = init(m, dir, engine, pool, ro);
+            }
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        agree(c, failed, &w);
+        c.set_timeout(limit);
+
+        gather_hashes(c, m);
+        commit_ranks(c, w, m);
+        out.write_seconds = t.seconds();
+    } catch (...) {
+        w.discard();
+        dir_lock.abandon();  // a directory process 0 made for nothing goes again
+        throw;
+    }
     return out;
 }
 
@@ -268,6 +292,15 @@ Committed read_committed(const std::string& given) {
                         " holds no manifest.jsonl (was it made by zinf-shard init?)");
     c.manifest = read_manifest_file(c.path);
     c.copy_of = given;
+    return c;
+}
+
+Committed read_committed(const std::string& given, LockMode mode, const std::vector<unsigned>& ranks) {
+    // The given file leads to the directory; its committed manifest is read
+    // again once the directory is locked.
+    Lock lock = lock_state(read_committed(given).manifest, mode, ranks);
+    Committed c = read_committed(given);
+    c.lock = std::move(lock);
     return c;
 }
 

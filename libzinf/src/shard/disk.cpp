@@ -121,7 +121,10 @@ void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<un
             sizes[p.file] = std::max(sizes[p.file], align_up(p.offset + p.bytes, m.opts.alignment));
     std::vector<std::pair<unsigned, std::string>> markers;
     if (!m.rank_dirs.empty())
-        for (const unsigned r : ranks) markers.emplace_back(r, make_rank_folder(m, r));
+        for (const unsigned r : ranks) {
+            markers.emplace_back(r, make_rank_folder(m, r));
+            written.lock.add(lock_folder(markers.back().second, LockMode::exclusive));  // the same hold when locked
+        }
     std::set<std::pair<std::string, std::string>> folders;  // (root, folder beneath it)
     for (const auto& [f, b] : sizes) {
         const Manifest::Place at = m.place(f, dir);
@@ -222,7 +225,7 @@ std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r) {
     if (DIR* dd = ::opendir(d.c_str())) {
         while (const dirent* e = ::readdir(dd)) {
             const std::string_view n = e->d_name;
-            if (n != "." && n != "..") empty = false;
+            if (n != "." && n != ".." && n != kLockFile) empty = false;
         }
         ::closedir(dd);
     }

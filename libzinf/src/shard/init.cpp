@@ -47,9 +47,14 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
     const std::size_t fp32_ring = rings - bf16_ring;
     const std::uint64_t buf = pool.buffer_bytes();
 
-    std::vector<std::string> superseded = place_beside(m, dir);
+    // One writer at a time: the directory is locked (and made) before its
+    // committed manifest is read, so no other commit slips in between.
     OutFiles out;
+    out.written.lock = lock_state(m, LockMode::exclusive, std::vector<unsigned>(ranks.begin(), ranks.end()), dir, true);
+    std::vector<std::string> superseded;
     try {
+        if (ranks.count(0)) check_target(dir, opts.force);
+        superseded = place_beside(m, dir);
         out.open(m, dir, ranks);
         Zeros zeros(pool);
         // Units: (rank, tensor), every state of it at once, so each value is

@@ -125,9 +125,16 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     // What the workers' reading streams (two buffers each) leave, for their write rings.
     const std::size_t ring = std::min<std::size_t>((pool.buffers() - 1) / workers - 2, 12);
 
-    std::vector<std::string> superseded = place_beside(n, dir);
+    // The source read under a shared lock, the new directory written under
+    // an exclusive one (made first, so that its committed manifest, if any,
+    // is read under it).
+    Lock source = lock_state(m, LockMode::shared);
     OutFiles out;
+    out.written.lock = lock_state(n, LockMode::exclusive, {}, dir, true);
+    std::vector<std::string> superseded;
     try {
+        check_target(dir, opts.force);
+        superseded = place_beside(n, dir);
         out.open(n, dir, all);
         Zeros zeros(pool);
         std::vector<std::vector<mem::Lease>> held(workers);

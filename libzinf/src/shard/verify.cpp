@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 
 namespace zinf::shard {
 
@@ -13,6 +15,8 @@ using namespace detail;
 
 VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
     const auto ranks = rank_set(m, opts);
+    // No writer beside: what is read is one state (a reader's lock).
+    const Lock lock = opts.lock ? lock_state(m, LockMode::shared) : Lock();
     for (const auto& p : m.parts)
         if (ranks.count(p.rank) && !p.xxh3)
             throw DataError("line " + std::to_string(p.line) + ": " + describe(m, p) +
@@ -97,6 +101,43 @@ void cat(const Manifest& m, std::size_t tensor, const std::string& state, io::En
         stream.read(file, p->offset, (p->last - p->first) * dtype_bytes(p->dtype),
                     [&](std::uint64_t, std::span<const std::byte> piece) { sink(piece); });
     }
+}
+
+// ---------------------------------------------------------------------------
+std::optional<std::string> find_nonfinite(const Manifest& m, const std::vector<std::string>& states,
+                                          io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts) {
+    const auto ranks = rank_set(m, opts);
+    const Lock lock = opts.lock ? lock_state(m, LockMode::shared) : Lock();
+    mem::Stream stream(engine, pool, {.who = "zinf: a check for values that are not finite"});
+    for (const auto& p : m.parts) {
+        if (!ranks.count(p.rank) || std::find(states.begin(), states.end(), p.state) == states.end()) continue;
+        if (p.last == p.first) continue;
+        const std::size_t eb = dtype_bytes(p.dtype);
+        std::optional<std::string> found;
+        io::File file = open_data(m, p);
+        stream.read(file, p.offset, (p.last - p.first) * eb, [&](std::uint64_t at, std::span<const std::byte> piece) {
+            check_stop(opts);
+            if (found) return;
+            for (std::size_t i = 0; i + eb <= piece.size(); i += eb) {
+                float v;
+                if (p.dtype == DType::fp32) {
+                    std::memcpy(&v, piece.data() + i, 4);
+                } else {
+                    std::uint16_t b;
+                    std::memcpy(&b, piece.data() + i, 2);
+                    v = from_bf16(b);
+                }
+                if (std::isfinite(v)) continue;
+                const std::uint64_t index = p.first + (at + i) / eb;
+                found = m.tensor_of(p).name + " element " + std::to_string(index) + " is " +
+                        (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf") + " (rank " + std::to_string(p.rank) + " " +
+                        p.state + ", " + m.path_of(p) + ")";
+                return;
+            }
+        });
+        if (found) return found;
+    }
+    return std::nullopt;
 }
 
 }  // namespace zinf::shard

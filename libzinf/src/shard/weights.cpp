@@ -12,12 +12,16 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <dirent.h>
 #include <filesystem>
 #include <fcntl.h>
 #include <map>
 #include <optional>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace zinf::shard {
@@ -362,6 +366,23 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
         };
         Reads reads(engine);
         gather(dst, first, n, std::as_writable_bytes(out.first(n)), std::span(&src, 1), scratch, reads);
+        if (opts.allow_nonfinite) return;
+        // A value that is not finite (or that the bf16 parameters would round
+        // to infinity) would be trained into nothing but NaN: refused, named
+        // by the file's tensor and its index there.
+        const bool bf16 = m.opts.param_dtype == DType::bf16;
+        for (std::uint64_t i = 0; i < n; ++i) {
+            const float v = out[i];
+            if (std::isfinite(v) && (!bf16 || std::isfinite(from_bf16(to_bf16(v))))) continue;
+            const std::uint64_t e = first + i, w = t.numel / rows, r = e / w, k = t.col0 + e % w;
+            const std::uint64_t index = p.row_major ? r * cols + k : k * rows + r;
+            char value[32];
+            std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
+            throw DataError("tensor '" + p.what + "' element " + std::to_string(index) + " is " + value +
+                                (std::isfinite(v) ? " (infinite in the bf16 parameters)" : "") +
+                                ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
+                            {0, from, {}, -1});
+        }
     };
     return init(m, dir, engine, pool, opts, values);
 }
@@ -508,7 +529,72 @@ void write_tensor(const Manifest& m, const Tensor& k, const Out& o, const std::v
         check_stop(opts);
         if (at % eb || piece.size() % eb) throw InternalError("export: a piece that splits an element");
         gather(dst, at / eb, piece.size() / eb, piece, sources, scratch, reads);
+        if (opts.progress) opts.progress(piece.size());
     });
+}
+
+// The folders zinf keeps state in: the data directory, its node-local rank
+// folders, and any folder beneath one that holds a lock file (another data
+// directory). An export written there could replace the state it reads.
+void check_export_target(const Manifest& m, const std::string& to) {
+    if (to.empty()) throw UsageError("--to is empty: name the file to write");
+    const fs::path target = fs::absolute(to);
+    if (target.filename().empty() || target.filename() == "." || target.filename() == "..")
+        throw UsageError("--to " + to + " names a folder: name the file to write");
+    std::error_code ec;
+    const fs::path parent = fs::weakly_canonical(target.parent_path(), ec);
+    if (ec) return;  // the open that follows says what is wrong with it
+    auto inside = [&](const std::string& folder) {
+        if (folder.empty()) return false;
+        std::error_code e;
+        const fs::path f = fs::weakly_canonical(fs::absolute(folder), e);
+        if (e) return false;
+        auto [a, b] = std::mismatch(f.begin(), f.end(), parent.begin(), parent.end());
+        return a == f.end();
+    };
+    std::vector<std::string> state = {m.dir};
+    state.insert(state.end(), m.rank_dirs.begin(), m.rank_dirs.end());
+    for (const auto& folder : state)
+        if (inside(folder))
+            throw UsageError("--to " + to + " lies in " + folder +
+                             ", where the state it exports is kept: export writes outside the data directory "
+                             "and its rank folders, so that it can never replace what it reads");
+    for (fs::path p = parent;; p = p.parent_path()) {
+        struct stat st {};
+        if (::lstat((p / kLockFile).c_str(), &st) == 0)
+            throw UsageError("--to " + to + " lies in " + p.string() + ", a data directory (it holds " + kLockFile +
+                             "): export writes outside every data directory");
+        if (p == p.parent_path()) break;
+    }
+}
+
+// What exports killed before their rename left beside `to`
+// ("<to>.tmp.<16 hex>"): removed, unless a live export still writes one
+// (each holds a flock on its own while it writes).
+void remove_stale_exports(const std::string& to) {
+    const fs::path target = fs::absolute(to);
+    const std::string prefix = target.filename().string() + ".tmp.";
+    const std::string folder = target.parent_path().string();
+    DIR* d = ::opendir(folder.c_str());
+    if (!d) return;
+    std::vector<std::string> stale;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string_view n = e->d_name;
+        if (!n.starts_with(prefix) || n.size() != prefix.size() + 16) continue;
+        if (n.substr(prefix.size()).find_first_not_of("0123456789abcdef") != std::string_view::npos) continue;
+        stale.emplace_back(n);
+    }
+    ::closedir(d);
+    for (const auto& n : stale) {
+        const std::string path = folder + "/" + n;
+        const int fd = sys::open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            if (::unlink(path.c_str()) == 0) log::info(path + ": removed, left by an export that did not finish");
+        }
+        ::close(fd);
+    }
 }
 
 }  // namespace
@@ -518,6 +604,10 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     if (m.dir.empty() || !m.initialised())
         throw UsageError("the manifest has no committed state (no data directory, or partitions without an xxh3): "
                          "export reads what init, import or zinf-train committed");
+    check_export_target(m, to);
+    // No writer beside (zinf-train committing a step, init --force): the
+    // export reads one committed state.
+    const Lock lock = lock_state(m, LockMode::shared);
     if (m.spec.llama()) {
         if (format != WeightFormat::safetensors)
             throw UsageError("llm.c's checkpoint holds a GPT-2; a Llama-family model exports as safetensors");
@@ -540,23 +630,42 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
 
     // Written under a temporary name beside `to`, then renamed over it.
     // Unpredictable and made with O_EXCL|O_NOFOLLOW: nothing planted there is written through.
+    // Each holds a flock on its temporary while it writes, so that the next
+    // export removes only what a dead one left.
+    remove_stale_exports(to);
     const std::string tmp = temp_name(to, ".tmp.");
     try {
         io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true});
+        if (::flock(file.fd(), LOCK_EX | LOCK_NB) != 0) throw_errno("flock", errno, tmp);
+        struct stat mine {}, named {};
+        if (::fstat(file.fd(), &mine) != 0 || ::stat(tmp.c_str(), &named) != 0 || mine.st_ino != named.st_ino)
+            throw IoError("the export's temporary was removed as it was made (another export's clean-up?); try again",
+                          {ENOENT, tmp, {}, -1});
         file.preallocate(res.bytes);
-        mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
-        mem::Lease scratch = pool.lease("zinf-shard export scratch");
-        StateReader state(m, res.state);
-        Reads reads(engine);
-        stream.write(file, 0, l.head);
-        for (const auto& o : l.outs)
-            write_tensor(m, keys[o.key], o, tiles.at(keys[o.key].name), se, state, reads, stream, file,
-                         scratch.bytes(), opts);
-        if (l.pad_bytes)
-            stream.write(file, l.pad_at, l.pad_bytes, [](std::uint64_t, std::span<std::byte> piece) {
-                std::memset(piece.data(), 0, piece.size());
-            });
+        {  // (its pool buffers back before the check below takes them)
+            mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
+            mem::Lease scratch = pool.lease("zinf-shard export scratch");
+            StateReader state(m, res.state);
+            Reads reads(engine);
+            stream.write(file, 0, l.head);
+            for (const auto& o : l.outs)
+                write_tensor(m, keys[o.key], o, tiles.at(keys[o.key].name), se, state, reads, stream, file,
+                             scratch.bytes(), opts);
+            if (l.pad_bytes)
+                stream.write(file, l.pad_at, l.pad_bytes, [](std::uint64_t, std::span<std::byte> piece) {
+                    std::memset(piece.data(), 0, piece.size());
+                });
+        }
         engine.sync(file);
+        // The bytes just written came from partitions checked before the
+        // first was read; checked again now, a state that changed while it
+        // was read (a writer that ignores the lock) is never exported.
+        try {
+            verify_state(m, res.state, engine, pool, opts);
+        } catch (const DataError& e) {
+            throw DataError("the state changed while it was exported (" + e.message() +
+                            "); nothing was written: export again once no program writes it");
+        }
         file.close();
         if (sys::rename(tmp, to) != 0) throw_errno("rename", errno, to, {}, true);
     } catch (...) {

@@ -4,13 +4,16 @@
 #include <zinf/train.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
 namespace zinf::train {
 
 namespace {
 
 std::string four_places(double v) {
+    if (std::isnan(v)) return "nan";
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.4f", v);
     return buf;
@@ -19,7 +22,11 @@ std::string four_places(double v) {
 }  // namespace
 
 shard::Committed read_checkpoint(const std::string& given) {
-    shard::Committed c = shard::read_committed(given);
+    // One writer at a time: this process's share of the state locked
+    // (rank 0 the data directory, every rank its node-local folder) before
+    // the committed manifest is read, held for the run (c.lock).
+    const auto rank = static_cast<unsigned>(comm::Launch::from_env().rank);
+    shard::Committed c = shard::read_committed(given, shard::LockMode::exclusive, {rank});
     // The engine and the optimizer open these files later: none may lead
     // outside the data directory (a rank folder that is a link elsewhere
     // would have every checkpoint written there). Node-local rank folders
@@ -40,20 +47,95 @@ std::uint64_t resume_step(const shard::Manifest& m, const std::string& path, boo
     return at;
 }
 
+namespace {
+
+// The step the manifest's records are at (they agree, or it was refused).
+std::uint64_t committed_step(const shard::Manifest& m) {
+    std::uint64_t at = 0;
+    for (const auto& p : m.parts) at = std::max(at, p.step);
+    return at;
+}
+
+// The weights of step `weights` gave a loss that is not finite: training
+// diverged. The manifest must name the last step whose weights did not: when
+// the diverged ones are committed (every state on NVMe commits each step; a
+// checkpoint may have committed them), the commit before them, which this
+// run saw give a finite loss (`good`), is committed again. Throws the
+// DataError that says which step the manifest names.
+[[noreturn]] void diverged(Trainer& t, const StepLog& log, const std::optional<shard::Manifest>& good,
+                           const std::string& committed) {
+    const std::uint64_t weights = log.step - 1, at = committed_step(t.manifest());
+    const std::string what = "step " + std::to_string(log.step) + ": the loss is not finite (" +
+                             four_places(log.loss) + ") on the weights of step " + std::to_string(weights) +
+                             ": training diverged; ";
+    const std::string advice = " (lower --lr or raise --warmup)";
+    if (at < weights)  // the weights since the last commit were never committed
+        throw DataError(what + committed + " stays committed at step " + std::to_string(at) +
+                        ", the last step whose weights gave a finite loss" + advice);
+    if (good && committed_step(*good) < at) {
+        const std::uint64_t back = committed_step(*good);
+        if (const auto why = t.rollback(*good))
+            throw DataError(what + committed + " is committed at step " + std::to_string(at) +
+                            " and could not go back to step " + std::to_string(back) +
+                            ", the last whose weights gave a finite loss: its files did not hold it any more (" +
+                            *why + "); run again from a copy made before, or with --no-overlap" + advice);
+        throw DataError(what + committed + " is committed again at step " + std::to_string(back) +
+                        ", the last step whose weights gave a finite loss" + advice);
+    }
+    // The weights the run started from (or the only commit it has seen).
+    if (const auto bad = t.nonfinite_weights())
+        throw DataError("step " + std::to_string(log.step) + ": the committed weights are not finite (" + *bad +
+                        "): " + committed + " at step " + std::to_string(at) +
+                        " cannot be trained; no update has run. Import or initialise them again "
+                        "(zinf-shard import refuses values that are not finite)");
+    throw DataError(what + committed + " stays committed at step " + std::to_string(at) +
+                    ": its weights are finite, but give a loss that is not (lower --lr or raise --warmup, or "
+                    "start again from an earlier copy)");
+}
+
+}  // namespace
+
 void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const data::Loader* val, const Cadence& c,
          const StepSink& emit) {
     const std::string& committed = t.options().manifest_path;
     const bool lead = comm.rank() == 0;
+    // The last commit whose weights a forward pass found to give a finite
+    // loss: where a diverged run goes back to.
+    std::optional<shard::Manifest> good;
+    // Commits the current state once its weights give a finite loss (one
+    // forward pass over a training batch): a run never ends with weights
+    // the next run cannot use.
+    auto save_checked = [&] {
+        std::optional<shard::Manifest> before;
+        if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
+        const double loss = t.evaluate(train, 1);
+        if (!std::isfinite(loss)) {
+            StepLog log;
+            log.step = t.step_count() + 1;
+            log.loss = loss;
+            diverged(t, log, good, committed);
+        }
+        if (before) good = std::move(before);
+        t.save();
+    };
     for (std::uint64_t s = t.step_count(); s < c.steps; ++s) {
+        // This step's forward pass runs on the committed weights when the
+        // manifest is at the current step.
+        std::optional<shard::Manifest> before;
+        if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
         const StepLog log = t.step(train);
+        if (std::isfinite(log.loss) && before) good = std::move(before);
         if (log.overflow) {
-            // fp32 with no loss scaling: a gradient that is not finite will be
-            // again on the same batch. Stop rather than repeat the step.
             if (lead) emit(log, std::nullopt);
-            t.save();  // the update was skipped on every rank: the state before it is whole
+            if (!std::isfinite(log.loss)) diverged(t, log, good, committed);
+            // fp32 with no loss scaling: a gradient that is not finite will be
+            // again on the same batch. Stop rather than repeat the step. The
+            // weights before it gave a finite loss: the state before it is whole.
+            t.save();
             throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
                             four_places(log.loss) + "): training diverged; " + committed + " is committed at step " +
-                            std::to_string(t.step_count()) + " (lower --lr or raise --warmup)");
+                            std::to_string(t.step_count()) +
+                            ", the last step, whose weights gave a finite loss (lower --lr or raise --warmup)");
         }
         std::optional<double> val_loss;
         if (c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps))
@@ -89,7 +171,7 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
             throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
         }
     }
-    t.save();
+    save_checked();
 }
 
 }  // namespace zinf::train

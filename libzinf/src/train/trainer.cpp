@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <numbers>
+#include <tuple>
 
 namespace zinf::train {
 
@@ -25,6 +28,8 @@ struct Trainer::Impl {
 
     shard::Manifest& m;
     comm::Communicator& comm;
+    io::Engine& io;
+    mem::PinnedPool& pinned;
     device::Device& dev;
     Options opts;
     unsigned dp = 1, rank = 0;
@@ -81,6 +86,8 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
                     const Options& o)
     : m(m_),
       comm(c),
+      io(e),
+      pinned(p),
       dev(d),
       opts(o),
       dp(m_.opts.dp),
@@ -303,6 +310,66 @@ const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
 void Trainer::save() { impl_->optim->save(); }
+const shard::Manifest& Trainer::manifest() const { return impl_->m; }
+
+std::optional<std::string> Trainer::rollback(const shard::Manifest& to) {
+    Impl& I = *impl_;
+    // This rank's partitions that the rollback would name again: each must
+    // still hold what `to` says (the generation the steps since did not
+    // write); every rank checks its own, all agree.
+    std::exception_ptr failed;
+    try {
+        shard::Manifest check = to;
+        check.parts.clear();
+        std::map<std::tuple<std::size_t, unsigned, std::string>, const shard::Partition*> now;
+        for (const auto& p : I.m.parts) now[{p.tensor, p.rank, p.state}] = &p;
+        for (const auto& p : to.parts) {
+            if (p.rank != I.rank) continue;
+            const auto it = now.find({p.tensor, p.rank, p.state});
+            if (it == now.end() || it->second->file != p.file || it->second->xxh3 != p.xxh3) check.parts.push_back(p);
+        }
+        shard::RunOptions ro;
+        ro.ranks = {I.rank};
+        ro.lock = false;  // the run holds the state's lock
+        if (!check.parts.empty()) (void)shard::verify(check, I.io, I.pinned, ro);
+    } catch (const Error&) {
+        failed = std::current_exception();
+    }
+    try {
+        comm::agree(I.comm, failed, "not rolled back");
+    } catch (const Error& e) {
+        return std::string(e.what());
+    }
+    if (I.rank == 0) try {
+            shard::save_manifest(to, I.opts.manifest_path);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    comm::agree(I.comm, failed, "the manifest may name either step (zinf-shard verify tells which)");
+    I.m = to;
+    return std::nullopt;
+}
+
+std::optional<std::string> Trainer::nonfinite_weights() {
+    Impl& I = *impl_;
+    std::optional<std::string> found;
+    std::exception_ptr failed;
+    try {
+        shard::RunOptions ro;
+        ro.ranks = {I.rank};
+        ro.lock = false;
+        found = shard::find_nonfinite(I.m, {"master", "param"}, I.io, I.pinned, ro);
+        if (found) throw DataError(*found);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    try {
+        comm::agree(I.comm, failed, "the committed weights are not finite");
+    } catch (const Error& e) {
+        return std::string(e.what());
+    }
+    return std::nullopt;
+}
 
 std::uint64_t Trainer::device_need() const {
     const Impl& I = *impl_;
@@ -371,8 +438,17 @@ StepLog Trainer::step(const data::Loader& train) {
 
     // Forward: the batch in, the per-token losses and the logits' gradient
     // out; backward, the engine handing every gradient to the optimizer.
+    // Where no collective can be under way between the two (one rank, or the
+    // resident engine, whose collectives follow backward), the loss is known
+    // before backward: when it is not finite the weights are, in effect,
+    // diverged, and nothing goes to the optimizer, which would otherwise
+    // write the step's (speculative) update over the generation a rollback
+    // needs (run()).
+    const bool loss_first = I.resident || I.comm.size() == 1;
     Timer t;
     std::exception_ptr failed;
+    const std::string not_taken = "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
+                                  std::to_string(step_count());
     try {
         I.load_batch(train, log.step - 1);
         if (I.resident) I.resident->zero_grad(s);
@@ -381,21 +457,36 @@ StepLog Trainer::step(const data::Loader& train) {
         dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
         dev.synchronize(s);
         log.forward_seconds = t.seconds();
-        t.reset();
-        I.gpt.backward(ctx, I.acts);
-        if (I.infinity) I.infinity->end();
-        dev.synchronize(s);
-        log.backward_seconds = t.seconds();
     } catch (...) {
         failed = std::current_exception();
         if (I.infinity) I.infinity->reset();
     }
+    if (loss_first) {
+        comm::agree(I.comm, failed, not_taken);
+        log.loss = I.mean_loss();
+        if (!std::isfinite(log.loss)) {
+            if (I.infinity) I.infinity->reset();
+            log.overflow = true;  // no update: nothing was handed to the optimizer
+            log.grad_norm = std::numeric_limits<double>::quiet_NaN();
+            log.seconds = total.seconds();
+            log.peak_rss_bytes = peak_resident_bytes();
+            return log;
+        }
+    }
+    if (!failed) try {
+            t.reset();
+            I.gpt.backward(ctx, I.acts);
+            if (I.infinity) I.infinity->end();
+            dev.synchronize(s);
+            log.backward_seconds = t.seconds();
+        } catch (...) {
+            failed = std::current_exception();
+            if (I.infinity) I.infinity->reset();
+        }
     // One rank's failed fetch or gradient write is every rank's: nothing
     // reaches the optimizer, the manifest stays at the last commit.
-    comm::agree(I.comm, failed,
-                "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
-                    std::to_string(step_count()));
-    log.loss = I.mean_loss();
+    comm::agree(I.comm, failed, not_taken);
+    if (!loss_first) log.loss = I.mean_loss();
 
     t.reset();
     if (I.resident) {
