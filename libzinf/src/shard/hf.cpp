@@ -115,7 +115,7 @@ Checkpoint open_checkpoint(const std::string& from, io::Engine& engine) {
         std::string text;
         char buf[65536];
         for (;;) {
-            const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+            const long n = sys::read(fd.get(), buf, sizeof buf, path);
             if (n < 0 && errno == EINTR) continue;
             if (n < 0) throw_errno("read", errno, path);
             if (n == 0) break;
@@ -321,9 +321,13 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
     const bool folder = opts.shard_bytes > 0;
     std::vector<std::string> finals;
     if (folder) {
+        // Through zinf::sys, so the fault walk sees every folder it makes.
+        std::vector<std::string> missing;
         std::error_code ec;
-        fs::create_directories(to, ec);
-        if (ec) throw CreateError("cannot create the folder: " + ec.message(), {ec.value(), to, {}, -1});
+        for (fs::path p = to; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) missing.push_back(p.string());
+        for (auto it = missing.rbegin(); it != missing.rend(); ++it)
+            if (sys::mkdir(*it, 0777) != 0 && errno != EEXIST)
+                throw CreateError(std::string("cannot create the folder: ") + std::strerror(errno), {errno, *it, {}, -1});
         for (std::size_t g = 0; g < groups.size(); ++g)
             finals.push_back(to + "/" + (groups.size() == 1 ? std::string("model.safetensors") : shard_name(g, groups.size())));
     } else {
