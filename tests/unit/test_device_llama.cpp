@@ -7,7 +7,7 @@
 // row bitwise the forward's last; every kernel bitwise the same on 1 and 2
 // threads; short spans and bad head counts refused at the call.
 #define BOOST_TEST_MODULE device_llama
-#include "device_testing.hpp"
+#include "device_reference.hpp"
 
 #include <zinf/device.hpp>
 #include <zinf/util.hpp>
@@ -33,80 +33,15 @@ namespace {
 using testing::fresh_seed;
 using testing::randn;
 using testing::random_tokens;
+using testing::dbl;
+using testing::dot;
+using testing::max_err;
+using testing::numeric_grad;
+using testing::plus;
+using testing::Rig;
+using testing::same_bits;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-Vd dbl(const Vf& v) { return Vd(v.begin(), v.end()); }
-
-template <class G>
-double max_err(const std::vector<G>& got, const Vd& ref) {
-    BOOST_REQUIRE_EQUAL(got.size(), ref.size());
-    double scale = 0, err = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-        scale = std::max(scale, std::abs(ref[i]));
-        if (!std::isfinite(double(got[i]))) return INFINITY;
-        err = std::max(err, std::abs(double(got[i]) - ref[i]));
-    }
-    return scale > 0 ? err / scale : err;
-}
-
-bool same_bits(const Vf& a, const Vf& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
-Vd numeric_grad(const std::function<double(const Vd&)>& f, Vd x, double h = 1e-6) {
-    Vd g(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        const double keep = x[i];
-        x[i] = keep + h;
-        const double up = f(x);
-        x[i] = keep - h;
-        const double down = f(x);
-        x[i] = keep;
-        g[i] = (up - down) / (2 * h);
-    }
-    return g;
-}
-
-double dot(const Vd& a, const Vd& b) {
-    double s = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-    return s;
-}
-
-Vd plus(const Vf& a, const Vd& b) {
-    Vd r(b.size());
-    for (std::size_t i = 0; i < b.size(); ++i) r[i] = a[i] + b[i];
-    return r;
-}
-
-struct Rig {
-    std::unique_ptr<Device> dev;
-    std::vector<std::shared_ptr<void>> held;
-    explicit Rig(unsigned threads = 0) : dev(open({.backend = "cpu", .memory_bytes = 256 * MiB, .threads = threads})) {}
-    Stream& s() { return dev->compute(); }
-    Device* operator->() { return dev.get(); }
-    template <class T>
-    Array<T> up(const std::vector<T>& v) {
-        auto a = dev->alloc<T>(v.size(), "test input");
-        dev->copy(s(), std::as_writable_bytes(a.span()), std::as_bytes(std::span<const T>(v)));
-        dev->synchronize(s());
-        return a;
-    }
-    template <class T>
-    std::span<const T> in(const std::vector<T>& v) {
-        auto a = std::make_shared<Array<T>>(up(v));
-        held.push_back(a);
-        return *a;
-    }
-    template <class T>
-    std::vector<T> down(const Array<T>& a) {
-        std::vector<T> v(a.size());
-        dev->copy(s(), std::as_writable_bytes(std::span<T>(v)), std::as_bytes(a.span()));
-        dev->synchronize(s());
-        return v;
-    }
-};
 
 // ---------------------------------------------------------------------------
 // References, in double.
