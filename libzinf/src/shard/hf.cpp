@@ -236,45 +236,6 @@ Written import_hf(Manifest& m, const std::string& from, const std::string& dir, 
 // ---------------------------------------------------------------------------
 namespace {
 
-// The state's partitions of one manifest tensor, read at any element.
-class PartReader {
-public:
-    PartReader(const Manifest& m, const std::string& state) : m_(m), parts_(m.tensors.size()) {
-        for (const auto& p : m.parts)
-            if (p.state == state) parts_[p.tensor].push_back(&p);
-        for (auto& v : parts_)
-            std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
-    }
-    // Elements [first, first + count) of tensor t into dst (the state's dtype).
-    void read(io::Engine& engine, std::size_t t, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst) {
-        const std::uint64_t per = m_.elements_per_rank(m_.tensors[t]);
-        while (count > 0) {
-            const Partition& p = *parts_[t].at(first / per);
-            if (first < p.first || first >= p.last) throw InternalError("export: element outside its partition");
-            const std::uint64_t n = std::min(count, p.last - first), eb = dtype_bytes(p.dtype);
-            engine.wait(engine.read(file(p), p.offset + (first - p.first) * eb, dst.first(n * eb)));
-            dst = dst.subspan(n * eb);
-            first += n;
-            count -= n;
-        }
-    }
-
-private:
-    io::File& file(const Partition& p) {
-        auto it = files_.find(p.file);
-        if (it == files_.end()) {
-            if (!m_.rank_dirs.empty()) check_rank_folders(m_, {p.rank});
-            const Manifest::Place at = m_.place(p.file);
-            it = files_.emplace(p.file, io::File::open(at.path(), {.direct = io::Direct::buffered, .beneath = at.root}))
-                     .first;
-        }
-        return it->second;
-    }
-    const Manifest& m_;
-    std::vector<std::vector<const Partition*>> parts_;
-    std::map<std::string, io::File> files_;
-};
-
 std::string shard_name(std::size_t k, std::size_t n) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n);
@@ -289,16 +250,7 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
     res.state = std::find(m.states.begin(), m.states.end(), "master") != m.states.end() ? "master" : "param";
     const Elem se = state_dtype(m.opts, res.state) == DType::fp32 ? Elem::f32 : Elem::bf16;
     const Elem oe = opts.dtype ? (*opts.dtype == DType::fp32 ? Elem::f32 : Elem::bf16) : se;
-    {  // every partition read against its xxh3 before a byte is written
-        Manifest mine = m;
-        mine.parts.clear();
-        for (const auto& p : m.parts)
-            if (p.state == res.state) mine.parts.push_back(p);
-        RunOptions vo;
-        vo.jobs = opts.jobs;
-        vo.stop = opts.stop;
-        verify(mine, engine, pool, vo);
-    }
+    verify_state(m, res.state, engine, pool, opts);  // before a byte is written
     const auto keys = tensors(m.spec);
     std::map<std::string, std::vector<std::size_t>> tiles;  // key -> its tensors in the manifest, by col0
     for (std::size_t i = 0; i < m.tensors.size(); ++i) tiles[m.tensors[i].key].push_back(i);
@@ -343,7 +295,7 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
         mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
         mem::Lease scratch_lease = pool.lease("zinf-shard export scratch");
         const std::span<std::byte> scratch = scratch_lease.bytes();
-        PartReader state(m, res.state);
+        StateReader state(m, res.state);
         const std::size_t sb = elem_bytes(se), ob = elem_bytes(oe);
         for (std::size_t g = 0; g < groups.size(); ++g) {
             std::vector<StTensor> st;
@@ -375,7 +327,9 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
                             if (m.tensors[p].col0 <= e) ti = p;
                         const Tensor& t = m.tensors[ti];
                         const std::uint64_t n = std::min({end - e, t.col0 + t.numel - e, cap});
-                        state.read(engine, ti, e - t.col0, n, scratch.first(n * sb));
+                        Reads reads(engine);
+                        state.read(reads, ti, e - t.col0, n, scratch.first(n * sb));
+                        reads.wait();
                         convert(scratch.data(), se, piece.data() + (e - off / ob) * ob, oe, n);
                         e += n;
                     }
@@ -384,6 +338,15 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
             engine.sync(file);
             file.close();
             res.bytes += head.size() + at;
+        }
+        // The bytes just written came from partitions checked before the
+        // first was read; checked again now, as the GPT export does, a state
+        // that changed while it was read is never exported.
+        try {
+            verify_state(m, res.state, engine, pool, opts);
+        } catch (const DataError& e) {
+            throw DataError("the state changed while it was exported (" + e.message() +
+                            "); nothing was written: export again once no program writes it");
         }
         for (std::size_t g = 0; g < groups.size(); ++g)
             if (sys::rename(temps[g], finals[g]) != 0) throw_errno("rename", errno, finals[g], {}, true);

@@ -30,6 +30,21 @@ using detail::Elem;
 using detail::elem_bytes;
 using detail::Placed;
 using detail::shape_text;
+using detail::Reads;
+using detail::StateReader;
+using detail::verify_state;
+
+void detail::verify_state(const Manifest& m, const std::string& state, io::Engine& engine,
+                          mem::PinnedPool& pool, const RunOptions& opts) {
+    Manifest mine = m;
+    mine.parts.clear();
+    for (const auto& p : m.parts)
+        if (p.state == state) mine.parts.push_back(p);
+    RunOptions vo;
+    vo.jobs = opts.jobs;
+    vo.stop = opts.stop;
+    verify(mine, engine, pool, vo);
+}
 
 namespace {
 
@@ -83,35 +98,6 @@ void convert(const std::byte* src, Elem se, std::byte* dst, Elem de, std::size_t
     for (std::size_t i = 0; i < n; ++i) store(dst + i * db, de, load(src + i * sb, se));
 }
 
-// ---------------------------------------------------------------------------
-// Reads queued on the io engine, waited together.
-class Reads {
-public:
-    explicit Reads(io::Engine& engine) : engine_(engine) {}
-    ~Reads() {
-        for (auto t : queued_) try {
-                engine_.wait(t);
-            } catch (...) {  // already failing: the first error is on its way
-            }
-    }
-    void add(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
-        if (queued_.size() >= kMaxQueued) take();
-        queued_.push_back(engine_.read(file, offset, dst));
-    }
-    void wait() {
-        while (!queued_.empty()) take();
-    }
-
-private:
-    static constexpr std::size_t kMaxQueued = 256;
-    void take() {
-        const io::Ticket t = queued_.front();
-        queued_.pop_front();
-        engine_.wait(t);
-    }
-    io::Engine& engine_;
-    std::deque<io::Ticket> queued_;
-};
 
 // Columns [c0, c0 + w) of a model tensor's (rows, cols) matrix, laid out in a
 // flat element space row-major or column-major.
@@ -398,60 +384,7 @@ struct Out {
     Elem elem = Elem::f32;
 };
 
-// The partitions of one state, by tensor and rank, read at any element.
-class StateReader {
-public:
-    StateReader(const Manifest& m, const std::string& state) : m_(m), parts_(m.tensors.size()) {
-        for (const auto& p : m.parts)
-            if (p.state == state) parts_[p.tensor].push_back(&p);
-        for (auto& v : parts_) {
-            std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
-            if (v.size() != m.opts.dp) throw InternalError("export: a tensor without a partition per rank");
-        }
-    }
-    // Elements [first, first + count) of tensor `t` into dst, across its partitions.
-    void read(Reads& r, std::size_t t, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst) {
-        const std::uint64_t per = m_.elements_per_rank(m_.tensors[t]);
-        while (count > 0) {
-            const Partition& p = *parts_[t].at(first / per);
-            if (first < p.first || first >= p.last) throw InternalError("export: element outside its partition");
-            const std::uint64_t n = std::min(count, p.last - first), eb = dtype_bytes(p.dtype);
-            r.add(file(p), p.offset + (first - p.first) * eb, dst.first(n * eb));
-            dst = dst.subspan(n * eb);
-            first += n;
-            count -= n;
-        }
-    }
 
-private:
-    io::File& file(const Partition& p) {
-        auto it = files_.find(p.file);
-        if (it == files_.end()) {
-            if (!m_.rank_dirs.empty()) check_rank_folders(m_, {p.rank});
-            const Manifest::Place at = m_.place(p.file);
-            it = files_.emplace(p.file, io::File::open(at.path(), {.direct = io::Direct::buffered, .beneath = at.root}))
-                     .first;
-        }
-        return it->second;
-    }
-    const Manifest& m_;
-    std::vector<std::vector<const Partition*>> parts_;
-    std::map<std::string, io::File> files_;
-};
-
-// Every partition of `state` read against its xxh3, before a byte of the
-// export is written.
-void verify_state(const Manifest& m, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
-                  const RunOptions& opts) {
-    Manifest mine = m;
-    mine.parts.clear();
-    for (const auto& p : m.parts)
-        if (p.state == state) mine.parts.push_back(p);
-    RunOptions vo;
-    vo.jobs = opts.jobs;
-    vo.stop = opts.stop;
-    verify(mine, engine, pool, vo);
-}
 
 // The layout of the output file: its header's bytes, where each model tensor
 // goes, and a run of zero bytes (llm.c's padded vocabulary rows).
