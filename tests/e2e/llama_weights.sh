@@ -109,6 +109,17 @@ for bad in missing extra shape; do
   check "…and nothing written (no $W/refused)" test ! -e "$W/refused"
 done
 check "…the wrong shape shows both shapes" contains "$(cd "$W" && "$SH" import --from "$W/ck-shape" --dir "$W/refused" -m "$W/layout.jsonl" "${POOL[@]}" 2>&1)" "[17, 32]"
+# Issue 29's finding 8 for this importer too: a weight that is not finite is
+# refused, naming the tensor and its index, unless --allow-nonfinite.
+"${REF[@]}" write "$W/ck-nan" "$S" --dtype bf16 --shards 2 --seed 14 --bad nan
+rm -rf "$W/refused"
+run "$SH" import --from "$W/ck-nan" --dir "$W/refused" -m "$W/layout.jsonl" "${POOL[@]}"
+expect_rc 65 "a checkpoint with a NaN weight exits 65"
+check "…naming the tensor and the element" contains "$err" "tensor 'model.layers.0.mlp.down_proj.weight' element 5 is nan"
+check "…and nothing written (no $W/refused)" test ! -e "$W/refused"
+run "$SH" import --from "$W/ck-nan" --dir "$W/refused" -m "$W/layout.jsonl" --allow-nonfinite "${POOL[@]}"
+expect_rc 0 "…imported with --allow-nonfinite"
+rm -rf "$W/refused"
 echo '{"weight_map": {"model.embed_tokens.weight": "../elsewhere.safetensors"}}' >"$W/evil.json"
 run "$SH" import --from "$W/evil.json" --dir "$W/refused" -m "$W/layout.jsonl" "${POOL[@]}"
 expect_rc 65 "an index whose shard leads out of its folder exits 65"

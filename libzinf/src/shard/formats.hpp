@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <span>
 #include <map>
 #include <string>
 #include <vector>
@@ -162,5 +164,11 @@ private:
 // byte of an export is written, and again before its rename.
 void verify_state(const Manifest& m, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
                   const RunOptions& opts);
+
+// An imported value that is not finite (or that the bf16 parameters would
+// round to infinity) would train into nothing but NaN: DataError (65) naming
+// the file and name(i), the tensor and index of v[i] there.
+void refuse_nonfinite(std::span<const float> v, bool bf16, const std::string& from,
+                      const std::function<std::string(std::uint64_t i)>& name);
 
 }  // namespace zinf::shard::detail

@@ -229,6 +229,11 @@ Written import_hf(Manifest& m, const std::string& from, const std::string& dir, 
             convert(scratch.data(), h.elem, reinterpret_cast<std::byte*>(out.data() + done), Elem::f32, k);
             done += k;
         }
+        if (!opts.allow_nonfinite)
+            refuse_nonfinite(out.first(n), m.opts.param_dtype == DType::bf16, c.files[h.file].path(),
+                             [&](std::uint64_t i) {
+                                 return "tensor '" + t.key + "' element " + std::to_string(t.col0 + first + i);
+                             });
     };
     return init(m, dir, engine, pool, opts, values);
 }

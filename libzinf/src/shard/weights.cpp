@@ -33,6 +33,19 @@ using detail::shape_text;
 using detail::Reads;
 using detail::StateReader;
 using detail::verify_state;
+using detail::refuse_nonfinite;
+
+void detail::refuse_nonfinite(std::span<const float> v, bool bf16, const std::string& from,
+                              const std::function<std::string(std::uint64_t i)>& name) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (std::isfinite(v[i]) && (!bf16 || std::isfinite(from_bf16(to_bf16(v[i]))))) continue;
+        char value[32];
+        std::snprintf(value, sizeof value, "%g", static_cast<double>(v[i]));
+        throw DataError(name(i) + " is " + value + (std::isfinite(v[i]) ? " (infinite in the bf16 parameters)" : "") +
+                            ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
+                        {0, from, {}, -1});
+    }
+}
 
 void detail::verify_state(const Manifest& m, const std::string& state, io::Engine& engine,
                           mem::PinnedPool& pool, const RunOptions& opts) {
@@ -353,22 +366,10 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
         Reads reads(engine);
         gather(dst, first, n, std::as_writable_bytes(out.first(n)), std::span(&src, 1), scratch, reads);
         if (opts.allow_nonfinite) return;
-        // A value that is not finite (or that the bf16 parameters would round
-        // to infinity) would be trained into nothing but NaN: refused, named
-        // by the file's tensor and its index there.
-        const bool bf16 = m.opts.param_dtype == DType::bf16;
-        for (std::uint64_t i = 0; i < n; ++i) {
-            const float v = out[i];
-            if (std::isfinite(v) && (!bf16 || std::isfinite(from_bf16(to_bf16(v))))) continue;
+        refuse_nonfinite(out.first(n), m.opts.param_dtype == DType::bf16, from, [&](std::uint64_t i) {
             const std::uint64_t e = first + i, w = t.numel / rows, r = e / w, k = t.col0 + e % w;
-            const std::uint64_t index = p.row_major ? r * cols + k : k * rows + r;
-            char value[32];
-            std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
-            throw DataError("tensor '" + p.what + "' element " + std::to_string(index) + " is " + value +
-                                (std::isfinite(v) ? " (infinite in the bf16 parameters)" : "") +
-                                ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
-                            {0, from, {}, -1});
-        }
+            return "tensor '" + p.what + "' element " + std::to_string(p.row_major ? r * cols + k : k * rows + r);
+        });
     };
     return init(m, dir, engine, pool, opts, values);
 }
