@@ -139,13 +139,10 @@ $(info $(call have,$(wildcard $(DEPS_PREFIX)/usr/include)) deps      $(DEPS_PREF
 endif
 endif
 
-# Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...).
+# Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...,
+# and which files take a precompiled header or -O1: written below, after
+# those lists).
 FLAGS_STAMP := $(BUILD)/flags
-FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS)
-ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
-$(shell mkdir -p $(BUILD))
-$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
-endif
 
 # --- sources ---------------------------------------------------------------
 LIB := $(BUILD)/libzinf.a
@@ -328,6 +325,16 @@ $(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
 LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options util/json shard/manifest \
   shard/safetensors plan/plan io/config mem/arena mem/pool)
 $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
+
+# The stamp holds the per-file choices too: an object that leaves the
+# precompiled header has a dependency file that names none of the headers the
+# .gch held (GCC lists only what it read as text), so only a rebuild makes it
+# whole again.
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O1: $(PROGRAM_O1_OBJS) $(LIB_O1_OBJS)
+ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
+$(shell mkdir -p $(BUILD))
+$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
+endif
 
 # The normal generator: vectorised at -O3 with its own log and sincos, and no
 # fused multiply-add, so its values are the same bits whichever clone runs.
