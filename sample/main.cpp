@@ -96,7 +96,8 @@ int run(Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
-    model::GPT gpt(model::Config::from(m.spec, m.opts.tile));
+    const auto model = model::make_model(model::Config::from(m.spec, m.opts.tile));
+    model::LanguageModel& gpt = *model;
     gpt.params_table().check(m, o.manifest);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
@@ -151,7 +152,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"zinf-sample: text from the GPT a committed manifest holds (zinf-shard init, zinf-train), one token\n"
+    CLI::App app{"zinf-sample: text from the GPT or Llama a committed manifest holds (zinf-shard init, zinf-train), one token\n"
                  "at a time through the ZeRO-Infinity engine and a key-value cache; alone, or under mpirun with the\n"
                  "manifest's dp ranks."};
     app.name("zinf-sample");
