@@ -117,6 +117,49 @@ private:
 
 inline constexpr std::uint32_t kTokenizerMagic = 20240328;
 
+// A SentencePiece model (tokenizer.model of Llama 2, TinyLlama, Mistral):
+// text to ids and ids back to text, through Debian's libsentencepiece when
+// the build found it (sentencepiece_available()).
+class SentencePiece {
+public:
+    // MissingInputError when absent; DataError naming the file when it is
+    // not a SentencePiece model; UsageError when the build has no
+    // SentencePiece (it says so, and how to get it).
+    static SentencePiece open(const std::string& path);
+    ~SentencePiece();
+    SentencePiece(SentencePiece&&) noexcept;
+    SentencePiece& operator=(SentencePiece&&) noexcept;
+
+    std::uint32_t vocab() const;
+    std::optional<std::int32_t> bos() const;  // <s>, which Llama's tokenizer puts first
+    std::optional<std::int32_t> eos() const;  // </s>, which ends a text
+    // The text's ids (without bos).
+    std::vector<std::int32_t> encode(std::string_view text) const;
+    // The text of `ids`, as the tokenizer decodes them ("▁" a space, byte
+    // pieces joined into their UTF-8, the leading space of the text dropped).
+    std::string decode(std::span<const std::int32_t> ids) const;
+
+private:
+    struct Impl;
+    explicit SentencePiece(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+bool sentencepiece_available();
+
+// The text a stream of ids adds as each comes: decode() of all the ids so
+// far, less what was already written (a byte piece or a word's start can
+// change the text before it only within its own token).
+class TextStream {
+public:
+    explicit TextStream(const SentencePiece& sp) : sp_(sp) {}
+    std::string next(std::int32_t id);
+
+private:
+    const SentencePiece& sp_;
+    std::vector<std::int32_t> ids_;
+    std::string written_;
+};
+
 // What one engine pass is: the engine the Decoder runs through and the
 // brackets around each pass (the ZeRO-Infinity engine's begin(false) and
 // end(); nothing for the resident engine).
