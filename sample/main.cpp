@@ -80,8 +80,8 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
 bool is_llmc_tokenizer(const std::string& path) {
     const Fd fd = open_input(path, Input::regular);
     std::uint32_t magic = 0;
-    const ssize_t n = ::pread(fd.get(), &magic, sizeof magic, 0);
-    return n == static_cast<ssize_t>(sizeof magic) && magic == sample::kTokenizerMagic;
+    const long n = sys::pread(fd.get(), &magic, sizeof magic, 0, path);
+    return n == static_cast<long>(sizeof magic) && magic == sample::kTokenizerMagic;
 }
 
 void write_out(std::string_view bytes) {

@@ -143,7 +143,7 @@ Decoder::Impl::Impl(const model::GPT& gpt, device::Device& d, std::uint64_t n)
         }
         std::uint64_t c0 = 0;
         for (unsigned k = 0;; ++k) {  // "<name>.weight.tile<k>" (in, c1-c0), in column order
-            const auto it = by_name.find(name + ".weight.tile" + std::to_string(k));
+            const auto it = by_name.find(shard::tile_name(name + ".weight", k));
             if (it == by_name.end()) break;
             const std::uint64_t w = table[it->second].shape.at(1);
             l.tiles.push_back({owner(it->second), it->second, c0, c0 + w});

@@ -115,7 +115,7 @@ Checkpoint open_checkpoint(const std::string& from, io::Engine& engine) {
         std::string text;
         char buf[65536];
         for (;;) {
-            const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+            const long n = sys::read(fd.get(), buf, sizeof buf, path);
             if (n < 0 && errno == EINTR) continue;
             if (n < 0) throw_errno("read", errno, path);
             if (n == 0) break;
@@ -321,9 +321,7 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
     const bool folder = opts.shard_bytes > 0;
     std::vector<std::string> finals;
     if (folder) {
-        std::error_code ec;
-        fs::create_directories(to, ec);
-        if (ec) throw CreateError("cannot create the folder: " + ec.message(), {ec.value(), to, {}, -1});
+        if (sys::mkdir(to, 0777) != 0 && errno != EEXIST) throw_errno("mkdir", errno, to);
         for (std::size_t g = 0; g < groups.size(); ++g)
             finals.push_back(to + "/" + (groups.size() == 1 ? std::string("model.safetensors") : shard_name(g, groups.size())));
     } else {
