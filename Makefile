@@ -66,6 +66,8 @@ ifneq ($(NO_MPI),1)
 MPICXX := $(shell command -v mpicxx 2>/dev/null)
 endif
 OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
+# SentencePiece (zinf-sample --tokenizer tokenizer.model): Debian's libsentencepiece-dev.
+SENTENCEPIECE := $(firstword $(wildcard $(DEPS_PREFIX)/usr/include/sentencepiece_processor.h /usr/include/sentencepiece_processor.h))
 
 # Required libraries: the build stops with a clear message when one is missing.
 REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
@@ -78,6 +80,7 @@ $(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO
 $(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
 $(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
 $(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
+$(info $(call have,$(SENTENCEPIECE)) SentencePiece $(if $(SENTENCEPIECE),found,not found (zinf-sample takes token ids then)))
 endif
 endif
 
@@ -115,6 +118,12 @@ ifneq ($(MPICXX),)
 CPPFLAGS += -DZINF_HAVE_MPI=1
 $(BUILD)/libzinf/src/comm/mpi.o: CPPFLAGS += $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICXX) --showme:compile))) -DOMPI_SKIP_MPICXX=1
 LDLIBS += $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link))
+endif
+ifneq ($(SENTENCEPIECE),)
+CPPFLAGS += -DZINF_HAVE_SENTENCEPIECE=1
+LDLIBS += -lsentencepiece
+# test_sample trains a small SentencePiece model of its own.
+$(BUILD)/tests/test_sample: LDLIBS += -lsentencepiece_train
 endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
