@@ -45,7 +45,7 @@ ZINF_FUZZ_TARGET(tokens) {
             const std::uint64_t at = loader->offset(i);
             if (at + 7 > train.size()) fuzz::finding("batch " + std::to_string(i) + " reads past the tokens");
             for (std::size_t k = 0; k < 6; ++k)
-                if (x[k] != train[at + k] || y[k] != train[at + k + 1])
+                if (std::uint32_t(x[k]) != train[at + k] || std::uint32_t(y[k]) != train[at + k + 1])
                     fuzz::finding("batch " + std::to_string(i) + " is not the tokens at its offset");
         }
     }
