@@ -12,22 +12,25 @@
 #         `make sanitize` never runs stale
 # The Makefile may name the suites instead (make test SANITIZE=...):
 # ZINF_UNIT_TESTS, ZINF_MPI_TESTS (binaries), ZINF_E2E=0 (no e2e suites).
+#
+# Suites run ZINF_TEST_JOBS at a time (default: one per core). Most of a suite's
+# time is spent waiting (on the disk, on mpirun's start, on a child program),
+# so two at a time on 2 cores take about two thirds of the time one at a time
+# does. Each suite's output is held and printed whole when it ends, with its
+# tally; the longest suites start first (their last times are kept in
+# build/test-times; without it, e2e, then MPI, then unit). ZINF_TEST_JOBS=1
+# runs them one by one, in order, as before (scripts/gpu-check.sh does, so that
+# its figures are of one suite at a time).
 set -u
 cd "$(dirname "$0")/.."
 
 unit_timeout=${ZINF_UNIT_TIMEOUT:-180}
 e2e_timeout=${ZINF_E2E_TIMEOUT:-300}
+jobs=${ZINF_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run-tests: ZINF_TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 64; }
+times_file=build/test-times
 passed=0 failed=0 skipped=0
 failed_suites=()
-
-_since=$SECONDS
-tally() {  # name passed failed skipped; with the seconds since the last tally
-  printf '# %-28s %4d passed, %d failed, %d skipped (%d s)\n' "$1" "$2" "$3" "$4" $((SECONDS - _since))
-  _since=$SECONDS
-  passed=$((passed + $2)) failed=$((failed + $3)) skipped=$((skipped + $4))
-  (($3 > 0)) && failed_suites+=("$1")
-  return 0
-}
 
 attr() {  # attribute value from the first <TestSuite ...> element of a Boost XML report
   grep -o "<TestSuite [^>]*>" "$2" | head -n 1 | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]\+'
@@ -37,6 +40,8 @@ attr() {  # attribute value from the first <TestSuite ...> element of a Boost XM
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 ${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
+# mpirun refuses root unless told, and a small machine has fewer cores than ranks.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 sanitized=${ZINF_SANITIZED-$(echo build/san-*/tests/test_*)}
 unit_tests=${ZINF_UNIT_TESTS-$(echo build/tests/test_* $sanitized)}
 mpi_tests=${ZINF_MPI_TESTS-$(echo build/tests/mpi_*)}
@@ -63,11 +68,22 @@ san_env() {  # kind binary: NAME=VALUE words (no spaces: they are split)
     [[ $1 == mpi ]] && echo "LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:fast_unwind_on_malloc=0:${LSAN_OPTIONS:-}" ;;
   esac
 }
-for t in $unit_tests; do
-  [[ -x $t ]] || continue
-  name=$(suite_name unit "$t")
 
-  echo "# running $name"
+# Each run_* prints the suite's output and, last, a line "#=result NAME|P|F|S".
+result() { echo "#=result $1|$2|$3|$4"; }
+# The CPU-seconds (user + system) of everything the subshell ran and waited
+# for, mpirun's ranks included: "#=cpu SECONDS", after the suite's result.
+cpu_seconds() {
+  local f
+  f=$(mktemp)
+  times >"$f"  # in this shell, not a pipe's: its last line, the children's user and system time
+  awk 'END { s = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); s += a[1] * 60 + a[2] } printf "#=cpu %d\n", s + 0.5 }' "$f"
+  rm -f "$f"
+}
+
+run_unit() {  # binary
+  local t=$1 name xml rc p f s a
+  name=$(suite_name unit "$t")
   xml=$(mktemp)
   env $(san_env unit "$t") timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \
     --report_format=XML --report_level=detailed --report_sink="$xml"
@@ -78,72 +94,156 @@ for t in $unit_tests; do
     f=$((f + a))
     # A crash after the report, or a non-zero exit with nothing failed, still fails.
     ((rc != 0 && f == 0)) && f=1
-    tally "$name" "$p" "$f" "$s"
+    result "$name" "$p" "$f" "$s"
   else
     echo "# $name: no report (exit $rc$( ((rc == 124)) && echo ", timed out after ${unit_timeout}s"))"
-    tally "$name" 0 1 0
+    result "$name" 0 1 0
   fi
   rm -f "$xml"
-done
+}
 
-# mpirun refuses root unless told, and a small machine has fewer cores than ranks.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-for t in $mpi_tests; do
-  [[ -x $t ]] || continue
+run_mpi() {  # binary np
+  local t=$1 np=$2 name dir rc p f s reports xml rp rf rs ra
+  name="$(suite_name mpi "$t") (np $np)"
   if ! command -v mpirun >/dev/null; then
     echo "# $t: skipped, no mpirun"
-    tally "$(suite_name mpi "$t")" 0 0 1
-    continue
+    result "$name" 0 0 1
+    return
   fi
-  for np in ${ZINF_MPI_NP:-2 4}; do
-    name="$(suite_name mpi "$t") (np $np)"
-    echo "# running $name"
-    dir=$(mktemp -d)
-    env $(san_env mpi "$t") timeout --kill-after=10 "$unit_timeout" mpirun -np "$np" bash -c \
-      'exec "$1" --color_output=no --log_level=warning --report_format=XML --report_level=detailed \
-         --report_sink="$2/rank${OMPI_COMM_WORLD_RANK:-0}.xml"' _ "$t" "$dir"
-    rc=$?
-    p='' f=0 s=0 reports=0
-    for xml in "$dir"/rank*.xml; do
-      [[ -s $xml ]] && grep -q "<TestSuite" "$xml" || continue
-      reports=$((reports + 1))
-      rp=$(attr test_cases_passed "$xml") rf=$(attr test_cases_failed "$xml")
-      rs=$(attr test_cases_skipped "$xml") ra=$(attr test_cases_aborted "$xml")
-      rf=$((rf + ra))
-      [[ -z $p || $rp -lt $p ]] && p=$rp
-      ((rf > f)) && f=$rf
-      ((rs > s)) && s=$rs
-    done
-    if ((reports == np)); then
-      ((rc != 0 && f == 0)) && f=1
-      tally "$name" "$p" "$f" "$s"
-    else
-      echo "# $name: $reports of $np ranks reported (exit $rc$( ((rc == 124)) && echo ", timed out after ${unit_timeout}s"))"
-      tally "$name" "${p:-0}" 1 0
-    fi
-    rm -rf "$dir"
+  dir=$(mktemp -d)
+  env $(san_env mpi "$t") timeout --kill-after=10 "$unit_timeout" mpirun -np "$np" bash -c \
+    'exec "$1" --color_output=no --log_level=warning --report_format=XML --report_level=detailed \
+       --report_sink="$2/rank${OMPI_COMM_WORLD_RANK:-0}.xml"' _ "$t" "$dir"
+  rc=$?
+  p='' f=0 s=0 reports=0
+  for xml in "$dir"/rank*.xml; do
+    [[ -s $xml ]] && grep -q "<TestSuite" "$xml" || continue
+    reports=$((reports + 1))
+    rp=$(attr test_cases_passed "$xml") rf=$(attr test_cases_failed "$xml")
+    rs=$(attr test_cases_skipped "$xml") ra=$(attr test_cases_aborted "$xml")
+    rf=$((rf + ra))
+    [[ -z $p || $rp -lt $p ]] && p=$rp
+    ((rf > f)) && f=$rf
+    ((rs > s)) && s=$rs
   done
-done
+  if ((reports == np)); then
+    ((rc != 0 && f == 0)) && f=1
+    result "$name" "$p" "$f" "$s"
+  else
+    echo "# $name: $reports of $np ranks reported (exit $rc$( ((rc == 124)) && echo ", timed out after ${unit_timeout}s"))"
+    result "$name" "${p:-0}" 1 0
+  fi
+  rm -rf "$dir"
+}
 
-for t in tests/e2e/*.sh; do
-  [[ -f $t && ${ZINF_E2E:-1} != 0 ]] || continue
+run_e2e() {  # script
+  local t=$1 name out rc line p f s
   name=e2e/$(basename "$t" .sh)
-  echo "# running $name"
   out=$(mktemp)
-  timeout --kill-after=10 "$e2e_timeout" bash "$t" 2>&1 | tee "$out"
-  rc=${PIPESTATUS[0]}
+  timeout --kill-after=10 "$e2e_timeout" bash "$t" >"$out" 2>&1
+  rc=$?
+  cat "$out"
   line=$(grep '^# e2e-result ' "$out" | tail -n 1)
   if [[ -n $line ]]; then
     read -r _ _ p f s <<<"$line"
     ((rc != 0 && f == 0)) && f=1
-    tally "$name" "$p" "$f" "$s"
+    result "$name" "$p" "$f" "$s"
   else
     echo "# $name: ended without a result line (exit $rc)"
-    tally "$name" 0 1 0
+    result "$name" 0 1 0
   fi
   rm -f "$out"
-done
+}
 
+# The suites, as "KIND ARGS..." lines, in the default order.
+suites=()
+for t in $unit_tests; do [[ -x $t ]] && suites+=("unit $t"); done
+for t in $mpi_tests; do
+  [[ -x $t ]] || continue
+  for np in ${ZINF_MPI_NP:-2 4}; do suites+=("mpi $t $np"); done
+done
+if [[ ${ZINF_E2E:-1} != 0 ]]; then
+  for t in tests/e2e/*.sh; do [[ -f $t ]] && suites+=("e2e $t"); done
+fi
+
+# Longest first when running side by side: the last run's seconds per suite;
+# without them (a clean clone), the e2e suites, longest script first, then
+# MPI, then unit (the e2e suites are the long ones).
+if ((jobs > 1)); then
+  declare -A last=()
+  if [[ -r $times_file ]]; then
+    while IFS=$'\t' read -r secs key; do [[ $secs =~ ^[0-9]+$ ]] && last[$key]=$secs; done <"$times_file"
+  fi
+  guess() {  # KIND ARG: a rank for a suite never timed
+    case $1 in e2e) echo $((3000000000 + $(stat -c %s "$2"))) ;; mpi) echo 2000000000 ;; *) echo 1000000000 ;; esac
+  }
+  mapfile -t suites < <(for i in "${!suites[@]}"; do
+    k=${suites[$i]}
+    printf '%s\t%s\t%s\t%s\n' "${last[$k]:--1}" "$(guess $k)" "$i" "$k"
+  done | sort -t$'\t' -k1,1nr -k2,2nr -k3,3n | cut -f4-)
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+declare -A running=() started=()  # pid -> index into suites, start time
+new_times=()
+cpu_total=0 run_start=$SECONDS
+
+label() {  # KIND ARG [NP]: the suite's name
+  case $1 in
+  e2e) echo "e2e/$(basename "$2" .sh)" ;;
+  mpi) echo "$(suite_name mpi "$2") (np $3)" ;;
+  *) suite_name "$1" "$2" ;;
+  esac
+}
+
+finish() {  # index seconds shown: print the suite's output (unless shown), tally its result
+  local out=$work/$1.out line name p f s cpu
+  line=$(grep '^#=result ' "$out" | tail -n 1)
+  cpu=$(grep '^#=cpu ' "$out" | tail -n 1)
+  (($3)) || grep -v '^#=\(result\|cpu\) ' "$out"
+  IFS='|' read -r name p f s <<<"${line#\#=result }"
+  if [[ -z $line ]]; then
+    name=$(label ${suites[$1]}) p=0 f=1 s=0
+    echo "# $name: ended without a result (the runner was killed?)"
+  fi
+  cpu=${cpu#\#=cpu } cpu_total=$((cpu_total + ${cpu:-0}))
+  printf '# %-28s %4d passed, %d failed, %d skipped (%d s, %s CPU-s)\n' "$name" "$p" "$f" "$s" "$2" "${cpu:-?}"
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  ((f > 0)) && failed_suites+=("$name")
+  new_times+=("$2"$'\t'"${suites[$1]}")
+  rm -f "$out"
+}
+
+reap() {  # wait for one running suite and finish it
+  local pid
+  wait -n -p pid "${!running[@]}"
+  finish "${running[$pid]}" $((SECONDS - ${started[$pid]})) 0
+  unset "running[$pid]" "started[$pid]"
+}
+
+for i in "${!suites[@]}"; do
+  read -r kind a b <<<"${suites[$i]}"
+  echo "# running $(label "$kind" "$a" "$b")"
+  if ((jobs == 1)); then  # in order, the output as it comes
+    t0=$SECONDS
+    { "run_$kind" "$a" ${b:+"$b"}; cpu_seconds; } </dev/null 2>&1 | tee "$work/$i.out" | grep --line-buffered -v '^#=\(result\|cpu\) '
+    finish "$i" $((SECONDS - t0)) 1
+    continue
+  fi
+  { "run_$kind" "$a" ${b:+"$b"}; cpu_seconds; } >"$work/$i.out" 2>&1 </dev/null &
+  running[$!]=$i started[$!]=$SECONDS
+  while ((${#running[@]} >= jobs)); do reap; done
+done
+while ((${#running[@]} > 0)); do reap; done
+# The times kept for the next run's order: this run's, and the last ones of
+# the suites it did not run.
+if ((${#new_times[@]})) && [[ -d build ]]; then
+  { printf '%s\n' "${new_times[@]}"; [[ -r $times_file ]] && cat "$times_file"; } |
+    awk -F'\t' '!seen[$2]++' >"$times_file.tmp.$$" && mv "$times_file.tmp.$$" "$times_file"
+fi
+
+echo "# $((SECONDS - run_start)) s, $cpu_total CPU-s in the suites, $jobs at a time"
 ((${#failed_suites[@]})) && echo "# failed: ${failed_suites[*]}"
 if ((skipped > 0)); then
   echo "$passed passed, $failed failed, $skipped skipped"

@@ -45,7 +45,8 @@ struct Options {
     std::string ranks = "all";
     // inspect, cat
     bool json = false;
-    std::string tensor, state = "param";
+    std::vector<std::string> tensors, states;  // cat: one of each; cat --sums: any number (none: all)
+    bool sums = false;
     // import, export
     std::string from, to, format;
     std::string shard_size, export_dtype;  // export of a Llama: shards into a folder, the elements' type
@@ -276,22 +277,52 @@ int do_inspect(const Options& o) {
     return 0;
 }
 
+// cat: one tensor's state, raw on stdout. cat --sums: a line per tensor and
+// state, "NAME STATE BYTES XXH3", of the same gathered bytes (whatever the
+// split: two directories hold the same values when their lines agree).
 int do_cat(const Options& o) {
     Manifest m = read_input(o);
-    if (::isatty(1)) throw UsageError("cat writes raw bytes: redirect stdout to a file or a pipe");
-    std::size_t t = 0;
-    try {
-        t = m.find_tensor(o.tensor);
-    } catch (const DataError& e) {  // a misspelt --tensor is the command line's fault
-        throw UsageError("--tensor: " + e.message());
+    if (!o.sums) {
+        if (o.tensors.size() != 1)
+            throw UsageError("cat writes one tensor: give one --tensor (--sums takes any number, or none for all)");
+        if (o.states.size() > 1) throw UsageError("cat writes one state: give one --state (--sums takes any number)");
+        if (::isatty(1)) throw UsageError("cat writes raw bytes: redirect stdout to a file or a pipe");
     }
+    std::vector<std::size_t> tensors;
+    for (const auto& name : o.tensors) try {
+            tensors.push_back(m.find_tensor(name));
+        } catch (const DataError& e) {  // a misspelt --tensor is the command line's fault
+            throw UsageError("--tensor: " + e.message());
+        }
+    if (tensors.empty())
+        for (std::size_t t = 0; t < m.tensors.size(); ++t) tensors.push_back(t);
+    const std::vector<std::string> states =
+        !o.states.empty() ? o.states : o.sums ? m.states : std::vector<std::string>{"param"};
+    for (const auto& s : states)
+        if (std::find(m.states.begin(), m.states.end(), s) == m.states.end())
+            throw UsageError("--state: '" + s + "' is not in this manifest (" + json::Json(m.states).dump() + ")");
     const Lock lock = lock_state(m, LockMode::shared);  // no writer beside
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
-    cat(m, t, o.state, engine, pool, [](std::span<const std::byte> piece) {
-        if (std::fwrite(piece.data(), 1, piece.size(), stdout) != piece.size())
-            throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
-    });
+    const auto out = [](const void* data, std::size_t n) {
+        if (std::fwrite(data, 1, n, stdout) != n) throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
+    };
+    for (const std::size_t t : tensors)
+        for (const auto& state : states) {
+            if (!o.sums) {
+                cat(m, t, state, engine, pool, [&](std::span<const std::byte> piece) { out(piece.data(), piece.size()); });
+                continue;
+            }
+            Xxh3Stream hash;
+            std::uint64_t bytes = 0;
+            cat(m, t, state, engine, pool, [&](std::span<const std::byte> piece) {
+                hash.update(piece);
+                bytes += piece.size();
+            });
+            const std::string line = m.tensors[t].name + " " + state + " " + std::to_string(bytes) + " " +
+                                     hex64(hash.digest()) + "\n";
+            out(line.data(), line.size());
+        }
     if (std::fflush(stdout) != 0) throw IoError("writing to stdout failed", {errno, "<stdout>", {}, -1});
     return 0;
 }
@@ -447,8 +478,12 @@ CLI::App* add_inspect(CLI::App& app, Options& o) {
 CLI::App* add_cat(CLI::App& app, Options& o) {
     auto* ct = app.add_subcommand("cat", "One tensor gathered from all its partitions, raw little-endian on stdout");
     add_reader(ct, o);
-    ct->add_option("--tensor", o.tensor, "Tensor name, e.g. h.0.attn.c_attn.weight")->required();
-    ct->add_option("--state", o.state, "param, master, exp_avg or exp_avg_sq")->capture_default_str();
+    ct->add_option("--tensor", o.tensors, "Tensor name, e.g. h.0.attn.c_attn.weight (with --sums: any number; none: all)")
+        ->take_all();
+    ct->add_option("--state", o.states, "param (default), master, exp_avg or exp_avg_sq (with --sums: any number; none: all)")
+        ->take_all();
+    ct->add_flag("--sums", o.sums,
+                 "Instead of the bytes, a line per tensor and state: NAME STATE BYTES XXH3 of the gathered values");
     add_io(ct, o, false);
     return ct;
 }

@@ -46,7 +46,7 @@ flip() {
   b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
   printf '%b' "\\$(printf '%03o' $((b ^ 255)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
-# catsums MANIFEST: "tensor state bytes sha256" of every tensor's param and master.
+# catsums MANIFEST: "tensor state bytes sha256" of every tensor's param and master, one cat each.
 catsums() {
   local t s
   for t in $(jq -r 'select(.rank == 0 and .state == "param") | .tensor' "$1"); do
@@ -115,21 +115,47 @@ check "…one zinf.shard-stats/1 record each: op, the manifest's bytes, every le
   "$TMP/stats.init.json" "$TMP/stats.verify.json"
 
 # --- cat: one tensor's bytes, whatever the split -----------------------------
+# Every tensor through cat at dp 1 and dp 8 (sha256 of its bytes); the other
+# splits and the reshards through cat --sums (the same gathered bytes, their
+# xxh3: one process instead of one per tensor and state).
+sumsof() { zs cat --sums --state param --state master -m "$1"; } # MANIFEST
 for model in "$M1" "$M2"; do
   n=${NAME[$model]}
-  catsums "$TMP/$n-dp1/manifest.jsonl" >"$TMP/$n.ref"
-  check "$n: cat exits 0 for every tensor, param and master" bash -c '! grep -q " exit " "$1"' _ "$TMP/$n.ref"
-  check "$n: cat gives numel * 2 bytes of bf16 param, numel * 4 of fp32 master" test "$(cut -d' ' -f1-3 "$TMP/$n.ref")" = \
+  catsums "$TMP/$n-dp1/manifest.jsonl" >"$TMP/$n.cat"
+  check "$n: cat exits 0 for every tensor, param and master" bash -c '! grep -q " exit " "$1"' _ "$TMP/$n.cat"
+  check "$n: cat gives numel * 2 bytes of bf16 param, numel * 4 of fp32 master" test "$(cut -d' ' -f1-3 "$TMP/$n.cat")" = \
     "$(zs layout --model "$model" | jq -r 'select(.state == "param") | (.shape | reduce .[] as $x (1; . * $x)) as $n
         | "\(.tensor) param \($n * 2)\n\(.tensor) master \($n * 4)"')"
+  catsums "$TMP/$n-dp8/manifest.jsonl" >"$TMP/$n.dp8.cat"
+  check "$n: cat gives the same bytes of every tensor's param and master at dp 8 as at dp 1" \
+    same_sums "$TMP/$n.cat" "$TMP/$n.dp8.cat"
+  sumsof "$TMP/$n-dp1/manifest.jsonl" >"$TMP/$n.ref"
+  check "$n: cat --sums: a line per tensor and state, cat's byte counts, a 16-digit xxh3" \
+    test "$(cut -d' ' -f1-3 "$TMP/$n.ref")" = "$(cut -d' ' -f1-3 "$TMP/$n.cat")" \
+    -a "$(grep -cE ' [0-9a-f]{16}$' "$TMP/$n.ref")" = "$(wc -l <"$TMP/$n.cat")"
   dps=(2 3 8)
   [[ $model == "$M2" ]] && dps+=(7)
   for dp in "${dps[@]}"; do
-    catsums "$TMP/$n-dp$dp/manifest.jsonl" >"$TMP/$n.dp$dp.sums"
+    sumsof "$TMP/$n-dp$dp/manifest.jsonl" >"$TMP/$n.dp$dp.sums"
     check "$n: every tensor's param and master bytes are the same at dp $dp as at dp 1" \
       same_sums "$TMP/$n.ref" "$TMP/$n.dp$dp.sums"
   done
 done
+run zs cat --sums -m "$TMP/m2-dp3/manifest.jsonl" --tensor wte.weight --tensor wpe.weight --state master
+expect_rc 0 "cat --sums --tensor A --tensor B --state master"
+check "…two lines, in the order asked, the same as at dp 1" \
+  test "$out" = "$(grep -E '^(wte|wpe)\.weight master ' "$TMP/m2.ref")"
+run zs cat --sums -m "$TMP/m2-dp3/manifest.jsonl" --tensor wte.weight
+check "…no --state: every state the manifest holds" \
+  test "$(cut -d' ' -f1-2 <<<"$out")" = "$(printf 'wte.weight %s\n' param master exp_avg exp_avg_sq)"
+run zs cat -m "$TMP/m2-dp3/manifest.jsonl" --tensor wte.weight --tensor wpe.weight
+expect_rc 64 "cat with two --tensor and no --sums: 64"
+check "…saying cat writes one tensor" contains "$err" "one --tensor"
+run zs cat -m "$TMP/m2-dp3/manifest.jsonl" --tensor wte.weight --state param --state master
+expect_rc 64 "cat with two --state and no --sums: 64"
+run zs cat --sums -m "$TMP/m2-dp3/manifest.jsonl" --state moments
+expect_rc 64 "cat --sums --state moments: 64 naming the state"
+check "…and the states the manifest holds" contains "$err" "'moments' is not in this manifest"
 
 # reshard: 3 -> 5 (M1), 8 -> 5 and 2 -> 7 (M2, empty partitions), values unchanged.
 for spec in "$M1 3 5" "$M2 8 5" "$M2 2 7"; do
@@ -145,7 +171,7 @@ for spec in "$M1 3 5" "$M2 8 5" "$M2 2 7"; do
   check "$n: …no temporaries remain" no_temps "$D2"
   run zs verify -m "$D2/manifest.jsonl"
   expect_rc 0 "$n: verify of the resharded manifest passes"
-  catsums "$D2/manifest.jsonl" >"$TMP/$n.rs$to.sums"
+  sumsof "$D2/manifest.jsonl" >"$TMP/$n.rs$to.sums"
   check "$n: every tensor's param and master bytes are unchanged by reshard $from -> $to" \
     same_sums "$TMP/$n.ref" "$TMP/$n.rs$to.sums"
 done
