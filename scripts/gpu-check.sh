@@ -284,7 +284,7 @@ run_suites() {
     step_limit "$cap" || { record "$name" skip 0 "$no_time"; return 0; }
     banner "$name" "$limit"
     local figs=$tmp/${name//\//-}.out
-    run_timed "$limit" "$figs" env ZINF_UNIT_TESTS="$*" ZINF_MPI_TESTS= ZINF_E2E=0 \
+    run_timed "$limit" "$figs" env ZINF_UNIT_TESTS="$*" ZINF_MPI_TESTS= ZINF_E2E=0 ZINF_TEST_JOBS=1 \
         ZINF_UNIT_TIMEOUT="$limit" "$root/scripts/run-tests.sh"
     local fig reason
     fig=$(tally_figures "$figs") || fig=
