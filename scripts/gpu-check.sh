@@ -10,7 +10,8 @@
 #       archive's sha256). Fails when DIR is over 60 MiB.
 #   scripts/gpu-check.sh --from DIR --out RESULTS [--quick] [--budget SECONDS]
 #       On the GPU host: unpacks DIR into build/gpu-deps (never system-wide),
-#       says what the host has, builds with every core against it (NO_MPI=1),
+#       says what the host has, builds with every core against it (with the
+#       host's Open MPI if any, else NO_MPI=1),
 #       then runs the GPU tests (build/tests/test_cuda, tests/e2e/cuda.sh), a
 #       quick set of CPU unit suites and, unless --quick, compute-sanitizer's
 #       memcheck and racecheck over test_cuda and the GPU benchmarks that the
@@ -42,9 +43,11 @@ default_cpu_suites="test_util test_io test_mem test_data test_optim test_device 
 
 # --- --bundle ---------------------------------------------------------------
 # The Debian 12 packages whose files the build needs. Not bundled:
-# - OpenMPI: the single-GPU check builds with NO_MPI=1, and Open MPI's
-#   launcher, plugins and their dozen libraries do not run from another prefix
-#   without care; the mpirun suites run wherever `make test` runs.
+# - OpenMPI: Open MPI's launcher, plugins and their dozen libraries do not
+#   run from another prefix without care. The check builds with the host's
+#   Open MPI where it has one (then tests/e2e/cuda.sh trains dp 2 on the GPU
+#   under mpirun), else with NO_MPI=1; the mpirun suites run wherever
+#   `make test` runs.
 # - OpenBLAS: optional (the cpu backend's GEMM has its own OpenMP loop, the
 #   reference the GPU is checked against either way), and 30 MiB with libgfortran.
 bundle_packages() {
@@ -541,7 +544,15 @@ build() {
     local cap=$1
     step_limit "$cap" || { record build skip 0 "$no_time"; return 1; }
     banner build "$limit"
-    local args=(NO_MPI=1 "DEPS_PREFIX=$prefix")
+    local args=("DEPS_PREFIX=$prefix")
+    # MPI is not bundled (see bundle_packages): the host's Open MPI where it
+    # has one (mpicxx --showme, mpirun), for the dp 2 check in
+    # tests/e2e/cuda.sh; else NO_MPI=1, and that check is skipped.
+    if command -v mpirun >/dev/null && mpicxx --showme:compile >/dev/null 2>&1; then
+        echo "MPI: the host's $(command -v mpicxx) (dp 2 on the GPU runs under mpirun)"
+    else
+        args+=(NO_MPI=1)
+    fi
     [[ $cxx == g++ ]] || args+=("CXX=$cxx")
     # NCCL from the python wheel: its header for the build (the Makefile's
     # NCCL_H, CPATH for the compiler).
@@ -560,6 +571,10 @@ build() {
             tests+=("build/tests/${t%.cpp}")
         done
     fi
+    # Not the mpirun suites: they run with `make test`, not in this budget.
+    local keep=()
+    for t in "${tests[@]}"; do [[ $t == */mpi_* ]] || keep+=("$t"); done
+    tests=("${keep[@]}")
     # -k: what builds is still tested when one file fails.
     local cpu0
     child_cpu

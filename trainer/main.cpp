@@ -222,9 +222,13 @@ int run(Options& o) {
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
     auto dev = device::open(o.device.resolve(o.device_memory, cores));
-    if (comm.size() > 1 && !dev->host_addressable())
-        throw UsageError("--device " + dev->backend() + " runs one rank for now: data parallelism there needs NCCL on "
-                         "the device's collectives stream, which is not built yet (use --device cpu)");
+    // Data parallel on device memory the host cannot address (cuda): the
+    // engine's gathers and reduce-scatters go through NCCL on the device's
+    // streams, the host's collectives (the optimizer's, the loss) stay on comm.
+    std::unique_ptr<comm::Communicator> device_comm;
+    // (--resident refuses such a run: its collectives are host calls.)
+    if (comm.size() > 1 && !dev->host_addressable() && !o.resident)
+        device_comm = comm::device_communicator(comm, o.device.gpu);
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
@@ -238,12 +242,14 @@ int run(Options& o) {
         val_loader.emplace(d.val, d.val_source,
                            data::LoaderOptions{.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks});
 
-    const train::Options to = train_options(o, committed, cores);
+    train::Options to = train_options(o, committed, cores);
+    to.infinity.device_comm = device_comm.get();
     const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;
     if (lead) describe_run(o, checkpoint, comm, t, to, *dev, d, at);
+    if (lead && device_comm) log::info("the engine's collectives: " + device_comm->describe());
 
     const train::Cadence cadence{.steps = o.steps,
                                  .eval_every = o.eval_every,

@@ -2,7 +2,10 @@
 # End-to-end tests of the cuda device backend against the cpu one, the
 # reference: a tiny GPT trained 10 steps in fp32 on each gives losses within
 # 1e-4, two cuda runs give the same losses to the bit, and zinf-sample's
-# greedy text from one trained state is the same on both. --device and --gpu
+# greedy text from one trained state is the same on both; under mpirun, two
+# ranks on cuda (the engine's collectives on NCCL, enqueued on the device's
+# streams) train within 1e-4 of two on cpu, or are refused (64) saying why
+# (one GPU for two ranks, no NCCL). --device and --gpu
 # refusals (64) run everywhere; the rest is skipped, with the reason the
 # programs give, where the cuda backend cannot run (no GPU, or no CUDA in
 # the build). Every model is tiny.
@@ -39,7 +42,7 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
     fail "--device cuda where it cannot run is a usage error saying why" "$why"
   fi
   for t in "10 fp32 steps on cuda within 1e-4 of cpu" "two cuda runs give the same losses to the bit" \
-    "zinf-sample greedy text is the same on cpu and cuda"; do
+    "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu"; do
     skip "$t" "$why"
   done
   finish
@@ -77,6 +80,37 @@ else
 fi
 run "$SH" verify -m "$(mf cuda1)" "${POOL[@]}"
 expect_rc 0 "the state cuda trained verifies"
+
+# --- data parallel: two ranks on cuda, the engine's gathers and
+# reduce-scatters on NCCL, against two on cpu (MPI), from copies of one init.
+# On one GPU NCCL cannot give each rank a GPU of its own: zinf-train refuses
+# (64) and says so, and the comparison is skipped with its words.
+DP="dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu"
+if ! command -v mpirun >/dev/null; then
+  skip "$DP" "no mpirun on this host"
+else
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  for r in dpcpu dpcuda; do state "$r" --param-dtype fp32 --dp 2; done
+  DPRUN=(--text "$W/corpus.txt" --batch 2 --seq 32 --lr 1e-2 --json -q "${POOL[@]}")  # 2 rows a rank: RUN's 4 in all
+  run mpirun -np 2 "$TR" --manifest "$(mf dpcpu)" "${DPRUN[@]}" --steps 10 --device cpu --threads 1
+  if [[ $rc == 64 && $err == *MPI* ]]; then
+    skip "$DP" "this zinf has no MPI: $(grep -m 1 'MPI' <<<"$err")"
+  else
+    expect_rc 0 "10 steps of dp 2 on cpu"
+    printf '%s\n' "$out" >"$W/dpcpu.jsonl"
+    run mpirun -np 2 "$TR" --manifest "$(mf dpcuda)" "${DPRUN[@]}" --steps 10 --device cuda
+    if [[ $rc == 64 && $err == *NCCL* ]]; then
+      skip "$DP" "$(grep -m 1 'NCCL' <<<"$err")"
+    else
+      expect_rc 0 "10 steps of dp 2 on cuda"
+      printf '%s\n' "$out" >"$W/dpcuda.jsonl"
+      if close_losses "$W/dpcpu.jsonl" "$W/dpcuda.jsonl"; then pass "$DP"; else
+        fail "$DP" "cpu $(losses "$W/dpcpu.jsonl" | tr '\n' ' ')/ cuda $(losses "$W/dpcuda.jsonl" | tr '\n' ' ')"
+      fi
+      check "the dp 2 state cuda trained is committed at step 10" test "$(manifest_step "$(mf dpcuda)")" = 10
+    fi
+  fi
+fi
 
 # --- greedy text: a state memorises a periodic text (trained on cpu), then
 # samples on each backend

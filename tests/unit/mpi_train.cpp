@@ -28,6 +28,8 @@
 #include "mpi_testing.hpp"
 #include "testing.hpp"
 
+#include "../../libzinf/src/comm/internal.hpp"  // a backend of the test's own (Recording)
+
 #include <zinf/comm.hpp>
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
@@ -40,7 +42,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -151,13 +155,18 @@ void expect_bucketed(zero::InfinityEngine& e, const train::StepLog& log) {
                        << " fetches and " << backward << " backward hooks");
 }
 
+// `setup` may change the options once the device is open (the engine's
+// device communicator).
 Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span<const std::uint16_t> tokens,
-                  unsigned rank, unsigned ranks, std::uint64_t batch, double clip, bool resident) {
+                  unsigned rank, unsigned ranks, std::uint64_t batch, double clip, bool resident,
+                  const std::function<void(device::Device&, train::Options&)>& setup = {}) {
     Outcome out;
     auto dev = one_thread_device();
     const std::string mpath = m.dir + "/manifest.jsonl";
     data::Loader loader(tokens, "tokens", {.batch = batch, .seq = kT, .rank = rank, .ranks = ranks});
-    train::Trainer t(m, c, rig.engine, rig.pool, *dev, train_options(batch, clip, mpath, resident));
+    train::Options to = train_options(batch, clip, mpath, resident);
+    if (setup) setup(*dev, to);
+    train::Trainer t(m, c, rig.engine, rig.pool, *dev, to);
     for (std::uint64_t s = t.step_count(); s < kSteps; ++s) {
         out.logs.push_back(t.step(loader));
         if (!resident && ranks > 1) expect_bucketed(*t.infinity(), out.logs.back());
@@ -413,12 +422,184 @@ void tiers_equal_resident_at_dp(DType dt) {
     world().barrier();  // before rank 0 removes the folder
 }
 
+// ---------------------------------------------------------------------------
+// One collective as a backend received it.
+struct Recorded {
+    comm::Kind kind = comm::Kind::barrier;
+    comm::DType dtype = comm::DType::u8;
+    comm::Reduce reduce = comm::Reduce::sum;
+    std::vector<std::pair<std::size_t, std::size_t>> bytes;  // (send, recv) of each buffer
+    std::vector<std::vector<std::uint64_t>> counts;          // of each buffer (empty: equal blocks)
+    bool same_call(const Recorded& o) const {
+        return kind == o.kind && dtype == o.dtype && reduce == o.reduce && bytes == o.bytes && counts == o.counts;
+    }
+};
+
+// A backend that records every collective and has `target` (MPI) do it.
+// Stream-ordered (`ordered`), it is what the engine sees of NCCL: the
+// engine enqueues its collectives (Communicator::enqueue) with the stream's
+// native handle, which on the cpu backend is the Stream, and the fake runs
+// each from a host job on that stream, in the stream's order, as NCCL runs
+// them on the GPU. Otherwise it is a host backend: the engine runs its
+// collectives from host jobs itself, and each comes to execute().
+class Recording final : public comm::detail::Engine {
+public:
+    Recording(comm::Communicator& target, bool ordered) : target_(target), ordered_(ordered) {}
+    int rank() const override { return target_.rank(); }
+    int size() const override { return target_.size(); }
+    int local_rank() const override { return target_.local_rank(); }
+    int local_size() const override { return target_.local_size(); }
+    comm::Backend kind() const override { return target_.backend(); }
+    std::string describe() const override { return "recording over " + target_.describe(); }
+    bool stream_ordered() const override { return ordered_; }
+    void execute(comm::detail::Op& op, const comm::detail::Deadline&) override {
+        note(op, nullptr);
+        target_.run(op.kind, op.bufs, op.dtype, op.reduce, op.root);
+    }
+    void bare(comm::detail::Op&) override { throw InternalError("the recording backend has no bare calls"); }
+    void enqueue(comm::detail::Op& op, void* stream, void* after, const comm::detail::Deadline&) override {
+        note(op, stream);
+        if (!dev) throw InternalError("the recording backend has no device");
+        if (after) throw InternalError("the engine enqueued after an event; the recording backend orders by stream");
+        dev->host(*static_cast<device::Stream*>(stream),
+                  [t = &target_, k = op.kind, bufs = op.bufs, dt = op.dtype, r = op.reduce, root = op.root] {
+                      t->run(k, bufs, dt, r, root);
+                  });
+    }
+
+    device::Device* dev = nullptr;          // whose streams enqueue() is given
+    std::vector<Recorded> calls;            // in the order they came
+    std::vector<void*> streams;             // each call's stream (null: execute)
+
+private:
+    void note(const comm::detail::Op& op, void* stream) {
+        Recorded r{.kind = op.kind, .dtype = op.dtype, .reduce = op.reduce, .bytes = {}, .counts = {}};
+        for (const comm::Buffer& b : op.bufs) {
+            r.bytes.emplace_back(b.send.size(), b.recv.size());
+            r.counts.push_back(b.counts);
+        }
+        calls.push_back(std::move(r));
+        streams.push_back(stream);
+    }
+    comm::Communicator& target_;
+    bool ordered_;
+};
+
+// At dp N, the engine with a communicator that orders collectives on the
+// device's streams (as NCCL does) against one whose collectives are host
+// calls (as MPI): each step enqueues on the collectives stream the
+// collectives the host jobs would run, in the same order, over the same
+// buffers (one allgather per fetch in the parameters' dtype, one average
+// reduce-scatter of fp32 gradients per module), and trains to the same bits.
+void stream_ordered_equals_host_jobs(DType dt, Tier tier) {
+    SharedDir dir;
+    const std::uint64_t s = shared_seed("engine, stream-ordered collectives");
+    const auto spec = shard::ModelSpec::parse(kGPT);
+    const auto tokens = make_tokens(s, spec.vocab, (kSteps + 3) * dp() * kB * kT + 1);
+    Rig rig;
+    if (!rank0_made(dir, [&] {
+            make_state(dir.root + "/host", lay_out(dp(), {dt, tier}, s), rig);
+            make_state(dir.root + "/ordered", lay_out(dp(), {dt, tier}, s), rig);
+        }))
+        return;
+    Outcome out[2];
+    std::vector<Recorded> calls[2];
+    std::vector<void*> streams[2];
+    void* coll_stream[2] = {};
+    if (!every_rank_ran(
+            [&] {
+                for (int ordered = 0; ordered < 2; ++ordered) {
+                    auto fake = std::make_unique<Recording>(world(), ordered == 1);
+                    Recording& rec = *fake;
+                    comm::Communicator device_comm(std::move(fake), comm::Memory::device);
+                    BOOST_TEST(device_comm.stream_ordered() == (ordered == 1));
+                    shard::Manifest m = shard::read_manifest_file(dir.root + (ordered ? "/ordered" : "/host") +
+                                                                  "/manifest.jsonl");
+                    out[ordered] = train_run(m, world(), rig, tokens, me(), dp(), kB, 0.5, false,
+                                             [&](device::Device& d, train::Options& o) {
+                                                 rec.dev = &d;
+                                                 coll_stream[ordered] = d.native(d.stream(device::StreamKind::collectives));
+                                                 o.infinity.device_comm = &device_comm;
+                                             });
+                    calls[ordered] = rec.calls;
+                    streams[ordered] = rec.streams;
+                }
+            },
+            "the runs"))
+        return;
+    const std::string what = where() + " " + shard::dtype_name(dt) + " on " + shard::tier_name(tier);
+    // Every collective of the engine went through the device communicator:
+    // as many as the steps counted, enqueued on the collectives stream (or,
+    // for the host backend, run from host jobs, never enqueued).
+    for (int ordered = 0; ordered < 2; ++ordered) {
+        std::uint64_t counted = 0;
+        for (const train::StepLog& l : out[ordered].logs) counted += l.collectives;
+        BOOST_TEST(calls[ordered].size() == counted, what << (ordered ? ", enqueued" : ", host jobs"));
+        BOOST_TEST(counted > 0u, what);
+        BOOST_TEST(coll_stream[ordered] != nullptr, what);
+        std::size_t elsewhere = 0;
+        for (void* st : streams[ordered]) elsewhere += st != (ordered ? coll_stream[ordered] : nullptr);
+        BOOST_TEST(elsewhere == 0u, what << (ordered ? ": collectives enqueued off the collectives stream"
+                                                     : ": host collectives enqueued"));
+    }
+    // The same collectives in the same order over buffers of the same sizes.
+    BOOST_TEST(calls[1].size() == calls[0].size(), what);
+    for (std::size_t i = 0; i < std::min(calls[0].size(), calls[1].size()); ++i)
+        BOOST_TEST(calls[1][i].same_call(calls[0][i]), what << ": collective " << i << " differs");
+    // Each is one bucket in the dtype it should be, its blocks adding up to
+    // the full tensors: an allgather sends this rank's real elements and
+    // receives every rank's; a reduce-scatter the reverse.
+    const comm::DType wire = dt == DType::bf16 ? comm::DType::bf16 : comm::DType::f32;
+    std::size_t gathers = 0, scatters = 0, bad = 0;
+    for (const Recorded& r : calls[1]) {
+        const bool gather = r.kind == comm::Kind::allgather;
+        gathers += gather;
+        scatters += r.kind == comm::Kind::reduce_scatter;
+        if (!gather && !(r.kind == comm::Kind::reduce_scatter && r.reduce == comm::Reduce::avg)) ++bad;
+        if (r.dtype != (gather ? wire : comm::DType::f32)) ++bad;
+        if (r.bytes.empty()) ++bad;
+        const std::size_t es = comm::dtype_bytes(r.dtype);
+        for (std::size_t b = 0; b < r.bytes.size(); ++b) {
+            const auto [send, recv] = r.bytes[b];
+            const std::size_t full = gather ? recv : send, mine = gather ? send : recv;
+            const auto& c = r.counts[b];
+            if (c.empty() ? full != mine * dp() : full != std::accumulate(c.begin(), c.end(), std::uint64_t{0}) * es ||
+                                                       mine != c.at(me()) * es)
+                ++bad;
+        }
+    }
+    BOOST_TEST(bad == 0u, what << ": " << bad << " collectives of the wrong kind, dtype or sizes");
+    BOOST_TEST(gathers > 0u, what);
+    BOOST_TEST(scatters > 0u, what);
+    // And the same training, to the bit.
+    BOOST_TEST(out[1].logs.size() == out[0].logs.size(), what);
+    for (std::size_t k = 0; k < std::min(out[0].logs.size(), out[1].logs.size()); ++k) {
+        BOOST_TEST(std::bit_cast<std::uint64_t>(out[1].logs[k].loss) == std::bit_cast<std::uint64_t>(out[0].logs[k].loss),
+                   what << " step " << k + 1 << ": loss " << out[1].logs[k].loss << " vs " << out[0].logs[k].loss);
+        BOOST_TEST(std::bit_cast<std::uint64_t>(out[1].logs[k].grad_norm) ==
+                       std::bit_cast<std::uint64_t>(out[0].logs[k].grad_norm),
+                   what << " step " << k + 1 << ": norm");
+    }
+    if (me() == 0) try {
+            same_state(out[1].committed, out[0].committed, rig, what);
+        } catch (const std::exception& e) {
+            BOOST_ERROR(what << ": " << e.what());
+        }
+    world().barrier();  // before rank 0 removes the folder
+}
+
 }  // namespace
 
 // ===========================================================================
 BOOST_AUTO_TEST_SUITE(engine_tiers)
 
 BOOST_AUTO_TEST_CASE(bf16_tiers_equal_resident) { tiers_equal_resident_at_dp(DType::bf16); }
+
+// The engine's collectives enqueued on the device's collectives stream (the
+// path NCCL takes on the cuda backend) against host jobs (MPI on cpu).
+BOOST_AUTO_TEST_CASE(stream_ordered_collectives_equal_host_jobs) {
+    stream_ordered_equals_host_jobs(DType::bf16, Tier::cpu);
+}
 
 BOOST_AUTO_TEST_SUITE_END()
 

@@ -255,9 +255,34 @@ BOOST_AUTO_TEST_CASE(stream_ordered_collectives_need_nccl) {
     }
     BOOST_TEST(testing::contains(what, "needs the nccl backend"), what);
     BOOST_TEST(testing::contains(what, "backend self"), what);
+    BOOST_TEST(!c.stream_ordered());
     BOOST_TEST(b == std::vector<float>(257, -1.0f));
     c.allgather(in(a), out(b), DType::f32);
     BOOST_TEST(b == a);
+}
+
+// Data parallelism over device memory needs NCCL beside the host's
+// communicator: where NCCL cannot run (no GPU here, or a build without it)
+// asking for it is a usage error (64) that says which, before any rank
+// starts a collective.
+BOOST_AUTO_TEST_CASE(device_communicator_refused_without_nccl) {
+    if (comm::usable(comm::Backend::nccl)) {
+        BOOST_TEST_MESSAGE("skipped: NCCL can run here (the GPU check runs dp 2 on it: tests/e2e/cuda.sh)");
+        return;
+    }
+    auto e = no_launcher();
+    comm::Communicator host({.backend = comm::Backend::self});
+    std::string what;
+    try {
+        comm::device_communicator(host);
+        BOOST_ERROR("device_communicator without NCCL: no exception");
+    } catch (const UsageError& err) {
+        what = err.what();
+        BOOST_TEST(err.exit_code() == 64);
+    }
+    BOOST_TEST(testing::contains(what, "needs NCCL"), what);
+    BOOST_TEST(testing::contains(what, comm::compiled(comm::Backend::nccl) ? "cannot run here" : "built without it"),
+               what);
 }
 
 BOOST_AUTO_TEST_CASE(non_blocking_run_in_order) {

@@ -14,8 +14,10 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -282,6 +284,53 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
     double sq = 0;
     for (float g : a) sq += double(g) * g;
     BOOST_TEST(sq > 0);
+}
+
+// Offloaded activation checkpoints live in page-locked memory the pinned
+// pool hands out (PinnedPool::pin: registered with CUDA and the io engine,
+// counted in the pool's stats) while the store lives, and come back from it
+// bit for bit: in host memory (cpu), or through two staging buffers and a
+// scratch file (nvme).
+BOOST_AUTO_TEST_CASE(activation_store_pins_through_the_pool) {
+    std::mt19937_64 rng(fresh_seed("activation_store_pins_through_the_pool"));
+    const std::uint64_t count = 3, n = 1000, slot = align_up(n * sizeof(float), 4096);
+    TempDir tmp{"/var/tmp"};
+    for (const model::Offload kind : {model::Offload::cpu, model::Offload::nvme}) {
+        const std::string what = model::offload_name(kind);
+        Rig rig;
+        auto dev = device::open({.backend = "cpu", .memory_bytes = 16 * MiB, .threads = 1});
+        auto& s = dev->compute();
+        std::vector<std::vector<float>> host(count, std::vector<float>(n));
+        std::vector<device::Array<float>> out, back;
+        for (std::uint64_t j = 0; j < count; ++j) {
+            for (float& x : host[j]) x = std::uniform_real_distribution<float>(-4, 4)(rng);
+            out.push_back(dev->alloc<float>(n, "checkpoint"));
+            back.push_back(dev->alloc<float>(n, "checkpoint back"));
+            dev->copy(s, std::as_writable_bytes(out[j].span()), std::as_bytes(std::span(host[j])));
+        }
+        {
+            model::ActivationStore store(kind, count, n * sizeof(float), rig.pool, &rig.engine,
+                                         tmp.file("acts-" + what + ".bin"));
+            const mem::PoolStats st = rig.pool.stats();
+            BOOST_TEST(st.pinned == (kind == model::Offload::cpu ? 1u : 2u), what);
+            BOOST_TEST(st.pinned_bytes == (kind == model::Offload::cpu ? count * slot : 2 * slot), what);
+            for (std::uint64_t j = 0; j < count; ++j) store.save(*dev, s, j, out[j]);
+            for (std::uint64_t j = 0; j < count; ++j) {
+                store.load(*dev, s, j, back[j]);
+                store.wait_loaded(*dev, s, j);
+            }
+            for (std::uint64_t j = 0; j < count; ++j) {
+                std::vector<float> got(n, -1);
+                dev->copy(s, std::as_writable_bytes(std::span(got)), std::as_bytes(back[j].span()));
+                dev->synchronize(s);
+                BOOST_TEST(std::memcmp(got.data(), host[j].data(), n * sizeof(float)) == 0,
+                           what << ": checkpoint " << j << " came back changed");
+            }
+            BOOST_TEST(store.bytes_out() == count * n * sizeof(float), what);
+            BOOST_TEST(store.bytes_in() == count * n * sizeof(float), what);
+        }
+        BOOST_TEST(rig.pool.stats().pinned == 0u, what << ": the store's pinned memory outlived it");
+    }
 }
 
 BOOST_AUTO_TEST_CASE(hooks_bracket_every_module) {

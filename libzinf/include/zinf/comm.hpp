@@ -97,6 +97,10 @@ struct Options {
     // Per operation; 0 = none; unset = default_timeout() (read when the
     // communicator starts, so a flag can override a bad environment).
     std::optional<std::chrono::milliseconds> timeout;
+    // nccl: the GPU (CUDA device index) the communicator runs on, which must
+    // be the one whose streams it enqueues on; -1: the local rank's, as
+    // device::select_gpu picks without --gpu.
+    int gpu = -1;
 };
 
 // One buffer of a collective; a bucket (coalesced operation) is several of
@@ -117,6 +121,7 @@ struct Buffer {
 namespace detail {
 struct Op;
 class Core;
+class Engine;
 }  // namespace detail
 
 // A started operation. wait() returns when it is complete and throws what it
@@ -139,6 +144,10 @@ private:
 class Communicator {
 public:
     explicit Communicator(const Options& opts = {});
+    // Over a backend of the caller's (comm/internal.hpp): what tests use to
+    // record the operations a caller starts.
+    Communicator(std::unique_ptr<detail::Engine> engine, Memory memory,
+                 std::optional<std::chrono::milliseconds> timeout = {});
     ~Communicator();  // waits for started operations (not after a failure)
     Communicator(const Communicator&) = delete;
     Communicator& operator=(const Communicator&) = delete;
@@ -178,6 +187,10 @@ public:
     void barrier();
     Handle ibarrier();
 
+    // Whether enqueue() works: the backend orders collectives on device
+    // streams (nccl); otherwise they are host calls (run(), start()).
+    bool stream_ordered() const;
+
     // Stream-ordered, on nccl only: the collective is enqueued on `stream` (a
     // cudaStream_t, as device::Device::native gives one) after `after` (a
     // cudaEvent_t the producer recorded, as a cuda Event's handle holds; null:
@@ -198,6 +211,13 @@ public:
 private:
     std::unique_ptr<detail::Core> core_;
 };
+
+// The communicator of device buffers beside `host`, for data parallelism on
+// a device whose memory the host cannot address (the cuda backend): nccl
+// over the same ranks, on GPU `gpu` (-1: the local rank's), with host's
+// timeout. UsageError (64) saying why where NCCL is not built in, cannot
+// load, or the ranks do not each have a GPU of their own.
+std::unique_ptr<Communicator> device_communicator(const Communicator& host, int gpu = -1);
 
 // A failure on another rank, with that rank's exit code.
 class Elsewhere : public Error {

@@ -160,8 +160,8 @@ public:
     // collectives stream. Otherwise the buffers cross through copies, or the
     // collective runs on the device (NCCL on the stream's native handle).
     virtual bool host_addressable() const = 0;
-    // The backend's own stream object (a cudaStream_t on cuda; nullptr on cpu),
-    // for libraries that enqueue on it (NCCL).
+    // The backend's own stream object (a cudaStream_t on cuda; on cpu, which
+    // has none, the Stream itself), for libraries that enqueue on it (NCCL).
     virtual void* native(Stream& s) = 0;
     // A kernel's error (a bad shape, a token past the vocabulary) is thrown by
     // the next synchronize of its stream (or of an event after it), and the

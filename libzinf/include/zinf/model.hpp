@@ -305,11 +305,14 @@ std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T)
 // load() brings it back on the h2d stream once the compute stream is done
 // with the buffer it lands in; the compute stream waits for either with
 // wait_saved / wait_loaded. Device to disk goes through one page-locked
-// staging buffer per direction; the streams keep them in order.
+// staging buffer per direction; the streams keep them in order. The
+// page-locked memory (the checkpoints for cpu, the staging buffers for nvme)
+// comes from `pool` (PinnedPool::pin: registered with CUDA and the io
+// engine), which must outlive the store.
 class ActivationStore {
 public:
-    ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, io::Engine* io = nullptr,
-                    std::string path = {});
+    ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, mem::PinnedPool& pool,
+                    io::Engine* io = nullptr, std::string path = {});
     ~ActivationStore();
     ActivationStore(const ActivationStore&) = delete;
     ActivationStore& operator=(const ActivationStore&) = delete;
@@ -328,7 +331,7 @@ private:
     io::Engine* io_;
     std::string path_;
     io::File file_;
-    AlignedBuffer host_, stage_out_, stage_in_;
+    mem::Pinned host_, stage_out_, stage_in_;
     std::vector<device::Event> saved_, loaded_;
     std::uint64_t out_ = 0, in_ = 0;
 };

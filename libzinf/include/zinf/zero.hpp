@@ -55,6 +55,14 @@ void reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, 
 void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType dtype,
                     comm::Reduce reduce = comm::Reduce::avg);
 
+// The same, stream-ordered (comm::Communicator::enqueue, nccl): enqueued on
+// `stream` (device::Device::native) after `after` (null: the stream's own
+// order); the buffers are device memory and the call does not wait.
+void enqueue_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype, void* stream,
+                    void* after = nullptr);
+void enqueue_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
+                            void* stream, void* after = nullptr, comm::Reduce reduce = comm::Reduce::avg);
+
 // ---------------------------------------------------------------------------
 // The tiered optimizer step (paper §5.2.2, §6.4): each rank updates the
 // partitions zinf-shard laid out for it, with the CPU AdamW of optim.hpp,
@@ -358,6 +366,14 @@ struct InfinityOptions {
     // and last, the head's in between) stays gathered for the step instead of
     // being fetched at each use: one fetch where there would be three.
     bool persist_shared = true;
+    // The communicator of the engine's collectives over device buffers (the
+    // allgather of a fetch, the reduce-scatter of a module's gradients) at
+    // dp > 1. One that orders collectives on device streams (nccl) has them
+    // enqueued on the device's collectives stream, the host never waiting;
+    // otherwise they run as host jobs on that stream, which needs device
+    // memory the host can address (the cpu backend). Null: the engine's
+    // `comm`, which also serves every host-side collective (the optimizer's).
+    comm::Communicator* device_comm = nullptr;
 };
 
 struct InfinityStats {

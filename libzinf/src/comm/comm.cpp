@@ -267,6 +267,10 @@ public:
     explicit Core(const Options& opts) : timeout_(opts.timeout ? *opts.timeout : default_timeout()), memory_(opts.memory) {
         engine_ = choose(opts, timeout_.load());
     }
+    Core(std::unique_ptr<Engine> engine, Memory memory, std::optional<std::chrono::milliseconds> timeout)
+        : engine_(std::move(engine)), timeout_(timeout ? *timeout : default_timeout()), memory_(memory) {
+        if (!engine_) throw InternalError("comm: a communicator over no backend");
+    }
 
     ~Core() {
         {
@@ -433,7 +437,7 @@ private:
                                  std::to_string(launch.size) + " processes");
             return make_self();
         case Backend::mpi: return make_mpi(timeout);
-        case Backend::nccl: return make_nccl(launch, timeout);
+        case Backend::nccl: return make_nccl(launch, timeout, opts.gpu);
         case Backend::automatic: break;
         }
         throw InternalError("comm: no backend chosen");
@@ -476,6 +480,9 @@ bool Handle::test() {
 // ---------------------------------------------------------------------------
 // Communicator.
 Communicator::Communicator(const Options& opts) : core_(std::make_unique<detail::Core>(opts)) {}
+Communicator::Communicator(std::unique_ptr<detail::Engine> engine, Memory memory,
+                           std::optional<std::chrono::milliseconds> timeout)
+    : core_(std::make_unique<detail::Core>(std::move(engine), memory, timeout)) {}
 Communicator::~Communicator() = default;
 
 int Communicator::rank() const { return core_->engine().rank(); }
@@ -487,6 +494,7 @@ Memory Communicator::memory() const { return core_->memory(); }
 std::chrono::milliseconds Communicator::timeout() const { return core_->timeout(); }
 void Communicator::set_timeout(std::chrono::milliseconds t) { core_->set_timeout(t); }
 std::string Communicator::describe() const { return core_->engine().describe(); }
+bool Communicator::stream_ordered() const { return core_->engine().stream_ordered(); }
 
 Handle Communicator::start(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce, int root) {
     auto op = core_->make(kind, bufs, dtype, reduce, root);
@@ -502,12 +510,32 @@ void Communicator::enqueue(Kind kind, std::span<const Buffer> bufs, DType dtype,
                            Reduce reduce, int root) {
     // Refused before anything is queued: a mistake of the caller's, which
     // leaves the communicator usable.
-    if (backend() != Backend::nccl)
+    if (!stream_ordered())
         throw UsageError("comm: a stream-ordered collective needs the nccl backend (device buffers on a CUDA "
                          "stream); backend " +
                          std::string(name(backend())) + " runs host calls: use run() or start()");
     if (!stream) throw InternalError("comm: enqueue() without a stream");
     core_->enqueue(core_->make(kind, bufs, dtype, reduce, root), stream, after);
+}
+
+std::unique_ptr<Communicator> device_communicator(const Communicator& host, int gpu) {
+    const std::string what = "data parallelism over device memory (" + std::to_string(host.size()) +
+                             " ranks) needs NCCL on the device's streams";
+    if (!compiled(Backend::nccl))
+        throw UsageError(what + ", and this zinf was built without it (no nccl.h in the CUDA toolkit, or NO_CUDA=1); "
+                                "run one rank, or --device cpu",
+                         {.rank = host.rank()});
+    if (!usable(Backend::nccl))
+        throw UsageError(what + ", which cannot run here (no GPU visible, or libnccl.so.2 does not load: put the "
+                                "CUDA toolkit's lib64 on LD_LIBRARY_PATH)",
+                         {.rank = host.rank()});
+    auto c = std::make_unique<Communicator>(
+        Options{.backend = Backend::nccl, .memory = Memory::device, .timeout = host.timeout(), .gpu = gpu});
+    if (c->size() != host.size() || c->rank() != host.rank())
+        throw InternalError("comm: the nccl communicator has rank " + std::to_string(c->rank()) + " of " +
+                            std::to_string(c->size()) + ", the host's " + std::to_string(host.rank()) + " of " +
+                            std::to_string(host.size()));
+    return c;
 }
 
 void detail::Engine::enqueue(Op&, void*, void*, const Deadline&) {

@@ -80,7 +80,9 @@ public:
     virtual void execute(Op& op, const Deadline& deadline) = 0;
     virtual void bare(Op& op) = 0;
     // Enqueues op on a CUDA stream after an event (Communicator::enqueue):
-    // returns once the library has taken it, before it runs. Only nccl.
+    // returns once the library has taken it, before it runs. Only where
+    // stream_ordered() (nccl).
+    virtual bool stream_ordered() const { return false; }
     virtual void enqueue(Op& op, void* stream, void* after, const Deadline& deadline);
     // After a failure the library may still own the buffers of an operation
     // that never finished: leave it as it is (no finalize) until exit.
@@ -89,7 +91,8 @@ public:
 
 std::unique_ptr<Engine> make_self();
 std::unique_ptr<Engine> make_mpi(std::chrono::milliseconds timeout);  // UsageError when not built in
-std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout);
+// gpu: the CUDA device to run on; -1: the local rank's (modulo the GPUs).
+std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout, int gpu);
 bool mpi_built();
 bool nccl_built();
 bool nccl_usable();  // built, a GPU visible, and libnccl.so.2 loads

@@ -14,7 +14,11 @@
 #include <nccl.h>
 #endif
 
+#include <array>
+#include <cstdio>
+#include <cstring>
 #include <thread>
+#include <unistd.h>
 
 namespace zinf::comm::detail {
 
@@ -97,19 +101,24 @@ ncclRedOp_t nccl_op(Reduce r) {
 
 class Nccl final : public Engine {
 public:
-    Nccl(const Launch& launch, std::chrono::milliseconds timeout) {
+    Nccl(const Launch& launch, std::chrono::milliseconds timeout, int gpu) {
         // Asking for NCCL on a machine without a GPU is the caller's mistake (64).
         const mem::GpuInfo gpus = mem::gpu_info();
         if (gpus.count == 0)
             throw UsageError("backend nccl needs a CUDA GPU: " + gpus.why_not, {.rank = launch.rank});
         const int devices = gpus.count;
+        if (gpu >= devices)
+            throw UsageError("backend nccl: GPU " + std::to_string(gpu) + " asked for, but " +
+                                 std::to_string(devices) + " are visible",
+                             {.rank = launch.rank});
         lib_ = &Library::get();
         // The GPU first, so that nothing (a CUDA-aware MPI included) makes a
         // context on another one; without a launcher, MPI says the local rank.
-        if (!launch.launcher.empty()) cuda(cudaSetDevice(launch.local_rank % devices), "cudaSetDevice");
+        if (gpu >= 0) cuda(cudaSetDevice(gpu), "cudaSetDevice");
+        else if (!launch.launcher.empty()) cuda(cudaSetDevice(launch.local_rank % devices), "cudaSetDevice");
         boot_ = make_mpi(timeout);
         const int local = launch.launcher.empty() ? boot_->local_rank() : launch.local_rank;
-        device_ = local % devices;
+        device_ = gpu >= 0 ? gpu : local % devices;
         cuda(cudaSetDevice(device_), "cudaSetDevice");
         cudaDeviceProp prop{};
         if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) gpu_ = prop.name;
@@ -119,6 +128,8 @@ public:
         cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
         cuda(cudaEventCreateWithFlags(&enqueued_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
         cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
+
+        refuse_shared_gpu(timeout);
 
         // Rank 0 makes the id; MPI carries it to the others.
         ncclUniqueId id{};
@@ -163,6 +174,7 @@ public:
     int local_rank() const override { return boot_->local_rank(); }
     int local_size() const override { return boot_->local_size(); }
     Backend kind() const override { return Backend::nccl; }
+    bool stream_ordered() const override { return true; }
     std::string describe() const override {
         return "nccl " + version_ + ", rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " (local " +
                std::to_string(local_rank()) + " of " + std::to_string(local_size()) + "), GPU " +
@@ -241,6 +253,35 @@ public:
     }
 
 private:
+    // NCCL refuses two ranks on one GPU ("duplicate GPU"), after a wait and
+    // as an internal error: every rank learns each rank's host and GPU (its
+    // PCI address) and all refuse at once, with the exit code of a usage
+    // mistake and the ranks named.
+    void refuse_shared_gpu(std::chrono::milliseconds timeout) {
+        constexpr std::size_t kKey = 128;
+        std::array<char, kKey> mine{};
+        char host[64] = {}, bus[32] = {};
+        ::gethostname(host, sizeof host - 1);
+        cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, device_), "cudaDeviceGetPCIBusId");
+        std::snprintf(mine.data(), kKey, "%s GPU %d (%s)", host, device_, bus);
+        std::vector<char> all(kKey * static_cast<std::size_t>(boot_->size()));
+        Op share;
+        share.kind = Kind::allgather;
+        share.dtype = DType::u8;
+        share.bufs.push_back({std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), {}});
+        boot_->execute(share, Deadline::after(timeout));
+        for (int a = 0; a < boot_->size(); ++a)
+            for (int b = a + 1; b < boot_->size(); ++b) {
+                const char* ka = all.data() + a * kKey;
+                if (std::strncmp(ka, all.data() + b * kKey, kKey) == 0)
+                    throw UsageError("backend nccl: ranks " + std::to_string(a) + " and " + std::to_string(b) +
+                                         " would share " + std::string(ka, strnlen(ka, kKey)) +
+                                         "; NCCL needs a GPU of its own for each rank (as many GPUs as ranks on "
+                                         "each node)",
+                                     {.rank = rank()});
+            }
+    }
+
     void issue(const Op& op, const Buffer& b, cudaStream_t stream) {
         const ncclDataType_t t = nccl_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
@@ -346,15 +387,15 @@ bool nccl_usable() {
         return false;
     }
 }
-std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout) {
-    return std::make_unique<Nccl>(launch, timeout);
+std::unique_ptr<Engine> make_nccl(const Launch& launch, std::chrono::milliseconds timeout, int gpu) {
+    return std::make_unique<Nccl>(launch, timeout, gpu);
 }
 
 #else  // no NCCL in this build
 
 bool nccl_built() { return false; }
 bool nccl_usable() { return false; }
-std::unique_ptr<Engine> make_nccl(const Launch&, std::chrono::milliseconds) {
+std::unique_ptr<Engine> make_nccl(const Launch&, std::chrono::milliseconds, int) {
     throw UsageError("backend nccl: this zinf was built without NCCL (no CUDA toolkit with nccl.h was found, "
                      "or NO_CUDA=1)");
 }

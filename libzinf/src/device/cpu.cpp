@@ -193,7 +193,8 @@ public:
         return *streams_[i];
     }
     bool host_addressable() const override { return true; }
-    void* native(Stream&) override { return nullptr; }
+    // The Stream itself: the cpu backend has no other stream object.
+    void* native(Stream& s) override { return &s; }
     bool query(const Event& e) override { return !e.stream || as_cpu(*e.stream).completed(e.ticket); }
 
     Event record(Stream& s) override { return {.ticket = as_cpu(s).ticket(), .stream = &s}; }

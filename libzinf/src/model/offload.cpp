@@ -2,7 +2,7 @@
 // (model.hpp, ActivationStore).
 #include <zinf/model.hpp>
 
-#include <cstring>
+#include <algorithm>
 
 #include <unistd.h>
 
@@ -29,26 +29,18 @@ std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T)
     return offloaded_checkpoints(cfg) * align_up(B * T * cfg.hidden * sizeof(float), 4096);
 }
 
-ActivationStore::ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, io::Engine* io,
-                                 std::string path)
+ActivationStore::ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, mem::PinnedPool& pool,
+                                 io::Engine* io, std::string path)
     : kind_(kind), count_(count), bytes_(bytes_each), slot_(align_up(bytes_each, 4096)), io_(io),
       path_(std::move(path)), saved_(count), loaded_(count) {
     if (kind == Offload::none) throw InternalError("ActivationStore: nowhere to offload to");
-    auto pinned = [](std::uint64_t bytes, const char* what) {
-        AlignedBuffer b = AlignedBuffer::allocate(std::max<std::uint64_t>(bytes, 4096));
-        if (int err = b.lock())
-            log::warn_once(std::string("acts-mlock-") + what,
-                           std::string("cannot page-lock the ") + what + " (mlock: " + std::strerror(err) +
-                               "); it stays pageable");
-        return b;
-    };
     if (kind == Offload::cpu) {
-        host_ = pinned(count * slot_, "activation checkpoints");
+        host_ = pool.pin(std::max<std::uint64_t>(count * slot_, 4096), "activation checkpoints");
         return;
     }
     if (!io_ || path_.empty()) throw InternalError("ActivationStore: nvme needs an io engine and a file");
-    stage_out_ = pinned(slot_, "activation staging buffer");
-    stage_in_ = pinned(slot_, "activation staging buffer");
+    stage_out_ = pool.pin(slot_, "activation staging buffer (out)");
+    stage_in_ = pool.pin(slot_, "activation staging buffer (in)");
     // Scratch: whatever an earlier run left is void.
     ::unlink(path_.c_str());
     io::OpenOptions oo{.access = io::Access::read_write, .create = true, .exclusive = true, .mode = 0600};

@@ -68,7 +68,7 @@ struct Trainer::Impl {
 
     void open_resident(io::Engine& e, mem::PinnedPool& p);
     void open_infinity(io::Engine& e, mem::PinnedPool& p);
-    void open_store(io::Engine& e);
+    void open_store(io::Engine& e, mem::PinnedPool& p);
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
     double mean_loss();
@@ -144,7 +144,7 @@ void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
     acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
                           .offload = opts.offload_activations});
     acts_used = dev.arena().stats().used;
-    open_store(e);
+    open_store(e, p);
     load_weights(e, p);
     own_grad.resize(m.tensors.size());
     own_param.resize(m.tensors.size());
@@ -174,14 +174,14 @@ void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
 
 // Where offloaded activation checkpoints go: page-locked host memory, or a
 // scratch file in the rank's folder beside its state.
-void Trainer::Impl::open_store(io::Engine& e) {
+void Trainer::Impl::open_store(io::Engine& e, mem::PinnedPool& p) {
     const model::Offload o = opts.offload_activations;
     if (o == model::Offload::none) return;
     const std::uint64_t n = model::offloaded_checkpoints(gpt.config());
     const std::uint64_t bytes = opts.batch * opts.seq * gpt.config().hidden * sizeof(float);
     std::string path;
     if (o == model::Offload::nvme) path = zero::disk_need(m, rank).folder + "/activations.bin";
-    acts.store = std::make_shared<model::ActivationStore>(o, n, bytes, &e, path);
+    acts.store = std::make_shared<model::ActivationStore>(o, n, bytes, p, &e, path);
 }
 
 // The engine: activations first, then what the engine keeps for the run,
@@ -205,7 +205,7 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
     }
     acts = gpt.plan(dev, shape);
     acts_used = dev.arena().stats().used;
-    open_store(e);
+    open_store(e, p);
     // The budget checked before the optimizer opens (it prepares the files
     // its first step writes): a refused run leaves the state as it was.
     const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);

@@ -387,23 +387,23 @@ std::span<const std::byte> InfinityEngine::Impl::copy_in(ParamState& p, std::spa
 
 // gg: every rank's partitions into the full tensors of a bucket, on the
 // collectives stream after the copies (and after whatever used these places
-// before): one collective for the bucket. An allgather moves bytes and adds
+// before): one collective for the bucket, enqueued on that stream (NCCL) or
+// run by a host job on it (MPI over the cpu backend's memory). An allgather moves bytes and adds
 // nothing, so the bucket's split cannot change a bit.
 void InfinityEngine::Impl::gather(const std::vector<Staged>& bucket, const std::vector<device::Event>& waits) {
     if (bucket.empty()) return;
     dev.wait(*coll, dev.record(*h2d));
     for (const auto& w : waits) dev.wait(*coll, w);
     if (dp > 1) {
-        if (!dev.host_addressable())
-            throw InternalError("engine: allgather of device memory needs the device's own collectives (NCCL), "
-                                "which come with the cuda backend");
         std::vector<Gather> all;
         all.reserve(bucket.size());
         for (const Staged& s : bucket)
             all.push_back({s.src, bf16 ? s.staging : std::as_writable_bytes(s.full), s.p->numel});
-        dev.host(*coll, [this, all = std::move(all)] {
-            zero::gather(comm, all, bf16 ? comm::DType::bf16 : comm::DType::f32);
-        });
+        const comm::DType dtype = bf16 ? comm::DType::bf16 : comm::DType::f32;
+        if (coll_ordered)
+            zero::enqueue_gather(*coll_comm, all, dtype, dev.native(*coll));
+        else
+            dev.host(*coll, [c = coll_comm, all = std::move(all), dtype] { zero::gather(*c, all, dtype); });
         ++st.collectives;
     }
     for (const Staged& s : bucket) {

@@ -94,6 +94,15 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     h2d = &dev.stream(device::StreamKind::h2d);
     d2h = &dev.stream(device::StreamKind::d2h);
     coll = &dev.stream(device::StreamKind::collectives);
+    coll_comm = opts.device_comm ? opts.device_comm : &comm;
+    coll_ordered = coll_comm->stream_ordered();
+    if (dp > 1 && (coll_comm->size() != comm.size() || coll_comm->rank() != comm.rank()))
+        throw InternalError("engine: the device buffers' communicator (" + coll_comm->describe() +
+                            ") is not over the same ranks as the host's (" + comm.describe() + ")");
+    if (dp > 1 && !coll_ordered && !dev.host_addressable())
+        throw UsageError("engine: at dp " + std::to_string(dp) + " the " + dev.backend() +
+                         " device's gathers and reduce-scatters need a communicator that runs on its streams "
+                         "(NCCL); " + coll_comm->describe() + " makes host calls, which cannot read device memory");
     params = detail::describe_params(m, modules, opts, rank);
 
     const Need n = InfinityEngine::need(m, modules, opts);
@@ -326,10 +335,10 @@ void Impl::hand_over(const Module& mod) {
         st.grad_bytes += p.count * 4;
     }
     if (dp > 1) {
-        if (!dev.host_addressable())
-            throw InternalError("engine: reduce-scatter of device memory needs the device's own collectives (NCCL), "
-                                "which come with the cuda backend");
-        dev.host(*coll, [this, bucket] { zero::reduce_scatter(comm, bucket, comm::DType::f32); });
+        if (coll_ordered)
+            zero::enqueue_reduce_scatter(*coll_comm, bucket, comm::DType::f32, dev.native(*coll));
+        else
+            dev.host(*coll, [c = coll_comm, bucket] { zero::reduce_scatter(*c, bucket, comm::DType::f32); });
         ++st.collectives;
     }
     dev.wait(*d2h, dev.record(*coll));

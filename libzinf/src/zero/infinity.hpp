@@ -159,6 +159,11 @@ struct InfinityEngine::Impl {
     InfinityOptions opts;
     unsigned dp = 1, rank = 0;
     bool bf16 = true;
+    // The collectives over device buffers (opts.device_comm, else comm), and
+    // whether they are enqueued on the collectives stream (NCCL) rather than
+    // run by host jobs on it.
+    comm::Communicator* coll_comm = nullptr;
+    bool coll_ordered = false;
     device::Stream *compute = nullptr, *h2d = nullptr, *d2h = nullptr, *coll = nullptr;
 
     std::vector<ParamState> params;

@@ -76,4 +76,16 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
     reduce_scatter(comm, std::span(&tensor, 1), dtype, reduce);
 }
 
+void enqueue_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype, void* stream,
+                    void* after) {
+    const auto bufs = buffers(comm, tensors, dtype, "gather");
+    comm.enqueue(comm::Kind::allgather, bufs, dtype, stream, after);
+}
+
+void enqueue_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
+                            void* stream, void* after, comm::Reduce reduce) {
+    const auto bufs = buffers(comm, tensors, dtype, "reduce_scatter");
+    comm.enqueue(comm::Kind::reduce_scatter, bufs, dtype, stream, after, reduce);
+}
+
 }  // namespace zinf::zero
