@@ -73,10 +73,14 @@ int run(Options& o) {
         log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
     shard::Manifest& m = committed.manifest;
     std::optional<sample::Tokenizer> tok;
-    if (!o.tokenizer.empty()) tok = sample::Tokenizer::open(o.tokenizer);
     const std::uint64_t V = m.spec.vocab;
+    if (!o.tokenizer.empty()) {
+        tok = sample::Tokenizer::open(o.tokenizer);
+        tok->check_model(V);
+    }
     const std::vector<std::int32_t> prompt = prompt_of(o, V, tok ? &*tok : nullptr);
-    const std::uint64_t positions = prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
+    // (-n past the model's positions first: the sum below would wrap)
+    const std::uint64_t positions = o.tokens > m.spec.seq ? o.tokens : prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
     if (positions > m.spec.seq)
         throw UsageError("the prompt's " + std::to_string(prompt.size()) + " tokens and -n " + std::to_string(o.tokens) +
                          " need " + std::to_string(positions) + " positions; the model has " +

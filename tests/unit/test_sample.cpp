@@ -10,6 +10,8 @@
 
 #include <zinf/device.hpp>
 #include <zinf/model.hpp>
+
+#include <sys/stat.h>
 #include <zinf/sample.hpp>
 
 #include <cmath>
@@ -371,6 +373,21 @@ BOOST_AUTO_TEST_CASE(refuses_a_bad_file_naming_the_offset) {
     b[1024] = 0;
     refused(variant("zero", b), "token 0 has length 0", 1024);
     BOOST_CHECK_THROW(sample::Tokenizer::open(d.file("absent")), MissingInputError);
+    // Issue 29, finding 12. Probe: a tokenizer declaring a vocabulary of
+    // 0xFFFFFFFF gave 64, "out of memory"; now 65 naming the file.
+    b = bytes;
+    b[8] = b[9] = b[10] = b[11] = '\xff';
+    refused(variant("huge", b), "vocabulary size 4294967295 does not fit", 8);
+    // Finding 6. Probe: zinf-sample --tokenizer FIFO blocked in open() for
+    // over 10 minutes, deaf to SIGTERM and SIGINT; now refused at once.
+    BOOST_REQUIRE(::mkfifo(d.file("fifo").c_str(), 0600) == 0);
+    const std::string what = what_of<DataError>([&] { (void)sample::Tokenizer::open(d.file("fifo")); }, "fifo");
+    BOOST_TEST(contains(what, "FIFO"), what);
+    // Finding 12: an end-of-text token past the model's vocabulary is the
+    // tokenizer's fault, named with its file (not the trainer's wording).
+    const auto t = sample::Tokenizer::open(good);
+    BOOST_TEST(contains(what_of<DataError>([&] { t.check_model(1); }, "eot past the model"), good));
+    t.check_model(2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

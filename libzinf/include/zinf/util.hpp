@@ -363,6 +363,19 @@ private:
 };
 // One compact record and a newline, as JSON Lines want.
 std::string line(const Json& record);
+// What a parse of untrusted JSON (a manifest, a safetensors header, an index
+// or configuration file) may build: nesting deeper than `depth` or more than
+// `values` values in all is refused before it is built (a 100 MiB header of
+// nested arrays made gigabytes), and so is a key twice in one object (which
+// nlohmann would take the last of).
+struct ParseLimits {
+    unsigned depth = 32;
+    std::uint64_t values = std::uint64_t{1} << 22;
+};
+// Json::parse under `limits`: DataError (no path: the caller adds it) for
+// a limit passed or a key twice; nlohmann's parse_error and out_of_range for
+// text that is not JSON, as Json::parse.
+Json parse_untrusted(std::string_view text, const ParseLimits& limits = {});
 // Parses one JSON Lines record; DataError names `source` and the 1-based line.
 Json parse_line(std::string_view text, const std::string& source, std::size_t line_no);
 // Reads every non-blank line of a JSON Lines stream.

@@ -69,7 +69,10 @@ StTensor parse_entry(const std::string& name, const json::Json& v, const std::st
     const std::size_t size = dtype_size(t.dtype);
     if (!size) throw bad("unknown dtype \"" + t.dtype + "\"");
     unsigned __int128 bytes = size;
+    // A dimension of 0 makes the tensor empty, however large the others.
+    if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) bytes = 0;
     for (auto d : t.shape) {
+        if (bytes == 0) break;
         bytes *= d;
         if (bytes >= (unsigned __int128){1} << 64) throw bad("shape " + shape_text(t.shape) + " is too large");
     }
@@ -124,25 +127,21 @@ StFile read_safetensors(io::File& file, io::Engine& engine) {
     if (text.empty() || text[0] != '{')
         throw DataError("safetensors header does not start with '{'", {0, path, 8, -1});
 
-    // nlohmann keeps the last of two equal keys; the format forbids them.
-    std::set<std::string> seen;
-    std::string twice;
-    auto on_event = [&](int depth, json::Json::parse_event_t event, json::Json& parsed) {
-        if (depth == 1 && event == json::Json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second &&
-            twice.empty())
-            twice = parsed.get<std::string>();
-        return true;
-    };
+    // nlohmann keeps the last of two equal keys; the format forbids them, in
+    // the header and inside an entry alike. An entry is {"dtype", "shape",
+    // "data_offsets"}: nothing nests deeper than 3, and the values are
+    // capped, so a hostile header cannot make the parse take gigabytes.
     json::Json header;
     try {
-        header = json::Json::parse(text, on_event);
+        header = json::parse_untrusted(text, {.depth = 3, .values = std::uint64_t{1} << 20});
+    } catch (const DataError& e) {
+        throw DataError("safetensors header: " + e.message(), {0, path, 8, -1});
     } catch (const json::Json::parse_error& e) {
         throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8 + e.byte, -1});
     } catch (const json::Json::exception& e) {  // out_of_range: a number past a double ("1e999")
         throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8, -1});
     }
     if (!header.is_object()) throw DataError("safetensors header is not a JSON object", {0, path, 8, -1});
-    if (!twice.empty()) throw DataError("safetensors header names '" + twice + "' twice", {0, path, 8, -1});
 
     StFile f;
     f.data_start = 8 + n;
