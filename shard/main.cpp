@@ -245,7 +245,7 @@ int do_init(const Options& o) {
 }
 
 int do_verify(const Options& o) {
-    Manifest m = read_input(o);
+    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
     RunOptions ro = run_options(o);
     ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     io::Engine engine(o.engine.resolve());
@@ -276,7 +276,7 @@ int do_inspect(const Options& o) {
 }
 
 int do_cat(const Options& o) {
-    Manifest m = read_input(o);
+    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
     if (::isatty(1)) throw UsageError("cat writes raw bytes: redirect stdout to a file or a pipe");
     std::size_t t = 0;
     try {
@@ -322,7 +322,9 @@ int do_import(const Options& o) {
 
 // The committed weights into another program's file; nothing on stdout.
 int do_export(const Options& o) {
-    Manifest m = read_input(o);
+    // What the directory commits, whichever manifest names it (a stale copy
+    // would export the weights of its step).
+    const Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, true);
     if (std::filesystem::exists(o.to) && !o.force)
         throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
     io::Engine engine(o.engine.resolve());

@@ -235,4 +235,129 @@ else
   skip "the disk check counts the manifest's temporary" "cannot mount a small tmpfs here (not root?)"
 fi
 
+# --- 6. FIFO hangs that signals cannot stop ---------------------------------
+# Probe: zinf-shard import --from FIFO blocked in open() for over 10
+# minutes, ignoring SIGTERM and SIGINT; zinf-sample --tokenizer FIFO
+# likewise. Now every file read as a whole is refused at once (65, "is a
+# FIFO"), a data file swapped for a FIFO too.
+mkfifo "$W/fifo"
+SECONDS=0
+run bash -c '"$1" layout --model "$2" | timeout -k 5 20 "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W/fifo" "$W/ififo"
+check "import --from a FIFO is refused at once (65, \"FIFO\") ($SECONDS s)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+zs layout --model "$MT" | zs init --dir "$W/f" >/dev/null
+run timeout -k 5 20 "$SA" -m "$W/f/manifest.jsonl" --tokenizer "$W/fifo" --prompt a -n 2 --threads 1 "${POOL[@]}"
+check "zinf-sample --tokenizer a FIFO is refused at once (65, \"FIFO\")" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+rm "$W/f/rank0/master.bin"
+mkfifo "$W/f/rank0/master.bin"
+for sub in verify "export --to $W/f.bin --format llmc" "cat --tensor wte.weight --state master"; do
+  run bash -c 'timeout -k 5 20 "$@" >/dev/null' _ "$SH" $sub "${POOL[@]}" -m "$W/f/manifest.jsonl"
+  check "${sub%% *} of a state whose data file is a FIFO is refused at once (65)" \
+    bash -c '[[ $1 == 65 && $2 == *"master.bin: is a FIFO"* ]]' _ "$rc" "$err"
+done
+check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+
+# --- 7. Memory blow-up on a nested JSON header ------------------------------
+# Probe: a 100 MiB safetensors header of nested arrays took 21 s and 3.9 GB
+# of memory before exit 65. Now nesting and the count of values are capped
+# before anything is built: refused in seconds, in memory well under 100 MiB
+# beyond the header; and a manifest line likewise.
+python3 - "$W" <<'PY'
+import struct, sys
+w = sys.argv[1]
+n = 50 * 1024 * 1024 - 64  # the header just under the format's 100 MiB
+for name, body in (("nest", b'{"a":' + b"[" * n + b"]" * n + b"}"),
+                   ("flat", b'{"a":{"dtype":"F32","shape":[' + b"0," * n + b'0],"data_offsets":[0,0]}}')):
+    with open(f"{w}/{name}.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(body)) + body)
+with open(f"{w}/nest.jsonl", "wb") as f:
+    f.write(b'{"schema":"zinf.manifest/1","x":' + b"[" * (1 << 20) + b"]" * (1 << 20) + b"}\n")
+PY
+for f in nest flat; do
+  SECONDS=0
+  run /usr/bin/time -f "%M" -o "$W/$f.rss" bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+    _ "$SH" "$MT" "$W/$f.safetensors" "$W/i$f"
+  rss=$(tail -n 1 "$W/$f.rss")
+  check "a 100 MiB safetensors header ($f) is refused (65) in seconds ($SECONDS s), in $((rss / 1024)) MiB (under header + 100 MiB)" \
+    bash -c '[[ $1 == 65 && $2 -lt 20 && $3 -lt $(((100 + 100) * 1024)) ]]' _ "$rc" "$SECONDS" "$rss"
+done
+run zs verify -m "$W/nest.jsonl"
+check "a manifest line nested a million deep is refused (65), saying so" \
+  bash -c '[[ $1 == 65 && $2 == *"nested deeper"* ]]' _ "$rc" "$err"
+
+# --- 12. Unclear errors and wrong exit codes --------------------------------
+# Probe: a tokenizer declaring vocabulary 0xFFFFFFFF gave 64 "out of
+# memory" (test_sample has it: 65 naming the file); a tokenizer whose
+# end-of-text token is past the model's vocabulary got the trainer's
+# wording; zinf-sample -n 18446744073709551615 wrapped the position check;
+# import --from DIR gave 74 (the man page: 65); export --to "" did the whole
+# export, then failed with 73 and no path; --device-memory 100TiB gave 74
+# (64: a job too large); a 0-byte shape [2^62,2^62,0] was "too large" and a
+# key repeated inside a safetensors entry was accepted (weights.sh has both).
+python3 - "$W/tok.bin" <<'PY'
+import struct, sys
+toks = [bytes([i % 256]) * (1 + i // 256) for i in range(300)]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256I", 20240328, 2, len(toks), 299, *([0] * 252)))
+    for t in toks: f.write(bytes([len(t)]) + t)
+PY
+run "$SA" -m "$W/t/manifest.jsonl" --tokenizer "$W/tok.bin" -n 2 --threads 1 "${POOL[@]}"
+check "a tokenizer whose end-of-text token is past the model's vocabulary: 65 naming the tokenizer" \
+  bash -c '[[ $1 == 65 && $2 == *"$3"*"end-of-text token 299 is past the model"* ]]' _ "$rc" "$err" "$W/tok.bin"
+run "$SA" -m "$W/t/manifest.jsonl" --prompt ab -n 18446744073709551615 --threads 1 "${POOL[@]}"
+check "zinf-sample -n 2^64-1 is refused (64) for the model's positions, not wrapped" \
+  bash -c '[[ $1 == 64 && $2 == *"positions"* ]]' _ "$rc" "$err"
+run bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W" "$W/idir"
+check "import --from a folder: 65 naming it" bash -c '[[ $1 == 65 && $2 == *"$3"*"folder"* ]]' _ "$rc" "$err" "$W"
+SECONDS=0
+run zs export -m "$W/t/manifest.jsonl" --to ""
+check "export --to \"\": 64 before anything is read" bash -c '[[ $1 == 64 && $2 == *"--to"* ]]' _ "$rc" "$err"
+run train --manifest "$W/t/manifest.jsonl" --steps 1000 --resume --device-memory 100TiB
+check "--device-memory 100TiB on the cpu device: 64, saying what the machine has" \
+  bash -c '[[ $1 == 64 && $2 == *"--device-memory 100TiB"*"memory and swap"* ]]' _ "$rc" "$err"
+
+# --- 3. export --force over the state it exports (data loss) ----------------
+# Probe: --to base/rank0/master.bin --force and --to base/manifest.jsonl
+# --force exited 0 and destroyed the state. Now refused (64); the state
+# verifies after (test_shard_disk has the library's side).
+for to in rank0/master.bin manifest.jsonl model.bin; do
+  run zs export -m "$W/t/manifest.jsonl" --to "$W/t/$to" --force --format llmc
+  expect_rc 64 "export --to DIR/$to --force is refused (64)"
+done
+run zs verify -m "$W/t/manifest.jsonl"
+expect_rc 0 "…and the state verifies after them"
+
+# --- 11. Killed exports leave full-size temporaries -------------------------
+# Probe: 5 of 20 kills left 59 MB temporaries a later export did not
+# remove; the man page named them to.tmp.pid. Now the next export to the
+# same file removes them (test_shard_disk: never a live one's).
+for i in 1 2 3; do
+  zs export -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force >/dev/null 2>&1 &
+  k=$!
+  sleep 0.0$i
+  kill -KILL "$k" 2>/dev/null
+  wait "$k" 2>/dev/null
+done
+head -c 1000 /dev/zero >"$W/k.bin.tmp.00000000000000aa" # as a killed one leaves it
+run zs export -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force
+expect_rc 0 "an export after killed ones exits 0"
+check "…and leaves no temporary beside its file" test -z "$(find "$W" -maxdepth 1 -name 'k.bin.tmp.*')"
+
+# --- 9. A stale manifest copy exported silently -----------------------------
+# Probe: export -m COPY after training wrote the step-0 weights, while
+# zinf-train and zinf-sample given the same copy followed the directory's
+# committed manifest. One rule now (zinf-manifest(5)): what the directory's
+# manifest.jsonl commits is the state; export reads it (saying so), verify
+# and cat check the copy they are given and warn that it is not committed.
+zs layout --model "$MT" | zs init --dir "$W/c" >"$W/c.copy"
+train --manifest "$W/c/manifest.jsonl" --steps 3 >/dev/null 2>&1
+run zs export -m "$W/c.copy" --to "$W/c-copy.bin" --format llmc
+expect_rc 0 "export -m a stale copy exits 0"
+check "…saying it reads the committed manifest instead" has_all "$err" "is not what" "reading the committed"
+zs export -m "$W/c/manifest.jsonl" --to "$W/c-committed.bin" --format llmc 2>/dev/null
+check "…and it writes the committed step's weights, not the copy's" cmp -s "$W/c-copy.bin" "$W/c-committed.bin"
+run zs verify -m "$W/c.copy"
+check "verify of the stale copy warns that it is not what is committed" contains "$err" "is not what $W/c/manifest.jsonl commits"
+
 finish
