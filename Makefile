@@ -339,7 +339,8 @@ FUZZ_JOBS ?= 2
 # The library files the targets link: whole modules where they build with
 # clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
 FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
-  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/zero/disk.cpp,$(LIB_SRCS))
+  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/zero/disk.cpp \
+  libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp libzinf/src/sample/tokenizer.cpp,$(LIB_SRCS))
 tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
 	@mkdir -p $(@D)
