@@ -360,4 +360,17 @@ check "…and it writes the committed step's weights, not the copy's" cmp -s "$W
 run zs verify -m "$W/c.copy"
 check "verify of the stale copy warns that it is not what is committed" contains "$err" "is not what $W/c/manifest.jsonl commits"
 
+# --- 5. A failed init --force with swapped rank folders deleted the old state
+# Probe: init --rank-dir DIR/rank1 DIR/rank0 was accepted; a later init
+# --force whose manifest rename failed (EIO) left the old manifest naming
+# files that were gone (verify 66). Rank folders that are another rank's
+# default folder are refused now (64), before anything is written.
+zs layout --model "$MT" --dp 2 >"$W/sw.layout"
+run zs init --dir "$W/sw" --rank-dir "$W/sw/rank1" "$W/sw/rank0" <"$W/sw.layout"
+expect_rc 64 "init --rank-dir DIR/rank1 DIR/rank0 is refused (64)"
+check "…naming the folder and whose it is" has_all "$err" "rank 0's folder $W/sw/rank1" "rank 1's folder"
+check "…and nothing is committed" test ! -e "$W/sw/manifest.jsonl"
+run zs init --dir "$W/sw" --rank-dir "$W/sw/rank0" "$W/sw/rank1" <"$W/sw.layout"
+expect_rc 0 "…each rank's own default folder named is fine"
+
 finish
