@@ -373,4 +373,23 @@ check "…and nothing is committed" test ! -e "$W/sw/manifest.jsonl"
 run zs init --dir "$W/sw" --rank-dir "$W/sw/rank0" "$W/sw/rank1" <"$W/sw.layout"
 expect_rc 0 "…each rank's own default folder named is fine"
 
+# --- 13. Interrupts waited for a whole evaluation ---------------------------
+# Probe: with --eval-batches 20000 SIGINT took 19.7 s; at the maximum,
+# SIGTERM did not stop it in 3 s. Now the evaluation stops between batches.
+for sig in INT TERM; do
+  "$TR" "${TA[@]}" --manifest "$W/t/manifest.jsonl" --steps 100000 --resume --eval-every 1 --eval-batches 1048576 \
+    >/dev/null 2>"$W/ev.err" &
+  e=$!
+  wait_holder "$W/t" "$e"
+  sleep 2 # into the first evaluation
+  SECONDS=0
+  kill -"$sig" "$e"
+  wait "$e"
+  rc=$?
+  check "SIG$sig in a 1048576-batch evaluation: exit 130 within 3 s ($rc after $SECONDS s)" \
+    bash -c '[[ $1 == 130 && $2 -le 3 ]]' _ "$rc" "$SECONDS"
+done
+run zs verify -m "$W/t/manifest.jsonl"
+expect_rc 0 "…and the state verifies"
+
 finish
