@@ -66,6 +66,8 @@ ifneq ($(NO_MPI),1)
 MPICXX := $(shell command -v mpicxx 2>/dev/null)
 endif
 OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
+# SentencePiece (zinf-sample --tokenizer tokenizer.model): Debian's libsentencepiece-dev.
+SENTENCEPIECE := $(firstword $(wildcard $(DEPS_PREFIX)/usr/include/sentencepiece_processor.h /usr/include/sentencepiece_processor.h))
 
 # Required libraries: the build stops with a clear message when one is missing.
 REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
@@ -78,6 +80,7 @@ $(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO
 $(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
 $(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
 $(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
+$(info $(call have,$(SENTENCEPIECE)) SentencePiece $(if $(SENTENCEPIECE),found,not found (zinf-sample takes token ids then)))
 endif
 endif
 
@@ -116,6 +119,12 @@ CPPFLAGS += -DZINF_HAVE_MPI=1
 $(BUILD)/libzinf/src/comm/mpi.o: CPPFLAGS += $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICXX) --showme:compile))) -DOMPI_SKIP_MPICXX=1
 LDLIBS += $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link))
 endif
+ifneq ($(SENTENCEPIECE),)
+CPPFLAGS += -DZINF_HAVE_SENTENCEPIECE=1
+LDLIBS += -lsentencepiece
+# test_sample trains a small SentencePiece model of its own.
+$(BUILD)/tests/test_sample: LDLIBS += -lsentencepiece_train
+endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
 LDLIBS += $(shell pkg-config --libs openblas)
@@ -139,13 +148,10 @@ $(info $(call have,$(wildcard $(DEPS_PREFIX)/usr/include)) deps      $(DEPS_PREF
 endif
 endif
 
-# Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...).
+# Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...,
+# and which files take a precompiled header or -O1: written below, after
+# those lists).
 FLAGS_STAMP := $(BUILD)/flags
-FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS)
-ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
-$(shell mkdir -p $(BUILD))
-$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
-endif
 
 # --- sources ---------------------------------------------------------------
 LIB := $(BUILD)/libzinf.a
@@ -292,11 +298,21 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 # -include is not inherited by the .gch they depend on.
 #   tests:    every unit and MPI test (Boost.Test, JSON, the public headers), -O1:
 #             their own code needs no more; the library they call is built as always
-#   programs: every program and benchmark file (CLI11, JSON, the public headers),
-#             but those built with OpenMP (another set of predefined macros)
+#   programs: every program and benchmark file that parses options (CLI11, JSON,
+#             the public headers), -O1 like the tests: a program parses options,
+#             calls the library and prints. CLI11 2.1 is header-only and builds
+#             its validators in every file that includes it (3 s each), so the
+#             programs' other files include only what they use, without it.
+#             Not optbench (OpenMP: another set of predefined macros, and its
+#             own kernels), nor the files whose loops run inside a measurement
+#             (the pattern fills and checks of pinstress and nvmebench): -O2.
 TEST_OBJS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/unit/%.o)
-PROGRAM_OBJS := $(filter-out $(BUILD)/bench/optbench.o,$(patsubst %.cpp,$(BUILD)/%.o,\
-  $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)))
+PROGRAM_SRCS := $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)
+PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out bench/optbench.cpp,\
+  $(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS))))
+PROGRAM_O1_OBJS := $(filter-out $(BUILD)/bench/optbench.o $(BUILD)/pinstress/stress.o $(BUILD)/nvmebench/sweep.o,\
+  $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
+$(PROGRAM_O1_OBJS) $(BUILD)/pch/programs.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CPPFLAGS += -DBOOST_TEST_DYN_LINK
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 define use_pch  # name, objects
@@ -311,6 +327,23 @@ $(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
 	@$(if $(Q),echo "  PCH     $<")
 	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.gch=)
 	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.gch=) -o $@
+
+# The library's files that parse and print (options, JSON manifests, plans,
+# configs, headers, the pool's and arena's reports), no loops over data: -O1,
+# as the programs. Their codegen is most of their compile time.
+LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options util/json shard/manifest \
+  shard/safetensors plan/plan io/config mem/arena mem/pool)
+$(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
+
+# The stamp holds the per-file choices too: an object that leaves the
+# precompiled header has a dependency file that names none of the headers the
+# .gch held (GCC lists only what it read as text), so only a rebuild makes it
+# whole again.
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O1: $(PROGRAM_O1_OBJS) $(LIB_O1_OBJS)
+ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
+$(shell mkdir -p $(BUILD))
+$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
+endif
 
 # The normal generator: vectorised at -O3 with its own log and sincos, and no
 # fused multiply-add, so its values are the same bits whichever clone runs.
@@ -339,7 +372,7 @@ FUZZ_JOBS ?= 2
 # The library files the targets link: whole modules where they build with
 # clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
 FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
-  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/zero/disk.cpp \
+  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/shard/llama.cpp libzinf/src/zero/disk.cpp \
   libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp libzinf/src/sample/tokenizer.cpp,$(LIB_SRCS))
 tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)

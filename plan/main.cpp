@@ -109,8 +109,9 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     row("model_state_bytes_per_rank", format_size(r.model_state_bytes_per_rank), "over dp ranks");
     row("paper_model_state_bytes", format_size(r.paper_model_state_bytes), "20 bytes a parameter (240 nl hd^2)");
     row("activation_checkpoint_bytes", format_size(r.activation_checkpoint_bytes), "2 bsz seq hd nl / ci, per device");
-    row("mswm_bytes", format_size(r.mswm_bytes), "4 hd 4hd / tile");
-    row("awm_bytes", format_size(r.awm_bytes), "bsz seq ci (16 hd + 2 heads seq)");
+    row("mswm_bytes", format_size(r.mswm_bytes), r.w.spec.llama() ? "4 hd ffn / tile" : "4 hd 4hd / tile");
+    row("awm_bytes", format_size(r.awm_bytes),
+        r.w.spec.llama() ? "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)" : "bsz seq ci (16 hd + 2 heads seq)");
     std::printf("#\n# bandwidth (§4): arithmetic intensity, and the bandwidth each needs for the target\n");
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.0f", r.ait_param);
@@ -118,7 +119,8 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     std::snprintf(buf, sizeof buf, "%.0f", r.ait_optimizer);
     row("ait_optimizer", buf, "seq bsz / 4; needs " + gb(r.need_optimizer_bps));
     std::snprintf(buf, sizeof buf, "%.0f", r.ait_activation);
-    row("ait_activation", buf, "24 hd ci; needs " + gb(r.need_activation_bps));
+    row("ait_activation", buf,
+        std::string(r.w.spec.llama() ? "2 block-weights ci / hd" : "24 hd ci") + "; needs " + gb(r.need_activation_bps));
     std::printf("#\n# hardware: gpu %s per device, cpu %s and nvme %s per node\n", format_size(h.gpu_bytes).c_str(),
                 format_size(h.cpu_bytes).c_str(), format_size(h.nvme_bytes).c_str());
     auto src = [](double bps, const std::string& s) { return bps > 0 ? gb(bps) + " (" + s + ")" : "unknown"; };

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <random>
+#include <unistd.h>
 
 using namespace zinf;
 
@@ -31,11 +32,26 @@ struct Options {
     cli::CommOptions comm;
 };
 
-// The prompt as tokens: text as bytes (byte-level models), an llm.c token
-// file, or the start of a text: the tokenizer's end-of-text, else a newline.
-std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const sample::Tokenizer* tok) {
+// The prompt as tokens: text as bytes (byte-level models) or through a
+// SentencePiece model (after its <s>), an llm.c token file, or the start of
+// a text: the tokenizer's end-of-text or <s>, else a newline.
+std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const sample::Tokenizer* tok,
+                                    const sample::SentencePiece* sp = nullptr) {
     if (o.has_prompt && !o.prompt_tokens.empty()) throw UsageError("--prompt and --prompt-tokens exclude each other");
     std::vector<std::int32_t> p;
+    if (sp && o.prompt_tokens.empty()) {  // (a token file is read as below)
+        if (sp->bos()) p.push_back(*sp->bos());
+        if (o.has_prompt) {
+            if (o.prompt.empty()) throw UsageError("--prompt is empty");
+            for (std::int32_t t : sp->encode(o.prompt)) p.push_back(t);
+        }
+        if (p.empty()) throw UsageError("the tokenizer has no <s> to start an empty prompt: give --prompt");
+        for (std::int32_t t : p)
+            if (t < 0 || static_cast<std::uint64_t>(t) >= vocab)
+                throw UsageError("the tokenizer gives token " + std::to_string(t) + ", past the model's vocabulary " +
+                                 std::to_string(vocab) + ": is it the model's tokenizer?");
+        return p;
+    }
     if (o.has_prompt) {
         if (vocab != 256)
             throw UsageError("--prompt TEXT is one token per byte, for byte-level models (vocabulary 256); this "
@@ -46,7 +62,7 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
     } else if (!o.prompt_tokens.empty()) {
         const data::Tokens t = data::Tokens::open(o.prompt_tokens);
         data::check_vocab(t, vocab);
-        for (std::uint16_t v : t.tokens()) p.push_back(v);
+        for (std::uint32_t v : t.tokens()) p.push_back(static_cast<std::int32_t>(v));
     } else if (tok && tok->eot()) {
         p.push_back(static_cast<std::int32_t>(*tok->eot()));
     } else if (vocab == 256) {
@@ -57,6 +73,15 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
                          "(its end-of-text token starts the text)");
     }
     return p;
+}
+
+// llm.c's tokenizer file begins with its magic; anything else is taken for
+// a SentencePiece model.
+bool is_llmc_tokenizer(const std::string& path) {
+    const Fd fd = open_input(path, Input::regular);
+    std::uint32_t magic = 0;
+    const long n = sys::pread(fd.get(), &magic, sizeof magic, 0, path);
+    return n == static_cast<long>(sizeof magic) && magic == sample::kTokenizerMagic;
 }
 
 void write_out(std::string_view bytes) {
@@ -73,12 +98,17 @@ int run(Options& o) {
         log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
     shard::Manifest& m = committed.manifest;
     std::optional<sample::Tokenizer> tok;
+    std::optional<sample::SentencePiece> sp;
     const std::uint64_t V = m.spec.vocab;
     if (!o.tokenizer.empty()) {
-        tok = sample::Tokenizer::open(o.tokenizer);
-        tok->check_model(V);
+        if (is_llmc_tokenizer(o.tokenizer)) {
+            tok = sample::Tokenizer::open(o.tokenizer);
+            tok->check_model(V);
+        } else {
+            sp = sample::SentencePiece::open(o.tokenizer);
+        }
     }
-    const std::vector<std::int32_t> prompt = prompt_of(o, V, tok ? &*tok : nullptr);
+    const std::vector<std::int32_t> prompt = prompt_of(o, V, tok ? &*tok : nullptr, sp ? &*sp : nullptr);
     // (-n past the model's positions first: the sum below would wrap)
     const std::uint64_t positions = o.tokens > m.spec.seq ? o.tokens : prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
     if (positions > m.spec.seq)
@@ -100,7 +130,8 @@ int run(Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
-    model::GPT gpt(model::Config::from(m.spec, m.opts.tile));
+    const auto model = model::make_model(model::Config::from(m.spec, m.opts.tile));
+    model::LanguageModel& gpt = *model;
     gpt.params_table().check(m, o.manifest);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
@@ -109,14 +140,18 @@ int run(Options& o) {
     if (o.persist_below != "auto") persist_below = parse_size(o.persist_below);
     const zero::InfinityOptions io =
         sample::engine_options(m, gpt, prefetch_bytes, persist_below, dev->arena().stats().largest_free);
-    zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine);
+    zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine, pool);
     zero::InfinityEngine inf(m, gpt.modules(), comm, engine, pool, *dev, params, io);
 
     sample::GenerateOptions go;
     go.tokens = o.tokens;
-    go.choice = {.temperature = o.temperature, .top_k = o.top_k, .limit = tok ? std::min<std::uint64_t>(tok->vocab(), V) : 0};
+    go.choice = {.temperature = o.temperature, .top_k = o.top_k,
+                 .limit = tok ? std::min<std::uint64_t>(tok->vocab(), V) : sp ? std::min<std::uint64_t>(sp->vocab(), V) : 0};
     go.seed = o.seed ? *o.seed : std::random_device{}();
     if (tok && tok->eot()) go.stop = static_cast<std::int32_t>(*tok->eot());
+    if (sp && sp->eos()) go.stop = *sp->eos();
+    std::optional<sample::TextStream> text;
+    if (sp) text.emplace(*sp);
     if (lead) {
         log::info(m.spec.to_string() + ", step " + std::to_string(m.parts.front().step) + ": parameters on " +
                   shard::tier_name(m.opts.param_tier) + " (" + shard::dtype_name(m.opts.param_dtype) + ") over " +
@@ -135,6 +170,8 @@ int run(Options& o) {
         if (!lead || (go.stop && t == *go.stop)) return;
         if (tok) {
             write_out(tok->decode(static_cast<std::uint32_t>(t)));
+        } else if (text) {
+            write_out(text->next(t));
         } else if (V == 256) {
             const char c = static_cast<char>(t);
             write_out({&c, 1});
@@ -155,7 +192,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"zinf-sample: text from the GPT a committed manifest holds (zinf-shard init, zinf-train), one token\n"
+    CLI::App app{"zinf-sample: text from the GPT or Llama a committed manifest holds (zinf-shard init, zinf-train), one token\n"
                  "at a time through the ZeRO-Infinity engine and a key-value cache; alone, or under mpirun with the\n"
                  "manifest's dp ranks."};
     app.name("zinf-sample");
@@ -163,7 +200,9 @@ int main(int argc, char** argv) {
     cli::Common common;
     cli::add_common(app, common);
     app.add_option("-m,--manifest", o.manifest, "The manifest (its data directory's committed manifest.jsonl is read)");
-    app.add_option("--prompt", o.prompt, "Text to continue, one token per byte (byte-level models)")
+    app.add_option("--prompt", o.prompt,
+                   "Text to continue: one token per byte (byte-level models), or through --tokenizer's SentencePiece "
+                   "model")
         ->each([&](const std::string&) { o.has_prompt = true; });
     app.add_option("--prompt-tokens", o.prompt_tokens, "The prompt's tokens: an llm.c token file (uint16, magic 20240520)");
     app.add_option("-n,--tokens", o.tokens, "Tokens to draw after the prompt")->capture_default_str();
@@ -174,7 +213,9 @@ int main(int argc, char** argv) {
     app.add_option("--seed", o.seed, "Seed of the draws (default: drawn fresh and printed on stderr)");
     app.add_option("--tokenizer", o.tokenizer,
                    "llm.c tokenizer file (gpt2_tokenizer.bin, magic 20240328): decodes the tokens to text; a version 2 "
-                   "file's end-of-text token starts an empty prompt and ends the text");
+                   "file's end-of-text token starts an empty prompt and ends the text. Or a SentencePiece model "
+                   "(tokenizer.model: Llama 2, TinyLlama, Mistral): encodes --prompt after <s>, decodes the tokens, "
+                   "</s> ends the text");
     app.add_option("--threads", o.threads, "Kernel threads (0: the CPUs this process may use)")->capture_default_str();
     app.add_option("--device-memory", o.device_memory,
                    "Device memory budget (4GiB); auto: 3/4 of the memory available")

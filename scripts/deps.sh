@@ -19,6 +19,7 @@ packages=(
   libboost-test-dev  # unit tests
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
+  libsentencepiece-dev  # zinf-sample --tokenizer tokenizer.model (Llama 2, TinyLlama, Mistral)
   python3-numpy      # the independent references of the end-to-end tests (weights)
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots

@@ -48,6 +48,7 @@ struct Options {
     std::string tensor, state = "param";
     // import, export
     std::string from, to, format;
+    std::string shard_size, export_dtype;  // export of a Llama: shards into a folder, the elements' type
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;  // init under mpirun / srun
@@ -330,10 +331,18 @@ int do_export(const Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     RunOptions ro = run_options(o);
+    if (!o.shard_size.empty()) {
+        ro.shard_bytes = cli::parse_sizes({o.shard_size}, "--shard-size")[0];
+        if (!ro.shard_bytes) throw UsageError("--shard-size must be positive");
+    }
+    if (!o.export_dtype.empty()) ro.dtype = parse_dtype(o.export_dtype);
     Timer t;
     const auto r = export_weights(m, o.to, parse_weight_format(o.format.empty() ? "safetensors" : o.format), engine,
                                   pool, ro);
-    summary(o, "export", "exported the " + r.state + " state of " + std::to_string(r.tensors) + " tensors to " + o.to + ":",
+    const std::string where = r.files.size() > 1 ? o.to + " (" + std::to_string(r.files.size() - 1) +
+                                                       " shards and model.safetensors.index.json)"
+                                                 : r.files.empty() ? o.to : r.files[0];
+    summary(o, "export", "exported the " + r.state + " state of " + std::to_string(r.tensors) + " tensors to " + where + ":",
             r.bytes, t.seconds(), pool);
     return 0;
 }
@@ -459,7 +468,9 @@ CLI::App* add_import(CLI::App& app, Options& o) {
     auto* imp = app.add_subcommand("import", "Manifest + weights file -> every param and master partition written into "
                                              "--dir, moments zero; the manifest on stdout");
     add_reader(imp, o, false);
-    imp->add_option("--from", o.from, "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin)")
+    imp->add_option("--from", o.from,
+                    "safetensors (Hugging Face GPT-2 names) or llm.c checkpoint (gpt2_124M.bin); for a Llama-family "
+                    "model a Hugging Face checkpoint: model.safetensors, model.safetensors.index.json or their folder")
         ->required();
     imp->add_option("--format", o.format, "safetensors or llmc (default: from the file's first bytes)")
         ->check(CLI::IsMember({"safetensors", "llmc"}));
@@ -477,6 +488,11 @@ CLI::App* add_export(CLI::App& app, Options& o) {
     exp->add_option("--format", o.format, "safetensors (GPT-2 names, the state's dtype) or llmc (version 3, fp32)")
         ->check(CLI::IsMember({"safetensors", "llmc"}))->default_str("safetensors");
     exp->add_flag("--force", o.force, "Replace an existing --to");
+    exp->add_option("--shard-size", o.shard_size,
+                    "Llama-family models: --to is a folder of safetensors shards of at most this size (5GiB, as "
+                    "Hugging Face cuts them) with model.safetensors.index.json");
+    exp->add_option("--dtype", o.export_dtype, "Llama-family models: the elements' type (default: the state's)")
+        ->check(CLI::IsMember({"bf16", "fp32"}));
     add_io(exp, o);
     return exp;
 }

@@ -53,7 +53,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     auto dev = device::open(device);
     auto& s = dev->compute();
 
-    model::GPT gpt(model::Config::from(spec));
+    const auto model = model::make_model(model::Config::from(spec));
+    model::LanguageModel& gpt = *model;
     model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
     auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint});
     const auto tensors = shard::tensors(spec);
@@ -80,7 +81,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
 
     model::Context ctx{*dev, s, eng};
     log::info(spec.to_string() + ", batch " + std::to_string(batch) + " x " + std::to_string(seq) + ", " +
-              std::to_string(dev->threads()) + " threads: " + std::to_string(o.steps) + " steps after a warm-up");
+              std::to_string(dev->threads()) + (dev->backend() == "cuda" ? " SMs: " : " threads: ") +
+              std::to_string(o.steps) + " steps after a warm-up");
     std::vector<double> times;
     for (unsigned i = 0; i <= o.steps; ++i) {
         if (stop.load()) throw Interrupted("interrupted after " + std::to_string(times.size()) + " timed steps");
@@ -99,7 +101,12 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     // The blocks' forward runs twice with checkpointing: the work done, not the model's.
     const double C = static_cast<double>(spec.hidden), L = static_cast<double>(spec.layers);
     const double N = static_cast<double>(batch * seq), T = static_cast<double>(seq);
-    const double recompute = checkpoint ? L * (2.0 * 12.0 * C * C * N + 2.0 * C * T * (T + 1) * batch) : 0.0;
+    // A block's weights: 12 C^2 for a GPT; a Llama's q, k, v, o and three MLP matrices.
+    const double hd = static_cast<double>(spec.head_dim()), H = static_cast<double>(spec.heads);
+    const double block = spec.llama() ? C * (H + 2.0 * static_cast<double>(spec.kv_heads)) * hd + H * hd * C +
+                                            3.0 * C * static_cast<double>(spec.ffn)
+                                      : 12.0 * C * C;
+    const double recompute = checkpoint ? L * (2.0 * block * N + 2.0 * C * T * (T + 1) * batch) : 0.0;
 
     log::info("sgemm " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n));
     double gemm = 0;

@@ -81,6 +81,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["fetched_cpu_bytes"] = s.fetched_bytes[1];
         j["fetched_nvme_bytes"] = s.fetched_bytes[2];
         j["stall_seconds"] = s.stall_seconds;
+        j["collectives"] = s.collectives;
         j["device_peak_bytes"] = s.device_peak_bytes;
         j["peak_rss_bytes"] = s.peak_rss_bytes;
         if (s.trace_diverged) j["trace_diverged"] = true;
@@ -124,7 +125,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
 // or the last --val-fraction of the training tokens.
 struct Data {
     std::optional<data::Tokens> train_file, val_file;
-    std::span<const std::uint16_t> train, val;
+    data::TokenSpan train, val;
     std::string train_source, val_source;
 };
 
@@ -182,7 +183,7 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
         log::info("the checkpoint is " + committed + " (" + checkpoint.copy_of +
                   " is a copy): reading and committing it");
     log::info(comm.describe());
-    log::info(m.spec.to_string() + ": " + std::to_string(t.gpt().params_table().numel()) + " parameters, batch " +
+    log::info(m.spec.to_string() + ": " + std::to_string(t.model().params_table().numel()) + " parameters, batch " +
               std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
               " ranks, " + std::to_string(dev.threads()) + " threads per rank; activations " +
               format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));

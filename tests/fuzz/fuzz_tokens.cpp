@@ -20,16 +20,17 @@ ZINF_FUZZ_TARGET(tokens) {
     const auto t = toks.tokens();
     std::int32_t count = 0;
     std::memcpy(&count, data + 8, sizeof count);
-    if (t.size() != static_cast<std::size_t>(count) || size != data::kHeaderBytes + 2 * t.size())
+    const std::size_t width = t.wide() ? 4 : 2;  // version 2 files hold uint32 tokens
+    if (t.size() != static_cast<std::size_t>(count) || size != data::kHeaderBytes + width * t.size())
         fuzz::finding("accepted a file of " + std::to_string(size) + " bytes holding " + std::to_string(t.size()) +
                       " tokens, its header says " + std::to_string(count));
-    if (std::memcmp(t.data(), data + data::kHeaderBytes, 2 * t.size()) != 0)
+    if (std::memcmp(t.data(), data + data::kHeaderBytes, width * t.size()) != 0)
         fuzz::finding("the tokens are not the file's bytes after the header");
     if (toks.max_token() != *std::max_element(t.begin(), t.end())) fuzz::finding("max_token is not the largest");
     fuzz::documented<DataError>([&] { data::check_vocab(toks, 50257); });
 
     const auto parts = data::split(t, 0.25);
-    const std::span<const std::uint16_t> train = parts.first;  // a lambda below uses it: no structured binding (clang 14)
+    const data::TokenSpan train = parts.first;  // a lambda below uses it: no structured binding (clang 14)
     if (train.size() + parts.second.size() != t.size()) fuzz::finding("the split loses tokens");
     // One window of B*T = 2*3 tokens, on two ranks.
     for (unsigned rank = 0; rank < 2; ++rank) {

@@ -135,6 +135,22 @@ struct Outcome {
     shard::Manifest committed;
 };
 
+// At dp > 1 the engine starts one allgather per module fetch (a bucket of
+// its parameters) and one reduce-scatter per module's gradients, never one
+// per parameter: at most fetches + backward hooks, where a block of the
+// tiny GPT has two parameters per module (weight, bias) and one collective
+// per parameter would start twice as many.
+void expect_bucketed(zero::InfinityEngine& e, const train::StepLog& log) {
+    const zero::InfinityStats st = e.stats();
+    std::uint64_t backward = 0;
+    for (const std::string& hook : e.trace(true)) backward += hook.ends_with(" backward");
+    BOOST_TEST(log.collectives == st.collectives);
+    BOOST_TEST(st.collectives > 0u, where() << " step " << log.step << ": no collective at dp " << dp());
+    BOOST_TEST(st.collectives <= st.fetches + backward,
+               where() << " step " << log.step << ": " << st.collectives << " collectives for " << st.fetches
+                       << " fetches and " << backward << " backward hooks");
+}
+
 Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span<const std::uint16_t> tokens,
                   unsigned rank, unsigned ranks, std::uint64_t batch, double clip, bool resident) {
     Outcome out;
@@ -142,7 +158,10 @@ Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span
     const std::string mpath = m.dir + "/manifest.jsonl";
     data::Loader loader(tokens, "tokens", {.batch = batch, .seq = kT, .rank = rank, .ranks = ranks});
     train::Trainer t(m, c, rig.engine, rig.pool, *dev, train_options(batch, clip, mpath, resident));
-    for (std::uint64_t s = t.step_count(); s < kSteps; ++s) out.logs.push_back(t.step(loader));
+    for (std::uint64_t s = t.step_count(); s < kSteps; ++s) {
+        out.logs.push_back(t.step(loader));
+        if (!resident && ranks > 1) expect_bucketed(*t.infinity(), out.logs.back());
+    }
     // The resident copy, read back through a copy (the engine keeps none:
     // its runs are compared by what they committed).
     for (std::size_t i = 0; resident && i < m.tensors.size(); ++i) {

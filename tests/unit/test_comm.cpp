@@ -234,6 +234,32 @@ BOOST_AUTO_TEST_CASE(self_collectives_copy) {
     BOOST_TEST(a == keep);
 }
 
+// A stream-ordered collective is the nccl backend's; self (and mpi) refuse
+// it as the caller's mistake (64), before anything is queued, and the
+// communicator goes on working.
+BOOST_AUTO_TEST_CASE(stream_ordered_collectives_need_nccl) {
+    auto e = no_launcher();
+    comm::Communicator c({.backend = comm::Backend::self});
+    std::mt19937_64 rng(testing::seed("stream_ordered_collectives_need_nccl"));
+    std::vector<float> a(257), b(257, -1);
+    for (auto& x : a) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+    const comm::Buffer buf{in(a), out(b), {}};
+    int stream = 0;  // never touched: refused before
+    std::string what;
+    try {
+        c.enqueue(comm::Kind::allgather, std::span(&buf, 1), DType::f32, &stream);
+        BOOST_ERROR("enqueue on self: no exception");
+    } catch (const UsageError& err) {
+        what = err.what();
+        BOOST_TEST(err.exit_code() == 64);
+    }
+    BOOST_TEST(testing::contains(what, "needs the nccl backend"), what);
+    BOOST_TEST(testing::contains(what, "backend self"), what);
+    BOOST_TEST(b == std::vector<float>(257, -1.0f));
+    c.allgather(in(a), out(b), DType::f32);
+    BOOST_TEST(b == a);
+}
+
 BOOST_AUTO_TEST_CASE(non_blocking_run_in_order) {
     auto e = no_launcher();
     comm::Communicator c({.backend = comm::Backend::self});

@@ -20,6 +20,7 @@
 #define BOOST_TEST_MODULE cuda
 #include "device_testing.hpp"
 
+#include <zinf/comm.hpp>
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
 #include <zinf/optim.hpp>
@@ -48,6 +49,19 @@ using V16 = std::vector<std::uint16_t>;
 namespace utf = boost::unit_test;
 
 namespace {
+
+// NCCL, for the stream-ordered collectives: a GPU, libnccl.so.2, and MPI
+// in the build (NCCL's id travels over it, even for one rank).
+struct NcclPresent {
+    boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
+        std::string why = cuda_unavailable();
+        if (why.empty() && !comm::compiled(comm::Backend::mpi)) why = "built without MPI";
+        if (why.empty() && !comm::usable(comm::Backend::nccl)) why = "libnccl.so.2 does not load";
+        boost::test_tools::assertion_result r(why.empty());
+        if (!r) r.message() << "NCCL cannot run here: " << why;
+        return r;
+    }
+};
 
 struct GpuPresent {
     boost::test_tools::assertion_result operator()(utf::test_unit_id) const {
@@ -165,7 +179,8 @@ BOOST_AUTO_TEST_CASE(select_gpu_by_option_then_local_rank) {
 // What open() gives for cuda and auto, GPU or not: each branch asserts.
 BOOST_AUTO_TEST_CASE(open_cuda_says_why_it_cannot_run) {
     const std::string why = cuda_unavailable();
-    BOOST_TEST_MESSAGE("cuda_unavailable(): '" << why << "'");
+    const std::string said = why.empty() ? "a GPU is usable here: --device auto picks cuda" : "cuda_unavailable(): " + why;
+    BOOST_TEST_MESSAGE(said);
     if (!why.empty()) {
         const std::string what =
             testing::what_of<UsageError>([] { open({.backend = "cuda"}); }, "cuda without a GPU");
@@ -571,4 +586,147 @@ BOOST_AUTO_TEST_CASE(gemm_rates_are_measured, *utf::precondition(GpuPresent())) 
     BOOST_TEST_MESSAGE("cuBLASLt 1024^3: fp32 " << f32 / 1e12 << " TFLOP/s, bf16 " << bf16 / 1e12 << " TFLOP/s");
     BOOST_TEST(f32 > 1e11);
     BOOST_TEST(bf16 > f32);
+}
+
+// comm::Communicator::enqueue on nccl (one rank): an allgather enqueued on
+// the collectives stream's native handle after an event the h2d stream
+// recorded behind the input's copy, then a bucket of two allreduces in the
+// stream's own order; the stream's synchronize gives the results, and a
+// blocking collective afterwards runs after them.
+BOOST_AUTO_TEST_CASE(nccl_collectives_enqueued_on_a_device_stream, *utf::precondition(NcclPresent())) {
+    std::mt19937_64 rng(fresh_seed("nccl enqueue"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    comm::Communicator c({.backend = comm::Backend::nccl, .memory = comm::Memory::device});
+    const Vf h = randn(40'009, rng), g = randn(1'001, rng);
+    auto src = d->alloc<float>(h.size(), "src"), gathered = poisoned(*d, h.size()), summed = poisoned(*d, h.size());
+    auto gsrc = up(*d, g), gsum = poisoned(*d, g.size());
+    d->copy(d->h2d(), std::as_writable_bytes(src.span()), std::as_bytes(std::span<const float>(h)));
+    const Event copied = d->record(d->h2d());
+    void* coll = d->native(d->stream(StreamKind::collectives));
+    const comm::Buffer all{std::as_bytes(src.span()), std::as_writable_bytes(gathered.span()), {}};
+    c.enqueue(comm::Kind::allgather, std::span(&all, 1), comm::DType::f32, coll, copied.handle.get());
+    const comm::Buffer sums[] = {{std::as_bytes(src.span()), std::as_writable_bytes(summed.span()), {}},
+                                 {std::as_bytes(gsrc.span()), std::as_writable_bytes(gsum.span()), {}}};
+    c.enqueue(comm::Kind::allreduce, sums, comm::DType::f32, coll, nullptr, comm::Reduce::sum);
+    d->synchronize(d->stream(StreamKind::collectives));
+    BOOST_TEST(down(*d, gathered) == h);
+    BOOST_TEST(down(*d, summed) == h);
+    BOOST_TEST(down(*d, gsum) == g);
+    c.barrier();
+}
+
+// ---------------------------------------------------------------------------
+// The Llama family's kernels (cuda/llama.hpp): RMSNorm, rotary embeddings,
+// SwiGLU and the embedding without a position table bitwise the cpu
+// backend's; grouped-query attention close (expf), its backward alone on a
+// given softmax bitwise; every one the same bits on two cuda runs.
+BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("llama kernels"));
+    Pair p;
+    for (const u64 C : {u64{64}, u64{77}, u64{576}}) {
+        const u64 N = 45;
+        const Vf x = randn(N * C, rng, 2), w = randn(C, rng), dout = randn(N * C, rng);
+        const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, N * C), rstd = poisoned(d, N);
+            auto dx = up(d, x), dw_ = up(d, w), go = up(d, dout), dinp = up(d, dinp0), dw = up(d, dw0);
+            d.rmsnorm_forward(d.compute(), out, rstd, dx, dw_, N, C, 1e-5f);
+            d.rmsnorm_backward(d.compute(), dinp, dw, go, dx, dw_, rstd, N, C);
+            return {{"out", down(d, out)}, {"rstd", down(d, rstd)}, {"dinp", down(d, dinp)}, {"dw", down(d, dw)}};
+        };
+        expect_all(p.run(fn), "rmsnorm C=" + std::to_string(C), true);
+        expect_same_bits(*p.gpu, fn, "rmsnorm");
+    }
+    {
+        const u64 B = 2, T = 13, H = 7, hd = 64, pos0 = 5;
+        Vf table((pos0 + T) * hd);
+        for (u64 pos = 0; pos < pos0 + T; ++pos)
+            for (u64 i = 0; i < hd / 2; ++i) {
+                const double a = double(pos) * std::pow(500000.0, -2.0 * double(i) / double(hd));
+                table[pos * hd + i] = float(std::cos(a));
+                table[pos * hd + hd / 2 + i] = float(std::sin(a));
+            }
+        const Vf x = randn(B * T * H * hd, rng), dy = randn(x.size(), rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto dx = up(d, x), g = up(d, dy), tab = up(d, table);
+            d.rope_forward(d.compute(), dx, tab, B, T, H, hd, pos0);
+            d.rope_backward(d.compute(), g, tab, B, T, H, hd, pos0);
+            return {{"x", down(d, dx)}, {"dx", down(d, g)}};
+        };
+        expect_all(p.run(fn), "rope", true);
+    }
+    {
+        Vf g = randn(100'000, rng, 4);
+        g[0] = 100, g[1] = -100, g[2] = 0;
+        const Vf u = randn(g.size(), rng), dout = randn(g.size(), rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, g.size()), dg = poisoned(d, g.size()), du = poisoned(d, g.size());
+            auto dgate = up(d, g), dup = up(d, u), go = up(d, dout);
+            d.swiglu_forward(d.compute(), out, dgate, dup);
+            d.swiglu_backward(d.compute(), dg, du, go, dgate, dup);
+            return {{"out", down(d, out)}, {"dgate", down(d, dg)}, {"dup", down(d, du)}};
+        };
+        expect_all(p.run(fn), "swiglu", true);
+    }
+    {
+        const u64 B = 3, T = 17, C = 72, V = 101;
+        Vi tok = random_tokens(B * T, V, rng);
+        tok[5] = tok[9] = tok[40] = 7;
+        const Vf wte = randn(V * C, rng), dout = randn(B * T * C, rng), dwte0 = randn(V * C, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, B * T * C), dte = up(d, dwte0);
+            auto dt = up(d, tok);
+            auto te = up(d, wte), go = up(d, dout);
+            d.embedding_forward(d.compute(), out, dt, te, {}, B, T, C, V);
+            d.embedding_backward(d.compute(), dte, {}, go, dt, B, T, C, V);
+            return {{"out", down(d, out)}, {"dwte", down(d, dte)}};
+        };
+        expect_all(p.run(fn), "embedding without positions", true);
+        expect_same_bits(*p.gpu, fn, "embedding without positions");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("gqa"));
+    Pair p;
+    struct Shape {
+        u64 B, T, NH, KVH, hd;
+    };
+    for (const Shape s : {Shape{2, 7, 6, 2, 8}, Shape{1, 70, 9, 3, 64}, Shape{2, 33, 4, 4, 16}, Shape{1, 40, 8, 1, 32}}) {
+        const u64 B = s.B, T = s.T, NH = s.NH, KVH = s.KVH, hd = s.hd;
+        const Vf q = randn(B * T * NH * hd, rng), k = randn(B * T * KVH * hd, rng), v = randn(B * T * KVH * hd, rng);
+        const Vf dout = randn(q.size(), rng);
+        const std::string what = "gqa B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+                                 std::to_string(NH) + " KVH=" + std::to_string(KVH);
+        auto fn = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, q.size()), att = poisoned(d, B * NH * T * T), datt = poisoned(d, B * NH * T * T);
+            auto dq = poisoned(d, q.size()), dk = poisoned(d, k.size()), dv = poisoned(d, v.size());
+            auto Q = up(d, q), K = up(d, k), Vv = up(d, v), go = up(d, dout);
+            d.gqa_forward(d.compute(), out, att, Q, K, Vv, B, T, NH, KVH, hd);
+            d.gqa_backward(d.compute(), dq, dk, dv, datt, go, Q, K, Vv, att, B, T, NH, KVH, hd);
+            return {{"out", down(d, out)}, {"att", down(d, att)}, {"dq", down(d, dq)}, {"dk", down(d, dk)},
+                    {"dv", down(d, dv)}};
+        };
+        expect_all(p.run(fn), what);
+        expect_same_bits(*p.gpu, fn, what);
+
+        const Vf att = randn(B * NH * T * T, rng);
+        auto backward = [&](Device& d) -> Outputs {
+            auto datt = poisoned(d, B * NH * T * T);
+            auto dq = poisoned(d, q.size()), dk = poisoned(d, k.size()), dv = poisoned(d, v.size());
+            auto Q = up(d, q), K = up(d, k), Vv = up(d, v), go = up(d, dout), a = up(d, att);
+            d.gqa_backward(d.compute(), dq, dk, dv, datt, go, Q, K, Vv, a, B, T, NH, KVH, hd);
+            return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
+        };
+        expect_all(p.run(backward), what + " backward", true);
+
+        const Vf q1 = randn(NH * hd, rng), kc = randn(T * KVH * hd, rng), vc = randn(T * KVH * hd, rng);
+        auto decode = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, NH * hd), a = poisoned(d, NH * T);
+            auto Q = up(d, q1), K = up(d, kc), Vv = up(d, vc);
+            d.gqa_decode(d.compute(), out, a, Q, K, Vv, T, NH, KVH, hd);
+            return {{"out", down(d, out)}, {"att", down(d, a)}};
+        };
+        expect_all(p.run(decode), what + " decode");
+    }
 }

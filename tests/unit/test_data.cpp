@@ -104,7 +104,7 @@ BOOST_AUTO_TEST_CASE(token_file_round_trip) {
             BOOST_TEST(std::vector<u16>(t.tokens().begin(), t.tokens().end()) == toks, boost::test_tools::per_element());
             BOOST_TEST(t.max_token() == *std::max_element(toks.begin(), toks.end()));
             // A move keeps the mapping and the view on it.
-            const u16* before = t.tokens().data();
+            const void* before = t.tokens().data();
             Tokens moved = std::move(t);
             BOOST_TEST(moved.tokens().data() == before);
             BOOST_TEST(moved.tokens().size() == n);
@@ -145,7 +145,9 @@ BOOST_AUTO_TEST_CASE(header_errors_name_the_file) {
         {"empty", "", {"0 bytes", "shorter than the 1024-byte header"}},
         {"short", token_file_bytes(kMagic, kVersion, 10, 0).substr(0, 1000), {"1000 bytes", "shorter than the 1024"}},
         {"magic", token_file_bytes(20240522, kVersion, 4, 4), {"magic 20240522", "20240520", "at offset 0"}},
-        {"version 2", token_file_bytes(kMagic, 2, 4, 4), {"version 2 is not supported", "at offset 4"}},
+        {"version 3", token_file_bytes(kMagic, 3, 4, 4), {"version 3 is not supported", "at offset 4"}},
+        // Version 2 is 4 bytes a token: 2-byte tokens after its header are too few.
+        {"version 2, 2-byte tokens", token_file_bytes(kMagic, 2, 4, 4), {"1032 bytes", "1024 + 4*4 = 1040 bytes"}},
         {"version 0", token_file_bytes(kMagic, 0, 4, 4), {"version 0 is not supported", "at offset 4"}},
         {"zero tokens", token_file_bytes(kMagic, kVersion, 0, 0), {"token count 0", "at offset 8"}},
         {"negative tokens", token_file_bytes(kMagic, kVersion, -3, 0), {"token count -3", "at offset 8"}},
@@ -249,11 +251,70 @@ BOOST_AUTO_TEST_CASE(check_vocab_names_first_offender) {
     BOOST_CHECK_NO_THROW(check_vocab(t, 60001));
     BOOST_CHECK_NO_THROW(check_vocab(t, 65536));
     BOOST_TEST(testing::what_of<DataError>([&] { check_vocab(t, 50257); }, "vocab 50257") ==
-               path + ": token 50257 at token offset 1234 is not below the model's vocabulary 50257");
+               path + ": token 50257 at token offset 1234 (byte 3492) is not below the model's vocabulary 50257");
     BOOST_TEST(testing::what_of<DataError>([&] { check_vocab(t, 60000); }, "vocab 60000") ==
-               path + ": token 60000 at token offset 4000 is not below the model's vocabulary 60000");
+               path + ": token 60000 at token offset 4000 (byte 9024) is not below the model's vocabulary 60000");
     BOOST_TEST(testing::what_of<DataError>([&] { check_vocab(t, 100); }, "vocab 100") ==
-               path + ": token 100 at token offset 0 is not below the model's vocabulary 100");
+               path + ": token 100 at token offset 0 (byte 1024) is not below the model's vocabulary 100");
+}
+
+// Version 2 (uint32 tokens, llm.c's for Llama 3): the bytes llm.c writes,
+// ids past 65,535 read back and batched, the vocabulary check naming file and
+// position, the length rule with 4 bytes a token.
+BOOST_AUTO_TEST_CASE(token_file_version_2) {
+    std::mt19937_64 rng(fresh_seed("token file version 2"));
+    testing::TempDir dir;
+    const std::string path = dir.file("llama3.bin");
+    std::vector<std::uint32_t> toks(3001);
+    for (auto& v : toks) v = static_cast<std::uint32_t>(rng() % 128256);
+    toks[7] = 128255;
+    toks[2000] = 128000;  // <|begin_of_text|>
+    write_wide_token_file(path, toks);
+    const std::string raw = read_bytes(path);
+    BOOST_TEST(raw.size() == 1024 + 4 * toks.size());
+    std::int32_t h[3];
+    std::memcpy(h, raw.data(), sizeof h);
+    BOOST_TEST(h[0] == 20240520);
+    BOOST_TEST(h[1] == 2);
+    BOOST_TEST(h[2] == 3001);
+    const Tokens t = Tokens::open(path);
+    BOOST_TEST(t.version() == 2);
+    BOOST_TEST(t.tokens().wide());
+    BOOST_TEST(std::vector<std::uint32_t>(t.tokens().begin(), t.tokens().end()) == toks,
+               boost::test_tools::per_element());
+    BOOST_TEST(t.max_token() == 128255u);
+    BOOST_CHECK_NO_THROW(check_vocab(t, 128256));
+    BOOST_TEST(testing::what_of<DataError>([&] { check_vocab(t, 128255); }, "vocab 128255") ==
+               path + ": token 128255 at token offset 7 (byte 1052) is not below the model's vocabulary 128255");
+    // Batches carry the wide ids; the split and the entropy see them too.
+    Loader l(t.tokens(), path, {.batch = 2, .seq = 5});
+    std::vector<i32> x(10), y(10);
+    l.batch(0, x, y);
+    for (int i = 0; i < 10; ++i) {
+        BOOST_TEST(x[i] == static_cast<i32>(toks[i]));
+        BOOST_TEST(y[i] == static_cast<i32>(toks[i + 1]));
+    }
+    const auto [train, val] = split(t.tokens(), 0.1);
+    BOOST_TEST(val.size() == 301u);
+    BOOST_TEST(val[0] == toks[2700]);
+    BOOST_TEST(val.wide());
+    BOOST_TEST(unigram_entropy_nats(std::vector<std::uint32_t>{70000, 70000, 5, 5}) == std::log(2.0),
+               boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(unigram_entropy_nats(std::vector<std::uint32_t>{4000000000u, 1}) == std::log(2.0),
+               boost::test_tools::tolerance(1e-12));
+    // A version 2 header over 2-byte tokens: the size says so.
+    std::string cut = raw.substr(0, 1024 + 2 * toks.size());
+    const std::string bad = dir.file("short.bin");
+    std::ofstream(bad, std::ios::binary).write(cut.data(), static_cast<std::streamsize>(cut.size()));
+    const std::string what = testing::what_of<DataError>([&] { Tokens::open(bad); }, "short v2");
+    BOOST_TEST(testing::contains(what, "1024 + 4*3001"), what);
+    // Version 3 does not exist.
+    std::string v3 = raw;
+    v3[4] = 3;
+    const std::string three = dir.file("v3.bin");
+    std::ofstream(three, std::ios::binary).write(v3.data(), static_cast<std::streamsize>(v3.size()));
+    const std::string w3 = testing::what_of<DataError>([&] { Tokens::open(three); }, "v3");
+    BOOST_TEST(testing::contains(w3, "version 3 is not supported"), w3);
 }
 
 // ---------------------------------------------------------------------------

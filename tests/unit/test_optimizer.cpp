@@ -85,6 +85,37 @@ BOOST_AUTO_TEST_CASE(nvme_step_equals_cpu_step) {
 }
 
 // 2. The NVMe step is the kernel on the whole partition: chunking changes nothing.
+// The state the optimizer holds in memory (cpu tiers: master or fp32
+// parameters, both moments, bf16 working parameters, the gradients) is
+// pinned from the pool, one region each, for the optimizer's life; the
+// streamed state (nvme) holds none. The pool's leasable buffers stay free.
+BOOST_AUTO_TEST_CASE(memory_state_is_pinned_from_the_pool) {
+    const std::uint64_t s = fresh_seed("pinned state");
+    for (DType pd : {DType::fp32, DType::bf16}) {
+        const std::string what = std::string("param ") + shard::dtype_name(pd);
+        Rig rig;
+        Run cp(rig, lay(pd, Tier::cpu, Tier::cpu, s)), nv(rig, lay(pd, Tier::nvme, Tier::nvme, s));
+        auto c = self_comm();
+        BOOST_TEST(rig.pool.stats().pinned == 0u, what);
+        {
+            zero::Optimizer opt(cp.m, c, rig.engine, rig.pool, options());
+            const mem::PoolStats st = rig.pool.stats();
+            // fp32: param (the master), exp_avg, exp_avg_sq, gradients; bf16 adds the working parameters.
+            BOOST_TEST(st.pinned == (pd == DType::fp32 ? 4u : 5u), what);
+            std::uint64_t states = 0;
+            for (const auto& part : cp.m.parts) states += part.bytes;
+            BOOST_TEST(st.pinned_bytes >= states, what << ": " << st.pinned_bytes << " pinned for " << states
+                                                     << " bytes of state");
+            BOOST_TEST(st.in_use == 0u, what);
+            put_all(opt, cp.m, s, 1);
+            BOOST_TEST(opt.step().step == 1u, what);
+        }
+        BOOST_TEST(rig.pool.stats().pinned == 0u, what << ": released with the optimizer");
+        zero::Optimizer streamed(nv.m, c, rig.engine, rig.pool, options());
+        BOOST_TEST(rig.pool.stats().pinned == 0u, what << ": nvme state streams through the buffers, nothing pinned");
+    }
+}
+
 BOOST_AUTO_TEST_CASE(nvme_step_equals_the_kernel) {
     const std::uint64_t s = fresh_seed("kernel");
     for (DType pd : {DType::fp32, DType::bf16}) {

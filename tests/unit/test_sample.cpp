@@ -14,6 +14,10 @@
 #include <sys/stat.h>
 #include <zinf/sample.hpp>
 
+#if ZINF_HAVE_SENTENCEPIECE
+#include <sentencepiece_trainer.h>
+#endif
+
 #include <cmath>
 #include <fstream>
 
@@ -162,7 +166,7 @@ BOOST_AUTO_TEST_CASE(through_the_engine_equals_resident) {
 
                 auto self = self_comm();
                 sample::Decoder dec(gpt, *dev, tokens.size());
-                zero::CommittedParams params(run.m, 0, rig.engine);
+                zero::CommittedParams params(run.m, 0, rig.engine, rig.pool);
                 zero::InfinityOptions io;
                 io.persist_below = persist;
                 zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, params, io);
@@ -210,9 +214,9 @@ BOOST_AUTO_TEST_CASE(a_corrupted_partition_is_refused) {
             sample::Decoder dec(gpt, *dev, 4);
             std::string msg;
             if (tier == shard::Tier::cpu) {
-                msg = what_of<DataError>([&] { zero::CommittedParams bad(run.m, 0, rig.engine); }, "cpu tier");
+                msg = what_of<DataError>([&] { zero::CommittedParams bad(run.m, 0, rig.engine, rig.pool); }, "cpu tier");
             } else {
-                zero::CommittedParams params(run.m, 0, rig.engine);
+                zero::CommittedParams params(run.m, 0, rig.engine, rig.pool);
                 zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, params, {});
                 std::vector<float> l(dec.vocab());
                 msg = what_of<DataError>(
@@ -388,6 +392,51 @@ BOOST_AUTO_TEST_CASE(refuses_a_bad_file_naming_the_offset) {
     const auto t = sample::Tokenizer::open(good);
     BOOST_TEST(contains(what_of<DataError>([&] { t.check_model(1); }, "eot past the model"), good));
     t.check_model(2);
+}
+
+// SentencePiece (Llama 2's, TinyLlama's tokenizer.model): a model trained
+// here by libsentencepiece's own trainer on text, with byte fallback; text
+// through encode and decode unchanged, the stream of ids giving the same
+// text a piece at a time (a character of several bytes held back until its
+// last byte), and the refusals.
+BOOST_AUTO_TEST_CASE(sentencepiece_encode_decode_stream) {
+    TempDir d;
+    if (!sample::sentencepiece_available()) {
+        std::ofstream(d.file("t.model")) << "x";
+        const std::string what =
+            testing::what_of<UsageError>([&] { sample::SentencePiece::open(d.file("t.model")); }, "no sentencepiece");
+        BOOST_TEST(testing::contains(what, "libsentencepiece-dev"), what);
+        return;
+    }
+#if ZINF_HAVE_SENTENCEPIECE
+    {
+        std::ofstream text(d.file("corpus.txt"));
+        for (int i = 0; i < 300; ++i)
+            text << "The quick brown fox jumps over the lazy dog " << i << ". Llamas graze on the high plateau.\n";
+    }
+    const std::string prefix = d.file("t");
+    const auto status = sentencepiece::SentencePieceTrainer::Train(
+        "--input=" + d.file("corpus.txt") + " --model_prefix=" + prefix +
+        " --vocab_size=340 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true --character_coverage=1.0 --minloglevel=2");
+    BOOST_REQUIRE_MESSAGE(status.ok(), status.ToString());
+    const auto sp = sample::SentencePiece::open(prefix + ".model");
+    BOOST_TEST(sp.vocab() > 259u);  // the 256 bytes, <unk>, <s>, </s> and merges
+    BOOST_TEST(sp.bos().has_value());
+    BOOST_TEST(sp.eos().has_value());
+    for (const std::string t : {"The quick brown fox", "Llamas graze 42 times", "na\xc3\xafve caf\xc3\xa9 \xe2\x82\xac" "5"}) {
+        const auto ids = sp.encode(t);
+        BOOST_TEST(!ids.empty());
+        BOOST_TEST(sp.decode(ids) == t);
+        sample::TextStream stream(sp);
+        std::string got;
+        for (std::int32_t id : ids) got += stream.next(id);
+        BOOST_TEST(got == t);
+    }
+    BOOST_CHECK_THROW(sp.decode(std::vector<std::int32_t>{100000}), DataError);
+    std::ofstream(d.file("bad.model")) << "not a model";
+    BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("bad.model")), DataError);
+    BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("absent.model")), MissingInputError);
+#endif
 }
 
 BOOST_AUTO_TEST_SUITE_END()

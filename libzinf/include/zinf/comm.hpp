@@ -178,6 +178,18 @@ public:
     void barrier();
     Handle ibarrier();
 
+    // Stream-ordered, on nccl only: the collective is enqueued on `stream` (a
+    // cudaStream_t, as device::Device::native gives one) after `after` (a
+    // cudaEvent_t the producer recorded, as a cuda Event's handle holds; null:
+    // the stream's own order), and the call returns without waiting for it:
+    // work queued on that stream later sees the result. Operations started
+    // before it are finished first, so every rank sees the collectives in the
+    // order of its calls. Its failure surfaces at the stream's synchronize
+    // and fails the communicator's next operation. UsageError (64) on mpi and
+    // self, whose collectives are host calls: host buffers stay with run().
+    void enqueue(Kind kind, std::span<const Buffer> bufs, DType dtype, void* stream, void* after = nullptr,
+                 Reduce reduce = Reduce::sum, int root = 0);
+
     // The backend library's own blocking call for one buffer (MPI_Allgather,
     // ncclAllGather + synchronize, ...), with no deadline and no zinf layer in
     // between: what zinf-commbench --raw compares against. Equal blocks only.

@@ -9,9 +9,10 @@
 //   std::vector<std::int32_t> x(4 * 1024), y(4 * 1024);
 //   loader.batch(step, x, y);                                 // (B, T) inputs, targets shifted by one
 //
-// Token file (llm.c's, version 1): 256 little-endian int32 of header — magic
-// 20240520, version 1, token count n, the rest zero — then n uint16 tokens;
-// the file is exactly 1024 + 2n bytes.
+// Token file (llm.c's): 256 little-endian int32 of header — magic 20240520,
+// version, token count n, the rest zero — then n tokens: version 1 uint16
+// (GPT-2's vocabulary), the file exactly 1024 + 2n bytes; version 2 uint32
+// (vocabularies past 65,535, as llm.c writes them for Llama 3), 1024 + 4n.
 //
 // In order, rank r of N reads batch i at token offset
 //   (r + (i mod W) * N) * B*T,   W = floor((n - 1) / (N*B*T))
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,26 +36,83 @@ namespace zinf::data {
 
 inline constexpr std::int32_t kMagic = 20240520;       // header[0]
 inline constexpr std::int32_t kVersion = 1;            // header[1]: uint16 tokens
+inline constexpr std::int32_t kVersionWide = 2;        // header[1]: uint32 tokens
 inline constexpr std::size_t kHeaderInts = 256;        // int32 words
 inline constexpr std::size_t kHeaderBytes = kHeaderInts * 4;
 inline constexpr std::uint32_t kTextVocab = 256;       // byte-level tokens
 
 // ---------------------------------------------------------------------------
+// Tokens as they lie in memory, uint16 or uint32, seen alike: a view (the
+// tokens must outlive it), indexed and iterated as uint32 values.
+class TokenSpan {
+public:
+    TokenSpan() = default;
+    template <class T>
+        requires std::is_same_v<std::remove_const_t<T>, std::uint16_t> ||
+                 std::is_same_v<std::remove_const_t<T>, std::uint32_t>
+    TokenSpan(std::span<T> t) noexcept
+        : p_(t.data()), n_(t.size()), wide_(std::is_same_v<std::remove_const_t<T>, std::uint32_t>) {}
+    template <class T>
+        requires std::is_same_v<T, std::uint16_t> || std::is_same_v<T, std::uint32_t>
+    TokenSpan(const std::vector<T>& t) noexcept : TokenSpan(std::span<const T>(t)) {}
+
+    std::size_t size() const noexcept { return n_; }
+    bool empty() const noexcept { return n_ == 0; }
+    bool wide() const noexcept { return wide_; }  // uint32 tokens
+    const void* data() const noexcept { return p_; }
+    std::uint32_t operator[](std::size_t i) const noexcept {
+        return wide_ ? static_cast<const std::uint32_t*>(p_)[i] : static_cast<const std::uint16_t*>(p_)[i];
+    }
+    TokenSpan subspan(std::size_t offset, std::size_t count) const noexcept {
+        TokenSpan t = *this;
+        t.p_ = static_cast<const char*>(p_) + offset * (wide_ ? 4 : 2);
+        t.n_ = count;
+        return t;
+    }
+    TokenSpan first(std::size_t n) const noexcept { return subspan(0, n); }
+    TokenSpan last(std::size_t n) const noexcept { return subspan(n_ - n, n); }
+
+    class iterator {
+    public:
+        using value_type = std::uint32_t;
+        using difference_type = std::ptrdiff_t;
+        iterator() = default;
+        iterator(const TokenSpan* s, std::size_t i) : s_(s), i_(i) {}
+        std::uint32_t operator*() const { return (*s_)[i_]; }
+        iterator& operator++() { ++i_; return *this; }
+        iterator operator++(int) { iterator t = *this; ++i_; return t; }
+        difference_type operator-(const iterator& o) const { return static_cast<difference_type>(i_ - o.i_); }
+        bool operator==(const iterator& o) const { return i_ == o.i_; }
+    private:
+        const TokenSpan* s_ = nullptr;
+        std::size_t i_ = 0;
+    };
+    iterator begin() const { return {this, 0}; }
+    iterator end() const { return {this, n_}; }
+
+private:
+    const void* p_ = nullptr;
+    std::size_t n_ = 0;
+    bool wide_ = false;
+};
+
 // A run's tokens: a read-only mapping of a token file, or a text file's bytes
 // widened to tokens 0..255. Move-only; tokens() stays valid across moves.
 class Tokens {
 public:
     Tokens() = default;
 
-    // Maps an llm.c token file. MissingInputError when absent; DataError naming
-    // the file and what is wrong (with the byte offset of a bad header field)
-    // when it is shorter than the header, has another magic or version, holds
-    // zero (or a negative number of) tokens, or is not 1024 + 2n bytes long.
+    // Maps an llm.c token file, version 1 or 2. MissingInputError when
+    // absent; DataError naming the file and what is wrong (with the byte
+    // offset of a bad header field) when it is shorter than the header, has
+    // another magic or version, holds zero (or a negative number of) tokens,
+    // or is not 1024 + 2n (version 2: 4n) bytes long.
     static Tokens open(const std::string& path);
     // Every byte of the file is a token (vocabulary 256). DataError when empty.
     static Tokens text(const std::string& path);
 
-    std::span<const std::uint16_t> tokens() const noexcept { return tokens_; }
+    TokenSpan tokens() const noexcept { return tokens_; }
+    int version() const noexcept { return tokens_.wide() ? kVersionWide : kVersion; }
     const std::string& path() const noexcept { return path_; }
     // The largest token, found once when the tokens were opened.
     std::uint32_t max_token() const noexcept { return max_token_; }
@@ -62,7 +121,7 @@ private:
     std::string path_;
     Mmap map_;                          // a token file, whole (header included)
     std::vector<std::uint16_t> text_;   // a text file's bytes, as tokens
-    std::span<const std::uint16_t> tokens_;
+    TokenSpan tokens_;
     std::uint32_t max_token_ = 0;
 };
 
@@ -71,6 +130,8 @@ private:
 // empty or holds more than INT32_MAX tokens (the header could not say so);
 // CreateError/IoError naming the file when the system refuses.
 void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens);
+// The same in version 2 (uint32 tokens).
+void write_wide_token_file(const std::string& path, std::span<const std::uint32_t> tokens);
 
 // DataError "<file>: token <v> at token offset <i> is not below the model's
 // vocabulary <V>" for the first such token; returns at once when max_token()
@@ -80,12 +141,11 @@ void check_vocab(const Tokens& tokens, std::uint64_t vocab);
 // (train, val): val is the last ceil(n * val_fraction) tokens, train the rest
 // before them (a product within rounding of a whole number counts as that
 // number: 100 * 0.07 gives 7, not 8). UsageError unless 0 <= val_fraction <= 0.5.
-std::pair<std::span<const std::uint16_t>, std::span<const std::uint16_t>>
-split(std::span<const std::uint16_t> tokens, double val_fraction);
+std::pair<TokenSpan, TokenSpan> split(TokenSpan tokens, double val_fraction);
 
 // Entropy of the tokens' frequency distribution, -sum p ln p, in nats: the
 // loss of a model that learnt only how often each token occurs. 0 when empty.
-double unigram_entropy_nats(std::span<const std::uint16_t> tokens);
+double unigram_entropy_nats(TokenSpan tokens);
 
 // ---------------------------------------------------------------------------
 struct LoaderOptions {
@@ -103,7 +163,7 @@ public:
     // rank >= ranks; DataError "<source>: <n> tokens, fewer than one global
     // batch needs (...)" when the tokens hold fewer than N*B*T + 1 (also when
     // shuffled, so that a run's data does not depend on the flag).
-    Loader(std::span<const std::uint16_t> tokens, std::string source, LoaderOptions opts);
+    Loader(TokenSpan tokens, std::string source, LoaderOptions opts);
 
     // inputs (B, T) = tokens[offset(index) ...], targets (B, T) the same one
     // token later. InternalError unless both spans hold exactly B*T.
@@ -118,7 +178,7 @@ public:
     const std::string& source() const noexcept { return source_; }
 
 private:
-    std::span<const std::uint16_t> tokens_;
+    TokenSpan tokens_;
     std::string source_;
     LoaderOptions opts_;
     std::uint64_t bt_ = 0;       // B*T

@@ -185,7 +185,9 @@ public:
                                std::uint64_t OC) = 0;
 
     // out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). A token >= V is
-    // an error (DataError naming the position) at synchronize.
+    // an error (DataError naming the position) at synchronize. An empty wpe
+    // (dwpe in backward) is a model without a position table (the Llama
+    // family's rotary embeddings): out = wte[token].
     virtual void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                                    std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
                                    std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
@@ -229,6 +231,54 @@ public:
     virtual void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                   std::span<const float> k, std::span<const float> v, std::uint64_t T,
                                   std::uint64_t C, std::uint64_t NH) = 0;
+
+    // ---- the Llama family: RMSNorm, rotary embeddings, SwiGLU, grouped-query
+    // attention (Hugging Face's LlamaForCausalLM, op for op) ------------------
+    // out (N,C) = inp * rstd * w (C), rstd (N) = 1 / sqrt(mean(inp^2) + eps)
+    // kept for backward.
+    virtual void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                                 std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps) = 0;
+    // dinp (N,C) +=, dw (C) +=.
+    virtual void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                                  std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
+                                  std::uint64_t N, std::uint64_t C) = 0;
+    // Rotary position embedding, in place over x (B,T,H,hd), "rotate half"
+    // as Hugging Face's checkpoints expect it: dimension i < hd/2 of a head
+    // pairs with i + hd/2, the pair turned by the angle of position p and
+    // frequency i: x'[i] = x[i] cos - x[i+hd/2] sin, x'[i+hd/2] = x[i+hd/2] cos
+    // + x[i] sin. table (P,hd): row p holds cos for i < hd/2, then sin; row
+    // (b,t) of x is at position pos0 + t (pos0 + T <= P).
+    virtual void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, std::uint64_t B,
+                              std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0) = 0;
+    // The gradient through it (the inverse turn), in place over dx (B,T,H,hd).
+    virtual void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, std::uint64_t B,
+                               std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0) = 0;
+    // SwiGLU: out (n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+    virtual void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                                std::span<const float> up) = 0;
+    // dgate (n), dup (n) written (not +=); either may be dout's own buffer.
+    virtual void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                                 std::span<const float> gate, std::span<const float> up) = 0;
+    // Causal grouped-query attention: NH query heads and KVH key-value heads
+    // of hd each, query head h reading kv head h / (NH / KVH). q (B,T,NH*hd),
+    // k and v (B,T,KVH*hd): out (B,T,NH*hd); att (B,NH,T,T) keeps the
+    // softmax (zero above the diagonal). KVH == NH is multi-head attention.
+    virtual void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v, std::uint64_t B, std::uint64_t T,
+                             std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd) = 0;
+    // dq (B,T,NH*hd), dk and dv (B,T,KVH*hd) written (not +=); datt
+    // (B,NH,T,T) is scratch.
+    virtual void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                              std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                              std::span<const float> k, std::span<const float> v, std::span<const float> att,
+                              std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
+                              std::uint64_t hd) = 0;
+    // One new position against a key-value cache: q (NH*hd) of position T-1,
+    // k and v (T,KVH*hd) of positions 0..T-1 (each kv head cached once for
+    // its group): out (NH*hd); att (NH,T). gqa_forward's row T-1, to the bit.
+    virtual void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                            std::span<const float> k, std::span<const float> v, std::uint64_t T, std::uint64_t NH,
+                            std::uint64_t KVH, std::uint64_t hd) = 0;
 
     // Softmax cross-entropy fused with the logits' gradient. logits (N,V):
     // losses (N) = -log softmax(logits)[target]; then logits is overwritten

@@ -85,6 +85,10 @@ struct PoolStats {
     bool locked = false;             // the memory is page-locked (mlock or cudaHostAlloc)
     bool registered = false;         // registered with the io engine as fixed buffers
     std::string allocator;           // "cudaHostAlloc" or "mmap"
+    // Regions pin() gave that are alive now, and their bytes (beside the
+    // buffers: the budget above is the buffers' only).
+    std::size_t pinned = 0;
+    std::uint64_t pinned_bytes = 0;
     json::Json to_json() const;
 };
 
@@ -128,6 +132,42 @@ private:
     std::span<std::byte> bytes_;
 };
 
+// Page-locked host memory held for a run beside the pool's buffers: state
+// that lives in host memory and meets the device or the io engine (the
+// optimizer's state and gradients, the engine's gradient staging, committed
+// parameters). From the pool's allocator (cudaHostAlloc with a CUDA device,
+// so the driver copies it at full speed; else mmap, populated, plus mlock,
+// unlocked with a warning when mlock is refused), registered with the pool's
+// io engine, counted in the pool's stats. Zero-filled. Move-only; it must not
+// outlive the io engine (as the pool must not).
+class Pinned {
+public:
+    Pinned() = default;
+    Pinned(Pinned&& o) noexcept;
+    Pinned& operator=(Pinned&& o) noexcept;
+    Pinned(const Pinned&) = delete;
+    Pinned& operator=(const Pinned&) = delete;
+    ~Pinned();
+
+    std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+    std::byte* data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return size_; }  // as asked
+    bool locked() const noexcept { return locked_; }
+    bool registered() const noexcept { return !regs_.empty(); }
+    explicit operator bool() const noexcept { return data_ != nullptr; }
+    void reset() noexcept;
+
+private:
+    friend class PinnedPool;
+    std::shared_ptr<Lease::State> pool_;  // its counters
+    Mmap map_;                            // the memory, on the mmap path
+    void* cuda_ = nullptr;                // the memory, on the cudaHostAlloc path
+    std::byte* data_ = nullptr;
+    std::size_t size_ = 0, len_ = 0;
+    bool locked_ = false;
+    std::vector<io::Registration> regs_;
+};
+
 class PinnedPool {
 public:
     // Allocates everything now; nothing is allocated afterwards. With an
@@ -159,6 +199,10 @@ public:
     std::vector<Holder> holders() const;
     // Counted in stats().bytes_moved (Stream calls it).
     void count_moved(std::uint64_t bytes);
+    // A region of `bytes` (at least one page, page-aligned) for as long as the
+    // caller keeps it; `who` names it in the warning when it cannot be
+    // page-locked.
+    Pinned pin(std::uint64_t bytes, std::string_view who);
 
 private:
     std::shared_ptr<Lease::State> state_;

@@ -1,4 +1,5 @@
-// zinf model: a GPT-2 built from modules with explicit forward and backward,
+// zinf model: a GPT-2 (and, in zinf/llama.hpp, the Llama family) built from
+// modules with explicit forward and backward,
 // every one of them run through a ParamEngine's hooks. A module reaches its
 // parameters only through the engine, so the engine decides where they live
 // and when they move; a model author writes no data movement.
@@ -37,8 +38,15 @@ namespace zinf::model {
 struct Config {
     std::uint64_t layers = 0, hidden = 0, heads = 0, vocab = 0, max_seq = 0;
     unsigned tile = 1;  // linear weights split into this many column tiles
+    // The Llama family's (shard::ModelSpec's fields of the same names).
+    shard::Arch arch = shard::Arch::gpt;
+    std::uint64_t kv_heads = 0, ffn = 0;
+    double rope_theta = 10000, norm_eps = 1e-5;
+    bool tied = true;
+    shard::RopeScaling rope_scaling;
     static Config from(const shard::ModelSpec& spec, unsigned tile = 1);
     shard::ModelSpec spec() const;
+    std::uint64_t head_dim() const { return heads ? hidden / heads : 0; }
 };
 
 class Module;
@@ -336,6 +344,11 @@ struct Activations {
     device::Array<float> logits;                   // (N,V); the logits' gradient after backward's start
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
+    // An architecture's own buffers (the Llama's blocks; none for the GPT).
+    struct Own {
+        virtual ~Own() = default;
+    };
+    std::unique_ptr<Own> own;
     std::uint64_t bytes = 0;                       // all of the above
     // Shape::offload: where the checkpoints go (set by whoever plans the
     // step; a forward for backward without it is refused).
@@ -344,31 +357,51 @@ struct Activations {
     std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
 };
 
-class GPT : public Module {
+// A decoder-only language model as the trainer and the sampler drive it:
+// the GPT below, or the Llama family's (zinf/llama.hpp). make_model picks
+// the one a Config's architecture names.
+class LanguageModel : public Module {
 public:
-    explicit GPT(const Config& cfg);
-    ~GPT() override;
-    const Config& config() const { return cfg_; }
-    const ParamTable& params_table() const { return table_; }
+    using Module::Module;
+    virtual const Config& config() const = 0;
+    virtual const ParamTable& params_table() const = 0;
     // Every module that uses a parameter (ParamTable::users).
-    std::span<const zero::Module* const> modules() const { return table_.users(); }
+    std::span<const zero::Module* const> modules() const { return params_table().users(); }
 
-    Activations plan(device::Device& dev, const Shape& shape) const;
+    virtual Activations plan(device::Device& dev, const Shape& shape) const = 0;
     // The arena bytes plan() takes for `shape` (every buffer rounded to the
     // arena's allocation unit), without allocating.
-    std::uint64_t plan_bytes(const Shape& shape) const;
+    virtual std::uint64_t plan_bytes(const Shape& shape) const = 0;
 
     // Forward over acts.inputs: the per-token losses against acts.targets in
     // acts.losses (and, with `for_backward`, the logits' gradient of the mean
     // loss left in acts.logits for backward()). Enqueued on c.stream.
-    void forward(Context& c, Activations& acts, bool for_backward = true);
+    virtual void forward(Context& c, Activations& acts, bool for_backward = true) = 0;
     // Every parameter's gradient of the mean loss added through the engine.
-    void backward(Context& c, Activations& acts);
+    virtual void backward(Context& c, Activations& acts) = 0;
 
     // Model FLOPs of one forward+backward over B*T tokens: 6 per weight per
-    // token (every parameter but wpe), plus the causal attention's
-    // 6*C*T*(T+1) per row per layer; no recomputation counted.
-    double flops_per_step(std::uint64_t B, std::uint64_t T) const;
+    // token (every parameter a token multiplies: not a position or input
+    // embedding table), plus the causal attention's 6*C*T*(T+1) per row per
+    // layer; no recomputation counted.
+    virtual double flops_per_step(std::uint64_t B, std::uint64_t T) const = 0;
+};
+
+// The model a Config describes: a GPT, or a Llama.
+std::unique_ptr<LanguageModel> make_model(const Config& cfg);
+
+class GPT : public LanguageModel {
+public:
+    explicit GPT(const Config& cfg);
+    ~GPT() override;
+    const Config& config() const override { return cfg_; }
+    const ParamTable& params_table() const override { return table_; }
+
+    Activations plan(device::Device& dev, const Shape& shape) const override;
+    std::uint64_t plan_bytes(const Shape& shape) const override;
+    void forward(Context& c, Activations& acts, bool for_backward = true) override;
+    void backward(Context& c, Activations& acts) override;
+    double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
 
 private:
     Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <zinf/shard.hpp>
+
+#include <algorithm>
 #include <zinf/util.hpp>
 
 #include <array>
@@ -87,15 +89,28 @@ StateBytes state_bytes(const Workload& w);
 // parameters and gradients; fp32 parameters, gradients, momentum, variance).
 inline constexpr std::uint64_t kPaperBytesPerParam = 20;
 
+// A block of the model in the paper's terms: its weights, its largest
+// operator's, and the activation elements a token keeps in it. GPT: 12 hd^2,
+// hd 4hd, 8 hd. Llama: hd (q + 2 kv) + q hd + 3 hd ffn, hd max(ffn, q, hd),
+// 2q + 2kv + 3 ffn (q = heads x head size, kv = kv_heads x head size).
+struct BlockShape {
+    std::uint64_t weights = 0, largest = 0, activations = 0;
+};
+BlockShape block_shape(const shard::ModelSpec& s);
+// The largest tile factor the spec's layout takes (shard::tensors).
+inline std::uint64_t max_tile(const shard::ModelSpec& s) {
+    return s.llama() ? std::min(s.hidden, s.kv_heads * s.head_dim()) : s.hidden;
+}
+
 std::uint64_t activation_checkpoint_bytes(const Workload& w);  // 2 bsz seq hd nl / ci, per device
-std::uint64_t mswm_bytes(const Workload& w);                   // 4 hd 4hd / tile
-std::uint64_t awm_bytes(const Workload& w);                    // bsz seq ci (16 hd + 2 heads seq)
+std::uint64_t mswm_bytes(const Workload& w);                   // 4 largest / tile (GPT: 4 hd 4hd / tile)
+std::uint64_t awm_bytes(const Workload& w);                    // bsz seq ci (2 activations + 2 heads seq)
 
 // ---------------------------------------------------------------------------
 // §4, bandwidth.
 double ait_param(const Workload& w);       // seq bsz
 double ait_optimizer(const Workload& w);   // seq bsz / 4
-double ait_activation(const Workload& w);  // 24 hd ci
+double ait_activation(const Workload& w);  // 2 weights ci / hd (GPT: 24 hd ci)
 // ait bw / (ait bw + peak); 1 when bw is infinite (the state is where it is used).
 double efficiency(double ait, double bw_bps, double peak_flops);
 // The bandwidth that gives `eff`: eff/(1-eff) peak/ait.

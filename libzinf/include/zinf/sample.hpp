@@ -1,4 +1,4 @@
-// zinf sample: text from a trained GPT, one token at a time, as zinf-sample
+// zinf sample: text from a trained GPT or Llama, one token at a time, as zinf-sample
 // runs it. The Decoder runs the model's forward for one new position with a
 // key-value cache (every earlier position's keys and values kept per layer),
 // so a token costs one position's forward, not the whole sequence's. It
@@ -39,15 +39,18 @@ namespace zinf::sample {
 class Decoder {
 public:
     // Buffers for `positions` positions (1 to the model's max_seq), taken
-    // from the device's arena now (OutOfMemory naming them).
-    Decoder(const model::GPT& gpt, device::Device& dev, std::uint64_t positions);
+    // from the device's arena now (OutOfMemory naming them). A Llama-family
+    // model runs its own blocks' one-position forward (Llama::decode), its
+    // grouped-query heads cached once per kv head.
+    Decoder(model::LanguageModel& model, device::Device& dev, std::uint64_t positions);
     ~Decoder();
     Decoder(const Decoder&) = delete;
     Decoder& operator=(const Decoder&) = delete;
 
     // The arena bytes a Decoder of `positions` takes (for budgeting the
-    // engine beside it): the caches, 2 x layers x (positions, C) fp32, and
-    // one position's activations.
+    // engine beside it): the caches, 2 x layers x (positions, C) fp32 (a
+    // Llama's: (positions, kv_heads x head size)), and one position's
+    // activations.
     static std::uint64_t device_bytes(const model::Config& c, std::uint64_t positions);
 
     std::uint64_t vocab() const;      // logits per step
@@ -117,6 +120,49 @@ private:
 
 inline constexpr std::uint32_t kTokenizerMagic = 20240328;
 
+// A SentencePiece model (tokenizer.model of Llama 2, TinyLlama, Mistral):
+// text to ids and ids back to text, through Debian's libsentencepiece when
+// the build found it (sentencepiece_available()).
+class SentencePiece {
+public:
+    // MissingInputError when absent; DataError naming the file when it is
+    // not a SentencePiece model; UsageError when the build has no
+    // SentencePiece (it says so, and how to get it).
+    static SentencePiece open(const std::string& path);
+    ~SentencePiece();
+    SentencePiece(SentencePiece&&) noexcept;
+    SentencePiece& operator=(SentencePiece&&) noexcept;
+
+    std::uint32_t vocab() const;
+    std::optional<std::int32_t> bos() const;  // <s>, which Llama's tokenizer puts first
+    std::optional<std::int32_t> eos() const;  // </s>, which ends a text
+    // The text's ids (without bos).
+    std::vector<std::int32_t> encode(std::string_view text) const;
+    // The text of `ids`, as the tokenizer decodes them ("▁" a space, byte
+    // pieces joined into their UTF-8, the leading space of the text dropped).
+    std::string decode(std::span<const std::int32_t> ids) const;
+
+private:
+    struct Impl;
+    explicit SentencePiece(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+bool sentencepiece_available();
+
+// The text a stream of ids adds as each comes: decode() of all the ids so
+// far, less what was already written (a byte piece or a word's start can
+// change the text before it only within its own token).
+class TextStream {
+public:
+    explicit TextStream(const SentencePiece& sp) : sp_(sp) {}
+    std::string next(std::int32_t id);
+
+private:
+    const SentencePiece& sp_;
+    std::vector<std::int32_t> ids_;
+    std::string written_;
+};
+
 // What one engine pass is: the engine the Decoder runs through and the
 // brackets around each pass (the ZeRO-Infinity engine's begin(false) and
 // end(); nothing for the resident engine).
@@ -145,7 +191,7 @@ std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, 
 // device when they all fit beside the decoder in `device_left` bytes
 // (persist_below unset, "auto"): one fetch for the whole text. Otherwise
 // each token's pass fetches every module from its tier, as training does.
-zero::InfinityOptions engine_options(const shard::Manifest& m, const model::GPT& gpt, std::uint64_t prefetch_bytes,
+zero::InfinityOptions engine_options(const shard::Manifest& m, const model::LanguageModel& model, std::uint64_t prefetch_bytes,
                                      std::optional<std::uint64_t> persist_below, std::uint64_t device_left);
 
 }  // namespace zinf::sample

@@ -37,22 +37,50 @@ namespace zinf::shard {
 
 // ---------------------------------------------------------------------------
 // Model spec: "gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024" or a
-// preset name (gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*).
+// preset name (gpt2-124m, gpt2-350m, gpt2-1.5b, gpt-13b, paper-*); or a
+// Llama-family decoder, "llama:layers=30,hidden=576,heads=9,kv_heads=3,
+// ffn=1536,vocab=49152,seq=2048,rope_theta=10000,tied=1" (keys as Hugging
+// Face's config.json: kv_heads num_key_value_heads, ffn intermediate_size,
+// tied tie_word_embeddings; eps rms_norm_eps; Llama 3's rope_scaling as
+// rope_scale, rope_low, rope_high, rope_orig) or a preset (smollm-135m,
+// tinyllama-1.1b, llama-3.2-1b, llama-3.1-8b).
+enum class Arch { gpt, llama };
+const char* arch_name(Arch a);
+
+// Llama 3's rotary frequency scaling (config.json's rope_scaling with
+// rope_type "llama3"); factor 0 is none.
+struct RopeScaling {
+    double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+    std::uint64_t original_max_positions = 8192;
+    bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelSpec {
     std::uint64_t layers = 0, hidden = 0, heads = 0, vocab = 50257, seq = 1024;
     std::string preset;  // the preset it came from, "" for an explicit spec
+    Arch arch = Arch::gpt;
+    // The Llama family's own (zero for a GPT):
+    std::uint64_t kv_heads = 0, ffn = 0;  // key-value heads (grouped-query attention), the MLP's width
+    double rope_theta = 10000, norm_eps = 1e-5;
+    bool tied = true;                     // the output head is the embedding (a GPT's always is)
+    RopeScaling rope_scaling;
 
     // UsageError naming the text and the bad key.
     static ModelSpec parse(std::string_view text);
     // The canonical explicit form, what the manifest header stores.
     std::string to_string() const;
-    // Exact parameter count: V*C + T*C + L*(12C^2 + 13C) + 2C (the output
-    // projection is tied to wte, so it adds nothing).
+    // Exact parameter count. GPT: V*C + T*C + L*(12C^2 + 13C) + 2C (the
+    // output projection is tied to wte, so it adds nothing). Llama:
+    // V*C + L*(2C + C*(H + 2*KV)*hd + H*hd*C + 3*C*F) + C, plus V*C untied.
     std::uint64_t parameters() const;
     // The paper's estimate, 12 * layers * hidden^2 (§3).
     std::uint64_t paper_estimate() const { return 12 * layers * hidden * hidden; }
+    bool llama() const { return arch == Arch::llama; }
+    std::uint64_t head_dim() const { return heads ? hidden / heads : 0; }
     bool operator==(const ModelSpec& o) const {
-        return layers == o.layers && hidden == o.hidden && heads == o.heads && vocab == o.vocab && seq == o.seq;
+        return arch == o.arch && layers == o.layers && hidden == o.hidden && heads == o.heads && vocab == o.vocab &&
+               seq == o.seq && kv_heads == o.kv_heads && ffn == o.ffn && rope_theta == o.rope_theta &&
+               norm_eps == o.norm_eps && tied == o.tied && rope_scaling == o.rope_scaling;
     }
 };
 
@@ -63,12 +91,26 @@ struct Preset {
     const char* source;  // "GPT-2", "paper Fig. 6a", ...
 };
 std::span<const Preset> presets();
+// The Llama-family presets: each a spec with its published config.json's shape.
+struct LlamaPreset {
+    const char* name;
+    const char* spec;    // the explicit form
+    const char* label;   // "135M"
+    const char* source;  // the Hugging Face repository its config.json is from
+};
+std::span<const LlamaPreset> llama_presets();
 
 // ---------------------------------------------------------------------------
 // Tensors in execution order, GPT-2 names and shapes (Conv1D weights are
 // (in, out)). With tile > 1 every linear weight is split along its output
 // columns into `tile` tensors "<name>.tile<k>" (memory-centric tiling,
 // §5.1.3); a tile's values are the same columns of the untiled weight.
+// A Llama's tensors have Hugging Face's names and shapes (linear weights
+// (out, in), as torch's nn.Linear keeps them): model.embed_tokens.weight,
+// model.layers.<l>.input_layernorm.weight, ...self_attn.{q,k,v,o}_proj.weight,
+// ...post_attention_layernorm.weight, ...mlp.{gate,up,down}_proj.weight,
+// model.norm.weight, and lm_head.weight when untied; tiled, a linear weight
+// splits along its output rows (its tile is consecutive elements of it).
 enum class InitKind { normal, residual, zeros, ones };
 
 struct Tensor {
@@ -84,8 +126,13 @@ struct Tensor {
 };
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile = 1);
 // How many tensors tensors(spec, tile) lists, without listing them:
-// 4 + layers * (8 + 4 * tile). Callers check a size before they allocate it.
+// 4 + layers * (8 + 4 * tile) for a GPT, 2 + !tied + layers * (2 + 7 * tile)
+// for a Llama. Callers check a size before they allocate it.
 std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile = 1);
+// The name of tile k of a linear weight, for every model: "<weight>.tile<k>".
+std::string tile_name(const std::string& weight, unsigned k);
+// The output features [first, last) tile k of `tiles` holds of `out`.
+inline std::uint64_t tile_first(std::uint64_t out, unsigned k, unsigned tiles) { return out * k / tiles; }
 
 // ---------------------------------------------------------------------------
 enum class DType { bf16, fp32 };
@@ -333,6 +380,12 @@ struct RunOptions {
     // reshard: node-local folders for the new layout's ranks (Manifest::
     // rank_dirs; empty: beneath the new directory).
     std::vector<std::string> rank_dirs;
+    // export of a Llama-family model in Hugging Face's layout (safetensors):
+    // shards of at most `shard_bytes` of tensors into the folder --to, with
+    // model.safetensors.index.json (0: one file), elements in `dtype`
+    // (unset: the state's, F32 for the master copy).
+    std::uint64_t shard_bytes = 0;
+    std::optional<DType> dtype;
     // Writers: replace a directory that holds a committed manifest
     // (check_target, made again under the lock); false refuses it (73).
     bool force = true;
@@ -492,6 +545,13 @@ WeightFormat parse_weight_format(std::string_view s);  // UsageError
 WeightFormat detect_weight_format(const std::string& path);
 inline constexpr std::int32_t kLlmcMagic = 20240326;
 
+// For a Llama-family model, `from` is a Hugging Face checkpoint: a
+// .safetensors file, the model.safetensors.index.json of a sharded one (its
+// weight_map's files beside it), or the folder that holds either; names and
+// shapes as published (model.layers.N.self_attn.q_proj.weight, (out, in)).
+// A tied model's lm_head.weight, when a file has it, and rotary_emb.inv_freq
+// buffers are left out.
+//
 // Every partition of m's param and master states from the file's tensors
 // (converted to fp32, then to the param dtype), the moments zero; written and
 // hashed as init does, committed by the caller with Written::commit. The whole
@@ -508,10 +568,14 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
 // its xxh3 first. Tiles are joined into the untiled tensors. safetensors keeps
 // the state's dtype (F32 or BF16); llm.c's version 3 is fp32, with the
 // vocabulary padded to a multiple of 128 by zero rows.
+// A Llama-family model's safetensors keep Hugging Face's names and shapes
+// (RunOptions::shard_bytes and dtype: shards with their index, and the
+// elements' type).
 struct ExportResult {
     std::string state;          // "master" or "param"
     std::uint64_t bytes = 0;    // the file's size
     std::size_t tensors = 0;    // tensors written (safetensors) or model tensors (llm.c)
+    std::vector<std::string> files;  // what was written (the shards, then the index)
 };
 ExportResult export_weights(const Manifest& m, const std::string& to, WeightFormat format, io::Engine& engine,
                             mem::PinnedPool& pool, const RunOptions& opts);

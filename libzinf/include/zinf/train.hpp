@@ -74,12 +74,13 @@ struct StepLog {
     bool overflow = false;              // a gradient (or the loss) was not finite: the update was skipped
     double seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
     std::uint64_t tokens = 0;           // over every rank
-    double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (GPT::flops_per_step), every rank
+    double tokens_per_s = 0, flops_per_s = 0;  // model FLOPs (LanguageModel::flops_per_step), every rank
     // This rank's engine, over the step (zeros with the resident engine,
     // which reads nothing during a step): bytes of its partitions fetched
     // from each tier (gpu, cpu, nvme), compute's wait for them, the device
     // budget's peak use, and the process's peak resident memory.
     std::uint64_t fetched_bytes[3] = {};
+    std::uint64_t collectives = 0;      // the engine's allgathers and reduce-scatters (dp > 1)
     double stall_seconds = 0;
     std::uint64_t device_peak_bytes = 0, peak_rss_bytes = 0;
     bool trace_diverged = false;
@@ -129,7 +130,7 @@ public:
     // finite, described; nullopt when every one is. Every rank reads its own.
     std::optional<std::string> nonfinite_weights();
 
-    model::GPT& gpt();
+    model::LanguageModel& model();  // the GPT or the Llama the manifest's spec names
     // The resident engine (InternalError unless Options::resident).
     model::ResidentEngine& resident_engine();
     // The ZeRO-Infinity engine (nullptr with Options::resident).

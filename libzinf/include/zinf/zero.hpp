@@ -207,12 +207,13 @@ private:
 // fetches when no optimizer runs. The manifest's param records of the rank
 // are the source: on nvme their files, opened read-only, each read checked
 // against the record's xxh3 by the engine; on gpu and cpu every partition
-// read once into page-locked memory and checked here (DataError naming
-// tensor, rank, file and offset). Nothing is written. put_gradient refuses
-// (InternalError): a pass with gradients needs the Optimizer.
+// read once into page-locked memory the pool pins (PinnedPool::pin) and
+// checked here (DataError naming tensor, rank, file and offset). Nothing is
+// written. put_gradient refuses (InternalError): a pass with gradients needs
+// the Optimizer.
 class CommittedParams : public ParamStore {
 public:
-    CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine);
+    CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine, mem::PinnedPool& pool);
     ~CommittedParams() override;
     ParamSource param_source(std::size_t tensor) override;
     void put_gradient(std::size_t tensor, std::span<const float> grad) override;
@@ -367,6 +368,9 @@ struct InfinityStats {
     std::uint64_t fetches = 0, prefetched = 0, on_demand = 0, reused = 0;
     std::uint64_t read_ahead = 0;      // partitions the nc stage read ahead of their fetch
     std::uint64_t grad_bytes = 0;      // this rank's gradient partitions handed to the optimizer
+    // Collectives the engine started: allgathers of parameters and
+    // reduce-scatters of gradients (0 at dp 1).
+    std::uint64_t collectives = 0;
     double stall_seconds = 0;          // compute waiting for parameters
     std::uint64_t device_peak = 0;     // the arena's peak use (bytes)
     bool diverged = false;             // a module ran out of trace order

@@ -328,6 +328,21 @@ public:
         Handle::wait_op(*op);
     }
 
+    // Stream-ordered: after what is queued, in this thread, without waiting
+    // for the collective itself (the op is finished once it is enqueued).
+    void enqueue(const std::shared_ptr<Op>& op, void* stream, void* after) {
+        {
+            std::unique_lock lk(mu_);
+            refuse_if_broken();
+            cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+            refuse_if_broken();
+            busy_ = true;
+        }
+        execute(*op, [&](Op& o, const Deadline& d) { engine_->enqueue(o, stream, after, d); });
+        release();
+        Handle::wait_op(*op);
+    }
+
     void bare(const std::shared_ptr<Op>& op) {
         {
             std::unique_lock lk(mu_);
@@ -481,6 +496,22 @@ Handle Communicator::start(Kind kind, std::span<const Buffer> bufs, DType dtype,
 
 void Communicator::run(Kind kind, std::span<const Buffer> bufs, DType dtype, Reduce reduce, int root) {
     core_->run(core_->make(kind, bufs, dtype, reduce, root));
+}
+
+void Communicator::enqueue(Kind kind, std::span<const Buffer> bufs, DType dtype, void* stream, void* after,
+                           Reduce reduce, int root) {
+    // Refused before anything is queued: a mistake of the caller's, which
+    // leaves the communicator usable.
+    if (backend() != Backend::nccl)
+        throw UsageError("comm: a stream-ordered collective needs the nccl backend (device buffers on a CUDA "
+                         "stream); backend " +
+                         std::string(name(backend())) + " runs host calls: use run() or start()");
+    if (!stream) throw InternalError("comm: enqueue() without a stream");
+    core_->enqueue(core_->make(kind, bufs, dtype, reduce, root), stream, after);
+}
+
+void detail::Engine::enqueue(Op&, void*, void*, const Deadline&) {
+    throw InternalError("comm: backend " + std::string(name(kind())) + " has no stream-ordered collectives");
 }
 
 void Communicator::bare(Kind kind, const Buffer& buf, DType dtype, Reduce reduce, int root) {

@@ -79,6 +79,9 @@ public:
     virtual std::string describe() const = 0;
     virtual void execute(Op& op, const Deadline& deadline) = 0;
     virtual void bare(Op& op) = 0;
+    // Enqueues op on a CUDA stream after an event (Communicator::enqueue):
+    // returns once the library has taken it, before it runs. Only nccl.
+    virtual void enqueue(Op& op, void* stream, void* after, const Deadline& deadline);
     // After a failure the library may still own the buffers of an operation
     // that never finished: leave it as it is (no finalize) until exit.
     virtual void poison() noexcept {}

@@ -117,6 +117,7 @@ public:
         // where callers' plain cudaMemcpy of the buffers runs.
         cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault), "cudaStreamCreateWithFlags");
         cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        cuda(cudaEventCreateWithFlags(&enqueued_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
         cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
 
         // Rank 0 makes the id; MPI carries it to the others.
@@ -153,6 +154,7 @@ public:
         }
         if (token_) cudaFree(token_);
         if (done_) cudaEventDestroy(done_);
+        if (enqueued_) cudaEventDestroy(enqueued_);
         if (stream_) cudaStreamDestroy(stream_);
     }
 
@@ -173,12 +175,13 @@ public:
 
     void execute(Op& op, const Deadline& dl) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");  // this may be the communicator's own thread
+        after_enqueued(stream_);
         call(lib_->GroupStart(), "ncclGroupStart");
         try {
             if (op.kind == Kind::barrier) {
                 call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
             } else {
-                for (const Buffer& b : op.bufs) issue(op, b);
+                for (const Buffer& b : op.bufs) issue(op, b, stream_);
             }
         } catch (...) {
             lib_->GroupEnd();  // never leave a group open
@@ -201,18 +204,44 @@ public:
         }
     }
 
+    // On the caller's stream after its event: no host wait for the
+    // collective, only for NCCL to take the group (non-blocking NCCL).
+    void enqueue(Op& op, void* stream, void* after, const Deadline& dl) override {
+        cuda(cudaSetDevice(device_), "cudaSetDevice");
+        async_error(op.what());  // an earlier enqueued collective that failed
+        const auto s = static_cast<cudaStream_t>(stream);
+        if (after) cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after), 0), "cudaStreamWaitEvent");
+        after_enqueued(s);
+        call(lib_->GroupStart(), "ncclGroupStart");
+        try {
+            if (op.kind == Kind::barrier) {
+                call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, s), "ncclAllReduce");
+            } else {
+                for (const Buffer& b : op.bufs) issue(op, b, s);
+            }
+        } catch (...) {
+            lib_->GroupEnd();
+            throw;
+        }
+        call(lib_->GroupEnd(), "ncclGroupEnd");
+        settle(dl, op.what());
+        cuda(cudaEventRecord(enqueued_, s), "cudaEventRecord");
+        enqueued_any_ = true;
+    }
+
     void bare(Op& op) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");
+        after_enqueued(stream_);
         if (op.kind == Kind::barrier)
             call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
         else
-            issue(op, op.bufs.at(0));
+            issue(op, op.bufs.at(0), stream_);
         settle(Deadline::after(std::chrono::milliseconds(0)), op.what());
         cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     }
 
 private:
-    void issue(const Op& op, const Buffer& b) {
+    void issue(const Op& op, const Buffer& b, cudaStream_t stream) {
         const ncclDataType_t t = nccl_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
         std::byte* recv = b.recv.data();
@@ -220,20 +249,20 @@ private:
         switch (op.kind) {
         case Kind::allgather:
             if (b.counts.empty()) {
-                call(lib_->AllGather(send, recv, b.send.size() / es, t, comm_, stream_), "ncclAllGather");
+                call(lib_->AllGather(send, recv, b.send.size() / es, t, comm_, stream), "ncclAllGather");
                 return;
             }
             // Uneven blocks: one broadcast per rank, grouped (NCCL has no allgatherv).
             for (int r = 0; r < size(); ++r) {
                 const std::uint64_t n = block_count(op, b, r, size());
                 if (n == 0) continue;
-                call(lib_->Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream_),
+                call(lib_->Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream),
                      "ncclBroadcast");
             }
             return;
         case Kind::reduce_scatter:
             if (b.counts.empty()) {
-                call(lib_->ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_),
+                call(lib_->ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream),
                      "ncclReduceScatter");
                 return;
             }
@@ -241,18 +270,25 @@ private:
                 const std::uint64_t n = block_count(op, b, r, size());
                 if (n == 0) continue;
                 call(lib_->Reduce(send + block_first(op, b, r, size()) * es, recv, n, t, nccl_op(op.reduce), r, comm_,
-                                 stream_),
+                                 stream),
                      "ncclReduce");
             }
             return;
         case Kind::allreduce:
-            call(lib_->AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream_), "ncclAllReduce");
+            call(lib_->AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream), "ncclAllReduce");
             return;
         case Kind::broadcast:
-            call(lib_->Broadcast(recv, recv, b.recv.size() / es, t, op.root, comm_, stream_), "ncclBroadcast");
+            call(lib_->Broadcast(recv, recv, b.recv.size() / es, t, op.root, comm_, stream), "ncclBroadcast");
             return;
         case Kind::barrier: return;
         }
+    }
+
+    // One communicator's collectives run one after another in the order of
+    // the calls, on every rank, whatever stream each was enqueued on: the
+    // next one waits (on the device) for the last stream-ordered one.
+    void after_enqueued(cudaStream_t s) {
+        if (enqueued_any_) cuda(cudaStreamWaitEvent(s, enqueued_, 0), "cudaStreamWaitEvent");
     }
 
     void call(ncclResult_t rc, const char* what) const {
@@ -291,6 +327,8 @@ private:
     std::string gpu_, version_;
     cudaStream_t stream_ = nullptr;
     cudaEvent_t done_ = nullptr;
+    cudaEvent_t enqueued_ = nullptr;  // recorded after the last stream-ordered collective
+    bool enqueued_any_ = false;
     float* token_ = nullptr;
     ncclComm_t comm_ = nullptr;
     bool poisoned_ = false;

@@ -31,7 +31,7 @@ std::uint64_t draw(std::uint64_t seed, std::uint64_t index, unsigned rank, std::
 
 }  // namespace
 
-Loader::Loader(std::span<const std::uint16_t> tokens, std::string source, LoaderOptions opts)
+Loader::Loader(TokenSpan tokens, std::string source, LoaderOptions opts)
     : tokens_(tokens), source_(std::move(source)), opts_(opts) {
     if (opts_.batch == 0 || opts_.seq == 0)
         throw UsageError("batch " + std::to_string(opts_.batch) + " and sequence length " + std::to_string(opts_.seq) +
@@ -63,10 +63,10 @@ void Loader::batch(std::uint64_t index, std::span<std::int32_t> inputs, std::spa
     if (inputs.size() != bt_ || targets.size() != bt_)
         throw InternalError("batch spans of " + std::to_string(inputs.size()) + " inputs and " +
                             std::to_string(targets.size()) + " targets, not batch * seq = " + std::to_string(bt_));
-    const std::uint16_t* w = tokens_.data() + offset(index);
+    const TokenSpan w = tokens_.subspan(offset(index), bt_ + 1);
     for (std::uint64_t i = 0; i < bt_; ++i) {
-        inputs[i] = w[i];
-        targets[i] = w[i + 1];
+        inputs[i] = static_cast<std::int32_t>(w[i]);
+        targets[i] = static_cast<std::int32_t>(w[i + 1]);
     }
 }
 

@@ -30,9 +30,10 @@ std::uint64_t regular_size(const Fd& fd, const std::string& path) {
     return static_cast<std::uint64_t>(st.st_size);
 }
 
-std::uint32_t max_of(std::span<const std::uint16_t> t) {
-    std::uint16_t m = 0;
-    for (std::uint16_t v : t) m = std::max(m, v);
+template <class T>
+std::uint32_t max_of(std::span<const T> t) {
+    T m = 0;
+    for (T v : t) m = std::max(m, v);
     return m;
 }
 
@@ -54,19 +55,28 @@ Tokens Tokens::open(const std::string& path) {
     std::memcpy(h.data(), t.map_.data(), sizeof h);
     if (h[0] != kMagic)
         throw bad("magic " + std::to_string(h[0]) + " is not a token file's " + std::to_string(kMagic), 0);
-    if (h[1] != kVersion)
-        throw bad("token file version " + std::to_string(h[1]) + " is not supported (only " +
-                      std::to_string(kVersion) + ", uint16 tokens)",
+    if (h[1] != kVersion && h[1] != kVersionWide)
+        throw bad("token file version " + std::to_string(h[1]) + " is not supported (" + std::to_string(kVersion) +
+                      ", uint16 tokens, or " + std::to_string(kVersionWide) + ", uint32 tokens)",
                   4);
     if (h[2] <= 0) throw bad("token count " + std::to_string(h[2]) + " in the header is not positive", 8);
     const auto n = static_cast<std::uint64_t>(h[2]);
-    const std::uint64_t want = kHeaderBytes + 2 * n;
+    const std::uint64_t width = h[1] == kVersionWide ? 4 : 2;
+    const std::uint64_t want = kHeaderBytes + width * n;
     if (bytes != want)
         throw bad("file is " + std::to_string(bytes) + " bytes, but its header's " + std::to_string(n) +
-                  " tokens need " + std::to_string(kHeaderBytes) + " + 2*" + std::to_string(n) + " = " +
-                  std::to_string(want) + " bytes" + (bytes < want ? " (truncated?)" : ""));
-    t.tokens_ = {reinterpret_cast<const std::uint16_t*>(t.map_.data() + kHeaderBytes), static_cast<std::size_t>(n)};
-    t.max_token_ = max_of(t.tokens_);
+                  " tokens need " + std::to_string(kHeaderBytes) + " + " + std::to_string(width) + "*" +
+                  std::to_string(n) + " = " + std::to_string(want) + " bytes" + (bytes < want ? " (truncated?)" : ""));
+    const std::byte* first = t.map_.data() + kHeaderBytes;
+    if (width == 4) {
+        const std::span<const std::uint32_t> w{reinterpret_cast<const std::uint32_t*>(first), static_cast<std::size_t>(n)};
+        t.tokens_ = w;
+        t.max_token_ = max_of(w);
+    } else {
+        const std::span<const std::uint16_t> w{reinterpret_cast<const std::uint16_t*>(first), static_cast<std::size_t>(n)};
+        t.tokens_ = w;
+        t.max_token_ = max_of(w);
+    }
     return t;
 }
 
@@ -82,11 +92,13 @@ Tokens Tokens::text(const std::string& path) {
     const auto* src = reinterpret_cast<const unsigned char*>(map.data());
     std::copy(src, src + bytes, t.text_.begin());
     t.tokens_ = t.text_;
-    t.max_token_ = max_of(t.tokens_);
+    t.max_token_ = max_of(std::span<const std::uint16_t>(t.text_));
     return t;
 }
 
-void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) {
+namespace {
+template <class T>
+void write_tokens(const std::string& path, std::span<const T> tokens) {
     if (tokens.empty()) throw DataError("no tokens to write: a token file holds at least one", {0, path, {}, -1});
     if (tokens.size() > static_cast<std::size_t>(INT32_MAX))
         throw DataError(std::to_string(tokens.size()) + " tokens are more than a token file's header can count (" +
@@ -94,24 +106,29 @@ void write_token_file(const std::string& path, std::span<const std::uint16_t> to
                         {0, path, {}, -1});
     std::array<std::int32_t, kHeaderInts> header{};
     header[0] = kMagic;
-    header[1] = kVersion;
+    header[1] = sizeof(T) == 4 ? kVersionWide : kVersion;
     header[2] = static_cast<std::int32_t>(tokens.size());
 
     const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)), std::as_bytes(tokens)};
     write_file_atomic(path, pieces);
 }
+}  // namespace
+
+void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) { write_tokens(path, tokens); }
+void write_wide_token_file(const std::string& path, std::span<const std::uint32_t> tokens) { write_tokens(path, tokens); }
 
 void check_vocab(const Tokens& tokens, std::uint64_t vocab) {
     if (tokens.max_token() < vocab) return;
-    const auto t = tokens.tokens();
-    const auto bad = std::find_if(t.begin(), t.end(), [&](std::uint16_t v) { return v >= vocab; });
-    throw DataError("token " + std::to_string(*bad) + " at token offset " + std::to_string(bad - t.begin()) +
-                        " is not below the model's vocabulary " + std::to_string(vocab),
+    const TokenSpan t = tokens.tokens();
+    std::size_t i = 0;
+    while (i < t.size() && t[i] < vocab) ++i;
+    throw DataError("token " + std::to_string(t[i]) + " at token offset " + std::to_string(i) +
+                        " (byte " + std::to_string(kHeaderBytes + i * (t.wide() ? 4 : 2)) +
+                        ") is not below the model's vocabulary " + std::to_string(vocab),
                     {0, tokens.path(), {}, -1});
 }
 
-std::pair<std::span<const std::uint16_t>, std::span<const std::uint16_t>>
-split(std::span<const std::uint16_t> tokens, double val_fraction) {
+std::pair<TokenSpan, TokenSpan> split(TokenSpan tokens, double val_fraction) {
     if (!(val_fraction >= 0.0 && val_fraction <= 0.5))
         throw UsageError("validation fraction " + std::to_string(val_fraction) + " is outside [0, 0.5]");
     const double want = static_cast<double>(tokens.size()) * val_fraction;
@@ -121,10 +138,25 @@ split(std::span<const std::uint16_t> tokens, double val_fraction) {
     return {tokens.first(tokens.size() - n_val), tokens.last(n_val)};
 }
 
-double unigram_entropy_nats(std::span<const std::uint16_t> tokens) {
+double unigram_entropy_nats(TokenSpan tokens) {
     if (tokens.empty()) return 0.0;
-    std::vector<std::uint64_t> count(std::size_t{1} << 16);
-    for (std::uint16_t v : tokens) ++count[v];
+    std::uint32_t top = 0;
+    for (std::uint32_t v : tokens) top = std::max(top, v);
+    // One count per id up to the largest; a sparse id space past 2^24 sorted instead.
+    std::vector<std::uint64_t> count;
+    if (top < (1u << 24)) {
+        count.assign(std::size_t{top} + 1, 0);
+        for (std::uint32_t v : tokens) ++count[v];
+    } else {
+        std::vector<std::uint32_t> all(tokens.begin(), tokens.end());
+        std::sort(all.begin(), all.end());
+        for (std::size_t i = 0; i < all.size();) {
+            std::size_t j = i;
+            while (j < all.size() && all[j] == all[i]) ++j;
+            count.push_back(j - i);
+            i = j;
+        }
+    }
     const double n = static_cast<double>(tokens.size());
     double h = 0.0;
     for (std::uint64_t c : count)

@@ -5,6 +5,7 @@
 // InternalError at once), then enqueues the kernel of kernels.hpp.
 #include "backends.hpp"
 #include "kernels.hpp"
+#include "llama_kernels.hpp"
 #include "shape.hpp"
 
 #include <zinf/device.hpp>
@@ -253,8 +254,9 @@ public:
         sh.need("out", out.size(), B * T * C);
         sh.need("tokens", tokens.size(), B * T);
         sh.need("wte", wte.size(), V * C);
-        sh.need("wpe", wpe.size(), T * C);
-        as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(), pe = wpe.data()] {
+        if (!wpe.empty()) sh.need("wpe", wpe.size(), T * C);
+        as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(),
+                           pe = wpe.empty() ? nullptr : wpe.data()] {
             cpu::embedding_forward(o, tok, te, pe, B, T, C, V);
         });
     }
@@ -263,10 +265,11 @@ public:
                             std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
         Shape sh{"embedding_backward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
         sh.need("dwte", dwte.size(), V * C);
-        sh.need("dwpe", dwpe.size(), T * C);
+        if (!dwpe.empty()) sh.need("dwpe", dwpe.size(), T * C);
         sh.need("dout", dout.size(), B * T * C);
         sh.need("tokens", tokens.size(), B * T);
-        as_cpu(s).enqueue([=, te = dwte.data(), pe = dwpe.data(), d = dout.data(), tok = tokens.data()] {
+        as_cpu(s).enqueue([=, te = dwte.data(), pe = dwpe.empty() ? nullptr : dwpe.data(), d = dout.data(),
+                           tok = tokens.data()] {
             cpu::embedding_backward(te, pe, d, tok, B, T, C, V);
         });
     }
@@ -360,6 +363,115 @@ public:
         });
     }
 
+    // ---- the Llama family (llama.cpp) ---------------------------------------
+    void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                         std::span<const float> w, u64 N, u64 C, float eps) override {
+        Shape sh{"rmsnorm_forward", {{"N", N}, {"C", C}}};
+        sh.need("out", out.size(), N * C);
+        sh.need("rstd", rstd.size(), N);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        as_cpu(s).enqueue([=, o = out.data(), r = rstd.data(), x = inp.data(), w = w.data()] {
+            cpu::rmsnorm_forward(o, r, x, w, N, C, eps);
+        });
+    }
+
+    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                          std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                          u64 C) override {
+        Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
+        sh.need("dinp", dinp.size(), N * C);
+        sh.need("dw", dw.size(), C);
+        sh.need("dout", dout.size(), N * C);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        sh.need("rstd", rstd.size(), N);
+        as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), d = dout.data(), x = inp.data(), w = w.data(),
+                           r = rstd.data()] { cpu::rmsnorm_backward(di, dw, d, x, w, r, N, C); });
+    }
+
+    void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                      u64 pos0) override {
+        rope(s, "rope_forward", x, table, B, T, H, hd, pos0, false);
+    }
+    void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                       u64 pos0) override {
+        rope(s, "rope_backward", dx, table, B, T, H, hd, pos0, true);
+    }
+
+    void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                        std::span<const float> up) override {
+        const u64 n = out.size();
+        Shape sh{"swiglu_forward", {{"n", n}}};
+        sh.need("gate", gate.size(), n);
+        sh.need("up", up.size(), n);
+        as_cpu(s).enqueue([=, o = out.data(), g = gate.data(), u = up.data()] { cpu::swiglu_forward(o, g, u, n); });
+    }
+
+    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                         std::span<const float> gate, std::span<const float> up) override {
+        const u64 n = dgate.size();
+        Shape sh{"swiglu_backward", {{"n", n}}};
+        sh.need("dup", dup.size(), n);
+        sh.need("dout", dout.size(), n);
+        sh.need("gate", gate.size(), n);
+        sh.need("up", up.size(), n);
+        as_cpu(s).enqueue([=, dg = dgate.data(), du = dup.data(), d = dout.data(), g = gate.data(), u = up.data()] {
+            cpu::swiglu_backward(dg, du, d, g, u, n);
+        });
+    }
+
+    void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                     std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                     u64 hd) override {
+        Shape sh{"gqa_forward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        sh.need("out", out.size(), B * T * NH * hd);
+        sh.need("att", att.size(), B * NH * T * T);
+        sh.need("q", q.size(), B * T * NH * hd);
+        sh.need("k", k.size(), B * T * KVH * hd);
+        sh.need("v", v.size(), B * T * KVH * hd);
+        as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
+            cpu::gqa_forward(o, a, q, k, v, B, T, NH, KVH, hd);
+        });
+    }
+
+    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                      std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                      std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                      u64 NH, u64 KVH, u64 hd) override {
+        Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        sh.need("dq", dq.size(), B * T * NH * hd);
+        sh.need("dk", dk.size(), B * T * KVH * hd);
+        sh.need("dv", dv.size(), B * T * KVH * hd);
+        sh.need("datt", datt.size(), B * NH * T * T);
+        sh.need("dout", dout.size(), B * T * NH * hd);
+        sh.need("q", q.size(), B * T * NH * hd);
+        sh.need("k", k.size(), B * T * KVH * hd);
+        sh.need("v", v.size(), B * T * KVH * hd);
+        sh.need("att", att.size(), B * NH * T * T);
+        as_cpu(s).enqueue([=, dq = dq.data(), dk = dk.data(), dv = dv.data(), da = datt.data(), d = dout.data(),
+                           q = q.data(), k = k.data(), v = v.data(), a = att.data()] {
+            cpu::gqa_backward(dq, dk, dv, da, d, q, k, v, a, B, T, NH, KVH, hd);
+        });
+    }
+
+    void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                    std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
+        Shape sh{"gqa_decode", {{"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        if (T == 0) sh.fail("no positions");
+        sh.need("out", out.size(), NH * hd);
+        sh.need("att", att.size(), NH * T);
+        sh.need("q", q.size(), NH * hd);
+        sh.need("k", k.size(), T * KVH * hd);
+        sh.need("v", v.size(), T * KVH * hd);
+        as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
+            cpu::gqa_decode(o, a, q, k, v, T, NH, KVH, hd);
+        });
+    }
+
     void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
                                        std::span<const std::int32_t> targets, float dloss, u64 N,
                                        u64 V) override {
@@ -420,6 +532,15 @@ public:
     void host(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
 
 private:
+    void rope(Stream& s, const char* kernel, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H,
+              u64 hd, u64 pos0, bool inverse) {
+        Shape sh{kernel, {{"B", B}, {"T", T}, {"H", H}, {"hd", hd}, {"pos0", pos0}}};
+        check_rope(sh, hd);
+        sh.need("x", x.size(), B * T * H * hd);
+        sh.need("table", table.size(), (pos0 + T) * hd);
+        as_cpu(s).enqueue([=, x = x.data(), t = table.data()] { cpu::rope(x, t, B, T, H, hd, pos0, inverse); });
+    }
+
     const unsigned threads_;
     std::array<std::unique_ptr<CpuStream>, 4> streams_;  // by StreamKind
 

@@ -117,8 +117,12 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
     for (u64 bt = 0; bt < B * T; ++bt) {
         const u64 t = bt % T;
         const float* te = wte + static_cast<u64>(tokens[bt]) * C;
-        const float* pe = wpe + t * C;
         float* o = out + bt * C;
+        if (!wpe) {  // no position table (rotary embeddings)
+            std::copy(te, te + C, o);
+            continue;
+        }
+        const float* pe = wpe + t * C;
         for (u64 c = 0; c < C; ++c) o[c] = te[c] + pe[c];
     }
 }
@@ -132,6 +136,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
         for (u64 bt = 0; bt < B * T; ++bt) {
             const float* d = dout + bt * C;
             float* te = dwte + static_cast<u64>(tokens[bt]) * C;
+            if (!dwpe) {
+                for (u64 c = c0; c < c1; ++c) te[c] += d[c];
+                continue;
+            }
             float* pe = dwpe + (bt % T) * C;
             for (u64 c = c0; c < c1; ++c) {
                 te[c] += d[c];

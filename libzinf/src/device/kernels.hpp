@@ -46,6 +46,7 @@ void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int 
 void bias_add(float* out, const float* bias, u64 N, u64 OC);
 void bias_backward(float* dbias, const float* dout, u64 N, u64 OC);
 
+// wpe (dwpe) nullptr: no position table.
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
                        u64 C, u64 V);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,

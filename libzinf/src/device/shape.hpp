@@ -48,4 +48,14 @@ inline void check_heads(const Shape& sh, std::uint64_t C, std::uint64_t NH) {
     if (NH == 0 || C % NH != 0) sh.fail("C is not a multiple of NH");
 }
 
+// Grouped-query attention: every kv head serves the same number of query heads.
+inline void check_groups(const Shape& sh, std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd) {
+    if (NH == 0 || KVH == 0 || hd == 0 || NH % KVH != 0) sh.fail("NH is not a positive multiple of KVH, or hd is 0");
+}
+
+// Rotary embeddings pair the two halves of a head.
+inline void check_rope(const Shape& sh, std::uint64_t hd) {
+    if (hd == 0 || hd % 2 != 0) sh.fail("hd is not a positive even number");
+}
+
 }  // namespace zinf::device

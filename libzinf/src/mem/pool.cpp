@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <utility>
 
 namespace zinf::mem {
 
@@ -99,7 +100,8 @@ json::Json PoolStats::to_json() const {
     return {{"buffers", buffers},     {"buffer_bytes", buffer_bytes}, {"in_use", in_use},
             {"high_water", high_water}, {"leases", leases},           {"waits", waits},
             {"wait_seconds", wait_seconds}, {"bytes_moved", bytes_moved}, {"locked", locked},
-            {"registered", registered}, {"allocator", allocator}};
+            {"registered", registered}, {"allocator", allocator},     {"pinned", pinned},
+            {"pinned_bytes", pinned_bytes}};
 }
 
 // ---------------------------------------------------------------------------
@@ -117,6 +119,9 @@ struct Lease::State {
     std::string allocator;
     std::vector<io::Registration> regs;
     bool registered = false;
+    io::Engine* engine = nullptr;  // pin()'s regions are registered with it too
+    std::atomic<std::size_t> pinned{0};
+    std::atomic<std::uint64_t> pinned_bytes{0};
 
     struct Slot {
         bool held = false;
@@ -282,6 +287,7 @@ PinnedPool::PinnedPool(const PoolConfig& cfg, io::Engine* engine) : state_(std::
     s.free_list.reserve(s.count);
     for (std::size_t i = s.count; i-- > 0;) s.free_list.push_back(i);  // buffer 0 leased first
 
+    s.engine = engine;
     if (engine) {
         // Few registrations of up to 1GiB each (io_uring's limit per buffer)
         // cover every buffer: the engine has a few hundred slots, not thousands.
@@ -395,7 +401,85 @@ PoolStats PinnedPool::stats() const {
     st.locked = s.locked;
     st.registered = s.registered;
     st.allocator = s.allocator;
+    st.pinned = s.pinned.load();
+    st.pinned_bytes = s.pinned_bytes.load();
     return st;
+}
+
+// ---------------------------------------------------------------------------
+// Pinned
+
+Pinned PinnedPool::pin(std::uint64_t bytes, std::string_view who) {
+    Lease::State& s = *state_;
+    const std::size_t len = align_up(std::max<std::uint64_t>(bytes, 1), kPoolAlignment);
+    Pinned p;
+    if (s.cuda_mem) {  // the pool's own allocator: known to the driver, as its buffers are
+        p.cuda_ = gpu::host_alloc(len);
+        p.data_ = static_cast<std::byte*>(p.cuda_);
+        std::memset(p.data_, 0, len);
+        p.locked_ = true;
+    } else {
+        // Populated now, on huge pages from 2MiB (as AlignedBuffer and the
+        // pool's own memory), then locked.
+        p.map_ = Mmap::anonymous(len, true, len >= Mmap::kHugePage ? Mmap::Pages::huge : Mmap::Pages::any);
+        p.data_ = p.map_.data();
+        if (int err = p.map_.lock(); err != 0)
+            log::warn_once("pinned-mlock", "cannot page-lock the " + std::string(who) + " (" + format_size(len) +
+                                               "; mlock: " + std::strerror(err) +
+                                               "); it stays pageable, as may other state held in memory");
+        p.locked_ = p.map_.locked();
+    }
+    p.size_ = bytes;
+    p.len_ = len;
+    if (s.engine && s.registered) {
+        // As the pool's buffers: pieces of at most 1GiB, io_uring's limit.
+        for (std::size_t at = 0; at < len; at += GiB) {
+            auto reg = s.engine->register_buffer({p.data_ + at, std::min<std::size_t>(GiB, len - at)});
+            if (!reg.active()) {
+                p.regs_.clear();
+                break;
+            }
+            p.regs_.push_back(std::move(reg));
+        }
+    }
+    p.pool_ = state_;
+    ++s.pinned;
+    s.pinned_bytes += len;
+    return p;
+}
+
+Pinned::Pinned(Pinned&& o) noexcept { *this = std::move(o); }
+
+Pinned& Pinned::operator=(Pinned&& o) noexcept {
+    if (this == &o) return *this;
+    reset();
+    pool_ = std::move(o.pool_);
+    map_ = std::move(o.map_);
+    cuda_ = std::exchange(o.cuda_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    len_ = std::exchange(o.len_, 0);
+    locked_ = std::exchange(o.locked_, false);
+    regs_ = std::move(o.regs_);
+    o.regs_.clear();
+    return *this;
+}
+
+Pinned::~Pinned() { reset(); }
+
+void Pinned::reset() noexcept {
+    regs_.clear();  // before the memory goes
+    if (cuda_) gpu::host_free(cuda_);
+    cuda_ = nullptr;
+    map_ = Mmap();
+    if (pool_) {
+        --pool_->pinned;
+        pool_->pinned_bytes -= len_;
+    }
+    pool_.reset();
+    data_ = nullptr;
+    size_ = len_ = 0;
+    locked_ = false;
 }
 
 std::vector<Holder> PinnedPool::holders() const {

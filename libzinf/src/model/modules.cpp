@@ -17,6 +17,13 @@ Config Config::from(const shard::ModelSpec& spec, unsigned tile) {
     c.vocab = spec.vocab;
     c.max_seq = spec.seq;
     c.tile = tile;
+    c.arch = spec.arch;
+    c.kv_heads = spec.kv_heads;
+    c.ffn = spec.ffn;
+    c.rope_theta = spec.rope_theta;
+    c.norm_eps = spec.norm_eps;
+    c.tied = spec.tied;
+    c.rope_scaling = spec.rope_scaling;
     return c;
 }
 
@@ -27,6 +34,13 @@ shard::ModelSpec Config::spec() const {
     s.heads = heads;
     s.vocab = vocab;
     s.seq = max_seq;
+    s.arch = arch;
+    s.kv_heads = kv_heads;
+    s.ffn = ffn;
+    s.rope_theta = rope_theta;
+    s.norm_eps = norm_eps;
+    s.tied = tied;
+    s.rope_scaling = rope_scaling;
     return s;
 }
 
@@ -108,8 +122,8 @@ void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy
 // One tile: a module of its own, so the engine's hooks see it alone.
 struct TiledLinear::Tile : Module {
     Tile(ParamTable& t, const std::string& name, unsigned k, std::uint64_t in, std::uint64_t c0_, std::uint64_t c1_)
-        : Module(name + ".tile" + std::to_string(k)), c0(c0_), c1(c1_) {
-        w = declare(t, name + ".weight.tile" + std::to_string(k), {in, c1 - c0});
+        : Module(shard::tile_name(name, k)), c0(c0_), c1(c1_) {
+        w = declare(t, shard::tile_name(name + ".weight", k), {in, c1 - c0});
     }
     std::uint64_t c0, c1;
     std::size_t w;
@@ -122,7 +136,8 @@ TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t i
     out = out_;
     // The column split zinf-shard uses: tile k holds [out*k/tiles, out*(k+1)/tiles).
     for (unsigned k = 0; k < tiles; ++k)
-        tiles_.push_back(std::make_unique<Tile>(t, name, k, in, out * k / tiles, out * (k + 1) / tiles));
+        tiles_.push_back(std::make_unique<Tile>(t, name, k, in, shard::tile_first(out, k, tiles),
+                                                shard::tile_first(out, k + 1, tiles)));
     b_ = declare(t, name + ".bias", {out});
 }
 

@@ -46,13 +46,16 @@ void Workload::validate() const {
     if (!batch) throw UsageError("--batch must be at least 1");
     if (!ci || ci > spec.layers) throw UsageError("--ci must be between 1 and the layers (" +
                                                   std::to_string(spec.layers) + ")");
-    if (!tile || tile > spec.hidden) throw UsageError("--tile must be between 1 and the hidden size");
+    if (!tile || tile > max_tile(spec))
+        throw UsageError("--tile must be between 1 and " + std::to_string(max_tile(spec)) +
+                         (spec.llama() ? " (the smallest linear layer's outputs)" : " (the hidden size)"));
     if (sequence() > spec.seq)
         throw UsageError("--seq " + std::to_string(seq) + " is longer than the model's " + std::to_string(spec.seq));
     // The byte counts below must fit 64 bits (the spec's own sizes are checked by its parser).
     using u128 = unsigned __int128;
     const u128 T = sequence(), C = spec.hidden;
-    const u128 ckpt = 2 * u128{batch} * T * C * spec.layers, awm = u128{batch} * T * ci * (16 * C + 2 * u128{spec.heads} * T);
+    const u128 ckpt = 2 * u128{batch} * T * C * spec.layers,
+               awm = u128{batch} * T * ci * (2 * u128{block_shape(spec).activations} + 2 * u128{spec.heads} * T);
     if (ckpt >= (u128{1} << 63) || awm >= (u128{1} << 63))
         throw UsageError("--batch " + std::to_string(batch) + ": too large (the activation bytes pass 2^63)");
     // And the state bytes: 20 bytes a parameter at most, by either count.
@@ -150,6 +153,19 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
 
 std::uint64_t paper_parameters(const shard::ModelSpec& s) { return s.paper_estimate(); }
 
+// A block's shape in the paper's terms, for any model. A GPT's block holds
+// 12 hd^2 weights, its largest operator hd x 4hd, and 8 hd activation
+// elements a token (qkv 3hd, attention output hd, fc 4hd). A Llama's: q, k,
+// v, o and the MLP's three matrices, the largest the MLP's hd x ffn, and
+// q, k, v (grouped: kv_heads' width), the attention output and the MLP's
+// gate, up and product.
+BlockShape block_shape(const shard::ModelSpec& s) {
+    const std::uint64_t C = s.hidden;
+    if (!s.llama()) return {12 * C * C, 4 * C * C, 8 * C};
+    const std::uint64_t q = s.heads * s.head_dim(), kv = s.kv_heads * s.head_dim(), F = s.ffn;
+    return {C * (q + 2 * kv) + q * C + 3 * C * F, C * std::max({F, q, C}), 2 * q + 2 * kv + 3 * F};
+}
+
 StateBytes state_bytes(const Workload& w) {
     StateBytes b;
     b.params = w.spec.parameters();
@@ -164,16 +180,22 @@ std::uint64_t activation_checkpoint_bytes(const Workload& w) {
     return 2 * w.batch * w.sequence() * w.spec.hidden * w.spec.layers / w.ci;
 }
 
-std::uint64_t mswm_bytes(const Workload& w) { return ceil_div(4 * w.spec.hidden * 4 * w.spec.hidden, w.tile); }
+std::uint64_t mswm_bytes(const Workload& w) { return ceil_div(4 * block_shape(w.spec).largest, w.tile); }
 
 std::uint64_t awm_bytes(const Workload& w) {
     const std::uint64_t T = w.sequence();
-    return w.batch * T * w.ci * (16 * w.spec.hidden + 2 * w.spec.heads * T);
+    return w.batch * T * w.ci * (2 * block_shape(w.spec).activations + 2 * w.spec.heads * T);
 }
 
 double ait_param(const Workload& w) { return static_cast<double>(w.sequence()) * static_cast<double>(w.batch); }
 double ait_optimizer(const Workload& w) { return ait_param(w) / 4.0; }
-double ait_activation(const Workload& w) { return 24.0 * static_cast<double>(w.spec.hidden * w.ci); }
+// A block's 2 FLOPs per weight per token, four passes (forward, recompute,
+// backward's two), over the 2 hd bytes of its fp16 checkpoint: 24 hd ci
+// for a GPT's 12 hd^2.
+double ait_activation(const Workload& w) {
+    return 2.0 * static_cast<double>(block_shape(w.spec).weights) * static_cast<double>(w.ci) /
+           static_cast<double>(w.spec.hidden);
+}
 
 double efficiency(double ait, double bw_bps, double peak_flops) {
     if (std::isinf(bw_bps)) return 1.0;
@@ -312,9 +334,9 @@ Report plan(const Workload& w, const Hardware& h, double target) {
     const std::uint64_t block = h.gpu_max_block ? h.gpu_max_block : h.gpu_bytes;
     r.tile = 0;
     if (block) {
-        const std::uint64_t whole = 4 * w.spec.hidden * 4 * w.spec.hidden;
+        const std::uint64_t whole = 4 * block_shape(w.spec).largest;
         const std::uint64_t t = std::max<std::uint64_t>(1, ceil_div(whole, block));
-        if (t <= w.spec.hidden) r.tile = static_cast<unsigned>(t);
+        if (t <= max_tile(w.spec)) r.tile = static_cast<unsigned>(t);
     }
 
     // The batch per device that brings the placement's parameter and optimizer

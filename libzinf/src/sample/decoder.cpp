@@ -2,6 +2,7 @@
 // parameters' names (zinf-shard's, which the model declares), each run
 // between the engine's hooks with the kernels the training forward uses, on
 // one row: the new position. Attention reads the layer's key-value cache.
+#include <zinf/llama.hpp>
 #include <zinf/sample.hpp>
 
 #include <algorithm>
@@ -70,7 +71,12 @@ struct Decoder::Impl {
     device::Array<float> qkv, atty, att;                // (3C), (C), (NH, positions)
     device::Array<float> fch, fch_gelu, logits;         // (4C), (4C), (V)
 
+    // A Llama runs its own one-position forward with its own cache.
+    model::Llama* llama = nullptr;
+    std::unique_ptr<model::LlamaDecodeState> state;
+
     Impl(const model::GPT& gpt, device::Device& d, std::uint64_t n);
+    Impl(model::Llama& m, device::Device& d, std::uint64_t n);
     void linear(device::Stream& s, zero::ParamEngine& e, const Lin& l, std::span<float> y, std::span<const float> xin);
     void norm(device::Stream& s, zero::ParamEngine& e, const Norm& n, std::span<float> y, std::span<const float> xin);
 };
@@ -101,6 +107,9 @@ void plan(const model::Config& c, std::uint64_t n, F&& take) {
 }  // namespace
 
 std::uint64_t Decoder::device_bytes(const model::Config& c, std::uint64_t positions) {
+    if (c.arch == shard::Arch::llama)  // the state, the token and the logits
+        return model::Llama::decode_bytes(c, positions) + align_up(4, mem::kArenaAlignment) +
+               align_up(c.vocab * 4, mem::kArenaAlignment);
     std::uint64_t bytes = 0;
     plan(c, positions, [&](std::uint64_t count, const char*) {
         bytes += align_up(std::max<std::uint64_t>(count * 4, 1), mem::kArenaAlignment);
@@ -134,7 +143,7 @@ Decoder::Impl::Impl(const model::GPT& gpt, device::Device& d, std::uint64_t n)
         }
         std::uint64_t c0 = 0;
         for (unsigned k = 0;; ++k) {  // "<name>.weight.tile<k>" (in, c1-c0), in column order
-            const auto it = by_name.find(name + ".weight.tile" + std::to_string(k));
+            const auto it = by_name.find(shard::tile_name(name + ".weight", k));
             if (it == by_name.end()) break;
             const std::uint64_t w = table[it->second].shape.at(1);
             l.tiles.push_back({owner(it->second), it->second, c0, c0 + w});
@@ -205,8 +214,19 @@ void Decoder::Impl::norm(device::Stream& s, zero::ParamEngine& e, const Norm& n,
     dev.layernorm_forward(s, y, mean, rstd, xin, e.weight(*n.mod, n.w), e.weight(*n.mod, n.b), 1, cfg.hidden);
 }
 
-Decoder::Decoder(const model::GPT& gpt, device::Device& dev, std::uint64_t positions)
-    : impl_(std::make_unique<Impl>(gpt, dev, positions)) {}
+Decoder::Impl::Impl(model::Llama& m, device::Device& d, std::uint64_t n)
+    : cfg(m.config()), dev(d), positions(n), llama(&m) {
+    state = m.decode_state(d, n);  // refuses n outside 1..max_seq
+    token = dev.alloc<std::int32_t>(1, "token");
+    logits = dev.alloc<float>(cfg.vocab, "logits");
+    tokens.assign(n, 0);
+}
+
+Decoder::Decoder(model::LanguageModel& m, device::Device& dev, std::uint64_t positions) {
+    if (auto* l = dynamic_cast<model::Llama*>(&m)) impl_ = std::make_unique<Impl>(*l, dev, positions);
+    else if (auto* g = dynamic_cast<model::GPT*>(&m)) impl_ = std::make_unique<Impl>(*g, dev, positions);
+    else throw InternalError("decoder: a model neither a GPT nor a Llama");
+}
 
 Decoder::~Decoder() = default;
 
@@ -226,6 +246,13 @@ void Decoder::step(device::Stream& s, zero::ParamEngine& e, std::int32_t tok, st
     if (logits_host.size() < V) throw InternalError("decoder: the logits need " + std::to_string(V) + " floats");
     I.tokens[p] = tok;
     dev.copy(s, std::as_writable_bytes(I.token.span()), std::as_bytes(std::span(I.tokens).subspan(p, 1)));
+    if (I.llama) {  // the model's own blocks, through the same hooks
+        model::Context ctx{dev, s, e};
+        I.llama->decode(ctx, *I.state, I.token, p, I.logits);
+        dev.copy(s, std::as_writable_bytes(logits_host.first(V)), std::as_bytes(I.logits.span()));
+        ++I.pos;
+        return;
+    }
     {
         Scope scope(e, *I.embedding);  // x = wte[tok] + wpe[p]
         dev.embedding_forward(s, I.x, I.token, e.weight(*I.embedding, I.wte),

@@ -97,7 +97,7 @@ std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, 
     return drawn;
 }
 
-zero::InfinityOptions engine_options(const shard::Manifest& m, const model::GPT& gpt, std::uint64_t prefetch_bytes,
+zero::InfinityOptions engine_options(const shard::Manifest& m, const model::LanguageModel& gpt, std::uint64_t prefetch_bytes,
                                      std::optional<std::uint64_t> persist_below, std::uint64_t device_left) {
     zero::InfinityOptions io;
     io.prefetch_bytes = prefetch_bytes;

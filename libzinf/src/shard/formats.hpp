@@ -8,7 +8,12 @@
 #include <zinf/shard.hpp>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,5 +87,88 @@ struct Placed {
 };
 // Every model tensor of an llm.c file with this header, in zinf's order.
 std::vector<Placed> llmc_places(const LlmcHeader& h);
+
+// ---------------------------------------------------------------------------
+// What import and export of every format share (weights.cpp, hf.cpp).
+// Reads queued on the io engine, waited together.
+class Reads {
+public:
+    explicit Reads(io::Engine& engine) : engine_(engine) {}
+    ~Reads() {
+        for (auto t : queued_) try {
+                engine_.wait(t);
+            } catch (...) {  // already failing: the first error is on its way
+            }
+    }
+    void add(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
+        if (queued_.size() >= kMaxQueued) take();
+        queued_.push_back(engine_.read(file, offset, dst));
+    }
+    void wait() {
+        while (!queued_.empty()) take();
+    }
+
+private:
+    static constexpr std::size_t kMaxQueued = 256;
+    void take() {
+        const io::Ticket t = queued_.front();
+        queued_.pop_front();
+        engine_.wait(t);
+    }
+    io::Engine& engine_;
+    std::deque<io::Ticket> queued_;
+};
+
+// The partitions of one state, by tensor and rank, read at any element.
+class StateReader {
+public:
+    StateReader(const Manifest& m, const std::string& state) : m_(m), parts_(m.tensors.size()) {
+        for (const auto& p : m.parts)
+            if (p.state == state) parts_[p.tensor].push_back(&p);
+        for (auto& v : parts_) {
+            std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
+            if (v.size() != m.opts.dp) throw InternalError("export: a tensor without a partition per rank");
+        }
+    }
+    // Elements [first, first + count) of tensor `t` into dst, across its partitions.
+    void read(Reads& r, std::size_t t, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst) {
+        const std::uint64_t per = m_.elements_per_rank(m_.tensors[t]);
+        while (count > 0) {
+            const Partition& p = *parts_[t].at(first / per);
+            if (first < p.first || first >= p.last) throw InternalError("export: element outside its partition");
+            const std::uint64_t n = std::min(count, p.last - first), eb = dtype_bytes(p.dtype);
+            r.add(file(p), p.offset + (first - p.first) * eb, dst.first(n * eb));
+            dst = dst.subspan(n * eb);
+            first += n;
+            count -= n;
+        }
+    }
+
+private:
+    io::File& file(const Partition& p) {
+        auto it = files_.find(p.file);
+        if (it == files_.end()) {
+            if (!m_.rank_dirs.empty()) check_rank_folders(m_, {p.rank});
+            const Manifest::Place at = m_.place(p.file);
+            it = files_.emplace(p.file, io::File::open(at.path(), {.direct = io::Direct::buffered, .beneath = at.root}))
+                     .first;
+        }
+        return it->second;
+    }
+    const Manifest& m_;
+    std::vector<std::vector<const Partition*>> parts_;
+    std::map<std::string, io::File> files_;
+};
+
+// Every partition of `state` read against its xxh3 (DataError, 65): before a
+// byte of an export is written, and again before its rename.
+void verify_state(const Manifest& m, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
+                  const RunOptions& opts);
+
+// An imported value that is not finite (or that the bf16 parameters would
+// round to infinity) would train into nothing but NaN: DataError (65) naming
+// the file and name(i), the tensor and index of v[i] there.
+void refuse_nonfinite(std::span<const float> v, bool bf16, const std::string& from,
+                      const std::function<std::string(std::uint64_t i)>& name);
 
 }  // namespace zinf::shard::detail

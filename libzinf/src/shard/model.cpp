@@ -1,6 +1,8 @@
 // Model specs, presets and the GPT-2 tensor list in execution order.
 #include <zinf/shard.hpp>
 
+#include "llama.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -49,6 +51,7 @@ std::uint64_t parse_count(std::string_view text, std::string_view key, std::stri
 std::string known_presets() {
     std::string s;
     for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+    for (const auto& p : llama_presets()) s += ", " + std::string(p.name);
     return s;
 }
 
@@ -58,11 +61,21 @@ std::span<const Preset> presets() { return kPresets; }
 
 ModelSpec ModelSpec::parse(std::string_view text) {
     for (const auto& p : kPresets)
-        if (text == p.name) return ModelSpec{p.layers, p.hidden, p.heads, 50257, 1024, p.name};
+        if (text == p.name) {
+            ModelSpec s;
+            s.layers = p.layers;
+            s.hidden = p.hidden;
+            s.heads = p.heads;
+            s.preset = p.name;
+            return s;
+        }
+    if (auto s = detail::llama_preset(text)) return *s;
+    if (text.starts_with("llama:")) return detail::parse_llama(text);
     if (!text.starts_with("gpt:"))
         throw UsageError("model spec '" + std::string(text) +
-                         "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T] or a preset (" + known_presets() +
-                         ")");
+                         "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T], "
+                         "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1] "
+                         "or a preset (" + known_presets() + ")");
     ModelSpec s;
     s.heads = 0;
     std::string_view rest = text.substr(4);
@@ -110,21 +123,25 @@ ModelSpec ModelSpec::parse(std::string_view text) {
 }
 
 std::string ModelSpec::to_string() const {
+    if (llama()) return detail::llama_to_string(*this);
     return "gpt:layers=" + std::to_string(layers) + ",hidden=" + std::to_string(hidden) +
            ",heads=" + std::to_string(heads) + ",vocab=" + std::to_string(vocab) + ",seq=" + std::to_string(seq);
 }
 
 std::uint64_t ModelSpec::parameters() const {
+    if (llama()) return detail::llama_parameters(*this);
     const std::uint64_t C = hidden;
     return vocab * C + seq * C + layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
 std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile) {
+    if (spec.llama()) return detail::llama_tensor_count(spec, tile);
     // wte, wpe, ln_f's two; per layer 8 plain tensors and 4 linear weights of `tile` pieces each.
     return 4 + spec.layers * (8 + 4 * std::uint64_t{tile});
 }
 
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
+    if (spec.llama()) return detail::llama_tensors(spec, tile);
     const std::uint64_t C = spec.hidden;
     if (tile == 0 || tile > C)
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the hidden size " +
@@ -144,9 +161,9 @@ std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
     auto linear = [&](const std::string& name, std::uint64_t in, std::uint64_t outc, InitKind init) {
         if (tile == 1) return plain(name, {in, outc}, init);
         for (unsigned k = 0; k < tile; ++k) {
-            const std::uint64_t c0 = outc * k / tile, c1 = outc * (k + 1) / tile;
+            const std::uint64_t c0 = tile_first(outc, k, tile), c1 = tile_first(outc, k + 1, tile);
             Tensor t;
-            t.name = name + ".tile" + std::to_string(k);
+            t.name = tile_name(name, k);
             t.key = name;
             t.shape = {in, c1 - c0};
             t.numel = in * (c1 - c0);

@@ -5,6 +5,7 @@
 // (row-major too, or llm.c's (out, in): zinf's matrix column-major), a block
 // at a time through a pool buffer, so memory does not grow with the model.
 #include "formats.hpp"
+#include "llama.hpp"
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -29,6 +30,34 @@ using detail::Elem;
 using detail::elem_bytes;
 using detail::Placed;
 using detail::shape_text;
+using detail::Reads;
+using detail::StateReader;
+using detail::verify_state;
+using detail::refuse_nonfinite;
+
+void detail::refuse_nonfinite(std::span<const float> v, bool bf16, const std::string& from,
+                              const std::function<std::string(std::uint64_t i)>& name) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (std::isfinite(v[i]) && (!bf16 || std::isfinite(from_bf16(to_bf16(v[i]))))) continue;
+        char value[32];
+        std::snprintf(value, sizeof value, "%g", static_cast<double>(v[i]));
+        throw DataError(name(i) + " is " + value + (std::isfinite(v[i]) ? " (infinite in the bf16 parameters)" : "") +
+                            ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
+                        {0, from, {}, -1});
+    }
+}
+
+void detail::verify_state(const Manifest& m, const std::string& state, io::Engine& engine,
+                          mem::PinnedPool& pool, const RunOptions& opts) {
+    Manifest mine = m;
+    mine.parts.clear();
+    for (const auto& p : m.parts)
+        if (p.state == state) mine.parts.push_back(p);
+    RunOptions vo;
+    vo.jobs = opts.jobs;
+    vo.stop = opts.stop;
+    verify(mine, engine, pool, vo);
+}
 
 namespace {
 
@@ -82,35 +111,6 @@ void convert(const std::byte* src, Elem se, std::byte* dst, Elem de, std::size_t
     for (std::size_t i = 0; i < n; ++i) store(dst + i * db, de, load(src + i * sb, se));
 }
 
-// ---------------------------------------------------------------------------
-// Reads queued on the io engine, waited together.
-class Reads {
-public:
-    explicit Reads(io::Engine& engine) : engine_(engine) {}
-    ~Reads() {
-        for (auto t : queued_) try {
-                engine_.wait(t);
-            } catch (...) {  // already failing: the first error is on its way
-            }
-    }
-    void add(io::File& file, std::uint64_t offset, std::span<std::byte> dst) {
-        if (queued_.size() >= kMaxQueued) take();
-        queued_.push_back(engine_.read(file, offset, dst));
-    }
-    void wait() {
-        while (!queued_.empty()) take();
-    }
-
-private:
-    static constexpr std::size_t kMaxQueued = 256;
-    void take() {
-        const io::Ticket t = queued_.front();
-        queued_.pop_front();
-        engine_.wait(t);
-    }
-    io::Engine& engine_;
-    std::deque<io::Ticket> queued_;
-};
 
 // Columns [c0, c0 + w) of a model tensor's (rows, cols) matrix, laid out in a
 // flat element space row-major or column-major.
@@ -340,6 +340,7 @@ WeightFormat detect_weight_format(const std::string& path) {
 
 Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
                        mem::PinnedPool& pool, const RunOptions& opts) {
+    if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);  // (a folder is fine there)
     const WeightFormat format = detect_weight_format(from);  // first: it refuses a FIFO or a folder at once
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
     const auto places = format == WeightFormat::llmc ? llmc_places(m, file, engine) : safetensors_places(m, file, engine);
@@ -367,22 +368,10 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
         Reads reads(engine);
         gather(dst, first, n, std::as_writable_bytes(out.first(n)), std::span(&src, 1), scratch, reads);
         if (opts.allow_nonfinite) return;
-        // A value that is not finite (or that the bf16 parameters would round
-        // to infinity) would be trained into nothing but NaN: refused, named
-        // by the file's tensor and its index there.
-        const bool bf16 = m.opts.param_dtype == DType::bf16;
-        for (std::uint64_t i = 0; i < n; ++i) {
-            const float v = out[i];
-            if (std::isfinite(v) && (!bf16 || std::isfinite(from_bf16(to_bf16(v))))) continue;
+        refuse_nonfinite(out.first(n), m.opts.param_dtype == DType::bf16, from, [&](std::uint64_t i) {
             const std::uint64_t e = first + i, w = t.numel / rows, r = e / w, k = t.col0 + e % w;
-            const std::uint64_t index = p.row_major ? r * cols + k : k * rows + r;
-            char value[32];
-            std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
-            throw DataError("tensor '" + p.what + "' element " + std::to_string(index) + " is " + value +
-                                (std::isfinite(v) ? " (infinite in the bf16 parameters)" : "") +
-                                ": not a finite weight; nothing was imported (--allow-nonfinite imports it)",
-                            {0, from, {}, -1});
-        }
+            return "tensor '" + p.what + "' element " + std::to_string(p.row_major ? r * cols + k : k * rows + r);
+        });
     };
     return init(m, dir, engine, pool, opts, values);
 }
@@ -398,60 +387,7 @@ struct Out {
     Elem elem = Elem::f32;
 };
 
-// The partitions of one state, by tensor and rank, read at any element.
-class StateReader {
-public:
-    StateReader(const Manifest& m, const std::string& state) : m_(m), parts_(m.tensors.size()) {
-        for (const auto& p : m.parts)
-            if (p.state == state) parts_[p.tensor].push_back(&p);
-        for (auto& v : parts_) {
-            std::sort(v.begin(), v.end(), [](const Partition* a, const Partition* b) { return a->rank < b->rank; });
-            if (v.size() != m.opts.dp) throw InternalError("export: a tensor without a partition per rank");
-        }
-    }
-    // Elements [first, first + count) of tensor `t` into dst, across its partitions.
-    void read(Reads& r, std::size_t t, std::uint64_t first, std::uint64_t count, std::span<std::byte> dst) {
-        const std::uint64_t per = m_.elements_per_rank(m_.tensors[t]);
-        while (count > 0) {
-            const Partition& p = *parts_[t].at(first / per);
-            if (first < p.first || first >= p.last) throw InternalError("export: element outside its partition");
-            const std::uint64_t n = std::min(count, p.last - first), eb = dtype_bytes(p.dtype);
-            r.add(file(p), p.offset + (first - p.first) * eb, dst.first(n * eb));
-            dst = dst.subspan(n * eb);
-            first += n;
-            count -= n;
-        }
-    }
 
-private:
-    io::File& file(const Partition& p) {
-        auto it = files_.find(p.file);
-        if (it == files_.end()) {
-            if (!m_.rank_dirs.empty()) check_rank_folders(m_, {p.rank});
-            const Manifest::Place at = m_.place(p.file);
-            it = files_.emplace(p.file, io::File::open(at.path(), {.direct = io::Direct::buffered, .beneath = at.root}))
-                     .first;
-        }
-        return it->second;
-    }
-    const Manifest& m_;
-    std::vector<std::vector<const Partition*>> parts_;
-    std::map<std::string, io::File> files_;
-};
-
-// Every partition of `state` read against its xxh3, before a byte of the
-// export is written.
-void verify_state(const Manifest& m, const std::string& state, io::Engine& engine, mem::PinnedPool& pool,
-                  const RunOptions& opts) {
-    Manifest mine = m;
-    mine.parts.clear();
-    for (const auto& p : m.parts)
-        if (p.state == state) mine.parts.push_back(p);
-    RunOptions vo;
-    vo.jobs = opts.jobs;
-    vo.stop = opts.stop;
-    verify(mine, engine, pool, vo);
-}
 
 // The layout of the output file: its header's bytes, where each model tensor
 // goes, and a run of zero bytes (llm.c's padded vocabulary rows).
@@ -608,6 +544,13 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     // No writer beside (zinf-train committing a step, init --force): the
     // export reads one committed state.
     const Lock lock = lock_state(m, LockMode::shared);
+    if (m.spec.llama()) {
+        if (format != WeightFormat::safetensors)
+            throw UsageError("llm.c's checkpoint holds a GPT-2; a Llama-family model exports as safetensors");
+        return detail::export_hf(m, to, engine, pool, opts);
+    }
+    if (opts.shard_bytes || opts.dtype)
+        throw UsageError("--shard-size and --dtype are for Llama-family models (Hugging Face's layout)");
     ExportResult res;
     res.state = std::find(m.states.begin(), m.states.end(), "master") != m.states.end() ? "master" : "param";
     const Elem se = state_dtype(m.opts, res.state) == DType::fp32 ? Elem::f32 : Elem::bf16;
@@ -618,6 +561,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     const OutLayout l =
         format == WeightFormat::safetensors ? safetensors_layout(m, keys, se, res.state) : llmc_layout(m, keys);
     res.bytes = l.bytes;
+    res.files = {to};
     res.tensors = keys.size();
 
     // Written under a temporary name beside `to`, then renamed over it.

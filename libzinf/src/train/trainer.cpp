@@ -33,7 +33,8 @@ struct Trainer::Impl {
     device::Device& dev;
     Options opts;
     unsigned dp = 1, rank = 0;
-    model::GPT gpt;
+    std::unique_ptr<model::LanguageModel> model;
+    model::LanguageModel& gpt;  // *model
     std::unique_ptr<model::ResidentEngine> resident;  // Options::resident
     model::Activations acts;
     std::uint64_t acts_used = 0;  // of the arena, after planning the activations
@@ -91,7 +92,8 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
       opts(o),
       dp(m_.opts.dp),
       rank(static_cast<unsigned>(c.rank())),
-      gpt(config_of(m_)),
+      model(model::make_model(config_of(m_))),
+      gpt(*model),
       param_dtype(m_.opts.param_dtype),
       pbytes(shard::dtype_bytes(m_.opts.param_dtype)) {
     if (!m.opts.train)
@@ -221,8 +223,8 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
             shard::LayoutOptions lo = m.opts;
             lo.tile = k;
             const shard::Manifest mk = shard::layout(m.spec, lo);
-            const model::GPT gk(model::Config::from(m.spec, k));
-            const auto nk = zero::InfinityEngine::need(mk, gk.modules(), opts.infinity);
+            const auto gk = model::make_model(model::Config::from(m.spec, k));
+            const auto nk = zero::InfinityEngine::need(mk, gk->modules(), opts.infinity);
             if (nk.total() <= left) {
                 msg += ", or a layout with --tile " + std::to_string(k) + " (zinf-shard layout --tile " +
                        std::to_string(k) + "; its largest module, " + nk.module + ", needs " +
@@ -298,7 +300,7 @@ Trainer::Trainer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engin
 Trainer::~Trainer() = default;
 
 std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
-model::GPT& Trainer::gpt() { return impl_->gpt; }
+model::LanguageModel& Trainer::model() { return impl_->gpt; }
 model::ResidentEngine& Trainer::resident_engine() {
     if (!impl_->resident) throw InternalError("Trainer::resident_engine(): the trainer runs the ZeRO-Infinity engine");
     return *impl_->resident;
@@ -497,6 +499,7 @@ StepLog Trainer::step(const data::Loader& train) {
         const zero::InfinityStats st = I.infinity->stats();
         std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
         log.stall_seconds = st.stall_seconds;
+        log.collectives = st.collectives;
         log.device_peak_bytes = st.device_peak;
         log.trace_diverged = st.diverged;
         if (!r.overflow) I.infinity->after_step();

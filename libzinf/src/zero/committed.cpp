@@ -13,7 +13,7 @@ struct CommittedParams::Impl {
     unsigned rank = 0;
     std::vector<const shard::Partition*> part;  // by tensor: this rank's param record
     std::map<std::string, io::File> files;      // nvme: by the record's file
-    std::map<std::string, AlignedBuffer> images;  // gpu, cpu: each file's bytes, whole
+    std::map<std::string, mem::Pinned> images;  // gpu, cpu: each file's bytes, whole
 
     io::File& file(const std::string& rel) {
         auto it = files.find(rel);
@@ -30,7 +30,7 @@ struct CommittedParams::Impl {
     std::string where(std::size_t t) const { return m.tensors[t].name + " rank " + std::to_string(rank) + " param"; }
 };
 
-CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine)
+CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::Engine& engine, mem::PinnedPool& pool)
     : impl_(std::make_unique<Impl>(Impl{m, rank, {}, {}, {}})) {
     Impl& I = *impl_;
     if (m.dir.empty()) throw DataError("the manifest has no data directory: run zinf-shard init first");
@@ -69,10 +69,7 @@ CommittedParams::CommittedParams(const shard::Manifest& m, unsigned rank, io::En
         if (f.size() < end)
             throw DataError(m.path_of(rel) + ": " + std::to_string(f.size()) + " bytes, but rank " +
                             std::to_string(rank) + "'s param partitions reach " + std::to_string(end));
-        AlignedBuffer image = AlignedBuffer::allocate(end);
-        if (int err = image.lock())
-            log::warn_once("committed-mlock", "cannot page-lock the parameters in memory (mlock: " +
-                                                  std::string(std::strerror(err)) + "); they stay pageable");
+        mem::Pinned image = pool.pin(end, "committed parameters in memory");
         engine.wait(engine.read(f, 0, image.bytes()));
         I.images.emplace(rel, std::move(image));
     }

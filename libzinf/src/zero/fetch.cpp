@@ -1,7 +1,8 @@
 // The engine's fetch pipeline (zero.hpp, paper §6.2): device memory from the
-// ring, and for each parameter nc (NVMe -> pinned leases), cg (pinned ->
-// device, the h2d stream) and gg (allgather into the full fp32 buffer, the
-// collectives stream), each stage ordered after the last by device events.
+// ring, for each parameter nc (NVMe -> pinned leases) and cg (pinned ->
+// device, the h2d stream), then gg for the module's parameters as one bucket
+// (one allgather into their full fp32 buffers, the collectives stream), each
+// stage ordered after the last by device events.
 #include "infinity.hpp"
 
 #include <algorithm>
@@ -196,46 +197,61 @@ std::unique_ptr<InfinityEngine::Impl::Fetch> InfinityEngine::Impl::issue(const M
     for (const auto& w : f->place.waits)
         if (w.stream == d2h) dev.synchronize(w);
 
-    // Persistent parameters: gathered once per step, into their own memory.
-    for (std::size_t pi : mod.params())
-        if (params[pi].persistent) fetch_persistent(params[pi]);
-    for (std::size_t pi : mod.external())
-        if (params[pi].persistent) fetch_persistent(params[pi]);
-
-    for (const Slot& s : f->slots) {
-        ParamState& p = params[s.param];
-        const std::uint64_t base = f->place.at;
+    // nc and cg for every parameter the module needs now (its persistent
+    // ones once per step, into their own memory), then gg for them all as
+    // one bucket: one collective per module fetch, not one per parameter.
+    std::vector<Staged> bucket;
+    std::vector<ParamState*> persisted;
+    for (auto list : {mod.params(), mod.external()})
+        for (std::size_t pi : list) {
+            ParamState& p = params[pi];
+            if (!p.persistent || p.persist_version == version) continue;
+            if (std::find(persisted.begin(), persisted.end(), &p) != persisted.end()) continue;
+            bucket.push_back(stage(p, {p.persist.data(), p.persist.size()}, detail::values_layout(p, dp, bf16), {}, kNone));
+            persisted.push_back(&p);
+        }
+    const std::uint64_t base = f->place.at;
+    for (const Slot& s : f->slots)
         if (s.values_at != kNone)
-            gather_into(p, ring.places.bytes(base + s.values_at, s.values.bytes), s.values, f->place.waits,
-                        trace_index);
+            bucket.push_back(stage(params[s.param], ring.places.bytes(base + s.values_at, s.values.bytes), s.values,
+                                   f->place.waits, trace_index));
+    gather(bucket, f->place.waits);
+    if (!persisted.empty()) {
+        const device::Event ready = dev.record(*coll);
+        for (ParamState* p : persisted) {
+            p->persist_ready = ready;
+            p->persist_version = version;
+        }
+    }
+    for (const Slot& s : f->slots)
         if (s.grad != kNone) {
             // The gradient the backward adds to starts at zero, written on the
             // collectives stream after whatever used the place before.
             for (const auto& w : f->place.waits) dev.wait(*coll, w);
-            auto g = ring.places.bytes(base + s.grad, p.numel * 4);
-            dev.zero(*coll, {reinterpret_cast<float*>(g.data()), p.numel});
+            auto g = ring.places.bytes(base + s.grad, params[s.param].numel * 4);
+            dev.zero(*coll, {reinterpret_cast<float*>(g.data()), params[s.param].numel});
         }
-    }
     f->ready = dev.record(*coll);
     ++st.fetches;
     ++(prefetch ? st.prefetched : st.on_demand);
     return f;
 }
 
-void InfinityEngine::Impl::fetch_persistent(ParamState& p) {
-    if (p.persist_version == version) return;
-    gather_into(p, {p.persist.data(), p.persist.size()}, detail::values_layout(p, dp, bf16), {}, kNone);
-    p.persist_ready = dev.record(*coll);
-    p.persist_version = version;
-}
-
-// The pipeline into one parameter's values memory laid out as `l`.
-void InfinityEngine::Impl::gather_into(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
-                                       const std::vector<device::Event>& waits, std::size_t trace_index) {
+// nc and cg for one parameter into its values memory `mem` laid out as `l`:
+// its partition on the device once the h2d stream gets there, and where
+// its gather goes.
+InfinityEngine::Impl::Staged InfinityEngine::Impl::stage(ParamState& p, std::span<std::byte> mem,
+                                                         const detail::ValuesLayout& l,
+                                                         const std::vector<device::Event>& waits,
+                                                         std::size_t trace_index) {
     auto own = l.own == kNone ? std::span<std::byte>{} : mem.subspan(l.own, p.per * p.dt);
-    auto staging = l.staging == kNone ? std::span<std::byte>{} : mem.subspan(l.staging, p.numel * 2);
+    Staged s;
+    s.p = &p;
+    s.staging = l.staging == kNone ? std::span<std::byte>{} : mem.subspan(l.staging, p.numel * 2);
     auto full = mem.subspan(l.full, p.numel * 4);
-    pipeline(p, own, staging, {reinterpret_cast<float*>(full.data()), p.numel}, waits, trace_index);
+    s.full = {reinterpret_cast<float*>(full.data()), p.numel};
+    s.src = copy_in(p, own, waits, trace_index);
+    return s;
 }
 
 // nc: the partition (padded to the file's alignment, which the layout
@@ -308,12 +324,12 @@ void InfinityEngine::Impl::read_ahead() {
     }
 }
 
-// nc -> cg -> gg for one parameter into `full` (numel fp32). `own` is this
-// rank's partition on the device (empty for the gpu tier, whose partition is
-// resident); `staging` the bf16 gather buffer (dp > 1 with bf16).
-void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging,
-                                    std::span<float> full, const std::vector<device::Event>& waits,
-                                    std::size_t trace_index) {
+// nc -> cg for one parameter: this rank's partition on the device, once the
+// h2d stream gets there. `own` is where it goes (empty for the gpu tier,
+// whose partition is resident).
+std::span<const std::byte> InfinityEngine::Impl::copy_in(ParamState& p, std::span<std::byte> own,
+                                                         const std::vector<device::Event>& waits,
+                                                         std::size_t trace_index) {
     const std::uint64_t pbytes = p.per * p.dt;
     std::span<const std::byte> src_dev;  // this rank's partition on the device, once cg is done
     if (p.tier == shard::Tier::gpu) {
@@ -366,28 +382,39 @@ void InfinityEngine::Impl::pipeline(ParamState& p, std::span<std::byte> own, std
         }
         src_dev = own;
     }
+    return src_dev;
+}
 
-    // gg: every rank's partition into the full tensor, on the collectives
-    // stream after the copy (and after whatever used these places before).
+// gg: every rank's partitions into the full tensors of a bucket, on the
+// collectives stream after the copies (and after whatever used these places
+// before): one collective for the bucket. An allgather moves bytes and adds
+// nothing, so the bucket's split cannot change a bit.
+void InfinityEngine::Impl::gather(const std::vector<Staged>& bucket, const std::vector<device::Event>& waits) {
+    if (bucket.empty()) return;
     dev.wait(*coll, dev.record(*h2d));
     for (const auto& w : waits) dev.wait(*coll, w);
-    const std::uint64_t n = p.numel;
-    if (dp == 1) {
-        if (bf16)
-            dev.cast(*coll, full, {reinterpret_cast<const std::uint16_t*>(src_dev.data()), n});
-        else
-            dev.copy(*coll, std::as_writable_bytes(full), src_dev.first(n * 4));
-    } else {
+    if (dp > 1) {
         if (!dev.host_addressable())
             throw InternalError("engine: allgather of device memory needs the device's own collectives (NCCL), "
                                 "which come with the cuda backend");
-        auto dst = bf16 ? staging : std::as_writable_bytes(full);
-        dev.host(*coll, [this, src_dev, dst, n] {
-            zero::gather(comm, Gather{src_dev, dst, n}, bf16 ? comm::DType::bf16 : comm::DType::f32);
+        std::vector<Gather> all;
+        all.reserve(bucket.size());
+        for (const Staged& s : bucket)
+            all.push_back({s.src, bf16 ? s.staging : std::as_writable_bytes(s.full), s.p->numel});
+        dev.host(*coll, [this, all = std::move(all)] {
+            zero::gather(comm, all, bf16 ? comm::DType::bf16 : comm::DType::f32);
         });
-        if (bf16) dev.cast(*coll, full, {reinterpret_cast<const std::uint16_t*>(staging.data()), n});
+        ++st.collectives;
     }
-    st.gathered_bytes += n * p.dt;
+    for (const Staged& s : bucket) {
+        const std::uint64_t n = s.p->numel;
+        if (bf16)
+            dev.cast(*coll, s.full,
+                     {reinterpret_cast<const std::uint16_t*>(dp > 1 ? s.staging.data() : s.src.data()), n});
+        else if (dp == 1)
+            dev.copy(*coll, std::as_writable_bytes(s.full), s.src.first(n * 4));
+        st.gathered_bytes += n * s.p->dt;
+    }
 }
 
 }  // namespace zinf::zero

@@ -119,8 +119,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
-    gradients.staging = AlignedBuffer::allocate(align_up(largest_count * 4, 4096));
-    gradients.staging.lock();
+    gradients.staging = pool.pin(largest_count * 4, "engine's gradient staging");
 
     const std::uint64_t left = align_down(dev.arena().stats().largest_free, mem::kArenaAlignment);
     ring.block = dev.arena().allocate(left, "engine working memory");
@@ -331,6 +330,7 @@ void Impl::hand_over(const Module& mod) {
             throw InternalError("engine: reduce-scatter of device memory needs the device's own collectives (NCCL), "
                                 "which come with the cuda backend");
         dev.host(*coll, [this, bucket] { zero::reduce_scatter(comm, bucket, comm::DType::f32); });
+        ++st.collectives;
     }
     dev.wait(*d2h, dev.record(*coll));
     for (const Out& o : outs) {

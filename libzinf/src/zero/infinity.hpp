@@ -218,7 +218,7 @@ struct InfinityEngine::Impl {
     // arbitrarily far ahead of the hand-over and spread its buffers over the
     // whole ring.
     struct GradientStage {
-        AlignedBuffer staging;  // host: the largest gradient partition, for the hand-over
+        mem::Pinned staging;  // host: the largest gradient partition, for the hand-over
         std::deque<std::pair<device::Event, std::uint64_t>> handovers;
         std::uint64_t handover_bytes = 0;
         std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
@@ -229,14 +229,23 @@ struct InfinityEngine::Impl {
         return detail::block_bytes(params, dp, bf16, mod, grads, slots);
     }
     std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
-    void pipeline(ParamState& p, std::span<std::byte> own, std::span<std::byte> staging, std::span<float> full,
-                  const std::vector<device::Event>& waits, std::size_t trace_index);
+    // One parameter between cg and gg: its partition on the device (once the
+    // h2d stream gets there), the bf16 gather buffer (dp > 1 with bf16), the
+    // full fp32 values.
+    struct Staged {
+        ParamState* p = nullptr;
+        std::span<const std::byte> src;
+        std::span<std::byte> staging;
+        std::span<float> full;
+    };
+    Staged stage(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
+                 const std::vector<device::Event>& waits, std::size_t trace_index);
+    std::span<const std::byte> copy_in(ParamState& p, std::span<std::byte> own, const std::vector<device::Event>& waits,
+                                       std::size_t trace_index);
+    void gather(const std::vector<Staged>& bucket, const std::vector<device::Event>& waits);
     std::vector<std::shared_ptr<detail::ReadPiece>> read_partition(const ParamSource& src,
                                                                std::uint64_t pbytes, bool try_only);
     void read_ahead();
-    void fetch_persistent(ParamState& p);
-    void gather_into(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
-                     const std::vector<device::Event>& waits, std::size_t trace_index);
     void release(std::unique_ptr<Fetch>& f, const device::Event& done);
     void reset_streams() noexcept;
 

@@ -81,8 +81,7 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
                   "backward (an update overlapped with backward could not be redone exactly without a second "
                   "copy of them)");
     if (speculative && roles[Role::param].present && !roles[Role::param].file) {
-        p_undo = AlignedBuffer::allocate(roles[Role::param].end);
-        p_undo.lock();
+        p_undo = pool.pin(roles[Role::param].end, "optimizer's undo copy of the parameters");
     }
     speculated.assign(tensor_count, false);
     setup_grad();
@@ -201,10 +200,7 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
     if ((state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::gpu)
         log::warn_once("optim-gpu-tier", "gpu-tier state is held in host memory and updated by the CPU AdamW: "
                                          "the optimizer does not run the device's kernel yet");
-    rs.image = AlignedBuffer::allocate(rs.end);
-    if (int err = rs.image.lock())
-        log::warn_once("optim-mlock", "cannot page-lock the optimizer's state in memory (mlock: " +
-                                          std::string(std::strerror(err)) + "); it stays pageable");
+    rs.image = pool.pin(rs.end, "optimizer's " + state + " in memory");
     io::File f = open_file(rs.name(rs.cur), false, rs.end);
     engine.wait(engine.read(f, 0, rs.image.bytes()));
     for (std::size_t t = 0; t < tensor_count; ++t) {
@@ -230,8 +226,7 @@ void Optimizer::Impl::setup_grad() {
     grad_sq.assign(tensor_count, 0);
     have_grad.assign(tensor_count, false);
     if (!g.file) {
-        g.image = AlignedBuffer::allocate(std::max<std::uint64_t>(g.end, 1));
-        g.image.lock();
+        g.image = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients in memory");
         return;
     }
     const std::string folder = std::filesystem::path(roles[Role::master].base).parent_path().string();

@@ -38,7 +38,7 @@ struct RoleState {
     int cur = 0, committed = 0, next = 0;
     io::File gen_f[3];      // opened when first used
     std::string name(int g) const;
-    AlignedBuffer image;    // memory roles: the file's first `end` bytes
+    mem::Pinned image;      // memory roles: the file's first `end` bytes
     std::vector<std::unique_ptr<Xxh3Stream>> hash;  // per tensor, while a step writes it
     std::vector<std::uint64_t> new_hash;            // per tensor, when written whole
     // Streamed roles read back: the xxh3 the `cur` generation must have (the
@@ -105,7 +105,7 @@ struct Optimizer::Impl {
     bool spec_off = false;        // this step: no more speculation (clipping is certain, or a gradient is not finite)
     bool last_clipped = false;    // the last step was clipped or skipped: this one does not speculate
     std::vector<bool> speculated; // per tensor, this step
-    AlignedBuffer p_undo;         // memory-held bf16 parameters a speculative update overwrote
+    mem::Pinned p_undo;           // memory-held bf16 parameters a speculative update overwrote
 
     detail::RoleState roles[Role::count];
     std::vector<shard::Partition*> by_key;  // every record by (tensor, rank, state)

@@ -23,6 +23,7 @@
 // device to be idle) when a job waits for that launch: another reason the
 // driver's wait is the default.
 #include "kernels.hpp"
+#include "llama.hpp"
 
 #include "../backends.hpp"
 #include "../kernels.hpp"
@@ -401,6 +402,7 @@ public:
         check(cuda::preload_elementwise(), "loading the element-wise kernels");
         check(cuda::preload_rows(), "loading the row kernels");
         check(cuda::preload_softmax(), "loading the softmax kernels");
+        check(cuda::preload_llama(), "loading the Llama kernels");
         const WaitValue32 wait_value = driver_wait_value();
         arena_ = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{
             .bytes = opts.memory_bytes ? opts.memory_bytes : 1 * GiB, .max_block = opts.max_block, .backend = "cuda", .gpu = gpu_});
@@ -611,11 +613,12 @@ public:
         sh.need("out", out.size(), B * T * C);
         sh.need("tokens", tokens.size(), B * T);
         sh.need("wte", wte.size(), V * C);
-        sh.need("wpe", wpe.size(), T * C);
+        if (!wpe.empty()) sh.need("wpe", wpe.size(), T * C);
         bind();
         CudaStream& cs = as_cuda(s);
         check_tokens(cs, tokens.data(), B, T, V);
-        cuda::embedding_forward(cs.native(), out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+        cuda::embedding_forward(cs.native(), out.data(), tokens.data(), wte.data(),
+                                wpe.empty() ? nullptr : wpe.data(), B, T, C, V);
         launched("embedding_forward");
     }
 
@@ -623,13 +626,14 @@ public:
                             std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
         Shape sh{"embedding_backward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
         sh.need("dwte", dwte.size(), V * C);
-        sh.need("dwpe", dwpe.size(), T * C);
+        if (!dwpe.empty()) sh.need("dwpe", dwpe.size(), T * C);
         sh.need("dout", dout.size(), B * T * C);
         sh.need("tokens", tokens.size(), B * T);
         bind();
         CudaStream& cs = as_cuda(s);
         check_tokens(cs, tokens.data(), B, T, V);
-        cuda::embedding_backward(cs.native(), dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, V);
+        cuda::embedding_backward(cs.native(), dwte.data(), dwpe.empty() ? nullptr : dwpe.data(), dout.data(),
+                                 tokens.data(), B, T, C, V);
         launched("embedding_backward");
     }
 
@@ -726,6 +730,119 @@ public:
         bind();
         cuda::attention_decode(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), T, C, NH);
         launched("attention_decode");
+    }
+
+    // ---- the Llama family (llama.cu) ----------------------------------------
+    void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                         std::span<const float> w, u64 N, u64 C, float eps) override {
+        Shape sh{"rmsnorm_forward", {{"N", N}, {"C", C}}};
+        sh.need("out", out.size(), N * C);
+        sh.need("rstd", rstd.size(), N);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        bind();
+        cuda::rmsnorm_forward(as_cuda(s).native(), out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+        launched("rmsnorm_forward");
+    }
+
+    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                          std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                          u64 C) override {
+        Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
+        sh.need("dinp", dinp.size(), N * C);
+        sh.need("dw", dw.size(), C);
+        sh.need("dout", dout.size(), N * C);
+        sh.need("inp", inp.size(), N * C);
+        sh.need("w", w.size(), C);
+        sh.need("rstd", rstd.size(), N);
+        bind();
+        cuda::rmsnorm_backward(as_cuda(s).native(), dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
+                               rstd.data(), N, C);
+        launched("rmsnorm_backward");
+    }
+
+    void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                      u64 pos0) override {
+        rope(s, "rope_forward", x, table, B, T, H, hd, pos0, false);
+    }
+    void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                       u64 pos0) override {
+        rope(s, "rope_backward", dx, table, B, T, H, hd, pos0, true);
+    }
+
+    void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                        std::span<const float> up) override {
+        const u64 n = out.size();
+        Shape sh{"swiglu_forward", {{"n", n}}};
+        sh.need("gate", gate.size(), n);
+        sh.need("up", up.size(), n);
+        bind();
+        cuda::swiglu_forward(as_cuda(s).native(), out.data(), gate.data(), up.data(), n);
+        launched("swiglu_forward");
+    }
+
+    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                         std::span<const float> gate, std::span<const float> up) override {
+        const u64 n = dgate.size();
+        Shape sh{"swiglu_backward", {{"n", n}}};
+        sh.need("dup", dup.size(), n);
+        sh.need("dout", dout.size(), n);
+        sh.need("gate", gate.size(), n);
+        sh.need("up", up.size(), n);
+        bind();
+        cuda::swiglu_backward(as_cuda(s).native(), dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
+        launched("swiglu_backward");
+    }
+
+    void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                     std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                     u64 hd) override {
+        Shape sh{"gqa_forward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        sh.need("out", out.size(), B * T * NH * hd);
+        sh.need("att", att.size(), B * NH * T * T);
+        sh.need("q", q.size(), B * T * NH * hd);
+        sh.need("k", k.size(), B * T * KVH * hd);
+        sh.need("v", v.size(), B * T * KVH * hd);
+        bind();
+        cuda::gqa_forward(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, KVH, hd);
+        launched("gqa_forward");
+    }
+
+    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                      std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                      std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                      u64 NH, u64 KVH, u64 hd) override {
+        Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        sh.need("dq", dq.size(), B * T * NH * hd);
+        sh.need("dk", dk.size(), B * T * KVH * hd);
+        sh.need("dv", dv.size(), B * T * KVH * hd);
+        sh.need("datt", datt.size(), B * NH * T * T);
+        sh.need("dout", dout.size(), B * T * NH * hd);
+        sh.need("q", q.size(), B * T * NH * hd);
+        sh.need("k", k.size(), B * T * KVH * hd);
+        sh.need("v", v.size(), B * T * KVH * hd);
+        sh.need("att", att.size(), B * NH * T * T);
+        bind();
+        cuda::gqa_backward(as_cuda(s).native(), dq.data(), dk.data(), dv.data(), datt.data(), dout.data(), q.data(),
+                           k.data(), v.data(), att.data(), B, T, NH, KVH, hd);
+        launched("gqa_backward");
+    }
+
+    void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                    std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
+        Shape sh{"gqa_decode", {{"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+        check_groups(sh, NH, KVH, hd);
+        if (T == 0) sh.fail("no positions");
+        sh.need("out", out.size(), NH * hd);
+        sh.need("att", att.size(), NH * T);
+        sh.need("q", q.size(), NH * hd);
+        sh.need("k", k.size(), T * KVH * hd);
+        sh.need("v", v.size(), T * KVH * hd);
+        bind();
+        cuda::gqa_decode(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), T, NH, KVH, hd);
+        launched("gqa_decode");
     }
 
     void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
@@ -860,6 +977,17 @@ private:
         int current = -1;
         if (cudaGetDevice(&current) == cudaSuccess && current == gpu_) return;
         check(cudaSetDevice(gpu_), "cudaSetDevice");
+    }
+
+    void rope(Stream& s, const char* kernel, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H,
+              u64 hd, u64 pos0, bool inverse) {
+        Shape sh{kernel, {{"B", B}, {"T", T}, {"H", H}, {"hd", hd}, {"pos0", pos0}}};
+        check_rope(sh, hd);
+        sh.need("x", x.size(), B * T * H * hd);
+        sh.need("table", table.size(), (pos0 + T) * hd);
+        bind();
+        cuda::rope(as_cuda(s).native(), x.data(), table.data(), B, T, H, hd, pos0, inverse);
+        launched(kernel);
     }
 
     static float gelu_scale() { return static_cast<float>(std::sqrt(2.0 / std::numbers::pi)); }

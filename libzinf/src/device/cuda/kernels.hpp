@@ -62,6 +62,7 @@ void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u6
 void bias_add(cudaStream_t s, float* out, const float* bias, u64 N, u64 OC);
 void bias_backward(cudaStream_t s, float* dbias, const float* dout, u64 N, u64 OC);
 
+// wpe (dwpe) nullptr: no position table.
 void embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                        u64 B, u64 T, u64 C, u64 V);
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,

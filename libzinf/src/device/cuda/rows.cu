@@ -25,7 +25,7 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
         const u64 bt = i / C, c = i % C;
         const long long tok = tokens[bt];
         if (tok < 0 || static_cast<u64>(tok) >= V) continue;  // reported by check_ids
-        out[i] = wte[static_cast<u64>(tok) * C + c] + wpe[bt % T * C + c];
+        out[i] = wpe ? wte[static_cast<u64>(tok) * C + c] + wpe[bt % T * C + c] : wte[static_cast<u64>(tok) * C + c];
     }
 }
 
@@ -134,7 +134,7 @@ void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* d
     if (!B || !T || !C) return;
     const dim3 grid(blocks_for(C, 128), kGroups);
     embedding_backward_wte_kernel<<<grid, 128, 0, s>>>(dwte, dout, tokens, B * T, C, V);
-    embedding_backward_wpe_kernel<<<blocks_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+    if (dwpe) embedding_backward_wpe_kernel<<<blocks_for(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
 }
 
 void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* inp, const float* w,

@@ -1,0 +1,198 @@
+// zinf llama: the Llama family (Llama 2 and 3, SmolLM, TinyLlama, Mistral's
+// shape) as modules declared to the same engine as the GPT (model.hpp):
+// RMSNorm, rotary position embeddings ("rotate half", with Llama 3's
+// frequency scaling), grouped-query attention, a SwiGLU MLP, no biases, the
+// output head tied to the embedding or its own. Parameter names and shapes
+// are Hugging Face's (shard::tensors), so an imported checkpoint is used as
+// it is. Each module runs between the engine's hooks, as the GPT's do; the
+// engine (zero/) knows nothing of the architecture.
+//
+//   auto m = zinf::model::make_model(zinf::model::Config::from(spec, tile));  // a Llama for a llama: spec
+//   auto acts = m->plan(dev, {.batch = 4, .seq = 64});
+//   m->forward(ctx, acts);  m->backward(ctx, acts);
+//
+// Module names are Hugging Face's too: model.embed_tokens, model.layers.<l>
+// (.input_layernorm, .self_attn (.q_proj ... .o_proj), .post_attention_layernorm,
+// .mlp (.gate_proj, .up_proj, .down_proj)), model.norm, lm_head.
+#pragma once
+
+#include <zinf/model.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zinf::model {
+
+// The rotary frequencies of a head of hd dimensions: theta^(-2i/hd) for i <
+// hd/2, with Llama 3's scaling when the config has it (Hugging Face's
+// _compute_llama3_parameters), in double.
+std::vector<double> rope_frequencies(const Config& cfg);
+// The table the device's rope kernels read (device.hpp): row p of
+// `positions` holds cos(p f_i) for i < hd/2, then sin(p f_i), computed in
+// double and rounded once.
+std::vector<float> rope_table(const Config& cfg, std::uint64_t positions);
+
+// A linear layer without bias, its weight (out, in) as torch keeps it:
+// y (N,out) = x (N,in) @ W^T. With tiles > 1, tile k is a module of its own,
+// "<name>.tile<k>", with the parameter "<name>.weight.tile<k>" holding output
+// rows [tile_first(out,k), tile_first(out,k+1)) (shard::tile_name).
+class RowLinear : public Module {
+public:
+    RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
+    ~RowLinear() override;
+    void forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N);
+    // dx (N,in) written, or added to with `accumulate`; the weight's gradient added to.
+    void backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+                  std::uint64_t N, bool accumulate = false);
+    std::uint64_t in = 0, out = 0;
+
+private:
+    struct Tile;
+    std::vector<std::unique_ptr<Tile>> tiles_;  // one nullptr when untiled
+    std::size_t w_whole_ = 0;                  // the weight, untiled
+};
+
+class RMSNorm : public Module {
+public:
+    RMSNorm(ParamTable& t, const std::string& name, std::uint64_t C, float eps);
+    void forward(Context& c, std::span<float> out, std::span<float> rstd, std::span<const float> inp, std::uint64_t N);
+    // dinp (N,C) +=.
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                  std::span<const float> rstd, std::uint64_t N);
+
+private:
+    std::uint64_t C_;
+    float eps_;
+    std::size_t w_ = 0;
+};
+
+// A block's activations for one (B,T) (q and k after the rotation).
+struct LlamaBlockActivations {
+    device::Array<float> norm1, rstd1;   // (N,C), (N)
+    device::Array<float> q, k, v;        // (N,H*hd), (N,KV*hd), (N,KV*hd)
+    device::Array<float> att;            // (B,H,T,T)
+    device::Array<float> atty;           // (N,H*hd)
+    device::Array<float> res2;           // (N,C)
+    device::Array<float> norm2, rstd2;   // (N,C), (N)
+    device::Array<float> gate, up, act;  // (N,F) each
+};
+
+struct LlamaScratch {
+    device::Array<float> dbtc;           // (N,C)
+    device::Array<float> dq, dk, dv;     // as q, k, v
+    device::Array<float> datt;           // (B,H,T,T)
+    device::Array<float> dgate, dup;     // (N,F)
+};
+
+// One new position's keys and values per layer (the sampler's cache):
+// k and v (positions, KV*hd) each, every kv head once for its group.
+struct KVCache {
+    std::vector<device::Array<float>> k, v;  // per layer
+    std::uint64_t positions = 0;
+};
+
+// What the one-position forward keeps: the cache and one position's buffers
+// (its att (H, positions)), the rotation table for the positions.
+struct LlamaDecodeState {
+    KVCache cache;
+    LlamaBlockActivations one;
+    device::Array<float> x, out, norm, rstd, rope;
+};
+
+class LlamaAttention : public Module {
+public:
+    LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg);
+    // out (N,C) = o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))).
+    void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                 std::span<const float> rope, std::uint64_t B, std::uint64_t T);
+    // dx (N,C) written.
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+                  LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, std::uint64_t B,
+                  std::uint64_t T);
+    // Position `pos` alone (x (C)): its key and value join the cache (k, v
+    // (positions, KV*hd)), then it attends to positions 0..pos. q, kk, vv,
+    // atty and att are one position's buffers (att (H, positions)).
+    void decode(Context& c, std::span<float> out, std::span<const float> x, std::span<float> q,
+                std::span<float> att, std::span<float> atty, std::span<float> k, std::span<float> v,
+                std::span<const float> rope, std::uint64_t pos);
+
+private:
+    Config cfg_;
+    std::unique_ptr<RowLinear> q_, k_, v_, o_;
+};
+
+class LlamaMLP : public Module {
+public:
+    LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg);
+    // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)).
+    void forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
+                 std::span<float> up, std::span<float> act, std::uint64_t N);
+    // dx (N,C) written.
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+                  LlamaBlockActivations& a, LlamaScratch& s, std::uint64_t N);
+
+private:
+    Config cfg_;
+    std::unique_ptr<RowLinear> gate_, up_, down_;
+};
+
+// x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
+class LlamaBlock : public Module {
+public:
+    LlamaBlock(ParamTable& t, std::uint64_t layer, const Config& cfg);
+    void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                 std::span<const float> rope, std::uint64_t B, std::uint64_t T);
+    // As Block::backward (model.hpp): dres in, d x out, in place.
+    void backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
+                  LlamaScratch& s, std::span<const float> rope, std::uint64_t B, std::uint64_t T,
+                  std::span<float> recompute_out = {});
+    // One position through the block with the layer's cache (KVCache's k
+    // and v of this layer); `a` holds one position's buffers (its q, k, v
+    // unused: the cache's row `pos` takes the key and value).
+    void decode(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                std::span<float> k, std::span<float> v, std::span<const float> rope, std::uint64_t pos);
+
+private:
+    Config cfg_;
+    std::unique_ptr<RMSNorm> ln_1_, ln_2_;
+    std::unique_ptr<LlamaAttention> attn_;
+    std::unique_ptr<LlamaMLP> mlp_;
+};
+
+class Llama : public LanguageModel {
+public:
+    explicit Llama(const Config& cfg);
+    ~Llama() override;
+    const Config& config() const override { return cfg_; }
+    const ParamTable& params_table() const override { return table_; }
+
+    Activations plan(device::Device& dev, const Shape& shape) const override;
+    std::uint64_t plan_bytes(const Shape& shape) const override;
+    void forward(Context& c, Activations& acts, bool for_backward = true) override;
+    void backward(Context& c, Activations& acts) override;
+    double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
+
+    // The sampler's forward of one position, through the same blocks with a
+    // cache: `state` from decode_state(), `token` (1) device memory, logits (V).
+    using DecodeState = LlamaDecodeState;
+    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const;
+    static std::uint64_t decode_bytes(const Config& cfg, std::uint64_t positions);
+    void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                std::span<float> logits);
+
+private:
+    Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;
+    Config cfg_;
+    ParamTable table_;
+    class Embed;
+    class Head;
+    std::unique_ptr<Embed> embed_;
+    std::vector<std::unique_ptr<LlamaBlock>> blocks_;
+    std::unique_ptr<RMSNorm> norm_;
+    std::unique_ptr<Head> head_;
+};
+
+}  // namespace zinf::model

@@ -1,0 +1,269 @@
+// The cuda backend's Llama kernels (llama.hpp). RMSNorm is layernorm's
+// layout (eight threads per row in the cpu's lane order, one thread per
+// column for dw); rotary embeddings and SwiGLU one thread per element pair
+// or element; grouped-query attention softmax.cu's warps with the query and
+// key-value heads apart, its backward in three launches: datt and dq per
+// (batch, query head, position), then dk and dv per (batch, kv head, key
+// position), each summed over the group's query heads, then the query
+// positions, in the cpu kernel's order.
+#include "common.cuh"
+#include "llama.hpp"
+
+#include "../llama_math.hpp"
+
+namespace zinf::device::cuda {
+
+namespace {
+
+constexpr unsigned kWarps = kThreads / 32;
+__device__ inline float minus_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+}
+
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C,
+                                       float eps) {
+    const u64 row = u64{blockIdx.x} * (blockDim.x / 8) + threadIdx.x / 8;
+    const bool valid = row < N;
+    const float* x = inp + (valid ? row : N - 1) * C;
+    const float inv_c = 1.0f / static_cast<float>(C);
+    const float ss = lanes8([&](u64 c) { return x[c] * x[c]; }, C);
+    const float s = 1.0f / sqrtf(ss * inv_c + eps);
+    if (!valid) return;
+    float* o = out + row * C;
+    for (u64 c = threadIdx.x & 7u; c < C; c += 8) o[c] = x[c] * s * w[c];
+    if ((threadIdx.x & 7u) == 0) rstd[row] = s;
+}
+
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                             const float* rstd, u64 N, u64 C) {
+    const u64 row = u64{blockIdx.x} * (blockDim.x / 8) + threadIdx.x / 8;
+    const bool valid = row < N;
+    const u64 r = valid ? row : N - 1;
+    const float* x = inp + r * C;
+    const float* d = dout + r * C;
+    const float s = rstd[r];
+    const float inv_c = 1.0f / static_cast<float>(C);
+    const float m = lanes8([&](u64 c) { return (w[c] * d[c]) * (x[c] * s); }, C) * inv_c;
+    if (!valid) return;
+    float* di = dinp + row * C;
+    for (u64 c = threadIdx.x & 7u; c < C; c += 8) {
+        const float norm = x[c] * s, dnorm = w[c] * d[c];
+        di[c] += (dnorm - norm * m) * s;
+    }
+}
+
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* inp, const float* rstd, u64 N,
+                                           u64 C) {
+    const u64 c = global_id();
+    if (c >= C) return;
+    float acc = dw[c];
+    for (u64 r = 0; r < N; ++r) acc += inp[r * C + c] * rstd[r] * dout[r * C + c];
+    dw[c] = acc;
+}
+
+__global__ void rope_kernel(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {
+    const u64 half = hd / 2;
+    for (u64 e = global_id(); e < B * T * H * half; e += grid_threads()) {
+        const u64 i = e % half, bth = e / half, bt = bth / H;
+        const float* cs = table + (pos0 + bt % T) * hd;
+        float* a = x + bth * hd;
+        const float c = cs[i], sn = cs[half + i], x1 = a[i], x2 = a[half + i];
+        if (!inverse) {
+            a[i] = x1 * c - x2 * sn;
+            a[half + i] = x2 * c + x1 * sn;
+        } else {
+            a[i] = x1 * c + x2 * sn;
+            a[half + i] = x2 * c - x1 * sn;
+        }
+    }
+}
+
+__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, u64 n) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) out[i] = llama_math::swiglu(gate[i], up[i]);
+}
+
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                       u64 n) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) {
+        float dg, du;
+        llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
+        dgate[i] = dg;
+        dup[i] = du;
+    }
+}
+
+// One softmax row of a over keys 0..last at k + t2 * kstride for the query
+// q, then out (hd) = sum_t2 a[t2] v[t2] in position order. One warp
+// (softmax.cu's attend, keys and values `kstride` apart).
+__device__ void attend(float* a, const float* q, const float* k, const float* v, u64 kstride, u64 last, u64 len,
+                       u64 hd, float scale, float* out) {
+    const unsigned lane = threadIdx.x & 31u;
+    float mx = minus_inf();
+    for (u64 t2 = lane; t2 <= last; t2 += 32) {
+        const float x = dot8(q, k + t2 * kstride, hd) * scale;
+        a[t2] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = warp_max(mx);
+    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] = expf(a[t2] - mx);
+    __syncwarp();
+    float expsum = 0;
+    if (lane == 0)
+        for (u64 t2 = 0; t2 <= last; ++t2) expsum += a[t2];
+    expsum = __shfl_sync(kFull, expsum, 0);
+    const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
+    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] *= inv;
+    for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) a[t2] = 0;
+    __syncwarp();
+    for (u64 i = lane; i < hd; i += 32) {
+        float o = 0;
+        for (u64 t2 = 0; t2 <= last; ++t2) o += a[t2] * v[t2 * kstride + i];
+        out[i] = o;
+    }
+}
+
+__global__ void gqa_forward_kernel(float* out, float* att, const float* q, const float* k, const float* v, u64 B,
+                                   u64 T, u64 NH, u64 KVH, u64 hd, float scale) {
+    const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (task >= B * T * NH) return;  // the whole warp
+    const u64 QC = NH * hd, KC = KVH * hd, g = task % NH / (NH / KVH);
+    const u64 h = task % NH, t = task / NH % T, b = task / NH / T;
+    attend(att + ((b * NH + h) * T + t) * T, q + (b * T + t) * QC + h * hd, k + b * T * KC + g * hd,
+           v + b * T * KC + g * hd, KC, t, T, hd, scale, out + (b * T + t) * QC + h * hd);
+}
+
+__global__ void gqa_decode_kernel(float* out, float* att, const float* q, const float* k, const float* v, u64 T,
+                                  u64 NH, u64 KVH, u64 hd, float scale) {
+    const u64 h = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (h >= NH) return;
+    const u64 g = h / (NH / KVH);
+    attend(att + h * T, q + h * hd, k + g * hd, v + g * hd, KVH * hd, T - 1, T, hd, scale, out + h * hd);
+}
+
+// Backward, 1 of 3, per (b, h, t): datt row t, the softmax's backward of dout . v.
+__global__ void gqa_datt_kernel(float* datt, const float* dout, const float* v, const float* att, u64 B, u64 T, u64 NH,
+                                u64 KVH, u64 hd) {
+    const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (task >= B * NH * T) return;
+    const unsigned lane = threadIdx.x & 31u;
+    const u64 QC = NH * hd, KC = KVH * hd;
+    const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / (NH / KVH);
+    const float* a = att + ((b * NH + h) * T + t) * T;
+    float* da = datt + ((b * NH + h) * T + t) * T;
+    const float* go = dout + (b * T + t) * QC + h * hd;
+    for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = dot8(v + (b * T + t2) * KC + g * hd, go, hd);
+    __syncwarp();
+    const float s = lanes8([&](u64 i) { return a[i] * da[i]; }, t + 1);
+    __syncwarp();
+    for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = a[t2] * (da[t2] - s);
+    for (u64 t2 = t + 1 + lane; t2 < T; t2 += 32) da[t2] = 0;
+}
+
+// 2 of 3, per (b, h, t): dq[t] = sum over t2 <= t of (datt[t][t2] * scale) k[t2].
+__global__ void gqa_dq_kernel(float* dq, const float* datt, const float* k, u64 B, u64 T, u64 NH, u64 KVH, u64 hd,
+                              float scale) {
+    const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (task >= B * NH * T) return;
+    const unsigned lane = threadIdx.x & 31u;
+    const u64 QC = NH * hd, KC = KVH * hd;
+    const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / (NH / KVH);
+    const float* da = datt + ((b * NH + h) * T + t) * T;
+    const float* kb = k + b * T * KC + g * hd;
+    for (u64 i = lane; i < hd; i += 32) {
+        float acc = 0;
+        for (u64 t2 = 0; t2 <= t; ++t2) acc += (da[t2] * scale) * kb[t2 * KC + i];
+        dq[(b * T + t) * QC + h * hd + i] = acc;
+    }
+}
+
+// 3 of 3, per (b, g, t2): dk[t2] and dv[t2], over the group's heads, then t >= t2, in order.
+__global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const float* dout, const float* q,
+                               const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd, float scale) {
+    const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (task >= B * KVH * T) return;
+    const unsigned lane = threadIdx.x & 31u;
+    const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
+    const u64 t2 = task % T, g = task / T % KVH, b = task / T / KVH;
+    for (u64 i = lane; i < hd; i += 32) {
+        float ak = 0, av = 0;
+        for (u64 h = g * group; h < (g + 1) * group; ++h) {
+            const u64 row0 = (b * NH + h) * T * T;
+            const float* qh = q + b * T * QC + h * hd;
+            const float* go = dout + b * T * QC + h * hd;
+            for (u64 t = t2; t < T; ++t) {
+                av += att[row0 + t * T + t2] * go[t * QC + i];
+                ak += (datt[row0 + t * T + t2] * scale) * qh[t * QC + i];
+            }
+        }
+        dk[(b * T + t2) * KC + g * hd + i] = ak;
+        dv[(b * T + t2) * KC + g * hd + i] = av;
+    }
+}
+
+float attention_scale(u64 hd) { return 1.0f / sqrtf(static_cast<float>(hd)); }
+
+}  // namespace
+
+cudaError_t preload_llama() {
+    return load_kernels(rmsnorm_forward_kernel, rmsnorm_backward_dinp_kernel, rmsnorm_backward_dw_kernel, rope_kernel,
+                        swiglu_forward_kernel, swiglu_backward_kernel, gqa_forward_kernel, gqa_decode_kernel,
+                        gqa_datt_kernel, gqa_dq_kernel, gqa_dkv_kernel);
+}
+
+void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C,
+                     float eps) {
+    if (!N || !C) return;
+    rmsnorm_forward_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+}
+
+void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, u64 N, u64 C) {
+    if (!N || !C) return;
+    rmsnorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
+    rmsnorm_backward_dw_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dw, dout, inp, rstd, N, C);
+}
+
+void rope(cudaStream_t s, float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {
+    const u64 n = B * T * H * (hd / 2);
+    if (n) rope_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, table, B, T, H, hd, pos0, inverse);
+}
+
+void swiglu_forward(cudaStream_t s, float* out, const float* gate, const float* up, u64 n) {
+    if (n) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, gate, up, n);
+}
+
+void swiglu_backward(cudaStream_t s, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                     u64 n) {
+    if (n) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dgate, dup, dout, gate, up, n);
+}
+
+void gqa_forward(cudaStream_t s, float* out, float* att, const float* q, const float* k, const float* v, u64 B, u64 T,
+                 u64 NH, u64 KVH, u64 hd) {
+    const u64 tasks = B * T * NH;
+    if (tasks)
+        gqa_forward_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(out, att, q, k, v, B, T, NH, KVH, hd,
+                                                                          attention_scale(hd));
+}
+
+void gqa_backward(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
+                  const float* k, const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    const u64 tasks = B * NH * T;
+    if (!tasks) return;
+    const float scale = attention_scale(hd);
+    gqa_datt_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(datt, dout, v, att, B, T, NH, KVH, hd);
+    gqa_dq_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(dq, datt, k, B, T, NH, KVH, hd, scale);
+    gqa_dkv_kernel<<<blocks_for(B * KVH * T, kWarps), kThreads, 0, s>>>(dk, dv, datt, dout, q, att, B, T, NH, KVH, hd,
+                                                                        scale);
+}
+
+void gqa_decode(cudaStream_t s, float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 NH,
+                u64 KVH, u64 hd) {
+    if (NH && T)
+        gqa_decode_kernel<<<blocks_for(NH, kWarps), kThreads, 0, s>>>(out, att, q, k, v, T, NH, KVH, hd,
+                                                                      attention_scale(hd));
+}
+
+}  // namespace zinf::device::cuda

@@ -1,0 +1,221 @@
+// The cpu backend's Llama kernels (llama_kernels.hpp). RMSNorm follows
+// layernorm's code path (a row per task, sums over rows per column block);
+// attention follows attention_forward/backward (softmax.cpp) with the query
+// and key-value heads apart: the backward's first pass is one task per
+// (batch, query head, position) writing its datt row and dq, the second one
+// task per (batch, kv head, block of key positions) summing dk and dv over
+// the group's query heads, then the query positions, in that order.
+#include "llama_kernels.hpp"
+#include "llama_math.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace zinf::device::cpu {
+
+namespace {
+u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
+}  // namespace
+
+// ---------------------------------------------------------------------------
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C, float eps) {
+    const float inv_c = 1.0f / static_cast<float>(C);
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+    for (u64 r = 0; r < N; ++r) {
+        const float* x = inp + r * C;
+        float* o = out + r * C;
+        const float s = 1.0f / std::sqrt(dot(x, x, C) * inv_c + eps);
+        for (u64 c = 0; c < C; ++c) o[c] = x[c] * s * w[c];
+        rstd[r] = s;
+    }
+}
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                      u64 N, u64 C) {
+    const float inv_c = 1.0f / static_cast<float>(C);
+#pragma omp parallel if (N * C >= kParallelMin)
+    {
+        std::vector<float> norm(C), dnorm(C);
+#pragma omp for schedule(static)
+        for (u64 r = 0; r < N; ++r) {
+            const float* x = inp + r * C;
+            const float* d = dout + r * C;
+            const float s = rstd[r];
+            for (u64 c = 0; c < C; ++c) {
+                norm[c] = x[c] * s;
+                dnorm[c] = w[c] * d[c];
+            }
+            const float dnorm_norm_mean = dot(dnorm.data(), norm.data(), C) * inv_c;
+            float* di = dinp + r * C;
+            for (u64 c = 0; c < C; ++c) di[c] += (dnorm[c] - norm[c] * dnorm_norm_mean) * s;
+        }
+    }
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+    for (u64 blk = 0; blk < column_blocks(C); ++blk) {
+        const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+        for (u64 r = 0; r < N; ++r) {
+            const float* x = inp + r * C;
+            const float* d = dout + r * C;
+            const float s = rstd[r];
+            for (u64 c = c0; c < c1; ++c) dw[c] += x[c] * s * d[c];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {
+    const u64 half = hd / 2;
+#pragma omp parallel for schedule(static) if (B * T * H * hd >= kParallelMin)
+    for (u64 bt = 0; bt < B * T; ++bt) {
+        const float* cs = table + (pos0 + bt % T) * hd;
+        const float* sn = cs + half;
+        for (u64 h = 0; h < H; ++h) {
+            float* a = x + (bt * H + h) * hd;
+            float* b = a + half;
+            if (!inverse)
+                for (u64 i = 0; i < half; ++i) {
+                    const float x1 = a[i], x2 = b[i];
+                    a[i] = x1 * cs[i] - x2 * sn[i];
+                    b[i] = x2 * cs[i] + x1 * sn[i];
+                }
+            else
+                for (u64 i = 0; i < half; ++i) {
+                    const float d1 = a[i], d2 = b[i];
+                    a[i] = d1 * cs[i] + d2 * sn[i];
+                    b[i] = d2 * cs[i] - d1 * sn[i];
+                }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) out[i] = llama_math::swiglu(gate[i], up[i]);
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) {
+        float dg, du;
+        llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
+        dgate[i] = dg;
+        dup[i] = du;
+    }
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+// One softmax row over keys 0..last (at k + t2 * kstride) for the query q,
+// into a (len entries, zero past last), then o (hd) = sum_t2 a[t2] v[t2]:
+// attention_forward's steps (softmax.cpp), in its order.
+void attend(float* a, const float* q, const float* k, const float* v, u64 kstride, u64 last, u64 len, u64 hd,
+            float scale, float* o) {
+    float maxval = -std::numeric_limits<float>::infinity();
+    for (u64 t2 = 0; t2 <= last; ++t2) {
+        a[t2] = dot(q, k + t2 * kstride, hd) * scale;
+        maxval = std::max(maxval, a[t2]);
+    }
+    float expsum = 0;
+    for (u64 t2 = 0; t2 <= last; ++t2) {
+        a[t2] = std::exp(a[t2] - maxval);
+        expsum += a[t2];
+    }
+    const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
+    for (u64 t2 = 0; t2 <= last; ++t2) a[t2] *= inv;
+    for (u64 t2 = last + 1; t2 < len; ++t2) a[t2] = 0;
+    std::fill(o, o + hd, 0.0f);
+    for (u64 t2 = 0; t2 <= last; ++t2) {
+        const float* vv = v + t2 * kstride;
+        const float w = a[t2];
+        for (u64 i = 0; i < hd; ++i) o[i] += w * vv[i];
+    }
+}
+
+constexpr u64 kKeyBlock = 16;  // key positions per task in the backward's second pass
+
+}  // namespace
+
+void gqa_forward(float* out, float* att, const float* q, const float* k, const float* v, u64 B, u64 T, u64 NH,
+                 u64 KVH, u64 hd) {
+    const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for schedule(static, 1) if (B * T * T * QC >= kParallelMin)
+    for (u64 task = 0; task < B * T * NH; ++task) {
+        const u64 h = task % NH, t = task / NH % T, b = task / NH / T, g = h / group;
+        attend(att + ((b * NH + h) * T + t) * T, q + (b * T + t) * QC + h * hd, k + b * T * KC + g * hd,
+               v + b * T * KC + g * hd, KC, t, T, hd, scale, out + (b * T + t) * QC + h * hd);
+    }
+}
+
+void gqa_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 NH, u64 KVH,
+                u64 hd) {
+    const u64 KC = KVH * hd, group = NH / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for schedule(static, 1) if (T * NH * hd >= kParallelMin)
+    for (u64 h = 0; h < NH; ++h) {
+        const u64 g = h / group;
+        attend(att + h * T, q + h * hd, k + g * hd, v + g * hd, KC, T - 1, T, hd, scale, out + h * hd);
+    }
+}
+
+void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q, const float* k,
+                  const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const bool parallel = B * T * T * QC >= kParallelMin;
+    // 1: per (b, h, t): datt row t through the softmax, and dq[t].
+#pragma omp parallel for schedule(static, 1) if (parallel)
+    for (u64 task = 0; task < B * NH * T; ++task) {
+        const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
+        const float* a = att + ((b * NH + h) * T + t) * T;
+        float* da = datt + ((b * NH + h) * T + t) * T;
+        const float* go = dout + (b * T + t) * QC + h * hd;
+        const float* kb = k + b * T * KC + g * hd;
+        const float* vb = v + b * T * KC + g * hd;
+        for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(vb + t2 * KC, go, hd);
+        const float s = dot(a, da, t + 1);
+        for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
+        for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
+        float* d = dq + (b * T + t) * QC + h * hd;
+        std::fill(d, d + hd, 0.0f);
+        for (u64 t2 = 0; t2 <= t; ++t2) {
+            const float gs = da[t2] * scale;
+            const float* kk = kb + t2 * KC;
+            for (u64 i = 0; i < hd; ++i) d[i] += gs * kk[i];
+        }
+    }
+    // 2: per (b, g, block of key positions): dk and dv summed over the
+    // group's query heads, then the query positions t >= t2, in order.
+    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
+#pragma omp parallel for schedule(static, 1) if (parallel)
+    for (u64 task = 0; task < B * KVH * blocks; ++task) {
+        const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
+        const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
+        for (u64 t2 = t0; t2 < t1; ++t2) {
+            std::fill(dk + (b * T + t2) * KC + g * hd, dk + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
+            std::fill(dv + (b * T + t2) * KC + g * hd, dv + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
+        }
+        for (u64 h = g * group; h < (g + 1) * group; ++h)
+            for (u64 t = t0; t < T; ++t) {
+                const float* a = att + ((b * NH + h) * T + t) * T;
+                const float* da = datt + ((b * NH + h) * T + t) * T;
+                const float* go = dout + (b * T + t) * QC + h * hd;
+                const float* qq = q + (b * T + t) * QC + h * hd;
+                for (u64 t2 = t0; t2 < std::min(t1, t + 1); ++t2) {
+                    float* dkk = dk + (b * T + t2) * KC + g * hd;
+                    float* dvv = dv + (b * T + t2) * KC + g * hd;
+                    const float w = a[t2], gs = da[t2] * scale;
+                    for (u64 i = 0; i < hd; ++i) {
+                        dvv[i] += w * go[i];
+                        dkk[i] += gs * qq[i];
+                    }
+                }
+            }
+    }
+}
+
+}  // namespace zinf::device::cpu

@@ -1,0 +1,544 @@
+// The Llama family (zinf/llama.hpp): its modules, the model that strings
+// them together with activation checkpointing and offload as the GPT does
+// (gpt.cpp), and the one-position forward the sampler runs with a cache.
+#include <zinf/llama.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace zinf::model {
+
+using device::Gemm;
+using u64 = std::uint64_t;
+
+std::unique_ptr<LanguageModel> make_model(const Config& cfg) {
+    if (cfg.arch == shard::Arch::llama) return std::make_unique<Llama>(cfg);
+    return std::make_unique<GPT>(cfg);
+}
+
+// ---------------------------------------------------------------------------
+std::vector<double> rope_frequencies(const Config& cfg) {
+    const u64 hd = cfg.head_dim(), half = hd / 2;
+    std::vector<double> f(half);
+    const auto& rs = cfg.rope_scaling;
+    for (u64 i = 0; i < half; ++i) {
+        double inv = 1.0 / std::pow(cfg.rope_theta, static_cast<double>(2 * i) / static_cast<double>(hd));
+        if (rs.factor > 0) {
+            const double orig = static_cast<double>(rs.original_max_positions);
+            const double low_wavelen = orig / rs.low_freq_factor, high_wavelen = orig / rs.high_freq_factor;
+            const double wavelen = 2 * std::numbers::pi / inv;
+            if (wavelen > low_wavelen) {
+                inv /= rs.factor;  // long wavelengths: interpolated
+            } else if (!(wavelen < high_wavelen)) {  // between: a smooth mix of the two
+                const double smooth =
+                    (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+                inv = (1 - smooth) * inv / rs.factor + smooth * inv;
+            }
+        }
+        f[i] = inv;
+    }
+    return f;
+}
+
+std::vector<float> rope_table(const Config& cfg, u64 positions) {
+    const u64 hd = cfg.head_dim(), half = hd / 2;
+    const std::vector<double> f = rope_frequencies(cfg);
+    std::vector<float> t(positions * hd);
+    for (u64 p = 0; p < positions; ++p)
+        for (u64 i = 0; i < half; ++i) {
+            const double a = static_cast<double>(p) * f[i];
+            t[p * hd + i] = static_cast<float>(std::cos(a));
+            t[p * hd + half + i] = static_cast<float>(std::sin(a));
+        }
+    return t;
+}
+
+// ---------------------------------------------------------------------------
+struct RowLinear::Tile : Module {
+    Tile(ParamTable& t, const std::string& weight, const std::string& module, u64 in, u64 r0_, u64 r1_)
+        : Module(module), r0(r0_), r1(r1_) {
+        w = declare(t, weight, {r1 - r0, in});
+    }
+    u64 r0, r1;
+    std::size_t w;
+};
+
+RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, unsigned tiles) : Module(name) {
+    in = in_;
+    out = out_;
+    if (tiles <= 1) {
+        // Untiled: the one tile is this module itself (see forward).
+        tiles_.push_back(nullptr);
+        w_whole_ = declare(t, name + ".weight", {out, in});
+        return;
+    }
+    for (unsigned k = 0; k < tiles; ++k)
+        tiles_.push_back(std::make_unique<Tile>(t, shard::tile_name(name + ".weight", k), shard::tile_name(name, k),
+                                                in, shard::tile_first(out, k, tiles),
+                                                shard::tile_first(out, k + 1, tiles)));
+}
+
+RowLinear::~RowLinear() = default;
+
+void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x, u64 N) {
+    ForwardScope scope(c.engine, *this);
+    if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
+        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_whole_), y);
+        return;
+    }
+    for (auto& tp : tiles_) {
+        Tile& t = *tp;
+        ForwardScope tile_scope(c.engine, t);
+        // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
+        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
+                   c.engine.weight(t, t.w), y.subspan(t.r0));
+    }
+}
+
+void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x, u64 N,
+                         bool accumulate) {
+    BackwardScope scope(c.engine, *this);
+    if (!tiles_[0]) {
+        // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
+        c.dev.gemm(c.stream, Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
+                   c.engine.weight(*this, w_whole_), dx);
+        c.dev.gemm(c.stream, Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
+                   c.engine.grad(*this, w_whole_));
+        return;
+    }
+    for (std::size_t k = 0; k < tiles_.size(); ++k) {
+        Tile& t = *tiles_[k];
+        BackwardScope tile_scope(c.engine, t);
+        const u64 w = t.r1 - t.r0;
+        c.dev.gemm(c.stream, Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
+                   dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
+        c.dev.gemm(c.stream, Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
+                   c.engine.grad(t, t.w));
+    }
+}
+
+// ---------------------------------------------------------------------------
+RMSNorm::RMSNorm(ParamTable& t, const std::string& name, u64 C, float eps) : Module(name), C_(C), eps_(eps) {
+    w_ = declare(t, name + ".weight", {C});
+}
+
+void RMSNorm::forward(Context& c, std::span<float> out, std::span<float> rstd, std::span<const float> inp, u64 N) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.rmsnorm_forward(c.stream, out, rstd, inp, c.engine.weight(*this, w_), N, C_, eps_);
+}
+
+void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                       std::span<const float> rstd, u64 N) {
+    BackwardScope scope(c.engine, *this);
+    c.dev.rmsnorm_backward(c.stream, dinp, c.engine.grad(*this, w_), dout, inp, c.engine.weight(*this, w_), rstd, N,
+                           C_);
+}
+
+// ---------------------------------------------------------------------------
+LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
+    const u64 C = cfg.hidden, hd = cfg.head_dim();
+    q_ = std::make_unique<RowLinear>(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile);
+    k_ = std::make_unique<RowLinear>(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile);
+    v_ = std::make_unique<RowLinear>(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile);
+    o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
+}
+
+void LlamaAttention::forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                             std::span<const float> rope, u64 B, u64 T) {
+    ForwardScope scope(c.engine, *this);
+    const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
+    q_->forward(c, a.q, x, N);
+    k_->forward(c, a.k, x, N);
+    v_->forward(c, a.v, x, N);
+    c.dev.rope_forward(c.stream, a.q, rope, B, T, H, hd, 0);
+    c.dev.rope_forward(c.stream, a.k, rope, B, T, KV, hd, 0);
+    c.dev.gqa_forward(c.stream, a.atty, a.att, a.q, a.k, a.v, B, T, H, KV, hd);
+    o_->forward(c, out, a.atty, N);
+}
+
+void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+                              LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, u64 B, u64 T) {
+    BackwardScope scope(c.engine, *this);
+    const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
+    // d atty lives in s.dbtc until attention's backward has read it; then
+    // q_proj's backward writes dx, which may be the same buffer.
+    o_->backward(c, s.dbtc, dout, a.atty, N);
+    c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, a.q, a.k, a.v, a.att, B, T, H, KV, hd);
+    c.dev.rope_backward(c.stream, s.dq, rope, B, T, H, hd, 0);
+    c.dev.rope_backward(c.stream, s.dk, rope, B, T, KV, hd, 0);
+    q_->backward(c, dx, s.dq, x, N);
+    k_->backward(c, dx, s.dk, x, N, true);
+    v_->backward(c, dx, s.dv, x, N, true);
+}
+
+void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const float> x, std::span<float> q,
+                            std::span<float> att, std::span<float> atty, std::span<float> k, std::span<float> v,
+                            std::span<const float> rope, u64 pos) {
+    ForwardScope scope(c.engine, *this);
+    const u64 H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim(), KC = KV * hd;
+    const auto krow = k.subspan(pos * KC, KC);
+    q_->forward(c, q, x, 1);
+    k_->forward(c, krow, x, 1);
+    v_->forward(c, v.subspan(pos * KC, KC), x, 1);
+    c.dev.rope_forward(c.stream, q, rope, 1, 1, H, hd, pos);
+    c.dev.rope_forward(c.stream, krow, rope, 1, 1, KV, hd, pos);
+    c.dev.gqa_decode(c.stream, atty, att.first(H * (pos + 1)), q, k.first((pos + 1) * KC), v.first((pos + 1) * KC),
+                     pos + 1, H, KV, hd);
+    o_->forward(c, out, atty, 1);
+}
+
+// ---------------------------------------------------------------------------
+LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
+    gate_ = std::make_unique<RowLinear>(t, name + ".gate_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    up_ = std::make_unique<RowLinear>(t, name + ".up_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    down_ = std::make_unique<RowLinear>(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
+}
+
+void LlamaMLP::forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
+                       std::span<float> up, std::span<float> act, u64 N) {
+    ForwardScope scope(c.engine, *this);
+    gate_->forward(c, gate, x, N);
+    up_->forward(c, up, x, N);
+    c.dev.swiglu_forward(c.stream, act, gate, up);
+    down_->forward(c, out, act, N);
+}
+
+void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+                        LlamaBlockActivations& a, LlamaScratch& s, u64 N) {
+    BackwardScope scope(c.engine, *this);
+    down_->backward(c, s.dgate, dout, a.act, N);                   // d act
+    c.dev.swiglu_backward(c.stream, s.dgate, s.dup, s.dgate, a.gate, a.up);  // d gate in place, d up
+    gate_->backward(c, dx, s.dgate, x, N);
+    up_->backward(c, dx, s.dup, x, N, true);
+}
+
+// ---------------------------------------------------------------------------
+LlamaBlock::LlamaBlock(ParamTable& t, u64 layer, const Config& cfg)
+    : Module("model.layers." + std::to_string(layer)), cfg_(cfg) {
+    const std::string p = name() + ".";
+    const auto eps = static_cast<float>(cfg.norm_eps);
+    ln_1_ = std::make_unique<RMSNorm>(t, p + "input_layernorm", cfg.hidden, eps);
+    attn_ = std::make_unique<LlamaAttention>(t, p + "self_attn", cfg);
+    ln_2_ = std::make_unique<RMSNorm>(t, p + "post_attention_layernorm", cfg.hidden, eps);
+    mlp_ = std::make_unique<LlamaMLP>(t, p + "mlp", cfg);
+}
+
+void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                         std::span<const float> rope, u64 B, u64 T) {
+    ForwardScope scope(c.engine, *this);
+    const u64 N = B * T;
+    ln_1_->forward(c, a.norm1, a.rstd1, x, N);
+    attn_->forward(c, a.res2, a.norm1, a, rope, B, T);
+    c.dev.accumulate(c.stream, a.res2, x);  // res2 = x + attn(norm1(x))
+    ln_2_->forward(c, a.norm2, a.rstd2, a.res2, N);
+    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N);
+    c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
+}
+
+void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
+                          LlamaScratch& s, std::span<const float> rope, u64 B, u64 T,
+                          std::span<float> recompute_out) {
+    BackwardScope scope(c.engine, *this);
+    if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T);
+    const u64 N = B * T;
+    mlp_->backward(c, s.dbtc, dres, a.norm2, a, s, N);
+    ln_2_->backward(c, dres, s.dbtc, a.res2, a.rstd2, N);
+    attn_->backward(c, s.dbtc, dres, a.norm1, a, s, rope, B, T);
+    ln_1_->backward(c, dres, s.dbtc, x, a.rstd1, N);
+}
+
+void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+                        std::span<float> k, std::span<float> v, std::span<const float> rope, u64 pos) {
+    ForwardScope scope(c.engine, *this);
+    ln_1_->forward(c, a.norm1, a.rstd1, x, 1);
+    attn_->decode(c, a.res2, a.norm1, a.q, a.att, a.atty, k, v, rope, pos);
+    c.dev.accumulate(c.stream, a.res2, x);
+    ln_2_->forward(c, a.norm2, a.rstd2, a.res2, 1);
+    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, 1);
+    c.dev.accumulate(c.stream, out, a.res2);
+}
+
+// ---------------------------------------------------------------------------
+// The token embedding (no position table: the rotation carries positions).
+class Llama::Embed : public Module {
+public:
+    Embed(ParamTable& t, const Config& cfg) : Module("model.embed_tokens"), cfg_(cfg) {
+        w_ = declare(t, "model.embed_tokens.weight", {cfg.vocab, cfg.hidden});
+    }
+    void forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, u64 B, u64 T) {
+        ForwardScope scope(c.engine, *this);
+        c.dev.embedding_forward(c.stream, out, tokens, c.engine.weight(*this, w_), {}, B, T, cfg_.hidden, cfg_.vocab);
+    }
+    void backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens, u64 B, u64 T) {
+        BackwardScope scope(c.engine, *this);
+        c.dev.embedding_backward(c.stream, c.engine.grad(*this, w_), {}, dout, tokens, B, T, cfg_.hidden, cfg_.vocab);
+    }
+    std::size_t weight() const { return w_; }
+
+private:
+    Config cfg_;
+    std::size_t w_ = 0;
+};
+
+// logits (N,V) = x (N,C) @ W^T, W (V,C): lm_head.weight, or the embedding's when tied.
+class Llama::Head : public Module {
+public:
+    Head(ParamTable& t, const Config& cfg, std::size_t embed) : Module("lm_head"), cfg_(cfg) {
+        if (cfg.tied) {
+            w_ = embed;
+            use_external(embed);
+            t.add_user(this);
+        } else {
+            w_ = declare(t, "lm_head.weight", {cfg.vocab, cfg.hidden});
+        }
+    }
+    void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N) {
+        ForwardScope scope(c.engine, *this);
+        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.weight(*this, w_),
+                   logits);
+    }
+    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N) {
+        BackwardScope scope(c.engine, *this);
+        c.dev.gemm(c.stream, Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, w_), dx);
+        c.dev.gemm(c.stream, Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
+                   c.engine.grad(*this, w_));
+    }
+
+private:
+    Config cfg_;
+    std::size_t w_ = 0;
+};
+
+namespace {
+
+// What the Llama keeps beside the GPT's buffers in Activations.
+struct LlamaBuffers : Activations::Own {
+    std::vector<LlamaBlockActivations> blocks;  // layers of them, or 1 with checkpointing
+    LlamaScratch scratch;
+    device::Array<float> rope;                  // (T, hd)
+};
+
+LlamaBuffers& buffers(Activations& a) {
+    auto* b = dynamic_cast<LlamaBuffers*>(a.own.get());
+    if (!b) throw InternalError("Llama: activations planned by another model");
+    return *b;
+}
+
+}  // namespace
+
+Llama::Llama(const Config& cfg) : LanguageModel("llama"), cfg_(cfg), table_(cfg) {
+    if (cfg.arch != shard::Arch::llama) throw InternalError("Llama: the config is not a Llama's");
+    if (!cfg.layers || !cfg.hidden || !cfg.heads || !cfg.kv_heads || !cfg.ffn || !cfg.vocab || !cfg.max_seq ||
+        cfg.hidden % cfg.heads || cfg.heads % cfg.kv_heads || cfg.head_dim() % 2)
+        throw UsageError("Llama: layers, hidden, heads, kv_heads, ffn, vocab and seq must be positive, hidden a "
+                         "multiple of heads with an even head size, heads a multiple of kv_heads");
+    embed_ = std::make_unique<Embed>(table_, cfg);
+    for (u64 l = 0; l < cfg.layers; ++l) blocks_.push_back(std::make_unique<LlamaBlock>(table_, l, cfg));
+    norm_ = std::make_unique<RMSNorm>(table_, "model.norm", cfg.hidden, static_cast<float>(cfg.norm_eps));
+    head_ = std::make_unique<Head>(table_, cfg, embed_->weight());
+    for (const auto& p : table_.all())
+        if (!p.owner) throw InternalError("parameter " + p.name + " has no module");
+}
+
+Llama::~Llama() = default;
+
+Activations Llama::plan(device::Device& dev, const Shape& shape) const { return plan_on(&dev, shape, nullptr); }
+
+std::uint64_t Llama::plan_bytes(const Shape& shape) const {
+    std::uint64_t arena = 0;
+    plan_on(nullptr, shape, &arena);
+    return arena;
+}
+
+namespace {
+
+// One block's buffers for N rows of B x T, taken by `f`.
+template <class F>
+LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f) {
+    const u64 N = B * T, C = cfg.hidden, hd = cfg.head_dim(), QC = cfg.heads * hd, KC = cfg.kv_heads * hd;
+    LlamaBlockActivations b;
+    b.norm1 = f(N * C, "input_layernorm");
+    b.rstd1 = f(N, "input_layernorm rstd");
+    b.q = f(N * QC, "q");
+    b.k = f(N * KC, "k");
+    b.v = f(N * KC, "v");
+    b.att = f(B * cfg.heads * T * T, "attention");
+    b.atty = f(N * QC, "attention output");
+    b.res2 = f(N * C, "residual 2");
+    b.norm2 = f(N * C, "post_attention_layernorm");
+    b.rstd2 = f(N, "post_attention_layernorm rstd");
+    b.gate = f(N * cfg.ffn, "gate");
+    b.up = f(N * cfg.ffn, "up");
+    b.act = f(N * cfg.ffn, "swiglu");
+    return b;
+}
+
+}  // namespace
+
+Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const {
+    const u64 B = shape.batch, T = shape.seq, C = cfg_.hidden, V = cfg_.vocab, hd = cfg_.head_dim();
+    if (!B || !T) throw UsageError("batch and sequence length must be positive");
+    if (T > cfg_.max_seq)
+        throw UsageError("sequence length " + std::to_string(T) + " is longer than the model's " +
+                         std::to_string(cfg_.max_seq) + " positions");
+    if (shape.offload != Offload::none && !shape.checkpoint)
+        throw UsageError("offloading activation checkpoints needs activation checkpointing (leave out --no-checkpoint)");
+    const u64 N = B * T;
+    Activations a;
+    a.shape = shape;
+    auto own = std::make_unique<LlamaBuffers>();
+    auto take = [&]<class E>(u64 n, const char* what) {
+        a.bytes += n * sizeof(E);
+        if (arena) *arena += align_up(std::max<u64>(n * sizeof(E), 1), mem::kArenaAlignment);
+        return dev ? dev->alloc<E>(n, what) : device::Array<E>{};
+    };
+    auto f = [&](u64 n, const char* what) { return take.template operator()<float>(n, what); };
+    a.inputs = take.template operator()<std::int32_t>(N, "inputs");
+    a.targets = take.template operator()<std::int32_t>(N, "targets");
+    const u64 residuals = shape.offload != Offload::none ? std::min<u64>(3, cfg_.layers + 1) : cfg_.layers + 1;
+    for (u64 l = 0; l < residuals; ++l) a.residual.push_back(f(N * C, "residual"));
+    const u64 sets = shape.checkpoint ? 1 : cfg_.layers;
+    for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f));
+    const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
+    own->scratch.dbtc = f(N * C, "d (N,C)");
+    own->scratch.dq = f(N * QC, "d q");
+    own->scratch.dk = f(N * KC, "d k");
+    own->scratch.dv = f(N * KC, "d v");
+    own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
+    own->scratch.dgate = f(N * cfg_.ffn, "d gate");
+    own->scratch.dup = f(N * cfg_.ffn, "d up");
+    own->rope = f(T * hd, "rope table");
+    a.lnf = f(N * C, "model.norm");
+    a.lnf_rstd = f(N, "model.norm rstd");
+    a.logits = f(N * V, "logits");
+    a.losses = f(N, "losses");
+    a.dres = f(N * C, "d residual");
+    if (dev) {
+        const std::vector<float> table = rope_table(cfg_, T);
+        dev->copy(dev->compute(), std::as_writable_bytes(own->rope.span()), std::as_bytes(std::span(table)));
+        dev->synchronize(dev->compute());
+    }
+    a.own = std::move(own);
+    return a;
+}
+
+void Llama::forward(Context& c, Activations& a, bool for_backward) {
+    ForwardScope scope(c.engine, *this);
+    LlamaBuffers& own = buffers(a);
+    const u64 B = a.shape.batch, T = a.shape.seq, N = B * T, L = cfg_.layers;
+    const bool offload = for_backward && a.shape.offload != Offload::none;
+    const u64 out = offload ? offloaded_checkpoints(cfg_) : 0;
+    if (offload && (!a.store || a.store->kind() != a.shape.offload))
+        throw InternalError("Llama::forward: activations planned for offload without their store");
+    embed_->forward(c, a.res(0), a.inputs, B, T);
+    if (0 < out) a.store->save(c.dev, c.stream, 0, a.res(0));
+    for (u64 l = 0; l < L; ++l) {
+        if (l >= 2 && l - 2 < out) a.store->wait_saved(c.dev, c.stream, l - 2);
+        blocks_[l]->forward(c, a.res(l + 1), a.res(l), own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T);
+        if (l + 1 < out) a.store->save(c.dev, c.stream, l + 1, a.res(l + 1));
+    }
+    norm_->forward(c, a.lnf, a.lnf_rstd, a.res(L), N);
+    head_->forward(c, a.logits, a.lnf, N);
+    if (for_backward)
+        c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
+                                            cfg_.vocab);
+    else
+        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab);
+}
+
+void Llama::backward(Context& c, Activations& a) {
+    BackwardScope scope(c.engine, *this);
+    LlamaBuffers& own = buffers(a);
+    const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
+    head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
+    c.dev.zero(c.stream, a.dres);
+    norm_->backward(c, a.dres, own.scratch.dbtc, a.res(cfg_.layers), a.lnf_rstd, N);
+    const u64 out = a.shape.offload != Offload::none ? offloaded_checkpoints(cfg_) : 0;
+    for (u64 l = cfg_.layers; l-- > 0;) {
+        if (l < out) a.store->wait_loaded(c.dev, c.stream, l);
+        if (l >= 1 && l - 1 < out) a.store->load(c.dev, c.stream, l - 1, a.res(l - 1));
+        if (a.shape.checkpoint)
+            blocks_[l]->backward(c, a.dres, a.res(l), own.blocks[0], own.scratch, own.rope, B, T, a.res(l + 1));
+        else
+            blocks_[l]->backward(c, a.dres, a.res(l), own.blocks[l], own.scratch, own.rope, B, T);
+    }
+    embed_->backward(c, a.dres, a.inputs, B, T);
+}
+
+double Llama::flops_per_step(u64 B, u64 T) const {
+    // The input embedding is a lookup; when tied, the same table is the head's weight.
+    const double N = static_cast<double>(B * T);
+    const double weights = static_cast<double>(table_.numel() - (cfg_.tied ? 0 : cfg_.vocab * cfg_.hidden));
+    return 6.0 * weights * N + 6.0 * static_cast<double>(cfg_.layers * B * cfg_.heads * cfg_.head_dim()) *
+                                   static_cast<double>(T) * static_cast<double>(T + 1);
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+// Every buffer of a decoder of n positions, in the order decode_state takes
+// them (one position's att (H) made and replaced by the (H, n) row).
+template <class F>
+void decode_plan(const Config& cfg, u64 n, F&& f) {
+    const u64 KC = cfg.kv_heads * cfg.head_dim();
+    for (u64 l = 0; l < cfg.layers; ++l) {
+        f(n * KC, "key cache");
+        f(n * KC, "value cache");
+    }
+    block_buffers(cfg, 1, 1, f);
+    f(cfg.heads * n, "attention");
+    for (u64 c : {cfg.hidden, cfg.hidden, cfg.hidden, u64{1}, n * cfg.head_dim()}) f(c, "decoder");
+}
+
+}  // namespace
+
+std::uint64_t Llama::decode_bytes(const Config& cfg, u64 positions) {
+    u64 bytes = 0;
+    decode_plan(cfg, positions, [&](u64 count, const char*) {
+        bytes += align_up(std::max<u64>(count * 4, 1), mem::kArenaAlignment);
+        return device::Array<float>{};
+    });
+    return bytes;
+}
+
+std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64 positions) const {
+    if (positions == 0 || positions > cfg_.max_seq)
+        throw UsageError("the decoder's positions must be 1 to the model's " + std::to_string(cfg_.max_seq) +
+                         ", not " + std::to_string(positions));
+    auto st = std::make_unique<DecodeState>();
+    auto f = [&](u64 count, const char* what) { return dev.alloc<float>(count, what); };
+    st->cache.positions = positions;
+    for (u64 l = 0; l < cfg_.layers; ++l) {
+        const u64 KC = cfg_.kv_heads * cfg_.head_dim();
+        st->cache.k.push_back(f(positions * KC, "key cache"));
+        st->cache.v.push_back(f(positions * KC, "value cache"));
+    }
+    st->one = block_buffers(cfg_, 1, 1, f);
+    st->one.att = f(cfg_.heads * positions, "attention");
+    st->x = f(cfg_.hidden, "x");
+    st->out = f(cfg_.hidden, "block output");
+    st->norm = f(cfg_.hidden, "model.norm");
+    st->rstd = f(1, "rstd");
+    st->rope = f(positions * cfg_.head_dim(), "rope table");
+    const std::vector<float> table = rope_table(cfg_, positions);
+    dev.copy(dev.compute(), std::as_writable_bytes(st->rope.span()), std::as_bytes(std::span(table)));
+    dev.synchronize(dev.compute());
+    return st;
+}
+
+void Llama::decode(Context& c, DecodeState& st, std::span<const std::int32_t> token, u64 pos,
+                   std::span<float> logits) {
+    if (pos >= st.cache.positions)
+        throw UsageError("the decoder's " + std::to_string(st.cache.positions) + " positions are all used");
+    ForwardScope scope(c.engine, *this);
+    embed_->forward(c, st.x, token, 1, 1);
+    for (u64 l = 0; l < cfg_.layers; ++l) {
+        blocks_[l]->decode(c, st.out, st.x, st.one, st.cache.k[l], st.cache.v[l], st.rope, pos);
+        std::swap(st.x, st.out);
+    }
+    norm_->forward(c, st.norm, st.rstd, st.x, 1);
+    head_->forward(c, logits, st.norm, 1);
+}
+
+}  // namespace zinf::model

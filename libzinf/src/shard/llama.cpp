@@ -1,0 +1,236 @@
+// The Llama family's model specs: presets with the shapes of their published
+// config.json, the explicit "llama:" form, the exact parameter count, and the
+// tensors in execution order with Hugging Face's names and (out, in) linear
+// weights, tiled along their output rows.
+#include "llama.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace zinf::shard {
+
+namespace {
+
+// From each repository's config.json (num_hidden_layers, hidden_size,
+// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size,
+// max_position_embeddings, rope_theta, tie_word_embeddings, rms_norm_eps,
+// rope_scaling).
+constexpr LlamaPreset kLlamaPresets[] = {
+    {"smollm-135m",
+     "llama:layers=30,hidden=576,heads=9,kv_heads=3,ffn=1536,vocab=49152,seq=2048,rope_theta=10000,tied=1", "135M",
+     "HuggingFaceTB/SmolLM-135M"},
+    {"tinyllama-1.1b",
+     "llama:layers=22,hidden=2048,heads=32,kv_heads=4,ffn=5632,vocab=32000,seq=2048,rope_theta=10000,tied=0", "1.1B",
+     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"},
+    {"llama-3.2-1b",
+     "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,seq=131072,rope_theta=500000,tied=1,"
+     "rope_scale=32,rope_low=1,rope_high=4,rope_orig=8192",
+     "1.2B", "meta-llama/Llama-3.2-1B"},
+    {"llama-3.1-8b",
+     "llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=131072,rope_theta=500000,tied=0,"
+     "rope_scale=8,rope_low=1,rope_high=4,rope_orig=8192",
+     "8.0B", "meta-llama/Llama-3.1-8B"},
+};
+
+constexpr const char* kKeys = "layers, hidden, heads, kv_heads, ffn, vocab, seq, rope_theta, tied, eps, rope_scale, "
+                              "rope_low, rope_high, rope_orig";
+
+[[noreturn]] void bad(std::string_view spec, const std::string& why) {
+    throw UsageError("model spec '" + std::string(spec) + "': " + why);
+}
+
+std::uint64_t count(std::string_view v, std::string_view key, std::string_view spec, bool zero_ok = false) {
+    std::uint64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || p != v.data() + v.size() || (!zero_ok && n == 0))
+        bad(spec, std::string(key) + "=" + std::string(v) + " is not a " + (zero_ok ? "number" : "positive integer"));
+    return n;
+}
+
+double real(std::string_view v, std::string_view key, std::string_view spec) {
+    double d = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+    if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(d) || d <= 0)
+        bad(spec, std::string(key) + "=" + std::string(v) + " is not a positive number");
+    return d;
+}
+
+// The shortest plain decimal that reads back as the same double (500000, 0.00001).
+std::string shortest(double d) {
+    char buf[64];
+    auto [p, ec] = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::fixed);
+    return std::string(buf, ec == std::errc() ? p : buf);
+}
+
+}  // namespace
+
+std::span<const LlamaPreset> llama_presets() { return kLlamaPresets; }
+
+const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt"; }
+
+std::string tile_name(const std::string& weight, unsigned k) { return weight + ".tile" + std::to_string(k); }
+
+namespace detail {
+
+std::optional<ModelSpec> llama_preset(std::string_view name) {
+    for (const auto& p : kLlamaPresets)
+        if (name == p.name) {
+            ModelSpec s = parse_llama(p.spec);
+            s.preset = p.name;
+            return s;
+        }
+    return std::nullopt;
+}
+
+ModelSpec parse_llama(std::string_view text) {
+    ModelSpec s;
+    s.arch = Arch::llama;
+    s.vocab = 32000;
+    s.seq = 2048;
+    s.tied = false;
+    std::string_view rest = text.substr(6);  // "llama:"
+    std::vector<std::string_view> seen;
+    for (bool more = !rest.empty(); more;) {
+        const auto comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        more = comma != std::string_view::npos;
+        rest = more ? rest.substr(comma + 1) : std::string_view{};
+        if (item.empty()) bad(text, "an empty item (a stray comma)");
+        const auto eq = item.find('=');
+        if (eq == std::string_view::npos) bad(text, "'" + std::string(item) + "' is not key=value");
+        const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) bad(text, std::string(key) + " given twice");
+        seen.push_back(key);
+        if (key == "layers") s.layers = count(val, key, text);
+        else if (key == "hidden") s.hidden = count(val, key, text);
+        else if (key == "heads") s.heads = count(val, key, text);
+        else if (key == "kv_heads") s.kv_heads = count(val, key, text);
+        else if (key == "ffn") s.ffn = count(val, key, text);
+        else if (key == "vocab") s.vocab = count(val, key, text);
+        else if (key == "seq") s.seq = count(val, key, text);
+        else if (key == "rope_theta") s.rope_theta = real(val, key, text);
+        else if (key == "eps") s.norm_eps = real(val, key, text);
+        else if (key == "rope_scale") s.rope_scaling.factor = real(val, key, text);
+        else if (key == "rope_low") s.rope_scaling.low_freq_factor = real(val, key, text);
+        else if (key == "rope_high") s.rope_scaling.high_freq_factor = real(val, key, text);
+        else if (key == "rope_orig") s.rope_scaling.original_max_positions = count(val, key, text);
+        else if (key == "tied") {
+            if (val != "0" && val != "1") bad(text, "tied=" + std::string(val) + " is not 0 or 1");
+            s.tied = val == "1";
+        } else
+            bad(text, "unknown key '" + std::string(key) + "' (" + kKeys + ")");
+    }
+    if (!s.layers || !s.hidden || !s.heads) bad(text, "layers, hidden and heads are required");
+    if (!s.kv_heads) s.kv_heads = s.heads;
+    if (s.hidden > (1ull << 24) || s.vocab > (1ull << 32) || s.seq > (1ull << 32) || s.layers > (1ull << 20) ||
+        s.heads > s.hidden)
+        bad(text, "too large");
+    if (s.hidden % s.heads != 0)
+        bad(text, "hidden " + std::to_string(s.hidden) + " is not a multiple of heads " + std::to_string(s.heads));
+    if (s.head_dim() % 2 != 0)
+        bad(text, "the head size hidden/heads = " + std::to_string(s.head_dim()) +
+                      " is odd (rotary embeddings pair its two halves)");
+    if (s.kv_heads > s.heads || s.heads % s.kv_heads != 0)
+        bad(text, "heads " + std::to_string(s.heads) + " is not a multiple of kv_heads " + std::to_string(s.kv_heads));
+    if (!s.ffn) {  // Meta's rule: 2/3 of 4C, up to a multiple of 256
+        const std::uint64_t f = 8 * s.hidden / 3;
+        s.ffn = (f + 255) / 256 * 256;
+    }
+    if (s.ffn > (1ull << 26)) bad(text, "too large");
+    const bool scaled = std::find(seen.begin(), seen.end(), "rope_scale") != seen.end();
+    for (const char* k : {"rope_low", "rope_high", "rope_orig"})
+        if (!scaled && std::find(seen.begin(), seen.end(), k) != seen.end())
+            bad(text, std::string(k) + " without rope_scale (Llama 3's frequency scaling)");
+    if (scaled && s.rope_scaling.high_freq_factor <= s.rope_scaling.low_freq_factor)
+        bad(text, "rope_high must be above rope_low");
+    using u128 = unsigned __int128;
+    const u128 C = s.hidden, hd = s.head_dim(),
+               per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * u128{s.ffn};
+    const u128 exact = u128{s.vocab} * C * (s.tied ? 1 : 2) + u128{s.layers} * per + C;
+    if (exact >= (u128{1} << 62) || u128{12} * s.layers * C * C >= (u128{1} << 62))
+        bad(text, "too large (more than 2^62 parameters)");
+    return s;
+}
+
+std::string llama_to_string(const ModelSpec& s) {
+    std::string t = "llama:layers=" + std::to_string(s.layers) + ",hidden=" + std::to_string(s.hidden) +
+                    ",heads=" + std::to_string(s.heads) + ",kv_heads=" + std::to_string(s.kv_heads) +
+                    ",ffn=" + std::to_string(s.ffn) + ",vocab=" + std::to_string(s.vocab) +
+                    ",seq=" + std::to_string(s.seq) + ",rope_theta=" + shortest(s.rope_theta) +
+                    ",tied=" + (s.tied ? "1" : "0");
+    if (s.norm_eps != 1e-5) t += ",eps=" + shortest(s.norm_eps);
+    if (s.rope_scaling.factor > 0)
+        t += ",rope_scale=" + shortest(s.rope_scaling.factor) + ",rope_low=" + shortest(s.rope_scaling.low_freq_factor) +
+             ",rope_high=" + shortest(s.rope_scaling.high_freq_factor) +
+             ",rope_orig=" + std::to_string(s.rope_scaling.original_max_positions);
+    return t;
+}
+
+std::uint64_t llama_parameters(const ModelSpec& s) {
+    const std::uint64_t C = s.hidden, hd = s.head_dim();
+    const std::uint64_t per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * s.ffn;
+    return s.vocab * C * (s.tied ? 1 : 2) + s.layers * per + C;
+}
+
+std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile) {
+    // embed, norm, the head when untied; per layer 2 norms and 7 linear weights of `tile` pieces.
+    return 2 + (s.tied ? 0 : 1) + s.layers * (2 + 7 * std::uint64_t{tile});
+}
+
+std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
+    const std::uint64_t C = s.hidden, hd = s.head_dim(), F = s.ffn;
+    if (tile == 0 || tile > std::min(C, s.kv_heads * hd))
+        throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the smallest linear layer's " +
+                         std::to_string(std::min(C, s.kv_heads * hd)) + " outputs");
+    std::vector<Tensor> out;
+    out.reserve(llama_tensor_count(s, tile));
+    auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
+        Tensor t;
+        t.numel = 1;
+        for (auto d : shape) t.numel *= d;
+        t.name = t.key = std::move(name);
+        t.shape = std::move(shape);
+        t.init = init;
+        t.cols = t.key_cols = t.numel;
+        out.push_back(std::move(t));
+    };
+    // A linear weight (out, in), whole or in `tile` blocks of output rows:
+    // tile k is the weight's elements [first*in, last*in), seen as one row.
+    auto linear = [&](const std::string& name, std::uint64_t outf, std::uint64_t in, InitKind init) {
+        if (tile == 1) return plain(name, {outf, in}, init);
+        for (unsigned k = 0; k < tile; ++k) {
+            const std::uint64_t r0 = tile_first(outf, k, tile), r1 = tile_first(outf, k + 1, tile);
+            Tensor t;
+            t.name = tile_name(name, k);
+            t.key = name;
+            t.shape = {r1 - r0, in};
+            t.numel = (r1 - r0) * in;
+            t.init = init;
+            t.cols = t.numel;
+            t.key_cols = outf * in;
+            t.col0 = r0 * in;
+            out.push_back(std::move(t));
+        }
+    };
+    plain("model.embed_tokens.weight", {s.vocab, C}, InitKind::normal);
+    for (std::uint64_t l = 0; l < s.layers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        plain(p + "input_layernorm.weight", {C}, InitKind::ones);
+        linear(p + "self_attn.q_proj.weight", s.heads * hd, C, InitKind::normal);
+        linear(p + "self_attn.k_proj.weight", s.kv_heads * hd, C, InitKind::normal);
+        linear(p + "self_attn.v_proj.weight", s.kv_heads * hd, C, InitKind::normal);
+        linear(p + "self_attn.o_proj.weight", C, s.heads * hd, InitKind::residual);
+        plain(p + "post_attention_layernorm.weight", {C}, InitKind::ones);
+        linear(p + "mlp.gate_proj.weight", F, C, InitKind::normal);
+        linear(p + "mlp.up_proj.weight", F, C, InitKind::normal);
+        linear(p + "mlp.down_proj.weight", C, F, InitKind::residual);
+    }
+    plain("model.norm.weight", {C}, InitKind::ones);
+    if (!s.tied) plain("lm_head.weight", {s.vocab, C}, InitKind::normal);
+    return out;
+}
+
+}  // namespace detail
+
+}  // namespace zinf::shard
