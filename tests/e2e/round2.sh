@@ -333,7 +333,9 @@ expect_rc 0 "…and the state verifies after them"
 # remove; the man page named them to.tmp.pid. Now the next export to the
 # same file removes them (test_shard_disk: never a live one's).
 for i in 1 2 3; do
-  zs export -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force >/dev/null 2>&1 &
+  # (zinf-shard itself in the background, not the zs function: a kill of
+  # the subshell would leave the export running, its temporary live)
+  "$SH" export "${POOL[@]}" -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force >/dev/null 2>&1 &
   k=$!
   sleep 0.0$i
   kill -KILL "$k" 2>/dev/null
