@@ -394,4 +394,69 @@ done
 run zs verify -m "$W/t/manifest.jsonl"
 expect_rc 0 "…and the state verifies"
 
+# --- The Llama family's new inputs and writers (findings 1, 6, 7) -----------
+# The Hugging Face importer and exporter (shard/hf.cpp) came after the probe;
+# the same rules hold there. Reproduced on the main branch before this:
+# import --from a FIFO named *.safetensors (or the index) hung in open();
+# an index of 8 MiB of nested arrays went to nlohmann unbounded, and one
+# naming a tensor twice in its weight_map was taken (the last won).
+LM=llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=48,vocab=64,seq=32
+zs layout --model "$LM" --param-dtype fp32 | zs init --dir "$W/ll" >/dev/null
+run zs export -m "$W/ll/manifest.jsonl" --to "$W/hf" --shard-size 8KiB
+expect_rc 0 "a Llama state exports to a Hugging Face folder with its index"
+limport() { # FROM DIR: a Llama import
+  run bash -c '"$1" layout --model "$2" --param-dtype fp32 | timeout -k 5 20 "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+    _ "$SH" "$LM" "$1" "$2"
+}
+limport "$W/hf" "$W/hl"
+expect_rc 0 "…and imports back from it"
+mkdir -p "$W/hfifo"
+mkfifo "$W/fifo.safetensors" "$W/hfifo/model.safetensors.index.json"
+SECONDS=0
+limport "$W/fifo.safetensors" "$W/hl-f1"
+check "Llama import --from a FIFO (*.safetensors) is refused at once (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+limport "$W/hfifo/model.safetensors.index.json" "$W/hl-f2"
+check "…and an index that is a FIFO (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+limport "$W/hfifo" "$W/hl-f3"
+check "…and a folder whose index is a FIFO (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+check "…all within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+# A hostile index: nested 4 Mi deep; a tensor named twice.
+mkdir -p "$W/hnest" "$W/htwice"
+cp "$W/hf"/*.safetensors "$W/hnest/"
+cp "$W/hf"/*.safetensors "$W/htwice/"
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+n = 4 * 1024 * 1024
+with open(f"{w}/hnest/model.safetensors.index.json", "wb") as f:
+    f.write(b'{"metadata":' + b"[" * n + b"]" * n + b', "weight_map": {}}')
+entries = list(json.load(open(f"{w}/hf/model.safetensors.index.json"))["weight_map"].items())
+entries.insert(0, (entries[0][0], "elsewhere.safetensors"))  # the first tensor named twice
+with open(f"{w}/htwice/model.safetensors.index.json", "w") as f:
+    f.write('{"weight_map":{' + ",".join(json.dumps(k) + ":" + json.dumps(v) for k, v in entries) + "}}")
+PY
+SECONDS=0
+limport "$W/hnest" "$W/hl-n"
+check "an index nested 4 Mi deep is refused (65) in seconds ($SECONDS s), saying so" \
+  bash -c '[[ $1 == 65 && $2 == *"nested deeper"* && $3 -lt 20 ]]' _ "$rc" "$err" "$SECONDS"
+limport "$W/htwice" "$W/hl-t"
+check "an index naming a tensor twice is refused (65), naming the key" \
+  bash -c '[[ $1 == 65 && $2 == *"appears twice"* ]]' _ "$rc" "$err"
+check "…and neither import committed anything" test ! -e "$W/hl-n/manifest.jsonl" -a ! -e "$W/hl-t/manifest.jsonl"
+# The lock: a Llama import into a directory another program holds, and an
+# export of it, are refused (75) naming the lock file.
+flock -o -x "$W/hl/.zinf-lock" sleep 30 &
+holder=$!
+sleep 0.5
+before=$(sums "$W/hl")
+run bash -c '"$1" layout --model "$2" --param-dtype fp32 | "$1" import --from "$3" --dir "$4" --force --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$LM" "$W/hf" "$W/hl"
+check "Llama import --force into a directory another program holds is refused (75)" \
+  bash -c '[[ $1 == 75 && $2 == *"$3/.zinf-lock"* ]]' _ "$rc" "$err" "$W/hl"
+run zs export -m "$W/hl/manifest.jsonl" --to "$W/hf2"
+check "…and a Hugging Face export of it (75), writing nothing" bash -c '[[ $1 == 75 && ! -e $2 ]]' _ "$rc" "$W/hf2"
+kill "$holder"
+wait "$holder" 2>/dev/null
+check "…the state untouched" test "$(sums "$W/hl")" = "$before"
+
 finish

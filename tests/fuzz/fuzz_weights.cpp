@@ -1,7 +1,8 @@
 // The weight importers' headers (zinf-shard import --from, zinf-sample
 // --tokenizer): any bytes as a file, read as its first bytes say, as import
 // and zinf-sample do: llm.c's checkpoint header (magic 20240326), llm.c's
-// tokenizer (magic 20240328), else a safetensors header. Bad input is a
+// tokenizer (magic 20240328), Hugging Face's model.safetensors.index.json
+// (text that starts with '{'), else a safetensors header. Bad input is a
 // DataError (65); what is accepted must hold together: a safetensors file's
 // tensors cover its data exactly, each as long as its shape and dtype make
 // it; an llm.c checkpoint is as long as its header's parameters; a
@@ -42,6 +43,20 @@ ZINF_FUZZ_TARGET(weights) {
         for (std::uint32_t i = 0; i < t->vocab(); ++i) bytes += 1 + t->decode(i).size();
         if (1024 + bytes != size) fuzz::finding("the tokens do not cover the file after its header");
         if (t->eot() && *t->eot() >= t->vocab()) fuzz::finding("an end-of-text token past the vocabulary");
+        return 0;
+    }
+    if (size && data[0] == '{') {
+        shard::detail::StIndex index;
+        const std::string_view text(reinterpret_cast<const char*>(data), size);
+        if (!fuzz::documented<DataError>([&] { index = shard::detail::parse_st_index(text, "index.json"); })) return 0;
+        fuzz::accepted();
+        for (const auto& [name, file] : index.weight_map) {
+            if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+                fuzz::finding("a shard that is no file beside the index: " + file);
+            if (std::find(index.shards.begin(), index.shards.end(), file) == index.shards.end())
+                fuzz::finding("tensor " + name + "'s shard is not among the shards");
+        }
+        if (index.shards.empty()) fuzz::finding("an index with no shard accepted");
         return 0;
     }
     io::File file;

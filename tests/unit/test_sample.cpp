@@ -11,7 +11,9 @@
 #include <zinf/device.hpp>
 #include <zinf/model.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zinf/sample.hpp>
 
 #if ZINF_HAVE_SENTENCEPIECE
@@ -20,6 +22,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <future>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -436,6 +439,22 @@ BOOST_AUTO_TEST_CASE(sentencepiece_encode_decode_stream) {
     std::ofstream(d.file("bad.model")) << "not a model";
     BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("bad.model")), DataError);
     BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("absent.model")), MissingInputError);
+    // Issue 29, finding 6, for the SentencePiece path. Before, open() gave
+    // the path to libsentencepiece, whose own open blocked on a FIFO with no
+    // writer (deaf to signals); now refused at once (65, "FIFO"). Should it
+    // block, a writer that opens and closes the FIFO after 5 s ends the wait
+    // and the check fails on the message instead of hanging.
+    BOOST_REQUIRE(::mkfifo(d.file("fifo.model").c_str(), 0600) == 0);
+    auto opened = std::async(std::launch::async, [&] {
+        return testing::what_of<DataError>([&] { sample::SentencePiece::open(d.file("fifo.model")); }, "fifo");
+    });
+    if (opened.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+        const int w = ::open(d.file("fifo.model").c_str(), O_WRONLY | O_NONBLOCK);
+        if (w >= 0) ::close(w);
+        BOOST_ERROR("SentencePiece::open of a FIFO waited for a writer");
+    }
+    const std::string fifo = opened.get();
+    BOOST_TEST(testing::contains(fifo, "FIFO"), fifo);
 #endif
 }
 

@@ -189,6 +189,11 @@ enum class Input { regular, stream };
 Fd open_input(const std::string& path, Input kind);
 // A std::istream over open_input(path, Input::stream), for line readers.
 std::unique_ptr<std::istream> input_stream(const std::string& path);
+// The whole of a regular file (open_input(path, Input::regular): a FIFO or
+// a folder is refused at once) of at most `max` bytes: a larger one is a
+// DataError naming it and `what` ("a Hugging Face index"), before anything
+// is read. For inputs parsed whole (a JSON index, a SentencePiece model).
+std::string read_regular(const std::string& path, std::uint64_t max, const std::string& what);
 
 // fsync(2) of a folder, so that names created or renamed in it survive a
 // crash ("" is the current folder); IoError naming it on failure.

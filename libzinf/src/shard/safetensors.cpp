@@ -204,4 +204,29 @@ std::string safetensors_header(const std::vector<StTensor>& tensors, const json:
     return out + text;
 }
 
+StIndex parse_st_index(std::string_view text, const std::string& path) {
+    json::Json j;
+    try {
+        j = json::parse_untrusted(text, {.depth = 8, .values = std::uint64_t{1} << 20});
+    } catch (const DataError& e) {
+        throw DataError("index: " + e.message(), {0, path, {}, -1});
+    } catch (const json::Json::exception& e) {  // parse_error, out_of_range ("1e999")
+        throw DataError(std::string("index is not JSON: ") + e.what(), {0, path, {}, -1});
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw DataError("no \"weight_map\" object (Hugging Face's model.safetensors.index.json)", {0, path, {}, -1});
+    StIndex index;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+        if (!file.is_string()) throw DataError("weight_map[\"" + name + "\"] is not a file name", {0, path, {}, -1});
+        const std::string f = file.get<std::string>();
+        // A file beside the index, nothing that leads elsewhere.
+        if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+            throw DataError("weight_map names '" + f + "': a shard must be a file beside the index", {0, path, {}, -1});
+        index.weight_map[name] = f;
+        if (std::find(index.shards.begin(), index.shards.end(), f) == index.shards.end()) index.shards.push_back(f);
+    }
+    if (index.shards.empty()) throw DataError("the weight_map is empty", {0, path, {}, -1});
+    return index;
+}
+
 }  // namespace zinf::shard::detail
