@@ -8,6 +8,8 @@
 #   make deps            install the Debian packages (scripts/deps.sh)
 #   make fuzz            build the libFuzzer targets (clang) and run each FUZZ_SECONDS=60,
 #                        FUZZ_JOBS=2 at a time; a crash fails it (tests/fuzz/README.md)
+#   make fuzz-syntax     clang parses what make fuzz builds, no code made (make test
+#                        runs it: tests/e2e/targets.sh)
 #
 #   make sanitize        every unit and MPI suite under ASan+UBSan, the threaded ones under TSan
 #
@@ -372,7 +374,8 @@ FUZZ_JOBS ?= 2
 # The library files the targets link: whole modules where they build with
 # clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
 FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
-  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/shard/llama.cpp libzinf/src/zero/disk.cpp,$(LIB_SRCS))
+  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/shard/llama.cpp libzinf/src/zero/disk.cpp \
+  libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp libzinf/src/sample/tokenizer.cpp,$(LIB_SRCS))
 tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
 	@mkdir -p $(@D)
@@ -392,12 +395,30 @@ $(BUILD)/libzinf-fuzz.a: $(FUZZ_LIB_SRCS:%.cpp=$(BUILD)/%.o)
 $(BUILD)/fuzz-%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(BUILD)/libzinf-fuzz.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(LDFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+# (the recipes name $(MAKE) themselves: make passes its jobs only to those)
+FUZZ_MAKE := --no-print-directory FUZZ_CLANG=1 CXX=clang++ NO_CUDA=1 NO_MPI=1 SANITIZE=address,undefined \
+  BUILD=$(BUILD)/fuzz
 fuzz:
 	@scripts/deps.sh --fuzz --check 2>/dev/null || scripts/deps.sh --fuzz
-	$(Q)$(MAKE) --no-print-directory FUZZ_CLANG=1 CXX=clang++ NO_CUDA=1 NO_MPI=1 SANITIZE=address,undefined \
-	  BUILD=$(BUILD)/fuzz $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz-%)
+	$(Q)$(MAKE) $(FUZZ_MAKE) $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz-%)
 	nice -n 10 tests/fuzz/run.sh --seconds $(FUZZ_SECONDS) --jobs $(FUZZ_JOBS) --bin $(BUILD)/fuzz $(FUZZ_TARGETS)
-.PHONY: fuzz
+# What `make fuzz` compiles, parsed by clang with its flags and no code made
+# (-fsyntax-only, a stamp a file, again only when the file or a header it
+# includes changes): tests/e2e/targets.sh runs it in `make test`, so that a
+# change clang 14 cannot build fails there, not on the next fuzz campaign
+# (issue 29: __builtin_cpu_supports("x86-64-v4") broke make fuzz unseen).
+fuzz-syntax:
+	$(Q)$(MAKE) $(FUZZ_MAKE) fuzz-syntax-run
+# (the list made by the inner make, whose NO_CUDA=1 picks the *_none.cpp twins)
+fuzz-syntax-run: $(patsubst %.cpp,$(BUILD)/syntax/%.ok,$(FUZZ_SRCS) $(FUZZ_LIB_SRCS))
+$(BUILD)/syntax/%.ok: %.cpp $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  SYNTAX  $<")
+	$(Q)$(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -MMD -MP -MF $(@:.ok=.d) -MT $@ $< && touch $@
+ifeq ($(FUZZ_CLANG),1)
+$(BUILD)/syntax/tests/fuzz/fuzz_%.ok: CPPFLAGS += -DZINF_LIBFUZZER
+endif
+.PHONY: fuzz fuzz-syntax fuzz-syntax-run
 
 # --- the two quick-start commands --------------------------------------------
 deps:

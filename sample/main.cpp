@@ -99,13 +99,18 @@ int run(Options& o) {
     shard::Manifest& m = committed.manifest;
     std::optional<sample::Tokenizer> tok;
     std::optional<sample::SentencePiece> sp;
-    if (!o.tokenizer.empty()) {
-        if (is_llmc_tokenizer(o.tokenizer)) tok = sample::Tokenizer::open(o.tokenizer);
-        else sp = sample::SentencePiece::open(o.tokenizer);
-    }
     const std::uint64_t V = m.spec.vocab;
+    if (!o.tokenizer.empty()) {
+        if (is_llmc_tokenizer(o.tokenizer)) {
+            tok = sample::Tokenizer::open(o.tokenizer);
+            tok->check_model(V);
+        } else {
+            sp = sample::SentencePiece::open(o.tokenizer);
+        }
+    }
     const std::vector<std::int32_t> prompt = prompt_of(o, V, tok ? &*tok : nullptr, sp ? &*sp : nullptr);
-    const std::uint64_t positions = prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
+    // (-n past the model's positions first: the sum below would wrap)
+    const std::uint64_t positions = o.tokens > m.spec.seq ? o.tokens : prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
     if (positions > m.spec.seq)
         throw UsageError("the prompt's " + std::to_string(prompt.size()) + " tokens and -n " + std::to_string(o.tokens) +
                          " need " + std::to_string(positions) + " positions; the model has " +

@@ -7,6 +7,7 @@
 #
 #   shard-init     zinf-shard init, fresh or --force over a committed state
 #   shard-reshard  zinf-shard reshard (dp 3 to 2), fresh or --force
+#   shard-import   zinf-shard import of llm.c weights, fresh or --force
 #   train-nvme     zinf-train, every state on nvme (every step commits)
 #   train-cpu      zinf-train, the state in memory, --checkpoint-every 2
 #
@@ -23,8 +24,8 @@
 #   --seed S           trial i of each campaign has seed S+i (default: drawn)
 #   --rank-trials M    dying-rank trials (default 8: each case once; 0: none)
 #   --comm-timeout T   the dying-rank trials' --comm-timeout, seconds (default 2)
-#   --only NAME        one campaign: shard-init, shard-reshard, train-nvme,
-#                      train-cpu or rank
+#   --only NAME        one campaign: shard-init, shard-reshard, shard-import,
+#                      train-nvme, train-cpu or rank
 #   --keep             keep the work folders (their paths are printed)
 #   -h, --help         print this help and exit
 #
@@ -62,7 +63,7 @@ done
 [[ $seed =~ ^[0-9]+$ ]] || usage_error "bad --seed '$seed'"
 [[ $rank_trials =~ ^[0-9]+$ ]] || usage_error "bad --rank-trials '$rank_trials'"
 [[ $comm_timeout =~ ^[1-9][0-9]*$ ]] || usage_error "bad --comm-timeout '$comm_timeout' (whole seconds)"
-campaigns=(shard-init shard-reshard train-nvme train-cpu rank)
+campaigns=(shard-init shard-reshard shard-import train-nvme train-cpu rank)
 [[ -z $only || " ${campaigns[*]} " == *" $only "* ]] || usage_error "--only: one of ${campaigns[*]}"
 command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
 bin=${ZINF_BIN:-$root/bin}
@@ -73,6 +74,7 @@ command_of() {  # command_of CAMPAIGN: the script and its options
     case $1 in
         shard-init) echo "tests/crash/shard.sh --op init" ;;
         shard-reshard) echo "tests/crash/shard.sh --op reshard" ;;
+        shard-import) echo "tests/crash/shard.sh --op import" ;;
         train-nvme) echo "tests/crash/train.sh --tiers nvme" ;;
         train-cpu) echo "tests/crash/train.sh --tiers cpu" ;;
         rank) echo "tests/crash/rank.sh --comm-timeout $comm_timeout" ;;

@@ -247,7 +247,7 @@ int do_init(const Options& o) {
 }
 
 int do_verify(const Options& o) {
-    Manifest m = read_input(o);
+    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
     RunOptions ro = run_options(o);
     ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     io::Engine engine(o.engine.resolve());
@@ -281,7 +281,7 @@ int do_inspect(const Options& o) {
 // state, "NAME STATE BYTES XXH3", of the same gathered bytes (whatever the
 // split: two directories hold the same values when their lines agree).
 int do_cat(const Options& o) {
-    Manifest m = read_input(o);
+    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
     if (!o.sums) {
         if (o.tensors.size() != 1)
             throw UsageError("cat writes one tensor: give one --tensor (--sums takes any number, or none for all)");
@@ -354,7 +354,9 @@ int do_import(const Options& o) {
 
 // The committed weights into another program's file; nothing on stdout.
 int do_export(const Options& o) {
-    Manifest m = read_input(o);
+    // What the directory commits, whichever manifest names it (a stale copy
+    // would export the weights of its step).
+    const Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, true);
     if (std::filesystem::exists(o.to) && !o.force)
         throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
     io::Engine engine(o.engine.resolve());

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Crash trials of zinf-shard init (--op init) and reshard (--op reshard,
-# dp 3 to dp 2): each trial SIGKILLs the subcommand on a tiny model at a
+# Crash trials of zinf-shard init (--op init), reshard (--op reshard,
+# dp 3 to dp 2) and import (--op import, llm.c weights): each trial SIGKILLs the subcommand on a tiny model at a
 # seeded moment, into a fresh folder or with --force over a committed state
 # of another seed, after a seeded delay or on entering a seeded fsync,
 # fdatasync, rename or fallocate (inside the commit). Then: manifest.jsonl
@@ -9,7 +9,7 @@
 # on it; a re-run ends 0, commits the new state (verified) and leaves no
 # temporaries; reshard's source is untouched.
 #
-#   tests/crash/shard.sh [--op init|reshard] [--seed S] [--trials N] [--keep]
+#   tests/crash/shard.sh [--op init|reshard|import] [--seed S] [--trials N] [--keep]
 #
 # --op: the subcommand (default init); --seed S: trial i has seed S+i
 # (default: drawn, printed); --trials N (default 10); --keep: keep the work
@@ -27,7 +27,7 @@ while (($#)); do
   *) echo "${0##*/}: unknown option $1 (see --help)" >&2; exit 64 ;;
   esac
 done
-[[ $op == init || $op == reshard ]] || { echo "${0##*/}: --op is init or reshard" >&2; exit 64; }
+[[ $op == init || $op == reshard || $op == import ]] || { echo "${0##*/}: --op is init, reshard or import" >&2; exit 64; }
 name=shard-$op
 crash_dir "$op"
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
@@ -48,10 +48,17 @@ if [[ $op == reshard ]]; then
   "$SH" layout --model "$M" --seed 1 --dp 3 | "$SH" init "${POOL[@]}" --dir "$W/src" >/dev/null 2>&1
   sums "$W/src" >"$W/src.sums"
 fi
+if [[ $op == import ]]; then # the weights: an init of the new layout elsewhere, exported
+  "$SH" init "${POOL[@]}" --dir "$W/wsrc" <"$W/new.layout" >/dev/null 2>&1
+  "$SH" export "${POOL[@]}" -m "$W/wsrc/manifest.jsonl" --to "$W/weights.bin" --format llmc >/dev/null 2>&1
+fi
 # The subcommand under trial, into $T (stdin: $W/new.layout), in $write;
-# write [--force] runs it.
+# write [--force] runs it. (Each takes the directory's lock: a re-run after
+# a kill shows that a killed holder's lock never blocks the next.)
 if [[ $op == init ]]; then
   cmd=("$SH" init "${POOL[@]}" --dir "$T")
+elif [[ $op == import ]]; then
+  cmd=("$SH" import "${POOL[@]}" --from "$W/weights.bin" --dir "$T")
 else
   cmd=("$SH" reshard "${POOL[@]}" -m "$W/src/manifest.jsonl" --dp 2 --dir "$T")
 fi
@@ -120,7 +127,7 @@ for ((i = 0; i < trials; i++)); do
       cmp -s <(sed 's/\.alt\.bin"/.bin"/g' "$T/manifest.jsonl") <(sed 's/\.alt\.bin"/.bin"/g' "$W/new.manifest")
     [[ -z $(leftovers "$T") ]] || why_not "temporaries left after the re-run: $(leftovers "$T" | head -3 | tr '\n' ' ')"
   fi
-  [[ $op == init ]] || [[ $(sums "$W/src") == "$(cat "$W/src.sums")" ]] || why_not "reshard's source changed"
+  [[ $op != reshard ]] || [[ $(sums "$W/src") == "$(cat "$W/src.sums")" ]] || why_not "reshard's source changed"
   landed+=("$found")
   trial_end "$op $mode, kill at ${kill// /:} (exit $rc): manifest $found; seed=$trial_seed"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Crash trials (tests/crash/): 10 of each of zinf-shard init, zinf-shard
-# reshard, and zinf-train with every state on nvme and with the state in
-# memory and --checkpoint-every, each SIGKILLed at a seeded moment and
+# Crash trials (tests/crash/): 10 of each of zinf-shard init, reshard and
+# import (llm.c weights), and zinf-train with every state on nvme and with
+# the state in memory and --checkpoint-every, each SIGKILLed at a seeded moment and
 # checked (the manifest the last committed one or absent, verify, re-run or
 # --resume to the end with the uninterrupted run's losses). One test per
 # trial. The seed is drawn and printed (ZINF_CRASH_SEED sets it); a failed
@@ -13,7 +13,7 @@ CRASH=$ROOT/tests/crash
 seed=${ZINF_CRASH_SEED:-$((RANDOM * 32768 + RANDOM))}
 trials=${ZINF_CRASH_TRIALS:-10}
 echo "# crash trials: seed $seed, $trials trials each"
-for suite in "shard.sh --op init" "shard.sh --op reshard" "train.sh --tiers nvme" "train.sh --tiers cpu"; do
+for suite in "shard.sh --op init" "shard.sh --op reshard" "shard.sh --op import" "train.sh --tiers nvme" "train.sh --tiers cpu"; do
   read -r -a s <<<"$suite"
   bash "$CRASH/${s[0]}" "${s[@]:1}" --seed "$seed" --trials "$trials" >"$TMP/out" 2>&1
   rc=$?

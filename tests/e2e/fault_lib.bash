@@ -82,7 +82,54 @@ fw_run_train() { fw_train --steps 2; }
 fw_also_train() { fw_train --steps 1 >/dev/null 2>&1; }
 fw_out_train() { echo "$FW_D"; }
 
-FW_SCENARIOS=(init fresh reshard train)
+# import --force of llm.c weights over a committed state of another seed.
+fw_setup_import() {
+  "$FW_SH" layout --model "$FW_MT" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$W/import.src" >/dev/null
+  "$FW_SH" export "${FW_POOL[@]}" -m "$W/import.src/manifest.jsonl" --to "$W/import.llmc" --format llmc >/dev/null 2>&1
+  "$FW_SH" layout --model "$FW_MT" --param-dtype fp32 --seed 7 | "$FW_SH" init "${FW_POOL[@]}" --dir "$FW_D" >/dev/null
+  "$FW_SH" layout --model "$FW_MT" --param-dtype fp32 >"$W/import.layout"
+}
+fw_run_import() { "$FW_SH" import "${FW_POOL[@]}" --from "$W/import.llmc" --dir "$FW_D" --force <"$W/import.layout"; }
+fw_out_import() { echo "$FW_D"; }
+
+# The same from a Hugging Face Llama checkpoint: shards and their index.
+FW_ML=llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=48,vocab=64,seq=32
+fw_setup_hfimport() {
+  "$FW_SH" layout --model "$FW_ML" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$W/hfimport.src" >/dev/null
+  "$FW_SH" export "${FW_POOL[@]}" -m "$W/hfimport.src/manifest.jsonl" --to "$W/hfimport.hf" --shard-size 8KiB >/dev/null 2>&1
+  "$FW_SH" layout --model "$FW_ML" --param-dtype fp32 --seed 7 | "$FW_SH" init "${FW_POOL[@]}" --dir "$FW_D" >/dev/null
+  "$FW_SH" layout --model "$FW_ML" --param-dtype fp32 >"$W/hfimport.layout"
+}
+fw_run_hfimport() { "$FW_SH" import "${FW_POOL[@]}" --from "$W/hfimport.hf" --dir "$FW_D" --force <"$W/hfimport.layout"; }
+fw_out_hfimport() { echo "$FW_D"; }
+
+# Exports: the state is only read; fw_file_NAME is what the run writes,
+# which a failed run must leave absent (or an empty folder), never torn.
+fw_setup_export() { "$FW_SH" layout --model "$FW_MT" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$FW_D" >/dev/null; }
+fw_run_export() { "$FW_SH" export "${FW_POOL[@]}" -m "$FW_D/manifest.jsonl" --to "$W/export.out" --format llmc; }
+fw_out_export() { echo "$FW_D"; }
+fw_file_export() { echo "$W/export.out"; }
+fw_setup_hfexport() { "$FW_SH" layout --model "$FW_ML" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$FW_D" >/dev/null; }
+fw_run_hfexport() { "$FW_SH" export "${FW_POOL[@]}" -m "$FW_D/manifest.jsonl" --to "$W/hfexport.out" --shard-size 8KiB; }
+fw_out_hfexport() { echo "$FW_D"; }
+fw_file_hfexport() { echo "$W/hfexport.out"; }
+
+# A diverging run (issue 29, finding 4): every state on NVMe at step 2,
+# resumed with --lr 1e12: step 3 commits weights that give a NaN loss at
+# step 4, and the run commits step 2's manifest again and exits 65. A
+# failed commit leaves the commit before it, as everywhere: step 2's, or,
+# when the commit that goes back fails, step 3's (fw_accept_diverge: a
+# manifest at step 3 that verifies; the run has failed with 74 or 73).
+fw_setup_diverge() {
+  fw_setup_train
+  fw_train --steps 2 >/dev/null 2>&1
+}
+fw_run_diverge() { fw_train --steps 6 --resume --lr 1e12; }
+fw_rc_diverge() { echo 65; }
+fw_out_diverge() { echo "$FW_D"; }
+fw_accept_diverge() { [[ $(jq -s '[.[1:][] | .step // 0] | max' "$1") == 3 ]]; }
+
+FW_SCENARIOS=(init fresh reshard train import hfimport export hfexport diverge)
 
 # fw_prepare NAME: the pristine state, the clean run's sites and result.
 # Sets FW_SITES (one "kind<TAB>path" a line).
@@ -95,13 +142,19 @@ fw_prepare() {
   "fw_setup_$s" || return 1
   cp -a "$FW_D" "$FW_P"
   rm -f "$W/$s.trace"
-  ZINF_FAULT_TRACE=$W/$s.trace "fw_run_$s" >"$W/$s.clean.out" 2>"$W/$s.clean.err" || {
-    fail "$s: the clean run exits 0" "$(tail -c 600 "$W/$s.clean.err")"
+  local rc0=0
+  ZINF_FAULT_TRACE=$W/$s.trace "fw_run_$s" >"$W/$s.clean.out" 2>"$W/$s.clean.err" || rc0=$?
+  if ((rc0 != $(fw_clean_rc "$s"))); then
+    fail "$s: the clean run exits $(fw_clean_rc "$s")" "exit $rc0: $(tail -c 600 "$W/$s.clean.err")"
     return 1
-  }
+  fi
   local out
   out=$("fw_out_$s")
   cp "$out/manifest.jsonl" "$W/$s.clean.manifest"
+  rm -rf "$W/$s.clean.file"
+  if declare -F "fw_file_$s" >/dev/null; then
+    cp -a "$("fw_file_$s")" "$W/$s.clean.file"
+  fi
   rm -f "$W/$s".also.manifest*
   if declare -F "fw_also_$s" >/dev/null; then
     rm -rf "$FW_D" && cp -a "$FW_P" "$FW_D"
@@ -118,7 +171,10 @@ fw_prepare() {
 fw_restore() {
   rm -rf "$FW_D"
   cp -a "$FW_P" "$FW_D"
+  if declare -F "fw_file_${FW_D##*/}" >/dev/null; then rm -rf "$("fw_file_${FW_D##*/}")"; fi
 }
+# fw_clean_rc NAME: the exit status of the scenario's run without a fault.
+fw_clean_rc() { if declare -F "fw_rc_$1" >/dev/null; then "fw_rc_$1"; else echo 0; fi; }
 
 # fw_case NAME KIND PATH HOW: one run with one fault, and its checks (one test).
 fw_case() {
@@ -135,7 +191,7 @@ fw_case() {
   local err
   err=$(cat "$W/case.err")
   if [[ $how == short ]]; then
-    ((rc == 0)) || problems+=("exit $rc, want 0 (a short transfer is finished)")
+    ((rc == $(fw_clean_rc "$s"))) || problems+=("exit $rc, want $(fw_clean_rc "$s") (a short transfer is finished)")
     cmp -s "$out/manifest.jsonl" "$W/$s.clean.manifest" || problems+=("the manifest is not the clean run's")
   else
     want=74
@@ -150,6 +206,7 @@ fw_case() {
       if [[ $out == "$FW_D" && $now == "$before_manifest" ]]; then :
       elif cmp -s "$out/manifest.jsonl" "$W/$s.clean.manifest"; then :
       elif [[ -f $W/$s.also.manifest ]] && cmp -s "$out/manifest.jsonl" "$W/$s.also.manifest"; then :
+      elif declare -F "fw_accept_$s" >/dev/null && "fw_accept_$s" "$out/manifest.jsonl"; then :
       else problems+=("manifest.jsonl is neither the committed one nor the clean run's")
       fi
     elif [[ -n $before_manifest && $out == "$FW_D" ]]; then
@@ -164,6 +221,18 @@ fw_case() {
     [[ $(cd "$FW_D" && find . -path ./dp2 -prune -o -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum) == "$src_before" ]] ||
       problems+=("the source state changed")
   fi
+  if declare -F "fw_file_$s" >/dev/null; then  # what an export writes: whole or absent
+    local f
+    f=$("fw_file_$s")
+    if [[ $how == short ]]; then
+      diff -r "$f" "$W/$s.clean.file" >/dev/null 2>&1 || problems+=("${f#"$W"/} is not the clean run's")
+    elif [[ -e $f ]] && ! { [[ -d $f ]] && empty_dir "$f"; }; then
+      diff -r "$f" "$W/$s.clean.file" >/dev/null 2>&1 || problems+=("${f#"$W"/} is torn: neither absent nor the clean run's")
+    fi
+    local ftemps
+    ftemps=$(ls -d "$f".tmp.* "$f"/*.tmp.* "$f"/*.zinf-tmp.* 2>/dev/null)
+    [[ -z $ftemps ]] || problems+=("temporaries left beside ${f#"$W"/}: $ftemps")
+  fi
   local temps
   temps=$(fw_temps "$FW_D")
   [[ -z $temps ]] || problems+=("temporaries left: $temps")
@@ -177,7 +246,7 @@ fw_case() {
   fi
 }
 
-fw_program() { [[ $1 == train ]] && echo zinf-train || echo zinf-shard; }
+fw_program() { [[ $1 == train || $1 == diverge ]] && echo zinf-train || echo zinf-shard; }
 
 # fw_walk SEED SCENARIO...: every site each scenario meets, with every fault
 # that applies; with a SEED, one site of each kind per program instead,

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The fault-site walk (issue 18), in the time make test allows: that no
 # file-system call in the sources bypasses zinf::sys, and for zinf-shard init
-# (over a committed state, and into a new folder), reshard and zinf-train
-# with checkpoint commits, one site of each kind the run meets, drawn with a
-# seed (ZINF_FAULT_SEED, else the date), failed with EIO, ENOSPC and a short
-# transfer (fault_lib.bash says what each case must do). scripts/fault-walk.sh
-# walks every site.
+# (over a committed state, and into a new folder), reshard, import and
+# export (llm.c's and Hugging Face's formats), and zinf-train with
+# checkpoint commits and diverging (issue 29), one site of each kind the run
+# meets, drawn with a seed (ZINF_FAULT_SEED, else the date), failed with
+# EIO, ENOSPC and a short transfer (fault_lib.bash says what each case must
+# do). scripts/fault-walk.sh walks every site.
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/fault_lib.bash"
 # On a tmpfs where there is one: every case fsyncs, and a disk's fsync
@@ -46,5 +47,9 @@ at reshard read "$W/reshard/manifest.jsonl" EIO
 at train read "$W/train/rank0/exp_avg.bin" EIO
 at train write "$W/train/rank0/param.alt.bin" ENOSPC
 at train fsync "$W/train/rank0/exp_avg.alt.bin" EIO
+# Issue 29's new paths: an export whose rename fails leaves no file and no
+# temporary; a Llama import whose index cannot be read commits nothing.
+at export rename "$W/export.out" EIO
+at hfimport read "$W/hfimport.hf/model.safetensors.index.json" EIO
 echo "# $FW_SITE_COUNT sites walked: $FW_HELD cases held, $FW_FAILED failed"
 finish

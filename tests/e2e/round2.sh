@@ -191,4 +191,272 @@ check "…saying the committed weights are not finite, which and where, not to l
   bash -c '[[ $1 == *"committed weights are not finite"*"wte.weight element 5 is nan"* && $1 != *"lower --lr"* ]]' _ "$err"
 check "…and the manifest stays at step 0" test "$(steps_of "$W/inan/manifest.jsonl")" = 0
 
+# --- 10. The up-front disk check left out the manifest's temporary ----------
+# Probe: with free space from exactly the required amount up to +32 KiB the
+# run passed the check, computed a step, then exited 73; the message said
+# "rank 0: rank 0:". Now the check counts the temporary every commit writes
+# beside the manifest: with the old requirement plus 4 KiB free, the run is
+# refused before anything is written; with what the check asks, it runs.
+if mkdir -p "$W/small" && mount -t tmpfs -o size=16M tmpfs "$W/small" 2>/dev/null; then
+  on_exit "umount '$W/small' 2>/dev/null"
+  zs layout --model "$MT" --param-dtype fp32 | zs init --dir "$W/small/s" >/dev/null
+  free_bytes() { echo $(($(stat -f -c '%a' "$1") * $(stat -f -c '%S' "$1"))); }
+  # fill BYTES: leaves BYTES free on the small disk (pages of 4 KiB).
+  fill() {
+    rm -f "$W/small/filler"
+    local f
+    f=$(free_bytes "$W/small")
+    head -c $((f - $1)) /dev/zero >"$W/small/filler"
+  }
+  fill 0
+  run train --manifest "$W/small/s/manifest.jsonl" --steps 1
+  short=$(grep -o '([0-9]* bytes) short' <<<"$err" | grep -o '[0-9]*')
+  check "a full disk is refused up front, once (no \"rank 0: rank 0:\")" \
+    bash -c '[[ $1 == 73 && -n $2 && $3 != *"rank 0: rank 0:"* && $3 == *"the manifest'"'"'s temporary"* ]]' _ "$rc" "$short" "$err"
+  if [[ -n $short ]]; then
+    # What the check asks for without the temporary: the bound it counts
+    # (the manifest's text, 64 bytes a record, 4 KiB, in whole pages).
+    mb=$(stat -c %s "$W/small/s/manifest.jsonl")
+    recs=$(($(wc -l <"$W/small/s/manifest.jsonl") - 1))
+    tmp_bound=$(((mb + recs * 64 + 4096 + 4095) / 4096 * 4096))
+    before=$(sums "$W/small/s")
+    fill $((short - tmp_bound + 4096))
+    run train --manifest "$W/small/s/manifest.jsonl" --steps 1
+    expect_rc 73 "free space past the old requirement but short of the manifest's temporary: refused (73)"
+    check "…before any step (no step line) and with nothing written" \
+      bash -c '[[ -z $1 && $2 == "$3" ]]' _ "$out" "$before" "$(sums "$W/small/s")"
+    fill "$short"
+    run train --manifest "$W/small/s/manifest.jsonl" --steps 1
+    expect_rc 0 "with the space the check asks for, the run commits its step"
+  fi
+  rm -f "$W/small/filler"
+  umount "$W/small"
+else
+  skip "the disk check counts the manifest's temporary" "cannot mount a small tmpfs here (not root?)"
+fi
+
+# --- 6. FIFO hangs that signals cannot stop ---------------------------------
+# Probe: zinf-shard import --from FIFO blocked in open() for over 10
+# minutes, ignoring SIGTERM and SIGINT; zinf-sample --tokenizer FIFO
+# likewise. Now every file read as a whole is refused at once (65, "is a
+# FIFO"), a data file swapped for a FIFO too.
+mkfifo "$W/fifo"
+SECONDS=0
+run bash -c '"$1" layout --model "$2" | timeout -k 5 20 "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W/fifo" "$W/ififo"
+check "import --from a FIFO is refused at once (65, \"FIFO\") ($SECONDS s)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+zs layout --model "$MT" | zs init --dir "$W/f" >/dev/null
+run timeout -k 5 20 "$SA" -m "$W/f/manifest.jsonl" --tokenizer "$W/fifo" --prompt a -n 2 --threads 1 "${POOL[@]}"
+check "zinf-sample --tokenizer a FIFO is refused at once (65, \"FIFO\")" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+rm "$W/f/rank0/master.bin"
+mkfifo "$W/f/rank0/master.bin"
+for sub in verify "export --to $W/f.bin --format llmc" "cat --tensor wte.weight --state master"; do
+  run bash -c 'timeout -k 5 20 "$@" >/dev/null' _ "$SH" $sub "${POOL[@]}" -m "$W/f/manifest.jsonl"
+  check "${sub%% *} of a state whose data file is a FIFO is refused at once (65)" \
+    bash -c '[[ $1 == 65 && $2 == *"master.bin: is a FIFO"* ]]' _ "$rc" "$err"
+done
+check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+
+# --- 7. Memory blow-up on a nested JSON header ------------------------------
+# Probe: a 100 MiB safetensors header of nested arrays took 21 s and 3.9 GB
+# of memory before exit 65. Now nesting and the count of values are capped
+# before anything is built: refused in seconds, in memory well under 100 MiB
+# beyond the header; and a manifest line likewise.
+python3 - "$W" <<'PY'
+import struct, sys
+w = sys.argv[1]
+n = 50 * 1024 * 1024 - 64  # the header just under the format's 100 MiB
+for name, body in (("nest", b'{"a":' + b"[" * n + b"]" * n + b"}"),
+                   ("flat", b'{"a":{"dtype":"F32","shape":[' + b"0," * n + b'0],"data_offsets":[0,0]}}')):
+    with open(f"{w}/{name}.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(body)) + body)
+with open(f"{w}/nest.jsonl", "wb") as f:
+    f.write(b'{"schema":"zinf.manifest/1","x":' + b"[" * (1 << 20) + b"]" * (1 << 20) + b"}\n")
+PY
+for f in nest flat; do
+  SECONDS=0
+  run /usr/bin/time -f "%M" -o "$W/$f.rss" bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+    _ "$SH" "$MT" "$W/$f.safetensors" "$W/i$f"
+  rss=$(tail -n 1 "$W/$f.rss")
+  check "a 100 MiB safetensors header ($f) is refused (65) in seconds ($SECONDS s), in $((rss / 1024)) MiB (under header + 100 MiB)" \
+    bash -c '[[ $1 == 65 && $2 -lt 20 && $3 -lt $(((100 + 100) * 1024)) ]]' _ "$rc" "$SECONDS" "$rss"
+done
+run zs verify -m "$W/nest.jsonl"
+check "a manifest line nested a million deep is refused (65), saying so" \
+  bash -c '[[ $1 == 65 && $2 == *"nested deeper"* ]]' _ "$rc" "$err"
+
+# --- 12. Unclear errors and wrong exit codes --------------------------------
+# Probe: a tokenizer declaring vocabulary 0xFFFFFFFF gave 64 "out of
+# memory" (test_sample has it: 65 naming the file); a tokenizer whose
+# end-of-text token is past the model's vocabulary got the trainer's
+# wording; zinf-sample -n 18446744073709551615 wrapped the position check;
+# import --from DIR gave 74 (the man page: 65); export --to "" did the whole
+# export, then failed with 73 and no path; --device-memory 100TiB gave 74
+# (64: a job too large); a 0-byte shape [2^62,2^62,0] was "too large" and a
+# key repeated inside a safetensors entry was accepted (weights.sh has both).
+python3 - "$W/tok.bin" <<'PY'
+import struct, sys
+toks = [bytes([i % 256]) * (1 + i // 256) for i in range(300)]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256I", 20240328, 2, len(toks), 299, *([0] * 252)))
+    for t in toks: f.write(bytes([len(t)]) + t)
+PY
+run "$SA" -m "$W/t/manifest.jsonl" --tokenizer "$W/tok.bin" -n 2 --threads 1 "${POOL[@]}"
+check "a tokenizer whose end-of-text token is past the model's vocabulary: 65 naming the tokenizer" \
+  bash -c '[[ $1 == 65 && $2 == *"$3"*"end-of-text token 299 is past the model"* ]]' _ "$rc" "$err" "$W/tok.bin"
+run "$SA" -m "$W/t/manifest.jsonl" --prompt ab -n 18446744073709551615 --threads 1 "${POOL[@]}"
+check "zinf-sample -n 2^64-1 is refused (64) for the model's positions, not wrapped" \
+  bash -c '[[ $1 == 64 && $2 == *"positions"* ]]' _ "$rc" "$err"
+run bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$MT" "$W" "$W/idir"
+check "import --from a folder: 65 naming it" bash -c '[[ $1 == 65 && $2 == *"$3"*"folder"* ]]' _ "$rc" "$err" "$W"
+SECONDS=0
+run zs export -m "$W/t/manifest.jsonl" --to ""
+check "export --to \"\": 64 before anything is read" bash -c '[[ $1 == 64 && $2 == *"--to"* ]]' _ "$rc" "$err"
+run train --manifest "$W/t/manifest.jsonl" --steps 1000 --resume --device-memory 100TiB
+check "--device-memory 100TiB on the cpu device: 64, saying what the machine has" \
+  bash -c '[[ $1 == 64 && $2 == *"--device-memory 100TiB"*"memory and swap"* ]]' _ "$rc" "$err"
+
+# --- 3. export --force over the state it exports (data loss) ----------------
+# Probe: --to base/rank0/master.bin --force and --to base/manifest.jsonl
+# --force exited 0 and destroyed the state. Now refused (64); the state
+# verifies after (test_shard_disk has the library's side).
+for to in rank0/master.bin manifest.jsonl model.bin; do
+  run zs export -m "$W/t/manifest.jsonl" --to "$W/t/$to" --force --format llmc
+  expect_rc 64 "export --to DIR/$to --force is refused (64)"
+done
+run zs verify -m "$W/t/manifest.jsonl"
+expect_rc 0 "…and the state verifies after them"
+
+# --- 11. Killed exports leave full-size temporaries -------------------------
+# Probe: 5 of 20 kills left 59 MB temporaries a later export did not
+# remove; the man page named them to.tmp.pid. Now the next export to the
+# same file removes them (test_shard_disk: never a live one's).
+for i in 1 2 3; do
+  # (zinf-shard itself in the background, not the zs function: a kill of
+  # the subshell would leave the export running, its temporary live)
+  "$SH" export "${POOL[@]}" -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force >/dev/null 2>&1 &
+  k=$!
+  sleep 0.0$i
+  kill -KILL "$k" 2>/dev/null
+  wait "$k" 2>/dev/null
+done
+head -c 1000 /dev/zero >"$W/k.bin.tmp.00000000000000aa" # as a killed one leaves it
+run zs export -m "$W/t/manifest.jsonl" --to "$W/k.bin" --format llmc --force
+expect_rc 0 "an export after killed ones exits 0"
+check "…and leaves no temporary beside its file" test -z "$(find "$W" -maxdepth 1 -name 'k.bin.tmp.*')"
+
+# --- 9. A stale manifest copy exported silently -----------------------------
+# Probe: export -m COPY after training wrote the step-0 weights, while
+# zinf-train and zinf-sample given the same copy followed the directory's
+# committed manifest. One rule now (zinf-manifest(5)): what the directory's
+# manifest.jsonl commits is the state; export reads it (saying so), verify
+# and cat check the copy they are given and warn that it is not committed.
+zs layout --model "$MT" | zs init --dir "$W/c" >"$W/c.copy"
+train --manifest "$W/c/manifest.jsonl" --steps 3 >/dev/null 2>&1
+run zs export -m "$W/c.copy" --to "$W/c-copy.bin" --format llmc
+expect_rc 0 "export -m a stale copy exits 0"
+check "…saying it reads the committed manifest instead" has_all "$err" "is not what" "reading the committed"
+zs export -m "$W/c/manifest.jsonl" --to "$W/c-committed.bin" --format llmc 2>/dev/null
+check "…and it writes the committed step's weights, not the copy's" cmp -s "$W/c-copy.bin" "$W/c-committed.bin"
+run zs verify -m "$W/c.copy"
+check "verify of the stale copy warns that it is not what is committed" contains "$err" "is not what $W/c/manifest.jsonl commits"
+
+# --- 5. A failed init --force with swapped rank folders deleted the old state
+# Probe: init --rank-dir DIR/rank1 DIR/rank0 was accepted; a later init
+# --force whose manifest rename failed (EIO) left the old manifest naming
+# files that were gone (verify 66). Rank folders that are another rank's
+# default folder are refused now (64), before anything is written.
+zs layout --model "$MT" --dp 2 >"$W/sw.layout"
+run zs init --dir "$W/sw" --rank-dir "$W/sw/rank1" "$W/sw/rank0" <"$W/sw.layout"
+expect_rc 64 "init --rank-dir DIR/rank1 DIR/rank0 is refused (64)"
+check "…naming the folder and whose it is" has_all "$err" "rank 0's folder $W/sw/rank1" "rank 1's folder"
+check "…and nothing is committed" test ! -e "$W/sw/manifest.jsonl"
+run zs init --dir "$W/sw" --rank-dir "$W/sw/rank0" "$W/sw/rank1" <"$W/sw.layout"
+expect_rc 0 "…each rank's own default folder named is fine"
+
+# --- 13. Interrupts waited for a whole evaluation ---------------------------
+# Probe: with --eval-batches 20000 SIGINT took 19.7 s; at the maximum,
+# SIGTERM did not stop it in 3 s. Now the evaluation stops between batches.
+for sig in INT TERM; do
+  "$TR" "${TA[@]}" --manifest "$W/t/manifest.jsonl" --steps 100000 --resume --eval-every 1 --eval-batches 1048576 \
+    >/dev/null 2>"$W/ev.err" &
+  e=$!
+  wait_holder "$W/t" "$e"
+  sleep 2 # into the first evaluation
+  SECONDS=0
+  kill -"$sig" "$e"
+  wait "$e"
+  rc=$?
+  check "SIG$sig in a 1048576-batch evaluation: exit 130 within 3 s ($rc after $SECONDS s)" \
+    bash -c '[[ $1 == 130 && $2 -le 3 ]]' _ "$rc" "$SECONDS"
+done
+run zs verify -m "$W/t/manifest.jsonl"
+expect_rc 0 "…and the state verifies"
+
+# --- The Llama family's new inputs and writers (findings 1, 6, 7) -----------
+# The Hugging Face importer and exporter (shard/hf.cpp) came after the probe;
+# the same rules hold there. Reproduced on the main branch before this:
+# import --from a FIFO named *.safetensors (or the index) hung in open();
+# an index of 8 MiB of nested arrays went to nlohmann unbounded, and one
+# naming a tensor twice in its weight_map was taken (the last won).
+LM=llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=48,vocab=64,seq=32
+zs layout --model "$LM" --param-dtype fp32 | zs init --dir "$W/ll" >/dev/null
+run zs export -m "$W/ll/manifest.jsonl" --to "$W/hf" --shard-size 8KiB
+expect_rc 0 "a Llama state exports to a Hugging Face folder with its index"
+limport() { # FROM DIR: a Llama import
+  run bash -c '"$1" layout --model "$2" --param-dtype fp32 | timeout -k 5 20 "$1" import --from "$3" --dir "$4" --pinned 8MiB --pinned-buffer 256KiB' \
+    _ "$SH" "$LM" "$1" "$2"
+}
+limport "$W/hf" "$W/hl"
+expect_rc 0 "…and imports back from it"
+mkdir -p "$W/hfifo"
+mkfifo "$W/fifo.safetensors" "$W/hfifo/model.safetensors.index.json"
+SECONDS=0
+limport "$W/fifo.safetensors" "$W/hl-f1"
+check "Llama import --from a FIFO (*.safetensors) is refused at once (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+limport "$W/hfifo/model.safetensors.index.json" "$W/hl-f2"
+check "…and an index that is a FIFO (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+limport "$W/hfifo" "$W/hl-f3"
+check "…and a folder whose index is a FIFO (65, FIFO)" bash -c '[[ $1 == 65 && $2 == *FIFO* ]]' _ "$rc" "$err"
+check "…all within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+# A hostile index: nested 4 Mi deep; a tensor named twice.
+mkdir -p "$W/hnest" "$W/htwice"
+cp "$W/hf"/*.safetensors "$W/hnest/"
+cp "$W/hf"/*.safetensors "$W/htwice/"
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+n = 4 * 1024 * 1024
+with open(f"{w}/hnest/model.safetensors.index.json", "wb") as f:
+    f.write(b'{"metadata":' + b"[" * n + b"]" * n + b', "weight_map": {}}')
+entries = list(json.load(open(f"{w}/hf/model.safetensors.index.json"))["weight_map"].items())
+entries.insert(0, (entries[0][0], "elsewhere.safetensors"))  # the first tensor named twice
+with open(f"{w}/htwice/model.safetensors.index.json", "w") as f:
+    f.write('{"weight_map":{' + ",".join(json.dumps(k) + ":" + json.dumps(v) for k, v in entries) + "}}")
+PY
+SECONDS=0
+limport "$W/hnest" "$W/hl-n"
+check "an index nested 4 Mi deep is refused (65) in seconds ($SECONDS s), saying so" \
+  bash -c '[[ $1 == 65 && $2 == *"nested deeper"* && $3 -lt 20 ]]' _ "$rc" "$err" "$SECONDS"
+limport "$W/htwice" "$W/hl-t"
+check "an index naming a tensor twice is refused (65), naming the key" \
+  bash -c '[[ $1 == 65 && $2 == *"appears twice"* ]]' _ "$rc" "$err"
+check "…and neither import committed anything" test ! -e "$W/hl-n/manifest.jsonl" -a ! -e "$W/hl-t/manifest.jsonl"
+# The lock: a Llama import into a directory another program holds, and an
+# export of it, are refused (75) naming the lock file.
+flock -o -x "$W/hl/.zinf-lock" sleep 30 &
+holder=$!
+sleep 0.5
+before=$(sums "$W/hl")
+run bash -c '"$1" layout --model "$2" --param-dtype fp32 | "$1" import --from "$3" --dir "$4" --force --pinned 8MiB --pinned-buffer 256KiB' \
+  _ "$SH" "$LM" "$W/hf" "$W/hl"
+check "Llama import --force into a directory another program holds is refused (75)" \
+  bash -c '[[ $1 == 75 && $2 == *"$3/.zinf-lock"* ]]' _ "$rc" "$err" "$W/hl"
+run zs export -m "$W/hl/manifest.jsonl" --to "$W/hf2"
+check "…and a Hugging Face export of it (75), writing nothing" bash -c '[[ $1 == 75 && ! -e $2 ]]' _ "$rc" "$W/hf2"
+kill "$holder"
+wait "$holder" 2>/dev/null
+check "…the state untouched" test "$(sums "$W/hl")" = "$before"
+
 finish

@@ -169,7 +169,7 @@ check "…naming num_heads" contains "$err" "num_heads (header[5]) is 2"
 
 # Malformed safetensors files, each from the good one, imported over an existing state with --force.
 cp -a "$W/st3" "$W/keep"
-(cd "$W/keep" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/keep.sums"
+(cd "$W/keep" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) >"$W/keep.sums"
 # bad NAME PYTHON-EDIT PATTERN...: a case; PYTHON-EDIT changes the header h and the data
 # (or sets `out` to the whole file); the edited file must be refused, naming every PATTERN.
 names=() patterns=() edits=""
@@ -204,7 +204,16 @@ data = data + data[e[0]:e[1]]' "h.2.ln_1.weight" "no place"
 bad "a missing tensor" 'e = h.pop("ln_f.bias"); h["x.extra"] = e; h["h.0.attn.masked_bias"] = h.pop("x.extra")' \
   "no tensor 'ln_f.bias'"
 bad "a name given twice" 't = json.dumps(h)[:-1] + ", \"wpe.weight\": " + json.dumps(h["wpe.weight"]) + "}"
-out = struct.pack("<Q", len(t)) + t.encode() + data' "names 'wpe.weight' twice"
+out = struct.pack("<Q", len(t)) + t.encode() + data' '"wpe.weight" appears twice'
+# Issue 29, finding 12: a key repeated inside one entry was accepted, the
+# last one winning; a 0-byte shape [2^62, 2^62, 0] was "too large".
+bad "a key given twice inside an entry" 't = json.dumps(h).replace("\"ln_f.bias\": {", "\"ln_f.bias\": {\"dtype\": \"I32\", ", 1)
+out = struct.pack("<Q", len(t)) + t.encode() + data' '"dtype" appears twice'
+bad "an empty tensor of a huge shape" 'h["x.empty"] = {"dtype": "F32", "shape": [1 << 62, 1 << 62, 0], "data_offsets": [len(data), len(data)]}' \
+  "x.empty" "[4611686018427387904, 4611686018427387904, 0]" "no place"
+# Finding 7: nesting is capped before it is built (the probe's 100 MiB
+# header of nested arrays took 21 s and 3.9 GB; round2.sh measures it).
+bad "a header nested 100 deep" 'h["x.deep"] = json.loads("[" * 100 + "]" * 100)' "nested deeper than 3"
 bad "a name and its prefixed twin" 'e = h["wpe.weight"]["data_offsets"]
 h["transformer.wpe.weight"] = dict(h["wpe.weight"], data_offsets=[len(data), len(data) + e[1] - e[0]])
 data = data + data[e[0]:e[1]]' "are both the model's wpe.weight"
@@ -225,7 +234,7 @@ for i in "${!names[@]}"; do
   IFS='|' read -r -a want <<<"${patterns[i]}"
   check "…naming it (${want[*]})" has_all "$err" "$W/bad$i.safetensors" "${want[@]}"
   check "…and the state it would replace is intact" bash -c '
-    [[ $(cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]]' _ "$W/keep" "$W/keep.sums"
+    [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]]' _ "$W/keep" "$W/keep.sums"
 done
 run "$SH" import --from "$W/g.bin" --format safetensors --dir "$W/keep" --force -m "$W/keep/manifest.jsonl" "${POOL[@]}"
 expect_rc 65 "--format safetensors on an llm.c file exits 65"
@@ -234,7 +243,7 @@ run "$SH" import --from "$W/short.bin" --dir "$W/keep" --force -m "$W/keep/manif
 expect_rc 65 "a truncated llm.c checkpoint exits 65"
 check "…saying how long it is and should be" has_all "$err" "5000 bytes" "makes it"
 check "…the state is still intact after them all" bash -c '
-  [[ $(cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]] && [[ -z $(find "$1" -name "*.zinf-tmp") ]]' \
+  [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]] && [[ -z $(find "$1" -name "*.zinf-tmp") ]]' \
   _ "$W/keep" "$W/keep.sums"
 run "$SH" import --from "$W/a.safetensors" --dir "$W/keep" -m "$W/keep/manifest.jsonl" "${POOL[@]}"
 expect_rc 73 "import into a directory holding a manifest, without --force, exits 73"

@@ -10,6 +10,10 @@
 
 #include <zinf/device.hpp>
 #include <zinf/model.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zinf/sample.hpp>
 
 #if ZINF_HAVE_SENTENCEPIECE
@@ -18,6 +22,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <future>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -375,6 +380,21 @@ BOOST_AUTO_TEST_CASE(refuses_a_bad_file_naming_the_offset) {
     b[1024] = 0;
     refused(variant("zero", b), "token 0 has length 0", 1024);
     BOOST_CHECK_THROW(sample::Tokenizer::open(d.file("absent")), MissingInputError);
+    // Issue 29, finding 12. Probe: a tokenizer declaring a vocabulary of
+    // 0xFFFFFFFF gave 64, "out of memory"; now 65 naming the file.
+    b = bytes;
+    b[8] = b[9] = b[10] = b[11] = '\xff';
+    refused(variant("huge", b), "vocabulary size 4294967295 does not fit", 8);
+    // Finding 6. Probe: zinf-sample --tokenizer FIFO blocked in open() for
+    // over 10 minutes, deaf to SIGTERM and SIGINT; now refused at once.
+    BOOST_REQUIRE(::mkfifo(d.file("fifo").c_str(), 0600) == 0);
+    const std::string what = what_of<DataError>([&] { (void)sample::Tokenizer::open(d.file("fifo")); }, "fifo");
+    BOOST_TEST(contains(what, "FIFO"), what);
+    // Finding 12: an end-of-text token past the model's vocabulary is the
+    // tokenizer's fault, named with its file (not the trainer's wording).
+    const auto t = sample::Tokenizer::open(good);
+    BOOST_TEST(contains(what_of<DataError>([&] { t.check_model(1); }, "eot past the model"), good));
+    t.check_model(2);
 }
 
 // SentencePiece (Llama 2's, TinyLlama's tokenizer.model): a model trained
@@ -419,6 +439,22 @@ BOOST_AUTO_TEST_CASE(sentencepiece_encode_decode_stream) {
     std::ofstream(d.file("bad.model")) << "not a model";
     BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("bad.model")), DataError);
     BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("absent.model")), MissingInputError);
+    // Issue 29, finding 6, for the SentencePiece path. Before, open() gave
+    // the path to libsentencepiece, whose own open blocked on a FIFO with no
+    // writer (deaf to signals); now refused at once (65, "FIFO"). Should it
+    // block, a writer that opens and closes the FIFO after 5 s ends the wait
+    // and the check fails on the message instead of hanging.
+    BOOST_REQUIRE(::mkfifo(d.file("fifo.model").c_str(), 0600) == 0);
+    auto opened = std::async(std::launch::async, [&] {
+        return testing::what_of<DataError>([&] { sample::SentencePiece::open(d.file("fifo.model")); }, "fifo");
+    });
+    if (opened.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+        const int w = ::open(d.file("fifo.model").c_str(), O_WRONLY | O_NONBLOCK);
+        if (w >= 0) ::close(w);
+        BOOST_ERROR("SentencePiece::open of a FIFO waited for a writer");
+    }
+    const std::string fifo = opened.get();
+    BOOST_TEST(testing::contains(fifo, "FIFO"), fifo);
 #endif
 }
 

@@ -106,6 +106,9 @@ public:
     static Tokenizer open(const std::string& path);
     std::uint32_t vocab() const { return static_cast<std::uint32_t>(offsets_.size()); }
     std::optional<std::uint32_t> eot() const { return eot_; }
+    // DataError naming the file when its end-of-text token is past the
+    // model's vocabulary (it would start or stop the text).
+    void check_model(std::uint64_t model_vocab) const;
     // The token's bytes; DataError for an id past the vocabulary.
     std::string_view decode(std::uint32_t token) const;
 

@@ -342,6 +342,16 @@ struct Committed {
     Lock lock;            // with a LockMode: held while the committed state is used
 };
 Committed read_committed(const std::string& given);
+// One rule for every reader of a data directory (zinf-manifest(5), READING
+// THE COMMITTED STATE): the state is what dir/manifest.jsonl commits. Given
+// another manifest (a copy, init's stdout through a pipe) that names the
+// directory and differs from the committed one in what it commits (a file,
+// an xxh3 or a step): with `follow`, the committed one is returned and
+// log::info says so (export, as zinf-train and zinf-sample do); without, a
+// warning says the given one is not what is committed and it is returned
+// (verify and cat examine the manifest they are given). Without a data
+// directory or a committed manifest there, `given` as it is.
+Manifest committed_state(const Manifest& given, const std::string& source, bool follow);
 // The same under the data directory's lock, taken before the committed
 // manifest is read (so no commit slips between the read and the lock) by a
 // process doing `ranks` (lock_state). LockedError (75) when in use.

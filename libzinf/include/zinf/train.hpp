@@ -113,6 +113,10 @@ public:
     // The mean loss over `batches` batches of `val` (0-based indices 0..),
     // averaged over the ranks. No gradients.
     double evaluate(const data::Loader& val, std::uint64_t batches);
+    // The same, stopping between batches once `stop` is set on any rank
+    // (every rank agrees each batch): nullopt then. An interrupt is honoured
+    // within one batch's forward pass, not after all of them.
+    std::optional<double> evaluate(const data::Loader& val, std::uint64_t batches, const std::atomic<bool>* stop);
     // Commits every state at step_count() into the manifest.
     void save();
     // The manifest as last committed (or as opened).

@@ -189,6 +189,11 @@ enum class Input { regular, stream };
 Fd open_input(const std::string& path, Input kind);
 // A std::istream over open_input(path, Input::stream), for line readers.
 std::unique_ptr<std::istream> input_stream(const std::string& path);
+// The whole of a regular file (open_input(path, Input::regular): a FIFO or
+// a folder is refused at once) of at most `max` bytes: a larger one is a
+// DataError naming it and `what` ("a Hugging Face index"), before anything
+// is read. For inputs parsed whole (a JSON index, a SentencePiece model).
+std::string read_regular(const std::string& path, std::uint64_t max, const std::string& what);
 
 // fsync(2) of a folder, so that names created or renamed in it survive a
 // crash ("" is the current folder); IoError naming it on failure.
@@ -363,6 +368,19 @@ private:
 };
 // One compact record and a newline, as JSON Lines want.
 std::string line(const Json& record);
+// What a parse of untrusted JSON (a manifest, a safetensors header, an index
+// or configuration file) may build: nesting deeper than `depth` or more than
+// `values` values in all is refused before it is built (a 100 MiB header of
+// nested arrays made gigabytes), and so is a key twice in one object (which
+// nlohmann would take the last of).
+struct ParseLimits {
+    unsigned depth = 32;
+    std::uint64_t values = std::uint64_t{1} << 22;
+};
+// Json::parse under `limits`: DataError (no path: the caller adds it) for
+// a limit passed or a key twice; nlohmann's parse_error and out_of_range for
+// text that is not JSON, as Json::parse.
+Json parse_untrusted(std::string_view text, const ParseLimits& limits = {});
 // Parses one JSON Lines record; DataError names `source` and the 1-based line.
 Json parse_line(std::string_view text, const std::string& source, std::size_t line_no);
 // Reads every non-blank line of a JSON Lines stream.

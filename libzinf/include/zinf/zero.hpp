@@ -474,6 +474,9 @@ struct DiskNeedOptions {
 struct DiskNeed {
     std::string folder;                   // where the rank's files are
     std::uint64_t states = 0, gradients = 0, activations = 0;
+    // Rank 0, when the data directory is on the rank folder's file system:
+    // the temporary every commit writes beside the committed manifest.
+    std::uint64_t manifest = 0;
     std::uint64_t present = 0;            // already allocated by the files there
     std::optional<std::uint64_t> free;    // the file system's free bytes (none without a data directory)
     std::uint64_t total() const;

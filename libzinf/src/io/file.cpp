@@ -167,7 +167,10 @@ File File::open(const std::string& path, const OpenOptions& opts) {
         impl->faults = parse_faults(env);
         impl->has_faults = !impl->faults.empty();
     }
-    Opener open{{}, path, open_flags(opts), opts.mode};
+    // O_NONBLOCK: open(2) of a FIFO (a data file swapped for one, an import
+    // --from one) returns at once instead of waiting, deaf to signals, for a
+    // writer; it is refused below, and the flag cleared for the rest.
+    Opener open{{}, path, open_flags(opts) | O_NONBLOCK, opts.mode};
     // What zinf creates it never creates through a link: one planted at a
     // state file's next generation would send the weights elsewhere. (An
     // existing file a user names, such as zinf-nvmebench --file, may be one.)
@@ -219,6 +222,16 @@ File File::open(const std::string& path, const OpenOptions& opts) {
     // A folder opens read-only, and with O_DIRECT where the file system
     // refuses it for files: say what it is, not that O_DIRECT failed.
     if (is_folder(impl->fd.get())) std::rethrow_exception(folder());
+    {
+        struct stat st {};
+        if (::fstat(impl->fd.get(), &st) != 0) throw_errno("fstat", errno, path);
+        if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+            throw DataError(std::string("is a ") + (S_ISFIFO(st.st_mode) ? "FIFO" : "socket") +
+                                ", not a regular file; refused",
+                            {0, path, {}, -1});
+        const int fl = ::fcntl(impl->fd.get(), F_GETFL);
+        if (fl < 0 || ::fcntl(impl->fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) throw_errno("fcntl", errno, path);
+    }
 
     Alignment a = probe_alignment(impl->fd.get());
     impl->dio_align = a.offset;

@@ -34,7 +34,10 @@ SentencePiece SentencePiece::open(const std::string& path) {
 #if ZINF_HAVE_SENTENCEPIECE
     auto impl = std::make_unique<Impl>();
     impl->path = path;
-    const auto status = impl->sp.Load(path);
+    // Read through zinf: a FIFO is refused at once (libsentencepiece's own
+    // open would wait for a writer, deaf to signals), and a model is at most
+    // 1 GiB (Llama 2's is 500 KiB).
+    const auto status = impl->sp.LoadFromSerializedProto(read_regular(path, GiB, "a SentencePiece model"));
     if (!status.ok())
         throw DataError("not a SentencePiece model, nor llm.c's tokenizer file (magic " +
                             std::to_string(kTokenizerMagic) + "): " + status.ToString(),

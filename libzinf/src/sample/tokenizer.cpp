@@ -17,7 +17,8 @@ constexpr std::uint64_t kHeaderWords = 256, kHeaderBytes = kHeaderWords * 4;
 }
 
 Tokenizer Tokenizer::open(const std::string& path) {
-    Fd fd = Fd::open(path, O_RDONLY);
+    // Never blocks in open(2): a FIFO (or a folder) is refused at once (65).
+    Fd fd = open_input(path, Input::regular);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", errno, path);
     if (!S_ISREG(st.st_mode)) throw DataError("not a regular file", {0, path, {}, -1});
@@ -49,6 +50,13 @@ Tokenizer Tokenizer::open(const std::string& path) {
                       12);
         t.eot_ = h[3];
     }
+    // Every token takes a byte at least: a vocabulary the file cannot hold
+    // is refused before room is made for it (0xFFFFFFFF tokens would have
+    // asked for 32 GiB, and been "out of memory").
+    if (h[2] > size - kHeaderBytes)
+        throw bad("the vocabulary size " + std::to_string(h[2]) + " does not fit the file's " + std::to_string(size) +
+                      " bytes",
+                  8);
     std::uint64_t at = kHeaderBytes;
     t.offsets_.reserve(h[2]);
     for (std::uint32_t i = 0; i < h[2]; ++i) {
@@ -64,6 +72,14 @@ Tokenizer Tokenizer::open(const std::string& path) {
     if (at != size)
         throw bad(std::to_string(size - at) + " bytes follow the last of the " + std::to_string(h[2]) + " tokens", at);
     return t;
+}
+
+void Tokenizer::check_model(std::uint64_t model_vocab) const {
+    if (eot_ && *eot_ >= model_vocab)
+        throw DataError("the tokenizer's end-of-text token " + std::to_string(*eot_) +
+                            " is past the model's vocabulary of " + std::to_string(model_vocab) +
+                            ": this tokenizer is not the model's",
+                        {0, path_, 12, -1});
 }
 
 std::string_view Tokenizer::decode(std::uint32_t token) const {

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -292,6 +293,50 @@ Committed read_committed(const std::string& given) {
                         " holds no manifest.jsonl (was it made by zinf-shard init?)");
     c.manifest = read_manifest_file(c.path);
     c.copy_of = given;
+    return c;
+}
+
+Manifest committed_state(const Manifest& given, const std::string& source, bool follow) {
+    if (given.dir.empty()) return given;
+    const std::string path = given.dir + "/manifest.jsonl";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return given;
+    std::error_code ec;
+    if (fs::equivalent(source, path, ec)) return given;
+    Manifest c;
+    try {
+        c = read_manifest_file(path);
+    } catch (const Error& e) {
+        if (follow) throw;  // the state to read cannot be known
+        log::warn(path + " cannot be read (" + e.message() + "); checking " + source + " as given");
+        return given;
+    }
+    auto at = [](const Manifest& m) {
+        std::uint64_t s = 0;
+        for (const auto& p : m.parts) s = std::max(s, p.step);
+        return s;
+    };
+    bool same = c.parts.size() == given.parts.size() && c.spec == given.spec && c.opts.dp == given.opts.dp;
+    if (same) {
+        std::map<std::tuple<std::size_t, unsigned, std::string>, const Partition*> by;
+        for (const auto& p : c.parts) by[{p.tensor, p.rank, p.state}] = &p;
+        for (const auto& p : given.parts) {
+            const auto it = by.find({p.tensor, p.rank, p.state});
+            if (it == by.end() || it->second->file != p.file || it->second->xxh3 != p.xxh3 || it->second->step != p.step) {
+                same = false;
+                break;
+            }
+        }
+    }
+    if (same) return given;
+    const std::string what = source + " is not what " + path + " commits (that is at step " + std::to_string(at(c)) +
+                             ", " + source + " at step " + std::to_string(at(given)) + ")";
+    if (!follow) {
+        log::warn(what + ": checking " + source + " as given; the committed state is " + path);
+        return given;
+    }
+    log::info(what + ": reading the committed " + path + " (zinf-manifest(5): a copy only finds the directory)");
+    c.dir = given.dir;
     return c;
 }
 

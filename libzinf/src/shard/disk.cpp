@@ -114,6 +114,23 @@ std::string describe(const Manifest& m, const Partition& p) {
 
 // ---------------------------------------------------------------------------
 void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
+    // A rank folder that is another rank's default one (--rank-dir D/rank1
+    // D/rank0) would have files of two layouts of one directory meet under
+    // one name: a later init --force that failed left the old manifest
+    // naming files it had removed. Refused before anything is made.
+    for (unsigned r = 0; r < m.rank_dirs.size(); ++r) {
+        const std::string mine = absolute_dir(m.rank_dirs[r]);
+        const std::string name = fs::path(mine).filename().string();
+        if (!name.starts_with("rank") || absolute_dir(fs::path(mine).parent_path().string()) != absolute_dir(dir))
+            continue;
+        const std::string digits = name.substr(4);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+        const unsigned q = static_cast<unsigned>(std::stoul(digits));
+        if (q != r && q < m.opts.dp)
+            throw UsageError("rank " + std::to_string(r) + "'s folder " + m.rank_dirs[r] + " (--rank-dir) is rank " +
+                             std::to_string(q) + "'s folder in " + dir +
+                             " without --rank-dir: name folders that are not another rank's");
+    }
     make_dirs(dir);
     std::map<std::string, std::uint64_t> sizes;
     for (const auto& p : m.parts)

@@ -51,6 +51,16 @@ inline constexpr std::uint64_t kMaxStHeader = 100 * MiB;  // the reference imple
 // that runs past the file, overlaps another tensor's, or leaves bytes that
 // belong to no tensor.
 StFile read_safetensors(io::File& file, io::Engine& engine);
+// Hugging Face's model.safetensors.index.json: its weight_map (tensor ->
+// shard), and the shards in the order first named. Parsed under limits (an
+// index is a map of names, never deep: issue 29's nested header took 3.9 GB)
+// with no key twice; a shard is a file beside the index. DataError naming
+// `path` for anything else, and for an empty map.
+struct StIndex {
+    std::map<std::string, std::string> weight_map;
+    std::vector<std::string> shards;
+};
+StIndex parse_st_index(std::string_view text, const std::string& path);
 // The bytes before the data: length, JSON with `tensors` in order (their
 // offsets as given), padded with spaces to a multiple of 8.
 std::string safetensors_header(const std::vector<StTensor>& tensors, const json::Json& metadata);

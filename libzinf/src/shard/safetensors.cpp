@@ -69,7 +69,10 @@ StTensor parse_entry(const std::string& name, const json::Json& v, const std::st
     const std::size_t size = dtype_size(t.dtype);
     if (!size) throw bad("unknown dtype \"" + t.dtype + "\"");
     unsigned __int128 bytes = size;
+    // A dimension of 0 makes the tensor empty, however large the others.
+    if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) bytes = 0;
     for (auto d : t.shape) {
+        if (bytes == 0) break;
         bytes *= d;
         if (bytes >= (unsigned __int128){1} << 64) throw bad("shape " + shape_text(t.shape) + " is too large");
     }
@@ -124,25 +127,21 @@ StFile read_safetensors(io::File& file, io::Engine& engine) {
     if (text.empty() || text[0] != '{')
         throw DataError("safetensors header does not start with '{'", {0, path, 8, -1});
 
-    // nlohmann keeps the last of two equal keys; the format forbids them.
-    std::set<std::string> seen;
-    std::string twice;
-    auto on_event = [&](int depth, json::Json::parse_event_t event, json::Json& parsed) {
-        if (depth == 1 && event == json::Json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second &&
-            twice.empty())
-            twice = parsed.get<std::string>();
-        return true;
-    };
+    // nlohmann keeps the last of two equal keys; the format forbids them, in
+    // the header and inside an entry alike. An entry is {"dtype", "shape",
+    // "data_offsets"}: nothing nests deeper than 3, and the values are
+    // capped, so a hostile header cannot make the parse take gigabytes.
     json::Json header;
     try {
-        header = json::Json::parse(text, on_event);
+        header = json::parse_untrusted(text, {.depth = 3, .values = std::uint64_t{1} << 20});
+    } catch (const DataError& e) {
+        throw DataError("safetensors header: " + e.message(), {0, path, 8, -1});
     } catch (const json::Json::parse_error& e) {
         throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8 + e.byte, -1});
     } catch (const json::Json::exception& e) {  // out_of_range: a number past a double ("1e999")
         throw DataError("safetensors header is not JSON: " + std::string(e.what()), {0, path, 8, -1});
     }
     if (!header.is_object()) throw DataError("safetensors header is not a JSON object", {0, path, 8, -1});
-    if (!twice.empty()) throw DataError("safetensors header names '" + twice + "' twice", {0, path, 8, -1});
 
     StFile f;
     f.data_start = 8 + n;
@@ -203,6 +202,31 @@ std::string safetensors_header(const std::vector<StTensor>& tensors, const json:
     std::string out(8, '\0');
     for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>(text.size() >> (8 * i) & 0xff);
     return out + text;
+}
+
+StIndex parse_st_index(std::string_view text, const std::string& path) {
+    json::Json j;
+    try {
+        j = json::parse_untrusted(text, {.depth = 8, .values = std::uint64_t{1} << 20});
+    } catch (const DataError& e) {
+        throw DataError("index: " + e.message(), {0, path, {}, -1});
+    } catch (const json::Json::exception& e) {  // parse_error, out_of_range ("1e999")
+        throw DataError(std::string("index is not JSON: ") + e.what(), {0, path, {}, -1});
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw DataError("no \"weight_map\" object (Hugging Face's model.safetensors.index.json)", {0, path, {}, -1});
+    StIndex index;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+        if (!file.is_string()) throw DataError("weight_map[\"" + name + "\"] is not a file name", {0, path, {}, -1});
+        const std::string f = file.get<std::string>();
+        // A file beside the index, nothing that leads elsewhere.
+        if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+            throw DataError("weight_map names '" + f + "': a shard must be a file beside the index", {0, path, {}, -1});
+        index.weight_map[name] = f;
+        if (std::find(index.shards.begin(), index.shards.end(), f) == index.shards.end()) index.shards.push_back(f);
+    }
+    if (index.shards.empty()) throw DataError("the weight_map is empty", {0, path, {}, -1});
+    return index;
 }
 
 }  // namespace zinf::shard::detail

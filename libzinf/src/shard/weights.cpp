@@ -323,7 +323,9 @@ WeightFormat parse_weight_format(std::string_view s) {
 }
 
 WeightFormat detect_weight_format(const std::string& path) {
-    Fd fd = Fd::open(path, O_RDONLY);
+    // Never blocks in open(2) on a FIFO; a folder or anything but a regular
+    // file is refused (65), before the import opens it for reading.
+    Fd fd = open_input(path, Input::regular);
     std::int32_t magic = 0;
     long n;
     std::size_t got = 0;  // through short reads: a cut magic is not another format
@@ -338,10 +340,10 @@ WeightFormat detect_weight_format(const std::string& path) {
 
 Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
                        mem::PinnedPool& pool, const RunOptions& opts) {
-    if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);
+    if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);  // (a folder is fine there)
+    const WeightFormat format = detect_weight_format(from);  // first: it refuses a FIFO or a folder at once
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
-    const auto places = detect_weight_format(from) == WeightFormat::llmc ? llmc_places(m, file, engine)
-                                                                          : safetensors_places(m, file, engine);
+    const auto places = format == WeightFormat::llmc ? llmc_places(m, file, engine) : safetensors_places(m, file, engine);
     std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> matrices;  // by model tensor
     for (const auto& t : tensors(m.spec)) matrices[t.name] = matrix(t);
 

@@ -138,8 +138,9 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
                             ", the last step, whose weights gave a finite loss (lower --lr or raise --warmup)");
         }
         std::optional<double> val_loss;
+        // (cut short by an interrupt: no validation loss, the stop below)
         if (c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps))
-            val_loss = t.evaluate(*val, c.eval_batches);
+            val_loss = t.evaluate(*val, c.eval_batches, c.stop);
         if (c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps) {
             t.save();
             if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));

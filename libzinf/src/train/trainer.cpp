@@ -515,12 +515,21 @@ StepLog Trainer::step(const data::Loader& train) {
     return log;
 }
 
-double Trainer::evaluate(const data::Loader& val, std::uint64_t batches) {
+double Trainer::evaluate(const data::Loader& val, std::uint64_t batches) { return *evaluate(val, batches, nullptr); }
+
+std::optional<double> Trainer::evaluate(const data::Loader& val, std::uint64_t batches, const std::atomic<bool>* stop) {
     Impl& I = *impl_;
     auto& s = I.dev.compute();
     model::Context ctx{I.dev, s, I.engine()};
     double sum = 0;
     for (std::uint64_t b = 0; b < batches; ++b) {
+        if (stop) {
+            std::uint8_t now = stop->load() ? 1 : 0;
+            if (I.comm.size() > 1)
+                I.comm.allreduce(std::as_bytes(std::span(&now, 1)), std::as_writable_bytes(std::span(&now, 1)),
+                                 comm::DType::u8, comm::Reduce::max);
+            if (now) return std::nullopt;
+        }
         std::exception_ptr failed;
         try {
             I.load_batch(val, b);

@@ -23,7 +23,14 @@ enum class CpuLevel { base, avx2, v4 };
 inline CpuLevel cpu_level() {
     static const CpuLevel level = [] {
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("x86-64-v4")) return CpuLevel::v4;
+        // x86-64-v4 feature by feature: clang before 16 knows no level names
+        // in __builtin_cpu_supports (and `make fuzz` builds with clang 14).
+        // Every CPU with these has the rest of the level (movbe, lzcnt, ...).
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+            __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vl"))
+            return CpuLevel::v4;
         if (__builtin_cpu_supports("avx2")) return CpuLevel::avx2;
         return CpuLevel::base;
     }();

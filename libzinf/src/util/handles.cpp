@@ -216,6 +216,27 @@ std::unique_ptr<std::istream> input_stream(const std::string& path) {
     return std::make_unique<FdIstream>(open_input(path, Input::stream), path);
 }
 
+std::string read_regular(const std::string& path, std::uint64_t max, const std::string& what) {
+    const Fd fd = open_input(path, Input::regular);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", errno, path);
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size > max)
+        throw DataError(what + " of " + format_size(size) + ", more than the " + format_size(max) + " one can be",
+                        {0, path, {}, -1});
+    std::string text(size, '\0');
+    std::uint64_t at = 0;  // through short reads and EINTR; a file that shrank ends early
+    while (at < size) {
+        const long n = sys::pread(fd.get(), text.data() + at, size - at, at, path);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("read", errno, path, at);
+        if (n == 0) break;
+        at += static_cast<std::uint64_t>(n);
+    }
+    text.resize(at);
+    return text;
+}
+
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
     const std::string tmp = temp_name(path, ".tmp.");
     Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <istream>
+#include <set>
+#include <vector>
 
 namespace zinf::json {
 
@@ -29,9 +31,34 @@ std::string line(const Json& record) {
     return record.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
+Json parse_untrusted(std::string_view text, const ParseLimits& limits) {
+    std::uint64_t values = 0;
+    std::vector<std::set<std::string>> keys;  // of each object open, innermost last
+    auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+        using E = Json::parse_event_t;
+        if (event == E::object_start || event == E::array_start || event == E::value) {
+            if (static_cast<unsigned>(depth) > limits.depth)
+                throw DataError("JSON nested deeper than " + std::to_string(limits.depth) + " levels");
+            if (++values > limits.values)
+                throw DataError("JSON of more than " + std::to_string(limits.values) + " values");
+        }
+        if (event == E::object_start) keys.emplace_back();
+        if (event == E::object_end && !keys.empty()) keys.pop_back();
+        if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+            throw DataError("the key \"" + parsed.get<std::string>() + "\" appears twice in one object");
+        return true;
+    };
+    return Json::parse(text, on_event);
+}
+
 Json parse_line(std::string_view text, const std::string& source, std::size_t line_no) {
     try {
-        Json j = Json::parse(text);
+        Json j;
+        try {
+            j = parse_untrusted(text);
+        } catch (const DataError& e) {
+            throw DataError("line " + std::to_string(line_no) + ": " + e.message(), {0, source, {}, -1});
+        }
         if (!j.is_object())
             throw DataError("line " + std::to_string(line_no) + ": a record must be a JSON object",
                             {0, source, {}, -1});

@@ -93,6 +93,15 @@ device::Options DeviceOptions::resolve(const std::string& memory, unsigned threa
     device::Options d{.backend = backend(), .threads = threads, .gpu = gpu};
     if (d.backend != "cuda" && gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
     d.memory_bytes = device_memory(memory, d.backend == "cuda" && memory == "auto" ? mem::gpu_info().bytes : 0);
+    // The cpu backend's budget is host memory, mapped up front: one past
+    // what the machine has (its memory and swap) cannot be mapped, and is
+    // the command line's fault (64), not an I/O error (the mmap's ENOMEM).
+    if (d.backend == "cpu" && memory != "auto") {
+        const std::uint64_t have = meminfo_bytes("MemTotal") + meminfo_bytes("SwapTotal");
+        if (have && d.memory_bytes > have)
+            throw UsageError("--device-memory " + memory + " is more than this machine's memory and swap (" +
+                             format_size(have) + "), which the cpu device's budget is");
+    }
     return d;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -38,7 +39,7 @@ std::string folder_of(const std::string& file) {
 
 }  // namespace
 
-std::uint64_t DiskNeed::total() const { return states + gradients + activations; }
+std::uint64_t DiskNeed::total() const { return states + gradients + activations + manifest; }
 std::uint64_t DiskNeed::more() const { return total() > present ? total() - present : 0; }
 
 DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOptions& o) {
@@ -75,6 +76,17 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
             need.free = std::uint64_t{sv.f_bavail} * sv.f_frsize;
         else
             need.free.reset();
+        // Rank 0 commits the manifest: a temporary beside the committed one,
+        // as long as the manifest grows to (a step's digits and every
+        // record's hash), in whole blocks.
+        struct stat a {}, b {};
+        if (rank == 0 && need.free && ::stat(at.c_str(), &a) == 0 && ::stat(m.dir.c_str(), &b) == 0 &&
+            a.st_dev == b.st_dev) {
+            std::ostringstream text;
+            shard::write_manifest(text, m);
+            const std::uint64_t block = std::max<std::uint64_t>(sv.f_frsize, 1);
+            need.manifest = align_up(text.str().size() + m.parts.size() * 64 + 4096, block);
+        }
     }
     return need;
 }
@@ -95,13 +107,17 @@ DiskNeed disk_need(const shard::ModelSpec& spec, const shard::LayoutOptions& lo,
 
 void check_disk(const DiskNeed& n, unsigned rank) {
     if (!n.free || n.more() <= *n.free) return;
-    throw CreateError("rank " + std::to_string(rank) + ": the run needs " + format_size(n.total()) + " (" +
-                          std::to_string(n.total()) + " bytes) on " + n.folder + ": the state in two generations " +
-                          format_size(n.states) + ", gradient scratch " + format_size(n.gradients) +
-                          ", activation checkpoints " + format_size(n.activations) + "; its files hold " +
+    // (the error's rank names the rank: not the message again)
+    throw CreateError("the run needs " + format_size(n.total()) + " (" + std::to_string(n.total()) + " bytes) on " +
+                          n.folder + ": the state in two generations " + format_size(n.states) +
+                          ", gradient scratch " + format_size(n.gradients) + ", activation checkpoints " +
+                          format_size(n.activations) +
+                          (n.manifest ? ", the manifest's temporary " + format_size(n.manifest) : std::string()) +
+                          "; its files hold " +
                           format_size(n.present) + " of that already, and the file system has " +
                           format_size(*n.free) + " (" + std::to_string(*n.free) + " bytes) free, " +
-                          format_size(n.more() - *n.free) + " short; nothing was written",
+                          format_size(n.more() - *n.free) + " (" + std::to_string(n.more() - *n.free) +
+                          " bytes) short; nothing was written",
                       {ENOSPC, n.folder, {}, static_cast<int>(rank)});
 }
 
