@@ -7,11 +7,20 @@
 #include "kernels.hpp"
 #include "shape.hpp"
 
+#include <initializer_list>
+#include <utility>
+
 namespace zinf::device {
 
 using u64 = std::uint64_t;
 
 namespace {
+// An element-wise kernel's inputs, each as long as the span it writes (n).
+void need_elementwise(const char* kernel, u64 n, std::initializer_list<std::pair<const char*, std::size_t>> spans) {
+    const Shape sh{kernel, {{"n", n}}};
+    for (const auto& [name, size] : spans) sh.need(name, size, n);
+}
+
 // Grouped-query attention's q (B,T,NH*hd), k and v (B,T,KVH*hd) and att
 // (B,NH,T,T), or (`grad`) their gradients of the same shapes.
 void need_gqa(const Shape& sh, bool grad, std::size_t q, std::size_t k, std::size_t v, std::size_t att, u64 B, u64 T,
@@ -101,16 +110,12 @@ void Device::layernorm_backward(Stream& s, std::span<float> dinp, std::span<floa
 }
 
 void Device::gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) {
-    const u64 n = out.size();  // element-wise: the span it writes
-    Shape{"gelu_forward", {{"n", n}}}.need("inp", inp.size(), n);
+    need_elementwise("gelu_forward", out.size(), {{"inp", inp.size()}});
     do_gelu_forward(s, out, inp);
 }
 
 void Device::gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
-    const u64 n = dinp.size();  // element-wise: the span it writes
-    Shape sh{"gelu_backward", {{"n", n}}};
-    sh.need("inp", inp.size(), n);
-    sh.need("dout", dout.size(), n);
+    need_elementwise("gelu_backward", dinp.size(), {{"inp", inp.size()}, {"dout", dout.size()}});
     do_gelu_backward(s, dinp, inp, dout);
 }
 
@@ -172,21 +177,14 @@ void Device::rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float>
 }
 
 void Device::swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate, std::span<const float> up) {
-    const u64 n = out.size();  // element-wise: the span it writes
-    Shape sh{"swiglu_forward", {{"n", n}}};
-    sh.need("gate", gate.size(), n);
-    sh.need("up", up.size(), n);
+    need_elementwise("swiglu_forward", out.size(), {{"gate", gate.size()}, {"up", up.size()}});
     do_swiglu_forward(s, out, gate, up);
 }
 
 void Device::swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
                              std::span<const float> gate, std::span<const float> up) {
-    const u64 n = dgate.size();  // element-wise: the span it writes
-    Shape sh{"swiglu_backward", {{"n", n}}};
-    sh.need("dup", dup.size(), n);
-    sh.need("dout", dout.size(), n);
-    sh.need("gate", gate.size(), n);
-    sh.need("up", up.size(), n);
+    need_elementwise("swiglu_backward", dgate.size(),
+                     {{"dup", dup.size()}, {"dout", dout.size()}, {"gate", gate.size()}, {"up", up.size()}});
     do_swiglu_backward(s, dgate, dup, dout, gate, up);
 }
 
@@ -241,28 +239,22 @@ void Device::crossentropy_forward(Stream& s, std::span<float> losses, std::span<
 }
 
 void Device::residual_forward(Stream& s, std::span<float> out, std::span<const float> a, std::span<const float> b) {
-    const u64 n = out.size();  // element-wise: the span it writes
-    Shape sh{"residual_forward", {{"n", n}}};
-    sh.need("a", a.size(), n);
-    sh.need("b", b.size(), n);
+    need_elementwise("residual_forward", out.size(), {{"a", a.size()}, {"b", b.size()}});
     do_residual_forward(s, out, a, b);
 }
 
 void Device::accumulate(Stream& s, std::span<float> acc, std::span<const float> x) {
-    const u64 n = acc.size();  // element-wise: the span it writes
-    Shape{"accumulate", {{"n", n}}}.need("x", x.size(), n);
+    need_elementwise("accumulate", acc.size(), {{"x", x.size()}});
     do_accumulate(s, acc, x);
 }
 
 void Device::cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) {
-    const u64 n = dst.size();  // element-wise: the span it writes
-    Shape{"cast to bf16", {{"n", n}}}.need("src", src.size(), n);
+    need_elementwise("cast to bf16", dst.size(), {{"src", src.size()}});
     do_cast(s, dst, src);
 }
 
 void Device::cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) {
-    const u64 n = dst.size();  // element-wise: the span it writes
-    Shape{"cast from bf16", {{"n", n}}}.need("src", src.size(), n);
+    need_elementwise("cast from bf16", dst.size(), {{"src", src.size()}});
     do_cast(s, dst, src);
 }
 
