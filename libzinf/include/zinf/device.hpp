@@ -169,145 +169,224 @@ public:
 
     // Asynchronous copies: host <-> device <-> device. `dst` and `src` must
     // stay alive and untouched until the stream passes this point.
-    virtual void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) = 0;
+    void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src);
     virtual void fill_zero(std::span<std::byte> dst) = 0;  // synchronous
     virtual void zero(Stream& s, std::span<float> dst) = 0;
 
     // ---- kernels (enqueued on `s`) -------------------------------------------
     // See Gemm. A, B and C must hold every element the shape reaches.
-    virtual void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
-                      std::span<float> c) = 0;
+    void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
+              std::span<float> c);
     // out (N,OC) += bias (OC) broadcast over rows.
-    virtual void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
-                          std::uint64_t OC) = 0;
+    void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
+                  std::uint64_t OC);
     // dbias (OC) += sum over rows of dout (N,OC).
-    virtual void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
-                               std::uint64_t OC) = 0;
+    void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
+                       std::uint64_t OC);
 
     // out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). A token >= V is
     // an error (DataError naming the position) at synchronize. An empty wpe
     // (dwpe in backward) is a model without a position table (the Llama
     // family's rotary embeddings): out = wte[token].
-    virtual void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
-                                   std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
-                                   std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                           std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
+                           std::uint64_t T, std::uint64_t C, std::uint64_t V);
     // dwte (V,C) += and dwpe (maxT,C) += the gradient dout (B,T,C) spreads.
-    virtual void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
-                                    std::span<const float> dout, std::span<const std::int32_t> tokens,
-                                    std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
+                            std::span<const float> dout, std::span<const std::int32_t> tokens,
+                            std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V);
 
     // out (N,C) = (inp - mean) * rstd * w (C) + b (C); mean, rstd (N) kept for
     // backward. eps 1e-5 as torch.nn.LayerNorm.
-    virtual void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                                   std::span<const float> inp, std::span<const float> w, std::span<const float> b,
-                                   std::uint64_t N, std::uint64_t C) = 0;
+    void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                           std::span<const float> inp, std::span<const float> w, std::span<const float> b,
+                           std::uint64_t N, std::uint64_t C);
     // dinp (N,C) +=, dw (C) +=, db (C) +=.
-    virtual void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                                    std::span<const float> dout, std::span<const float> inp,
-                                    std::span<const float> w, std::span<const float> mean,
-                                    std::span<const float> rstd, std::uint64_t N, std::uint64_t C) = 0;
+    void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                            std::span<const float> dout, std::span<const float> inp,
+                            std::span<const float> w, std::span<const float> mean,
+                            std::span<const float> rstd, std::uint64_t N, std::uint64_t C);
 
     // GELU, tanh form (GPT-2): out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (written, not +=).
-    virtual void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) = 0;
-    virtual void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
-                               std::span<const float> dout) = 0;
+    void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp);
+    void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                       std::span<const float> dout);
 
     // Causal self-attention over qkv (B,T,3C) laid out [q | k | v], NH heads of
     // C/NH: out (B,T,C); att (B,NH,T,T) keeps the softmax for backward (the
     // entries above the diagonal are zero).
-    virtual void attention_forward(Stream& s, std::span<float> out, std::span<float> att,
-                                   std::span<const float> qkv, std::uint64_t B, std::uint64_t T, std::uint64_t C,
-                                   std::uint64_t NH) = 0;
+    void attention_forward(Stream& s, std::span<float> out, std::span<float> att,
+                           std::span<const float> qkv, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                           std::uint64_t NH);
     // dqkv (B,T,3C) written (not +=); datt (B,NH,T,T) is scratch.
-    virtual void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt,
-                                    std::span<const float> dout, std::span<const float> qkv,
-                                    std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
-                                    std::uint64_t NH) = 0;
+    void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                            std::span<const float> dout, std::span<const float> qkv,
+                            std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                            std::uint64_t NH);
 
     // One new position's attention against a key-value cache (decoding): the
     // query q (C) of position T-1 attends to the keys k (T,C) and values
     // v (T,C) of positions 0..T-1: out (C); att (NH,T) keeps the softmax.
     // The same arithmetic, in the same order, as attention_forward's row T-1.
-    virtual void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                                  std::span<const float> k, std::span<const float> v, std::uint64_t T,
-                                  std::uint64_t C, std::uint64_t NH) = 0;
+    void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                          std::span<const float> k, std::span<const float> v, std::uint64_t T,
+                          std::uint64_t C, std::uint64_t NH);
 
     // ---- the Llama family: RMSNorm, rotary embeddings, SwiGLU, grouped-query
     // attention (Hugging Face's LlamaForCausalLM, op for op) ------------------
     // out (N,C) = inp * rstd * w (C), rstd (N) = 1 / sqrt(mean(inp^2) + eps)
     // kept for backward.
-    virtual void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                                 std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps) = 0;
+    void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                         std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps);
     // dinp (N,C) +=, dw (C) +=.
-    virtual void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
-                                  std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
-                                  std::uint64_t N, std::uint64_t C) = 0;
+    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                          std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
+                          std::uint64_t N, std::uint64_t C);
     // Rotary position embedding, in place over x (B,T,H,hd), "rotate half"
     // as Hugging Face's checkpoints expect it: dimension i < hd/2 of a head
     // pairs with i + hd/2, the pair turned by the angle of position p and
     // frequency i: x'[i] = x[i] cos - x[i+hd/2] sin, x'[i+hd/2] = x[i+hd/2] cos
     // + x[i] sin. table (P,hd): row p holds cos for i < hd/2, then sin; row
     // (b,t) of x is at position pos0 + t (pos0 + T <= P).
-    virtual void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, std::uint64_t B,
-                              std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0) = 0;
+    void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, std::uint64_t B,
+                      std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0);
     // The gradient through it (the inverse turn), in place over dx (B,T,H,hd).
-    virtual void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, std::uint64_t B,
-                               std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0) = 0;
+    void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, std::uint64_t B,
+                       std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0);
     // SwiGLU: out (n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
-    virtual void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
-                                std::span<const float> up) = 0;
+    void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                        std::span<const float> up);
     // dgate (n), dup (n) written (not +=); either may be dout's own buffer.
-    virtual void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                                 std::span<const float> gate, std::span<const float> up) = 0;
+    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                         std::span<const float> gate, std::span<const float> up);
     // Causal grouped-query attention: NH query heads and KVH key-value heads
     // of hd each, query head h reading kv head h / (NH / KVH). q (B,T,NH*hd),
     // k and v (B,T,KVH*hd): out (B,T,NH*hd); att (B,NH,T,T) keeps the
     // softmax (zero above the diagonal). KVH == NH is multi-head attention.
-    virtual void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                             std::span<const float> k, std::span<const float> v, std::uint64_t B, std::uint64_t T,
-                             std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd) = 0;
+    void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                     std::span<const float> k, std::span<const float> v, std::uint64_t B, std::uint64_t T,
+                     std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd);
     // dq (B,T,NH*hd), dk and dv (B,T,KVH*hd) written (not +=); datt
     // (B,NH,T,T) is scratch.
-    virtual void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                              std::span<float> datt, std::span<const float> dout, std::span<const float> q,
-                              std::span<const float> k, std::span<const float> v, std::span<const float> att,
-                              std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
-                              std::uint64_t hd) = 0;
+    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                      std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                      std::span<const float> k, std::span<const float> v, std::span<const float> att,
+                      std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
+                      std::uint64_t hd);
     // One new position against a key-value cache: q (NH*hd) of position T-1,
     // k and v (T,KVH*hd) of positions 0..T-1 (each kv head cached once for
     // its group): out (NH*hd); att (NH,T). gqa_forward's row T-1, to the bit.
-    virtual void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                            std::span<const float> k, std::span<const float> v, std::uint64_t T, std::uint64_t NH,
-                            std::uint64_t KVH, std::uint64_t hd) = 0;
+    void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                    std::span<const float> k, std::span<const float> v, std::uint64_t T, std::uint64_t NH,
+                    std::uint64_t KVH, std::uint64_t hd);
 
     // Softmax cross-entropy fused with the logits' gradient. logits (N,V):
     // losses (N) = -log softmax(logits)[target]; then logits is overwritten
     // with dloss * (softmax - onehot(target)). A target >= V is an error.
-    virtual void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
-                                               std::span<const std::int32_t> targets, float dloss,
-                                               std::uint64_t N, std::uint64_t V) = 0;
+    void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                       std::span<const std::int32_t> targets, float dloss,
+                                       std::uint64_t N, std::uint64_t V);
     // The same loss without the gradient (evaluation); logits untouched.
-    virtual void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
-                                      std::span<const std::int32_t> targets, std::uint64_t N, std::uint64_t V) = 0;
+    void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                              std::span<const std::int32_t> targets, std::uint64_t N, std::uint64_t V);
 
     // out (n) = a + b; acc (n) += x.
-    virtual void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
-                                  std::span<const float> b) = 0;
-    virtual void accumulate(Stream& s, std::span<float> acc, std::span<const float> x) = 0;
+    void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                          std::span<const float> b);
+    void accumulate(Stream& s, std::span<float> acc, std::span<const float> x);
 
     // Casts, round to nearest even (zinf::to_bf16).
-    virtual void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) = 0;
-    virtual void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) = 0;
+    void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src);
+    void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src);
 
     // AdamW over one piece (optim.hpp's definition and bits).
-    virtual void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) = 0;
+    void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k);
 
     // Runs `fn` on the stream in order with the kernels (host work that must
     // wait for them, e.g. a collective over their output on the cpu backend).
     virtual void host(Stream& s, std::function<void()> fn) = 0;
 
 protected:
+    // The backends' kernels, each called by the public kernel of its name
+    // once that has checked the spans against the shape (checks.cpp, the one
+    // place for every backend): a span too short for its shape is an
+    // InternalError on the caller's thread before anything is enqueued.
+    // do_gemm's Gemm is resolved (kernels.hpp's cpu::resolve: its zero
+    // strides filled in); do_rope is rope_forward's turn, or rope_backward's
+    // with `inverse`.
+    virtual void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) = 0;
+    virtual void do_gemm(Stream& s, const Gemm& resolved, std::span<const float> a, std::span<const float> b,
+                         std::span<float> c) = 0;
+    virtual void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
+                             std::uint64_t OC) = 0;
+    virtual void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
+                                  std::uint64_t OC) = 0;
+    virtual void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                      std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
+                                      std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    virtual void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
+                                       std::span<const float> dout, std::span<const std::int32_t> tokens,
+                                       std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    virtual void do_layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                      std::span<const float> inp, std::span<const float> w, std::span<const float> b,
+                                      std::uint64_t N, std::uint64_t C) = 0;
+    virtual void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                                       std::span<const float> dout, std::span<const float> inp,
+                                       std::span<const float> w, std::span<const float> mean,
+                                       std::span<const float> rstd, std::uint64_t N, std::uint64_t C) = 0;
+    virtual void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) = 0;
+    virtual void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                                  std::span<const float> dout) = 0;
+    virtual void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att,
+                                      std::span<const float> qkv, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                                      std::uint64_t NH) = 0;
+    virtual void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                       std::span<const float> dout, std::span<const float> qkv,
+                                       std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                                       std::uint64_t NH) = 0;
+    virtual void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                                     std::span<const float> k, std::span<const float> v, std::uint64_t T,
+                                     std::uint64_t C, std::uint64_t NH) = 0;
+    virtual void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                                    std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps) = 0;
+    virtual void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                                     std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
+                                     std::uint64_t N, std::uint64_t C) = 0;
+    virtual void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                                   std::span<const float> up) = 0;
+    virtual void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup,
+                                    std::span<const float> dout, std::span<const float> gate,
+                                    std::span<const float> up) = 0;
+    virtual void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                                std::span<const float> k, std::span<const float> v, std::uint64_t B, std::uint64_t T,
+                                std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd) = 0;
+    virtual void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                                 std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                                 std::span<const float> k, std::span<const float> v, std::span<const float> att,
+                                 std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
+                                 std::uint64_t hd) = 0;
+    virtual void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                               std::span<const float> k, std::span<const float> v, std::uint64_t T, std::uint64_t NH,
+                               std::uint64_t KVH, std::uint64_t hd) = 0;
+    virtual void do_crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                                  std::span<const std::int32_t> targets, float dloss,
+                                                  std::uint64_t N, std::uint64_t V) = 0;
+    virtual void do_crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                                         std::span<const std::int32_t> targets, std::uint64_t N, std::uint64_t V) = 0;
+    virtual void do_residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                                     std::span<const float> b) = 0;
+    virtual void do_accumulate(Stream& s, std::span<float> acc, std::span<const float> x) = 0;
+    virtual void do_cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) = 0;
+    virtual void do_cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) = 0;
+    virtual void do_adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) = 0;
+    virtual void do_rope(Stream& s, std::span<float> x, std::span<const float> table, std::uint64_t B,
+                         std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0, bool inverse) = 0;
+
     std::unique_ptr<mem::DeviceArena> arena_;
+
+private:
+    void check_rope_spans(const char* kernel, std::span<float> x, std::span<const float> table, std::uint64_t B,
+                          std::uint64_t T, std::uint64_t H, std::uint64_t hd, std::uint64_t pos0);
 };
 
 // UsageError for an unknown backend, or for "cuda" where it cannot run

@@ -1,12 +1,10 @@
 // The cpu backend: device memory is host memory from a budgeted arena, a
 // stream is a worker thread running a queue of jobs in order, an event is a
-// count of the jobs a stream had been given. Each kernel call checks its spans
-// against its shape here, on the caller's thread (a short span is a bug:
-// InternalError at once), then enqueues the kernel of kernels.hpp.
+// count of the jobs a stream had been given. Each kernel, its spans checked
+// on the caller's thread (checks.cpp), enqueues the kernel of kernels.hpp.
 #include "backends.hpp"
 #include "kernels.hpp"
 #include "llama_kernels.hpp"
-#include "shape.hpp"
 
 #include <zinf/device.hpp>
 
@@ -208,8 +206,7 @@ public:
         if (e.stream) as_cpu(*e.stream).synchronize(e.ticket);
     }
 
-    void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override {
-        Shape{"copy", {}}.need("dst", dst.size(), src.size());
+    void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override {
         if (src.empty()) return;
         as_cpu(s).enqueue([d = dst.data(), p = src.data(), n = src.size()] { std::memcpy(d, p, n); });
     }
@@ -224,83 +221,46 @@ public:
     }
 
     // ---- kernels -----------------------------------------------------------
-    void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
-              std::span<float> c) override {
-        const Gemm r = cpu::resolve(g);
-        Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
-        sh.need("A", a.size(), cpu::gemm_extent_a(r));
-        sh.need("B", b.size(), cpu::gemm_extent_b(r));
-        sh.need("C", c.size(), cpu::gemm_extent_c(r));
+    void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
+                 std::span<float> c) override {
         as_cpu(s).enqueue([r, a = a.data(), b = b.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
     }
 
-    void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
-        Shape sh{"bias_add", {{"N", N}, {"OC", OC}}};
-        sh.need("out", out.size(), N * OC);
-        sh.need("bias", bias.size(), OC);
+    void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
         as_cpu(s).enqueue([=, o = out.data(), b = bias.data()] { cpu::bias_add(o, b, N, OC); });
     }
 
-    void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override {
-        Shape sh{"bias_backward", {{"N", N}, {"OC", OC}}};
-        sh.need("dbias", dbias.size(), OC);
-        sh.need("dout", dout.size(), N * OC);
+    void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override {
         as_cpu(s).enqueue([=, db = dbias.data(), d = dout.data()] { cpu::bias_backward(db, d, N, OC); });
     }
 
-    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
-                           std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
-                           u64 V) override {
-        Shape sh{"embedding_forward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
-        sh.need("out", out.size(), B * T * C);
-        sh.need("tokens", tokens.size(), B * T);
-        sh.need("wte", wte.size(), V * C);
-        if (!wpe.empty()) sh.need("wpe", wpe.size(), T * C);
+    void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                              std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
+                              u64 V) override {
         as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(),
                            pe = wpe.empty() ? nullptr : wpe.data()] {
             cpu::embedding_forward(o, tok, te, pe, B, T, C, V);
         });
     }
 
-    void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
-                            std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
-        Shape sh{"embedding_backward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
-        sh.need("dwte", dwte.size(), V * C);
-        if (!dwpe.empty()) sh.need("dwpe", dwpe.size(), T * C);
-        sh.need("dout", dout.size(), B * T * C);
-        sh.need("tokens", tokens.size(), B * T);
+    void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
+                               std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
         as_cpu(s).enqueue([=, te = dwte.data(), pe = dwpe.empty() ? nullptr : dwpe.data(), d = dout.data(),
                            tok = tokens.data()] {
             cpu::embedding_backward(te, pe, d, tok, B, T, C, V);
         });
     }
 
-    void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                           std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
-                           u64 C) override {
-        Shape sh{"layernorm_forward", {{"N", N}, {"C", C}}};
-        sh.need("out", out.size(), N * C);
-        sh.need("mean", mean.size(), N);
-        sh.need("rstd", rstd.size(), N);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("b", b.size(), C);
+    void do_layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                              std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
+                              u64 C) override {
         as_cpu(s).enqueue([=, o = out.data(), m = mean.data(), r = rstd.data(), x = inp.data(), w = w.data(),
                            b = b.data()] { cpu::layernorm_forward(o, m, r, x, w, b, N, C); });
     }
 
-    void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                            std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
-                            std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
-        Shape sh{"layernorm_backward", {{"N", N}, {"C", C}}};
-        sh.need("dinp", dinp.size(), N * C);
-        sh.need("dw", dw.size(), C);
-        sh.need("db", db.size(), C);
-        sh.need("dout", dout.size(), N * C);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("mean", mean.size(), N);
-        sh.need("rstd", rstd.size(), N);
+    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
+                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
         as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), db = db.data(), d = dout.data(), x = inp.data(),
                            w = w.data(), m = mean.data(), r = rstd.data()] {
             cpu::layernorm_backward(di, dw, db, d, x, w, m, r, N, C);
@@ -308,223 +268,135 @@ public:
     }
 
     // Element-wise kernels: n is the size of the span they write.
-    void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override {
+    void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override {
         const u64 n = out.size();
-        Shape{"gelu_forward", {{"n", n}}}.need("inp", inp.size(), n);
         as_cpu(s).enqueue([=, o = out.data(), x = inp.data()] { cpu::gelu_forward(o, x, n); });
     }
 
-    void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
-                       std::span<const float> dout) override {
+    void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                          std::span<const float> dout) override {
         const u64 n = dinp.size();
-        Shape sh{"gelu_backward", {{"n", n}}};
-        sh.need("inp", inp.size(), n);
-        sh.need("dout", dout.size(), n);
         as_cpu(s).enqueue([=, di = dinp.data(), x = inp.data(), d = dout.data()] { cpu::gelu_backward(di, x, d, n); });
     }
 
-    void attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
-                           u64 T, u64 C, u64 NH) override {
-        Shape sh{"attention_forward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("out", out.size(), B * T * C);
-        sh.need("att", att.size(), B * NH * T * T);
-        sh.need("qkv", qkv.size(), B * T * 3 * C);
+    void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
+                              u64 T, u64 C, u64 NH) override {
         as_cpu(s).enqueue([=, o = out.data(), a = att.data(), x = qkv.data()] {
             cpu::attention_forward(o, a, x, B, T, C, NH);
         });
     }
 
-    void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
-                            std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
-                            u64 NH) override {
-        Shape sh{"attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("dqkv", dqkv.size(), B * T * 3 * C);
-        sh.need("datt", datt.size(), B * NH * T * T);
-        sh.need("dout", dout.size(), B * T * C);
-        sh.need("qkv", qkv.size(), B * T * 3 * C);
-        sh.need("att", att.size(), B * NH * T * T);
+    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
+                               u64 NH) override {
         as_cpu(s).enqueue([=, dx = dqkv.data(), da = datt.data(), d = dout.data(), x = qkv.data(), a = att.data()] {
             cpu::attention_backward(dx, da, d, x, a, B, T, C, NH);
         });
     }
 
-    void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                          std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override {
-        Shape sh{"attention_decode", {{"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("out", out.size(), C);
-        sh.need("att", att.size(), NH * T);
-        sh.need("q", q.size(), C);
-        sh.need("k", k.size(), T * C);
-        sh.need("v", v.size(), T * C);
+    void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override {
         as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
             cpu::attention_decode(o, a, q, k, v, T, C, NH);
         });
     }
 
     // ---- the Llama family (llama.cpp) ---------------------------------------
-    void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                         std::span<const float> w, u64 N, u64 C, float eps) override {
-        Shape sh{"rmsnorm_forward", {{"N", N}, {"C", C}}};
-        sh.need("out", out.size(), N * C);
-        sh.need("rstd", rstd.size(), N);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
+    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                            std::span<const float> w, u64 N, u64 C, float eps) override {
         as_cpu(s).enqueue([=, o = out.data(), r = rstd.data(), x = inp.data(), w = w.data()] {
             cpu::rmsnorm_forward(o, r, x, w, N, C, eps);
         });
     }
 
-    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
-                          std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
-                          u64 C) override {
-        Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
-        sh.need("dinp", dinp.size(), N * C);
-        sh.need("dw", dw.size(), C);
-        sh.need("dout", dout.size(), N * C);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("rstd", rstd.size(), N);
+    void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                             std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                             u64 C) override {
         as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), d = dout.data(), x = inp.data(), w = w.data(),
                            r = rstd.data()] { cpu::rmsnorm_backward(di, dw, d, x, w, r, N, C); });
     }
 
-    void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
-                      u64 pos0) override {
-        rope(s, "rope_forward", x, table, B, T, H, hd, pos0, false);
-    }
-    void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
-                       u64 pos0) override {
-        rope(s, "rope_backward", dx, table, B, T, H, hd, pos0, true);
+    void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                 u64 pos0, bool inverse) override {
+        as_cpu(s).enqueue([=, x = x.data(), t = table.data()] { cpu::rope(x, t, B, T, H, hd, pos0, inverse); });
     }
 
-    void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
-                        std::span<const float> up) override {
+    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                           std::span<const float> up) override {
         const u64 n = out.size();
-        Shape sh{"swiglu_forward", {{"n", n}}};
-        sh.need("gate", gate.size(), n);
-        sh.need("up", up.size(), n);
         as_cpu(s).enqueue([=, o = out.data(), g = gate.data(), u = up.data()] { cpu::swiglu_forward(o, g, u, n); });
     }
 
-    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                         std::span<const float> gate, std::span<const float> up) override {
+    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                            std::span<const float> gate, std::span<const float> up) override {
         const u64 n = dgate.size();
-        Shape sh{"swiglu_backward", {{"n", n}}};
-        sh.need("dup", dup.size(), n);
-        sh.need("dout", dout.size(), n);
-        sh.need("gate", gate.size(), n);
-        sh.need("up", up.size(), n);
         as_cpu(s).enqueue([=, dg = dgate.data(), du = dup.data(), d = dout.data(), g = gate.data(), u = up.data()] {
             cpu::swiglu_backward(dg, du, d, g, u, n);
         });
     }
 
-    void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                     std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
-                     u64 hd) override {
-        Shape sh{"gqa_forward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        sh.need("out", out.size(), B * T * NH * hd);
-        sh.need("att", att.size(), B * NH * T * T);
-        sh.need("q", q.size(), B * T * NH * hd);
-        sh.need("k", k.size(), B * T * KVH * hd);
-        sh.need("v", v.size(), B * T * KVH * hd);
+    void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                        std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                        u64 hd) override {
         as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
             cpu::gqa_forward(o, a, q, k, v, B, T, NH, KVH, hd);
         });
     }
 
-    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                      std::span<float> datt, std::span<const float> dout, std::span<const float> q,
-                      std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
-                      u64 NH, u64 KVH, u64 hd) override {
-        Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        sh.need("dq", dq.size(), B * T * NH * hd);
-        sh.need("dk", dk.size(), B * T * KVH * hd);
-        sh.need("dv", dv.size(), B * T * KVH * hd);
-        sh.need("datt", datt.size(), B * NH * T * T);
-        sh.need("dout", dout.size(), B * T * NH * hd);
-        sh.need("q", q.size(), B * T * NH * hd);
-        sh.need("k", k.size(), B * T * KVH * hd);
-        sh.need("v", v.size(), B * T * KVH * hd);
-        sh.need("att", att.size(), B * NH * T * T);
+    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                         u64 NH, u64 KVH, u64 hd) override {
         as_cpu(s).enqueue([=, dq = dq.data(), dk = dk.data(), dv = dv.data(), da = datt.data(), d = dout.data(),
                            q = q.data(), k = k.data(), v = v.data(), a = att.data()] {
             cpu::gqa_backward(dq, dk, dv, da, d, q, k, v, a, B, T, NH, KVH, hd);
         });
     }
 
-    void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                    std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
-        Shape sh{"gqa_decode", {{"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        if (T == 0) sh.fail("no positions");
-        sh.need("out", out.size(), NH * hd);
-        sh.need("att", att.size(), NH * T);
-        sh.need("q", q.size(), NH * hd);
-        sh.need("k", k.size(), T * KVH * hd);
-        sh.need("v", v.size(), T * KVH * hd);
+    void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                       std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
         as_cpu(s).enqueue([=, o = out.data(), a = att.data(), q = q.data(), k = k.data(), v = v.data()] {
             cpu::gqa_decode(o, a, q, k, v, T, NH, KVH, hd);
         });
     }
 
-    void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
-                                       std::span<const std::int32_t> targets, float dloss, u64 N,
-                                       u64 V) override {
-        Shape sh{"crossentropy_forward_backward", {{"N", N}, {"V", V}}};
-        sh.need("losses", losses.size(), N);
-        sh.need("logits", logits.size(), N * V);
-        sh.need("targets", targets.size(), N);
+    void do_crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                          std::span<const std::int32_t> targets, float dloss, u64 N,
+                                          u64 V) override {
         as_cpu(s).enqueue([=, l = losses.data(), x = logits.data(), t = targets.data()] {
             cpu::crossentropy_forward_backward(l, x, t, dloss, N, V);
         });
     }
 
-    void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
-                              std::span<const std::int32_t> targets, u64 N, u64 V) override {
-        Shape sh{"crossentropy_forward", {{"N", N}, {"V", V}}};
-        sh.need("losses", losses.size(), N);
-        sh.need("logits", logits.size(), N * V);
-        sh.need("targets", targets.size(), N);
+    void do_crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                                 std::span<const std::int32_t> targets, u64 N, u64 V) override {
         as_cpu(s).enqueue([=, l = losses.data(), x = logits.data(), t = targets.data()] {
             cpu::crossentropy_forward(l, x, t, N, V);
         });
     }
 
-    void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
-                          std::span<const float> b) override {
+    void do_residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                             std::span<const float> b) override {
         const u64 n = out.size();
-        Shape sh{"residual_forward", {{"n", n}}};
-        sh.need("a", a.size(), n);
-        sh.need("b", b.size(), n);
         as_cpu(s).enqueue([=, o = out.data(), a = a.data(), b = b.data()] { cpu::residual_forward(o, a, b, n); });
     }
 
-    void accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override {
+    void do_accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override {
         const u64 n = acc.size();
-        Shape{"accumulate", {{"n", n}}}.need("x", x.size(), n);
         as_cpu(s).enqueue([=, a = acc.data(), x = x.data()] { cpu::accumulate(a, x, n); });
     }
 
-    void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override {
+    void do_cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override {
         const u64 n = dst.size();
-        Shape{"cast to bf16", {{"n", n}}}.need("src", src.size(), n);
         as_cpu(s).enqueue([=, d = dst.data(), x = src.data()] { cpu::to_bf16(d, x, n); });
     }
 
-    void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override {
+    void do_cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override {
         const u64 n = dst.size();
-        Shape{"cast from bf16", {{"n", n}}}.need("src", src.size(), n);
         as_cpu(s).enqueue([=, d = dst.data(), x = src.data()] { cpu::from_bf16(d, x, n); });
     }
 
-    void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override {
-        u.check();
+    void do_adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override {
         as_cpu(s).enqueue([u, k, kernel = optim::Kernel{.isa = optim::default_isa(), .threads = threads_}] {
             optim::adamw(u, k, kernel);
         });
@@ -533,15 +405,6 @@ public:
     void host(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
 
 private:
-    void rope(Stream& s, const char* kernel, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H,
-              u64 hd, u64 pos0, bool inverse) {
-        Shape sh{kernel, {{"B", B}, {"T", T}, {"H", H}, {"hd", hd}, {"pos0", pos0}}};
-        check_rope(sh, hd);
-        sh.need("x", x.size(), B * T * H * hd);
-        sh.need("table", table.size(), (pos0 + T) * hd);
-        as_cpu(s).enqueue([=, x = x.data(), t = table.data()] { cpu::rope(x, t, B, T, H, hd, pos0, inverse); });
-    }
-
     const unsigned threads_;
     std::array<std::unique_ptr<CpuStream>, 4> streams_;  // by StreamKind
 

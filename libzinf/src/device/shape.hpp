@@ -1,6 +1,7 @@
-// Span checks both backends make on the caller's thread before enqueueing a
-// kernel: a span shorter than its shape needs is a bug (InternalError at
-// once, naming the kernel, its dimensions and the span).
+// Span checks Device's public kernels make (checks.cpp), for every backend,
+// on the caller's thread before the backend enqueues the kernel: a span
+// shorter than its shape needs is a bug (InternalError at once, naming the
+// kernel, its dimensions and the span).
 #pragma once
 
 #include <zinf/util.hpp>

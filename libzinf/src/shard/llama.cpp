@@ -3,6 +3,7 @@
 // tensors in execution order with Hugging Face's names and (out, in) linear
 // weights, tiled along their output rows.
 #include "llama.hpp"
+#include "spec.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -36,23 +37,11 @@ constexpr LlamaPreset kLlamaPresets[] = {
 constexpr const char* kKeys = "layers, hidden, heads, kv_heads, ffn, vocab, seq, rope_theta, tied, eps, rope_scale, "
                               "rope_low, rope_high, rope_orig";
 
-[[noreturn]] void bad(std::string_view spec, const std::string& why) {
-    throw UsageError("model spec '" + std::string(spec) + "': " + why);
-}
-
-std::uint64_t count(std::string_view v, std::string_view key, std::string_view spec, bool zero_ok = false) {
-    std::uint64_t n = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (ec != std::errc() || p != v.data() + v.size() || (!zero_ok && n == 0))
-        bad(spec, std::string(key) + "=" + std::string(v) + " is not a " + (zero_ok ? "number" : "positive integer"));
-    return n;
-}
-
 double real(std::string_view v, std::string_view key, std::string_view spec) {
     double d = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
     if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(d) || d <= 0)
-        bad(spec, std::string(key) + "=" + std::string(v) + " is not a positive number");
+        detail::spec_error(spec, std::string(key) + "=" + std::string(v) + " is not a positive number");
     return d;
 }
 
@@ -89,67 +78,58 @@ ModelSpec parse_llama(std::string_view text) {
     s.vocab = 32000;
     s.seq = 2048;
     s.tied = false;
-    std::string_view rest = text.substr(6);  // "llama:"
-    std::vector<std::string_view> seen;
-    for (bool more = !rest.empty(); more;) {
-        const auto comma = rest.find(',');
-        const std::string_view item = rest.substr(0, comma);
-        more = comma != std::string_view::npos;
-        rest = more ? rest.substr(comma + 1) : std::string_view{};
-        if (item.empty()) bad(text, "an empty item (a stray comma)");
-        const auto eq = item.find('=');
-        if (eq == std::string_view::npos) bad(text, "'" + std::string(item) + "' is not key=value");
-        const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
-        if (std::find(seen.begin(), seen.end(), key) != seen.end()) bad(text, std::string(key) + " given twice");
-        seen.push_back(key);
-        if (key == "layers") s.layers = count(val, key, text);
-        else if (key == "hidden") s.hidden = count(val, key, text);
-        else if (key == "heads") s.heads = count(val, key, text);
-        else if (key == "kv_heads") s.kv_heads = count(val, key, text);
-        else if (key == "ffn") s.ffn = count(val, key, text);
-        else if (key == "vocab") s.vocab = count(val, key, text);
-        else if (key == "seq") s.seq = count(val, key, text);
+    const std::vector<std::string_view> seen = spec_items(text, text.substr(6), [&](std::string_view key,
+                                                                                     std::string_view val) {
+        if (key == "layers") s.layers = spec_count(val, key, text);
+        else if (key == "hidden") s.hidden = spec_count(val, key, text);
+        else if (key == "heads") s.heads = spec_count(val, key, text);
+        else if (key == "kv_heads") s.kv_heads = spec_count(val, key, text);
+        else if (key == "ffn") s.ffn = spec_count(val, key, text);
+        else if (key == "vocab") s.vocab = spec_count(val, key, text);
+        else if (key == "seq") s.seq = spec_count(val, key, text);
         else if (key == "rope_theta") s.rope_theta = real(val, key, text);
         else if (key == "eps") s.norm_eps = real(val, key, text);
         else if (key == "rope_scale") s.rope_scaling.factor = real(val, key, text);
         else if (key == "rope_low") s.rope_scaling.low_freq_factor = real(val, key, text);
         else if (key == "rope_high") s.rope_scaling.high_freq_factor = real(val, key, text);
-        else if (key == "rope_orig") s.rope_scaling.original_max_positions = count(val, key, text);
+        else if (key == "rope_orig") s.rope_scaling.original_max_positions = spec_count(val, key, text);
         else if (key == "tied") {
-            if (val != "0" && val != "1") bad(text, "tied=" + std::string(val) + " is not 0 or 1");
+            if (val != "0" && val != "1") spec_error(text, "tied=" + std::string(val) + " is not 0 or 1");
             s.tied = val == "1";
         } else
-            bad(text, "unknown key '" + std::string(key) + "' (" + kKeys + ")");
-    }
-    if (!s.layers || !s.hidden || !s.heads) bad(text, "layers, hidden and heads are required");
+            spec_error(text, "unknown key '" + std::string(key) + "' (" + kKeys + ")");
+    });
+    if (!s.layers || !s.hidden || !s.heads) spec_error(text, "layers, hidden and heads are required");
     if (!s.kv_heads) s.kv_heads = s.heads;
     if (s.hidden > (1ull << 24) || s.vocab > (1ull << 32) || s.seq > (1ull << 32) || s.layers > (1ull << 20) ||
         s.heads > s.hidden)
-        bad(text, "too large");
+        spec_error(text, "too large");
     if (s.hidden % s.heads != 0)
-        bad(text, "hidden " + std::to_string(s.hidden) + " is not a multiple of heads " + std::to_string(s.heads));
+        spec_error(text,
+                   "hidden " + std::to_string(s.hidden) + " is not a multiple of heads " + std::to_string(s.heads));
     if (s.head_dim() % 2 != 0)
-        bad(text, "the head size hidden/heads = " + std::to_string(s.head_dim()) +
-                      " is odd (rotary embeddings pair its two halves)");
+        spec_error(text, "the head size hidden/heads = " + std::to_string(s.head_dim()) +
+                             " is odd (rotary embeddings pair its two halves)");
     if (s.kv_heads > s.heads || s.heads % s.kv_heads != 0)
-        bad(text, "heads " + std::to_string(s.heads) + " is not a multiple of kv_heads " + std::to_string(s.kv_heads));
+        spec_error(text, "heads " + std::to_string(s.heads) + " is not a multiple of kv_heads " +
+                             std::to_string(s.kv_heads));
     if (!s.ffn) {  // Meta's rule: 2/3 of 4C, up to a multiple of 256
         const std::uint64_t f = 8 * s.hidden / 3;
         s.ffn = (f + 255) / 256 * 256;
     }
-    if (s.ffn > (1ull << 26)) bad(text, "too large");
+    if (s.ffn > (1ull << 26)) spec_error(text, "too large");
     const bool scaled = std::find(seen.begin(), seen.end(), "rope_scale") != seen.end();
     for (const char* k : {"rope_low", "rope_high", "rope_orig"})
         if (!scaled && std::find(seen.begin(), seen.end(), k) != seen.end())
-            bad(text, std::string(k) + " without rope_scale (Llama 3's frequency scaling)");
+            spec_error(text, std::string(k) + " without rope_scale (Llama 3's frequency scaling)");
     if (scaled && s.rope_scaling.high_freq_factor <= s.rope_scaling.low_freq_factor)
-        bad(text, "rope_high must be above rope_low");
+        spec_error(text, "rope_high must be above rope_low");
     using u128 = unsigned __int128;
     const u128 C = s.hidden, hd = s.head_dim(),
                per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * u128{s.ffn};
     const u128 exact = u128{s.vocab} * C * (s.tied ? 1 : 2) + u128{s.layers} * per + C;
     if (exact >= (u128{1} << 62) || u128{12} * s.layers * C * C >= (u128{1} << 62))
-        bad(text, "too large (more than 2^62 parameters)");
+        spec_error(text, "too large (more than 2^62 parameters)");
     return s;
 }
 
@@ -183,35 +163,12 @@ std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
     if (tile == 0 || tile > std::min(C, s.kv_heads * hd))
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the smallest linear layer's " +
                          std::to_string(std::min(C, s.kv_heads * hd)) + " outputs");
-    std::vector<Tensor> out;
-    out.reserve(llama_tensor_count(s, tile));
+    TensorList out(tile, llama_tensor_count(s, tile));
     auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
-        Tensor t;
-        t.numel = 1;
-        for (auto d : shape) t.numel *= d;
-        t.name = t.key = std::move(name);
-        t.shape = std::move(shape);
-        t.init = init;
-        t.cols = t.key_cols = t.numel;
-        out.push_back(std::move(t));
+        out.plain(std::move(name), std::move(shape), init);
     };
-    // A linear weight (out, in), whole or in `tile` blocks of output rows:
-    // tile k is the weight's elements [first*in, last*in), seen as one row.
     auto linear = [&](const std::string& name, std::uint64_t outf, std::uint64_t in, InitKind init) {
-        if (tile == 1) return plain(name, {outf, in}, init);
-        for (unsigned k = 0; k < tile; ++k) {
-            const std::uint64_t r0 = tile_first(outf, k, tile), r1 = tile_first(outf, k + 1, tile);
-            Tensor t;
-            t.name = tile_name(name, k);
-            t.key = name;
-            t.shape = {r1 - r0, in};
-            t.numel = (r1 - r0) * in;
-            t.init = init;
-            t.cols = t.numel;
-            t.key_cols = outf * in;
-            t.col0 = r0 * in;
-            out.push_back(std::move(t));
-        }
+        out.linear(name, in, outf, init, TensorList::Layout::out_in);
     };
     plain("model.embed_tokens.weight", {s.vocab, C}, InitKind::normal);
     for (std::uint64_t l = 0; l < s.layers; ++l) {
@@ -228,7 +185,7 @@ std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
     }
     plain("model.norm.weight", {C}, InitKind::ones);
     if (!s.tied) plain("lm_head.weight", {s.vocab, C}, InitKind::normal);
-    return out;
+    return out.take();
 }
 
 }  // namespace detail

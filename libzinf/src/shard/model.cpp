@@ -2,10 +2,12 @@
 #include <zinf/shard.hpp>
 
 #include "llama.hpp"
+#include "spec.hpp"
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <utility>
 
 namespace zinf::shard {
 
@@ -39,15 +41,6 @@ constexpr Preset kPresets[] = {
     {"paper-260b", 5, 65536, 16, "260B", "paper Fig. 6e"},
 };
 
-std::uint64_t parse_count(std::string_view text, std::string_view key, std::string_view spec) {
-    std::uint64_t v = 0;
-    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || p != text.data() + text.size() || v == 0)
-        throw UsageError("model spec '" + std::string(spec) + "': " + std::string(key) + "=" + std::string(text) +
-                         " is not a positive integer");
-    return v;
-}
-
 std::string known_presets() {
     std::string s;
     for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
@@ -78,31 +71,15 @@ ModelSpec ModelSpec::parse(std::string_view text) {
                          "or a preset (" + known_presets() + ")");
     ModelSpec s;
     s.heads = 0;
-    std::string_view rest = text.substr(4);
-    std::vector<std::string_view> seen;
-    for (bool more = !rest.empty(); more;) {
-        auto comma = rest.find(',');
-        std::string_view item = rest.substr(0, comma);
-        more = comma != std::string_view::npos;
-        rest = more ? rest.substr(comma + 1) : std::string_view{};
-        if (item.empty()) throw UsageError("model spec '" + std::string(text) + "': an empty item (a stray comma)");
-        auto eq = item.find('=');
-        if (eq == std::string_view::npos)
-            throw UsageError("model spec '" + std::string(text) + "': '" + std::string(item) + "' is not key=value");
-        std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
-        if (std::find(seen.begin(), seen.end(), key) != seen.end())
-            throw UsageError("model spec '" + std::string(text) + "': " + std::string(key) + " given twice");
-        seen.push_back(key);
-        std::uint64_t v = parse_count(val, key, text);
+    detail::spec_items(text, text.substr(4), [&](std::string_view key, std::string_view val) {
+        const std::uint64_t v = detail::spec_count(val, key, text);
         if (key == "layers") s.layers = v;
         else if (key == "hidden") s.hidden = v;
         else if (key == "heads") s.heads = v;
         else if (key == "vocab") s.vocab = v;
         else if (key == "seq") s.seq = v;
-        else
-            throw UsageError("model spec '" + std::string(text) + "': unknown key '" + std::string(key) +
-                             "' (layers, hidden, heads, vocab, seq)");
-    }
+        else detail::spec_error(text, "unknown key '" + std::string(key) + "' (layers, hidden, heads, vocab, seq)");
+    });
     if (!s.layers || !s.hidden)
         throw UsageError("model spec '" + std::string(text) + "': layers and hidden are required");
     if (!s.heads) s.heads = s.hidden % 64 == 0 ? s.hidden / 64 : 1;
@@ -146,33 +123,12 @@ std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
     if (tile == 0 || tile > C)
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the hidden size " +
                          std::to_string(C));
-    std::vector<Tensor> out;
+    detail::TensorList out(tile, tensor_count(spec, tile));
     auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
-        Tensor t;
-        t.numel = 1;
-        for (auto d : shape) t.numel *= d;
-        t.name = t.key = std::move(name);
-        t.shape = std::move(shape);
-        t.init = init;
-        t.cols = t.key_cols = t.numel;
-        out.push_back(std::move(t));
+        out.plain(std::move(name), std::move(shape), init);
     };
-    // A linear weight (in, out): whole, or `tile` column blocks of it.
     auto linear = [&](const std::string& name, std::uint64_t in, std::uint64_t outc, InitKind init) {
-        if (tile == 1) return plain(name, {in, outc}, init);
-        for (unsigned k = 0; k < tile; ++k) {
-            const std::uint64_t c0 = tile_first(outc, k, tile), c1 = tile_first(outc, k + 1, tile);
-            Tensor t;
-            t.name = tile_name(name, k);
-            t.key = name;
-            t.shape = {in, c1 - c0};
-            t.numel = in * (c1 - c0);
-            t.init = init;
-            t.cols = c1 - c0;
-            t.key_cols = outc;
-            t.col0 = c0;
-            out.push_back(std::move(t));
-        }
+        out.linear(name, in, outc, init, detail::TensorList::Layout::in_out);
     };
     plain("wte.weight", {spec.vocab, C}, InitKind::normal);
     plain("wpe.weight", {spec.seq, C}, InitKind::normal);
@@ -193,8 +149,79 @@ std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
     }
     plain("ln_f.weight", {C}, InitKind::ones);
     plain("ln_f.bias", {C}, InitKind::zeros);
-    return out;
+    return out.take();
 }
+
+namespace detail {
+
+void spec_error(std::string_view spec, const std::string& why) {
+    throw UsageError("model spec '" + std::string(spec) + "': " + why);
+}
+
+std::uint64_t spec_count(std::string_view value, std::string_view key, std::string_view spec) {
+    std::uint64_t v = 0;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc() || p != value.data() + value.size() || v == 0)
+        spec_error(spec, std::string(key) + "=" + std::string(value) + " is not a positive integer");
+    return v;
+}
+
+std::vector<std::string_view> spec_items(std::string_view spec, std::string_view items,
+                                         const std::function<void(std::string_view, std::string_view)>& take) {
+    std::vector<std::string_view> seen;
+    for (bool more = !items.empty(); more;) {
+        const auto comma = items.find(',');
+        const std::string_view item = items.substr(0, comma);
+        more = comma != std::string_view::npos;
+        items = more ? items.substr(comma + 1) : std::string_view{};
+        if (item.empty()) spec_error(spec, "an empty item (a stray comma)");
+        const auto eq = item.find('=');
+        if (eq == std::string_view::npos) spec_error(spec, "'" + std::string(item) + "' is not key=value");
+        const std::string_view key = item.substr(0, eq);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) spec_error(spec, std::string(key) + " given twice");
+        seen.push_back(key);
+        take(key, item.substr(eq + 1));
+    }
+    return seen;
+}
+
+void TensorList::plain(std::string name, std::vector<std::uint64_t> shape, InitKind init) {
+    Tensor t;
+    t.numel = 1;
+    for (auto d : shape) t.numel *= d;
+    t.name = t.key = std::move(name);
+    t.shape = std::move(shape);
+    t.init = init;
+    t.cols = t.key_cols = t.numel;
+    out_.push_back(std::move(t));
+}
+
+void TensorList::linear(const std::string& name, std::uint64_t in, std::uint64_t out, InitKind init, Layout layout) {
+    const bool rows = layout == Layout::out_in;
+    if (tile_ == 1) return plain(name, rows ? std::vector{out, in} : std::vector{in, out}, init);
+    for (unsigned k = 0; k < tile_; ++k) {
+        const std::uint64_t f0 = tile_first(out, k, tile_), f1 = tile_first(out, k + 1, tile_);
+        Tensor t;
+        t.name = tile_name(name, k);
+        t.key = name;
+        t.numel = (f1 - f0) * in;
+        t.init = init;
+        if (rows) {  // elements [f0*in, f1*in) of the weight, as one row
+            t.shape = {f1 - f0, in};
+            t.cols = t.numel;
+            t.key_cols = out * in;
+            t.col0 = f0 * in;
+        } else {
+            t.shape = {in, f1 - f0};
+            t.cols = f1 - f0;
+            t.key_cols = out;
+            t.col0 = f0;
+        }
+        out_.push_back(std::move(t));
+    }
+}
+
+}  // namespace detail
 
 std::size_t dtype_bytes(DType t) { return t == DType::bf16 ? 2 : 4; }
 const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }

@@ -1,5 +1,6 @@
-// What the cuda kernel files share: launch sizes and the cpu backend's
-// reduction orders (device/kernels.hpp: dot and sum in eight lanes).
+// What the cuda kernel files share: launch sizes, the cpu backend's
+// reduction orders (device/kernels.hpp: dot and sum in eight lanes), and the
+// attention row both families' kernels run (softmax.cu, llama.cu).
 #pragma once
 
 #include "kernels.hpp"
@@ -59,6 +60,64 @@ __device__ inline float lanes8(F elem, u64 n) {
     float tail = 0;
     for (u64 i = full; i < n; ++i) tail += elem(i);
     return acc + tail;
+}
+
+// One task a warp: the attention kernels' warps per block.
+inline constexpr unsigned kWarps = kThreads / 32;
+
+inline float attention_scale(u64 head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
+
+__device__ inline float minus_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+}
+
+// One softmax row over positions 0..last of a (len long: zero past last)
+// for the query q against keys at k + t2 * stride, then out (hs) = sum_t2
+// a[t2] v[t2] (values as far apart) in position order. One warp: each dot
+// product on one thread in dot8's order, each sum over positions on one
+// thread in position order, as the cpu kernels (softmax.cu's heads of a qkv
+// row, llama.cu's query and key-value heads apart).
+__device__ inline void attend(float* a, const float* q, const float* k, const float* v, u64 stride, u64 last, u64 len,
+                       u64 hs, float scale, float* out) {
+    const unsigned lane = threadIdx.x & 31u;
+    float mx = minus_inf();
+    for (u64 t2 = lane; t2 <= last; t2 += 32) {
+        const float x = dot8(q, k + t2 * stride, hs) * scale;
+        a[t2] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = warp_max(mx);
+    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] = expf(a[t2] - mx);
+    __syncwarp();
+    float expsum = 0;
+    if (lane == 0)
+        for (u64 t2 = 0; t2 <= last; ++t2) expsum += a[t2];
+    expsum = __shfl_sync(kFull, expsum, 0);
+    const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
+    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] *= inv;
+    for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) a[t2] = 0;
+    __syncwarp();
+    for (u64 i = lane; i < hs; i += 32) {
+        float o = 0;
+        for (u64 t2 = 0; t2 <= last; ++t2) o += a[t2] * v[t2 * stride + i];
+        out[i] = o;
+    }
+}
+
+// The softmax's backward over row 0..last of the probabilities a, in place
+// over da (dout . v on entry, positions 0..last): da = a * (da - sum a*da),
+// the sum in lanes8's order; zero from last + 1 to len. One warp, after the
+// lanes' writes of da.
+__device__ inline void softmax_row_backward(float* da, const float* a, u64 last, u64 len) {
+    const unsigned lane = threadIdx.x & 31u;
+    __syncwarp();
+    const float s = lanes8([&](u64 i) { return a[i] * da[i]; }, last + 1);
+    __syncwarp();
+    for (u64 t2 = lane; t2 <= last; t2 += 32) da[t2] = a[t2] * (da[t2] - s);
+    for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) da[t2] = 0;
 }
 
 }  // namespace zinf::device::cuda

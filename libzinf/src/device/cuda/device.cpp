@@ -1,8 +1,8 @@
 // The cuda backend: device memory from one cudaMalloc (the arena), a stream
 // is a non-blocking cudaStream_t, an event owns a cudaEvent_t, kernels are
 // the .cu files' launchers (kernels.hpp) and cuBLASLt (opened with dlopen,
-// so every program starts on machines without it). Each call checks its
-// spans against its shape here, as the cpu backend does (shape.hpp).
+// so every program starts on machines without it). Device's public kernels
+// check the spans against their shapes before they reach these (checks.cpp).
 //
 // Errors found on the device or in host jobs follow the cpu backend's rule:
 // thrown by the next synchronize of the stream, or of an event recorded on it
@@ -27,7 +27,6 @@
 
 #include "../backends.hpp"
 #include "../kernels.hpp"
-#include "../shape.hpp"
 #include "../../mem/gpu.hpp"
 
 #include <zinf/device.hpp>
@@ -513,8 +512,7 @@ public:
         return true;  // done, or failed: synchronize reports it
     }
 
-    void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override {
-        Shape{"copy", {}}.need("dst", dst.size(), src.size());
+    void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override {
         if (src.empty()) return;
         bind();
         if (pageable(dst.data()) || pageable(src.data())) {
@@ -571,13 +569,8 @@ public:
     // stored as it is (a row-major (r,c) matrix of row stride ld is a
     // column-major (c,r) one of leading dimension ld), transposed as asked.
     // fp32 in, out and compute (CUBLAS_COMPUTE_32F: no TF32).
-    void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
-              std::span<float> c) override {
-        const Gemm r = cpu::resolve(g);
-        Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
-        sh.need("A", a.size(), cpu::gemm_extent_a(r));
-        sh.need("B", b.size(), cpu::gemm_extent_b(r));
-        sh.need("C", c.size(), cpu::gemm_extent_c(r));
+    void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
+                 std::span<float> c) override {
         if (!r.batch || !r.m || !r.n) return;
         bind();
         CudaStream& cs = as_cuda(s);
@@ -588,32 +581,21 @@ public:
         matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F);
     }
 
-    void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
-        Shape sh{"bias_add", {{"N", N}, {"OC", OC}}};
-        sh.need("out", out.size(), N * OC);
-        sh.need("bias", bias.size(), OC);
+    void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
         bind();
         cuda::bias_add(as_cuda(s).native(), out.data(), bias.data(), N, OC);
         launched("bias_add");
     }
 
-    void bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override {
-        Shape sh{"bias_backward", {{"N", N}, {"OC", OC}}};
-        sh.need("dbias", dbias.size(), OC);
-        sh.need("dout", dout.size(), N * OC);
+    void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override {
         bind();
         cuda::bias_backward(as_cuda(s).native(), dbias.data(), dout.data(), N, OC);
         launched("bias_backward");
     }
 
-    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
-                           std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
-                           u64 V) override {
-        Shape sh{"embedding_forward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
-        sh.need("out", out.size(), B * T * C);
-        sh.need("tokens", tokens.size(), B * T);
-        sh.need("wte", wte.size(), V * C);
-        if (!wpe.empty()) sh.need("wpe", wpe.size(), T * C);
+    void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                              std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
+                              u64 V) override {
         bind();
         CudaStream& cs = as_cuda(s);
         check_tokens(cs, tokens.data(), B, T, V);
@@ -622,13 +604,8 @@ public:
         launched("embedding_forward");
     }
 
-    void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
-                            std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
-        Shape sh{"embedding_backward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
-        sh.need("dwte", dwte.size(), V * C);
-        if (!dwpe.empty()) sh.need("dwpe", dwpe.size(), T * C);
-        sh.need("dout", dout.size(), B * T * C);
-        sh.need("tokens", tokens.size(), B * T);
+    void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
+                               std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override {
         bind();
         CudaStream& cs = as_cuda(s);
         check_tokens(cs, tokens.data(), B, T, V);
@@ -637,221 +614,130 @@ public:
         launched("embedding_backward");
     }
 
-    void layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                           std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
-                           u64 C) override {
-        Shape sh{"layernorm_forward", {{"N", N}, {"C", C}}};
-        sh.need("out", out.size(), N * C);
-        sh.need("mean", mean.size(), N);
-        sh.need("rstd", rstd.size(), N);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("b", b.size(), C);
+    void do_layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                              std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
+                              u64 C) override {
         bind();
         cuda::layernorm_forward(as_cuda(s).native(), out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
                                 b.data(), N, C, cpu::kLayerNormEps);
         launched("layernorm_forward");
     }
 
-    void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                            std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
-                            std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
-        Shape sh{"layernorm_backward", {{"N", N}, {"C", C}}};
-        sh.need("dinp", dinp.size(), N * C);
-        sh.need("dw", dw.size(), C);
-        sh.need("db", db.size(), C);
-        sh.need("dout", dout.size(), N * C);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("mean", mean.size(), N);
-        sh.need("rstd", rstd.size(), N);
+    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
+                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
         bind();
         cuda::layernorm_backward(as_cuda(s).native(), dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
                                  w.data(), mean.data(), rstd.data(), N, C);
         launched("layernorm_backward");
     }
 
-    void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override {
+    void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override {
         const u64 n = out.size();
-        Shape{"gelu_forward", {{"n", n}}}.need("inp", inp.size(), n);
         bind();
         cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n, gelu_scale());
         launched("gelu_forward");
     }
 
-    void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
-                       std::span<const float> dout) override {
+    void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                          std::span<const float> dout) override {
         const u64 n = dinp.size();
-        Shape sh{"gelu_backward", {{"n", n}}};
-        sh.need("inp", inp.size(), n);
-        sh.need("dout", dout.size(), n);
         bind();
         cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n, gelu_scale());
         launched("gelu_backward");
     }
 
-    void attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
-                           u64 T, u64 C, u64 NH) override {
-        Shape sh{"attention_forward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("out", out.size(), B * T * C);
-        sh.need("att", att.size(), B * NH * T * T);
-        sh.need("qkv", qkv.size(), B * T * 3 * C);
+    void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
+                              u64 T, u64 C, u64 NH) override {
         bind();
         cuda::attention_forward(as_cuda(s).native(), out.data(), att.data(), qkv.data(), B, T, C, NH);
         launched("attention_forward");
     }
 
-    void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
-                            std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
-                            u64 NH) override {
-        Shape sh{"attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("dqkv", dqkv.size(), B * T * 3 * C);
-        sh.need("datt", datt.size(), B * NH * T * T);
-        sh.need("dout", dout.size(), B * T * C);
-        sh.need("qkv", qkv.size(), B * T * 3 * C);
-        sh.need("att", att.size(), B * NH * T * T);
+    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
+                               u64 NH) override {
         bind();
         cuda::attention_backward(as_cuda(s).native(), dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
                                  B, T, C, NH);
         launched("attention_backward");
     }
 
-    void attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                          std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override {
-        Shape sh{"attention_decode", {{"T", T}, {"C", C}, {"NH", NH}}};
-        check_heads(sh, C, NH);
-        sh.need("out", out.size(), C);
-        sh.need("att", att.size(), NH * T);
-        sh.need("q", q.size(), C);
-        sh.need("k", k.size(), T * C);
-        sh.need("v", v.size(), T * C);
+    void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override {
         bind();
         cuda::attention_decode(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), T, C, NH);
         launched("attention_decode");
     }
 
     // ---- the Llama family (llama.cu) ----------------------------------------
-    void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                         std::span<const float> w, u64 N, u64 C, float eps) override {
-        Shape sh{"rmsnorm_forward", {{"N", N}, {"C", C}}};
-        sh.need("out", out.size(), N * C);
-        sh.need("rstd", rstd.size(), N);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
+    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                            std::span<const float> w, u64 N, u64 C, float eps) override {
         bind();
         cuda::rmsnorm_forward(as_cuda(s).native(), out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
         launched("rmsnorm_forward");
     }
 
-    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
-                          std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
-                          u64 C) override {
-        Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
-        sh.need("dinp", dinp.size(), N * C);
-        sh.need("dw", dw.size(), C);
-        sh.need("dout", dout.size(), N * C);
-        sh.need("inp", inp.size(), N * C);
-        sh.need("w", w.size(), C);
-        sh.need("rstd", rstd.size(), N);
+    void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                             std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                             u64 C) override {
         bind();
         cuda::rmsnorm_backward(as_cuda(s).native(), dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
                                rstd.data(), N, C);
         launched("rmsnorm_backward");
     }
 
-    void rope_forward(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
-                      u64 pos0) override {
-        rope(s, "rope_forward", x, table, B, T, H, hd, pos0, false);
-    }
-    void rope_backward(Stream& s, std::span<float> dx, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
-                       u64 pos0) override {
-        rope(s, "rope_backward", dx, table, B, T, H, hd, pos0, true);
+    void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                 u64 pos0, bool inverse) override {
+        bind();
+        cuda::rope(as_cuda(s).native(), x.data(), table.data(), B, T, H, hd, pos0, inverse);
+        launched(inverse ? "rope_backward" : "rope_forward");
     }
 
-    void swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
-                        std::span<const float> up) override {
+    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                           std::span<const float> up) override {
         const u64 n = out.size();
-        Shape sh{"swiglu_forward", {{"n", n}}};
-        sh.need("gate", gate.size(), n);
-        sh.need("up", up.size(), n);
         bind();
         cuda::swiglu_forward(as_cuda(s).native(), out.data(), gate.data(), up.data(), n);
         launched("swiglu_forward");
     }
 
-    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                         std::span<const float> gate, std::span<const float> up) override {
+    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                            std::span<const float> gate, std::span<const float> up) override {
         const u64 n = dgate.size();
-        Shape sh{"swiglu_backward", {{"n", n}}};
-        sh.need("dup", dup.size(), n);
-        sh.need("dout", dout.size(), n);
-        sh.need("gate", gate.size(), n);
-        sh.need("up", up.size(), n);
         bind();
         cuda::swiglu_backward(as_cuda(s).native(), dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
         launched("swiglu_backward");
     }
 
-    void gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                     std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
-                     u64 hd) override {
-        Shape sh{"gqa_forward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        sh.need("out", out.size(), B * T * NH * hd);
-        sh.need("att", att.size(), B * NH * T * T);
-        sh.need("q", q.size(), B * T * NH * hd);
-        sh.need("k", k.size(), B * T * KVH * hd);
-        sh.need("v", v.size(), B * T * KVH * hd);
+    void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                        std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                        u64 hd) override {
         bind();
         cuda::gqa_forward(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, KVH, hd);
         launched("gqa_forward");
     }
 
-    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                      std::span<float> datt, std::span<const float> dout, std::span<const float> q,
-                      std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
-                      u64 NH, u64 KVH, u64 hd) override {
-        Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        sh.need("dq", dq.size(), B * T * NH * hd);
-        sh.need("dk", dk.size(), B * T * KVH * hd);
-        sh.need("dv", dv.size(), B * T * KVH * hd);
-        sh.need("datt", datt.size(), B * NH * T * T);
-        sh.need("dout", dout.size(), B * T * NH * hd);
-        sh.need("q", q.size(), B * T * NH * hd);
-        sh.need("k", k.size(), B * T * KVH * hd);
-        sh.need("v", v.size(), B * T * KVH * hd);
-        sh.need("att", att.size(), B * NH * T * T);
+    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                         u64 NH, u64 KVH, u64 hd) override {
         bind();
         cuda::gqa_backward(as_cuda(s).native(), dq.data(), dk.data(), dv.data(), datt.data(), dout.data(), q.data(),
                            k.data(), v.data(), att.data(), B, T, NH, KVH, hd);
         launched("gqa_backward");
     }
 
-    void gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                    std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
-        Shape sh{"gqa_decode", {{"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-        check_groups(sh, NH, KVH, hd);
-        if (T == 0) sh.fail("no positions");
-        sh.need("out", out.size(), NH * hd);
-        sh.need("att", att.size(), NH * T);
-        sh.need("q", q.size(), NH * hd);
-        sh.need("k", k.size(), T * KVH * hd);
-        sh.need("v", v.size(), T * KVH * hd);
+    void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                       std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override {
         bind();
         cuda::gqa_decode(as_cuda(s).native(), out.data(), att.data(), q.data(), k.data(), v.data(), T, NH, KVH, hd);
         launched("gqa_decode");
     }
 
-    void crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
-                                       std::span<const std::int32_t> targets, float dloss, u64 N,
-                                       u64 V) override {
-        Shape sh{"crossentropy_forward_backward", {{"N", N}, {"V", V}}};
-        sh.need("losses", losses.size(), N);
-        sh.need("logits", logits.size(), N * V);
-        sh.need("targets", targets.size(), N);
+    void do_crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                          std::span<const std::int32_t> targets, float dloss, u64 N,
+                                          u64 V) override {
         bind();
         CudaStream& cs = as_cuda(s);
         check_targets(cs, targets.data(), N, V);
@@ -859,12 +745,8 @@ public:
         launched("crossentropy_forward_backward");
     }
 
-    void crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
-                              std::span<const std::int32_t> targets, u64 N, u64 V) override {
-        Shape sh{"crossentropy_forward", {{"N", N}, {"V", V}}};
-        sh.need("losses", losses.size(), N);
-        sh.need("logits", logits.size(), N * V);
-        sh.need("targets", targets.size(), N);
+    void do_crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                                 std::span<const std::int32_t> targets, u64 N, u64 V) override {
         bind();
         CudaStream& cs = as_cuda(s);
         check_targets(cs, targets.data(), N, V);
@@ -872,43 +754,36 @@ public:
         launched("crossentropy_forward");
     }
 
-    void residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
-                          std::span<const float> b) override {
+    void do_residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                             std::span<const float> b) override {
         const u64 n = out.size();
-        Shape sh{"residual_forward", {{"n", n}}};
-        sh.need("a", a.size(), n);
-        sh.need("b", b.size(), n);
         bind();
         cuda::residual_forward(as_cuda(s).native(), out.data(), a.data(), b.data(), n);
         launched("residual_forward");
     }
 
-    void accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override {
+    void do_accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override {
         const u64 n = acc.size();
-        Shape{"accumulate", {{"n", n}}}.need("x", x.size(), n);
         bind();
         cuda::accumulate(as_cuda(s).native(), acc.data(), x.data(), n);
         launched("accumulate");
     }
 
-    void cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override {
+    void do_cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override {
         const u64 n = dst.size();
-        Shape{"cast to bf16", {{"n", n}}}.need("src", src.size(), n);
         bind();
         cuda::to_bf16(as_cuda(s).native(), dst.data(), src.data(), n);
         launched("cast to bf16");
     }
 
-    void cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override {
+    void do_cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override {
         const u64 n = dst.size();
-        Shape{"cast from bf16", {{"n", n}}}.need("src", src.size(), n);
         bind();
         cuda::from_bf16(as_cuda(s).native(), dst.data(), src.data(), n);
         launched("cast from bf16");
     }
 
-    void adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override {
-        u.check();
+    void do_adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override {
         bind();
         const cuda::AdamPtrs p{u.master.data(),    u.exp_avg.data(),   u.exp_avg_sq.data(), u.grad_f32.data(),
                                u.grad_bf16.data(), u.param_f32.data(), u.param_bf16.data()};
@@ -977,17 +852,6 @@ private:
         int current = -1;
         if (cudaGetDevice(&current) == cudaSuccess && current == gpu_) return;
         check(cudaSetDevice(gpu_), "cudaSetDevice");
-    }
-
-    void rope(Stream& s, const char* kernel, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H,
-              u64 hd, u64 pos0, bool inverse) {
-        Shape sh{kernel, {{"B", B}, {"T", T}, {"H", H}, {"hd", hd}, {"pos0", pos0}}};
-        check_rope(sh, hd);
-        sh.need("x", x.size(), B * T * H * hd);
-        sh.need("table", table.size(), (pos0 + T) * hd);
-        bind();
-        cuda::rope(as_cuda(s).native(), x.data(), table.data(), B, T, H, hd, pos0, inverse);
-        launched(kernel);
     }
 
     static float gelu_scale() { return static_cast<float>(std::sqrt(2.0 / std::numbers::pi)); }

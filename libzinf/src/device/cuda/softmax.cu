@@ -12,44 +12,6 @@ namespace zinf::device::cuda {
 
 namespace {
 
-constexpr unsigned kWarps = kThreads / 32;
-__device__ inline float minus_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
-
-__device__ inline float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-    return v;
-}
-
-// One softmax row over positions 0..last of a (logits on entry, the
-// probabilities on return) for the query q against keys at k + t2 * kstride;
-// then out (hs) = sum_t2 a[t2] v[t2] in position order. One warp.
-__device__ void attend(float* a, const float* q, const float* k, const float* v, u64 stride, u64 last, u64 len,
-                       u64 hs, float scale, float* out) {
-    const unsigned lane = threadIdx.x & 31u;
-    float mx = minus_inf();
-    for (u64 t2 = lane; t2 <= last; t2 += 32) {
-        const float x = dot8(q, k + t2 * stride, hs) * scale;
-        a[t2] = x;
-        mx = fmaxf(mx, x);
-    }
-    mx = warp_max(mx);
-    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] = expf(a[t2] - mx);
-    __syncwarp();
-    float expsum = 0;
-    if (lane == 0)
-        for (u64 t2 = 0; t2 <= last; ++t2) expsum += a[t2];
-    expsum = __shfl_sync(kFull, expsum, 0);
-    const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
-    for (u64 t2 = lane; t2 <= last; t2 += 32) a[t2] *= inv;
-    for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) a[t2] = 0;
-    __syncwarp();
-    for (u64 i = lane; i < hs; i += 32) {
-        float o = 0;
-        for (u64 t2 = 0; t2 <= last; ++t2) o += a[t2] * v[t2 * stride + i];
-        out[i] = o;
-    }
-}
-
 __global__ void attention_forward_kernel(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH,
                                          float scale) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
@@ -82,11 +44,7 @@ __global__ void attention_datt_kernel(float* datt, const float* dout, const floa
     float* da = datt + ((b * NH + h) * T + t) * T;
     const float* go = dout + (b * T + t) * C + h * hs;
     for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = dot8(qkv + (b * T + t2) * C3 + 2 * C + h * hs, go, hs);
-    __syncwarp();
-    const float s = lanes8([&](u64 i) { return a[i] * da[i]; }, t + 1);
-    __syncwarp();
-    for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = a[t2] * (da[t2] - s);
-    for (u64 t2 = t + 1 + lane; t2 < T; t2 += 32) da[t2] = 0;
+    softmax_row_backward(da, a, t, T);
 }
 
 // 2 of 3, per (b, h, t): dq[t] = sum over t2 <= t of (datt[t][t2] * scale) k[t2].
@@ -182,8 +140,6 @@ __global__ void crossentropy_kernel(float* losses, float* logits, const std::int
         }
     }
 }
-
-inline float attention_scale(u64 hs) { return 1.0f / sqrtf(static_cast<float>(hs)); }
 
 }  // namespace
 
