@@ -75,6 +75,14 @@ check "--config with zinf-nvmebench --best's bandwidths: the floor is held again
   jq -e -s 'all(.[]; (.disk_read_gbps - 1.073741824 | fabs) < 1e-9 and (.disk_write_gbps - 0.536870912 | fabs) < 1e-9)' "$W/no1.jsonl"
 check "no bandwidth given: a probe at start-up measured one" \
   jq -e -s 'all(.[]; .disk_read_gbps > 0 and .disk_write_gbps > 0 and .disk_floor_ratio > 0)' "$W/ov1.jsonl"
+before=$(sums "$W/ov1")
+ZINF_FAULTS=read:2:EIO run "$TR" --manifest "$(mf ov1)" --text "$CORPUS" --steps 7 --resume --json "${RUN[@]}"
+expect_rc 74 "an I/O error in the start-up disk probe fails the run (74)"
+check "…naming the probe's file, before any step, the state as it was and no probe file left" \
+  bash -c '[[ $1 == *rank0/disk-probe.scratch* && -z $2 && $3 == "$4" && ! -e $5 ]]' _ "$err" "$out" "$before" \
+  "$(sums "$W/ov1")" "$W/ov1/rank0/disk-probe.scratch"
+run "$TR" --manifest "$(mf ov1)" --text "$CORPUS" --steps 7 --resume --json --disk-probe 0 "${RUN[@]}"
+check "--disk-probe 0: no bandwidth, no floor" jq -e 'has("disk_floor_s") | not' <<<"$out"
 
 # --- streamed optimizer state is checked as it is read: a damaged moment
 # or master weight is refused (65) before anything derived from it is

@@ -70,10 +70,12 @@ struct Options {
     // (zinf-nvmebench --best's read_gibps and write_gibps, bytes/s here),
     // shared out over the ranks of a node, which use one disk together.
     // Zero: each rank probes its own folder at start-up with
-    // `disk_probe_bytes` (all ranks at once, so each measures its share);
-    // 0 there too: no floor. Only runs with a state or checkpoint on NVMe.
+    // `disk_probe_bytes` (all ranks at once, so each measures its share;
+    // at most half the free space the run leaves; an I/O error there fails
+    // the start like any other file's); 0 there too: no floor (zinf-train
+    // probes 64 MiB by default). Only runs with a state or checkpoint on NVMe.
     io::Bandwidth disk;
-    std::uint64_t disk_probe_bytes = 64 * MiB;
+    std::uint64_t disk_probe_bytes = 0;
 };
 
 struct StepLog {

@@ -20,7 +20,9 @@ void fill_incompressible(std::span<std::byte> mem) {
 Bandwidth probe_bandwidth(Engine& engine, const std::string& dir, std::uint64_t bytes) {
     const std::uint64_t piece = 16 * MiB;
     bytes = std::max(piece, align_up(bytes, piece));
-    const std::string path = dir + "/.zinf-probe." + std::to_string(::getpid());
+    // One name a folder: the run's lock keeps a second run out, and a fault
+    // walk finds the same file in every run. What a crashed run left is void.
+    const std::string path = dir + "/disk-probe.scratch";
     ::unlink(path.c_str());
     struct Unlink {
         const std::string& p;

@@ -55,7 +55,7 @@ struct Trainer::Impl {
     std::vector<float> losses;
     io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
 
-    void measure_disk();
+    void measure_disk(const zero::DiskNeed& need);
     void disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_t acts_out) const;
 
     // Queued work reads the activations and the host vectors below: it must be
@@ -118,13 +118,14 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
             zero::DiskNeedOptions dn;
             if (opts.offload_activations == model::Offload::nvme)
                 dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq);
-            zero::check_disk(zero::disk_need(m, rank, dn), rank);
+            const zero::DiskNeed need = zero::disk_need(m, rank, dn);
+            zero::check_disk(need, rank);
+            measure_disk(need);
         } catch (...) {
             short_disk = std::current_exception();
         }
         comm::agree(comm, short_disk, "the run did not start; nothing was written");
     }
-    measure_disk();
     if (opts.resident) open_resident(e, p);
     else open_infinity(e, p);
     inputs.resize(o.batch * o.seq);
@@ -134,8 +135,10 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
 
 // The bandwidth of this rank's share of its disk, for runs that use one:
 // given (shared out over the node's ranks), or probed in the rank's folder
-// by every rank at once. A probe that fails costs the floor, not the run.
-void Trainer::Impl::measure_disk() {
+// by every rank at once, in what the run leaves of the free space (none
+// left: no floor). The probe's I/O errors are the run's, as any other
+// file's: the disk the run is about to use failed.
+void Trainer::Impl::measure_disk(const zero::DiskNeed& need) {
     const bool on_disk = m.opts.param_tier == shard::Tier::nvme || m.opts.optim_tier == shard::Tier::nvme ||
                          opts.offload_activations == model::Offload::nvme;
     if (!on_disk) return;
@@ -145,17 +148,17 @@ void Trainer::Impl::measure_disk() {
         return;
     }
     if (!opts.disk_probe_bytes) return;
-    const std::string folder = zero::disk_need(m, rank).folder;
-    try {
-        disk = io::probe_bandwidth(io, folder, opts.disk_probe_bytes);
-        if (rank == 0)
-            log::info("disk: " + folder + " reads " + std::to_string(disk.read_bps / 1e9).substr(0, 5) +
-                      " GB/s and writes " + std::to_string(disk.write_bps / 1e9).substr(0, 5) + " GB/s per rank (a " +
-                      format_size(opts.disk_probe_bytes) + " probe; zinf-nvmebench --best as --config gives a sweep's)");
-    } catch (const Error& e) {
-        log::warn(std::string("the disk probe failed, so the steps report no disk floor: ") + e.what());
-        disk = {};
+    std::uint64_t bytes = opts.disk_probe_bytes;
+    if (need.free) bytes = std::min(bytes, *need.free > need.more() ? (*need.free - need.more()) / 2 : 0);
+    if (bytes < 16 * MiB) {
+        log::info("disk: too little free space beside the run's files for a probe; the steps report no disk floor");
+        return;
     }
+    disk = io::probe_bandwidth(io, need.folder, bytes);
+    if (rank == 0)
+        log::info("disk: " + need.folder + " reads " + std::to_string(disk.read_bps / 1e9).substr(0, 5) +
+                  " GB/s and writes " + std::to_string(disk.write_bps / 1e9).substr(0, 5) + " GB/s per rank (a " +
+                  format_size(bytes) + " probe; zinf-nvmebench --best as --config gives a sweep's)");
 }
 
 // The step's disk bytes and the least time they take (StepLog).
