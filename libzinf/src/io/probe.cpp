@@ -3,6 +3,8 @@
 // figures holds its disk traffic against.
 #include <zinf/io.hpp>
 
+#include <exception>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -39,7 +41,15 @@ Bandwidth probe_bandwidth(Engine& engine, const std::string& dir, std::uint64_t 
         Timer t;
         for (std::uint64_t at = 0; at < bytes; at += piece)
             ts.push_back(op == Op::read ? engine.read(f, at, buf.bytes()) : engine.write(f, at, buf.bytes()));
-        for (Ticket k : ts) engine.wait(k);
+        // Every ticket waited, failed or not, before the first error goes
+        // up: the buffer and the file must outlive every request.
+        std::exception_ptr failed;
+        for (Ticket k : ts) try {
+                engine.wait(k);
+            } catch (...) {
+                if (!failed) failed = std::current_exception();
+            }
+        if (failed) std::rethrow_exception(failed);
         if (op == Op::write) engine.sync(f);
         return static_cast<double>(bytes) / t.seconds();
     };
