@@ -141,7 +141,7 @@ int run(const Options& o) {
 
     Best best = find_best(results);
     if (o.best) {
-        if (best.overall) std::fputs(json::line(results[*best.overall].cfg.to_json()).c_str(), stdout);
+        if (best.overall) std::fputs(json::line(best_config(results, *best.overall).to_json()).c_str(), stdout);
     } else if (!o.json) {
         print_table(stdout, results, best, info);
     }

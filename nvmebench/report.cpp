@@ -52,6 +52,13 @@ Best find_best(const std::vector<Result>& results) {
     return b;
 }
 
+io::EngineConfig best_config(const std::vector<Result>& results, std::size_t overall) {
+    io::EngineConfig c = results[overall].cfg;
+    for (const Result& r : results)
+        if (key_of(r.cfg) == key_of(c)) (r.op == io::Op::read ? c.read_gibps : c.write_gibps) = r.gibps();
+    return c;
+}
+
 void print_table(std::FILE* out, const std::vector<Result>& results, const Best& best,
                  const RunInfo& info) {
     std::fprintf(out, "# zinf-nvmebench %s\n", version());
@@ -82,7 +89,7 @@ void print_table(std::FILE* out, const std::vector<Result>& results, const Best&
     }
     if (best.overall)
         std::fprintf(out, "# engine config (--best): %s\n",
-                     results[*best.overall].cfg.to_json().dump().c_str());
+                     best_config(results, *best.overall).to_json().dump().c_str());
 }
 
 }  // namespace zinf::nvmebench

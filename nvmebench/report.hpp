@@ -32,6 +32,9 @@ struct Best {
 // read (or write) when only one was measured, else the configuration with the
 // highest harmonic mean of its read and write GiB/s.
 Best find_best(const std::vector<Result>& results);
+// What --best prints: the configuration of results[overall] with the read
+// and write bandwidth measured with it (the trainer's disk floor uses them).
+io::EngineConfig best_config(const std::vector<Result>& results, std::size_t overall);
 
 void print_table(std::FILE* out, const std::vector<Result>& results, const Best& best,
                  const RunInfo& info);

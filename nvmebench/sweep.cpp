@@ -166,17 +166,6 @@ void stamp(std::span<std::byte> block, std::uint64_t offset) {
     }
 }
 
-// Incompressible data, so that drives that compress or deduplicate cannot
-// report a speed they would not reach on real tensors.
-void fill_incompressible(AlignedBuffer& mem) {
-    auto* w = reinterpret_cast<std::uint64_t*>(mem.data());
-    std::uint64_t x = 0x243f6a8885a308d3ull;
-    for (std::size_t i = 0; i < mem.size() / 8; ++i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        w[i] = x;
-    }
-}
-
 // Passes over the file with up to `slots` requests in flight, each on its
 // own buffer. When one finishes, its callback (on the engine's ring thread)
 // checks it and refills the same buffer with the next block: the queue
@@ -291,7 +280,9 @@ Result measure(Target& t, const io::EngineConfig& cfg, io::Op op, const SweepSpe
         regs.push_back(eng.register_buffer(mem.bytes().subspan(at, std::min(per_reg, mem.size() - at))));
     io::Registration file_reg = eng.register_file(f);
 
-    if (op == io::Op::write && !pattern) fill_incompressible(mem);
+    // Incompressible data, so that drives that compress or deduplicate
+    // cannot report a speed they would not reach on real tensors.
+    if (op == io::Op::write && !pattern) io::fill_incompressible(mem.bytes());
     if (op == io::Op::write && pattern) pattern->next_generation();
     if (op == io::Op::read && !f.direct()) {
         // Reads must come from the device, not from pages the writes left behind.

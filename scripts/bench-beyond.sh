@@ -35,6 +35,10 @@
 #             those written (state and gradient scratch) / the synced write
 #             bandwidth
 #   acts-cpu  step_s / acts-device's step_s                        (<= 1.05)
+# floor_s and ratio are zinf-train's own disk floor, medians of its step
+# records (disk_floor_s, disk_floor_ratio: the step's bytes that must reach
+# the drive, the gradient scratch left out, at the bandwidth its start-up
+# probe measured; 0 for runs with every state in memory).
 # Each row shows where the step's time went: forward, backward, the optimizer
 # after backward (opt; of it, the sync and manifest commit: commit), its
 # thread's streaming during backward (overlap), its AdamW kernel (update) and
@@ -155,7 +159,8 @@ rows=$(jq -s -c --argjson k "$skip" --argjson rb "$read_bps" --argjson wb "$writ
         wait_s: map(.optimizer_wait_s) | median, stall_s: map(.stall_seconds) | median,
         redone: (map(select(.optimizer_redo)) | length),
         read_bytes: map(.fetched_nvme_bytes + (if .optimizer_read_bytes then .optimizer_read_bytes else 0 end)) | median,
-        written_bytes: map(.optimizer_written_bytes) | median}
+        written_bytes: map(.optimizer_written_bytes) | median,
+        floor_s: map(.disk_floor_s // 0) | median, floor_ratio: map(.disk_floor_ratio // 0) | median}
       | . + {io_s: (.read_bytes / $rb + .written_bytes / $wb)})' "$records")
 ratio() {  # ratio CONFIG: step / its reference
     jq -r --arg c "$1" 'INDEX(.config) as $r | $r[$c] as $x |
@@ -169,13 +174,13 @@ printf '# %s, batch %s x seq %s, 1 rank; medians of steps %s..%s over %s rounds\
 printf '# NVMe files: read %.2f GiB/s; write %.2f GiB/s synced (zinf-optbench, the state files), %.2f unsynced\n' \
     "$(jq -n "$read_bps / 1073741824")" "$(jq -n "$write_bps / 1073741824")" "$(jq -n "$cache_bps / 1073741824")"
 printf '# (zinf-nvmebench, 1 GiB); 1 MiB blocks, depth 32, 2 queues\n'
-printf '# %-12s %7s %7s %7s %7s %7s %8s %7s %7s %7s %7s %9s %9s %7s\n' config step_s fwd bwd opt commit overlap \
-    update wait stall redone nvme_read nvme_wrt io_s
+printf '# %-12s %7s %7s %7s %7s %7s %8s %7s %7s %7s %7s %9s %9s %7s %7s %6s\n' config step_s fwd bwd opt commit \
+    overlap update wait stall redone nvme_read nvme_wrt io_s floor_s ratio
 jq -r '.[] | [.config, .step_s, .forward_s, .backward_s, .optimizer_s, .commit_s, .overlap_s, .update_s, .wait_s,
     .stall_s, "\(.redone)/\(.steps)", (.read_bytes / 1048576 | floor | tostring) + "MiB",
-    (.written_bytes / 1048576 | floor | tostring) + "MiB", .io_s] | @tsv' <<<"$rows" |
-    awk -F'\t' '{ printf "  %-12s %7.3f %7.3f %7.3f %7.3f %7.3f %8.3f %7.3f %7.3f %7.3f %7s %9s %9s %7.3f\n",
-        $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 }'
+    (.written_bytes / 1048576 | floor | tostring) + "MiB", .io_s, .floor_s, .floor_ratio] | @tsv' <<<"$rows" |
+    awk -F'\t' '{ printf "  %-12s %7.3f %7.3f %7.3f %7.3f %7.3f %8.3f %7.3f %7.3f %7.3f %7s %9s %9s %7.3f %7.3f %6.3f\n",
+        $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16 }'
 printf '# nvme:     step / max(resident step, io_s) = %.3f (target <= 1.15)\n' "$nvme_ratio"
 printf '# acts-cpu: step / acts-device step          = %.3f (target <= 1.05)\n' "$acts_ratio"
 missed=$(jq -n --argjson a "$nvme_ratio" --argjson b "$acts_ratio" '($a > 1.15) or ($b > 1.05)')

@@ -10,7 +10,10 @@
 # text for --steps steps with --device-memory 2GiB --pinned 1GiB, activation
 # checkpoints offloaded to NVMe and the optimizer overlapped with backward.
 # Then prints, per step and as medians: the loss, the step time and where it
-# went, bytes moved per tier, compute's stall, peak resident memory; and
+# went, bytes moved per tier, compute's stall, peak resident memory, the
+# disk's bytes and the floor they set (zinf-train's disk_floor_s, at the
+# bandwidth zinf-nvmebench --best measured, given as --config) with the
+# step's multiple of it (disk_floor_ratio); and
 # zinf-plan's prediction for the same run beside the measured efficiency.
 #
 # The run is refused up front when --dir's file system cannot hold two
@@ -67,11 +70,11 @@ done
 bin=${ZINF_BIN:-$root/bin}
 need_programs "$bin" zinf-train zinf-shard zinf-plan zinf-nvmebench
 make_work "$dir"
-state=$work/state steps_out=$work/steps.jsonl benches=$work/bench.jsonl
+state=$work/state steps_out=$work/steps.jsonl benches=$work/engine.json
 mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
 
-say "bandwidth of $work: zinf-nvmebench --size 2GiB -b 1MiB -d 32 -Q 2"
-"$bin/zinf-nvmebench" --dir "$work" --size 2GiB -b 1MiB -d 32 -Q 2 --json -q >"$benches" ||
+say "bandwidth of $work: zinf-nvmebench --size 2GiB -b 1MiB -d 32 -Q 2 --best"
+"$bin/zinf-nvmebench" --dir "$work" --size 2GiB -b 1MiB -d 32 -Q 2 --best -q >"$benches" ||
     die 74 "zinf-nvmebench failed"
 
 say "layout and init: $model, --tile $tile, parameters and optimizer state on NVMe, in $state"
@@ -86,6 +89,7 @@ say "training: $steps steps, batch $batch x seq $seq, --device-memory $devmem --
 rc=0
 "$bin/zinf-train" --manifest "$state/manifest.jsonl" --text "$text" --steps "$steps" --batch "$batch" --seq "$seq" \
     --lr "$lr" --warmup 2 --device-memory "$devmem" --pinned "$pinned" --offload-activations nvme --json \
+    --config "$benches" \
     >"$steps_out" || rc=$?
 ((rc == 73)) && die 73 "the disk of $dir is too small for this run (zinf-train said why above)"
 ((rc == 0)) || die 74 "zinf-train failed (exit $rc)"
@@ -93,8 +97,8 @@ rc=0
 # zinf-plan for the same run, with the measured NVMe bandwidth and a peak set
 # so that its compute (8 x batch x seq x params FLOP, as the plan counts it)
 # takes the measured forward + backward time less compute's stall.
-read_gbps=$(jq -s 'map(select(.op == "read") | .gibps) | max * 1.073741824' "$benches")
-write_gbps=$(jq -s 'map(select(.op == "write") | .gibps) | max * 1.073741824' "$benches")
+read_gbps=$(jq '.read_gibps * 1.073741824' "$benches")
+write_gbps=$(jq '.write_gibps * 1.073741824' "$benches")
 params=$(jq -r 'select(has("schema")) | .parameters' "$state/manifest.jsonl")
 compute_s=$(jq -s 'map(select(.step > 2)) | map(.forward_s + .backward_s - .stall_seconds) | sort | .[length / 2 | floor]' "$steps_out")
 peak_tflops=$(jq -n "8 * $batch * $seq * $params / $compute_s / 1e12")
@@ -107,13 +111,15 @@ peak_tflops=$(jq -n "8 * $batch * $seq * $params / $compute_s / 1e12")
 printf '# %s (%s parameters, tile %s), batch %s x seq %s, %s steps; state %s on NVMe, memory %s\n' "$model" \
     "$params" "$tile" "$batch" "$seq" "$steps" "$(numfmt --to=iec "$state_bytes")B" "$(numfmt --to=iec $((mem_kib * 1024)))B"
 printf '# NVMe files: read %.2f GB/s, write %.2f GB/s (zinf-nvmebench)\n' "$read_gbps" "$write_gbps"
-printf '# %4s %8s %8s %7s %7s %7s %8s %7s %7s %10s %10s %10s %8s\n' step loss step_s fwd bwd opt overlap stall redo \
-    nvme_fetch opt_read opt_write rss
+printf '# %4s %8s %8s %7s %7s %7s %8s %7s %7s %10s %10s %10s %9s %9s %8s %6s %8s\n' step loss step_s fwd bwd opt \
+    overlap stall redo nvme_fetch opt_read opt_write disk_in disk_out floor_s ratio rss
 jq -r '[.step, .loss, .step_s, .forward_s, .backward_s, .optimizer_s, .optimizer_overlap_s, .stall_seconds,
-    .optimizer_redo, .fetched_nvme_bytes, .optimizer_read_bytes, .optimizer_written_bytes, .peak_rss_bytes] | @tsv' \
-    "$steps_out" | while IFS=$'\t' read -r s l st f b o ov sl rd fn orr ow rss; do
-    printf '  %4s %8.4f %8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7s %10s %10s %10s %8s\n' "$s" "$l" "$st" "$f" "$b" "$o" \
-        "$ov" "$sl" "$rd" "$(numfmt --to=iec "$fn")" "$(numfmt --to=iec "$orr")" "$(numfmt --to=iec "$ow")" \
+    .optimizer_redo, .fetched_nvme_bytes, .optimizer_read_bytes, .optimizer_written_bytes, .disk_read_bytes,
+    .disk_written_bytes, (.disk_floor_s // 0), (.disk_floor_ratio // 0), .peak_rss_bytes] | @tsv' \
+    "$steps_out" | while IFS=$'\t' read -r s l st f b o ov sl rd fn orr ow di do fl ra rss; do
+    printf '  %4s %8.4f %8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7s %10s %10s %10s %9s %9s %8.2f %6.3f %8s\n' "$s" "$l" \
+        "$st" "$f" "$b" "$o" "$ov" "$sl" "$rd" "$(numfmt --to=iec "$fn")" "$(numfmt --to=iec "$orr")" \
+        "$(numfmt --to=iec "$ow")" "$(numfmt --to=iec "$di")" "$(numfmt --to=iec "$do")" "$fl" "$ra" \
         "$(numfmt --to=iec "$rss")"
 done
 first=$(jq -s '.[0].loss' "$steps_out") last=$(jq -s '.[-1].loss' "$steps_out")
@@ -127,5 +133,8 @@ jq -r --argjson m "$measured" '
     "$work/plan.json"
 printf '# loss %.4f -> %.4f; peak resident memory %s (limit 6GiB); median step %.1f s\n' "$first" "$last" \
     "$(numfmt --to=iec "$rss")B" "$(jq -s 'map(.step_s) | sort | .[length / 2 | floor]' "$steps_out")"
+printf '# disk floor (the step'"'"'s disk bytes at the bandwidth above): median %.2f s; median step / floor %.3f\n' \
+    "$(jq -s 'map(.disk_floor_s // 0) | sort | .[length / 2 | floor]' "$steps_out")" \
+    "$(jq -s 'map(.disk_floor_ratio // 0) | sort | .[length / 2 | floor]' "$steps_out")"
 [[ $(jq -n --argjson a "$first" --argjson b "$last" --argjson r "$rss" '$b < $a and $r < 6 * 1073741824') == true ]] ||
     die 75 "the loss did not fall, or the peak resident memory reached 6 GiB"

@@ -35,6 +35,7 @@ struct Options {
     bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
     bool no_persist_shared = false, no_overlap = false;
     std::string prefetch_bytes = "64MiB";
+    std::string disk_probe = "64MiB";
     std::string offload_activations = "none";
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
@@ -93,6 +94,19 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["optimizer_update_s"] = s.optimizer_update_seconds;
         j["optimizer_wait_s"] = s.optimizer_wait_seconds;
         j["optimizer_commit_s"] = s.optimizer_commit_seconds;
+        j["disk_read_bytes"] = s.disk_read_bytes;
+        j["disk_written_bytes"] = s.disk_written_bytes;
+        j["grad_scratch_read_bytes"] = s.grad_scratch_read_bytes;
+        j["grad_scratch_written_bytes"] = s.grad_scratch_written_bytes;
+        j["activation_read_bytes"] = s.activation_read_bytes;
+        j["activation_written_bytes"] = s.activation_written_bytes;
+        // The floor only where a bandwidth is known (a run with state on NVMe).
+        if (s.disk_read_bps > 0) {
+            j["disk_read_gbps"] = s.disk_read_bps / 1e9;
+            j["disk_write_gbps"] = s.disk_write_bps / 1e9;
+            j["disk_floor_s"] = s.disk_floor_seconds;
+            j["disk_floor_ratio"] = s.disk_floor_ratio;
+        }
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the
@@ -112,6 +126,9 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
                            format_size(s.fetched_bytes[0] + s.fetched_bytes[1] + s.fetched_bytes[2]) + " stall " +
                            fixed(s.stall_seconds, 3) + " s  device " + format_size(s.device_peak_bytes) + " rss " +
                            format_size(s.peak_rss_bytes);
+        if (s.disk_floor_seconds > 0)
+            line += "  disk " + format_size(s.disk_read_bytes) + " in " + format_size(s.disk_written_bytes) +
+                    " out, floor " + fixed(s.disk_floor_seconds, 3) + " s (x" + fixed(s.disk_floor_ratio, 2) + ")";
         if (s.overflow) line += "  (overflow: skipped)";
         if (s.optimizer_redo) line += "  (optimizer redone: clipped)";
         if (val) line += "  val " + fixed(*val, 4);
@@ -168,6 +185,10 @@ train::Options train_options(const Options& o, const std::string& committed, uns
     to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
     to.infinity.persist_below = o.persist_below;
     to.infinity.persist_shared = !o.no_persist_shared;
+    // zinf-nvmebench --best's figures, when --config brought them.
+    const io::EngineConfig ec = o.engine.resolve();
+    to.disk = {ec.read_gibps * static_cast<double>(GiB), ec.write_gibps * static_cast<double>(GiB)};
+    to.disk_probe_bytes = parse_size(o.disk_probe);
     return to;
 }
 
@@ -206,7 +227,8 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
     if (!o.json)
         std::cout << "# step/total  loss (mean over the global batch, before the update)  lr  gradient norm  "
                      "tokens/s  model FLOP/s  forward backward optimizer seconds  bytes fetched, compute's "
-                     "stall, device peak, peak resident memory\n";
+                     "stall, device peak, peak resident memory; with state on NVMe: the disk's bytes in and out, "
+                     "the time they take at its bandwidth (floor) and the step's multiple of it\n";
 }
 
 int run(Options& o) {
@@ -327,6 +349,10 @@ int main(int argc, char** argv) {
     app.add_flag("--no-overlap", o.no_overlap,
                  "Run the optimizer step after backward instead of updating each tensor as its gradient arrives "
                  "(the overlapped update is exact: redone when the step is clipped)");
+    app.add_option("--disk-probe", o.disk_probe,
+                   "Bytes each rank writes and reads in its folder at start-up to measure the disk each step's "
+                   "floor is held against, when --config (zinf-nvmebench --best) brings no bandwidth (0: no floor)")
+        ->capture_default_str();
     app.add_option("--offload-activations", o.offload_activations,
                    "Where each block's activation checkpoint waits for backward: none (device memory), cpu "
                    "(page-locked host memory) or nvme (a scratch file beside the rank's state)")

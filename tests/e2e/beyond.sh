@@ -35,7 +35,10 @@ for clip in 1 100; do
   run "$TR" --manifest "$(mf ov$clip)" --text "$CORPUS" --steps 6 --json --grad-clip $clip "${RUN[@]}"
   expect_rc 0 "overlap, --grad-clip $clip: 6 steps exit 0"
   printf '%s\n' "$out" >"$W/ov$clip.jsonl"
-  run "$TR" --manifest "$(mf no$clip)" --text "$CORPUS" --steps 6 --json --grad-clip $clip --no-overlap "${RUN[@]}"
+  # zinf-nvmebench --best's bandwidths, given: the floor uses them.
+  printf '{"schema":"zinf.engine/1","read_gibps":1,"write_gibps":0.5}\n' >"$W/engine.json"
+  run "$TR" --manifest "$(mf no$clip)" --text "$CORPUS" --steps 6 --json --grad-clip $clip --no-overlap "${RUN[@]}" \
+    --config "$W/engine.json"
   expect_rc 0 "--no-overlap, --grad-clip $clip: 6 steps exit 0"
   printf '%s\n' "$out" >"$W/no$clip.jsonl"
   check "--grad-clip $clip: the same losses and gradient norms with and without overlap, to the last digit" \
@@ -54,6 +57,32 @@ check "clipped: a step after a clipped one speculates nothing (it runs after bac
   jq -e -s '[range(1; length) as $i | select(.[$i - 1].grad_norm > 1) | .[$i].optimizer_speculated == 0] | all' "$W/ov1.jsonl"
 run "$SH" verify -m "$(mf ov1)"
 expect_rc 0 "the overlapped run's manifest verifies"
+
+# --- the disk floor: each step's bytes to and from the disk are its counted
+# I/O (parameters fetched, the optimizer's state, checkpoints; the gradient
+# scratch apart), and the floor is their time at the bandwidth in force.
+floor_ok='all(.[]; .disk_read_bytes > 0 and .disk_written_bytes > 0
+    and .disk_read_bytes == .fetched_nvme_bytes + .optimizer_read_bytes - .grad_scratch_read_bytes + .activation_read_bytes
+    and .disk_written_bytes == .optimizer_written_bytes - .grad_scratch_written_bytes + .activation_written_bytes
+    and .grad_scratch_written_bytes > 0 and .grad_scratch_read_bytes > 0
+    and (.disk_floor_s - (.disk_read_bytes / .disk_read_gbps + .disk_written_bytes / .disk_write_gbps) / 1e9 | fabs) < 1e-9 * .disk_floor_s
+    and (.disk_floor_ratio - .step_s / .disk_floor_s | fabs) < 1e-9 * .disk_floor_ratio)'
+for f in ov1 ov100 no1; do
+  check "$f: disk bytes are the step's counted I/O; floor = bytes / bandwidth; ratio = step / floor" \
+    jq -e -s "$floor_ok" "$W/$f.jsonl"
+done
+check "--config with zinf-nvmebench --best's bandwidths: the floor is held against them" \
+  jq -e -s 'all(.[]; (.disk_read_gbps - 1.073741824 | fabs) < 1e-9 and (.disk_write_gbps - 0.536870912 | fabs) < 1e-9)' "$W/no1.jsonl"
+check "no bandwidth given: a probe at start-up measured one" \
+  jq -e -s 'all(.[]; .disk_read_gbps > 0 and .disk_write_gbps > 0 and .disk_floor_ratio > 0)' "$W/ov1.jsonl"
+before=$(sums "$W/ov1")
+ZINF_FAULTS=read:2:EIO run "$TR" --manifest "$(mf ov1)" --text "$CORPUS" --steps 7 --resume --json "${RUN[@]}"
+expect_rc 74 "an I/O error in the start-up disk probe fails the run (74)"
+check "…naming the probe's file, before any step, the state as it was and no probe file left" \
+  bash -c '[[ $1 == *rank0/disk-probe.scratch* && -z $2 && $3 == "$4" && ! -e $5 ]]' _ "$err" "$out" "$before" \
+  "$(sums "$W/ov1")" "$W/ov1/rank0/disk-probe.scratch"
+run "$TR" --manifest "$(mf ov1)" --text "$CORPUS" --steps 7 --resume --json --disk-probe 0 "${RUN[@]}"
+check "--disk-probe 0: no bandwidth, no floor" jq -e 'has("disk_floor_s") | not' <<<"$out"
 
 # --- streamed optimizer state is checked as it is read: a damaged moment
 # or master weight is refused (65) before anything derived from it is
@@ -81,6 +110,8 @@ printf '%s\n' "$out" >"$W/mix.jsonl"
 run "$TR" --manifest "$(mf mixref)" --text "$CORPUS" --steps 7 --json "${RUN[@]}"
 printf '%s\n' "$out" >"$W/mixref.jsonl"
 check "…the same losses as every state in memory" test "$(losses "$W/mix.jsonl")" = "$(losses "$W/mixref.jsonl")"
+check "every state in memory: no disk bytes, no floor" \
+  jq -e -s 'all(.[]; .disk_read_bytes == 0 and .disk_written_bytes == 0 and (has("disk_floor_s") | not))' "$W/mixref.jsonl"
 check "…two generations of each state file at most" test "$(generations "$W/mix")" -le 2
 run "$SH" verify -m "$(mf mix)"
 expect_rc 0 "…and the manifest verifies"
@@ -98,6 +129,10 @@ for where in cpu nvme; do
   check "--offload-activations $where: a smaller device peak than none" \
     test "$(jq -s '.[-1].device_peak_bytes' "$W/act$where.jsonl")" -lt "$(jq -s '.[-1].device_peak_bytes' "$W/actnone.jsonl")"
 done
+check "--offload-activations nvme: the checkpoints' bytes are in the disk floor" \
+  jq -e -s "$floor_ok and all(.[]; .activation_read_bytes > 0 and .activation_written_bytes > 0)" "$W/actnvme.jsonl"
+check "--offload-activations cpu: no checkpoint bytes on the disk" \
+  jq -e -s 'all(.[]; .activation_read_bytes == 0 and .activation_written_bytes == 0)' "$W/actcpu.jsonl"
 check "--offload-activations nvme: its scratch file is gone after the run" test ! -e "$W/actnvme/rank0/activations.bin"
 run "$TR" --manifest "$(mf actnone)" --text "$CORPUS" --steps 4 --resume --offload-activations cpu --no-checkpoint "${RUN[@]}"
 expect_rc 64 "--offload-activations with --no-checkpoint is refused (64)"

@@ -83,7 +83,8 @@ state whole --param nvme --optim cpu
 state rfault --param nvme --optim cpu
 "$TR" --manifest "$(mf rfault)" --steps 3 "${R[@]}" 2>/dev/null >/dev/null
 before=$(cat "$(mf rfault)")
-out=$(ZINF_FAULTS=read:5:EIO "$TR" --manifest "$(mf rfault)" --steps 6 --resume "${R[@]}" 2>"$W/rfault.err")
+# (ZINF_FAULTS applies to every file: no start-up disk probe to take the fault.)
+out=$(ZINF_FAULTS=read:5:EIO "$TR" --manifest "$(mf rfault)" --steps 6 --resume --disk-probe 0 "${R[@]}" 2>"$W/rfault.err")
 rc=$?
 err=$(cat "$W/rfault.err")
 expect_rc 74 "a read error in a parameter fetch exits 74"
@@ -102,7 +103,7 @@ state wfault --param cpu --optim nvme
 "$TR" --manifest "$(mf wfault)" --steps 2 "${R[@]}" 2>/dev/null >/dev/null
 check "the state streams from NVMe and commits every step (at step 2)" test "$(manifest_step "$(mf wfault)")" = 2
 before=$(cat "$(mf wfault)")
-out=$(ZINF_FAULTS=write:3:EIO "$TR" --manifest "$(mf wfault)" --steps 5 --resume "${R[@]}" 2>"$W/wfault.err")
+out=$(ZINF_FAULTS=write:3:EIO "$TR" --manifest "$(mf wfault)" --steps 5 --resume --disk-probe 0 "${R[@]}" 2>"$W/wfault.err")
 rc=$?
 err=$(cat "$W/wfault.err")
 expect_rc 74 "a write error in a gradient offload exits 74"

@@ -34,9 +34,10 @@ check "data rows have the 9 columns" bash -c 'awk "{ if (NF < 9) exit 1 }" <<<"$
 run "$NB" --dir "$D" --size 8MiB -b 1M,2M -d 4 -Q 1 --best
 expect_rc 0 "--best exits 0"
 check "--best prints one line" test "$(wc -l <<<"$out")" -eq 1
-check "--best prints exactly the engine configuration keys" \
-  jq -e '(keys == ["block_size","engine","queue_depth","queues","schema"]) and .schema == "zinf.engine/1"
-    and (.block_size == 1048576 or .block_size == 2097152) and .queue_depth == 4 and .queues == 1' <<<"$out"
+check "--best prints exactly the engine configuration keys and its measured bandwidths" \
+  jq -e '(keys == ["block_size","engine","queue_depth","queues","read_gibps","schema","write_gibps"])
+    and .schema == "zinf.engine/1" and (.block_size == 1048576 or .block_size == 2097152) and .queue_depth == 4
+    and .queues == 1 and .read_gibps > 0 and .write_gibps > 0' <<<"$out"
 
 # --- --verify and injected faults
 run "$NB" --dir "$D" --size 8MiB -b 1M -d 4 -Q 1 --verify --json

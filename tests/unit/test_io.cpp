@@ -540,6 +540,14 @@ BOOST_AUTO_TEST_CASE(engine_config_json_round_trip) {
     BOOST_TEST(c.to_json()["schema"] == kEngineSchema);
     auto s = EngineConfig::from_json(json::Json{{"block_size", "4MiB"}}, "t");
     BOOST_TEST(s.block_size == 4 * MiB);
+    // Measured bandwidths travel with the configuration (zinf-nvmebench
+    // --best), and only when measured.
+    BOOST_TEST(!c.to_json().contains("read_gibps"));
+    c.read_gibps = 2.5;
+    c.write_gibps = 1.25;
+    d = EngineConfig::from_json(c.to_json(), "t");
+    BOOST_TEST(d.read_gibps == 2.5);
+    BOOST_TEST(d.write_gibps == 1.25);
 }
 
 BOOST_AUTO_TEST_CASE(engine_config_refuses_unknown_keys_and_bad_values) {
@@ -555,6 +563,8 @@ BOOST_AUTO_TEST_CASE(engine_config_refuses_unknown_keys_and_bad_values) {
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queues", -1}}, "t"), DataError);
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"engine", "libaio"}}, "t"), DataError);
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"schema", "other/1"}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"read_gibps", 0}}, "t"), DataError);
+    BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"write_gibps", "fast"}}, "t"), DataError);
     // Not truncated to 32 bits before the range check.
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queue_depth", 4294967297ull}}, "t"), DataError);
     BOOST_CHECK_THROW(EngineConfig::from_json(json::Json{{"queues", 4294967297ull}}, "t"), DataError);

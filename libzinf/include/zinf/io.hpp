@@ -33,10 +33,15 @@ struct EngineConfig {
     std::uint64_t block_size = 1 * MiB;   // bytes per piece a request is cut into
     unsigned queue_depth = 32;            // pieces in flight per queue
     unsigned queues = 2;                  // io_uring rings (or thread groups)
+    // What zinf-nvmebench measured with this configuration (GiB/s; 0: not
+    // measured): `--best` writes them, and zinf-train takes them as the
+    // files' bandwidth for each step's disk floor instead of probing.
+    double read_gibps = 0, write_gibps = 0;
 
     // Throws UsageError naming the key on a bad value.
     void validate() const;
-    // Reads exactly the keys above (plus an optional "schema"); an unknown key is
+    // Reads exactly the keys above (plus an optional "schema"; the measured
+    // bandwidths are optional too); an unknown key is
     // an error, so a misspelt key never silently changes nothing. `where` names
     // the source in messages ("engine.json").
     static EngineConfig from_json(const json::Json& obj, const std::string& where);
@@ -251,6 +256,19 @@ private:
     void unregister(Registration::Kind kind, unsigned slot);
     std::unique_ptr<Impl> impl_;
 };
+
+// A folder's bandwidth, bytes/s, as `bytes` written to a scratch file there
+// (synced) and read back through `engine`, every request in flight at once;
+// the file is removed. A short probe (zinf-train's disk floor when it has
+// no zinf-nvmebench figures), not a sweep: IoError or CreateError when the
+// folder does not take the file.
+struct Bandwidth {
+    double read_bps = 0, write_bps = 0;
+};
+Bandwidth probe_bandwidth(Engine& engine, const std::string& dir, std::uint64_t bytes);
+// Fills `mem` with a xorshift stream: data no drive or file system can
+// compress, for measurements.
+void fill_incompressible(std::span<std::byte> mem);
 
 // True when io_uring can be set up in this process (not refused by seccomp,
 // io_uring_disabled, or an old kernel); `why` gets the reason when not.

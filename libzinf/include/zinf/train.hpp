@@ -65,6 +65,17 @@ struct Options {
     // to NVMe (the rank's folder) and prefetched back before it is needed.
     model::Offload offload_activations = model::Offload::none;
     zero::InfinityOptions infinity;
+    // The bandwidth each step's disk traffic is held against (StepLog's
+    // disk floor): what one process measured on the disk of the state files
+    // (zinf-nvmebench --best's read_gibps and write_gibps, bytes/s here),
+    // shared out over the ranks of a node, which use one disk together.
+    // Zero: each rank probes its own folder at start-up with
+    // `disk_probe_bytes` (all ranks at once, so each measures its share;
+    // at most half the free space the run leaves; an I/O error there fails
+    // the start like any other file's); 0 there too: no floor (zinf-train
+    // probes 64 MiB by default). Only runs with a state or checkpoint on NVMe.
+    io::Bandwidth disk;
+    std::uint64_t disk_probe_bytes = 0;
 };
 
 struct StepLog {
@@ -97,6 +108,24 @@ struct StepLog {
     std::uint64_t optimizer_read_bytes = 0, optimizer_written_bytes = 0;
     double optimizer_update_seconds = 0, optimizer_wait_seconds = 0;
     double optimizer_commit_seconds = 0;
+    // This rank's disk traffic over the step and the least time it takes.
+    // disk_read_bytes: parameters fetched from NVMe (fetched_bytes[2]), the
+    // optimizer's reads of its state, activation checkpoints read back;
+    // disk_written_bytes: the optimizer's writes of its state, checkpoints
+    // offloaded. The gradients' scratch file goes through the page cache
+    // and need not reach the drive while memory holds it: it is counted
+    // apart (grad_scratch_*; in optimizer_read_bytes and
+    // optimizer_written_bytes too), not in the floor.
+    //   disk_floor_seconds = disk_read_bytes / disk_read_bps
+    //                      + disk_written_bytes / disk_write_bps
+    //   disk_floor_ratio   = seconds / disk_floor_seconds
+    // (the drive reads and writes in turn, each at its measured best).
+    // Floor and ratio are 0 without a bandwidth (Options::disk) or bytes.
+    std::uint64_t disk_read_bytes = 0, disk_written_bytes = 0;
+    std::uint64_t grad_scratch_read_bytes = 0, grad_scratch_written_bytes = 0;
+    std::uint64_t activation_read_bytes = 0, activation_written_bytes = 0;  // offloaded to NVMe
+    double disk_read_bps = 0, disk_write_bps = 0;
+    double disk_floor_seconds = 0, disk_floor_ratio = 0;
 };
 
 class Trainer {

@@ -131,8 +131,13 @@ struct StepReport {
     double update_seconds = 0;       // in the AdamW kernel
     double wait_seconds = 0;         // the update waiting for reads (or for write space)
     double commit_seconds = 0;       // sync of the written files and the manifest commit
+    // Bytes the step's streams read and wrote (speculation, redo and the
+    // rest; a skipped step's speculation too): every file role, the
+    // gradients' scratch file's reads included in bytes_read and counted
+    // again in grad_bytes_read.
     std::uint64_t bytes_read = 0, bytes_written = 0;
     std::uint64_t grad_bytes_written = 0;  // the gradients' scratch file, written as they were handed over
+    std::uint64_t grad_bytes_read = 0;     // the gradients' scratch file, read back by the update
     std::uint64_t chunks = 0;        // chunks streamed (0 when every state is in memory)
     std::uint64_t chunk_bytes = 0;   // room for one state's piece of a chunk (K, from the pool)
     std::uint64_t speculated = 0;    // overlap: tensors updated during backward

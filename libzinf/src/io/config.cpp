@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -25,12 +26,12 @@ void EngineConfig::validate() const {
 
 EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& where) {
     if (!obj.is_object()) throw DataError(where + ": an engine configuration must be a JSON object");
-    static const std::set<std::string> known = {"schema", "engine", "block_size", "queue_depth",
-                                                "queues"};
+    static const std::set<std::string> known = {"schema", "engine",      "block_size", "queue_depth",
+                                                "queues", "read_gibps", "write_gibps"};
     for (const auto& [key, value] : obj.items()) {
         if (!known.count(key))
             throw DataError(where + ": unknown engine configuration key '" + key +
-                            "' (known: engine, block_size, queue_depth, queues)");
+                            "' (known: engine, block_size, queue_depth, queues, read_gibps, write_gibps)");
     }
     if (obj.contains("schema") && obj["schema"] != kEngineSchema)
         throw DataError(where + ": schema " + obj["schema"].dump() + " is not " + kEngineSchema);
@@ -53,6 +54,13 @@ EngineConfig EngineConfig::from_json(const json::Json& obj, const std::string& w
         }
         if (obj.contains("queue_depth")) c.queue_depth = count("queue_depth", kMaxQueueDepth);
         if (obj.contains("queues")) c.queues = count("queues", kMaxQueues);
+        for (auto [key, out] : {std::pair{"read_gibps", &c.read_gibps}, std::pair{"write_gibps", &c.write_gibps}}) {
+            if (!obj.contains(key)) continue;
+            const auto& v = obj[key];
+            if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+                throw DataError(where + ": " + key + " " + v.dump() + " must be a positive number (GiB/s)");
+            *out = v.get<double>();
+        }
         c.validate();
     } catch (const UsageError& e) {
         throw DataError(where + ": " + e.message());
@@ -70,11 +78,14 @@ EngineConfig EngineConfig::load(const std::string& path) {
 }
 
 json::Json EngineConfig::to_json() const {
-    return json::Json{{"schema", kEngineSchema},
-                      {"engine", engine},
-                      {"block_size", block_size},
-                      {"queue_depth", queue_depth},
-                      {"queues", queues}};
+    json::Json j{{"schema", kEngineSchema},
+                 {"engine", engine},
+                 {"block_size", block_size},
+                 {"queue_depth", queue_depth},
+                 {"queues", queues}};
+    if (read_gibps > 0) j["read_gibps"] = read_gibps;
+    if (write_gibps > 0) j["write_gibps"] = write_gibps;
+    return j;
 }
 
 std::string EngineConfig::describe() const {

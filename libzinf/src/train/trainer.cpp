@@ -53,6 +53,10 @@ struct Trainer::Impl {
     std::vector<zero::Gather> param_bucket;
     std::vector<std::int32_t> inputs, targets;
     std::vector<float> losses;
+    io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
+
+    void measure_disk(const zero::DiskNeed& need);
+    void disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_t acts_out) const;
 
     // Queued work reads the activations and the host vectors below: it must be
     // done before they go (an error thrown between two enqueues leaves some).
@@ -114,7 +118,9 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
             zero::DiskNeedOptions dn;
             if (opts.offload_activations == model::Offload::nvme)
                 dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq);
-            zero::check_disk(zero::disk_need(m, rank, dn), rank);
+            const zero::DiskNeed need = zero::disk_need(m, rank, dn);
+            zero::check_disk(need, rank);
+            measure_disk(need);
         } catch (...) {
             short_disk = std::current_exception();
         }
@@ -125,6 +131,48 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     inputs.resize(o.batch * o.seq);
     targets.resize(o.batch * o.seq);
     losses.resize(o.batch * o.seq);
+}
+
+// The bandwidth of this rank's share of its disk, for runs that use one:
+// given (shared out over the node's ranks), or probed in the rank's folder
+// by every rank at once, in what the run leaves of the free space (none
+// left: no floor). The probe's I/O errors are the run's, as any other
+// file's: the disk the run is about to use failed.
+void Trainer::Impl::measure_disk(const zero::DiskNeed& need) {
+    const bool on_disk = m.opts.param_tier == shard::Tier::nvme || m.opts.optim_tier == shard::Tier::nvme ||
+                         opts.offload_activations == model::Offload::nvme;
+    if (!on_disk) return;
+    const double ranks = std::max(1, comm.local_size());
+    if (opts.disk.read_bps > 0 && opts.disk.write_bps > 0) {
+        disk = {opts.disk.read_bps / ranks, opts.disk.write_bps / ranks};
+        return;
+    }
+    if (!opts.disk_probe_bytes) return;
+    std::uint64_t bytes = opts.disk_probe_bytes;
+    if (need.free) bytes = std::min(bytes, *need.free > need.more() ? (*need.free - need.more()) / 2 : 0);
+    if (bytes < 16 * MiB) {
+        log::info("disk: too little free space beside the run's files for a probe; the steps report no disk floor");
+        return;
+    }
+    disk = io::probe_bandwidth(io, need.folder, bytes);
+    if (rank == 0)
+        log::info("disk: " + need.folder + " reads " + std::to_string(disk.read_bps / 1e9).substr(0, 5) +
+                  " GB/s and writes " + std::to_string(disk.write_bps / 1e9).substr(0, 5) + " GB/s per rank (a " +
+                  format_size(bytes) + " probe; zinf-nvmebench --best as --config gives a sweep's)");
+}
+
+// The step's disk bytes and the least time they take (StepLog).
+void Trainer::Impl::disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_t acts_out) const {
+    log.activation_read_bytes = acts_in;
+    log.activation_written_bytes = acts_out;
+    log.disk_read_bytes = log.fetched_bytes[2] + log.optimizer_read_bytes - log.grad_scratch_read_bytes + acts_in;
+    log.disk_written_bytes = log.optimizer_written_bytes - log.grad_scratch_written_bytes + acts_out;
+    log.disk_read_bps = disk.read_bps;
+    log.disk_write_bps = disk.write_bps;
+    if (!(disk.read_bps > 0 && disk.write_bps > 0)) return;
+    log.disk_floor_seconds = static_cast<double>(log.disk_read_bytes) / disk.read_bps +
+                             static_cast<double>(log.disk_written_bytes) / disk.write_bps;
+    if (log.disk_floor_seconds > 0) log.disk_floor_ratio = log.seconds / log.disk_floor_seconds;
 }
 
 static zero::OptimizerOptions optimizer_options(const Options& opts) {
@@ -386,6 +434,8 @@ static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_redo = r.redo;
     log.optimizer_read_bytes = r.bytes_read;
     log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
+    log.grad_scratch_read_bytes = r.grad_bytes_read;
+    log.grad_scratch_written_bytes = r.grad_bytes_written;
     log.optimizer_update_seconds = r.update_seconds;
     log.optimizer_wait_seconds = r.wait_seconds;
     log.optimizer_commit_seconds = r.commit_seconds;
@@ -434,6 +484,9 @@ StepLog Trainer::step(const data::Loader& train) {
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
     I.optim->set_lr(log.lr);  // before the engine hands over the first gradient
+    const bool acts_on_disk = I.acts.store && I.acts.store->kind() == model::Offload::nvme;
+    const std::uint64_t acts_in = acts_on_disk ? I.acts.store->bytes_in() : 0,
+                        acts_out = acts_on_disk ? I.acts.store->bytes_out() : 0;
     Timer total;
 
     // Forward: the batch in, the per-token losses and the logits' gradient
@@ -509,6 +562,8 @@ StepLog Trainer::step(const data::Loader& train) {
     log.peak_rss_bytes = peak_resident_bytes();
 
     log.seconds = total.seconds();
+    if (acts_on_disk) I.disk_floor(log, I.acts.store->bytes_in() - acts_in, I.acts.store->bytes_out() - acts_out);
+    else I.disk_floor(log, 0, 0);
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
     log.tokens_per_s = static_cast<double>(log.tokens) / log.seconds;
     log.flops_per_s = flops_per_step() * I.dp / log.seconds;

@@ -384,6 +384,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             const std::span<std::byte> dst(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
             reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
             tot.read += dst.size();
+            if (r == Role::grad) tot.grad_read += dst.size();
         }
     };
     auto issue_writes = [&](std::size_t i) {

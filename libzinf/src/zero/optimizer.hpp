@@ -152,6 +152,7 @@ struct Optimizer::Impl {
 
     struct Totals {
         std::uint64_t read = 0, written = 0, chunks = 0;
+        std::uint64_t grad_read = 0;  // of `read`, from the gradients' scratch file
         double update = 0, wait = 0, hash = 0;
         double speculative = 0;       // seconds the overlap thread streamed
     } totals;  // of the step under way

@@ -262,13 +262,6 @@ void Impl::update_step(StepReport& rep, double loss_scale) {
     }
     broken = false;
     rep.commit_seconds = c.seconds();
-    rep.update_seconds = totals.update;
-    rep.wait_seconds = totals.wait;
-    rep.bytes_read = totals.read;
-    rep.bytes_written = totals.written;
-    rep.grad_bytes_written = grad_written;
-    rep.chunks = totals.chunks;
-    rep.chunk_bytes = piece_bytes;
 }
 
 // The step is over, updated or skipped: the next one starts afresh.
@@ -299,6 +292,14 @@ StepReport Impl::run_step(double loss_scale) {
         last_clipped = rep.clip < 1;
         update_step(rep, loss_scale);
     }
+    rep.update_seconds = totals.update;
+    rep.wait_seconds = totals.wait;
+    rep.bytes_read = totals.read;
+    rep.bytes_written = totals.written;
+    rep.grad_bytes_read = totals.grad_read;
+    rep.grad_bytes_written = grad_written;
+    rep.chunks = totals.chunks;
+    rep.chunk_bytes = piece_bytes;
     next_step(loss_scale);
     rep.step = step;
     rep.seconds = all.seconds();
