@@ -156,6 +156,19 @@ for tiers in nvme cpu; do
   expect_rc 65 "$tiers: a diverging last step is not committed either (65)"
   check "$tiers: …the manifest stays at step 6" test "$(steps_of "$W/d/manifest.jsonl")" = 6
 done
+# The commit back fails on the disk: EIO closing rank0/param.bin as the run
+# reads step 4's files again (scripts/fault-walk.sh diverge found it exiting
+# 65, "its files did not hold it any more", for an I/O error): the disk's
+# error sets the status (74), naming the file; the manifest stays at the
+# step it names, which verifies.
+rm -rf "$W/d"
+zs layout --model "$MT" --param nvme --optim nvme | zs init --dir "$W/d" >/dev/null
+train --manifest "$W/d/manifest.jsonl" --steps 4 --checkpoint-every 1 >/dev/null 2>&1
+ZINF_FAULT_SITE="close:EIO:$W/d/rank0/param.bin" run train --manifest "$W/d/manifest.jsonl" --steps 10 --resume --lr 1e12
+expect_rc 74 "diverged, and the commit back meets EIO reading rank0/param.bin: 74"
+check "…the message says both, naming the file" has_all "$err" "training diverged" "could not go back to step 4" "rank0/param.bin"
+run zs verify -m "$W/d/manifest.jsonl"
+expect_rc 0 "…the manifest it names verifies"
 
 # --- 8. Non-finite weights imported silently, then the wrong advice ---------
 # Probe: imports with NaN or ±Inf (or 3e38) exited 0; training then stopped

@@ -153,7 +153,8 @@ public:
     // Commits `to`, a manifest this run committed before (the last whose
     // weights gave a finite loss), again: every rank first checks that the
     // files of its partitions `to` names still hold what it says. nullopt
-    // once committed; else why not (nothing is committed then).
+    // once committed; else why not (nothing is committed then). An I/O
+    // error reading those files is thrown (74, 73): the disk's, not theirs.
     std::optional<std::string> rollback(const shard::Manifest& to);
     // The first committed weight (master, else param) of any rank that is not
     // finite, described; nullopt when every one is. Every rank reads its own.

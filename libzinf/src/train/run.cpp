@@ -1,6 +1,7 @@
 // The run around the steps: which manifest a run reads and commits, whether
 // it may continue a checkpoint, and the loop's cadence (validation, commits,
 // a step that overflowed, a stop every rank agrees on).
+#include <zinf/comm.hpp>
 #include <zinf/train.hpp>
 
 #include <algorithm>
@@ -74,7 +75,16 @@ std::uint64_t committed_step(const shard::Manifest& m) {
                         ", the last step whose weights gave a finite loss" + advice);
     if (good && committed_step(*good) < at) {
         const std::uint64_t back = committed_step(*good);
-        if (const auto why = t.rollback(*good))
+        std::optional<std::string> why;
+        try {
+            why = t.rollback(*good);
+        } catch (const Error& e) {  // the disk failed reading step `back`'s files: its exit status (74, 73)
+            throw comm::Elsewhere(what + committed + " is committed at step " + std::to_string(at) +
+                                      " and could not go back to step " + std::to_string(back) + ": " + e.what() +
+                                      advice,
+                                  e.exit_code());
+        }
+        if (why)
             throw DataError(what + committed + " is committed at step " + std::to_string(at) +
                             " and could not go back to step " + std::to_string(back) +
                             ", the last whose weights gave a finite loss: its files did not hold it any more (" +

@@ -386,6 +386,9 @@ std::optional<std::string> Trainer::rollback(const shard::Manifest& to) {
     try {
         comm::agree(I.comm, failed, "not rolled back");
     } catch (const Error& e) {
+        // The files no longer hold `to` (a checksum, a short file): say so.
+        // An I/O error reading them is the disk's, and its exit status.
+        if (e.exit_code() != exit_code::data) throw;
         return std::string(e.what());
     }
     if (I.rank == 0) try {
