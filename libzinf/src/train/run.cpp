@@ -1,7 +1,6 @@
 // The run around the steps: which manifest a run reads and commits, whether
 // it may continue a checkpoint, and the loop's cadence (validation, commits,
 // a step that overflowed, a stop every rank agrees on).
-#include <zinf/comm.hpp>
 #include <zinf/train.hpp>
 
 #include <algorithm>
@@ -78,11 +77,10 @@ std::uint64_t committed_step(const shard::Manifest& m) {
         std::optional<std::string> why;
         try {
             why = t.rollback(*good);
-        } catch (const Error& e) {  // the disk failed reading step `back`'s files: its exit status (74, 73)
-            throw comm::Elsewhere(what + committed + " is committed at step " + std::to_string(at) +
-                                      " and could not go back to step " + std::to_string(back) + ": " + e.what() +
-                                      advice,
-                                  e.exit_code());
+        } catch (const IoError& e) {  // the disk failed reading step `back`'s files: its error (74, 73)
+            throw IoError(what + committed + " is committed at step " + std::to_string(at) +
+                              " and could not go back to step " + std::to_string(back) + ": " + e.message() + advice,
+                          {e.err(), e.path(), e.offset(), e.rank()});
         }
         if (why)
             throw DataError(what + committed + " is committed at step " + std::to_string(at) +
