@@ -51,6 +51,13 @@ suite_name() {  # kind binary: "unit/test_io", "unit/test_io (san-thread)"
   [[ $2 == build/san-* ]] && name+=" ($(cut -d/ -f2 <<<"$2"))"
   echo "$name"
 }
+label() {  # KIND ARG [NP]: the suite's name
+  case $1 in
+  e2e) echo "e2e/$(basename "$2" .sh)" ;;
+  mpi) echo "$(suite_name mpi "$2") (np $3)" ;;
+  *) suite_name "$1" "$2" ;;
+  esac
+}
 # What a sanitized binary's environment needs besides the options above:
 # - ThreadSanitizer: libgomp is not built with it, so TSan cannot see an
 #   OpenMP region's fork and barriers and reports every variable the region
@@ -84,7 +91,7 @@ cpu_seconds() {
 
 run_unit() {  # binary
   local t=$1 name xml rc p f s a
-  name=$(suite_name unit "$t")
+  name=$(label unit "$t")
   xml=$(mktemp)
   env $(san_env unit "$t") timeout --kill-after=10 "$unit_timeout" "$t" --color_output=no --log_level=warning \
     --report_format=XML --report_level=detailed --report_sink="$xml"
@@ -105,7 +112,7 @@ run_unit() {  # binary
 
 run_mpi() {  # binary np
   local t=$1 np=$2 name dir rc p f s reports xml rp rf rs ra
-  name="$(suite_name mpi "$t") (np $np)"
+  name=$(label mpi "$t" "$np")
   if ! command -v mpirun >/dev/null; then
     echo "# $t: skipped, no mpirun"
     result "$name" 0 0 1
@@ -139,7 +146,7 @@ run_mpi() {  # binary np
 
 run_e2e() {  # script
   local t=$1 name out rc line p f s
-  name=e2e/$(basename "$t" .sh)
+  name=$(label e2e "$t")
   out=$(mktemp)
   timeout --kill-after=10 "$e2e_timeout" bash "$t" >"$out" 2>&1
   rc=$?
@@ -190,13 +197,6 @@ declare -A running=() started=()  # pid -> index into suites, start time
 new_times=()
 cpu_total=0 run_start=$SECONDS
 
-label() {  # KIND ARG [NP]: the suite's name
-  case $1 in
-  e2e) echo "e2e/$(basename "$2" .sh)" ;;
-  mpi) echo "$(suite_name mpi "$2") (np $3)" ;;
-  *) suite_name "$1" "$2" ;;
-  esac
-}
 
 finish() {  # index seconds shown: print the suite's output (unless shown), tally its result
   local out=$work/$1.out line name p f s cpu
