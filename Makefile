@@ -151,7 +151,7 @@ endif
 endif
 
 # Everything rebuilds when the flags change (DEBUG, SANITIZE, NO_CUDA, ...,
-# and which files take a precompiled header or -O1: written below, after
+# and which files take a precompiled header, -O0 or -O1: written below, after
 # those lists).
 FLAGS_STAMP := $(BUILD)/flags
 
@@ -298,31 +298,40 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 # before each of them with -include (GCC takes the .gch, or reads the text
 # when it does not fit, and -Winvalid-pch says so). `private`: the objects'
 # -include is not inherited by the .gch they depend on.
-#   tests:    every unit and MPI test (Boost.Test, JSON, the public headers), -O1:
-#             their own code needs no more; the library they call is built as always
+#   tests:    every unit and MPI test (Boost.Test, JSON, the public headers), -O0:
+#             their own code is checks and small fixtures (the library they call
+#             is built as always); -O0 compiles them a quarter faster than -O1.
+#             Not the tests whose own code computes: test_llama's float64
+#             reference model (21 CPU-s at -O1, 127 at -O0), test_shard_disk,
+#             test_optim, test_optimizer_faults and mpi_comm (their -O0 runs cost more
+#             than the compile saves): -O1, without the header (another -O).
 #   programs: every program and benchmark file that parses options (CLI11, JSON,
-#             the public headers), -O1 like the tests: a program parses options,
+#             the public headers), -O0 like the tests: a program parses options,
 #             calls the library and prints. CLI11 2.1 is header-only and builds
 #             its validators in every file that includes it (3 s each), so the
 #             programs' other files include only what they use, without it.
 #             Not optbench (OpenMP: another set of predefined macros, and its
-#             own kernels), nor the files whose loops run inside a measurement
-#             (the pattern fills and checks of pinstress and nvmebench): -O2.
+#             own kernels), nor the files whose loops run over data (the
+#             pattern fills and checks of pinstress and nvmebench, commbench's
+#             fills and checks): -O2.
 TEST_OBJS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/unit/%.o)
+TEST_O1_OBJS := $(patsubst %,$(BUILD)/tests/unit/%.o,test_llama test_shard_disk test_optim test_optimizer_faults mpi_comm)
+TEST_O0_OBJS := $(filter-out $(TEST_O1_OBJS),$(TEST_OBJS))
 PROGRAM_SRCS := $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)
 PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out bench/optbench.cpp,\
   $(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS))))
-PROGRAM_O1_OBJS := $(filter-out $(BUILD)/bench/optbench.o $(BUILD)/pinstress/stress.o $(BUILD)/nvmebench/sweep.o,\
+PROGRAM_O0_OBJS := $(filter-out $(patsubst %,$(BUILD)/%.o,bench/optbench pinstress/stress nvmebench/sweep commbench/harness),\
   $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
-$(PROGRAM_O1_OBJS) $(BUILD)/pch/programs.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
+$(PROGRAM_O0_OBJS) $(BUILD)/pch/programs.hpp.gch: private CXXFLAGS += -O0
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CPPFLAGS += -DBOOST_TEST_DYN_LINK
-$(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
+$(TEST_O0_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += -O0
+$(TEST_O1_OBJS): private CXXFLAGS += -O1
 define use_pch  # name, objects
 $(2): private CPPFLAGS += -include $(BUILD)/pch/$(1).hpp -Winvalid-pch
 $(2): $(BUILD)/pch/$(1).hpp.gch
 endef
 # (not in make test's sanitized builds: two test files do not pay for a header)
-$(if $(SANITIZED_MODULES),,$(eval $(call use_pch,tests,$(TEST_OBJS))))
+$(if $(SANITIZED_MODULES),,$(eval $(call use_pch,tests,$(TEST_O0_OBJS))))
 $(eval $(call use_pch,programs,$(PROGRAM_OBJS)))
 $(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -341,7 +350,7 @@ $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 # precompiled header has a dependency file that names none of the headers the
 # .gch held (GCC lists only what it read as text), so only a rebuild makes it
 # whole again.
-FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O1: $(PROGRAM_O1_OBJS) $(LIB_O1_OBJS)
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O0: $(PROGRAM_O0_OBJS) $(TEST_O0_OBJS) -O1: $(TEST_O1_OBJS) $(LIB_O1_OBJS)
 ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
 $(shell mkdir -p $(BUILD))
 $(file >$(FLAGS_STAMP),$(FLAGS_NOW))

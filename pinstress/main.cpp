@@ -147,11 +147,7 @@ int run(const Options& o) {
     if (!o.no_copy) {
         pageable = AlignedBuffer::allocate(pc.buffer);
         source = AlignedBuffer::allocate(pc.buffer);
-        std::mt19937_64 rng(spec.seed);
-        for (std::size_t i = 0; i + 8 <= source.size(); i += 8) {
-            const std::uint64_t x = rng();
-            std::memcpy(source.data() + i, &x, 8);
-        }
+        fill_random(source.bytes(), spec.seed);
     }
     const mem::PoolStats st = pool.stats();
     log::info("seed " + std::to_string(spec.seed) + " (replay with --seed " + std::to_string(spec.seed) + ")");

@@ -192,6 +192,14 @@ double measure(std::uint64_t bytes, unsigned rounds, F copy) {
 
 }  // namespace
 
+void fill_random(std::span<std::byte> buf, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (std::size_t i = 0; i + 8 <= buf.size(); i += 8) {
+        const std::uint64_t x = rng();
+        std::memcpy(buf.data() + i, &x, 8);
+    }
+}
+
 std::vector<CopyResult> copy_bandwidth(mem::PinnedPool& pool, mem::DeviceArena* arena, std::span<std::byte> pageable,
                                        std::span<std::byte> source, unsigned rounds) {
     auto lease = pool.lease("pinstress copy");

@@ -73,4 +73,8 @@ struct CopyResult {
 std::vector<CopyResult> copy_bandwidth(mem::PinnedPool& pool, mem::DeviceArena* arena, std::span<std::byte> pageable,
                                        std::span<std::byte> source, unsigned rounds);
 
+// Fills `buf` (a multiple of 8 bytes is filled, the rest left) with
+// mt19937_64 words drawn from `seed`: the copy source, the same for a seed.
+void fill_random(std::span<std::byte> buf, std::uint64_t seed);
+
 }  // namespace zinf::pinstress

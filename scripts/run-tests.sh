@@ -43,6 +43,11 @@ export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 ${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
 # mpirun refuses root unless told, and a small machine has fewer cores than ranks.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The e2e suites' python3, resolved once past any version manager's shim
+# (tests/e2e/lib.bash says why).
+if [[ -z ${ZINF_PYTHON-} ]] && command -v python3 >/dev/null; then
+  ZINF_PYTHON=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) && export ZINF_PYTHON
+fi
 sanitized=${ZINF_SANITIZED-$(echo build/san-*/tests/test_*)}
 unit_tests=${ZINF_UNIT_TESTS-$(echo build/tests/test_* $sanitized)}
 mpi_tests=${ZINF_MPI_TESTS-$(echo build/tests/mpi_*)}

@@ -6,6 +6,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN=${ZINF_BIN:-$ROOT/bin}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/zinf-e2e-XXXXXX")
 _cleanups=()
+# python3 is the interpreter itself, not a version manager's shim: pyenv's
+# runs a dozen shell scripts a call (0.7 CPU-s, ten times the interpreter's
+# own), which cost make test more than some of the programs under test.
+# scripts/run-tests.sh resolves it once for every suite (ZINF_PYTHON).
+if [[ -z ${ZINF_PYTHON-} ]] && command -v python3 >/dev/null; then
+  ZINF_PYTHON=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null)
+  export ZINF_PYTHON
+fi
+if [[ -n ${ZINF_PYTHON-} && -x $ZINF_PYTHON ]]; then
+  mkdir "$TMP/.python" && ln -s "$ZINF_PYTHON" "$TMP/.python/python3" && PATH="$TMP/.python:$PATH"
+fi
 trap 'for c in "${_cleanups[@]}"; do eval "$c"; done; rm -rf "$TMP"' EXIT
 on_exit() { _cleanups+=("$1"); }
 
