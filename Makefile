@@ -339,18 +339,22 @@ $(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
 	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.gch=)
 	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.gch=) -o $@
 
-# The library's files that parse and print (options, JSON manifests, plans,
-# configs, headers, the pool's and arena's reports), no loops over data: -O1,
-# as the programs. Their codegen is most of their compile time.
-LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options util/json shard/manifest \
-  shard/safetensors plan/plan io/config mem/arena mem/pool)
+# The library's files that parse and print (JSON manifests, plans, configs,
+# headers, locks, specs, the commit protocol, the pool's and arena's reports),
+# no loops over data: -O1; the two that only declare and parse options (CLI11):
+# -O0, as the programs. Their codegen is most of their compile time.
+LIB_O0_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options)
+LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/json util/log util/error util/size util/sys util/proc \
+  shard/manifest shard/safetensors shard/lock shard/commit shard/init shard/disk shard/verify shard/reshard \
+  shard/hf shard/llmc shard/model shard/llama train/run plan/plan io/config mem/arena mem/pool)
+$(LIB_O0_OBJS): CXXFLAGS += -O0
 $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 
 # The stamp holds the per-file choices too: an object that leaves the
 # precompiled header has a dependency file that names none of the headers the
 # .gch held (GCC lists only what it read as text), so only a rebuild makes it
 # whole again.
-FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O0: $(PROGRAM_O0_OBJS) $(TEST_O0_OBJS) -O1: $(TEST_O1_OBJS) $(LIB_O1_OBJS)
+FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O0: $(PROGRAM_O0_OBJS) $(TEST_O0_OBJS) $(LIB_O0_OBJS) -O1: $(TEST_O1_OBJS) $(LIB_O1_OBJS)
 ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
 $(shell mkdir -p $(BUILD))
 $(file >$(FLAGS_STAMP),$(FLAGS_NOW))
