@@ -125,9 +125,6 @@ void blas(const Gemm& g, u64 m, u64 n, const float* a, const float* b, float* c)
 // cut into column blocks (or row blocks when it is tall), each computed by
 // one call with the whole k. OpenBLAS's own threads would spin against the
 // kernels' OpenMP team on the same cores (half the time went to spinning).
-// The pieces go first come first served: where a thread of the team starts
-// late (a shared machine), another that is done takes its piece, rather than
-// waiting for it; a piece's bits are the same whichever thread computes it.
 void blas_split(const Gemm& g, const float* a, const float* b, float* c) {
     const int team = omp_get_max_threads();
     if (team <= 1 || g.m * g.n * g.k < (u64{1} << 18)) return blas(g, g.m, g.n, a, b, c);
@@ -136,7 +133,7 @@ void blas_split(const Gemm& g, const float* a, const float* b, float* c) {
     const u64 pieces = std::min<u64>(static_cast<u64>(team), (extent + unit - 1) / unit);
     // Every piece a whole number of units, the pieces together covering all of C.
     const u64 per = ((extent + pieces - 1) / pieces + unit - 1) / unit * unit;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(pieces))
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(pieces))
     for (u64 p = 0; p < pieces; ++p) {
         const u64 lo = std::min(extent, p * per), hi = std::min(extent, lo + per);
         if (lo >= hi) continue;

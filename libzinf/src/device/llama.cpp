@@ -5,13 +5,6 @@
 // (batch, query head, position) writing its datt row and dq, the second one
 // task per (batch, kv head, block of key positions) summing dk and dv over
 // the group's query heads, then the query positions, in that order.
-//
-// Every loop hands out its work in chunks, first come first served (OpenMP's
-// dynamic schedule): a step runs some fifty of these regions a block, each
-// short, and on a shared machine the team's second thread often wakes late;
-// with a static split the first then waits for it at the region's end, with
-// chunks it takes the work on. Each chunk's arithmetic is the same whichever
-// thread runs it, so the bits do not depend on the schedule.
 #include "llama_kernels.hpp"
 #include "llama_math.hpp"
 
@@ -24,15 +17,12 @@ namespace zinf::device::cpu {
 
 namespace {
 u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
-// Rows (or positions) per chunk, and elements per chunk of the element-wise loops.
-constexpr u64 kRowChunk = 8;
-constexpr u64 kElementChunk = 4096;
 }  // namespace
 
 // ---------------------------------------------------------------------------
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C, float eps) {
     const float inv_c = 1.0f / static_cast<float>(C);
-#pragma omp parallel for schedule(dynamic, kRowChunk) if (N * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
     for (u64 r = 0; r < N; ++r) {
         const float* x = inp + r * C;
         float* o = out + r * C;
@@ -48,7 +38,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
 #pragma omp parallel if (N * C >= kParallelMin)
     {
         std::vector<float> norm(C), dnorm(C);
-#pragma omp for schedule(dynamic, kRowChunk)
+#pragma omp for schedule(static)
         for (u64 r = 0; r < N; ++r) {
             const float* x = inp + r * C;
             const float* d = dout + r * C;
@@ -62,7 +52,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
             for (u64 c = 0; c < C; ++c) di[c] += (dnorm[c] - norm[c] * dnorm_norm_mean) * s;
         }
     }
-#pragma omp parallel for schedule(dynamic, 1) if (N * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
     for (u64 blk = 0; blk < column_blocks(C); ++blk) {
         const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
         for (u64 r = 0; r < N; ++r) {
@@ -77,7 +67,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
 // ---------------------------------------------------------------------------
 void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {
     const u64 half = hd / 2;
-#pragma omp parallel for schedule(dynamic, kRowChunk) if (B * T * H * hd >= kParallelMin)
+#pragma omp parallel for schedule(static) if (B * T * H * hd >= kParallelMin)
     for (u64 bt = 0; bt < B * T; ++bt) {
         const float* cs = table + (pos0 + bt % T) * hd;
         const float* sn = cs + half;
@@ -102,12 +92,12 @@ void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, b
 
 // ---------------------------------------------------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(dynamic, kElementChunk) if (n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) out[i] = llama_math::swiglu(gate[i], up[i]);
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(dynamic, kElementChunk) if (n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) {
         float dg, du;
         llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
@@ -153,7 +143,7 @@ void gqa_forward(float* out, float* att, const float* q, const float* k, const f
                  u64 KVH, u64 hd) {
     const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(dynamic, 1) if (B * T * T * QC >= kParallelMin)
+#pragma omp parallel for schedule(static, 1) if (B * T * T * QC >= kParallelMin)
     for (u64 task = 0; task < B * T * NH; ++task) {
         const u64 h = task % NH, t = task / NH % T, b = task / NH / T, g = h / group;
         attend(att + ((b * NH + h) * T + t) * T, q + (b * T + t) * QC + h * hd, k + b * T * KC + g * hd,
@@ -165,7 +155,7 @@ void gqa_decode(float* out, float* att, const float* q, const float* k, const fl
                 u64 hd) {
     const u64 KC = KVH * hd, group = NH / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(dynamic, 1) if (T * NH * hd >= kParallelMin)
+#pragma omp parallel for schedule(static, 1) if (T * NH * hd >= kParallelMin)
     for (u64 h = 0; h < NH; ++h) {
         const u64 g = h / group;
         attend(att + h * T, q + h * hd, k + g * hd, v + g * hd, KC, T - 1, T, hd, scale, out + h * hd);
@@ -178,7 +168,7 @@ void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dou
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const bool parallel = B * T * T * QC >= kParallelMin;
     // 1: per (b, h, t): datt row t through the softmax, and dq[t].
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+#pragma omp parallel for schedule(static, 1) if (parallel)
     for (u64 task = 0; task < B * NH * T; ++task) {
         const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
         const float* a = att + ((b * NH + h) * T + t) * T;
@@ -201,10 +191,9 @@ void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dou
     // 2: per (b, g, block of key positions): dk and dv summed over the
     // group's query heads, then the query positions t >= t2, in order.
     const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    // The first blocks of keys take the most query positions: they go first.
+#pragma omp parallel for schedule(static, 1) if (parallel)
     for (u64 task = 0; task < B * KVH * blocks; ++task) {
-        const u64 g = task % KVH, b = task / KVH % B, blk = task / KVH / B;
+        const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
         const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
         for (u64 t2 = t0; t2 < t1; ++t2) {
             std::fill(dk + (b * T + t2) * KC + g * hd, dk + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
