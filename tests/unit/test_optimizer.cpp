@@ -220,21 +220,22 @@ BOOST_AUTO_TEST_CASE(overlap_equals_full_step) {
 // (clipped, unclipped, skipped for overflow) gives the norms and the state
 // of the step without overlap, to the bit; with a budget that holds a few
 // chunks (the update reads the rest from the files, a partition cut between
-// the two) and with one that holds them all; fp32 and bf16 parameters.
+// the two; fp32 parameters) and with one that holds them all (bf16
+// parameters, written beside the master weights).
 BOOST_AUTO_TEST_CASE(readahead_equals_no_overlap_step) {
     const std::uint64_t s = fresh_seed("read-ahead");
-    for (DType pd : {DType::fp32, DType::bf16})
-        for (std::uint64_t budget : {400 * KiB, 64 * MiB}) {
-            const std::string what = std::string("param ") + shard::dtype_name(pd) + ", budget " + format_size(budget);
-            Rig rig;
-            const shard::LayoutOptions lo = lay(pd, Tier::nvme, Tier::nvme, s);
-            Run ra(rig, lo), ref(rig, lo);
-            auto c = self_comm();
-            readahead_equals_no_overlap(c, rig, ra.m, ref.m, s, budget, what);
-            same_state(ra.m, ref.m, rig, what + ": read ahead vs no overlap");
-            verify_from_disk(ra.manifest_path(), rig, 7, what);
-            BOOST_TEST(rig.pool.stats().in_use == 0u, what);
-        }
+    const std::pair<DType, std::uint64_t> cases[] = {{DType::fp32, 400 * KiB}, {DType::bf16, 64 * MiB}};
+    for (const auto& [pd, budget] : cases) {
+        const std::string what = std::string("param ") + shard::dtype_name(pd) + ", budget " + format_size(budget);
+        Rig rig;
+        const shard::LayoutOptions lo = lay(pd, Tier::nvme, Tier::nvme, s);
+        Run ra(rig, lo), ref(rig, lo);
+        auto c = self_comm();
+        readahead_equals_no_overlap(c, rig, ra.m, ref.m, s, budget, what);
+        same_state(ra.m, ref.m, rig, what + ": read ahead vs no overlap");
+        verify_from_disk(ra.manifest_path(), rig, 7, what);
+        BOOST_TEST(rig.pool.stats().in_use == 0u, what);
+    }
 }
 
 // 6c. The read-ahead's memory is the budget's, in whole chunks, and taken
