@@ -36,6 +36,7 @@ struct Options {
     bool no_persist_shared = false, no_overlap = false;
     std::string prefetch_bytes = "64MiB";
     std::string disk_probe = "64MiB";
+    std::string optimizer_readahead = "auto";
     std::string offload_activations = "none";
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
@@ -94,6 +95,8 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["optimizer_update_s"] = s.optimizer_update_seconds;
         j["optimizer_wait_s"] = s.optimizer_wait_seconds;
         j["optimizer_commit_s"] = s.optimizer_commit_seconds;
+        j["optimizer_readahead_bytes"] = s.optimizer_readahead_bytes;
+        j["optimizer_readahead_used_bytes"] = s.optimizer_readahead_used_bytes;
         j["disk_read_bytes"] = s.disk_read_bytes;
         j["disk_written_bytes"] = s.disk_written_bytes;
         j["grad_scratch_read_bytes"] = s.grad_scratch_read_bytes;
@@ -181,6 +184,8 @@ train::Options train_options(const Options& o, const std::string& committed, uns
     to.kernel.threads = cores;
     to.resident = o.resident;
     to.overlap = !o.no_overlap;
+    to.optimizer_readahead = o.optimizer_readahead == "auto" ? zero::OptimizerOptions::kReadaheadAuto
+                                                             : cli::parse_sizes({o.optimizer_readahead}, "--optimizer-readahead")[0];
     to.offload_activations = model::parse_offload(o.offload_activations);
     to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
     to.infinity.persist_below = o.persist_below;
@@ -349,6 +354,11 @@ int main(int argc, char** argv) {
     app.add_flag("--no-overlap", o.no_overlap,
                  "Run the optimizer step after backward instead of updating each tensor as its gradient arrives "
                  "(the overlapped update is exact: redone when the step is clipped)");
+    app.add_option("--optimizer-readahead", o.optimizer_readahead,
+                   "Page-locked memory for reading the master weights and moments a step after a clipped one "
+                   "updates during backward, before the gradient norm is known (0: none; auto: what the host can "
+                   "spare, MemAvailable less an eighth of its memory, shared over the node's ranks)")
+        ->capture_default_str();
     app.add_option("--disk-probe", o.disk_probe,
                    "Bytes each rank writes and reads in its folder at start-up to measure the disk each step's "
                    "floor is held against, when --config (zinf-nvmebench --best) brings no bandwidth (0: no floor)")

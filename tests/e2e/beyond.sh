@@ -23,9 +23,6 @@ generations() {
   (cd "$1" && find . -name '*.bin' ! -name 'grad.bin' ! -name 'activations.bin' |
     sed -E 's/\.(alt|work)\.bin$/.bin/' | sort | uniq -c | sort -rn | awk 'NR == 1 { print $1 }')
 }
-# state_sums DIR: every state file's sha256 (the manifest, which names its
-# folder, and scratch files left out).
-state_sums() { (cd "$1" && find . -type f -name '*.bin' ! -name 'grad.bin' ! -name 'activations.bin' -print0 | sort -z | xargs -0r sha256sum); }
 
 # --- the overlapped optimizer: every state on NVMe, clipped (the default
 # --grad-clip 1 clips this model's first steps) and not clipped.

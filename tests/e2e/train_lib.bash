@@ -20,3 +20,6 @@ mf() { echo "$W/$1/manifest.jsonl"; }
 manifest_step() { jq -s -r '[.[] | select(has("schema") | not) | .step // 0] | unique | if length == 1 then .[0] else "mixed" end' "$1"; }
 # losses FILE [FROM [TO]]: the loss of each JSON line with FROM <= step <= TO, one a line, as printed.
 losses() { jq -c --argjson a "${2:-1}" --argjson b "${3:-1e18}" 'select(.step >= $a and .step <= $b) | .loss' "$1"; }
+# state_sums DIR: every state file's sha256 (the manifest, which names its
+# folder, and scratch files left out).
+state_sums() { (cd "$1" && find . -type f -name '*.bin' ! -name 'grad.bin' ! -name 'activations.bin' -print0 | sort -z | xargs -0r sha256sum); }

@@ -16,6 +16,8 @@
 #include <zinf/zero.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,10 +26,12 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace zinf::testing {
@@ -140,6 +144,98 @@ inline void put_all(zero::Optimizer& opt, const shard::Manifest& m, std::uint64_
         const shard::Owned o = shard::owned(m.tensors[t].numel, m.opts.dp, opt.rank());
         opt.put_gradient(t, std::span<const float>(g).subspan(o.first, o.count));
     }
+}
+
+// The norm of step k's full gradient (every tensor, every rank's part).
+inline double full_norm(const shard::Manifest& m, std::uint64_t s, unsigned k) {
+    double sq = 0;
+    for (std::size_t t = 0; t < m.tensors.size(); ++t)
+        for (float v : gradient(s, k, t, m.tensors[t].numel)) sq += double(v) * double(v);
+    return std::sqrt(sq);
+}
+
+// Steps that take every path of the overlapped optimizer with --grad-clip 1,
+// each step's gradient scaled to a global norm: clipped while it speculates
+// (redone; the read-ahead starts once a rank's own norm is past the clip),
+// unclipped after a clipped one (read ahead from its first gradient),
+// unclipped and speculated, clipped, clipped after a clipped one (read ahead),
+// skipped for overflow after it (read ahead, then unused), unclipped after
+// the skip (read ahead), unclipped and speculated.
+struct Phase {
+    double norm;
+    bool overflow;
+    bool reads_ahead;  // the step does not speculate: it reads ahead from its first gradient
+};
+inline constexpr Phase kPhases[] = {{4, false, false}, {0.5, false, true}, {0.5, false, false}, {3, false, false},
+                                    {2, false, true},  {2, true, true},    {0.5, false, true},  {0.25, false, false}};
+
+// `opt` through kPhases on m: each phase's gradient is that of the step it
+// commits (k = step_count() + 1), handed over in reverse as backward does,
+// scaled; an overflow puts an infinity in rank 0's part of the last tensor.
+// `settle` passes between the last hand-over and step(), as a backward's
+// last layers would. The reports, one a phase.
+inline std::vector<zero::StepReport> run_phases(zero::Optimizer& opt, const shard::Manifest& m, std::uint64_t s,
+                                                std::chrono::milliseconds settle) {
+    std::vector<zero::StepReport> out;
+    for (const Phase& ph : kPhases) {
+        const unsigned k = static_cast<unsigned>(opt.step_count()) + 1;
+        const double f = ph.norm / full_norm(m, s, k);
+        put_all(opt, m, s, k, true, [&](std::size_t t, std::vector<float>& g) {
+            for (float& x : g) x = static_cast<float>(x * f);
+            if (ph.overflow && t + 1 == m.tensors.size()) g[0] = std::numeric_limits<float>::infinity();
+        });
+        std::this_thread::sleep_for(settle);
+        out.push_back(opt.step());
+    }
+    return out;
+}
+
+// The same phases with read-ahead (budget `readahead`) and without overlap,
+// on two states alike: every report's norm, clip, overflow and step equal
+// to the bit, and the read-ahead used where it must be. The caller compares
+// the committed states.
+inline void readahead_equals_no_overlap(comm::Communicator& c, Rig& rig, shard::Manifest& ra, shard::Manifest& ref,
+                                        std::uint64_t s, std::uint64_t readahead, const std::string& what) {
+    zero::OptimizerOptions oo = options();
+    oo.grad_clip = 1;
+    zero::OptimizerOptions ro = oo;
+    ro.overlap = true;
+    ro.readahead = readahead;
+    std::vector<zero::StepReport> a, b;
+    std::uint64_t taken = 0, state = 0;
+    {
+        zero::Optimizer opt(ra, c, rig.engine, rig.pool, ro);
+        taken = opt.readahead_bytes();
+        state = opt.update_read_bytes();
+        a = run_phases(opt, ra, s, std::chrono::milliseconds(150));
+    }
+    {
+        zero::Optimizer opt(ref, c, rig.engine, rig.pool, oo);
+        b = run_phases(opt, ref, s, std::chrono::milliseconds(0));
+    }
+    BOOST_TEST(taken > 0u, what << ": read-ahead memory taken");
+    BOOST_TEST(taken <= std::min(readahead, state), what << ": " << taken << " bytes, budget " << readahead);
+    BOOST_TEST_REQUIRE(a.size() == b.size());
+    std::uint64_t used = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string at = what + ", phase " + std::to_string(i + 1);
+        BOOST_TEST(std::bit_cast<std::uint64_t>(a[i].grad_norm) == std::bit_cast<std::uint64_t>(b[i].grad_norm),
+                   at << ": norm " << a[i].grad_norm << " vs " << b[i].grad_norm);
+        BOOST_TEST(a[i].clip == b[i].clip, at);
+        BOOST_TEST(a[i].overflow == kPhases[i].overflow, at);
+        BOOST_TEST(b[i].overflow == kPhases[i].overflow, at);
+        BOOST_TEST(a[i].step == b[i].step, at);
+        BOOST_TEST((a[i].clip < 1) == (kPhases[i].norm > 1 && !kPhases[i].overflow), at << ": clip " << a[i].clip);
+        BOOST_TEST(a[i].readahead_bytes <= taken, at);
+        BOOST_TEST(a[i].readahead_used_bytes <= a[i].readahead_bytes, at);
+        if (!kPhases[i].reads_ahead && kPhases[i].norm <= 1)
+            BOOST_TEST(a[i].readahead_bytes == 0u, at << ": a speculated step reads nothing ahead");
+        if (kPhases[i].overflow) BOOST_TEST(a[i].readahead_used_bytes == 0u, at << ": a skipped step uses nothing");
+        BOOST_TEST(b[i].readahead_bytes == 0u, at << ": without overlap nothing is read ahead");
+        BOOST_TEST_MESSAGE(at << ": read ahead " << a[i].readahead_bytes << ", used " << a[i].readahead_used_bytes);
+        used += a[i].readahead_used_bytes;
+    }
+    BOOST_TEST(used > 0u, what << ": the update took something from the read-ahead");
 }
 
 inline Bytes slurp(const std::string& path) {

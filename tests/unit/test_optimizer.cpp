@@ -214,6 +214,68 @@ BOOST_AUTO_TEST_CASE(overlap_equals_full_step) {
         }
 }
 
+// 6b. Read-ahead: a step that does not speculate (after a clipped or
+// skipped one, or clipped for certain half-way) reads the master weights and
+// moments during backward and updates from them: every path of kPhases
+// (clipped, unclipped, skipped for overflow) gives the norms and the state
+// of the step without overlap, to the bit; with a budget that holds a few
+// chunks (the update reads the rest from the files, a partition cut between
+// the two; fp32 parameters) and with one that holds them all (bf16
+// parameters, written beside the master weights).
+BOOST_AUTO_TEST_CASE(readahead_equals_no_overlap_step) {
+    const std::uint64_t s = fresh_seed("read-ahead");
+    const std::pair<DType, std::uint64_t> cases[] = {{DType::fp32, 400 * KiB}, {DType::bf16, 64 * MiB}};
+    for (const auto& [pd, budget] : cases) {
+        const std::string what = std::string("param ") + shard::dtype_name(pd) + ", budget " + format_size(budget);
+        Rig rig;
+        const shard::LayoutOptions lo = lay(pd, Tier::nvme, Tier::nvme, s);
+        Run ra(rig, lo), ref(rig, lo);
+        auto c = self_comm();
+        readahead_equals_no_overlap(c, rig, ra.m, ref.m, s, budget, what);
+        same_state(ra.m, ref.m, rig, what + ": read ahead vs no overlap");
+        verify_from_disk(ra.manifest_path(), rig, 7, what);
+        BOOST_TEST(rig.pool.stats().in_use == 0u, what);
+    }
+}
+
+// 6c. The read-ahead's memory is the budget's, in whole chunks, and taken
+// only where it can serve: not without overlap, not with the moments in
+// memory, none at 0.
+BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
+    const std::uint64_t s = fresh_seed("read-ahead memory");
+    Rig rig;
+    Run nv(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s)), mixed(rig, lay(DType::bf16, Tier::nvme, Tier::cpu, s));
+    auto c = self_comm();
+    zero::OptimizerOptions oo = options();
+    oo.overlap = true;
+    std::uint64_t state = 0;
+    for (std::uint64_t budget : {std::uint64_t{0}, 4 * KiB, 200 * KiB, 64 * MiB}) {
+        oo.readahead = budget;
+        const std::uint64_t pinned = rig.pool.stats().pinned_bytes;
+        zero::Optimizer o(nv.m, c, rig.engine, rig.pool, oo);
+        state = o.update_read_bytes();
+        BOOST_TEST(o.readahead_bytes() <= std::min(budget, state), "budget " << budget);
+        const std::uint64_t took = rig.pool.stats().pinned_bytes - pinned;
+        BOOST_TEST((took >= o.readahead_bytes() && took <= align_up(o.readahead_bytes(), 4096)),
+                   "budget " << budget << ": " << took << " bytes pinned from the pool");
+        if (budget == 0 || budget == 4 * KiB) BOOST_TEST(o.readahead_bytes() == 0u, "budget " << budget);
+        if (budget == 200 * KiB) BOOST_TEST((o.readahead_bytes() > 100 * KiB && o.readahead_bytes() < state));
+        if (budget == 64 * MiB) BOOST_TEST(o.readahead_bytes() == state);
+    }
+    // master (bf16 parameters), exp_avg, exp_avg_sq: 3 fp32 files of this rank's partitions.
+    BOOST_TEST(state >= 3 * 4 * 70000u);
+    oo.readahead = 64 * MiB;
+    oo.overlap = false;
+    BOOST_TEST(zero::Optimizer(nv.m, c, rig.engine, rig.pool, oo).readahead_bytes() == 0u, "no overlap");
+    oo.overlap = true;
+    BOOST_TEST(zero::Optimizer(mixed.m, c, rig.engine, rig.pool, oo).readahead_bytes() == 0u, "moments in memory");
+    oo.readahead = zero::OptimizerOptions::kReadaheadAuto;
+    oo.readahead_reserve = 0;
+    zero::Optimizer aut(nv.m, c, rig.engine, rig.pool, oo);
+    BOOST_TEST(aut.readahead_bytes() <= zero::readahead_spare(1));
+    BOOST_TEST(zero::readahead_spare(2) <= zero::readahead_spare(1) / 2 + MiB);
+}
+
 // 7. Mixed tiers: the state in memory reaches the manifest by save(); until
 // then the records disagree on the step and the manifest is refused.
 BOOST_AUTO_TEST_CASE(mixed_tiers_equal_cpu_and_need_save) {

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -110,6 +111,82 @@ BOOST_AUTO_TEST_CASE(write_error_mid_step_leaves_the_commit_whole) {
         BOOST_TEST(fresh.step().step == k);
     }
     same_state(mc, ref.m, rig, "resumed after the fault vs uninterrupted");
+    verify_from_disk(run.manifest_path(), rig, 3, "resumed");
+}
+
+// A read error in the read-ahead (a step after a clipped one reads the
+// master weights and moments during backward): the step fails with an
+// IoError naming the file, the manifest and the files it names are as
+// before, and a fresh optimizer resumes from them with the state of the run
+// that had no fault. ZINF_FAULTS fails the first read of each file the
+// failing optimizer opens; the first read of the current generation after
+// step 1 is the read-ahead's, while the gradients are handed over.
+BOOST_AUTO_TEST_CASE(readahead_read_error_fails_the_step) {
+    const std::uint64_t s = fresh_seed("read-ahead fault");
+    Rig rig;
+    const shard::LayoutOptions lo = lay(DType::bf16, Tier::nvme, Tier::nvme, s);
+    Run ref(rig, lo), run(rig, lo);
+    auto c = self_comm();
+    zero::OptimizerOptions oo = options();
+    oo.grad_clip = 1;
+    zero::OptimizerOptions ro = oo;
+    ro.overlap = true;
+    ro.readahead = 64 * MiB;
+    const double norms[] = {4, 2, 0.5};  // clipped; clipped, read ahead; unclipped, read ahead
+    auto put = [&](zero::Optimizer& o, const shard::Manifest& m, unsigned k) {
+        const double f = norms[k - 1] / full_norm(m, s, k);
+        put_all(o, m, s, k, true, [&](std::size_t, std::vector<float>& g) {
+            for (float& x : g) x = static_cast<float>(x * f);
+        });
+    };
+    {
+        zero::Optimizer r(ref.m, c, rig.engine, rig.pool, oo);
+        for (unsigned k = 1; k <= 3; ++k) {
+            put(r, ref.m, k);
+            r.step();
+        }
+    }
+    {
+        zero::Optimizer a(run.m, c, rig.engine, rig.pool, ro);
+        put(a, run.m, 1);
+        BOOST_TEST(a.step().clip < 1);
+    }
+    const Bytes before = slurp(run.manifest_path());
+    const auto files_before = snapshot(run.m.dir);
+    shard::Manifest mb = shard::read_manifest_file(run.manifest_path());
+    std::optional<zero::Optimizer> b;
+    ::setenv("ZINF_FAULTS", "read:1:EIO", 1);
+    try {
+        b.emplace(mb, c, rig.engine, rig.pool, ro);
+    } catch (...) {
+        ::unsetenv("ZINF_FAULTS");
+        throw;
+    }
+    ::unsetenv("ZINF_FAULTS");
+    BOOST_TEST_REQUIRE(b->readahead_bytes() == b->update_read_bytes());
+    BOOST_REQUIRE_NO_THROW(put(*b, mb, 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string msg = what_of<IoError>([&] { b->step(); }, "step with a read-ahead fault");
+    BOOST_TEST_MESSAGE("the failed step: " << msg);
+    BOOST_TEST(msg.find("rank0/master.alt.bin") != std::string::npos, msg);
+    BOOST_TEST(b->step_count() == 1u);
+    same_bytes(slurp(run.manifest_path()), before, "the manifest after the failed step");
+    const auto files_after = snapshot(run.m.dir);
+    for (const auto& p : mb.parts) {
+        const auto x = files_before.find(p.file), y = files_after.find(p.file);
+        BOOST_TEST_REQUIRE((x != files_before.end() && y != files_after.end()), p.file);
+        BOOST_TEST((x->second == y->second), "committed " << p.file << " unchanged");
+    }
+    BOOST_CHECK_THROW(b->step(), InternalError);
+    b.reset();
+    verify_from_disk(run.manifest_path(), rig, 1, "after the failed step");
+    shard::Manifest mc = shard::read_manifest_file(run.manifest_path());
+    zero::Optimizer fresh(mc, c, rig.engine, rig.pool, ro);
+    for (unsigned k = 2; k <= 3; ++k) {
+        put(fresh, mc, k);
+        BOOST_TEST(fresh.step().step == k);
+    }
+    same_state(mc, ref.m, rig, "resumed after the read-ahead fault vs no fault, no overlap");
     verify_from_disk(run.manifest_path(), rig, 3, "resumed");
 }
 

@@ -60,6 +60,12 @@ struct Options {
     // speculatively, redoing the step when it is clipped (zero.hpp,
     // OptimizerOptions::overlap); false: the whole update after backward.
     bool overlap = true;
+    // With overlap, the bytes of master weights and moments a step that does
+    // not speculate (after a clipped one) reads during backward, page-locked
+    // for the run (OptimizerOptions::readahead); the default, kReadaheadAuto,
+    // takes what the host can spare less what the device will still touch
+    // when its memory is the host's; 0: none.
+    std::uint64_t optimizer_readahead = zero::OptimizerOptions::kReadaheadAuto;
     // Where each block's activation checkpoint (its input) waits for the
     // backward pass: in device memory, or offloaded to pinned host memory or
     // to NVMe (the rank's folder) and prefetched back before it is needed.
@@ -108,6 +114,9 @@ struct StepLog {
     std::uint64_t optimizer_read_bytes = 0, optimizer_written_bytes = 0;
     double optimizer_update_seconds = 0, optimizer_wait_seconds = 0;
     double optimizer_commit_seconds = 0;
+    // Read-ahead: bytes of master weights and moments read during backward
+    // (in optimizer_read_bytes), and of them those the update took.
+    std::uint64_t optimizer_readahead_bytes = 0, optimizer_readahead_used_bytes = 0;
     // This rank's disk traffic over the step and the least time it takes.
     // disk_read_bytes: parameters fetched from NVMe (fetched_bytes[2]), the
     // optimizer's reads of its state, activation checkpoints read back;

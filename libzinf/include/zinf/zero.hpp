@@ -111,6 +111,22 @@ struct OptimizerOptions {
     // master weights and moments streamed from NVMe; with them in memory the
     // update runs in step(), as without overlap.
     bool overlap = false;
+    // Read-ahead, with overlap: a step that does not speculate (the last one
+    // was clipped or skipped, a rank's own gradients already force clipping,
+    // or the step updates a generation in place) reads the master weights and
+    // moments its update will need during backward, in the order the update
+    // takes them, into page-locked memory of its own; step() updates from
+    // there once the norm is known, and reads from the files only what did
+    // not fit. The bytes read are checked against their xxh3 as they arrive,
+    // as the update's own reads are; an I/O error fails the step. `readahead`
+    // is the budget in bytes: the memory is taken when the optimizer opens
+    // (PinnedPool::pin, at most the state the update reads, in whole chunks)
+    // and held for the run; 0: none. kReadaheadAuto: what the host can spare
+    // (readahead_spare), less `readahead_reserve`, memory the caller will
+    // still take (a host-memory device's working set).
+    static constexpr std::uint64_t kReadaheadAuto = ~std::uint64_t{0};
+    std::uint64_t readahead = 0;
+    std::uint64_t readahead_reserve = 0;
     unsigned slots = 3;              // chunks in flight on NVMe (read, update, write); 2 or more
     optim::Kernel kernel;
     std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
@@ -144,7 +160,17 @@ struct StepReport {
     double overlap_seconds = 0;      // overlap: seconds the optimizer thread streamed during backward
     bool redo = false;               // overlap: the speculation was wrong (clipped, or another loss scale)
                                      // and step() updated every tensor again from the current generation
+    // Read-ahead: bytes of the master weights and moments read during
+    // backward (in bytes_read), and of them the bytes the update took from
+    // memory (less on a skipped step, which uses none).
+    std::uint64_t readahead_bytes = 0, readahead_used_bytes = 0;
 };
+
+// The memory one rank may spare for the optimizer's read-ahead by default:
+// MemAvailable now less a margin (an eighth of MemTotal, at least 1 GiB),
+// shared out over the node's `local_ranks`; 0 where /proc/meminfo says
+// nothing.
+std::uint64_t readahead_spare(int local_ranks);
 
 // Where this rank's working parameters of a tensor are, for the engine that
 // fetches them: in memory (param tier gpu or cpu: `memory`, page-locked) or
@@ -209,6 +235,11 @@ public:
 
     // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
     std::uint64_t chunk_bytes() const;
+    // The read-ahead memory taken (OptimizerOptions::readahead resolved to
+    // whole chunks; 0 when there is none), and the bytes a step's update
+    // reads of the master weights and moments from their files.
+    std::uint64_t readahead_bytes() const;
+    std::uint64_t update_read_bytes() const;
 
     struct Impl;
 

@@ -73,6 +73,7 @@ struct Trainer::Impl {
     void open_resident(io::Engine& e, mem::PinnedPool& p);
     void open_infinity(io::Engine& e, mem::PinnedPool& p);
     void open_store(io::Engine& e, mem::PinnedPool& p);
+    void open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo, std::uint64_t device_more);
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
     double mean_loss();
@@ -183,7 +184,27 @@ static zero::OptimizerOptions optimizer_options(const Options& opts) {
     zo.kernel = opts.kernel;
     zo.manifest_path = opts.manifest_path;
     zo.overlap = opts.overlap;
+    zo.readahead = opts.optimizer_readahead;
     return zo;
+}
+
+// The optimizer opened: its read-ahead said once. A default budget leaves
+// room for what a host-memory device (the cpu backend, whose pages are
+// taken as used) will still touch: `device_more` bytes.
+void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo,
+                                   std::uint64_t device_more) {
+    if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
+    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
+    if (rank != 0 || state == 0) return;
+    if (zo.readahead == 0)
+        log::info("optimizer: no read-ahead (--optimizer-readahead 0): a step after a clipped one reads its " +
+                  format_size(state) + " of master weights and moments after backward");
+    else
+        log::info("optimizer: a step after a clipped one reads " + format_size(ra) + " of the " + format_size(state) +
+                  " of master weights and moments it updates during backward (--optimizer-readahead " +
+                  (zo.readahead == zero::OptimizerOptions::kReadaheadAuto ? "from free memory" : format_size(zo.readahead)) +
+                  ")");
 }
 
 // The reference: every rank reads every tensor whole into its resident copy.
@@ -205,7 +226,7 @@ void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
     zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
         std::memcpy(own_param[t].data() + first * pbytes, v.data(), v.size());
     };
-    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    open_optimizer(e, p, zo, dev.arena().stats().used);
     if (dp > 1 && !dev.host_addressable())
         throw UsageError("--resident at dp > 1 runs its collectives over device memory, which this device does not "
                          "allow; use the ZeRO-Infinity engine");
@@ -286,7 +307,7 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
     zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
         if (infinity) infinity->on_param(t, first, v);
     };
-    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
+    open_optimizer(e, p, zo, acts_used + n.total() + opts.infinity.prefetch_bytes);
     infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
 }
 
@@ -442,6 +463,8 @@ static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_update_seconds = r.update_seconds;
     log.optimizer_wait_seconds = r.wait_seconds;
     log.optimizer_commit_seconds = r.commit_seconds;
+    log.optimizer_readahead_bytes = r.readahead_bytes;
+    log.optimizer_readahead_used_bytes = r.readahead_used_bytes;
 }
 
 void Trainer::Impl::resident_update(StepLog& log) {

@@ -87,6 +87,7 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
     setup_grad();
     try {
         plan_chunks();
+        plan_readahead();
         prepare_step();  // the files the first step writes exist before it starts
     } catch (...) {
         if (roles[Role::grad].file) ::unlink(m.path_of(roles[Role::grad].name(0)).c_str());
@@ -297,6 +298,60 @@ void Optimizer::Impl::plan_chunks() {
     all_chunks = cut(all);
 }
 
+std::uint64_t readahead_spare(int local_ranks) {
+    const std::uint64_t avail = meminfo_bytes("MemAvailable"), total = meminfo_bytes("MemTotal");
+    const std::uint64_t margin = std::max<std::uint64_t>(GiB, total / 8);
+    return avail > margin ? (avail - margin) / static_cast<std::uint64_t>(std::max(1, local_ranks)) : 0;
+}
+
+// The read-ahead's memory: the chunks of all_chunks whose pieces of the
+// master weights and moments fit the budget, from the first, each piece at
+// an aligned offset.
+void Optimizer::Impl::plan_readahead() {
+    if (!speculative) return;
+    for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq})
+        if (roles[r].present && roles[r].file) ra_roles.push_back(r);
+    std::vector<std::uint64_t> need(all_chunks.size(), 0);
+    for (std::size_t i = 0; i < all_chunks.size(); ++i)
+        for (Role r : ra_roles) need[i] += align_up(all_chunks[i].hi[r] - all_chunks[i].lo[r], alignment);
+    ra_state_bytes = std::accumulate(need.begin(), need.end(), std::uint64_t{0});
+    if (opts.readahead == 0) {
+        ra_roles.clear();
+        return;
+    }
+    std::uint64_t budget = opts.readahead;
+    if (budget == OptimizerOptions::kReadaheadAuto) {
+        // What the host can spare, less what the caller will still take and
+        // the gradients' scratch file, which stays in the page cache while
+        // memory allows (a read-ahead that pushed it out would cost more
+        // disk than it saves).
+        budget = readahead_spare(comm.local_size());
+        const std::uint64_t other =
+            opts.readahead_reserve + (roles[Role::grad].file ? roles[Role::grad].end : std::uint64_t{0});
+        budget = budget > other ? budget - other : 0;
+    }
+    std::uint64_t bytes = 0;
+    while (ra_chunks < all_chunks.size() && bytes + need[ra_chunks] <= budget) bytes += need[ra_chunks++];
+    if (ra_chunks == 0) {
+        if (opts.readahead != OptimizerOptions::kReadaheadAuto)
+            log::debug("optimizer: a read-ahead budget of " + format_size(budget) + " holds no chunk (the first needs " +
+                       format_size(need.empty() ? 0 : need[0]) + "): no read-ahead");
+        ra_roles.clear();
+        return;
+    }
+    ra_mem = pool.pin(bytes, "optimizer's read-ahead");
+    ra_at.assign(ra_chunks, std::vector<std::uint64_t>(file_roles.size(), 0));
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < ra_chunks; ++i)
+        for (std::size_t j = 0; j < file_roles.size(); ++j) {
+            const Role r = file_roles[j];
+            if (!is_ra_role(r)) continue;
+            ra_at[i][j] = at;
+            at += align_up(all_chunks[i].hi[r] - all_chunks[i].lo[r], alignment);
+        }
+    ra_tickets.resize(ra_chunks);
+}
+
 bool Optimizer::Impl::adjacent(std::size_t a, std::size_t b) const {
     for (Role r : file_roles) {
         const RoleState& rs = roles[r];
@@ -363,13 +418,20 @@ std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors)
 // updated, chunk i+1 is being read and chunk i-1 written; once i-1's writes
 // are done its slot takes chunk i+slots-1.
 void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot,
-                             bool on_worker) {
+                             bool on_worker, std::size_t ra) {
     if (chunks.empty()) return;
     std::vector<mem::Lease> held;
     if (!file_roles.empty()) held = pool.lease_many(leases, "optimizer step");
     const std::size_t k = file_roles.size();
-    auto piece_buf = [&](std::size_t slot, std::size_t j) {
-        const std::size_t q = slot * k + j;
+    std::vector<bool> ahead(k);  // role j's pieces of the first ra chunks are in ra_mem
+    for (std::size_t j = 0; j < k; ++j) ahead[j] = ra > 0 && is_ra_role(file_roles[j]);
+    for (std::size_t i = 0; i < ra; ++i)
+        for (std::size_t j = 0; j < k; ++j)
+            if (ahead[j]) tot.readahead_used += chunks[i].hi[file_roles[j]] - chunks[i].lo[file_roles[j]];
+    // Chunk i's piece of role j: read ahead, or in the buffers of slot i mod slots.
+    auto piece_buf = [&](std::size_t i, std::size_t j) {
+        if (i < ra && ahead[j]) return ra_mem.data() + ra_at[i][j];
+        const std::size_t q = (i % slots) * k + j;
         return held[q / per_buffer].data() + (q % per_buffer) * piece_bytes;
     };
     std::vector<std::vector<io::Ticket>> reads(chunks.size()), writes(chunks.size());
@@ -380,8 +442,9 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         for (std::size_t j = 0; j < k; ++j) {
             const Role r = file_roles[j];
             if (r == Role::param) continue;  // output only
+            if (i < ra && ahead[j]) continue;
             RoleState& rs = roles[r];
-            const std::span<std::byte> dst(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
+            const std::span<std::byte> dst(piece_buf(i, j), c.hi[r] - c.lo[r]);
             reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
             tot.read += dst.size();
             if (r == Role::grad) tot.grad_read += dst.size();
@@ -393,7 +456,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             const Role r = file_roles[j];
             if (r == Role::grad) continue;
             RoleState& rs = roles[r];
-            const std::span<const std::byte> src(piece_buf(i % slots, j), c.hi[r] - c.lo[r]);
+            const std::span<const std::byte> src(piece_buf(i, j), c.hi[r] - c.lo[r]);
             writes[i].push_back(engine.write(rs.gen_f[rs.next], c.lo[r], src));
             tot.written += src.size();
         }
@@ -419,10 +482,10 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             // corrupt state reaches a commit.
             w.reset();
             for (std::size_t j = 0; j < k; ++j)
-                if (file_roles[j] != Role::grad && file_roles[j] != Role::param)
-                    check_read(chunks[i], file_roles[j], piece_buf(i % slots, j) - chunks[i].lo[file_roles[j]]);
+                if (file_roles[j] != Role::grad && file_roles[j] != Role::param && !(i < ra && ahead[j]))
+                    check_read(chunks[i], file_roles[j], piece_buf(i, j) - chunks[i].lo[file_roles[j]]);
             tot.hash += w.seconds();
-            update(chunks[i], i % slots, piece_buf, sc, tot, on_worker);
+            update(chunks[i], i, piece_buf, sc, tot, on_worker);
             issue_writes(i);
             w.reset();
             if (i >= 1) {
@@ -534,13 +597,13 @@ void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) 
 }
 
 template <class PieceBuf>
-void Optimizer::Impl::update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
+void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
                              Totals& tot, bool on_worker) {
-    // Where role r's bytes of piece p are: in the slot's buffer, or in memory.
+    // Where role r's bytes of piece p are: in chunk i's buffers, or in memory.
     std::byte* base[Role::count] = {};
     for (int r = 0; r < Role::count; ++r)
         if (roles[r].present && !roles[r].file) base[r] = roles[r].image.data();
-    for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(slot, j) - c.lo[file_roles[j]];
+    for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(i, j) - c.lo[file_roles[j]];
     auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
 
     std::vector<optim::Update> us;

@@ -4,6 +4,7 @@
 
 #include <zinf/zero.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -117,6 +118,27 @@ struct Optimizer::Impl {
     std::uint64_t piece_bytes = 0, cut_unit = 2048;
     std::vector<Chunk> all_chunks;
 
+    // Read-ahead (OptimizerOptions::readahead): the first ra_chunks chunks
+    // of all_chunks have room in ra_mem for their pieces of the roles the
+    // update reads from files before it writes them (ra_roles: the master
+    // weights and moments), piece j of chunk i at ra_at[i][j]. A step that
+    // does not speculate has the overlap thread read them during backward
+    // (under mu: ra_on once started, ra_stop once step() wants them;
+    // ra_issued chunks read or being read, ra_done of them read and checked).
+    std::vector<Role> ra_roles;
+    mem::Pinned ra_mem;
+    std::size_t ra_chunks = 0;
+    std::vector<std::vector<std::uint64_t>> ra_at;
+    std::uint64_t ra_state_bytes = 0;  // what a step's update reads of ra_roles, every chunk
+    bool ra_on = false, ra_stop = false;
+    std::size_t ra_issued = 0, ra_done = 0;
+    std::vector<std::vector<io::Ticket>> ra_tickets;  // per chunk, while in flight
+    bool is_ra_role(Role r) const { return std::find(ra_roles.begin(), ra_roles.end(), r) != ra_roles.end(); }
+    void plan_readahead();
+    void start_readahead();  // under mu
+    void read_ahead(std::unique_lock<std::mutex>& lk);  // the overlap thread: one chunk on
+    std::size_t stop_readahead();  // chunks read ahead and checked
+
     // Gradients of the current step.
     std::vector<double> grad_sq;  // per tensor, sum of squares as handed over
     std::vector<bool> have_grad;
@@ -155,6 +177,7 @@ struct Optimizer::Impl {
         std::uint64_t grad_read = 0;  // of `read`, from the gradients' scratch file
         double update = 0, wait = 0, hash = 0;
         double speculative = 0;       // seconds the overlap thread streamed
+        std::uint64_t readahead = 0, readahead_used = 0;  // bytes read ahead, and of them taken by the update
     } totals;  // of the step under way
 
     void index_records();
@@ -173,9 +196,12 @@ struct Optimizer::Impl {
     std::vector<Chunk> cut(const std::vector<std::size_t>& tensors) const;
     // `worker`: run on the overlap thread beside the compute (one thread
     // for the update and the hashes); else every core.
-    void stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot, bool worker = false);
+    // `ra`: the first ra chunks' pieces of ra_roles are in ra_mem, read
+    // ahead and checked (all_chunks only).
+    void stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot, bool worker = false,
+                std::size_t ra = 0);
     template <class PieceBuf>
-    void update(const Chunk& c, std::size_t slot, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot,
+    void update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot,
                 bool worker);
     void check_read(const Chunk& c, Role r, const std::byte* base);
     void undo_speculation();
@@ -188,8 +214,8 @@ struct Optimizer::Impl {
     void check_step(double loss_scale);
     double global_sum_squares();
     void skip_step(const StepReport& rep);
-    void update_step(StepReport& rep, double loss_scale);
-    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep);
+    void update_step(StepReport& rep, double loss_scale, std::size_t ra);
+    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra);
     void next_step(double loss_scale);
     // Each (role, generation) becomes what the manifest names, at new_step.
     void commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step);

@@ -44,8 +44,10 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
             scalars(1 / spec_loss_scale, spec_sc);
             prepare_step();
             // A step after a clipped or skipped one is likely clipped too,
-            // and a redo costs a whole second pass: it runs after backward.
+            // and a redo costs a whole second pass: it runs after backward,
+            // from what is read ahead now.
             spec_off = in_place || last_clipped;
+            if (spec_off) start_readahead();
         }
     }
     const double sq = f32.empty() ? optim::sum_squares(b16, opts.kernel) : optim::sum_squares(f32, opts.kernel);
@@ -86,20 +88,114 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     double part = 0;
     for (std::size_t u = 0; u < tensor_count; ++u)
         if (have_grad[u]) part += grad_sq[u];
-    if (!std::isfinite(part) ||
-        (opts.grad_clip > 0 && optim::clip_coefficient(std::sqrt(part) / spec_loss_scale, opts.grad_clip) < 1))
+    if (!std::isfinite(part)) {
         spec_off = true;
+    } else if (opts.grad_clip > 0 && optim::clip_coefficient(std::sqrt(part) / spec_loss_scale, opts.grad_clip) < 1) {
+        // Clipped for certain: the update redoes every tensor after
+        // backward, from what is read ahead from now on.
+        spec_off = true;
+        start_readahead();
+    }
     queue.push_back(t);
     cv.notify_all();
 }
 
+// Read-ahead: a step that does not speculate starts it (under mu) once it
+// knows; the overlap thread reads on between the gradients' hand-overs.
+void Impl::start_readahead() {
+    if (ra_chunks == 0 || ra_on) return;
+    ra_on = true;
+    cv.notify_all();
+}
+
+// The overlap thread, under mu: the reads of the chunks up to a few ahead
+// of the first not yet checked issued, then that one waited for and checked
+// against the xxh3 its generation must have (as the update checks its own
+// reads, in the same order; the hashes of a partition cut between chunks go
+// on where the read-ahead stops). Once ra_stop is set only what is issued is
+// finished. An error is the step's (worker_error), after every read still in
+// flight into ra_mem is done.
+void Impl::read_ahead(std::unique_lock<std::mutex>& lk) {
+    const std::size_t depth = std::max<std::size_t>(slots, 2);
+    const std::size_t from = ra_issued, to = ra_stop ? ra_issued : std::min(ra_chunks, ra_done + depth);
+    const std::size_t i = ra_done;
+    ra_issued = to;
+    lk.unlock();
+    std::uint64_t read = 0;
+    try {
+        for (std::size_t c = from; c < to; ++c)
+            for (std::size_t j = 0; j < file_roles.size(); ++j) {
+                const Role r = file_roles[j];
+                if (!is_ra_role(r)) continue;
+                detail::RoleState& rs = roles[r];
+                const Chunk& ch = all_chunks[c];
+                const std::span<std::byte> dst(ra_mem.data() + ra_at[c][j], ch.hi[r] - ch.lo[r]);
+                ra_tickets[c].push_back(engine.read(rs.gen_f[rs.cur], ch.lo[r], dst));
+                read += dst.size();
+            }
+        for (auto t : ra_tickets[i]) engine.wait(t);
+        ra_tickets[i].clear();
+        for (std::size_t j = 0; j < file_roles.size(); ++j)
+            if (is_ra_role(file_roles[j]))
+                check_read(all_chunks[i], file_roles[j], ra_mem.data() + ra_at[i][j] - all_chunks[i].lo[file_roles[j]]);
+    } catch (...) {
+        std::exception_ptr e = std::current_exception();
+        for (std::size_t c = i; c < to; ++c) {
+            for (auto t : ra_tickets[c]) try {
+                    engine.wait(t);
+                } catch (...) {
+                }
+            ra_tickets[c].clear();
+        }
+        lk.lock();
+        totals.readahead += read;
+        totals.read += read;
+        if (!worker_error) worker_error = e;
+        ra_done = ra_issued = to;
+        cv.notify_all();
+        return;
+    }
+    lk.lock();
+    totals.readahead += read;
+    totals.read += read;
+    ra_done = i + 1;
+    cv.notify_all();
+}
+
+// step(): no more reads ahead; waits for those under way. The chunks read
+// and checked.
+std::size_t Impl::stop_readahead() {
+    std::unique_lock lk(mu);
+    ra_stop = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return ra_done == ra_issued; });
+    return worker_error ? 0 : ra_done;
+}
+
 // Overlap: whatever gradients have arrived, in file order, streamed as one
-// run of chunks, until the step has every tensor.
+// run of chunks, until the step has every tensor; between them, the
+// read-ahead of a step that does not speculate.
 void Impl::work() {
     std::unique_lock lk(mu);
+    auto reading_ahead = [&] {
+        return ra_on && !worker_error && ra_done < (ra_stop ? ra_issued : ra_chunks);
+    };
     for (;;) {
-        cv.wait(lk, [&] { return quit || !queue.empty(); });
-        if (quit) return;
+        cv.wait(lk, [&] { return quit || !queue.empty() || reading_ahead(); });
+        if (quit) {
+            // A step abandoned (its start refused): no read may still fill
+            // ra_mem once it is gone.
+            for (auto& ts : ra_tickets)
+                for (auto t : ts) try {
+                        engine.wait(t);
+                    } catch (...) {
+                    }
+            return;
+        }
+        if (queue.empty()) {
+            read_ahead(lk);
+            continue;
+        }
         std::vector<std::size_t> batch(queue.begin(), queue.end());
         queue.clear();
         const bool skip = worker_error != nullptr || spec_off;
@@ -203,15 +299,15 @@ void Impl::skip_step(const StepReport& rep) {
 // tensor (no overlap, or scalars other than it assumed: clipped, or scaled
 // other than assumed, redone from the current generation, still on disk),
 // or the tensors it did not reach.
-void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep) {
+void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra) {
     if (!speculative || rep.speculated == 0) {
         if (!speculative) prepare_step();
-        stream(all_chunks, sc, totals);
+        stream(all_chunks, sc, totals, false, ra);
         return;
     }
     if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
         rep.redo = true;
-        stream(all_chunks, sc, totals);
+        stream(all_chunks, sc, totals, false, ra);
         return;
     }
     std::vector<std::size_t> rest;
@@ -222,7 +318,7 @@ void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep) {
 
 // The update, synced to disk, and the step made the current state: on
 // every rank or (an error) on none.
-void Impl::update_step(StepReport& rep, double loss_scale) {
+void Impl::update_step(StepReport& rep, double loss_scale, std::size_t ra) {
     broken = true;  // until the step is whole again
     std::exception_ptr failed;
     std::vector<Role> written;
@@ -235,7 +331,7 @@ void Impl::update_step(StepReport& rep, double loss_scale) {
         // A speculative update that failed before it finished a tensor
         // still failed: its error is the step's, never dropped for a redo.
         if (worker_error) std::rethrow_exception(worker_error);
-        update_rest(sc, rep);
+        update_rest(sc, rep, ra);
         c.reset();
         stop_flushing();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
@@ -271,6 +367,8 @@ void Impl::next_step(double loss_scale) {
     std::fill(speculated.begin(), speculated.end(), false);
     done_tensors = 0;
     grad_written = 0;
+    ra_on = ra_stop = false;
+    ra_issued = ra_done = 0;
     totals = {};
     spec_loss_scale = loss_scale;  // what the next step's speculation assumes
 }
@@ -281,6 +379,7 @@ StepReport Impl::run_step(double loss_scale) {
     check_step(loss_scale);
     flush_written();  // what the backward's updates wrote, beside the rest of the step
     const double total = global_sum_squares();
+    const std::size_t ra = speculative ? stop_readahead() : 0;
     for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
     rep.overlap_seconds = totals.speculative;
     rep.grad_norm = std::sqrt(total) / loss_scale;
@@ -290,7 +389,7 @@ StepReport Impl::run_step(double loss_scale) {
     } else {
         rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
         last_clipped = rep.clip < 1;
-        update_step(rep, loss_scale);
+        update_step(rep, loss_scale, ra);
     }
     rep.update_seconds = totals.update;
     rep.wait_seconds = totals.wait;
@@ -300,6 +399,8 @@ StepReport Impl::run_step(double loss_scale) {
     rep.grad_bytes_written = grad_written;
     rep.chunks = totals.chunks;
     rep.chunk_bytes = piece_bytes;
+    rep.readahead_bytes = totals.readahead;
+    rep.readahead_used_bytes = totals.readahead_used;
     next_step(loss_scale);
     rep.step = step;
     rep.seconds = all.seconds();
@@ -457,6 +558,8 @@ Optimizer::~Optimizer() = default;
 unsigned Optimizer::rank() const { return impl_->rank; }
 std::uint64_t Optimizer::step_count() const { return impl_->step; }
 std::uint64_t Optimizer::chunk_bytes() const { return impl_->piece_bytes; }
+std::uint64_t Optimizer::readahead_bytes() const { return impl_->ra_mem.size(); }
+std::uint64_t Optimizer::update_read_bytes() const { return impl_->ra_state_bytes; }
 
 void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
