@@ -520,5 +520,10 @@ if strace -f -qq -o /dev/null -e trace=renameat2 -e inject=renameat2:signal=KILL
 else
   skip "a killed Hugging Face export leaves the old one whole" "no strace with syscall injection"
 fi
+# scripts/fault-walk.sh hfexport: EIO making the folder exited 73 (as for no
+# space), "Input/output error" twice; an I/O error is 74.
+ZINF_FAULT_SITE="mkdir:EIO:$W/hfe.tmp.*" run zs export -m "$W/ll/manifest.jsonl" --to "$W/hfe" --shard-size 8KiB
+check "an EIO making a Hugging Face export's folder exits 74 naming it, nothing left" \
+  bash -c '[[ $1 == 74 && $2 == *"$3/hfe.tmp."* && -z $(ls -d "$3"/hfe*) ]]' _ "$rc" "$err" "$W"
 
 finish

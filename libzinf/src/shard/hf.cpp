@@ -325,8 +325,7 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
         for (fs::path p = fs::path(to).parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
             missing.push_back(p.string());
         for (auto it = missing.rbegin(); it != missing.rend(); ++it)
-            if (sys::mkdir(*it, 0777) != 0 && errno != EEXIST)
-                throw CreateError(std::string("cannot create the folder: ") + std::strerror(errno), {errno, *it, {}, -1});
+            if (sys::mkdir(*it, 0777) != 0 && errno != EEXIST) throw_errno("mkdir", errno, *it, {}, true);
     }
     remove_stale_exports(to);
     const std::string tmp = temp_name(to, ".tmp.");
@@ -335,8 +334,7 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
     json::Json weight_map = json::Json::object();
     try {
         if (folder) {
-            if (sys::mkdir(tmp, 0777) != 0)
-                throw CreateError(std::string("cannot create the folder: ") + std::strerror(errno), {errno, tmp, {}, -1});
+            if (sys::mkdir(tmp, 0777) != 0) throw_errno("mkdir", errno, tmp, {}, true);
             made = true;
             tmp_dir = Fd::open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
             hold_export_temp(tmp_dir.get(), tmp);
