@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Crash trials of zinf-shard export: each trial SIGKILLs an export of a tiny
 # model's committed state at a seeded moment (after a seeded delay, or on
-# entering a seeded fsync, fdatasync, rename or fallocate), into a path that
+# entering a seeded fsync, fdatasync, rename, renameat2 or fallocate), into a path that
 # does not exist yet or with --force over an export of another seed. Then:
 # the output is absent (an empty folder for a sharded one made fresh) or
 # byte-identical to the old export or to the one an uninterrupted export
