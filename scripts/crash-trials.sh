@@ -8,14 +8,22 @@
 #   shard-init     zinf-shard init, fresh or --force over a committed state
 #   shard-reshard  zinf-shard reshard (dp 3 to 2), fresh or --force
 #   shard-import   zinf-shard import of llm.c weights, fresh or --force
+#   shard-hfimport zinf-shard import of a Hugging Face folder (shards, index)
+#   export-llmc    zinf-shard export to llm.c's file, fresh or --force
+#   export-hf      zinf-shard export to a Hugging Face folder, fresh or --force
 #   train-nvme     zinf-train, every state on nvme (every step commits)
 #   train-cpu      zinf-train, the state in memory, --checkpoint-every 2
+#   diverge        zinf-train resumed at --lr 1e12: it diverges and goes back
+#   lock           a second program beside a zinf-train holding the lock,
+#                  refused (75); the holder SIGKILLed, the next run not blocked
 #
 # each killed after a seeded delay or on entering a seeded fsync, fdatasync,
 # rename or fallocate (inside a commit), and checked: the manifest is
 # byte-identical to the last committed one or absent, zinf-shard verify
 # passes on it, a re-run or --resume proceeds to the end (with the
-# uninterrupted run's losses, bit for bit), no temporaries are left. Then
+# uninterrupted run's losses, bit for bit), no temporaries are left (an
+# export: its output absent, the old one or the new one whole; see each
+# script's header in tests/crash/ for its checks). Then
 # the dying-rank trials (tests/crash/rank.sh): mpirun -np 2 and -np 4, one
 # rank SIGKILLed in training, in init --ranks all and inside a commit, or
 # SIGSTOPped; the others must end within --comm-timeout plus 4 s.
@@ -25,7 +33,8 @@
 #   --rank-trials M    dying-rank trials (default 8: each case once; 0: none)
 #   --comm-timeout T   the dying-rank trials' --comm-timeout, seconds (default 2)
 #   --only NAME        one campaign: shard-init, shard-reshard, shard-import,
-#                      train-nvme, train-cpu or rank
+#                      shard-hfimport, export-llmc, export-hf, train-nvme,
+#                      train-cpu, diverge, lock or rank
 #   --keep             keep the work folders (their paths are printed)
 #   -h, --help         print this help and exit
 #
@@ -63,7 +72,7 @@ done
 [[ $seed =~ ^[0-9]+$ ]] || usage_error "bad --seed '$seed'"
 [[ $rank_trials =~ ^[0-9]+$ ]] || usage_error "bad --rank-trials '$rank_trials'"
 [[ $comm_timeout =~ ^[1-9][0-9]*$ ]] || usage_error "bad --comm-timeout '$comm_timeout' (whole seconds)"
-campaigns=(shard-init shard-reshard shard-import train-nvme train-cpu rank)
+campaigns=(shard-init shard-reshard shard-import shard-hfimport export-llmc export-hf train-nvme train-cpu diverge lock rank)
 [[ -z $only || " ${campaigns[*]} " == *" $only "* ]] || usage_error "--only: one of ${campaigns[*]}"
 command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
 bin=${ZINF_BIN:-$root/bin}
@@ -75,6 +84,11 @@ command_of() {  # command_of CAMPAIGN: the script and its options
         shard-init) echo "tests/crash/shard.sh --op init" ;;
         shard-reshard) echo "tests/crash/shard.sh --op reshard" ;;
         shard-import) echo "tests/crash/shard.sh --op import" ;;
+        shard-hfimport) echo "tests/crash/shard.sh --op hfimport" ;;
+        export-llmc) echo "tests/crash/export.sh --format llmc" ;;
+        export-hf) echo "tests/crash/export.sh --format hf" ;;
+        diverge) echo "tests/crash/diverge.sh" ;;
+        lock) echo "tests/crash/lock.sh" ;;
         train-nvme) echo "tests/crash/train.sh --tiers nvme" ;;
         train-cpu) echo "tests/crash/train.sh --tiers cpu" ;;
         rank) echo "tests/crash/rank.sh --comm-timeout $comm_timeout" ;;

@@ -60,7 +60,7 @@ timed() {
 # $KILL_SYSCALLS, how often the process (any thread) entered it: "name count".
 # (--seccomp-bpf stops the process at those calls only; strace 6.1 does not
 # inject with it, so the kills themselves go without.)
-KILL_SYSCALLS=fsync,fdatasync,rename,fallocate
+KILL_SYSCALLS=fsync,fdatasync,rename,renameat2,fallocate
 syscall_counts() {
   local out=$1
   shift

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Crash trials of zinf-shard init (--op init), reshard (--op reshard,
-# dp 3 to dp 2) and import (--op import, llm.c weights): each trial SIGKILLs the subcommand on a tiny model at a
+# dp 3 to dp 2) and import (--op import, llm.c weights; --op hfimport, a
+# Llama's Hugging Face folder of safetensors shards and its index): each trial SIGKILLs the subcommand on a tiny model at a
 # seeded moment, into a fresh folder or with --force over a committed state
 # of another seed, after a seeded delay or on entering a seeded fsync,
 # fdatasync, rename or fallocate (inside the commit). Then: manifest.jsonl
@@ -9,7 +10,7 @@
 # on it; a re-run ends 0, commits the new state (verified) and leaves no
 # temporaries; reshard's source is untouched.
 #
-#   tests/crash/shard.sh [--op init|reshard|import] [--seed S] [--trials N] [--keep]
+#   tests/crash/shard.sh [--op init|reshard|import|hfimport] [--seed S] [--trials N] [--keep]
 #
 # --op: the subcommand (default init); --seed S: trial i has seed S+i
 # (default: drawn, printed); --trials N (default 10); --keep: keep the work
@@ -27,10 +28,13 @@ while (($#)); do
   *) echo "${0##*/}: unknown option $1 (see --help)" >&2; exit 64 ;;
   esac
 done
-[[ $op == init || $op == reshard || $op == import ]] || { echo "${0##*/}: --op is init, reshard or import" >&2; exit 64; }
+[[ $op == init || $op == reshard || $op == import || $op == hfimport ]] ||
+  { echo "${0##*/}: --op is init, reshard, import or hfimport" >&2; exit 64; }
 name=shard-$op
 crash_dir "$op"
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
+dt=()
+[[ $op == hfimport ]] && M=llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=48,vocab=64,seq=32 dt=(--param-dtype fp32)
 echo "# zinf-shard $op crash trials: seed $seed, $trials trials, model $M"
 have_strace_ok=0
 have_strace && have_strace_ok=1 || echo "# no strace with syscall injection: delays only"
@@ -42,8 +46,8 @@ have_strace && have_strace_ok=1 || echo "# no strace with syscall injection: del
 T=$W/t
 dp=1
 [[ $op == reshard ]] && dp=2
-"$SH" layout --model "$M" --seed 1 --dp $dp >"$W/new.layout"
-"$SH" layout --model "$M" --seed 2 --dp $dp >"$W/old.layout"
+"$SH" layout --model "$M" "${dt[@]}" --seed 1 --dp $dp >"$W/new.layout"
+"$SH" layout --model "$M" "${dt[@]}" --seed 2 --dp $dp >"$W/old.layout"
 if [[ $op == reshard ]]; then
   "$SH" layout --model "$M" --seed 1 --dp 3 | "$SH" init "${POOL[@]}" --dir "$W/src" >/dev/null 2>&1
   sums "$W/src" >"$W/src.sums"
@@ -52,6 +56,10 @@ if [[ $op == import ]]; then # the weights: an init of the new layout elsewhere,
   "$SH" init "${POOL[@]}" --dir "$W/wsrc" <"$W/new.layout" >/dev/null 2>&1
   "$SH" export "${POOL[@]}" -m "$W/wsrc/manifest.jsonl" --to "$W/weights.bin" --format llmc >/dev/null 2>&1
 fi
+if [[ $op == hfimport ]]; then # 7 shards and their index
+  "$SH" init "${POOL[@]}" --dir "$W/wsrc" <"$W/new.layout" >/dev/null 2>&1
+  "$SH" export "${POOL[@]}" -m "$W/wsrc/manifest.jsonl" --to "$W/weights.hf" --shard-size 8KiB >/dev/null 2>&1
+fi
 # The subcommand under trial, into $T (stdin: $W/new.layout), in $write;
 # write [--force] runs it. (Each takes the directory's lock: a re-run after
 # a kill shows that a killed holder's lock never blocks the next.)
@@ -59,6 +67,8 @@ if [[ $op == init ]]; then
   cmd=("$SH" init "${POOL[@]}" --dir "$T")
 elif [[ $op == import ]]; then
   cmd=("$SH" import "${POOL[@]}" --from "$W/weights.bin" --dir "$T")
+elif [[ $op == hfimport ]]; then
+  cmd=("$SH" import "${POOL[@]}" --from "$W/weights.hf" --dir "$T")
 else
   cmd=("$SH" reshard "${POOL[@]}" -m "$W/src/manifest.jsonl" --dp 2 --dir "$T")
 fi

@@ -169,6 +169,16 @@ expect_rc 74 "diverged, and the commit back meets EIO reading rank0/param.bin: 7
 check "…the message says both, naming the file" has_all "$err" "training diverged" "could not go back to step 4" "rank0/param.bin"
 run zs verify -m "$W/d/manifest.jsonl"
 expect_rc 0 "…the manifest it names verifies"
+# A killed commit's manifest temporary, and a run that commits nothing
+# (tests/crash/diverge.sh, seeds 2908 and 2915 on the main branch: killed on
+# entering the rename that commits step 2 again, the manifest stayed at
+# step 3, as it should, but so did its temporary: the run again diverged at
+# once, committing nothing, and only a commit removed a killed one's
+# temporary). The run that takes the directory's lock removes it at once.
+head -c 100 /dev/zero >"$W/d/manifest.jsonl.tmp.00000000000000cc"
+run train --manifest "$W/d/manifest.jsonl" --steps "$(steps_of "$W/d/manifest.jsonl")" --resume
+check "a run that commits nothing removes the manifest temporary a killed commit left" \
+  test ! -e "$W/d/manifest.jsonl.tmp.00000000000000cc"
 
 # --- 8. Non-finite weights imported silently, then the wrong advice ---------
 # Probe: imports with NaN or ±Inf (or 3e38) exited 0; training then stopped
@@ -471,5 +481,49 @@ check "…and a Hugging Face export of it (75), writing nothing" bash -c '[[ $1 
 kill "$holder"
 wait "$holder" 2>/dev/null
 check "…the state untouched" test "$(sums "$W/hl")" = "$before"
+
+# --- Killed Hugging Face exports: torn folders, temporaries -----------------
+# Found by the kill -9 trials of issue 29 (tests/crash/export.sh --format hf,
+# seeds 100 104 105 on the main branch): an export --force over an older
+# export, SIGKILLed between its shards' renames, left new shards beside old
+# ones under the old index (a silent mix), and every export killed before
+# its renames left the shards' temporaries in the folder, which no later
+# export removed. Now the shards and the index are written in a folder
+# beside --to and swapped in whole (renameat2 RENAME_EXCHANGE); a file of
+# the user's in the old folder is carried over. Killed on entering that
+# swap, the old export stays whole; the next export removes what it left.
+if strace -f -qq -o /dev/null -e trace=renameat2 -e inject=renameat2:signal=KILL:when=1 true 2>/dev/null; then
+  zs layout --model "$LM" --param-dtype fp32 --seed 9 | zs init --dir "$W/ll9" >/dev/null
+  zs export -m "$W/ll9/manifest.jsonl" --to "$W/hfk" --shard-size 8KiB 2>/dev/null
+  echo '{"architectures": ["LlamaForCausalLM"]}' >"$W/hfk/config.json" # the user's
+  head -c 100 /dev/zero >"$W/hfk/model-00001-of-00007.safetensors.tmp.00000000000000aa" # as main left them
+  cp -a "$W/hfk" "$W/hfk.old"
+  # (in the background and waited for, so that bash reports no "Killed")
+  strace -f -qq -o /dev/null -e trace=renameat2 -e inject=renameat2:signal=KILL:when=1 \
+    "$SH" export "${POOL[@]}" -m "$W/ll/manifest.jsonl" --to "$W/hfk" --shard-size 8KiB --force >/dev/null 2>&1 &
+  wait $! 2>/dev/null
+  rc=$?
+  check "an export --force SIGKILLed as it swaps its folder in (137) leaves the old export whole" \
+    bash -c '[[ $1 == 137 ]] && diff -r "$2" "$3"' _ "$rc" "$W/hfk" "$W/hfk.old"
+  mkdir "$W/hfk.tmp.00000000000000bb" && head -c 100 /dev/zero >"$W/hfk.tmp.00000000000000bb/model.safetensors"
+  run zs export -m "$W/ll/manifest.jsonl" --to "$W/hfk" --shard-size 8KiB --force
+  expect_rc 0 "…the next export --force exits 0"
+  check "…writes the new export whole (the shards and index of a fresh one)" \
+    bash -c 'diff -r -x config.json "$1" "$2"' _ "$W/hfk" "$W/hf"
+  check "…carries the user's config.json over" cmp "$W/hfk/config.json" "$W/hfk.old/config.json"
+  check "…and leaves no temporary beside or inside it" \
+    test -z "$(find "$W" -maxdepth 1 -name 'hfk.tmp.*'; find "$W/hfk" -name '*.tmp.*')"
+  mkdir "$W/hfk/sub"
+  run zs export -m "$W/ll/manifest.jsonl" --to "$W/hfk" --shard-size 8KiB --force
+  check "an export --force over a folder holding a folder is refused (73), naming it, the folder untouched" \
+    bash -c '[[ $1 == 73 && $2 == *"holds sub"* && -d $3/sub && -f $3/config.json ]]' _ "$rc" "$err" "$W/hfk"
+else
+  skip "a killed Hugging Face export leaves the old one whole" "no strace with syscall injection"
+fi
+# scripts/fault-walk.sh hfexport: EIO making the folder exited 73 (as for no
+# space), "Input/output error" twice; an I/O error is 74.
+ZINF_FAULT_SITE="mkdir:EIO:$W/hfe.tmp.*" run zs export -m "$W/ll/manifest.jsonl" --to "$W/hfe" --shard-size 8KiB
+check "an EIO making a Hugging Face export's folder exits 74 naming it, nothing left" \
+  bash -c '[[ $1 == 74 && $2 == *"$3/hfe.tmp."* && -z $(ls -d "$3"/hfe*) ]]' _ "$rc" "$err" "$W"
 
 finish

@@ -199,6 +199,14 @@ std::string read_regular(const std::string& path, std::uint64_t max, const std::
 // crash ("" is the current folder); IoError naming it on failure.
 void fsync_dir(const std::string& dir);
 
+// Removes the regular files writers killed half-way left under
+// temp_name(path, tag) (exactly `path`, `tag` and 16 hex digits): garbage,
+// never state, so errors are ignored. write_file_atomic calls it after its
+// rename, so a commit that a SIGKILL interrupted before its rename leaves
+// nothing behind once the next commit of the same file is done; a writer
+// that locks a data directory calls it on the manifest at once.
+void remove_stale_temps(const std::string& path, std::string_view tag) noexcept;
+
 // Writes `pieces`, one after another, as the whole of `path`, complete or not
 // at all: a temporary beside it under an unpredictable name (temp_name,
 // "<path>.tmp.<16 hex>", created O_EXCL|O_NOFOLLOW), fsync, rename over
@@ -451,6 +459,9 @@ int fsync(int fd, const std::string& path) noexcept;
 int fdatasync(int fd, const std::string& path) noexcept;
 // The site is the destination: what a failed rename leaves unchanged.
 int rename(const std::string& from, const std::string& to) noexcept;
+// renameat2(2) RENAME_EXCHANGE: `a` and `b` swap names, atomically (EINVAL
+// where the file system cannot); the site is `b`.
+int exchange(const std::string& a, const std::string& b) noexcept;
 int fallocate(int fd, std::uint64_t bytes, const std::string& path) noexcept;
 int ftruncate(int fd, std::uint64_t bytes, const std::string& path) noexcept;
 int mkdir(const std::string& path, unsigned mode) noexcept;

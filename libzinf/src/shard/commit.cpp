@@ -345,6 +345,12 @@ Committed read_committed(const std::string& given, LockMode mode, const std::vec
     // again once the directory is locked.
     Lock lock = lock_state(read_committed(given).manifest, mode, ranks);
     Committed c = read_committed(given);
+    // The directory's writer: a manifest temporary there is a killed
+    // commit's (no other writer can hold the lock), removed now rather than
+    // at this run's first commit, which may never come (a run that
+    // diverges at its first step, or is interrupted before it).
+    if (mode == LockMode::exclusive && (ranks.empty() || std::find(ranks.begin(), ranks.end(), 0u) != ranks.end()))
+        remove_stale_temps(c.path, ".tmp.");
     c.lock = std::move(lock);
     return c;
 }

@@ -21,6 +21,9 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace zinf::shard::detail {
@@ -218,6 +221,63 @@ std::string shard_name(std::size_t k, std::size_t n) {
     return buf;
 }
 
+// A name an export writes into its folder: a shard, the index, or a
+// temporary ("<name>.tmp.<16 hex>").
+bool export_name(const std::string& n) {
+    if (n == "model.safetensors" || n == "model.safetensors.index.json") return true;
+    unsigned k = 0, of = 0;
+    int used = 0;
+    if (n.size() == shard_name(0, 1).size() &&
+        std::sscanf(n.c_str(), "model-%5u-of-%5u.safetensors%n", &k, &of, &used) == 2 &&
+        static_cast<std::size_t>(used) == n.size())
+        return true;
+    const auto t = n.rfind(".tmp.");
+    return t != std::string::npos && n.size() == t + 5 + 16 &&
+           n.find_first_not_of("0123456789abcdef", t + 5) == std::string::npos;
+}
+
+// --force over an existing --to folder replaces the whole folder, so it
+// may hold only files (an export's, and others that are carried over).
+void check_replaceable(const std::string& to) {
+    struct stat st {};
+    if (::lstat(to.c_str(), &st) != 0) return;  // absent: made new
+    if (S_ISLNK(st.st_mode))
+        throw CreateError("--to is a symbolic link: export replaces no folder through a link", {0, to, {}, -1});
+    if (!S_ISDIR(st.st_mode)) return;  // a file: replaced by the folder
+    DIR* d = ::opendir(to.c_str());
+    if (!d) throw_errno("opendir", errno, to);
+    std::string bad;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        if (n == "." || n == "..") continue;
+        struct stat es {};
+        if (::fstatat(::dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(es.st_mode)) bad = n;
+    }
+    ::closedir(d);
+    if (!bad.empty())
+        throw CreateError(to + " holds " + bad + ", which is not a regular file: export --force replaces a folder "
+                          "of files whole (move it out, or export to a new folder)", {0, to, {}, -1});
+}
+
+// The files of an existing --to folder that are not an export's (a
+// config.json, a tokenizer) carried into the new one, as hard links.
+void carry_other_files(const std::string& to, const std::string& tmp) {
+    struct stat st {};
+    if (::lstat(to.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+    DIR* d = ::opendir(to.c_str());
+    if (!d) throw_errno("opendir", errno, to);
+    std::vector<std::string> carry;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        struct stat es {};
+        if (n == "." || n == ".." || export_name(n)) continue;
+        if (::fstatat(::dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(es.st_mode)) carry.push_back(n);
+    }
+    ::closedir(d);
+    for (const auto& n : carry)
+        if (::link((to + "/" + n).c_str(), (tmp + "/" + n).c_str()) != 0) throw_errno("link", errno, to + "/" + n);
+}
+
 }  // namespace
 
 ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& engine, mem::PinnedPool& pool,
@@ -246,28 +306,40 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
         in_group += b;
         total += b;
     }
+    // The output is written under a temporary name beside `to` and put in
+    // place once complete: one file renamed over it, or (--shard-size) a
+    // folder of the shards and their index, renamed to `to` or swapped with
+    // the old one. A kill leaves the old output or the new one, whole, and a
+    // temporary that the next export removes.
     const bool folder = opts.shard_bytes > 0;
-    std::vector<std::string> finals;
+    const std::string dir_of = fs::path(to).parent_path().string();
+    std::vector<std::string> names;  // each shard's file name
+    for (std::size_t g = 0; g < groups.size(); ++g)
+        names.push_back(!folder ? fs::path(to).filename().string()
+                        : groups.size() == 1 ? std::string("model.safetensors") : shard_name(g, groups.size()));
     if (folder) {
+        check_replaceable(to);
         // Through zinf::sys, so the fault walk sees every folder it makes.
         std::vector<std::string> missing;
         std::error_code ec;
-        for (fs::path p = to; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) missing.push_back(p.string());
+        for (fs::path p = fs::path(to).parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+            missing.push_back(p.string());
         for (auto it = missing.rbegin(); it != missing.rend(); ++it)
-            if (sys::mkdir(*it, 0777) != 0 && errno != EEXIST)
-                throw CreateError(std::string("cannot create the folder: ") + std::strerror(errno), {errno, *it, {}, -1});
-        for (std::size_t g = 0; g < groups.size(); ++g)
-            finals.push_back(to + "/" + (groups.size() == 1 ? std::string("model.safetensors") : shard_name(g, groups.size())));
-    } else {
-        finals.push_back(to);
+            if (sys::mkdir(*it, 0777) != 0 && errno != EEXIST) throw_errno("mkdir", errno, *it, {}, true);
     }
-    const std::string dir_of = folder ? to : fs::path(to).parent_path().string();
-
-    // Each shard under a temporary name beside its final one; every one
-    // renamed once all are written, the index last.
-    std::vector<std::string> temps;
+    remove_stale_exports(to);
+    const std::string tmp = temp_name(to, ".tmp.");
+    Fd tmp_dir;  // the temporary folder, flocked while it is written
+    bool made = false;
     json::Json weight_map = json::Json::object();
     try {
+        if (folder) {
+            if (sys::mkdir(tmp, 0777) != 0) throw_errno("mkdir", errno, tmp, {}, true);
+            made = true;
+            tmp_dir = Fd::open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+            hold_export_temp(tmp_dir.get(), tmp);
+            carry_other_files(to, tmp);
+        }
         mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});
         mem::Lease scratch_lease = pool.lease("zinf-shard export scratch");
         const std::span<std::byte> scratch = scratch_lease.bytes();
@@ -280,12 +352,14 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
                 const std::uint64_t bytes = keys[i].numel * ob;
                 st.push_back({keys[i].name, st_dtype(oe), keys[i].shape, at, at + bytes});
                 at += bytes;
-                weight_map[keys[i].name] = fs::path(finals[g]).filename().string();
+                weight_map[keys[i].name] = names[g];
             }
             const json::Json meta = {{"format", "pt"}, {"zinf_model", m.spec.to_string()}, {"zinf_state", res.state}};
             const std::string head = safetensors_header(st, meta);
-            temps.push_back(temp_name(finals[g], ".tmp."));
-            io::File file = io::File::open(temps.back(), {.access = io::Access::write, .create = true, .exclusive = true});
+            const std::string path = folder ? tmp + "/" + names[g] : tmp;
+            io::File file = io::File::open(path, {.access = io::Access::write, .create = true, .exclusive = true});
+            made = true;
+            if (!folder) hold_export_temp(file.fd(), tmp);
             file.preallocate(head.size() + at);
             stream.write(file, 0, std::as_bytes(std::span(head)));
             for (std::size_t j = 0; j < groups[g].size(); ++j) {
@@ -314,7 +388,17 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
             engine.sync(file);
             file.close();
             res.bytes += head.size() + at;
+            res.files.push_back(folder ? to + "/" + names[g] : to);
         }
+        if (folder && groups.size() > 1) {
+            const json::Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+            const std::string text = index.dump(2) + "\n";
+            const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(text))};
+            write_file_atomic(tmp + "/model.safetensors.index.json", pieces);
+            res.files.push_back(to + "/model.safetensors.index.json");
+            res.bytes += text.size();
+        }
+        if (folder) fsync_dir(tmp);
         // The bytes just written came from partitions checked before the
         // first was read; checked again now, as the GPT export does, a state
         // that changed while it was read is never exported.
@@ -324,22 +408,12 @@ ExportResult export_hf(const Manifest& m, const std::string& to, io::Engine& eng
             throw DataError("the state changed while it was exported (" + e.message() +
                             "); nothing was written: export again once no program writes it");
         }
-        for (std::size_t g = 0; g < groups.size(); ++g)
-            if (sys::rename(temps[g], finals[g]) != 0) throw_errno("rename", errno, finals[g], {}, true);
-        temps.clear();
+        if (folder) install_export_folder(tmp, to);
+        else if (sys::rename(tmp, to) != 0) throw_errno("rename", errno, to, {}, true);
+        made = false;
     } catch (...) {
-        for (const auto& t : temps) ::unlink(t.c_str());
+        if (made) remove_export_folder(tmp);
         throw;
-    }
-    res.files = finals;
-    if (folder && groups.size() > 1) {
-        const json::Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-        const std::string text = index.dump(2) + "\n";
-        const std::string path = to + "/model.safetensors.index.json";
-        const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(text))};
-        write_file_atomic(path, pieces);
-        res.files.push_back(path);
-        res.bytes += text.size();
     }
     fsync_dir(dir_of.empty() ? "." : dir_of);
     res.tensors = keys.size();

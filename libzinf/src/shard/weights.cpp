@@ -504,9 +504,27 @@ void check_export_target(const Manifest& m, const std::string& to) {
     }
 }
 
-// What exports killed before their rename left beside `to`
-// ("<to>.tmp.<16 hex>"): removed, unless a live export still writes one
-// (each holds a flock on its own while it writes).
+}  // namespace
+
+namespace detail {
+
+void remove_export_folder(const std::string& path) noexcept {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return;
+    if (!S_ISDIR(st.st_mode)) {
+        ::unlink(path.c_str());
+        return;
+    }
+    if (DIR* d = ::opendir(path.c_str())) {
+        std::vector<std::string> names;
+        while (const dirent* e = ::readdir(d))
+            if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+        ::closedir(d);
+        for (const auto& n : names) ::unlink((path + "/" + n).c_str());  // files only: a folder stays
+    }
+    ::rmdir(path.c_str());
+}
+
 void remove_stale_exports(const std::string& to) {
     const fs::path target = fs::absolute(to);
     const std::string prefix = target.filename().string() + ".tmp.";
@@ -526,12 +544,55 @@ void remove_stale_exports(const std::string& to) {
         const int fd = sys::open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) continue;
         struct stat st {};
-        if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            if (::unlink(path.c_str()) == 0) log::info(path + ": removed, left by an export that did not finish");
+        if (::fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) &&
+            ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            remove_export_folder(path);
+            if (::access(path.c_str(), F_OK) != 0)
+                log::info(path + ": removed, left by an export that did not finish");
         }
         ::close(fd);
     }
 }
+
+void hold_export_temp(int fd, const std::string& tmp) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) throw_errno("flock", errno, tmp);
+    struct stat mine {}, named {};
+    if (::fstat(fd, &mine) != 0 || ::lstat(tmp.c_str(), &named) != 0 || mine.st_ino != named.st_ino ||
+        mine.st_dev != named.st_dev)
+        throw IoError("the export's temporary was removed as it was made (another export's clean-up?); try again",
+                      {ENOENT, tmp, {}, -1});
+}
+
+void install_export_folder(const std::string& tmp, const std::string& to) {
+    struct stat st {};
+    if (::lstat(to.c_str(), &st) != 0) {
+        if (errno != ENOENT) throw_errno("stat", errno, to);
+        if (sys::rename(tmp, to) != 0) throw_errno("rename", errno, to, {}, true);
+        return;
+    }
+    if (sys::exchange(tmp, to) == 0) {
+        remove_export_folder(tmp);  // now the old output
+        return;
+    }
+    if (errno != EINVAL && errno != ENOSYS) throw_errno("rename", errno, to, {}, true);
+    // A file system without RENAME_EXCHANGE: the old output moved aside
+    // first (a kill in between leaves none, and the next export removes it).
+    const std::string aside = temp_name(to, ".tmp.");
+    if (sys::rename(to, aside) != 0) throw_errno("rename", errno, to, {}, true);
+    if (sys::rename(tmp, to) != 0) {
+        const int err = errno;
+        (void)sys::rename(aside, to);
+        throw_errno("rename", err, to, {}, true);
+    }
+    remove_export_folder(aside);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::hold_export_temp;
+using detail::remove_stale_exports;
 
 }  // namespace
 
@@ -572,11 +633,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     const std::string tmp = temp_name(to, ".tmp.");
     try {
         io::File file = io::File::open(tmp, {.access = io::Access::write, .create = true, .exclusive = true});
-        if (::flock(file.fd(), LOCK_EX | LOCK_NB) != 0) throw_errno("flock", errno, tmp);
-        struct stat mine {}, named {};
-        if (::fstat(file.fd(), &mine) != 0 || ::stat(tmp.c_str(), &named) != 0 || mine.st_ino != named.st_ino)
-            throw IoError("the export's temporary was removed as it was made (another export's clean-up?); try again",
-                          {ENOENT, tmp, {}, -1});
+        hold_export_temp(file.fd(), tmp);
         file.preallocate(res.bytes);
         {  // (its pool buffers back before the check below takes them)
             mem::Stream stream(engine, pool, {.buffers = 2, .who = "zinf-shard export"});

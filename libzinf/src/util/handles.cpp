@@ -32,13 +32,6 @@ std::string temp_name(const std::string& path, std::string_view tag) {
     return path + std::string(tag) + hex64(r);
 }
 
-namespace {
-
-// Removes the regular files writers killed half-way left under
-// temp_name(path, tag) (exactly `path`, `tag` and 16 hex digits): garbage,
-// never state, so errors are ignored. write_file_atomic calls it after its
-// rename, so a commit that a SIGKILL interrupted before its rename leaves
-// nothing behind once the next commit of the same file is done.
 void remove_stale_temps(const std::string& path, std::string_view tag) noexcept {
     const std::filesystem::path p(path);
     const std::string folder = p.has_parent_path() ? p.parent_path().string() : ".";
@@ -55,6 +48,8 @@ void remove_stale_temps(const std::string& path, std::string_view tag) noexcept 
     }
     ::closedir(d);
 }
+
+namespace {
 
 // Whether `fd` lies beneath the folder `root_fd`, by their paths in /proc:
 // the check a kernel without openat2 leaves to us.

@@ -4,9 +4,11 @@
 // (ZINF_FAULT_SITE). Unwatched, a site costs one load of a static.
 #include <zinf/util.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -21,17 +23,24 @@ namespace {
 
 constexpr const char* kKindNames[] = {"open", "read", "write", "fsync", "rename", "fallocate", "truncate", "mkdir", "close"};
 
-// "<name>.<16 hex digits>" (temp_name's random suffix) -> "<name>.*": the
-// same site in every run.
+// "<name>.<16 hex digits>" (temp_name's random suffix) -> "<name>.*", at the
+// end or before a slash (a file in a temporary folder): the same site in
+// every run.
 std::string site_path(const std::string& path) {
     constexpr std::size_t kHex = 16;
-    if (path.size() > kHex && path[path.size() - kHex - 1] == '.') {
-        bool hex = true;
-        for (std::size_t i = path.size() - kHex; i < path.size() && hex; ++i)
-            hex = std::isxdigit(static_cast<unsigned char>(path[i])) != 0;
-        if (hex) return path.substr(0, path.size() - kHex) + "*";
+    std::string out;
+    std::size_t i = 0;
+    while (i < path.size()) {
+        const std::size_t end = std::min(path.find('/', i), path.size());
+        bool hex = end - i > kHex && path[end - kHex - 1] == '.';
+        for (std::size_t j = end - kHex; hex && j < end; ++j)
+            hex = std::isxdigit(static_cast<unsigned char>(path[j])) != 0;
+        out.append(path, i, hex ? end - i - kHex : end - i);
+        if (hex) out += '*';
+        if (end < path.size()) out += '/';
+        i = end + 1;
     }
-    return path;
+    return out;
 }
 
 struct Watch {
@@ -188,6 +197,11 @@ int fdatasync(int fd, const std::string& path) noexcept {
 int rename(const std::string& from, const std::string& to) noexcept {
     ZINF_SITE_FAIL(Kind::rename, to);
     return ::rename(from.c_str(), to.c_str());
+}
+
+int exchange(const std::string& a, const std::string& b) noexcept {
+    ZINF_SITE_FAIL(Kind::rename, b);
+    return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE);
 }
 
 int fallocate(int fd, std::uint64_t bytes, const std::string& path) noexcept {
