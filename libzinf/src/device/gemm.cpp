@@ -158,7 +158,7 @@ namespace {
 // out[i] = in[i] rounded to bf16 and widened back (exact), over the team.
 void round_bf16(const float* in, float* out, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (u64 i = 0; i < n; ++i) out[i] = from_bf16(to_bf16(in[i]));
+    for (u64 i = 0; i < n; ++i) out[i] = zinf::from_bf16(zinf::to_bf16(in[i]));
 }
 }  // namespace
 
