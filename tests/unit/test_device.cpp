@@ -394,8 +394,8 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
 }
 
 BOOST_AUTO_TEST_CASE(precision_names_parse_and_a_bad_one_says_the_choices) {
-    BOOST_TEST(parse_precision("fp32") == Precision::fp32);
-    BOOST_TEST(parse_precision("bf16") == Precision::bf16);
+    for (Precision p : {Precision::fp32, Precision::bf16})
+        BOOST_TEST((parse_precision(precision_name(p)) == p), precision_name(p));
     BOOST_TEST(std::string(precision_name(Precision::bf16)) == "bf16");
     const std::string why = testing::what_of<UsageError>([] { parse_precision("fp16"); }, "fp16");
     BOOST_TEST(testing::contains(why, "'fp16'"), why);

@@ -167,7 +167,10 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
     if (!g.k) return scale_c(g, c);  // op(A) op(B) is all zeros
     if (g.inputs == Precision::bf16) {
         // Every element the shape reaches, rounded once (the strides and
-        // leading dimensions stay those of the spans).
+        // leading dimensions stay those of the spans), into scratch that each
+        // stream's worker keeps for its next GEMM: host memory beside the
+        // arena, as large as the largest operands (the head's V x C weight),
+        // held for the process's life.
         thread_local std::vector<float> ra, rb;
         ra.resize(gemm_extent_a(g));
         rb.resize(gemm_extent_b(g));

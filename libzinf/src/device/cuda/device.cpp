@@ -875,8 +875,10 @@ private:
                                std::uint32_t, std::uint32_t, int, int, bool>;
     // fp32 spans: exact fp32 (no TF32), or with bf16 inputs (device.hpp's
     // Precision) on bf16 tensor cores, the inputs rounded inside the kernel
-    // and the products accumulated in fp32. bf16 spans (gemm_rate's): fp32
-    // accumulation.
+    // and the products accumulated in fp32. (cublas_api.h allows FAST_16BF to
+    // down-convert to TF32 instead, which keeps more bits: never fewer than
+    // bf16's, so the cpu backend's rounding stays the bound test_cuda holds it
+    // to.) bf16 spans (gemm_rate's): fp32 accumulation.
     static cublasComputeType_t compute_type(const Gemm& g, cudaDataType_t type) {
         return type == CUDA_R_32F && g.inputs == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
     }
