@@ -119,15 +119,17 @@ BOOST_AUTO_TEST_CASE(nine_tiers_equal_the_resident_engine) {
 
 // Precision::bf16 (every GEMM's inputs rounded to bf16; the loss, gradients,
 // master weights and optimizer state fp32), the GPT and the tiny Llama: the
-// nine placements still equal the resident engine to the bit, losses and
-// committed state; a second resident run gives the same bits; the losses
-// track the fp32 run's within 1e-2 relative, and differ from them (the
-// rounding happened).
+// placements still equal the resident engine to the bit, losses and
+// committed state (all nine for the GPT; for the Llama, whose GEMMs are the
+// same calls, nvme x nvme, the farthest, to keep the suite short); a second
+// resident run gives the same bits; the losses track the fp32 run's within
+// 1e-2 relative, and differ from them (the rounding happened).
 BOOST_AUTO_TEST_CASE(bf16_gemm_inputs_nine_tiers_equal_the_resident_engine) {
     constexpr std::uint64_t steps = 4;
     const std::uint64_t s = fresh_seed("bf16 precision");
     const auto tokens = make_tokens(s, 97, (steps + 2) * kB * kT + 1);
     for (const char* spec : {kGPT, "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=97,seq=16"}) {
+        const bool gpt = spec == kGPT;
         Rig rig;
         auto run_of = [&](Run& run, bool resident, device::Precision p) {
             train::Options o = train_options(run.manifest_path());
@@ -155,6 +157,7 @@ BOOST_AUTO_TEST_CASE(bf16_gemm_inputs_nine_tiers_equal_the_resident_engine) {
         }
         for (Tier pt : kTiers)
             for (Tier ot : kTiers) {
+                if (!gpt && (pt != Tier::nvme || ot != Tier::nvme)) continue;
                 const std::string what = std::string(spec) + ": bf16 GEMM inputs, param " + shard::tier_name(pt) +
                                          ", optimizer " + shard::tier_name(ot);
                 Run run(rig, lay(DType::bf16, pt, ot, s), spec);
