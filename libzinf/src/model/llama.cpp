@@ -92,7 +92,7 @@ void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x
         ForwardScope tile_scope(c.engine, t);
         // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
         c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-                   c.engine.weight(t, t.w), y.subspan(t.r0));
+               c.engine.weight(t, t.w), y.subspan(t.r0));
     }
 }
 
@@ -102,9 +102,9 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
     if (!tiles_[0]) {
         // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
         c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
-                   c.engine.weight(*this, w_whole_), dx);
+               c.engine.weight(*this, w_whole_), dx);
         c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
-                   c.engine.grad(*this, w_whole_));
+               c.engine.grad(*this, w_whole_));
         return;
     }
     for (std::size_t k = 0; k < tiles_.size(); ++k) {
@@ -112,9 +112,9 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
         BackwardScope tile_scope(c.engine, t);
         const u64 w = t.r1 - t.r0;
         c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
-                   dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
+               dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
         c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
-                   c.engine.grad(t, t.w));
+               c.engine.grad(t, t.w));
     }
 }
 
@@ -296,13 +296,13 @@ public:
     void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N) {
         ForwardScope scope(c.engine, *this);
         c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.weight(*this, w_),
-                   logits);
+               logits);
     }
     void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N) {
         BackwardScope scope(c.engine, *this);
         c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, w_), dx);
         c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
-                   c.engine.grad(*this, w_));
+               c.engine.grad(*this, w_));
     }
 
 private:

@@ -151,7 +151,7 @@ void TiledLinear::forward(Context& c, std::span<float> y, std::span<const float>
         // y[:, c0:c1] (N,w) = x (N,in) @ W_k (in,w), rows of y `out` apart
         const std::uint64_t w = t.c1 - t.c0;
         c.gemm(Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.weight(t, t.w),
-                   y.subspan(t.c0));
+               y.subspan(t.c0));
     }
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
@@ -165,9 +165,9 @@ void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const floa
         const std::uint64_t w = t.c1 - t.c0;
         // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
         c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
-                   dy.subspan(t.c0), c.engine.weight(t, t.w), dx);
+               dy.subspan(t.c0), c.engine.weight(t, t.w), dx);
         c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, dy.subspan(t.c0),
-                   c.engine.grad(t, t.w));
+               c.engine.grad(t, t.w));
     }
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
