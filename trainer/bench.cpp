@@ -46,8 +46,8 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     return std::min(affinity_cpus(), share);
 }
 
-int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device, bool json,
-              bool checkpoint, const std::atomic<bool>& stop) {
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
+              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop) {
     const shard::ModelSpec spec = shard::ModelSpec::parse(o.model);
     if (!device.threads) device.threads = affinity_cpus();
     auto dev = device::open(device);
@@ -79,8 +79,9 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     auto m2 = dev->alloc<float>(eng.all_values().size(), "exp_avg_sq");
     const optim::AdamW h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
-    model::Context ctx{*dev, s, eng};
-    log::info(spec.to_string() + ", batch " + std::to_string(batch) + " x " + std::to_string(seq) + ", " +
+    model::Context ctx{*dev, s, eng, precision};
+    log::info(spec.to_string() + ", " + device::precision_name(precision) + ", batch " + std::to_string(batch) +
+              " x " + std::to_string(seq) + ", " +
               std::to_string(dev->threads()) + (dev->backend() == "cuda" ? " SMs: " : " threads: ") +
               std::to_string(o.steps) + " steps after a warm-up");
     std::vector<double> times;
@@ -112,14 +113,16 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     double gemm = 0;
     for (int r = 0; r < 3 && !stop.load(); ++r) gemm = std::max(gemm, device::measure_gemm_flops(*dev, o.gemm_n, 3));
     if (stop.load()) throw Interrupted("interrupted while timing sgemm");
-    // On a GPU, the rate a bf16 step would be held to (fp32 is the step's own).
+    // On a GPU, the rate a bf16 step is held to (fp32 is the step's own).
     const double gemm_bf16 = device::measure_gemm_bf16_flops(*dev, o.gemm_n, 3);
+    const bool against_bf16 = precision == device::Precision::bf16 && gemm_bf16 > 0;
 
-    const double rate = model_flops / step_s, ratio = rate / gemm;
+    const double rate = model_flops / step_s, ratio = rate / (against_bf16 ? gemm_bf16 : gemm);
     if (json) {
         json::Json j;
         j["schema"] = "zinf.train-bench/1";
         j["model"] = spec.to_string();
+        j["precision"] = device::precision_name(precision);
         j["batch"] = batch;
         j["seq"] = seq;
         j["threads"] = dev->threads();
@@ -134,12 +137,15 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
         j["device"] = dev->backend();
         if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = gemm_bf16;
         j["ratio"] = ratio;
+        j["ratio_peer"] = against_bf16 ? "bf16_gemm" : "sgemm";
         std::cout << j.dump() << '\n';
     } else {
-        std::printf("# zinf-train --bench: %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),
-                    static_cast<unsigned long long>(batch), static_cast<unsigned long long>(seq),
+        std::printf("# zinf-train --bench: %s, %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),
+                    device::precision_name(precision), static_cast<unsigned long long>(batch),
+                    static_cast<unsigned long long>(seq),
                     dev->backend().c_str(), dev->threads(), dev->backend() == "cuda" ? "SMs" : "threads");
         if (gemm_bf16 > 0) std::printf("# cuBLASLt bf16 GEMM (fp32 accumulation): %.2f GFLOP/s\n", gemm_bf16 / 1e9);
+        std::printf("# ratio: the step's model FLOP/s over %s's\n", against_bf16 ? "the bf16 GEMM" : "sgemm");
         std::printf("# step_s  model_GFLOP/s  executed_GFLOP/s  sgemm_GFLOP/s  ratio\n");
         std::printf("%.4f  %.2f  %.2f  %.2f  %.3f\n", step_s, rate / 1e9, (model_flops + recompute) / step_s / 1e9,
                     gemm / 1e9, ratio);
@@ -147,8 +153,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     std::cout.flush();
     if (o.min_ratio > 0 && ratio < o.min_ratio) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "the step ran at %.3f of sgemm's rate, below --min-ratio %.3f", ratio,
-                      o.min_ratio);
+        std::snprintf(buf, sizeof buf, "the step ran at %.3f of %s's rate, below --min-ratio %.3f", ratio,
+                      against_bf16 ? "the bf16 GEMM" : "sgemm", o.min_ratio);
         throw ThresholdError(buf);
     }
     return 0;

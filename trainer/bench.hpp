@@ -30,8 +30,10 @@ struct BenchOptions {
 unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
 
 
-// Stops (Interrupted) between steps once `stop` is set.
-int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device, bool json,
-              bool checkpoint, const std::atomic<bool>& stop);
+// Stops (Interrupted) between steps once `stop` is set. `precision` is the
+// step's GEMM inputs (--precision); a bf16 step is held to the bf16 GEMM rate
+// where the device has one (cuda), else to sgemm's.
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
+              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop);
 
 }  // namespace zinf::trainer

@@ -38,6 +38,7 @@ struct Options {
     std::string disk_probe = "64MiB";
     std::string optimizer_readahead = "auto";
     std::string offload_activations = "none";
+    std::string precision = "fp32";
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
@@ -187,6 +188,7 @@ train::Options train_options(const Options& o, const std::string& committed, uns
     to.optimizer_readahead = o.optimizer_readahead == "auto" ? zero::OptimizerOptions::kReadaheadAuto
                                                              : cli::parse_sizes({o.optimizer_readahead}, "--optimizer-readahead")[0];
     to.offload_activations = model::parse_offload(o.offload_activations);
+    to.precision = device::parse_precision(o.precision);
     to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
     to.infinity.persist_below = o.persist_below;
     to.infinity.persist_shared = !o.no_persist_shared;
@@ -211,7 +213,8 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
     log::info(comm.describe());
     log::info(m.spec.to_string() + ": " + std::to_string(t.model().params_table().numel()) + " parameters, batch " +
               std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
-              " ranks, " + std::to_string(dev.threads()) + " threads per rank; activations " +
+              " ranks, " + std::to_string(dev.threads()) + " threads per rank, " +
+              device::precision_name(to.precision) + " GEMM inputs; activations " +
               format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
     if (o.resident)
         log::info("engine: resident (every parameter on every rank's device, the reference)");
@@ -368,6 +371,10 @@ int main(int argc, char** argv) {
                    "(page-locked host memory) or nvme (a scratch file beside the rank's state)")
         ->capture_default_str()
         ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+    app.add_option("--precision", o.precision,
+                   "The arithmetic of the model's GEMM inputs: fp32 (the reference) or bf16 (inputs rounded to bf16, "
+                   "fp32 accumulation; the loss, gradients, master weights and optimizer state stay fp32)")
+        ->capture_default_str();
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);
@@ -379,9 +386,10 @@ int main(int argc, char** argv) {
         std::signal(SIGHUP, on_signal);
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
         o.bench.check();
+        const device::Precision precision = device::parse_precision(o.precision);
         if (o.bench.enabled)
-            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.device_memory, o.threads), o.json,
-                                      !o.no_checkpoint, g_stop);
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.device_memory, o.threads),
+                                      precision, o.json, !o.no_checkpoint, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);
     });

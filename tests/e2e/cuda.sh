@@ -8,7 +8,12 @@
 # (one GPU for two ranks, no NCCL). --device and --gpu
 # refusals (64) run everywhere; the rest is skipped, with the reason the
 # programs give, where the cuda backend cannot run (no GPU, or no CUDA in
-# the build). Every model is tiny.
+# the build). --precision bf16 (GEMM inputs rounded to bf16, fp32
+# accumulation): on cpu, everywhere, 3 steps within 1e-2 of fp32's losses
+# and not equal to them, a bad value refused (64) with the checkpoint
+# untouched, --bench's record naming it; on cuda, 10 bf16 steps within 1e-2
+# of cpu's bf16 losses and two cuda bf16 runs the same to the bit. Every
+# model is tiny.
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
@@ -31,6 +36,34 @@ check "…saying --gpu is for cuda" contains "$err" "--gpu is for --device cuda"
 run "$TR" --manifest "$(mf refuse)" "${RUN[@]}" --steps 10 --device cuda --gpu 4096
 expect_rc 64 "--gpu past the GPUs (or cuda where it cannot run) is a usage error"
 
+# --- --precision, on cpu (everywhere)
+sums "$W/refuse" >"$W/refuse.sums"
+run "$TR" --manifest "$(mf refuse)" "${RUN[@]}" --steps 3 --device cpu --precision fp16
+expect_rc 64 "--precision fp16 is a usage error"
+check "…naming the value and the choices" has_all "$err" "precision 'fp16'" "expected fp32 or bf16"
+check "…nothing on stdout" test -z "$out"
+check "…the checkpoint untouched" test "$(sums "$W/refuse")" = "$(cat "$W/refuse.sums")"
+for p in fp32 bf16; do
+  state "p$p" --param-dtype fp32
+  run "$TR" --manifest "$(mf "p$p")" "${RUN[@]}" --steps 3 --device cpu --threads 1 --precision "$p"
+  expect_rc 0 "3 steps on cpu, --precision $p"
+  printf '%s\n' "$out" >"$W/p$p.jsonl"
+done
+if jq -e -n --slurpfile a "$W/pfp32.jsonl" --slurpfile b "$W/pbf16.jsonl" \
+  '($a | length) == 3 and ($b | length) == 3 and
+   ([$a, $b] | transpose | all((.[0].loss - .[1].loss | fabs) <= 1e-2 * (.[0].loss | fabs))) and
+   ([$a, $b] | transpose | any(.[0].loss != .[1].loss))' >/dev/null; then
+  pass "--precision bf16 on cpu: losses within 1e-2 of fp32's, not equal to them"
+else
+  fail "--precision bf16 on cpu: losses within 1e-2 of fp32's, not equal to them" \
+    "fp32 $(losses "$W/pfp32.jsonl" | tr '\n' ' ')/ bf16 $(losses "$W/pbf16.jsonl" | tr '\n' ' ')"
+fi
+run "$TR" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 \
+  --bench-gemm 64 --threads 1 --device cpu --precision bf16 --json -q
+expect_rc 0 "--bench --precision bf16 on cpu"
+check "…its record names the precision and the sgemm it is held to" \
+  jq -e '.precision == "bf16" and .ratio_peer == "sgemm" and .ratio > 0' <<<"$out"
+
 # Can cuda run here? The programs say why not.
 state probe --param-dtype fp32
 run "$TR" --manifest "$(mf probe)" "${RUN[@]}" --steps 1 --device cuda
@@ -42,7 +75,8 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
     fail "--device cuda where it cannot run is a usage error saying why" "$why"
   fi
   for t in "10 fp32 steps on cuda within 1e-4 of cpu" "two cuda runs give the same losses to the bit" \
-    "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu"; do
+    "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu" \
+    "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit"; do
     skip "$t" "$why"
   done
   finish
@@ -64,10 +98,11 @@ printf '%s\n' "$out" >"$W/cuda2.jsonl"
 for f in cpu cuda1 cuda2; do
   check "the $f run logged steps 1 to 10" jq -e -s '[.[].step] == [range(1; 11)]' "$W/$f.jsonl"
 done
-close_losses() { # A B: the same steps, every loss within 1e-4
-  jq -e -n --slurpfile a "$1" --slurpfile b "$2" \
+close_losses() { # A B [REL]: the same steps, every loss within 1e-4 (REL: within REL times A's)
+  jq -e -n --slurpfile a "$1" --slurpfile b "$2" --argjson rel "${3:-0}" \
     '($a | length) == 10 and ($b | length) == 10 and
-     ([$a, $b] | transpose | all(.[0].loss - .[1].loss | fabs < 1e-4))' >/dev/null
+     ([$a, $b] | transpose | all(.[0].loss - .[1].loss | fabs <
+       (if $rel > 0 then $rel * (.[0].loss | fabs) else 1e-4 end)))' >/dev/null
 }
 if close_losses "$W/cpu.jsonl" "$W/cuda1.jsonl"; then pass "10 fp32 steps on cuda within 1e-4 of cpu"; else
   fail "10 fp32 steps on cuda within 1e-4 of cpu" "cpu $(losses "$W/cpu.jsonl" | tr '\n' ' ')/ cuda $(losses "$W/cuda1.jsonl" | tr '\n' ' ')"
@@ -80,6 +115,26 @@ else
 fi
 run "$SH" verify -m "$(mf cuda1)" "${POOL[@]}"
 expect_rc 0 "the state cuda trained verifies"
+
+# --- 10 steps, --precision bf16: cpu (the rounded reference), then cuda
+# (cuBLASLt's bf16 tensor cores) twice
+for r in bcpu bcuda1 bcuda2; do state "$r" --param-dtype fp32; done
+run "$TR" --manifest "$(mf bcpu)" "${RUN[@]}" --steps 10 --device cpu --threads 1 --precision bf16
+expect_rc 0 "10 bf16 steps on cpu"
+printf '%s\n' "$out" >"$W/bcpu.jsonl"
+for r in bcuda1 bcuda2; do
+  run "$TR" --manifest "$(mf $r)" "${RUN[@]}" --steps 10 --device cuda --precision bf16
+  expect_rc 0 "10 bf16 steps on cuda ($r)"
+  printf '%s\n' "$out" >"$W/$r.jsonl"
+done
+if close_losses "$W/bcpu.jsonl" "$W/bcuda1.jsonl" 1e-2; then pass "10 bf16 steps on cuda within 1e-2 of cpu's bf16"; else
+  fail "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "cpu $(losses "$W/bcpu.jsonl" | tr '\n' ' ')/ cuda $(losses "$W/bcuda1.jsonl" | tr '\n' ' ')"
+fi
+if [[ $(losses "$W/bcuda1.jsonl" | wc -l) == 10 && $(losses "$W/bcuda1.jsonl") == "$(losses "$W/bcuda2.jsonl")" ]]; then
+  pass "two cuda bf16 runs give the same losses to the bit"
+else
+  fail "two cuda bf16 runs give the same losses to the bit" "$(losses "$W/bcuda1.jsonl" | tr '\n' ' ')/ $(losses "$W/bcuda2.jsonl" | tr '\n' ' ')"
+fi
 
 # --- data parallel: two ranks on cuda, the engine's gathers and
 # reduce-scatters on NCCL, against two on cpu (MPI), from copies of one init.

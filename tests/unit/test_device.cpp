@@ -349,6 +349,59 @@ BOOST_AUTO_TEST_CASE(gemm_split_over_threads_covers_all_of_c) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Precision::bf16: A and B rounded to bf16 (nearest even), accumulated in
+// fp32 into an fp32 C. Against a double reference over the rounded inputs
+// the cpu backend is fp32-exact; against the unrounded inputs it is off by
+// bf16's rounding, which fp32 would not be; the inputs are left as they were.
+BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
+    std::mt19937_64 rng(fresh_seed("gemm bf16"));
+    Rig r;
+    auto rounded = [](Vf v) {
+        for (float& x : v) x = from_bf16(to_bf16(x));
+        return v;
+    };
+    for (Gemm g : {Gemm{.m = 33, .n = 40, .k = 300}, Gemm{.ta = true, .m = 17, .n = 9, .k = 257, .beta = 1},
+                   Gemm{.tb = true, .m = 8, .n = 12, .k = 200, .alpha = 0.5f, .beta = -1},
+                   Gemm{.ta = true, .tb = true, .m = 5, .n = 7, .k = 150, .lda = 9, .ldb = 160, .ldc = 11,
+                        .batch = 3, .stride_a = 1400, .stride_b = 1200, .stride_c = 60}}) {
+        const GemmShape sh = shape_of(g);
+        const u64 na = (sh.batch - 1) * sh.sa + ((g.ta ? g.k : g.m) - 1) * sh.lda + (g.ta ? g.m : g.k);
+        const u64 nb = (sh.batch - 1) * sh.sb + ((g.tb ? g.n : g.k) - 1) * sh.ldb + (g.tb ? g.k : g.n);
+        const u64 nc = (sh.batch - 1) * sh.sc + (g.m - 1) * sh.ldc + g.n;
+        const Vf a = randn(na, rng), b = randn(nb, rng), c = randn(nc, rng);
+        auto da = r.up(a), db = r.up(b), dc = r.up(c), dc32 = r.up(c);
+        g.inputs = Precision::bf16;
+        r->gemm(r.s(), g, da, db, dc);
+        Gemm g32 = g;
+        g32.inputs = Precision::fp32;
+        r->gemm(r.s(), g32, da, db, dc32);
+        const Vf got = r.down(dc), got32 = r.down(dc32);
+        BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k
+                                 << " batch " << g.batch) {
+            BOOST_TEST(max_err(got, gemm_ref(g, rounded(a), rounded(b), c)) < 1e-5);
+            const double off = max_err(got, gemm_ref(g, a, b, c));
+            BOOST_TEST(off > 1e-4, "bf16 rounding shows: " << off);
+            BOOST_TEST(off < 1e-2, "within bf16's tolerance: " << off);
+            BOOST_TEST(max_err(got32, gemm_ref(g, a, b, c)) < 1e-5);
+            BOOST_TEST(same_bits(r.down(da), a));  // rounded into scratch, not in place
+            BOOST_TEST(same_bits(r.down(db), b));
+            auto again = r.up(c);
+            r->gemm(r.s(), g, da, db, again);
+            BOOST_TEST(same_bits(r.down(again), got));  // deterministic
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(precision_names_parse_and_a_bad_one_says_the_choices) {
+    for (Precision p : {Precision::fp32, Precision::bf16})
+        BOOST_TEST((parse_precision(precision_name(p)) == p), precision_name(p));
+    BOOST_TEST(std::string(precision_name(Precision::bf16)) == "bf16");
+    const std::string why = testing::what_of<UsageError>([] { parse_precision("fp16"); }, "fp16");
+    BOOST_TEST(testing::contains(why, "'fp16'"), why);
+    BOOST_TEST(testing::contains(why, "expected fp32 or bf16"), why);
+}
+
 BOOST_AUTO_TEST_CASE(bias_embedding_residual_match_reference) {
     std::mt19937_64 rng(fresh_seed("bias, embedding, residual"));
     Rig r;

@@ -19,7 +19,8 @@
 // code hands device memory to host collectives only where
 // host_addressable() says it may; see train.hpp.)
 //
-// Numbers: fp32 everywhere inside the kernels; bf16 only at the casts.
+// Numbers: fp32 everywhere inside the kernels; bf16 only at the casts and
+// at a GEMM asked for bf16 inputs (Precision::bf16, below).
 // Every kernel is deterministic: the same inputs give the same bits for any
 // thread count (reductions over rows are split by columns, never by rows),
 // except GEMM, which the device cuts into column or row blocks by its thread
@@ -107,6 +108,24 @@ private:
     mem::Block block_;
 };
 
+// The arithmetic of a GEMM's inputs. fp32: the reference. bf16: A and B
+// rounded to bf16 (nearest even), the products accumulated and C written in
+// fp32, as llm.c's and every mixed-precision trainer's GEMMs on tensor cores.
+// The spans stay fp32 on both backends: on cpu the inputs are rounded into
+// scratch and OpenBLAS's cblas_sgemm multiplies them (Debian 12's OpenBLAS
+// 0.3.21 is built without cblas_sbgemm), so the bf16 arithmetic is exact up
+// to fp32 accumulation, the host's reference; on cuda cuBLASLt multiplies
+// the fp32 spans with CUBLAS_COMPUTE_32F_FAST_16BF (bf16 tensor cores,
+// inputs converted inside the kernel, fp32 accumulation). zinf-train
+// --precision bf16 runs every GEMM of the model so; layernorm, softmax,
+// attention, the loss, gradients handed to the optimizer, master weights and
+// optimizer state stay fp32. (Storing the gathered working parameters and
+// the GEMMs' input activations as bf16, which halves their bytes, is not
+// done yet: it needs bf16 spans through the engine and the model.)
+enum class Precision { fp32, bf16 };
+const char* precision_name(Precision p);
+Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices
+
 // C (m,n) = alpha * op(A) (m,k) * op(B) (k,n) + beta * C, row-major, `batch`
 // times with the given element strides between matrices. op(X) is X or its
 // transpose; lda is the row stride of A as stored ((m,k) or (k,m) when ta).
@@ -117,6 +136,7 @@ struct Gemm {
     float alpha = 1, beta = 0;
     std::uint64_t batch = 1;
     std::uint64_t stride_a = 0, stride_b = 0, stride_c = 0;  // 0 = packed (one matrix)
+    Precision inputs = Precision::fp32;                        // A's and B's arithmetic (see Precision)
 };
 
 class Device {

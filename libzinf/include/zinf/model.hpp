@@ -95,11 +95,19 @@ protected:
 // Where parameters live and when they move: zero's hook interface.
 using ParamEngine = zero::ParamEngine;
 
-// What a forward or backward runs with.
+// What a forward or backward runs with. `precision` is the arithmetic of
+// every GEMM's inputs (device.hpp's Precision: bf16 rounds the activations and
+// weights a GEMM reads; everything else stays fp32).
 struct Context {
     device::Device& dev;
     device::Stream& stream;
     ParamEngine& engine;
+    device::Precision precision = device::Precision::fp32;
+    // dev.gemm on `stream` with `precision`'s inputs: how a module multiplies.
+    void gemm(device::Gemm g, std::span<const float> a, std::span<const float> b, std::span<float> c) {
+        g.inputs = precision;
+        dev.gemm(stream, g, a, b, c);
+    }
 };
 
 // Runs `m`'s forward (or backward) between the engine's two hooks.

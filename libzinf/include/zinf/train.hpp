@@ -56,6 +56,10 @@ struct Options {
     std::string manifest_path;          // where commits go
     optim::Kernel kernel;               // the optimizer's threads
     bool resident = false;              // the reference engine instead of ZeRO-Infinity
+    // The arithmetic of the model's GEMM inputs (device.hpp's Precision):
+    // fp32 the reference; bf16 rounds what every GEMM reads, the loss,
+    // gradients, master weights and optimizer state staying fp32.
+    device::Precision precision = device::Precision::fp32;
     // The optimizer updates each tensor as backward hands its gradient over,
     // speculatively, redoing the step when it is clipped (zero.hpp,
     // OptimizerOptions::overlap); false: the whole update after backward.

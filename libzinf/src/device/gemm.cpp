@@ -1,6 +1,8 @@
 // The cpu backend's GEMM: OpenBLAS's cblas_sgemm, one call per batch entry
 // (Debian 12's OpenBLAS has no strided batch), or without OpenBLAS a plain
-// OpenMP loop over C's rows, so that the build works everywhere.
+// OpenMP loop over C's rows, so that the build works everywhere. bf16 inputs
+// (device.hpp's Precision) are rounded into scratch first, then multiplied
+// the same way: the reference the cuda backend's bf16 GEMMs are held to.
 #include "kernels.hpp"
 
 #include <zinf/util.hpp>
@@ -152,9 +154,32 @@ void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int 
 }
 #endif
 
+namespace {
+// out[i] = in[i] rounded to bf16 and widened back (exact), over the team.
+void round_bf16(const float* in, float* out, u64 n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) out[i] = zinf::from_bf16(zinf::to_bf16(in[i]));
+}
+}  // namespace
+
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
     if (!g.batch || !g.m || !g.n) return;
     if (!g.k) return scale_c(g, c);  // op(A) op(B) is all zeros
+    if (g.inputs == Precision::bf16) {
+        // Every element the shape reaches, rounded once (the strides and
+        // leading dimensions stay those of the spans), into scratch that each
+        // stream's worker keeps for its next GEMM: host memory beside the
+        // arena, as large as the largest operands (the head's V x C weight),
+        // held for the process's life.
+        thread_local std::vector<float> ra, rb;
+        ra.resize(gemm_extent_a(g));
+        rb.resize(gemm_extent_b(g));
+        round_bf16(a, ra.data(), ra.size());
+        round_bf16(b, rb.data(), rb.size());
+        Gemm f = g;
+        f.inputs = Precision::fp32;
+        return gemm(f, ra.data(), rb.data(), c);
+    }
     for (u64 e = 0; e < g.batch; ++e) {
         const float* ae = a + e * g.stride_a;
         const float* be = b + e * g.stride_b;
@@ -168,3 +193,15 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
 }
 
 }  // namespace zinf::device::cpu
+
+namespace zinf::device {
+
+const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+Precision parse_precision(std::string_view text) {
+    for (Precision p : {Precision::fp32, Precision::bf16})
+        if (text == precision_name(p)) return p;
+    throw UsageError("precision '" + std::string(text) + "': expected fp32 or bf16");
+}
+
+}  // namespace zinf::device

@@ -84,15 +84,15 @@ RowLinear::~RowLinear() = default;
 void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x, u64 N) {
     ForwardScope scope(c.engine, *this);
     if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
-        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_whole_), y);
+        c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_whole_), y);
         return;
     }
     for (auto& tp : tiles_) {
         Tile& t = *tp;
         ForwardScope tile_scope(c.engine, t);
         // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
-        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-                   c.engine.weight(t, t.w), y.subspan(t.r0));
+        c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
+               c.engine.weight(t, t.w), y.subspan(t.r0));
     }
 }
 
@@ -101,20 +101,20 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
     BackwardScope scope(c.engine, *this);
     if (!tiles_[0]) {
         // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
-        c.dev.gemm(c.stream, Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
-                   c.engine.weight(*this, w_whole_), dx);
-        c.dev.gemm(c.stream, Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
-                   c.engine.grad(*this, w_whole_));
+        c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
+               c.engine.weight(*this, w_whole_), dx);
+        c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
+               c.engine.grad(*this, w_whole_));
         return;
     }
     for (std::size_t k = 0; k < tiles_.size(); ++k) {
         Tile& t = *tiles_[k];
         BackwardScope tile_scope(c.engine, t);
         const u64 w = t.r1 - t.r0;
-        c.dev.gemm(c.stream, Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
-                   dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
-        c.dev.gemm(c.stream, Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
-                   c.engine.grad(t, t.w));
+        c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
+               dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
+        c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
+               c.engine.grad(t, t.w));
     }
 }
 
@@ -295,14 +295,14 @@ public:
     }
     void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N) {
         ForwardScope scope(c.engine, *this);
-        c.dev.gemm(c.stream, Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.weight(*this, w_),
-                   logits);
+        c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.weight(*this, w_),
+               logits);
     }
     void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N) {
         BackwardScope scope(c.engine, *this);
-        c.dev.gemm(c.stream, Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, w_), dx);
-        c.dev.gemm(c.stream, Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
-                   c.engine.grad(*this, w_));
+        c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, w_), dx);
+        c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
+               c.engine.grad(*this, w_));
     }
 
 private:

@@ -505,7 +505,7 @@ StepLog Trainer::step(const data::Loader& train) {
     Impl& I = *impl_;
     auto& dev = I.dev;
     auto& s = dev.compute();
-    model::Context ctx{dev, s, I.engine()};
+    model::Context ctx{dev, s, I.engine(), I.opts.precision};
     StepLog log;
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
@@ -601,7 +601,7 @@ double Trainer::evaluate(const data::Loader& val, std::uint64_t batches) { retur
 std::optional<double> Trainer::evaluate(const data::Loader& val, std::uint64_t batches, const std::atomic<bool>* stop) {
     Impl& I = *impl_;
     auto& s = I.dev.compute();
-    model::Context ctx{I.dev, s, I.engine()};
+    model::Context ctx{I.dev, s, I.engine(), I.opts.precision};
     double sum = 0;
     for (std::uint64_t b = 0; b < batches; ++b) {
         if (stop) {

@@ -568,7 +568,8 @@ public:
     // op(B)^T op(A)^T: cuBLASLt is handed B as its A and A as its B, each
     // stored as it is (a row-major (r,c) matrix of row stride ld is a
     // column-major (c,r) one of leading dimension ld), transposed as asked.
-    // fp32 in, out and compute (CUBLAS_COMPUTE_32F: no TF32).
+    // fp32 in, out and compute (CUBLAS_COMPUTE_32F: no TF32); with bf16
+    // inputs, CUBLAS_COMPUTE_32F_FAST_16BF (see compute_type()).
     void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
                  std::span<float> c) override {
         if (!r.batch || !r.m || !r.n) return;
@@ -871,7 +872,16 @@ private:
     // operand alignment and stream workspace: the same shape always runs the
     // same algorithm, so the same bits.
     using PlanKey = std::tuple<bool, bool, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, std::uint32_t,
-                               std::uint32_t, std::uint32_t, int, bool>;
+                               std::uint32_t, std::uint32_t, int, int, bool>;
+    // fp32 spans: exact fp32 (no TF32), or with bf16 inputs (device.hpp's
+    // Precision) on bf16 tensor cores, the inputs rounded inside the kernel
+    // and the products accumulated in fp32. (cublas_api.h allows FAST_16BF to
+    // down-convert to TF32 instead, which keeps more bits: never fewer than
+    // bf16's, so the cpu backend's rounding stays the bound test_cuda holds it
+    // to.) bf16 spans (gemm_rate's): fp32 accumulation.
+    static cublasComputeType_t compute_type(const Gemm& g, cudaDataType_t type) {
+        return type == CUDA_R_32F && g.inputs == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    }
     struct Plan {
         cublasLtMatmulDesc_t op = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -892,7 +902,8 @@ private:
                             al_b = alignment(b, batched * g.stride_b * elem),
                             al_c = alignment(c, batched * g.stride_c * elem);
         const PlanKey key{g.ta,  g.tb,    g.m,        g.n,        g.k,        g.lda, g.ldb, g.ldc, g.batch,
-                          g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c, static_cast<int>(type), ws != nullptr};
+                          g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c, static_cast<int>(type),
+                          static_cast<int>(compute_type(g, type)), ws != nullptr};
         const Plan* plan = nullptr;
         {
             std::lock_guard lk(plans_mu_);
@@ -912,7 +923,7 @@ private:
         const Lt& lt = *lt_;
         Plan p;
         try {
-            lt.check(lt.MatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+            lt.check(lt.MatmulDescCreate(&p.op, compute_type(g, type), CUDA_R_32F), "cublasLtMatmulDescCreate");
             const cublasOperation_t ta = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
             lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
             lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
