@@ -296,7 +296,9 @@ check "ratio = flops_per_s / sgemm_flops_per_s" \
   jq -e '((.flops_per_s / .sgemm_flops_per_s) - .ratio | fabs) <= 1e-9 * .ratio' <<<"$out"
 run "$TR" "${BENCH[@]}"
 expect_rc 0 "--bench human lines exit 0"
-check "…'#' lines and one data line" test "$(grep -vc '^#' <<<"$out") $(grep -c '^#' <<<"$out")" = "1 2"
+check "…three '#' lines (the run, what the ratio is over, the columns) and one data line" \
+  test "$(grep -vc '^#' <<<"$out") $(grep -c '^#' <<<"$out")" = "1 3"
+check "…the ratio's line names its peer" contains "$out" "# ratio: the step's model FLOP/s over sgemm's"
 run "$TR" "${BENCH[@]}" --json --min-ratio 1000
 expect_rc 75 "--bench --min-ratio 1000 exits 75"
 check "…after printing its line" jq -e -s 'length == 1' <<<"$out"
