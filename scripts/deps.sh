@@ -20,7 +20,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
   libsentencepiece-dev  # zinf-sample --tokenizer tokenizer.model (Llama 2, TinyLlama, Mistral)
-  python3-numpy      # the independent references of the end-to-end tests (weights)
+  python3-numpy      # the independent references of the end-to-end tests (weights, llama_weights)
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots
   strace             # SIGKILL inside a commit (tests/crash/), injected faults (hostile.sh)

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""The Llama e2e suite's helper (tests/e2e/llama_weights.sh), the standard
-library only: writes small Hugging Face Llama checkpoints (safetensors, one
-file or shards with model.safetensors.index.json, in BF16, F16 or F32),
-reads them back, and computes an independent float64 forward of
-LlamaForCausalLM (RMSNorm, rotary embeddings "rotate half" with Llama 3's
-frequency scaling, grouped-query attention, SwiGLU) for the loss zinf-train
-reports at its first step.
+"""The Llama e2e suite's helper (tests/e2e/llama_weights.sh), numpy and the
+standard library only, none of zinf's code: writes small Hugging Face Llama
+checkpoints (safetensors, one file or shards with
+model.safetensors.index.json, in BF16, F16 or F32), reads them back, and
+computes an independent float64 forward of LlamaForCausalLM (RMSNorm, rotary
+embeddings "rotate half" with Llama 3's frequency scaling, grouped-query
+attention, SwiGLU) for the loss zinf-train reports at its first step.
 
-  llama_ref.py write DIR SPEC --dtype bf16 --shards 3 [--seed S] [--bad missing|extra|shape]
+  llama_ref.py write DIR SPEC --dtype bf16 --shards 3 [--seed S] [--bad missing|extra|shape|nan]
   llama_ref.py tokens FILE N V [--seed S]        an llm.c token file (version 1)
   llama_ref.py loss CKPT SPEC TOKENS B T         the mean loss of batch 0
   llama_ref.py same CKPT_A CKPT_B                every tensor's bytes alike (names, dtypes, shapes)
 """
-import json, math, os, random, struct, sys
+import json, os, struct, sys
+
+import numpy as np
 
 
 def parse_spec(text):
@@ -47,31 +49,23 @@ def shapes(s):
     return out
 
 
-# --- elements ------------------------------------------------------------------
-def f32_bits(x):
-    return struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def to_bf16(x):  # round to nearest even, as torch
-    b = f32_bits(x)
+# --- elements --------------------------------------------------------------------
+def encode(vals, dtype):  # float64 values -> little-endian bytes; BF16 rounds to nearest even, as torch
+    if dtype == "F32":
+        return vals.astype("<f4").tobytes()
+    if dtype == "F16":
+        return vals.astype("<f2").tobytes()
+    b = vals.astype("<f4").view("<u4").astype(np.uint64)
     b += 0x7FFF + ((b >> 16) & 1)
-    return (b >> 16) & 0xFFFF
+    return ((b >> 16) & 0xFFFF).astype("<u2").tobytes()
 
 
-def encode(vals, dtype):
+def decode(raw, dtype):  # bytes -> float64
     if dtype == "F32":
-        return struct.pack("<%df" % len(vals), *vals)
+        return np.frombuffer(raw, "<f4").astype(np.float64)
     if dtype == "F16":
-        return struct.pack("<%de" % len(vals), *vals)
-    return struct.pack("<%dH" % len(vals), *[to_bf16(v) for v in vals])
-
-
-def decode(raw, dtype):
-    if dtype == "F32":
-        return list(struct.unpack("<%df" % (len(raw) // 4), raw))
-    if dtype == "F16":
-        return list(struct.unpack("<%de" % (len(raw) // 2), raw))
-    return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in struct.unpack("<%dH" % (len(raw) // 2), raw)]
+        return np.frombuffer(raw, "<f2").astype(np.float64)
+    return (np.frombuffer(raw, "<u2").astype("<u4") << 16).view("<f4").astype(np.float64)
 
 
 # --- safetensors -----------------------------------------------------------------
@@ -122,23 +116,22 @@ def cmd_write(args):
     opts = dict(zip(args[2::2], args[3::2]))
     dtype = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}[opts.get("--dtype", "bf16")]
     shards = int(opts.get("--shards", "1"))
-    rng = random.Random(int(opts.get("--seed", "1")))
+    rng = np.random.default_rng(int(opts.get("--seed", "1")))
     bad = opts.get("--bad", "")
     tensors = []
     for name, shape in shapes(s):
-        n = math.prod(shape)
-        vals = [1 + 0.1 * rng.gauss(0, 1) for _ in range(n)] if len(shape) == 1 else \
-               [0.3 * rng.gauss(0, 1) for _ in range(n)]
+        n = int(np.prod(shape))
+        vals = 1 + 0.1 * rng.standard_normal(n) if len(shape) == 1 else 0.3 * rng.standard_normal(n)
         if bad == "shape" and name.endswith("layers.1.self_attn.k_proj.weight"):
             shape = [shape[0] + 1, shape[1]]
-            vals += vals[: shape[1]]
+            vals = np.concatenate([vals, vals[: shape[1]]])
         if bad == "nan" and name.endswith("layers.0.mlp.down_proj.weight"):
-            vals[5] = float("nan")
+            vals[5] = np.nan
         if bad == "missing" and name.endswith("layers.1.mlp.up_proj.weight"):
             continue
         tensors.append((name, dtype, shape, encode(vals, dtype)))
     if bad == "extra":
-        tensors.append(("model.layers.0.self_attn.q_proj.bias", dtype, [4], encode([0.0] * 4, dtype)))
+        tensors.append(("model.layers.0.self_attn.q_proj.bias", dtype, [4], encode(np.zeros(4), dtype)))
     os.makedirs(d, exist_ok=True)
     if shards == 1:
         write_safetensors(os.path.join(d, "model.safetensors"), tensors)
@@ -158,93 +151,69 @@ def cmd_write(args):
 
 def cmd_tokens(args):
     path, n, V = args[0], int(args[1]), int(args[2])
-    rng = random.Random(int(args[4]) if len(args) > 4 else 3)
-    toks = [rng.randrange(V) for _ in range(n)]
-    h = [0] * 256
-    h[0], h[1], h[2] = 20240520, 1, n
-    open(path, "wb").write(struct.pack("<256i", *h) + struct.pack("<%dH" % n, *toks))
+    opts = dict(zip(args[3::2], args[4::2]))
+    toks = np.random.default_rng(int(opts.get("--seed", "3"))).integers(0, V, n)
+    h = np.zeros(256, "<i4")
+    h[:3] = 20240520, 1, n
+    open(path, "wb").write(h.tobytes() + toks.astype("<u2").tobytes())
 
 
 # --- the forward, float64 -----------------------------------------------------------
-def freqs(s):
+def freqs(s):  # the rotary frequencies of one head's first half, Llama 3's scaling when rope_scale > 0
     hd = s["hd"]
-    f = [1.0 / s["theta"] ** (2 * i / hd) for i in range(hd // 2)]
+    f = 1.0 / s["theta"] ** (2 * np.arange(hd // 2) / hd)
     if s["scale"] == 0:
         return f
     low_wl, high_wl = s["orig"] / s["low"], s["orig"] / s["high"]
-    out = []
-    for x in f:
-        wl = 2 * math.pi / x
-        if wl < high_wl:
-            out.append(x)
-        elif wl > low_wl:
-            out.append(x / s["scale"])
-        else:
-            sm = (s["orig"] / wl - s["low"]) / (s["high"] - s["low"])
-            out.append((1 - sm) * x / s["scale"] + sm * x)
-    return out
+    wl = 2 * np.pi / f
+    sm = (s["orig"] / wl - s["low"]) / (s["high"] - s["low"])
+    mid = (1 - sm) * f / s["scale"] + sm * f
+    return np.where(wl < high_wl, f, np.where(wl > low_wl, f / s["scale"], mid))
 
 
-def matvec(W, x, out_dim, in_dim):  # W (out, in) flat
-    return [sum(W[o * in_dim + i] * x[i] for i in range(in_dim)) for o in range(out_dim)]
+def rms(x, g, eps):  # x (T, C)
+    return g * x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
-def rms(x, g, eps):
-    r = 1 / math.sqrt(sum(v * v for v in x) / len(x) + eps)
-    return [g[i] * (x[i] * r) for i in range(len(x))]
-
-
-def rope(v, pos, heads, hd, f):
-    half, out = hd // 2, list(v)
-    for h in range(heads):
-        b = h * hd
-        for j in range(hd):
-            a = pos * f[j % half]
-            rot = -v[b + j + half] if j < half else v[b + j - half]
-            out[b + j] = v[b + j] * math.cos(a) + rot * math.sin(a)
-    return out
+def rope(v, f):  # v (T, heads, hd): dimension i pairs with i + hd/2 ("rotate half")
+    T, half = v.shape[0], v.shape[2] // 2
+    a = np.arange(T)[:, None] * f[None, :]                  # (T, half)
+    cos = np.concatenate([np.cos(a), np.cos(a)], axis=1)[:, None, :]
+    sin = np.concatenate([np.sin(a), np.sin(a)], axis=1)[:, None, :]
+    rot = np.concatenate([-v[..., half:], v[..., :half]], axis=-1)
+    return v * cos + rot * sin
 
 
 def cmd_loss(args):
     ck, s, tok_path, B, T = read_checkpoint(args[0]), parse_spec(args[1]), args[2], int(args[3]), int(args[4])
-    W = {name: decode(raw, dt) for name, (dt, shape, raw) in ck.items()}
-    raw = open(tok_path, "rb").read()
-    toks = list(struct.unpack("<%dH" % (B * T + 1), raw[1024:1024 + 2 * (B * T + 1)]))
-    C, H, KV, hd, F, V = s["hidden"], s["heads"], s["kv_heads"], s["hd"], s["ffn"], s["vocab"]
+    W = {name: decode(raw, dt).reshape(shape) for name, (dt, shape, raw) in ck.items()}
+    toks = np.frombuffer(open(tok_path, "rb").read()[1024:1024 + 2 * (B * T + 1)], "<u2").astype(np.int64)
+    C, H, KV, hd = s["hidden"], s["heads"], s["kv_heads"], s["hd"]
     f, total = freqs(s), 0.0
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    head = W["model.embed_tokens.weight" if s["tied"] else "lm_head.weight"]
     for b in range(B):
-        xs = [W["model.embed_tokens.weight"][toks[b * T + t] * C:(toks[b * T + t] + 1) * C] for t in range(T)]
+        x = W["model.embed_tokens.weight"][toks[b * T:(b + 1) * T]]           # (T, C)
         for l in range(s["layers"]):
             p = f"model.layers.{l}."
-            hs = [rms(x, W[p + "input_layernorm.weight"], s["eps"]) for x in xs]
-            q = [rope(matvec(W[p + "self_attn.q_proj.weight"], h, H * hd, C), t, H, hd, f) for t, h in enumerate(hs)]
-            k = [rope(matvec(W[p + "self_attn.k_proj.weight"], h, KV * hd, C), t, KV, hd, f) for t, h in enumerate(hs)]
-            v = [matvec(W[p + "self_attn.v_proj.weight"], h, KV * hd, C) for h in hs]
-            for t in range(T):
-                o = []
-                for h in range(H):
-                    g = h // (H // KV)
-                    sc = [sum(q[t][h * hd + i] * k[t2][g * hd + i] for i in range(hd)) / math.sqrt(hd)
-                          for t2 in range(t + 1)]
-                    m = max(sc)
-                    e = [math.exp(x - m) for x in sc]
-                    z = sum(e)
-                    o += [sum(e[t2] / z * v[t2][g * hd + i] for t2 in range(t + 1)) for i in range(hd)]
-                a = matvec(W[p + "self_attn.o_proj.weight"], o, C, H * hd)
-                xs[t] = [xs[t][i] + a[i] for i in range(C)]
-            for t in range(T):
-                h2 = rms(xs[t], W[p + "post_attention_layernorm.weight"], s["eps"])
-                gt = matvec(W[p + "mlp.gate_proj.weight"], h2, F, C)
-                up = matvec(W[p + "mlp.up_proj.weight"], h2, F, C)
-                act = [gt[i] / (1 + math.exp(-gt[i])) * up[i] for i in range(F)]
-                d = matvec(W[p + "mlp.down_proj.weight"], act, C, F)
-                xs[t] = [xs[t][i] + d[i] for i in range(C)]
-        head = W["model.embed_tokens.weight" if s["tied"] else "lm_head.weight"]
-        for t in range(T):
-            h = rms(xs[t], W["model.norm.weight"], s["eps"])
-            logits = matvec(head, h, V, C)
-            m = max(logits)
-            total += math.log(sum(math.exp(x - m) for x in logits)) + m - logits[toks[b * T + t + 1]]
+            h = rms(x, W[p + "input_layernorm.weight"], s["eps"])
+            q = rope((h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd), f)
+            k = rope((h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, KV, hd), f)
+            v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, KV, hd)
+            o = np.empty((T, H, hd))
+            for hh in range(H):
+                g = hh // (H // KV)                                           # query head hh reads kv head g
+                sc = np.where(causal, q[:, hh] @ k[:, g].T / np.sqrt(hd), -np.inf)
+                e = np.exp(sc - sc.max(axis=1, keepdims=True))
+                o[:, hh] = (e / e.sum(axis=1, keepdims=True)) @ v[:, g]
+            x = x + o.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+            h2 = rms(x, W[p + "post_attention_layernorm.weight"], s["eps"])
+            gate, up = h2 @ W[p + "mlp.gate_proj.weight"].T, h2 @ W[p + "mlp.up_proj.weight"].T
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
+        logits = rms(x, W["model.norm.weight"], s["eps"]) @ head.T             # (T, V)
+        m = logits.max(axis=1)
+        lse = np.log(np.exp(logits - m[:, None]).sum(axis=1)) + m
+        total += float((lse - logits[np.arange(T), toks[b * T + 1:(b + 1) * T + 1]]).sum())
     print("%.10f" % (total / (B * T)))
 
 

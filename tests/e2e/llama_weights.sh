@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of Hugging Face Llama checkpoints through zinf-shard
-# import and export, against tests/e2e/llama_ref.py (the standard library
-# only: it writes the checkpoints and computes an independent float64
+# import and export, against tests/e2e/llama_ref.py (numpy, none of zinf's
+# code: it writes the checkpoints and computes an independent float64
 # forward of LlamaForCausalLM). The first loss zinf-train reports on weights
 # imported from a sharded BF16 checkpoint with its index (and from one F16
 # file, one F32 file, the folder) matches the reference within 1e-4; import
@@ -12,13 +12,15 @@ source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
 SH=$BIN/zinf-shard
-REF=(python3 "$(dirname "$0")/llama_ref.py")
+PY=/usr/bin/python3
+REF=("$PY" "$(dirname "$0")/llama_ref.py")
 POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 W=$(mktemp -d /var/tmp/zinf-e2e-llama-weights-XXXXXX)
 on_exit "rm -rf '$W'"
-if ! command -v python3 >/dev/null; then
-  skip "Hugging Face checkpoints" "no python3"
+if ! "$PY" -c 'import numpy' 2>/dev/null; then
+  skip "Hugging Face checkpoints" "no numpy for $PY (scripts/deps.sh installs python3-numpy)"
   finish
+  exit
 fi
 # Grouped heads (4 over 2), an untied head, Llama 3's scaling in all three regimes (hd 8).
 S=llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=32,rope_theta=10000,tied=0,rope_scale=8,rope_low=1,rope_high=4,rope_orig=64
