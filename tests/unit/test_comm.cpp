@@ -3,6 +3,7 @@
 // the flat bucket NCCL moves in one call (planned and simulated on the host).
 // The collectives across ranks are tested under mpirun in mpi_comm.cpp.
 #define BOOST_TEST_MODULE comm
+#include "comm_testing.hpp"
 #include "testing.hpp"
 
 #include "../../libzinf/src/comm/internal.hpp"  // the flat bucket's plan (flat.cpp)
@@ -399,45 +400,6 @@ BOOST_AUTO_TEST_CASE(bf16_rounding_is_shared) {
 // partition rule, one for equal blocks); and pack -> one equal-block
 // allgather or reduce-scatter (summed in rank order) -> unpack gives each
 // rank what the per-buffer collectives give, with the padding poisoned.
-namespace {
-double element(const std::byte* p, DType t) {
-    switch (t) {
-    case DType::u8: return static_cast<double>(std::to_integer<unsigned>(*p));
-    case DType::bf16: {
-        std::uint16_t h;
-        std::memcpy(&h, p, 2);
-        return from_bf16(h);
-    }
-    case DType::f32: {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-    }
-    default: {
-        double d;
-        std::memcpy(&d, p, 8);
-        return d;
-    }
-    }
-}
-void set_element(std::byte* p, DType t, double v) {
-    switch (t) {
-    case DType::u8: *p = static_cast<std::byte>(static_cast<unsigned>(v)); break;
-    case DType::bf16: {
-        const std::uint16_t h = to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-    }
-    case DType::f32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-    }
-    default: std::memcpy(p, &v, 8); break;
-    }
-}
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
     namespace cd = comm::detail;
     std::mt19937_64 rng(testing::seed("flat bucket"));
@@ -468,7 +430,8 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
         const auto random_bytes = [&](std::uint64_t elements, int dp_sum) {
             Bytes v(elements * es);
             // Small integers: their sums over ranks are exact in every dtype.
-            for (std::uint64_t i = 0; i < elements; ++i) set_element(v.data() + i * es, dtype, 1 + rng() % (200 / dp_sum / 2));
+            for (std::uint64_t i = 0; i < elements; ++i)
+                testing::put_int(dtype, v.data() + i * es, static_cast<std::int64_t>(1 + rng() % (200 / dp_sum / 2)));
             return v;
         };
         BOOST_TEST_CONTEXT("trial " << trial << ": dp " << dp << ", " << es << "-byte elements, "
@@ -486,8 +449,8 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                     for (std::size_t b = 0; b < nb; ++b) {
                         const std::uint64_t mine = counts[b][static_cast<std::size_t>(r)];
                         if (kind == Kind::allgather) {
-                            sends[r].emplace_back(full[b].begin() + static_cast<std::ptrdiff_t>(first(b, r) * es),
-                                                  full[b].begin() + static_cast<std::ptrdiff_t>((first(b, r) + mine) * es));
+                            const auto from = full[b].begin() + static_cast<std::ptrdiff_t>(first(b, r) * es);
+                            sends[r].emplace_back(from, from + static_cast<std::ptrdiff_t>(mine * es));
                             recvs[r].emplace_back(numel[b] * es, std::byte{0xa5});
                         } else {
                             sends[r].push_back(random_bytes(numel[b], dp));
@@ -495,7 +458,8 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                         }
                     }
                     for (std::size_t b = 0; b < nb; ++b)
-                        op->bufs.push_back({sends[r][b], recvs[r][b], equal ? std::vector<std::uint64_t>{} : counts[b]});
+                        op->bufs.push_back(
+                            {sends[r][b], recvs[r][b], equal ? std::vector<std::uint64_t>{} : counts[b]});
                     ops.push_back(std::move(op));
                 }
                 BOOST_TEST(cd::needs_flat(*ops[0]) == (nb > 1 || !equal));
@@ -547,10 +511,10 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                 } else {
                     for (int q = 0; q < dp; ++q)
                         for (std::uint64_t i = 0; i < plan.block; ++i) {
-                            double sum = 0;
+                            std::int64_t sum = 0;
                             for (int r = 0; r < dp; ++r)
-                                sum += element(all[r].data() + static_cast<std::uint64_t>(q) * B + i * es, dtype);
-                            set_element(mine[q].data() + i * es, dtype, sum);
+                                sum += testing::get_int(dtype, all[r].data() + std::uint64_t(q) * B + i * es);
+                            testing::put_int(dtype, mine[q].data() + i * es, sum);
                         }
                 }
                 for (int r = 0; r < dp; ++r) {
@@ -563,9 +527,10 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                         const std::uint64_t n = counts[b][static_cast<std::size_t>(r)], at = first(b, r);
                         bool same = true;
                         for (std::uint64_t i = 0; i < n && same; ++i) {
-                            double sum = 0;
-                            for (int q = 0; q < dp; ++q) sum += element(sends[q][b].data() + (at + i) * es, dtype);
-                            same = element(recvs[r][b].data() + i * es, dtype) == sum;
+                            std::int64_t sum = 0;
+                            for (int q = 0; q < dp; ++q)
+                                sum += testing::get_int(dtype, sends[q][b].data() + (at + i) * es);
+                            same = testing::get_int(dtype, recvs[r][b].data() + i * es) == sum;
                         }
                         BOOST_TEST(same, comm::name(kind) << " rank " << r << " buffer " << b);
                     }
