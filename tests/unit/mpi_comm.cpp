@@ -14,6 +14,7 @@
 // leave a case early: a rank that skipped a collective would hang the others
 // until the communicator's timeout.
 #define BOOST_TEST_MODULE mpi_comm
+#include "comm_testing.hpp"
 #include "testing.hpp"
 
 #include <zinf/comm.hpp>
@@ -133,33 +134,6 @@ struct Gen {
         return 0;
     }
 };
-
-void put_int(DType t, std::byte* p, std::int64_t v) {
-    switch (t) {
-    case DType::u8: *reinterpret_cast<std::uint8_t*>(p) = static_cast<std::uint8_t>(v); return;
-    case DType::i32: {
-        const auto x = static_cast<std::int32_t>(v);
-        std::memcpy(p, &x, 4);
-        return;
-    }
-    case DType::i64: std::memcpy(p, &v, 8); return;
-    case DType::f32: {
-        const auto x = static_cast<float>(v);
-        std::memcpy(p, &x, 4);
-        return;
-    }
-    case DType::f64: {
-        const auto x = static_cast<double>(v);
-        std::memcpy(p, &x, 8);
-        return;
-    }
-    case DType::bf16: {
-        const std::uint16_t x = zinf::to_bf16(static_cast<float>(v));
-        std::memcpy(p, &x, 2);
-        return;
-    }
-    }
-}
 
 // The average of dp values whose exact (integer) sum is `sum`: the correctly
 // rounded quotient in the dtype (bf16: rounded from f32, where it is summed).

@@ -1,10 +1,15 @@
 // comm and zero in one process: names, the launcher's environment, the
-// timeout setting, the partition rule, the self backend, buffer checks.
+// timeout setting, the partition rule, the self backend, buffer checks,
+// the flat bucket NCCL moves in one call (planned and simulated on the host).
 // The collectives across ranks are tested under mpirun in mpi_comm.cpp.
 #define BOOST_TEST_MODULE comm
+#include "comm_testing.hpp"
 #include "testing.hpp"
 
+#include "../../libzinf/src/comm/internal.hpp"  // the flat bucket's plan (flat.cpp)
+
 #include <zinf/comm.hpp>
+#include <zinf/shard.hpp>
 #include <zinf/zero.hpp>
 
 #include <cmath>
@@ -381,4 +386,156 @@ BOOST_AUTO_TEST_CASE(bf16_rounding_is_shared) {
     BOOST_TEST(to_bf16(1.00390625f) == 0x3f80u);  // a tie rounds to even (down)
     BOOST_TEST(to_bf16(1.01171875f) == 0x3f82u);  // a tie rounds to even (up)
     BOOST_TEST(std::isnan(from_bf16(vec[4])));
+}
+
+// ---------------------------------------------------------------------------
+// The flat bucket (comm/flat.cpp) that makes a bucket one NCCL call,
+// simulated over dp ranks in one process, host copies standing in for
+// cudaMemcpy2DAsync (pitches at least the width, as it requires). Random
+// buckets of 1-5 buffers, every element size, dp 1-8, blocks by the
+// partition rule (uneven, some ranks empty) or equal: each rank plans the
+// same flat block; each buffer sits at a 256-byte-aligned offset with room
+// for its widest block and overlaps no other; every rank's block of every
+// buffer is covered by exactly one run (at most two per buffer under the
+// partition rule, one for equal blocks); and pack -> one equal-block
+// allgather or reduce-scatter (summed in rank order) -> unpack gives each
+// rank what the per-buffer collectives give, with the padding poisoned.
+BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
+    namespace cd = comm::detail;
+    std::mt19937_64 rng(testing::seed("flat bucket"));
+    const cd::Copy2d host_copy = [](std::byte* dst, std::uint64_t dpitch, const std::byte* src, std::uint64_t spitch,
+                                    std::uint64_t width, std::uint64_t rows) {
+        BOOST_TEST_REQUIRE((width > 0 && rows > 0 && width <= dpitch && width <= spitch));
+        for (std::uint64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dpitch, src + r * spitch, width);
+    };
+    const DType dtypes[] = {DType::u8, DType::bf16, DType::f32, DType::f64};
+    using Bytes = std::vector<std::byte>;
+    for (int trial = 0; trial < 300; ++trial) {
+        const int dp = 1 + static_cast<int>(rng() % 8);
+        const DType dtype = dtypes[rng() % 4];
+        const std::uint64_t es = comm::dtype_bytes(dtype);
+        const bool equal = rng() % 3 == 0;
+        const std::size_t nb = 1 + rng() % 5;
+        std::vector<std::uint64_t> numel(nb);
+        std::vector<std::vector<std::uint64_t>> counts(nb);  // [buffer][rank]
+        for (std::size_t b = 0; b < nb; ++b) {
+            numel[b] = equal ? static_cast<std::uint64_t>(dp) * (1 + rng() % 300) : 1 + rng() % 2000;
+            if (!equal && rng() % 4 == 0) numel[b] = 1 + rng() % static_cast<std::uint64_t>(dp);  // ranks left empty
+            for (int r = 0; r < dp; ++r)
+                counts[b].push_back(shard::owned(numel[b], static_cast<unsigned>(dp), static_cast<unsigned>(r)).count);
+        }
+        const auto first = [&](std::size_t b, int r) {
+            return std::accumulate(counts[b].begin(), counts[b].begin() + r, std::uint64_t{0});
+        };
+        const auto random_bytes = [&](std::uint64_t elements, int dp_sum) {
+            Bytes v(elements * es);
+            // Small integers: their sums over ranks are exact in every dtype.
+            for (std::uint64_t i = 0; i < elements; ++i)
+                testing::put_int(dtype, v.data() + i * es, static_cast<std::int64_t>(1 + rng() % (200 / dp_sum / 2)));
+            return v;
+        };
+        BOOST_TEST_CONTEXT("trial " << trial << ": dp " << dp << ", " << es << "-byte elements, "
+                                    << (equal ? "equal" : "uneven") << " blocks of " << nb << " buffers") {
+            for (const Kind kind : {Kind::allgather, Kind::reduce_scatter}) {
+                // Every rank's operation over its own buffers.
+                std::vector<Bytes> full(nb);                  // allgather: the truth every rank's recv ends as
+                std::vector<std::vector<Bytes>> sends(dp), recvs(dp);
+                for (std::size_t b = 0; b < nb; ++b) full[b] = random_bytes(numel[b], 1);
+                std::vector<std::unique_ptr<cd::Op>> ops;
+                for (int r = 0; r < dp; ++r) {
+                    auto op = std::make_unique<cd::Op>();
+                    op->kind = kind;
+                    op->dtype = dtype;
+                    for (std::size_t b = 0; b < nb; ++b) {
+                        const std::uint64_t mine = counts[b][static_cast<std::size_t>(r)];
+                        if (kind == Kind::allgather) {
+                            const auto from = full[b].begin() + static_cast<std::ptrdiff_t>(first(b, r) * es);
+                            sends[r].emplace_back(from, from + static_cast<std::ptrdiff_t>(mine * es));
+                            recvs[r].emplace_back(numel[b] * es, std::byte{0xa5});
+                        } else {
+                            sends[r].push_back(random_bytes(numel[b], dp));
+                            recvs[r].emplace_back(mine * es, std::byte{0xa5});
+                        }
+                    }
+                    for (std::size_t b = 0; b < nb; ++b)
+                        op->bufs.push_back(
+                            {sends[r][b], recvs[r][b], equal ? std::vector<std::uint64_t>{} : counts[b]});
+                    ops.push_back(std::move(op));
+                }
+                BOOST_TEST(cd::needs_flat(*ops[0]) == (nb > 1 || !equal));
+                const cd::FlatPlan plan = cd::plan_flat(*ops[0], dp);
+                for (int r = 1; r < dp; ++r) {
+                    const cd::FlatPlan other = cd::plan_flat(*ops[static_cast<std::size_t>(r)], dp);
+                    BOOST_TEST_REQUIRE((other.block == plan.block && other.at == plan.at));
+                }
+                BOOST_TEST(plan.es == es);
+                BOOST_TEST(plan.area() % cd::kFlatAlignBytes == 0u);
+                BOOST_TEST_REQUIRE(plan.at.size() == nb);
+                for (std::size_t b = 0; b < nb; ++b) {
+                    const std::uint64_t widest = *std::max_element(counts[b].begin(), counts[b].end());
+                    const std::uint64_t end = b + 1 < nb ? plan.at[b + 1] : plan.block;
+                    BOOST_TEST(plan.at[b] * es % cd::kFlatAlignBytes == 0u);
+                    BOOST_TEST(plan.at[b] + widest <= end);
+                    BOOST_TEST(end - plan.at[b] < widest + cd::kFlatAlignBytes / es);
+                    std::size_t runs = 0;
+                    for (int r = 0; r < dp; ++r) {
+                        const std::uint64_t n = counts[b][static_cast<std::size_t>(r)];
+                        int covered = 0;
+                        for (const cd::FlatRun& run : plan.rows) {
+                            if (run.buffer != b || r < run.rank || r >= run.rank + run.ranks) continue;
+                            ++covered;
+                            BOOST_TEST(run.count == n);
+                            BOOST_TEST(run.flat == static_cast<std::uint64_t>(run.rank) * plan.block + plan.at[b]);
+                            BOOST_TEST(run.first == first(b, run.rank));
+                        }
+                        BOOST_TEST(covered == (n ? 1 : 0), "buffer " << b << " rank " << r);
+                    }
+                    for (const cd::FlatRun& run : plan.rows) runs += run.buffer == b;
+                    BOOST_TEST(runs <= (equal ? 1u : 2u), "buffer " << b);
+                }
+
+                // Pack on every rank, one equal-block collective, unpack.
+                const std::uint64_t B = plan.area();
+                std::vector<Bytes> all(dp), mine(dp);
+                for (int r = 0; r < dp; ++r) {
+                    all[r].resize(B * static_cast<std::uint64_t>(dp));
+                    mine[r].resize(B);
+                    for (auto& x : all[r]) x = static_cast<std::byte>(rng());  // poisoned padding
+                    for (auto& x : mine[r]) x = static_cast<std::byte>(rng());
+                    cd::flat_pack(*ops[r], plan, all[r].data(), mine[r].data(), host_copy);
+                }
+                if (kind == Kind::allgather) {
+                    for (int q = 0; q < dp; ++q)
+                        for (int r = 0; r < dp; ++r)
+                            std::memcpy(all[q].data() + static_cast<std::uint64_t>(r) * B, mine[r].data(), B);
+                } else {
+                    for (int q = 0; q < dp; ++q)
+                        for (std::uint64_t i = 0; i < plan.block; ++i) {
+                            std::int64_t sum = 0;
+                            for (int r = 0; r < dp; ++r)
+                                sum += testing::get_int(dtype, all[r].data() + std::uint64_t(q) * B + i * es);
+                            testing::put_int(dtype, mine[q].data() + i * es, sum);
+                        }
+                }
+                for (int r = 0; r < dp; ++r) {
+                    cd::flat_unpack(*ops[r], plan, all[r].data(), mine[r].data(), host_copy);
+                    for (std::size_t b = 0; b < nb; ++b) {
+                        if (kind == Kind::allgather) {
+                            BOOST_TEST((recvs[r][b] == full[b]), comm::name(kind) << " rank " << r << " buffer " << b);
+                            continue;
+                        }
+                        const std::uint64_t n = counts[b][static_cast<std::size_t>(r)], at = first(b, r);
+                        bool same = true;
+                        for (std::uint64_t i = 0; i < n && same; ++i) {
+                            std::int64_t sum = 0;
+                            for (int q = 0; q < dp; ++q)
+                                sum += testing::get_int(dtype, sends[q][b].data() + (at + i) * es);
+                            same = testing::get_int(dtype, recvs[r][b].data() + i * es) == sum;
+                        }
+                        BOOST_TEST(same, comm::name(kind) << " rank " << r << " buffer " << b);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -15,6 +15,7 @@
 #include <zinf/train.hpp>
 
 #include <bit>
+#include <future>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -114,6 +115,95 @@ BOOST_AUTO_TEST_CASE(nine_tiers_equal_the_resident_engine) {
                                what << ": fetched " << last.fetched_bytes[static_cast<int>(t)] << " bytes from "
                                     << shard::tier_name(t));
             }
+    }
+}
+
+// The gpu tier's refresh after the optimizer (on_param) is a copy on the
+// h2d stream, in the engine's order whatever the streams' timing: with that
+// stream held back until everything is asked for, a fetch issued before
+// on_param still reads the old values and the next pass's fetch reads the
+// new ones, bit for bit; and on_param returns with the caller's memory its
+// own again (overwritten at once here). fp32 and bf16 parameters; the
+// tensor is the largest a module declares (mlp.c_fc.weight: in fp32 more
+// than one of the small pool's buffers, so its refresh goes in two pieces).
+BOOST_AUTO_TEST_CASE(the_gpu_tier_refresh_is_a_copy_in_stream_order) {
+    const std::uint64_t s = fresh_seed("gpu-tier refresh");
+    std::mt19937_64 rng(s);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (DType dt : {DType::fp32, DType::bf16}) {
+        BOOST_TEST_CONTEXT(shard::dtype_name(dt)) {
+            Rig rig;
+            Run run(rig, lay(dt, Tier::gpu, Tier::cpu, s), kGPT);
+            auto self = self_comm();
+            auto dev = device_of();
+            model::GPT gpt(model::Config::from(run.m.spec));
+            zero::CommittedParams store(run.m, 0, rig.engine, rig.pool);
+            zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, store, {});
+
+            const zero::Module* mod = nullptr;
+            std::size_t t = 0;
+            for (const zero::Module* x : gpt.modules())
+                for (std::size_t pi : x->params())
+                    if (!mod || run.m.tensors[pi].numel > run.m.tensors[t].numel) {
+                        mod = x;
+                        t = pi;
+                    }
+            BOOST_REQUIRE(mod);
+            BOOST_TEST_REQUIRE(run.m.tensors[t].name == "h.0.mlp.c_fc.weight");
+            const std::uint64_t n = run.m.tensors[t].numel;
+            const std::size_t es = shard::dtype_bytes(dt);
+            auto widen = [&](const Bytes& b) {
+                std::vector<float> v(n);
+                for (std::uint64_t i = 0; i < n; ++i) {
+                    if (dt == DType::fp32) {
+                        std::memcpy(&v[i], b.data() + 4 * i, 4);
+                    } else {
+                        std::uint16_t h;
+                        std::memcpy(&h, b.data() + 2 * i, 2);
+                        v[i] = from_bf16(h);
+                    }
+                }
+                return v;
+            };
+            const std::vector<float> old_values = widen(cat_bytes(run.m, t, "param", rig));
+            Bytes fresh(n * es);
+            for (std::uint64_t i = 0; i < n; ++i) {
+                const float f = value(rng);
+                if (dt == DType::fp32) {
+                    std::memcpy(fresh.data() + 4 * i, &f, 4);
+                } else {
+                    const std::uint16_t h = to_bf16(f);
+                    std::memcpy(fresh.data() + 2 * i, &h, 2);
+                }
+            }
+            const std::vector<float> new_values = widen(fresh);
+            BOOST_TEST_REQUIRE(std::memcmp(old_values.data(), new_values.data(), n * 4) != 0);
+
+            // The module's weight as its fetch gathers it, copied out on compute.
+            auto fetch = [&](std::vector<float>& out) {
+                inf.before_forward(*mod);
+                dev->copy(dev->compute(), std::as_writable_bytes(std::span(out)), std::as_bytes(inf.weight(*mod, t)));
+                inf.after_forward(*mod);
+            };
+            std::vector<float> before(n, -7.0f), after(n, -7.0f);
+            std::promise<void> gate;
+            dev->host(dev->h2d(), [f = gate.get_future().share()] { f.wait(); });
+            inf.begin(false);
+            fetch(before);
+            inf.on_param(t, 0, fresh);
+            std::fill(fresh.begin(), fresh.end(), std::byte{0x7f});
+            gate.set_value();
+            dev->synchronize(dev->compute());
+            inf.end();
+            inf.begin(false);
+            fetch(after);
+            dev->synchronize(dev->compute());
+            inf.end();
+            BOOST_TEST(std::memcmp(before.data(), old_values.data(), n * 4) == 0,
+                       "a fetch issued before the refresh read its values");
+            BOOST_TEST(std::memcmp(after.data(), new_values.data(), n * 4) == 0,
+                       "the fetch after the refresh read other values than the ones handed over");
+        }
     }
 }
 

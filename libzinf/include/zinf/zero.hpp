@@ -472,7 +472,12 @@ public:
     void reset() noexcept;
     // The optimizer's step changed the parameters: a gpu-tier partition is
     // refreshed by `on_param` (wire OptimizerOptions::on_param to it), and
-    // persistent ones are gathered again in the next pass.
+    // persistent ones are gathered again in the next pass. on_param may be
+    // called from another thread than the hooks (the optimizer's, during
+    // backward when its update overlaps it); it copies `values` and returns
+    // without waiting for the device: the copy to the device goes on the h2d
+    // stream after the gathers already asked to read the old values, and the
+    // next gather of the parameter waits for it.
     void on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values);
     void after_step();
 

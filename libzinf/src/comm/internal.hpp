@@ -3,11 +3,13 @@
 #pragma once
 
 #include <zinf/comm.hpp>
+#include <zinf/util.hpp>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,6 +67,51 @@ std::uint64_t block_count(const Op& op, const Buffer& b, int rank, int size);
 std::uint64_t block_first(const Op& op, const Buffer& b, int rank, int size);
 // The elements every rank's blocks add up to, for buffer b.
 std::uint64_t total_count(const Op& op, const Buffer& b, int size);
+
+// A bucket laid flat, for a library with equal-block collectives only
+// (NCCL): every rank's block of the flat area holds that rank's block of
+// each buffer, in bucket order, each at an offset aligned to
+// kFlatAlignBytes and padded to the buffer's widest block, so all ranks'
+// flat blocks are `block` elements and one allgather or reduce-scatter of
+// equal blocks moves the bucket. The flat area is size * block elements,
+// rank r's block at r * block.
+//   allgather:      this rank's send of each buffer -> flat[me*block + at[b]] (pack),
+//                   one allgather of `block` elements into the flat area,
+//                   then every run's rows into the buffers' recv (unpack);
+//   reduce_scatter: every run's rows of each buffer's send -> the flat area (pack),
+//                   one reduce-scatter of `block` elements into this rank's
+//                   flat block, then flat[at[b]] -> each buffer's recv.
+// Padding travels and is reduced too; nothing reads it back.
+inline constexpr std::uint64_t kFlatAlignBytes = 256;
+// Consecutive ranks whose blocks of one buffer have the same count: a 2-D
+// copy of `ranks` rows of `count` elements, `block` apart in the flat area
+// (from `flat`) and `count` apart in the buffer's full side (from `first`).
+struct FlatRun {
+    std::size_t buffer = 0;
+    int rank = 0, ranks = 0;
+    std::uint64_t count = 0, flat = 0, first = 0;  // elements
+};
+struct FlatPlan {
+    std::uint64_t es = 0;            // bytes per element
+    std::uint64_t block = 0;         // elements in each rank's flat block
+    std::vector<std::uint64_t> at;   // per buffer: its offset in a rank's flat block (elements)
+    std::vector<FlatRun> rows;       // the full sides' blocks, empty ones left out
+    std::uint64_t area() const { return block * es; }  // bytes of one rank's flat block
+};
+// Whether `op` needs the flat form: an allgather or reduce-scatter of
+// several buffers, or of one with uneven blocks.
+bool needs_flat(const Op& op);
+FlatPlan plan_flat(const Op& op, int size);
+// `rows` rows of `width` bytes, `dpitch` bytes apart at dst and `spitch` at
+// src (cudaMemcpy2DAsync's arguments); called only with width and rows > 0.
+using Copy2d = std::function<void(std::byte* dst, std::uint64_t dpitch, const std::byte* src, std::uint64_t spitch,
+                                  std::uint64_t width, std::uint64_t rows)>;
+// The copies before and after the one collective: `all` is the flat area
+// (size blocks), `mine` this rank's block of it (allgather's send,
+// reduce-scatter's recv), outside `all`.
+void flat_pack(const Op& op, const FlatPlan& plan, std::byte* all, std::byte* mine, const Copy2d& copy);
+void flat_unpack(const Op& op, const FlatPlan& plan, const std::byte* all, const std::byte* mine,
+                 const Copy2d& copy);
 
 // A backend runs one operation to completion, in the calling thread, before
 // its deadline, or throws (Timeout, CommError). Calls are never concurrent.

@@ -4,6 +4,9 @@
 // program starts on machines without it and only `--backend nccl` needs it.
 // The communicator is non-blocking (ncclConfig_t.blocking = 0): every call is
 // polled against the deadline, and a timeout aborts it (ncclCommAbort).
+// A bucket (the engine's module of parameters or gradients) is one NCCL
+// call: laid flat in device memory of the communicator's own, with equal
+// blocks (flat.cpp), since NCCL has no allgatherv or reduce-scatter-v.
 #include "internal.hpp"
 
 #include <zinf/mem.hpp>
@@ -15,6 +18,7 @@
 #endif
 
 #include <array>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -41,7 +45,6 @@ struct Library {
     decltype(&ncclReduceScatter) ReduceScatter = nullptr;
     decltype(&ncclAllReduce) AllReduce = nullptr;
     decltype(&ncclBroadcast) Broadcast = nullptr;
-    decltype(&ncclReduce) Reduce = nullptr;
 
     static const Library& get() {
         static const Library lib = open();
@@ -73,7 +76,6 @@ private:
         sym(h, "ncclReduceScatter", l.ReduceScatter);
         sym(h, "ncclAllReduce", l.AllReduce);
         sym(h, "ncclBroadcast", l.Broadcast);
-        sym(h, "ncclReduce", l.Reduce);
         return l;
     }
 };
@@ -164,6 +166,7 @@ public:
             }
         }
         if (token_) cudaFree(token_);
+        if (flat_) cudaFree(flat_);
         if (done_) cudaEventDestroy(done_);
         if (enqueued_) cudaEventDestroy(enqueued_);
         if (stream_) cudaStreamDestroy(stream_);
@@ -188,19 +191,7 @@ public:
     void execute(Op& op, const Deadline& dl) override {
         cuda(cudaSetDevice(device_), "cudaSetDevice");  // this may be the communicator's own thread
         after_enqueued(stream_);
-        call(lib_->GroupStart(), "ncclGroupStart");
-        try {
-            if (op.kind == Kind::barrier) {
-                call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
-            } else {
-                for (const Buffer& b : op.bufs) issue(op, b, stream_);
-            }
-        } catch (...) {
-            lib_->GroupEnd();  // never leave a group open
-            throw;
-        }
-        call(lib_->GroupEnd(), "ncclGroupEnd");
-        settle(dl, op.what());
+        launch(op, stream_, dl);
         cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
         for (;;) {
             const cudaError_t e = cudaEventQuery(done_);
@@ -224,19 +215,7 @@ public:
         const auto s = static_cast<cudaStream_t>(stream);
         if (after) cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after), 0), "cudaStreamWaitEvent");
         after_enqueued(s);
-        call(lib_->GroupStart(), "ncclGroupStart");
-        try {
-            if (op.kind == Kind::barrier) {
-                call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, s), "ncclAllReduce");
-            } else {
-                for (const Buffer& b : op.bufs) issue(op, b, s);
-            }
-        } catch (...) {
-            lib_->GroupEnd();
-            throw;
-        }
-        call(lib_->GroupEnd(), "ncclGroupEnd");
-        settle(dl, op.what());
+        launch(op, s, dl);
         cuda(cudaEventRecord(enqueued_, s), "cudaEventRecord");
         enqueued_any_ = true;
     }
@@ -282,6 +261,71 @@ private:
             }
     }
 
+    // One operation on `stream`, as one NCCL group. A bucket of several
+    // buffers, or one of uneven blocks, goes flat (internal.hpp's FlatPlan):
+    // packed into the flat area on the stream, one collective of equal
+    // blocks, unpacked on the stream; never one NCCL call per buffer or per
+    // rank. The flat area is the communicator's, reused by the next
+    // operation only after this one's unpacking (after_enqueued orders it).
+    void launch(const Op& op, cudaStream_t stream, const Deadline& dl) {
+        std::optional<FlatPlan> plan;
+        std::byte *all = nullptr, *mine = nullptr;
+        if (needs_flat(op)) {
+            plan = plan_flat(op, size());
+            const std::uint64_t B = plan->area(), n = static_cast<std::uint64_t>(size());
+            all = flat(B * (n + 1), stream);  // every rank's block, then this rank's own
+            mine = all + B * n;
+            flat_pack(op, *plan, all, mine, on(stream));
+        }
+        call(lib_->GroupStart(), "ncclGroupStart");
+        try {
+            if (op.kind == Kind::barrier) {
+                call(lib_->AllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream), "ncclAllReduce");
+            } else if (plan && op.kind == Kind::allgather) {
+                call(lib_->AllGather(mine, all, plan->block, nccl_type(op.dtype), comm_, stream), "ncclAllGather");
+            } else if (plan) {
+                call(lib_->ReduceScatter(all, mine, plan->block, nccl_type(op.dtype), nccl_op(op.reduce), comm_,
+                                         stream),
+                     "ncclReduceScatter");
+            } else {
+                for (const Buffer& b : op.bufs) issue(op, b, stream);
+            }
+        } catch (...) {
+            lib_->GroupEnd();  // never leave a group open
+            throw;
+        }
+        call(lib_->GroupEnd(), "ncclGroupEnd");
+        settle(dl, op.what());  // the collective is on the stream: the unpacking goes after it
+        if (plan) flat_unpack(op, *plan, all, mine, on(stream));
+    }
+
+    // The flat area, grown when a larger bucket comes. cudaFree waits for
+    // the device, so no collective still reads the old one; the new one is
+    // zeroed on the stream first, so padding is never uninitialised memory.
+    std::byte* flat(std::uint64_t bytes, cudaStream_t stream) {
+        if (bytes > flat_bytes_) {
+            if (flat_) cuda(cudaFree(flat_), "cudaFree");
+            flat_ = nullptr;
+            flat_bytes_ = 0;
+            void* p = nullptr;
+            cuda(cudaMalloc(&p, bytes), "cudaMalloc (NCCL's flat bucket)");
+            flat_ = static_cast<std::byte*>(p);
+            flat_bytes_ = bytes;
+            cuda(cudaMemsetAsync(flat_, 0, bytes, stream), "cudaMemsetAsync");
+        }
+        return flat_;
+    }
+
+    // The flat area's copies (flat.cpp), on the stream.
+    Copy2d on(cudaStream_t stream) {
+        return [this, stream](std::byte* dst, std::uint64_t dpitch, const std::byte* src, std::uint64_t spitch,
+                              std::uint64_t width, std::uint64_t rows) {
+            cuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpy2DAsync");
+        };
+    }
+
+    // One buffer of equal blocks (uneven ones and buckets go flat: launch).
     void issue(const Op& op, const Buffer& b, cudaStream_t stream) {
         const ncclDataType_t t = nccl_type(op.dtype);
         const std::size_t es = dtype_bytes(op.dtype);
@@ -289,31 +333,13 @@ private:
         const std::byte* send = b.send.data();
         switch (op.kind) {
         case Kind::allgather:
-            if (b.counts.empty()) {
-                call(lib_->AllGather(send, recv, b.send.size() / es, t, comm_, stream), "ncclAllGather");
-                return;
-            }
-            // Uneven blocks: one broadcast per rank, grouped (NCCL has no allgatherv).
-            for (int r = 0; r < size(); ++r) {
-                const std::uint64_t n = block_count(op, b, r, size());
-                if (n == 0) continue;
-                call(lib_->Broadcast(send, recv + block_first(op, b, r, size()) * es, n, t, r, comm_, stream),
-                     "ncclBroadcast");
-            }
-            return;
         case Kind::reduce_scatter:
-            if (b.counts.empty()) {
+            if (!b.counts.empty()) throw InternalError("nccl: an uneven " + op.what() + " not laid flat");
+            if (op.kind == Kind::allgather)
+                call(lib_->AllGather(send, recv, b.send.size() / es, t, comm_, stream), "ncclAllGather");
+            else
                 call(lib_->ReduceScatter(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream),
                      "ncclReduceScatter");
-                return;
-            }
-            for (int r = 0; r < size(); ++r) {
-                const std::uint64_t n = block_count(op, b, r, size());
-                if (n == 0) continue;
-                call(lib_->Reduce(send + block_first(op, b, r, size()) * es, recv, n, t, nccl_op(op.reduce), r, comm_,
-                                 stream),
-                     "ncclReduce");
-            }
             return;
         case Kind::allreduce:
             call(lib_->AllReduce(send, recv, b.recv.size() / es, t, nccl_op(op.reduce), comm_, stream), "ncclAllReduce");
@@ -371,6 +397,8 @@ private:
     cudaEvent_t enqueued_ = nullptr;  // recorded after the last stream-ordered collective
     bool enqueued_any_ = false;
     float* token_ = nullptr;
+    std::byte* flat_ = nullptr;  // the flat area of buckets (launch)
+    std::uint64_t flat_bytes_ = 0;
     ncclComm_t comm_ = nullptr;
     bool poisoned_ = false;
 };

@@ -1,6 +1,6 @@
-// The backends' factories, for device::open (cpu.cpp). The cuda one is
-// cuda/device.cpp with the toolkit, cuda_none.cpp without (the Makefile
-// builds one of them).
+// The backends' factories, for device::open (cpu.cpp). The cuda ones are in
+// cuda/device.cpp and cuda/gemm.cpp with the toolkit, cuda_none.cpp without
+// (the Makefile builds one or the other).
 #pragma once
 
 #include <zinf/device.hpp>

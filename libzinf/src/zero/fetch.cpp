@@ -333,6 +333,11 @@ std::span<const std::byte> InfinityEngine::Impl::copy_in(ParamState& p, std::spa
     const std::uint64_t pbytes = p.per * p.dt;
     std::span<const std::byte> src_dev;  // this rank's partition on the device, once cg is done
     if (p.tier == shard::Tier::gpu) {
+        // The gather reads it after the optimizer's last refresh of it.
+        {
+            std::lock_guard lk(refresh.mu);
+            dev.wait(*coll, p.refreshed);
+        }
         src_dev = {p.resident.data(), pbytes};
         st.fetched_bytes[0] += pbytes;
     } else {
@@ -414,6 +419,15 @@ void InfinityEngine::Impl::gather(const std::vector<Staged>& bucket, const std::
         else if (dp == 1)
             dev.copy(*coll, std::as_writable_bytes(s.full), s.src.first(n * 4));
         st.gathered_bytes += n * s.p->dt;
+    }
+    // The gpu tier's next refresh writes over what these read: after them.
+    std::vector<ParamState*> resident;
+    for (const Staged& s : bucket)
+        if (s.p->tier == shard::Tier::gpu) resident.push_back(s.p);
+    if (!resident.empty()) {
+        const device::Event read = dev.record(*coll);
+        std::lock_guard lk(refresh.mu);
+        for (ParamState* p : resident) p->last_read = read;
     }
 }
 

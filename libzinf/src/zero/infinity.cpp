@@ -5,6 +5,9 @@
 #include "infinity.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
 
 namespace zinf::zero {
 
@@ -114,10 +117,11 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
                              " of the device budget is left",
                          n.module, n.total(), before.largest_free);
 
-    std::uint64_t largest_count = 1;
+    std::uint64_t largest_count = 1, largest_resident = 0;
     for (auto& ps : params) {
         largest_count = std::max(largest_count, ps.count);
         if (ps.tier == shard::Tier::gpu) {
+            largest_resident = std::max(largest_resident, ps.per * ps.dt);
             // The gpu tier: this rank's partition lives in the arena for the
             // run, filled from the optimizer's copy and refreshed by on_param.
             ps.resident = dev.arena().allocate(ps.per * ps.dt, "gpu-tier parameter partition");
@@ -129,6 +133,10 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     }
     dev.synchronize(*h2d);
     gradients.staging = pool.pin(largest_count * 4, "engine's gradient staging");
+    if (largest_resident) {
+        refresh.piece = std::min<std::uint64_t>(largest_resident, pool.buffer_bytes());
+        refresh.staging = pool.pin(RefreshStage::kPieces * refresh.piece, "engine's gpu-tier refresh staging");
+    }
 
     const std::uint64_t left = align_down(dev.arena().stats().largest_free, mem::kArenaAlignment);
     ring.block = dev.arena().allocate(left, "engine working memory");
@@ -351,6 +359,30 @@ void Impl::hand_over(const Module& mod) {
     }
 }
 
+// See RefreshStage. A piece's last copy is waited for by polling, not by
+// synchronize: a stream's error belongs to the pass's end(), which reports
+// it (a dropped copy counts as done; the failed step is not committed).
+void Impl::refresh_param(ParamState& p, std::uint64_t first, std::span<const std::byte> values) {
+    const std::uint64_t at0 = first * p.dt;
+    if (at0 + values.size() > p.resident.size())
+        throw InternalError("engine: a refresh of " + m.tensors[p.tensor].name + " writes bytes [" +
+                            std::to_string(at0) + ", " + std::to_string(at0 + values.size()) + ") of a " +
+                            std::to_string(p.resident.size()) + "-byte partition");
+    std::lock_guard lk(refresh.mu);
+    dev.wait(*h2d, p.last_read);
+    for (std::uint64_t at = 0; at < values.size(); at += refresh.piece) {
+        const std::uint64_t n = std::min<std::uint64_t>(refresh.piece, values.size() - at);
+        device::Event& done = refresh.piece_done[refresh.next];
+        while (!dev.query(done)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        const auto buf = refresh.staging.bytes().subspan(refresh.next * refresh.piece, n);
+        std::memcpy(buf.data(), values.data() + at, n);
+        dev.copy(*h2d, {p.resident.data() + at0 + at, n}, buf);
+        done = dev.record(*h2d);
+        refresh.next = (refresh.next + 1) % RefreshStage::kPieces;
+    }
+    p.refreshed = dev.record(*h2d);
+}
+
 // ---------------------------------------------------------------------------
 void InfinityEngine::before_forward(const Module& m) {
     if (impl_->has_params(m)) impl_->acquire(m, false);
@@ -496,7 +528,7 @@ void InfinityEngine::reset() noexcept { impl_->reset_streams(); }
 void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) {
     Impl& I = *impl_;
     auto& p = I.params.at(tensor);
-    if (p.tier == shard::Tier::gpu) I.dev.arena().copy_in(p.resident, first * p.dt, values);
+    if (p.tier == shard::Tier::gpu) I.refresh_param(p, first, values);
 }
 
 void InfinityEngine::after_step() { ++impl_->version; }

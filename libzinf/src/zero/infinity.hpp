@@ -11,6 +11,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,6 +87,11 @@ struct ParamState {
     std::uint64_t persist_version = kNone;
     device::Event persist_ready;
     mem::Block shared;         // shared_grad: the full fp32 gradient
+    // gpu tier, guarded by the engine's refresh mutex (the optimizer's thread
+    // refreshes while the engine's issues fetches): the last copy of new
+    // values into `resident`, which the next gather waits for, and the last
+    // gather that read it, which the next copy waits for.
+    device::Event refreshed, last_read;
 };
 
 // Where one parameter's buffers sit in a fetch (byte offsets from the
@@ -228,6 +234,24 @@ struct InfinityEngine::Impl {
         std::uint64_t handover_bytes = 0;
         std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
     } gradients;
+
+    // The gpu tier's refresh after the optimizer (on_param, called on the
+    // optimizer's thread, during backward when its update overlaps it): the
+    // new values are copied into a piece of page-locked staging of the
+    // engine's own, and from there into the resident partition by an
+    // asynchronous copy on the h2d stream, after the last gather that read
+    // the old values; the next gather of the parameter waits for the copy's
+    // event. The caller's memory is free again when on_param returns; the
+    // host waits only when every piece is still on its way to the device.
+    struct RefreshStage {
+        static constexpr std::size_t kPieces = 2;
+        std::mutex mu;             // the pieces, and every ParamState's refreshed and last_read
+        mem::Pinned staging;       // kPieces pieces of `piece` bytes (none without a gpu tier)
+        std::uint64_t piece = 0;
+        device::Event piece_done[kPieces];
+        std::size_t next = 0;
+    } refresh;
+    void refresh_param(ParamState& p, std::uint64_t first, std::span<const std::byte> values);
 
     // fetch.cpp
     std::uint64_t block_bytes(const Module& mod, bool grads, std::vector<Slot>* slots) const {

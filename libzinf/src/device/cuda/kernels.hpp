@@ -1,7 +1,8 @@
 // The cuda backend's kernels, as plain launch functions over raw device
 // pointers: built by nvcc in the .cu files beside this header, called from
-// device.cpp (g++), which has checked every pointer's span against the shape
-// and checks cudaGetLastError after each launch. This header includes only
+// launch.cpp, gemm.cpp and stream.cpp (g++) once checks.cpp has checked every
+// pointer's span against the shape; they check cudaGetLastError after each
+// launch. This header includes only
 // the runtime API's types, so the .cu files pull in no zinf header at all.
 //
 // Bits: the .cu files are built with -fmad=false (no fused multiply-add), as

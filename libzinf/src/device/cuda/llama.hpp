@@ -1,6 +1,6 @@
 // The cuda backend's launchers for the Llama family's kernels (device.hpp;
 // the cpu backend's llama.cpp is the reference), built by nvcc in llama.cu.
-// The rules of kernels.hpp: raw device pointers checked by device.cpp, no
+// The rules of kernels.hpp: raw device pointers (checked by checks.cpp), no
 // atomics, every sum in the cpu kernel's order. RMSNorm, rotary embeddings
 // and SwiGLU (whose exp is llama_math.hpp's arithmetic on both backends)
 // give the cpu backend's bits; grouped-query attention differs from it only

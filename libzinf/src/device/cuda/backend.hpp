@@ -1,0 +1,422 @@
+// The cuda backend's host side (GPU.md), shared by its files by concern:
+//   device.cpp  the Device: the arena, streams and events, copies, host jobs,
+//               open_cuda
+//   stream.cpp  CudaStream: a non-blocking cudaStream_t, its tickets and
+//               errors, and the worker that runs its host jobs
+//   gemm.cpp    GEMM through cuBLASLt (opened with dlopen, so every program
+//               starts on machines without it) and its plans
+//   launch.cpp  every other kernel: the .cu files' launchers (kernels.hpp,
+//               llama.hpp)
+// Device's public kernels check the spans against their shapes before they
+// reach these (checks.cpp).
+//
+// Errors found on the device or in host jobs follow the cpu backend's rule:
+// thrown by the next synchronize of the stream, or of an event recorded on it
+// after the failing work. Every op that can fail takes a ticket from its
+// stream's count; an event carries the count at its record, so
+// synchronize(event) reports only what came before it.
+#pragma once
+
+#include "kernels.hpp"
+#include "llama.hpp"
+
+#include "../backends.hpp"
+#include "../kernels.hpp"
+
+#include <zinf/device.hpp>
+#include <zinf/mem.hpp>
+
+#include <cublasLt.h>
+#include <cuda.h>  // types of the driver entry point only
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numbers>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace zinf::device::cuda_backend {
+
+using cuda::u64;
+
+inline std::string describe(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+inline void check(cudaError_t e, const char* call) {
+    if (e != cudaSuccess) throw InternalError(std::string("cuda: ") + call + " failed (" + describe(e) + ")");
+}
+
+// After a launch: a bad configuration shows here, a fault at synchronize.
+inline void launched(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// ---------------------------------------------------------------------------
+// cuBLASLt, looked up once (libcublasLt.so.13 is CUDA 13's): gemm.cpp.
+struct Lt {
+    decltype(&cublasLtCreate) Create = nullptr;
+    decltype(&cublasLtDestroy) Destroy = nullptr;
+    decltype(&cublasLtGetStatusString) GetStatusString = nullptr;
+    decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+    decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+    decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+    decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+    decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+    decltype(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute = nullptr;
+    decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+    decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+    decltype(&cublasLtMatmul) Matmul = nullptr;
+
+    static const Lt& get();  // UsageError when it cannot be loaded
+
+    void check(cublasStatus_t st, const char* call) const {
+        if (st != CUBLAS_STATUS_SUCCESS)
+            throw InternalError(std::string("cuda: ") + call + " failed (" + GetStatusString(st) + ")");
+    }
+
+private:
+    static Lt open();
+};
+
+// ---------------------------------------------------------------------------
+// cuStreamWaitValue32 from the driver, or nullptr (then a polling kernel): stream.cpp.
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WaitValue32 driver_wait_value();
+
+// ---------------------------------------------------------------------------
+// Page-locked, mapped host memory a stream's kernels write and its host reads
+// without a copy: the host-job flag and the bad-id record. A few bytes per
+// stream, outside the pinned pool (which holds transfer buffers only).
+struct Mapped {
+    unsigned flag;  // the last host job done (sequence number)
+    cuda::IdRecord rec;
+};
+
+class CudaStream final : public Stream {
+public:
+    CudaStream(std::string name, int gpu, mem::Block scratch, WaitValue32 wait_value);
+
+    // The device drains first (CudaDevice's destructor); this stops the worker.
+    ~CudaStream() override;
+
+    const std::string& name() const override { return name_; }
+    cudaStream_t native() const { return stream_; }
+
+    // A new ticket for an op that can fail (a host job, an id check).
+    u64 next_ticket() {
+        std::lock_guard lk(mu_);
+        return ++ops_;
+    }
+    u64 ticket() const {
+        std::lock_guard lk(mu_);
+        return ops_;
+    }
+
+    // ids (n) in rows of `T` (to name a bad one's row and position).
+    void check_ids(const std::int32_t* ids, u64 n, u64 T, u64 V, int kind) {
+        const u64 t = next_ticket();
+        cuda::check_ids(stream_, ids, n, T, V, kind, t, scratch_, &mapped_dev_->rec);
+        launched("check_ids");
+    }
+
+    // Host jobs: see the file's head.
+    void host(std::function<void()> fn);
+
+    // Whether the stream holds an error not yet reported (host jobs are then
+    // dropped, as the cpu backend drops the rest of its queue).
+    bool dropped(u64 ticket) const {
+        std::lock_guard lk(mu_);
+        return ticket <= drop_through_;
+    }
+    bool failed() const {
+        std::lock_guard lk(mu_);
+        return error_ != nullptr || mapped_->rec.set;
+    }
+
+    // The stall time a wait stood (CudaDevice::wait): the time between two
+    // timing events around the wait, read once both are done.
+    void add_stall(cudaEvent_t a, cudaEvent_t b, std::atomic<std::uint64_t>* ns) {
+        std::lock_guard lk(mu_);
+        stalls_.push_back({a, b, ns});
+    }
+    void account_stalls();
+
+    // After the stream (or an event on it) passed `ticket`: throws the first
+    // error up to it, host job or bad id, whichever came first.
+    void report(u64 ticket);
+
+    // Every host job queued so far done (the device's destructor).
+    void drain() {
+        std::unique_lock lk(mu_);
+        idle_.wait(lk, [&] { return jobs_.empty() && !running_; });
+    }
+
+private:
+    struct Job {
+        cudaEvent_t before;
+        std::function<void()> fn;
+        unsigned seq;
+        u64 ticket;
+    };
+    struct Stall {
+        cudaEvent_t a, b;
+        std::atomic<std::uint64_t>* ns;
+    };
+
+    void run();
+
+    const std::string name_;
+    const int gpu_;
+    const WaitValue32 wait_value_;
+    cudaStream_t stream_ = nullptr;
+    Mapped* mapped_ = nullptr;      // host view
+    Mapped* mapped_dev_ = nullptr;  // device view of the same bytes
+    mem::Block scratch_block_;
+    cuda::IdScratch* scratch_ = nullptr;
+
+    mutable std::mutex mu_;
+    std::condition_variable work_, idle_;
+    std::deque<Job> jobs_;
+    bool stop_ = false, running_ = false;
+    unsigned seq_ = 0;
+    u64 ops_ = 0;
+    std::exception_ptr error_;
+    u64 error_ticket_ = 0;
+    u64 drop_through_ = 0;  // host jobs up to this ticket were queued behind an error: not run
+    std::vector<Stall> stalls_;
+    std::thread worker_;
+};
+
+inline CudaStream& as_cuda(const Stream& s) {
+    auto* c = dynamic_cast<const CudaStream*>(&s);
+    if (!c) throw InternalError("device: a stream of another backend given to the cuda backend");
+    return const_cast<CudaStream&>(*c);
+}
+
+inline cudaEvent_t event_of(const Event& e) { return static_cast<cudaEvent_t>(e.handle.get()); }
+
+// ---------------------------------------------------------------------------
+class CudaDevice final : public Device {
+public:
+    CudaDevice(const Options& opts, int gpu);
+
+    ~CudaDevice() override;
+
+    const std::string& backend() const override {
+        static const std::string name = "cuda";
+        return name;
+    }
+    unsigned threads() const override { return sms_; }
+
+    Stream& stream(StreamKind k) override {
+        const auto i = static_cast<std::size_t>(k);
+        if (i >= streams_.size()) throw InternalError("device: no stream of kind " + std::to_string(i));
+        return *streams_[i];
+    }
+    bool host_addressable() const override { return false; }
+    void* native(Stream& s) override { return as_cuda(s).native(); }
+
+    Event record(Stream& s) override;
+
+    void wait(Stream& s, const Event& e) override;
+
+    // The stall: timing events recorded on `s` just before and just after
+    // the wait; nothing else runs on `s` between them, so their distance is
+    // how long `s` stood waiting for `e` (0 when `e` was done when `s` got
+    // there). It is added to `waited_ns` once both are done: at the next
+    // synchronize of `s` (or of an event on it), or at a later wait on it.
+    void wait(Stream& s, const Event& e, std::atomic<std::uint64_t>& waited_ns) override;
+
+    void synchronize(Stream& s) override;
+
+    void synchronize(const Event& e) override;
+
+    bool query(const Event& e) override;
+
+    void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override;
+
+    // Host memory CUDA does not know (neither pinned nor registered nor the arena's).
+    static bool pageable(const void* p);
+
+    // Synchronous: on a private stream, waited for. Host memory (not the
+    // arena's) is cleared on the host.
+    void fill_zero(std::span<std::byte> dst) override;
+
+    void zero(Stream& s, std::span<float> dst) override;
+
+    // ---- kernels -----------------------------------------------------------
+    // Row-major C (m,n) = op(A) op(B) is column-major C^T (n,m) =
+    // op(B)^T op(A)^T: cuBLASLt is handed B as its A and A as its B, each
+    // stored as it is (a row-major (r,c) matrix of row stride ld is a
+    // column-major (c,r) one of leading dimension ld), transposed as asked.
+    // fp32 in, out and compute (CUBLAS_COMPUTE_32F: no TF32); with bf16
+    // inputs, CUBLAS_COMPUTE_32F_FAST_16BF (see compute_type()).
+    void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
+                 std::span<float> c) override;
+
+    void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override;
+
+    void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override;
+
+    void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                              std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
+                              u64 V) override;
+
+    void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
+                               std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override;
+
+    void do_layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                              std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
+                              u64 C) override;
+
+    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
+                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override;
+
+    void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override;
+
+    void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                          std::span<const float> dout) override;
+
+    void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
+                              u64 T, u64 C, u64 NH) override;
+
+    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
+                               u64 NH) override;
+
+    void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override;
+
+    // ---- the Llama family (llama.cu) ----------------------------------------
+    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
+                            std::span<const float> w, u64 N, u64 C, float eps) override;
+
+    void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                             std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                             u64 C) override;
+
+    void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
+                 u64 pos0, bool inverse) override;
+
+    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                           std::span<const float> up) override;
+
+    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                            std::span<const float> gate, std::span<const float> up) override;
+
+    void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                        std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                        u64 hd) override;
+
+    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                         u64 NH, u64 KVH, u64 hd) override;
+
+    void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
+                       std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override;
+
+    void do_crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
+                                          std::span<const std::int32_t> targets, float dloss, u64 N,
+                                          u64 V) override;
+
+    void do_crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
+                                 std::span<const std::int32_t> targets, u64 N, u64 V) override;
+
+    void do_residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
+                             std::span<const float> b) override;
+
+    void do_accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override;
+
+    void do_cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override;
+
+    void do_cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override;
+
+    void do_adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override;
+
+    void host(Stream& s, std::function<void()> fn) override;
+
+    // ---- for measure_gemm_flops ---------------------------------------------
+    // `reps` GEMMs of n x n on compute, timed with events after a warm-up:
+    // FLOP/s. bf16: A, B and C in bf16, fp32 accumulation.
+    double gemm_rate(u64 n, unsigned reps, bool bf16);
+
+private:
+    // The current device is per host thread (and others may set it): every
+    // entry makes it ours. cudaGetDevice is a read of the runtime's state.
+    void bind() const {
+        int current = -1;
+        if (cudaGetDevice(&current) == cudaSuccess && current == gpu_) return;
+        check(cudaSetDevice(gpu_), "cudaSetDevice");
+    }
+
+    static float gelu_scale() { return static_cast<float>(std::sqrt(2.0 / std::numbers::pi)); }
+
+    void check_tokens(CudaStream& cs, const std::int32_t* tokens, u64 B, u64 T, u64 V) {
+        cs.check_ids(tokens, B * T, T, V, 0);
+    }
+    void check_targets(CudaStream& cs, const std::int32_t* targets, u64 N, u64 V) {
+        cs.check_ids(targets, N, 1, V, 1);
+    }
+
+    void synchronize_all() {
+        for (auto& s : streams_) synchronize(*s);
+    }
+
+    // One cuBLASLt plan (descriptors and the heuristic's algorithm) per shape,
+    // operand alignment and stream workspace: the same shape always runs the
+    // same algorithm, so the same bits.
+    using PlanKey = std::tuple<bool, bool, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, std::uint32_t,
+                               std::uint32_t, std::uint32_t, int, int, bool>;
+    // fp32 spans: exact fp32 (no TF32), or with bf16 inputs (device.hpp's
+    // Precision) on bf16 tensor cores, the inputs rounded inside the kernel
+    // and the products accumulated in fp32. (cublas_api.h allows FAST_16BF to
+    // down-convert to TF32 instead, which keeps more bits: never fewer than
+    // bf16's, so the cpu backend's rounding stays the bound test_cuda holds it
+    // to.) bf16 spans (gemm_rate's): fp32 accumulation.
+    static cublasComputeType_t compute_type(const Gemm& g, cudaDataType_t type) {
+        return type == CUDA_R_32F && g.inputs == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    }
+    struct Plan {
+        cublasLtMatmulDesc_t op = nullptr;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+        cublasLtMatmulAlgo_t algo{};
+        void destroy(const Lt& lt) {
+            if (op) (void)lt.MatmulDescDestroy(op);
+            for (auto* l : {a, b, c})
+                if (l) (void)lt.MatrixLayoutDestroy(l);
+        }
+    };
+
+    void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type);
+
+    Plan make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c, cudaDataType_t type,
+                   std::size_t ws_bytes);
+
+    const int gpu_;
+    unsigned sms_ = 0;
+    const Lt* lt_ = nullptr;
+    cublasLtHandle_t lt_handle_ = nullptr;
+    cudaStream_t fill_stream_ = nullptr;
+    std::array<std::unique_ptr<CudaStream>, 4> streams_;  // by StreamKind; [0] compute
+    mem::Block workspace_;
+    std::mutex plans_mu_;
+    std::map<PlanKey, Plan> plans_;
+};
+
+}  // namespace zinf::device::cuda_backend
