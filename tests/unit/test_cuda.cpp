@@ -228,6 +228,20 @@ BOOST_AUTO_TEST_CASE(copies_both_ways_and_on_the_device, *utf::precondition(GpuP
     BOOST_TEST(testing::contains(what, "copy"), what);
 }
 
+// A column block out of a wider matrix (cudaMemcpy2DAsync), the rest of dst untouched.
+BOOST_AUTO_TEST_CASE(copy_rows_moves_a_column_block, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("copy_rows"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    const std::uint64_t rows = 37, wide = 53, lo = 11, cols = 19, narrow = 23;
+    const Vf src = randn(rows * wide, rng), before = randn(rows * narrow, rng);
+    auto a = up(*d, src), b = up(*d, before);
+    d->copy_rows(d->compute(), b.span(), narrow, a.span().subspan(lo), wide, rows, cols);
+    Vf want = before;
+    for (std::uint64_t i = 0; i < rows; ++i)
+        for (std::uint64_t j = 0; j < cols; ++j) want[i * narrow + j] = src[i * wide + lo + j];
+    BOOST_TEST(down(*d, b) == want);
+}
+
 BOOST_AUTO_TEST_CASE(gemm_transposes_padding_batch_alpha_beta, *utf::precondition(GpuPresent())) {
     std::mt19937_64 rng(fresh_seed("gemm"));
     Pair p;

@@ -395,6 +395,40 @@ BOOST_AUTO_TEST_CASE(embedding_without_positions) {
     BOOST_CHECK_THROW(r->synchronize(r.s()), DataError);
 }
 
+// The 2-D copy the Llama's joined projections split their product with
+// (q, k and v out of one (N, q+k+v) GEMM) and join their gradients with.
+BOOST_AUTO_TEST_CASE(copy_rows_moves_a_column_block_and_nothing_else) {
+    std::mt19937_64 rng(fresh_seed("copy_rows"));
+    Rig r;
+    const u64 rows = 37, wide = 53, lo = 11, cols = 19, narrow = 23;
+    const Vf src = randn(rows * wide, rng), before = randn(rows * narrow, rng);
+    // Out of the wide matrix's columns [lo, lo + cols) into a narrower one's first cols.
+    auto out = r.up(before);
+    const auto in = r.in(src);
+    r->copy_rows(r.s(), out, narrow, in.subspan(lo), wide, rows, cols);
+    Vf want = before;
+    for (u64 i = 0; i < rows; ++i)
+        for (u64 j = 0; j < cols; ++j) want[i * narrow + j] = src[i * wide + lo + j];
+    BOOST_TEST(same_bits(r.down(out), want));
+    // And back into a wide matrix's columns [lo, lo + cols), the others untouched.
+    const Vf wide0 = randn(rows * wide, rng);
+    auto back = r.up(wide0);
+    r->copy_rows(r.s(), std::span<float>(back).subspan(lo), wide, out, narrow, rows, cols);
+    Vf want2 = wide0;
+    for (u64 i = 0; i < rows; ++i)
+        for (u64 j = 0; j < cols; ++j) want2[i * wide + lo + j] = src[i * wide + lo + j];
+    BOOST_TEST(same_bits(r.down(back), want2));
+    // A stride under the row's length, or a span one element short, is refused at the call.
+    const std::string what = testing::what_of<InternalError>(
+        [&] { r->copy_rows(r.s(), out, cols - 1, in, wide, rows, cols); }, "copy_rows stride");
+    BOOST_TEST(testing::contains(what, "copy_rows (rows=37, cols=19"), what);
+    BOOST_CHECK_THROW(r->copy_rows(r.s(), back, wide, in.subspan(lo + 1), wide, rows, wide - lo), InternalError);
+    BOOST_CHECK_THROW(r->copy_rows(r.s(), std::span<float>(out).first((rows - 1) * narrow + cols - 1), narrow, in,
+                                   wide, rows, cols),
+                      InternalError);
+    r->synchronize(r.s());
+}
+
 BOOST_AUTO_TEST_CASE(kernels_bitwise_same_for_1_and_2_threads) {
     const std::uint64_t seed = fresh_seed("llama determinism");
     auto run_all = [seed](unsigned threads) {

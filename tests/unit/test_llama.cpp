@@ -419,6 +419,71 @@ BOOST_AUTO_TEST_CASE(checkpointing_is_bitwise_and_the_cache_matches_the_full_for
     BOOST_TEST(model::Llama::decode_bytes(full.m.config(), T) > 0u);
 }
 
+// An engine that is not the resident one, over a resident engine's memory:
+// the Llama runs q, k, v and gate, up a GEMM each under it, as under the
+// ZeRO-Infinity engine (each parameter in its own buffer).
+class Apart : public zero::ParamEngine {
+public:
+    explicit Apart(model::ResidentEngine& r) : r_(r) {}
+
+protected:
+    std::span<const float> weight_of(const zero::Module&, std::size_t p) override { return r_.values(p); }
+    std::span<float> grad_of(const zero::Module&, std::size_t p) override { return r_.gradient(p); }
+
+private:
+    model::ResidentEngine& r_;
+};
+
+// Where the resident engine holds q, k, v (and gate, up) one after another,
+// the model runs them as one GEMM (their hooks nested around it); the loss
+// and every gradient are those of a GEMM each, to the bit, on 2 threads with
+// GEMMs large enough to be split over them, with and without checkpointing.
+BOOST_AUTO_TEST_CASE(joined_projections_are_the_parts_to_the_bit) {
+    std::mt19937_64 rng(fresh_seed("llama joined projections"));
+    const auto s = shard::ModelSpec::parse("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=160,vocab=96,seq=32,tied=0");
+    const u64 B = 2, T = 32;
+    const Ref ref = random_weights(s, rng);
+    const auto in = tokens(rng, B * T, s.vocab), tg = tokens(rng, B * T, s.vocab);
+    for (const bool checkpoint : {true, false}) {
+        Net joined(model::Config::from(s), {.batch = B, .seq = T, .checkpoint = checkpoint});
+        Net apart(model::Config::from(s), {.batch = B, .seq = T, .checkpoint = checkpoint});
+        for (Net* n : {&joined, &apart}) {
+            load(*n, ref);
+            n->set_batch(in, tg);
+        }
+        joined.eng.tracing = true;
+        joined.step();
+        Apart engine(apart.eng);
+        model::Context c{*apart.dev, apart.dev->compute(), engine};
+        apart.eng.zero_grad(c.stream);
+        apart.m.forward(c, apart.acts);
+        apart.m.backward(c, apart.acts);
+        apart.dev->synchronize(c.stream);
+
+        // Joined: k_proj's hooks open inside q_proj's, up_proj's inside gate_proj's.
+        const auto& tr = joined.eng.trace;
+        auto follows = [&](zero::ResidentEngine::Hook::Kind kind, const std::string& first, const std::string& next) {
+            for (std::size_t i = 0; i + 1 < tr.size(); ++i)
+                if (tr[i].kind == kind && tr[i].module == first)
+                    return tr[i + 1].kind == kind && tr[i + 1].module == next;
+            return false;
+        };
+        using H = zero::ResidentEngine::Hook;
+        BOOST_TEST(follows(H::before_forward, "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj"));
+        BOOST_TEST(follows(H::before_forward, "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"));
+        BOOST_TEST(follows(H::before_backward, "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj"));
+        BOOST_TEST(follows(H::before_backward, "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"));
+
+        const auto la = joined.read(joined.acts.losses.span()), lb = apart.read(apart.acts.losses.span());
+        BOOST_TEST(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0, "losses, checkpoint " << checkpoint);
+        for (std::size_t t = 0; t < joined.m.params_table().size(); ++t) {
+            const auto a = joined.read(joined.eng.gradient(t)), b = apart.read(apart.eng.gradient(t));
+            BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
+                       "gradient of " << joined.m.params_table().all()[t].name << ", checkpoint " << checkpoint);
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(modules_and_hooks_have_hugging_face_s_names) {
     const auto s = shard::ModelSpec::parse(kTiny);
     Net net(model::Config::from(s, 2), {.batch = 1, .seq = 4});

@@ -190,6 +190,12 @@ public:
     // Asynchronous copies: host <-> device <-> device. `dst` and `src` must
     // stay alive and untouched until the stream passes this point.
     void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src);
+    // A device-to-device copy of a (rows, cols) block of floats between
+    // row-major matrices of row strides ld_dst and ld_src (>= cols): row r's
+    // cols elements from src + r ld_src to dst + r ld_dst, the rest of dst
+    // untouched (a column block out of a wider matrix, or into one).
+    void copy_rows(Stream& s, std::span<float> dst, std::uint64_t ld_dst, std::span<const float> src,
+                   std::uint64_t ld_src, std::uint64_t rows, std::uint64_t cols);
     virtual void fill_zero(std::span<std::byte> dst) = 0;  // synchronous
     virtual void zero(Stream& s, std::span<float> dst) = 0;
 
@@ -335,6 +341,8 @@ protected:
     // strides filled in); do_rope is rope_forward's turn, or rope_backward's
     // with `inverse`.
     virtual void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) = 0;
+    virtual void do_copy_rows(Stream& s, std::span<float> dst, std::uint64_t ld_dst, std::span<const float> src,
+                              std::uint64_t ld_src, std::uint64_t rows, std::uint64_t cols) = 0;
     virtual void do_gemm(Stream& s, const Gemm& resolved, std::span<const float> a, std::span<const float> b,
                          std::span<float> c) = 0;
     virtual void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,

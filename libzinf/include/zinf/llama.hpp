@@ -48,6 +48,9 @@ public:
     void backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
                   std::uint64_t N, bool accumulate = false);
     std::uint64_t in = 0, out = 0;
+    // Untiled, the one parameter (its weight); tiled, each tile has its own.
+    bool tiled() const { return tiles_.front() != nullptr; }
+    std::size_t weight_param() const { return w_whole_; }
 
 private:
     struct Tile;
@@ -70,22 +73,44 @@ private:
 };
 
 // A block's activations for one (B,T) (q and k after the rotation).
+// q, k and v are one array, one after another (not interleaved), and so are
+// gate and up. Where the projections of one input run as one GEMM (q, k and
+// v; gate and up: joined_projections), the array here or its twin in
+// LlamaScratch holds their (N, sum of outs) product or gradients, side by
+// side, while the other holds the parts.
 struct LlamaBlockActivations {
     device::Array<float> norm1, rstd1;   // (N,C), (N)
-    device::Array<float> q, k, v;        // (N,H*hd), (N,KV*hd), (N,KV*hd)
+    device::Array<float> qkv;            // q, k, v
+    std::span<float> q, k, v;            // (N,H*hd), (N,KV*hd), (N,KV*hd) in qkv
     device::Array<float> att;            // (B,H,T,T)
     device::Array<float> atty;           // (N,H*hd)
     device::Array<float> res2;           // (N,C)
     device::Array<float> norm2, rstd2;   // (N,C), (N)
-    device::Array<float> gate, up, act;  // (N,F) each
+    device::Array<float> gate_up;        // gate, up
+    std::span<float> gate, up;           // (N,F) each, in gate_up
+    device::Array<float> act;            // (N,F)
 };
 
 struct LlamaScratch {
     device::Array<float> dbtc;           // (N,C)
-    device::Array<float> dq, dk, dv;     // as q, k, v
+    device::Array<float> dqkv;           // dq, dk, dv
+    std::span<float> dq, dk, dv;         // as q, k, v, in dqkv
     device::Array<float> datt;           // (B,H,T,T)
-    device::Array<float> dgate, dup;     // (N,F)
+    device::Array<float> dgate_up;       // dgate, dup
+    std::span<float> dgate, dup;         // (N,F) each, in dgate_up
+    // A joined group's weights (their copies where the engine keeps them
+    // apart) or their gradients: the largest joined group's (sum of outs, C);
+    // empty when no group is joined.
+    device::Array<float> joined;
 };
+
+// Whether a group of projections of one input, of `outs` outputs together
+// from C inputs, runs as one GEMM (q, k and v: H*hd + 2 KV*hd; gate and up:
+// 2F): untiled, and their weights together at most 32 MiB, the scratch a
+// copy of them takes. Small GEMMs are where a Llama's step is cut into the
+// most OpenMP regions; large ones fill the team alone. A property of the
+// config, so that every engine runs the same GEMMs and gets the same bits.
+bool joined_projections(const Config& cfg, std::uint64_t outs);
 
 // One new position's keys and values per layer (the sampler's cache):
 // k and v (positions, KV*hd) each, every kv head once for its group.
@@ -106,8 +131,10 @@ class LlamaAttention : public Module {
 public:
     LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg);
     // out (N,C) = o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))).
+    // `s`: the scratch q, k and v take as one GEMM (joined_projections); null:
+    // a GEMM each.
     void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
-                 std::span<const float> rope, std::uint64_t B, std::uint64_t T);
+                 std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
     // dx (N,C) written.
     void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, std::uint64_t B,
@@ -127,9 +154,9 @@ private:
 class LlamaMLP : public Module {
 public:
     LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg);
-    // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)).
+    // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)). `s` as the attention's.
     void forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
-                 std::span<float> up, std::span<float> act, std::uint64_t N);
+                 std::span<float> up, std::span<float> act, std::uint64_t N, LlamaScratch* s = nullptr);
     // dx (N,C) written.
     void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::uint64_t N);
@@ -143,8 +170,9 @@ private:
 class LlamaBlock : public Module {
 public:
     LlamaBlock(ParamTable& t, std::uint64_t layer, const Config& cfg);
+    // `s`: scratch for joined projections (LlamaAttention::forward); null: none.
     void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
-                 std::span<const float> rope, std::uint64_t B, std::uint64_t T);
+                 std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
     // As Block::backward (model.hpp): dres in, d x out, in place.
     void backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
                   LlamaScratch& s, std::span<const float> rope, std::uint64_t B, std::uint64_t T,

@@ -38,6 +38,16 @@ void Device::copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte
     do_copy(s, dst, src);
 }
 
+void Device::copy_rows(Stream& s, std::span<float> dst, u64 ld_dst, std::span<const float> src, u64 ld_src, u64 rows,
+                       u64 cols) {
+    const Shape sh{"copy_rows", {{"rows", rows}, {"cols", cols}, {"ld_dst", ld_dst}, {"ld_src", ld_src}}};
+    if (ld_dst < cols || ld_src < cols) sh.fail("a row stride is less than cols");
+    if (!rows || !cols) return;
+    sh.need("dst", dst.size(), (rows - 1) * ld_dst + cols);
+    sh.need("src", src.size(), (rows - 1) * ld_src + cols);
+    do_copy_rows(s, dst, ld_dst, src, ld_src, rows, cols);
+}
+
 void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b, std::span<float> c) {
     const Gemm r = cpu::resolve(g);
     Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};

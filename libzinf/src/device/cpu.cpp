@@ -211,6 +211,11 @@ public:
         as_cpu(s).enqueue([d = dst.data(), p = src.data(), n = src.size()] { std::memcpy(d, p, n); });
     }
 
+    void do_copy_rows(Stream& s, std::span<float> dst, u64 ld_dst, std::span<const float> src, u64 ld_src, u64 rows,
+                      u64 cols) override {
+        as_cpu(s).enqueue([=, d = dst.data(), p = src.data()] { cpu::copy_rows(d, ld_dst, p, ld_src, rows, cols); });
+    }
+
     void fill_zero(std::span<std::byte> dst) override {
         if (!dst.empty()) std::memset(dst.data(), 0, dst.size());
     }

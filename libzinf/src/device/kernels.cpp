@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <span>
 #include <string>
@@ -230,6 +231,10 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n) {
 }
 
 // ---------------------------------------------------------------------------
+void copy_rows(float* dst, u64 ld_dst, const float* src, u64 ld_src, u64 rows, u64 cols) {
+    for (u64 r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, cols * sizeof(float));
+}
+
 void residual_forward(float* out, const float* a, const float* b, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) out[i] = a[i] + b[i];

@@ -71,6 +71,9 @@ void crossentropy_forward_backward(float* losses, float* logits, const std::int3
                                    u64 V);
 void crossentropy_forward(float* losses, const float* logits, const std::int32_t* targets, u64 N, u64 V);
 
+// Row r's cols floats from src + r ld_src to dst + r ld_dst, on the calling
+// thread (a memory-bound copy: one core's memcpy).
+void copy_rows(float* dst, u64 ld_dst, const float* src, u64 ld_src, u64 rows, u64 cols);
 void residual_forward(float* out, const float* a, const float* b, u64 n);
 void accumulate(float* acc, const float* x, u64 n);
 void to_bf16(std::uint16_t* dst, const float* src, u64 n);

@@ -17,12 +17,20 @@ namespace zinf::device::cpu {
 
 namespace {
 u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
+
+// RMSNorm and RoPE do a few flops an element: below this many elements a
+// pass takes less than a parallel region's fork and end barrier, which on a
+// loaded machine is a wait for a descheduled thread (BENCHMARKS.md, the Llama
+// section: a smollm-135m step spent 63% of its samples in libgomp's wait), so
+// they run on the calling thread. Each element and each column sum is
+// computed the same way on one thread or many: the bits do not change.
+constexpr u64 kLightParallelMin = u64{1} << 20;
 }  // namespace
 
 // ---------------------------------------------------------------------------
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C, float eps) {
     const float inv_c = 1.0f / static_cast<float>(C);
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (N * C >= kLightParallelMin)
     for (u64 r = 0; r < N; ++r) {
         const float* x = inp + r * C;
         float* o = out + r * C;
@@ -35,7 +43,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       u64 N, u64 C) {
     const float inv_c = 1.0f / static_cast<float>(C);
-#pragma omp parallel if (N * C >= kParallelMin)
+#pragma omp parallel if (N * C >= kLightParallelMin)
     {
         std::vector<float> norm(C), dnorm(C);
 #pragma omp for schedule(static)
@@ -52,7 +60,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
             for (u64 c = 0; c < C; ++c) di[c] += (dnorm[c] - norm[c] * dnorm_norm_mean) * s;
         }
     }
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (N * C >= kLightParallelMin)
     for (u64 blk = 0; blk < column_blocks(C); ++blk) {
         const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
         for (u64 r = 0; r < N; ++r) {
@@ -67,7 +75,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
 // ---------------------------------------------------------------------------
 void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {
     const u64 half = hd / 2;
-#pragma omp parallel for schedule(static) if (B * T * H * hd >= kParallelMin)
+#pragma omp parallel for schedule(static) if (B * T * H * hd >= kLightParallelMin)
     for (u64 bt = 0; bt < B * T; ++bt) {
         const float* cs = table + (pos0 + bt % T) * hd;
         const float* sn = cs + half;

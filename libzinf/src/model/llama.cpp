@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <memory>
 #include <numbers>
+#include <optional>
 
 namespace zinf::model {
 
@@ -119,6 +122,166 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
 }
 
 // ---------------------------------------------------------------------------
+// Projections of one input (q, k and v; gate and up) as one GEMM each way:
+// their product x @ [W_1; W_2; ...]^T and their weights' gradients [dy_1
+// dy_2 ...]^T @ x, one OpenMP region where the parts took one each (a
+// Llama block's regions, not its FLOPs, set its step on a loaded machine:
+// BENCHMARKS.md). A GEMM's bits depend on its shape (OpenBLAS blocks it by
+// size), so whether a group is joined is the config's (joined_projections),
+// and every engine runs the same joined GEMMs on the same values: the
+// resident engine, which keeps the parts' weights and gradients one after
+// another in its arrays (the layout's order, 64-byte aligned starts), hands
+// them over as one matrix; any other (the ZeRO-Infinity engine gathers each
+// parameter into its own buffer) has the weights copied side by side into
+// scratch, each within its own hooks, and the joined gradient added to each
+// part's, within its hooks. The input's gradient stays a GEMM per part in
+// order, as the parts' backward computes it.
+namespace {
+
+constexpr u64 kJoinedMaxBytes = u64{32} << 20;
+
+// The parts' weights and gradients as one (sum of outs, in) matrix each,
+// where the resident engine holds them so; none otherwise.
+struct Joined {
+    std::span<const float> w;
+    std::span<float> g;
+};
+
+std::optional<Joined> adjacent(Context& c, std::initializer_list<RowLinear*> parts) {
+    auto* resident = dynamic_cast<zero::ResidentEngine*>(&c.engine);
+    if (!resident) return std::nullopt;
+    const float* w_end = nullptr;
+    float* g_end = nullptr;
+    Joined j;
+    for (const RowLinear* p : parts) {
+        const auto w = resident->values(p->weight_param());
+        const auto g = resident->gradient(p->weight_param());
+        if (!w_end) {
+            j.w = w;
+            j.g = g;
+        } else if (w.data() != w_end || g.data() != g_end) {
+            return std::nullopt;
+        }
+        w_end = w.data() + w.size();
+        g_end = g.data() + g.size();
+    }
+    return Joined{{j.w.data(), w_end}, {j.g.data(), g_end}};
+}
+
+u64 outs(std::initializer_list<RowLinear*> parts) {
+    u64 n = 0;
+    for (const RowLinear* p : parts) n += p->out;
+    return n;
+}
+
+// The parts' hooks, entered in order and left in reverse, around work on
+// their weights as one matrix.
+template <class Scope>
+class Nested {
+public:
+    Nested(ParamEngine& e, std::initializer_list<RowLinear*> parts) {
+        for (RowLinear* p : parts) held_.push_back(std::make_unique<Scope>(e, *p));
+    }
+    ~Nested() noexcept(false) {
+        while (!held_.empty()) held_.pop_back();
+    }
+
+private:
+    std::vector<std::unique_ptr<Scope>> held_;
+};
+
+// ys[i] (N, out_i) = x (N,in) @ W_i^T. Joined (`s` given and the config
+// joins the group): one GEMM into `rows` (N, sum of outs), each y's columns
+// copied out; otherwise each part's forward.
+void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+             std::initializer_list<std::span<float>> ys, std::span<const float> x, u64 N, LlamaScratch* s,
+             std::span<float> rows) {
+    const u64 J = outs(parts), in = (*parts.begin())->in;
+    const auto* y = ys.begin();
+    if (!s || !joined_projections(cfg, J)) {
+        for (RowLinear* p : parts) p->forward(c, *y++, x, N);
+        return;
+    }
+    const Gemm g{.tb = true, .m = N, .n = J, .k = in};
+    if (const auto j = adjacent(c, parts)) {
+        const Nested<ForwardScope> scopes(c.engine, parts);
+        c.gemm(g, x, j->w, rows);
+    } else {
+        u64 at = 0;
+        for (RowLinear* p : parts) {
+            ForwardScope scope(c.engine, *p);
+            const auto w = c.engine.weight(*p, p->weight_param());
+            c.dev.copy(c.stream, std::as_writable_bytes(s->joined.span().subspan(at * in, w.size())),
+                       std::as_bytes(w));
+            at += p->out;
+        }
+        c.gemm(g, x, s->joined.span().first(J * in), rows);
+    }
+    u64 at = 0;
+    for (const RowLinear* p : parts) {
+        c.dev.copy_rows(c.stream, *y++, p->out, rows.subspan(at), J, N, p->out);
+        at += p->out;
+    }
+}
+
+// dx (N,in) = sum_i dys[i] @ W_i (a GEMM per part, in order) and dW_i +=
+// dys[i]^T @ x. Joined: the dys copied side by side into `rows` (N, sum of
+// outs), the gradients one GEMM: straight into the resident engine's
+// (zeroed for the step, so that 0 + the product is the product), or into
+// scratch and added to each part's (zeroed by its fetch); otherwise each
+// part's backward.
+void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+                      std::initializer_list<std::span<const float>> dys, std::span<float> dx,
+                      std::span<const float> x, u64 N, LlamaScratch& s, std::span<float> rows) {
+    const u64 J = outs(parts), in = (*parts.begin())->in;
+    const auto* dy = dys.begin();
+    if (!joined_projections(cfg, J)) {
+        bool accumulate = false;
+        for (RowLinear* p : parts) {
+            p->backward(c, dx, *dy++, x, N, accumulate);
+            accumulate = true;
+        }
+        return;
+    }
+    u64 at = 0;
+    for (const RowLinear* p : parts) {
+        c.dev.copy_rows(c.stream, rows.subspan(at), J, *dy++, p->out, N, p->out);
+        at += p->out;
+    }
+    auto dx_part = [&](RowLinear& p, std::span<const float> d, std::span<const float> w, bool first) {
+        c.gemm(Gemm{.m = N, .n = in, .k = p.out, .beta = first ? 0.0f : 1.0f}, d, w, dx);
+    };
+    const Gemm dw{.ta = true, .m = J, .n = in, .k = N, .beta = 1};
+    dy = dys.begin();
+    if (const auto j = adjacent(c, parts)) {
+        const Nested<BackwardScope> scopes(c.engine, parts);
+        at = 0;
+        for (RowLinear* p : parts) {
+            dx_part(*p, *dy++, j->w.subspan(at * in, p->out * in), at == 0);
+            at += p->out;
+        }
+        c.gemm(dw, rows, x, j->g);
+        return;
+    }
+    const auto g = s.joined.span().first(J * in);
+    c.dev.zero(c.stream, g);
+    c.gemm(dw, rows, x, g);
+    at = 0;
+    for (RowLinear* p : parts) {
+        BackwardScope scope(c.engine, *p);
+        dx_part(*p, *dy++, c.engine.weight(*p, p->weight_param()), at == 0);
+        c.dev.accumulate(c.stream, c.engine.grad(*p, p->weight_param()), g.subspan(at * in, p->out * in));
+        at += p->out;
+    }
+}
+
+}  // namespace
+
+bool joined_projections(const Config& cfg, u64 outs) {
+    return cfg.tile <= 1 && outs * cfg.hidden * sizeof(float) <= kJoinedMaxBytes;
+}
+
+// ---------------------------------------------------------------------------
 RMSNorm::RMSNorm(ParamTable& t, const std::string& name, u64 C, float eps) : Module(name), C_(C), eps_(eps) {
     w_ = declare(t, name + ".weight", {C});
 }
@@ -145,12 +308,11 @@ LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Con
 }
 
 void LlamaAttention::forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
-                             std::span<const float> rope, u64 B, u64 T) {
+                             std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
-    q_->forward(c, a.q, x, N);
-    k_->forward(c, a.k, x, N);
-    v_->forward(c, a.v, x, N);
+    project(c, cfg_, {q_.get(), k_.get(), v_.get()}, {a.q, a.k, a.v}, x, N, s,
+            s ? s->dqkv.span() : std::span<float>{});
     c.dev.rope_forward(c.stream, a.q, rope, B, T, H, hd, 0);
     c.dev.rope_forward(c.stream, a.k, rope, B, T, KV, hd, 0);
     c.dev.gqa_forward(c.stream, a.atty, a.att, a.q, a.k, a.v, B, T, H, KV, hd);
@@ -167,9 +329,8 @@ void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const f
     c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, a.q, a.k, a.v, a.att, B, T, H, KV, hd);
     c.dev.rope_backward(c.stream, s.dq, rope, B, T, H, hd, 0);
     c.dev.rope_backward(c.stream, s.dk, rope, B, T, KV, hd, 0);
-    q_->backward(c, dx, s.dq, x, N);
-    k_->backward(c, dx, s.dk, x, N, true);
-    v_->backward(c, dx, s.dv, x, N, true);
+    // q, k and v are spent: their array takes dq, dk and dv side by side.
+    project_backward(c, cfg_, {q_.get(), k_.get(), v_.get()}, {s.dq, s.dk, s.dv}, dx, x, N, s, a.qkv);
 }
 
 void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const float> x, std::span<float> q,
@@ -196,10 +357,9 @@ LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : 
 }
 
 void LlamaMLP::forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
-                       std::span<float> up, std::span<float> act, u64 N) {
+                       std::span<float> up, std::span<float> act, u64 N, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
-    gate_->forward(c, gate, x, N);
-    up_->forward(c, up, x, N);
+    project(c, cfg_, {gate_.get(), up_.get()}, {gate, up}, x, N, s, s ? s->dgate_up.span() : std::span<float>{});
     c.dev.swiglu_forward(c.stream, act, gate, up);
     down_->forward(c, out, act, N);
 }
@@ -209,8 +369,8 @@ void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> 
     BackwardScope scope(c.engine, *this);
     down_->backward(c, s.dgate, dout, a.act, N);                   // d act
     c.dev.swiglu_backward(c.stream, s.dgate, s.dup, s.dgate, a.gate, a.up);  // d gate in place, d up
-    gate_->backward(c, dx, s.dgate, x, N);
-    up_->backward(c, dx, s.dup, x, N, true);
+    // gate and up are spent: their array takes d gate and d up side by side.
+    project_backward(c, cfg_, {gate_.get(), up_.get()}, {s.dgate, s.dup}, dx, x, N, s, a.gate_up);
 }
 
 // ---------------------------------------------------------------------------
@@ -225,14 +385,14 @@ LlamaBlock::LlamaBlock(ParamTable& t, u64 layer, const Config& cfg)
 }
 
 void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
-                         std::span<const float> rope, u64 B, u64 T) {
+                         std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T;
     ln_1_->forward(c, a.norm1, a.rstd1, x, N);
-    attn_->forward(c, a.res2, a.norm1, a, rope, B, T);
+    attn_->forward(c, a.res2, a.norm1, a, rope, B, T, s);
     c.dev.accumulate(c.stream, a.res2, x);  // res2 = x + attn(norm1(x))
     ln_2_->forward(c, a.norm2, a.rstd2, a.res2, N);
-    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N);
+    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N, s);
     c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
 }
 
@@ -240,7 +400,7 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
                           LlamaScratch& s, std::span<const float> rope, u64 B, u64 T,
                           std::span<float> recompute_out) {
     BackwardScope scope(c.engine, *this);
-    if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T);
+    if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T, &s);
     const u64 N = B * T;
     mlp_->backward(c, s.dbtc, dres, a.norm2, a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2, a.rstd2, N);
@@ -360,16 +520,18 @@ LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f) {
     LlamaBlockActivations b;
     b.norm1 = f(N * C, "input_layernorm");
     b.rstd1 = f(N, "input_layernorm rstd");
-    b.q = f(N * QC, "q");
-    b.k = f(N * KC, "k");
-    b.v = f(N * KC, "v");
+    b.qkv = f(N * (QC + 2 * KC), "q, k, v");
+    b.q = b.qkv.span().first(N * QC);
+    b.k = b.qkv.span().subspan(N * QC, N * KC);
+    b.v = b.qkv.span().subspan(N * (QC + KC), N * KC);
     b.att = f(B * cfg.heads * T * T, "attention");
     b.atty = f(N * QC, "attention output");
     b.res2 = f(N * C, "residual 2");
     b.norm2 = f(N * C, "post_attention_layernorm");
     b.rstd2 = f(N, "post_attention_layernorm rstd");
-    b.gate = f(N * cfg.ffn, "gate");
-    b.up = f(N * cfg.ffn, "up");
+    b.gate_up = f(2 * N * cfg.ffn, "gate, up");
+    b.gate = b.gate_up.span().first(N * cfg.ffn);
+    b.up = b.gate_up.span().subspan(N * cfg.ffn);
     b.act = f(N * cfg.ffn, "swiglu");
     return b;
 }
@@ -402,12 +564,18 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f));
     const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
     own->scratch.dbtc = f(N * C, "d (N,C)");
-    own->scratch.dq = f(N * QC, "d q");
-    own->scratch.dk = f(N * KC, "d k");
-    own->scratch.dv = f(N * KC, "d v");
+    own->scratch.dqkv = f(N * (QC + 2 * KC), "d q, k, v");
+    own->scratch.dq = own->scratch.dqkv.span().first(N * QC);
+    own->scratch.dk = own->scratch.dqkv.span().subspan(N * QC, N * KC);
+    own->scratch.dv = own->scratch.dqkv.span().subspan(N * (QC + KC), N * KC);
     own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
-    own->scratch.dgate = f(N * cfg_.ffn, "d gate");
-    own->scratch.dup = f(N * cfg_.ffn, "d up");
+    u64 joined = 0;
+    for (const u64 outs : {QC + 2 * KC, 2 * cfg_.ffn})
+        if (joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
+    if (joined) own->scratch.joined = f(joined, "joined projections' weights");
+    own->scratch.dgate_up = f(2 * N * cfg_.ffn, "d gate, up");
+    own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
+    own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);
     own->rope = f(T * hd, "rope table");
     a.lnf = f(N * C, "model.norm");
     a.lnf_rstd = f(N, "model.norm rstd");
@@ -435,7 +603,8 @@ void Llama::forward(Context& c, Activations& a, bool for_backward) {
     if (0 < out) a.store->save(c.dev, c.stream, 0, a.res(0));
     for (u64 l = 0; l < L; ++l) {
         if (l >= 2 && l - 2 < out) a.store->wait_saved(c.dev, c.stream, l - 2);
-        blocks_[l]->forward(c, a.res(l + 1), a.res(l), own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T);
+        blocks_[l]->forward(c, a.res(l + 1), a.res(l), own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T,
+                            &own.scratch);
         if (l + 1 < out) a.store->save(c.dev, c.stream, l + 1, a.res(l + 1));
     }
     norm_->forward(c, a.lnf, a.lnf_rstd, a.res(L), N);

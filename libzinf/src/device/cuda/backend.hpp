@@ -248,6 +248,8 @@ public:
     bool query(const Event& e) override;
 
     void do_copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) override;
+    void do_copy_rows(Stream& s, std::span<float> dst, std::uint64_t ld_dst, std::span<const float> src,
+                      std::uint64_t ld_src, std::uint64_t rows, std::uint64_t cols) override;
 
     // Host memory CUDA does not know (neither pinned nor registered nor the arena's).
     static bool pageable(const void* p);

@@ -138,6 +138,15 @@ bool CudaDevice::pageable(const void* p) {
     return attr.type == cudaMemoryTypeUnregistered;
 }
 
+// Both device memory (activations, scratch): one 2-D copy on the stream.
+void CudaDevice::do_copy_rows(Stream& s, std::span<float> dst, std::uint64_t ld_dst, std::span<const float> src,
+                              std::uint64_t ld_src, std::uint64_t rows, std::uint64_t cols) {
+    bind();
+    check(cudaMemcpy2DAsync(dst.data(), ld_dst * sizeof(float), src.data(), ld_src * sizeof(float),
+                            cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, as_cuda(s).native()),
+          "cudaMemcpy2DAsync");
+}
+
 void CudaDevice::fill_zero(std::span<std::byte> dst) {
     if (dst.empty()) return;
     bind();
