@@ -197,6 +197,7 @@ struct StepResult {
     std::string state;
     double seconds = 0, best = 0, update_seconds = 0, wait_seconds = 0, commit_seconds = 0;
     std::uint64_t bytes_read = 0, bytes_written = 0, chunk_bytes = 0;
+    std::size_t read_depth = 0, write_depth = 0;
     double read_gibps = 0, write_gibps = 0, io_seconds = 0, ideal_seconds = 0;
 };
 
@@ -214,16 +215,21 @@ StepResult time_step(const shard::ModelSpec& spec, shard::Tier tier, const std::
     shard::save_manifest(m, m.dir + "/manifest.jsonl");
 
     comm::Communicator c(comm::Options{.backend = comm::Backend::self});
+    StepResult r;
     zero::OptimizerOptions oo;
     oo.kernel = k;
     oo.grad_dtype = shard::parse_dtype(o.grad_dtype);
+    // Bandwidths in the engine configuration (--config from zinf-nvmebench
+    // --best) set the update's read and write depths, as zinf-train's do.
+    oo.disk = {eng.config().read_gibps * GiB, eng.config().write_gibps * GiB};
     zero::Optimizer opt(m, c, eng, pool, oo);
+    r.read_depth = opt.read_depth();
+    r.write_depth = opt.write_depth();
 
     std::uint64_t most = 0;
     for (const auto& t : m.tensors) most = std::max(most, t.numel);
     std::vector<float> g(most);
     std::vector<double> secs;
-    StepResult r;
     r.state = shard::tier_name(tier);
     for (unsigned s = 0; s <= o.steps; ++s) {
         check_stop();
@@ -360,6 +366,8 @@ int run(const Options& o) {
             r["bytes_written"] = s.bytes_written;
             if (s.state == "nvme") {
                 r["chunk_bytes"] = s.chunk_bytes;
+                r["read_depth"] = s.read_depth;
+                r["write_depth"] = s.write_depth;
                 r["read_gibps"] = s.read_gibps;
                 r["write_gibps"] = s.write_gibps;
                 r["io_seconds"] = s.io_seconds;

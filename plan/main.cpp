@@ -27,6 +27,7 @@ struct Options {
     std::string param_dtype = "bf16", grad_dtype = "bf16";
     double target = 0.9, peak_tflops = 70;
     std::string gpu_mem, gpu_max_block, cpu_mem, nvme;
+    std::string readahead = "auto";
     std::optional<double> bw_gpu_gpu, bw_cpu_gpu, bw_nvme_read, bw_nvme_write, bw_cpu_update;  // GB/s
     std::vector<std::string> bench;
     bool json = false;
@@ -128,14 +129,17 @@ void human(const plan::Report& r, const plan::Hardware& h) {
                 src(h.gpu_gpu_bps, h.source_gpu_gpu).c_str(), src(h.cpu_gpu_bps, h.source_cpu_gpu).c_str(),
                 src(h.nvme_read_bps, h.source_nvme_read).c_str(), src(h.nvme_write_bps, h.source_nvme_write).c_str(),
                 src(h.cpu_update_bps, h.source_cpu_update).c_str());
-    std::printf("#\n# %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s\n", "param", "optim", "acts", "fits", "gpu_need",
-                "cpu_need", "nvme_need", "eff_param", "eff_optim", "eff_acts");
-    for (const auto& p : r.all)
-        std::printf("  %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s\n", shard::tier_name(p.param),
+    std::printf("#\n# %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s %9s\n", "param", "optim", "acts", "fits", "gpu_need",
+                "cpu_need", "nvme_need", "eff_param", "eff_optim", "eff_acts", "step_s");
+    for (const auto& p : r.all) {
+        char step[32] = "unknown";
+        if (p.step.known) std::snprintf(step, sizeof step, "%.3f", p.step.total());
+        std::printf("  %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s %9s\n", shard::tier_name(p.param),
                     shard::tier_name(p.optim), shard::tier_name(p.activations), p.fits ? "yes" : "no",
                     format_size(p.gpu.need).c_str(), format_size(p.cpu.need).c_str(),
                     format_size(p.nvme.need).c_str(), pct(p.efficiency_param).c_str(),
-                    pct(p.efficiency_optimizer).c_str(), pct(p.efficiency_activation).c_str());
+                    pct(p.efficiency_optimizer).c_str(), pct(p.efficiency_activation).c_str(), step);
+    }
     std::printf("#\n# recommendation\n");
     if (!r.placement) {
         row("placement", "none", "nothing fits these capacities");
@@ -147,6 +151,16 @@ void human(const plan::Report& r, const plan::Hardware& h) {
         row("efficiency_optimizer", pct(r.placement->efficiency_optimizer), at(r.placement->optim_bps));
         row("efficiency_activation", pct(r.placement->efficiency_activation),
             std::string("checkpoints on ") + shard::tier_name(r.placement->activations));
+        if (const plan::StepTime& st = r.placement->step; st.known) {
+            char v[160];
+            std::snprintf(v, sizeof v, "forward %.3f, backward %.3f (stall %.3f), optimizer after it %.3f; %s read ahead",
+                          st.forward, st.backward, st.stall, st.optimizer, format_size(st.readahead_bytes).c_str());
+            char t[32];
+            std::snprintf(t, sizeof t, "%.3f", st.total());
+            row("step_s", t, v);
+        } else {
+            row("step_s", "unknown", "a bandwidth this placement uses was not measured");
+        }
         row("batch_for_target", r.batch_for_target ? std::to_string(r.batch_for_target) : "none",
             "per device, for both parameter and optimizer efficiency");
     }
@@ -161,6 +175,7 @@ int run(Options& o) {
     w.spec = shard::ModelSpec::parse(o.model);
     w.param_dtype = shard::parse_dtype(o.param_dtype);
     w.grad_dtype = shard::parse_dtype(o.grad_dtype);
+    if (o.readahead != "auto") w.readahead = size_of(o.readahead, "--optimizer-readahead");
     w.validate();
     if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops must be positive");
 
@@ -254,6 +269,9 @@ int main(int argc, char** argv) {
     app.add_option("--bw-nvme-read", o.bw_nvme_read, "NVMe read bandwidth per node, GB/s");
     app.add_option("--bw-nvme-write", o.bw_nvme_write, "NVMe write bandwidth per node, GB/s");
     app.add_option("--bw-cpu-update", o.bw_cpu_update, "CPU optimizer memory traffic per node, GB/s");
+    app.add_option("--optimizer-readahead", o.readahead,
+                   "Optimizer state read during backward per rank, as zinf-train takes it (SIZE or auto)")
+        ->capture_default_str();
     app.add_flag("--json", o.json, "One JSON record (zinf.plan/1) instead of the report");
     return cli::run(app, argc, argv, "zinf-plan", common, [&] {
         o.peak_given = peak->count() > 0;

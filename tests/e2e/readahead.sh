@@ -28,12 +28,16 @@ same_run() { # A.jsonl B.jsonl: the same losses and gradient norms, as printed
 }
 
 # --- dp 1: a budget of part of the state (one chunk of 64 KiB pieces of
-# each state: the update reads the rest), the default (all of it), and
-# --no-overlap.
-for ra in 200KiB auto none; do
+# each state: the update reads the rest), the default (all of it), the
+# same part with the disk's bandwidths given (deep: the update's reads and
+# writes beside each other, 1 chunk ahead and 3 behind, as writes are the
+# slower here), and --no-overlap.
+jq -n -c '{engine: "auto", block_size: 16384, queue_depth: 32, queues: 2, read_gibps: 4, write_gibps: 1}' >"$W/deep.json"
+for ra in 200KiB auto deep none; do
   state s$ra --param nvme --optim nvme
   opt=(--optimizer-readahead "$ra" "${POOL[@]}")
   [[ $ra == 200KiB ]] && opt=(--optimizer-readahead "$ra" --pinned 8MiB --pinned-buffer 64KiB)
+  [[ $ra == deep ]] && opt=(--optimizer-readahead 200KiB --config "$W/deep.json" --pinned 8MiB --pinned-buffer 64KiB)
   [[ $ra == none ]] && opt=(--no-overlap "${POOL[@]}")
   run "$TR" --manifest "$(mf s$ra)" --text "$CORPUS" --steps 5 "${opt[@]}" "${RUN0[@]}"
   expect_rc 0 "${opt[*]}: 5 steps exit 0"
@@ -42,7 +46,9 @@ for ra in 200KiB auto none; do
 done
 check "the model is clipped at its first steps (so steps 2 on read ahead)" \
   jq -e -s '[.[0:4][] | .grad_norm > 1] | all' "$W/snone.jsonl"
-for ra in 200KiB auto; do
+check "deep: the update reads 1 chunk ahead and writes 3 behind, from the bandwidths given" \
+  bash -c '[[ $(<"$1") == *"reads 1 chunk(s) ahead and writes 3 behind"*"depths from the disk"* ]]' _ "$W/sdeep.err"
+for ra in 200KiB auto deep; do
   check "--optimizer-readahead $ra: the losses and norms of --no-overlap, to the last digit" same_run "$W/s$ra.jsonl" "$W/snone.jsonl"
   check "--optimizer-readahead $ra: the committed state of --no-overlap, byte for byte" \
     test "$(state_sums "$W/s$ra")" = "$(state_sums "$W/snone")"

@@ -194,13 +194,18 @@ inline std::vector<zero::StepReport> run_phases(zero::Optimizer& opt, const shar
 // on two states alike: every report's norm, clip, overflow and step equal
 // to the bit, and the read-ahead used where it must be. The caller compares
 // the committed states.
+// `disk`: the read-ahead run's disk bandwidths (its reads and writes
+// beside each other at depths chosen from them); the reference keeps the
+// default depths.
 inline void readahead_equals_no_overlap(comm::Communicator& c, Rig& rig, shard::Manifest& ra, shard::Manifest& ref,
-                                        std::uint64_t s, std::uint64_t readahead, const std::string& what) {
+                                        std::uint64_t s, std::uint64_t readahead, const std::string& what,
+                                        const io::Bandwidth& disk = {}) {
     zero::OptimizerOptions oo = options();
     oo.grad_clip = 1;
     zero::OptimizerOptions ro = oo;
     ro.overlap = true;
     ro.readahead = readahead;
+    ro.disk = disk;
     std::vector<zero::StepReport> a, b;
     std::uint64_t taken = 0, state = 0;
     {

@@ -238,9 +238,58 @@ BOOST_AUTO_TEST_CASE(readahead_equals_no_overlap_step) {
     }
 }
 
+// 6b'. Reads beside writes: with the disk's bandwidths known, the update
+// keeps more chunks in flight in the same leased buffers, the slower
+// direction deeper; the bits stay those of the step without overlap, with
+// writes the slower (3 chunks behind, 1 ahead) and reads the slower (1
+// behind, 3 ahead), a budget that holds part of the state.
+BOOST_AUTO_TEST_CASE(depths_from_bandwidths_change_no_bit) {
+    const std::uint64_t s = fresh_seed("depths");
+    io::EngineConfig ec;
+    ec.block_size = 4 * KiB;  // the small pool's pieces are a few KiB
+    struct Case {
+        io::Bandwidth disk;
+        std::size_t ahead, behind;
+    };
+    // bf16 parameters: a chunk reads master and moments (12 bytes an
+    // element) and writes those and the parameters (14).
+    const Case cases[] = {{{4e9, 1e9}, 1, 3}, {{1e9, 8e9}, 3, 1}};
+    for (const Case& k : cases) {
+        const std::string what = "read " + std::to_string(k.disk.read_bps / 1e9) + " GB/s, write " +
+                                 std::to_string(k.disk.write_bps / 1e9) + " GB/s";
+        Rig rig(ec);
+        const shard::LayoutOptions lo = lay(DType::bf16, Tier::nvme, Tier::nvme, s);
+        Run ra(rig, lo), ref(rig, lo);
+        auto c = self_comm();
+        {
+            zero::OptimizerOptions oo = options();
+            oo.overlap = true;
+            const std::size_t leased = [&] {
+                zero::Optimizer plain(ra.m, c, rig.engine, rig.pool, oo);
+                BOOST_TEST(plain.read_depth() == 1u, what);
+                BOOST_TEST(plain.write_depth() == 1u, what);
+                put_all(plain, ra.m, s, 1, true);
+                (void)plain.step();
+                return rig.pool.stats().high_water;
+            }();
+            oo.disk = k.disk;
+            zero::Optimizer deep(ref.m, c, rig.engine, rig.pool, oo);
+            BOOST_TEST(deep.read_depth() == k.ahead, what);
+            BOOST_TEST(deep.write_depth() == k.behind, what);
+            put_all(deep, ref.m, s, 1, true);
+            (void)deep.step();
+            BOOST_TEST(rig.pool.stats().high_water <= leased, what << ": no more pinned buffers than the default");
+        }
+        same_state(ra.m, ref.m, rig, what + ": a speculated step, deep vs default");
+        readahead_equals_no_overlap(c, rig, ra.m, ref.m, s, 200 * KiB, what, k.disk);
+        same_state(ra.m, ref.m, rig, what + ": read ahead and deep vs no overlap");
+        BOOST_TEST(rig.pool.stats().in_use == 0u, what);
+    }
+}
+
 // 6c. The read-ahead's memory is the budget's, in whole chunks, and taken
 // only where it can serve: not without overlap, not with the moments in
-// memory, none at 0.
+// memory, none at 0; and only by the first step that reads ahead.
 BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
     const std::uint64_t s = fresh_seed("read-ahead memory");
     Rig rig;
@@ -248,6 +297,7 @@ BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
     auto c = self_comm();
     zero::OptimizerOptions oo = options();
     oo.overlap = true;
+    oo.grad_clip = 1;
     std::uint64_t state = 0;
     for (std::uint64_t budget : {std::uint64_t{0}, 4 * KiB, 200 * KiB, 64 * MiB}) {
         oo.readahead = budget;
@@ -255,6 +305,27 @@ BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
         zero::Optimizer o(nv.m, c, rig.engine, rig.pool, oo);
         state = o.update_read_bytes();
         BOOST_TEST(o.readahead_bytes() <= std::min(budget, state), "budget " << budget);
+        BOOST_TEST(rig.pool.stats().pinned_bytes == pinned, "budget " << budget << ": nothing pinned at open");
+        // Unclipped: the step speculates and reads nothing ahead.
+        {
+            const unsigned k = static_cast<unsigned>(o.step_count()) + 1;
+            const double f = 0.5 / full_norm(nv.m, s, k);
+            put_all(o, nv.m, s, k, true, [&](std::size_t, std::vector<float>& g) {
+                for (float& x : g) x = static_cast<float>(x * f);
+            });
+            BOOST_TEST(o.step().clip == 1.0, "budget " << budget);
+        }
+        BOOST_TEST(rig.pool.stats().pinned_bytes == pinned, "budget " << budget << ": a speculated step pins nothing");
+        // Clipped for certain from its first gradients: it reads ahead.
+        {
+            const unsigned k = static_cast<unsigned>(o.step_count()) + 1;
+            const double f = 1e6 / full_norm(nv.m, s, k);
+            put_all(o, nv.m, s, k, true, [&](std::size_t, std::vector<float>& g) {
+                for (float& x : g) x = static_cast<float>(x * f);
+            });
+            std::this_thread::sleep_for(std::chrono::milliseconds(150));
+            BOOST_TEST(o.step().clip < 1.0, "budget " << budget);
+        }
         const std::uint64_t took = rig.pool.stats().pinned_bytes - pinned;
         BOOST_TEST((took >= o.readahead_bytes() && took <= align_up(o.readahead_bytes(), 4096)),
                    "budget " << budget << ": " << took << " bytes pinned from the pool");

@@ -715,3 +715,86 @@ BOOST_AUTO_TEST_CASE(nvme_bytes_needed_is_the_trainers_disk_need) {
     }
     BOOST_TEST(to_json(plan::plan(w, made_up(), 0.9))["placements"][0].contains("nvme_bytes_needed"));
 }
+
+// step_s: the engine's step by hand for one rank with everything on NVMe
+// (the formulas of plan.hpp's StepTime), then the way it moves: a faster
+// disk never makes a step longer and a slower one never shorter; a larger
+// read-ahead budget takes reads off the time after backward; unknown
+// bandwidths give no step. Every placement's record carries it.
+BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
+    Workload w = small(1, 4);
+    w.seq = 256;
+    Hardware h = made_up();
+    h.peak_flops = 1e12;
+    w.readahead = 0;
+    const StateBytes b = state_bytes(w);
+    const double P = static_cast<double>(b.params);
+    const double compute = 8.0 * 4 * 256 * P / h.peak_flops;
+    {
+        const StepTime st = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step;
+        BOOST_TEST_REQUIRE(st.known);
+        // One fetch: 2 P bytes at the disk's read rate (the link is faster).
+        const double fetch = 2 * P / h.nvme_read_bps;
+        BOOST_TEST(st.compute == compute, tt::tolerance(1e-12));
+        BOOST_TEST(st.forward == std::max(compute / 4, fetch), tt::tolerance(1e-12));
+        BOOST_TEST(st.backward == std::max(compute * 3 / 4, fetch), tt::tolerance(1e-12));
+        BOOST_TEST(st.stall == st.forward + st.backward - compute, tt::tolerance(1e-9));
+        // No read-ahead: 12 P read beside 14 P written, or the CPU's 2*12 + 2 + 2 P.
+        BOOST_TEST(st.readahead_bytes == 0u);
+        const double opt = std::max({12 * P / h.nvme_read_bps, 14 * P / h.nvme_write_bps, 28 * P / h.cpu_update_bps});
+        BOOST_TEST(st.optimizer == opt, tt::tolerance(1e-12));
+        BOOST_TEST(st.total() == st.forward + st.backward + st.optimizer, tt::tolerance(1e-12));
+    }
+    // A budget past the state reads, beside the backward's fetch, what the
+    // disk has time for: the step is shorter, and the reads no longer bound it.
+    w.readahead = 64 * GiB;
+    const Placement nn = placement_of(placements(w, h), Tier::nvme, Tier::nvme);
+    w.readahead = 0;
+    const Placement nn0 = placement_of(placements(w, h), Tier::nvme, Tier::nvme);
+    BOOST_TEST(nn.step.readahead_bytes > 0u);
+    BOOST_TEST(nn.step.total() <= nn0.step.total());
+    BOOST_TEST(static_cast<double>(nn.step.readahead_bytes) <=
+                   (nn.step.backward - 2 * P / h.nvme_read_bps) * h.nvme_read_bps + 1,
+               "no more than the disk reads beside the backward's fetch");
+    // Auto: the node's memory less its margin, the placement's CPU need and the gradients.
+    w.readahead.reset();
+    const Placement na = placement_of(placements(w, h), Tier::nvme, Tier::nvme);
+    BOOST_TEST(na.step.readahead_bytes <= zero::readahead_spare(h.cpu_bytes, h.cpu_bytes, 1));
+    BOOST_TEST(na.step.readahead_bytes > 0u);
+
+    // Monotonic in each bandwidth, for every placement.
+    for (int i = 0; i < 9; ++i)
+        for (double f : {0.25, 0.5, 2.0, 4.0}) {
+            Hardware fast = h;
+            fast.nvme_read_bps *= f;
+            fast.nvme_write_bps *= f;
+            fast.cpu_gpu_bps *= f;
+            fast.cpu_update_bps *= f;
+            const Placement a = placements(w, h)[i], z = placements(w, fast)[i];
+            if (f > 1) BOOST_TEST(z.step.total() <= a.step.total() * (1 + 1e-12), a.name() << " x" << f);
+            else BOOST_TEST(z.step.total() >= a.step.total() * (1 - 1e-12), a.name() << " x" << f);
+        }
+    // The disk's write rate alone bounds an all-NVMe step's optimizer here.
+    Hardware slow_write = h;
+    slow_write.nvme_write_bps /= 10;
+    BOOST_TEST(placement_of(placements(w, slow_write), Tier::nvme, Tier::nvme).step.optimizer >
+               placement_of(placements(w, h), Tier::nvme, Tier::nvme).step.optimizer);
+    // State in device memory: no disk, no CPU update: compute alone.
+    const Placement gg = placement_of(placements(w, h), Tier::gpu, Tier::gpu);
+    BOOST_TEST(gg.step.total() == compute, tt::tolerance(1e-12));
+
+    // Unknown: a placement that needs a bandwidth nobody measured has no
+    // step (null in the record); one that does not, has.
+    Hardware unknown = h;
+    unknown.nvme_write_bps = 0;
+    const Report r = plan::plan(w, unknown, 0.9);
+    const json::Json j = to_json(r);
+    for (const json::Json& p : j["placements"]) {
+        for (const char* key : {"step_s", "step_forward_s", "step_backward_s", "step_optimizer_s", "step_compute_s",
+                                "step_stall_s", "step_readahead_bytes"})
+            BOOST_TEST(p.contains(key), p["placement"].get<std::string>() << ": " << key);
+        const bool disk = p["param"] == "nvme" || p["optim"] == "nvme";
+        BOOST_TEST(p["step_s"].is_null() == disk, p["placement"].get<std::string>());
+        if (!disk) BOOST_TEST(p["step_s"].get<double>() > 0);
+    }
+}

@@ -38,6 +38,9 @@ struct Workload {
     std::uint64_t seq = 0;           // 0: the model's
     unsigned ci = 1;                 // transformer blocks between activation checkpoints
     DType param_dtype = DType::bf16, grad_dtype = DType::bf16;
+    // zinf-train's --optimizer-readahead, per rank: the optimizer state read
+    // during backward (step_s); none: "auto", what the node's memory spares.
+    std::optional<std::uint64_t> readahead;
     void validate() const;           // UsageError
     std::uint64_t sequence() const { return seq ? seq : spec.seq; }
     unsigned ranks_per_node() const { return (dp + nodes - 1) / nodes; }
@@ -124,6 +127,23 @@ struct TierUse {
     double headroom() const;               // capacity/need - 1 (inf when need is 0)
 };
 
+// One training step on each rank as the engine runs it (zinf-train's
+// default schedule, a step whose gradients are clipped, so the update waits
+// for the norm), in seconds; written out in man/zinf-plan.1:
+//   forward    max(compute, one fetch of the parameters): prefetch overlaps it
+//   backward   max(compute, the second fetch + the read-ahead's share of the disk)
+//   optimizer  after backward: the rest of the state read beside every write,
+//              or the CPU update, whichever is longer
+// `known` is false when a bandwidth the placement uses was not measured.
+struct StepTime {
+    bool known = false;
+    double forward = 0, backward = 0, optimizer = 0;
+    double compute = 0;                  // forward + backward at the peak rate
+    double stall = 0;                    // of forward + backward, waiting for parameters
+    std::uint64_t readahead_bytes = 0;   // optimizer state read during backward, per node
+    double total() const { return forward + backward + optimizer; }
+};
+
 struct Placement {
     Tier param = Tier::gpu, optim = Tier::gpu;
     Tier activations = Tier::gpu;          // where the checkpoints go: gpu when they fit beside the rest, else cpu
@@ -135,9 +155,13 @@ struct Placement {
     bool fits = false;
     double param_bps = 0, optim_bps = 0, activation_bps = 0;  // effective per device (inf: in device memory)
     double efficiency_param = 1, efficiency_optimizer = 1, efficiency_activation = 1;
+    StepTime step;                         // predicted, per rank
     double min_efficiency() const;
     std::string name() const;              // "param=nvme,optim=cpu"
 };
+
+// The step's time for a placement whose tiers and needs are filled in.
+StepTime step_time(const Workload& w, const Hardware& h, const Placement& p);
 
 // Every (param, optim) tier pair, evaluated.
 std::vector<Placement> placements(const Workload& w, const Hardware& h);

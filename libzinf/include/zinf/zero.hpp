@@ -119,15 +119,24 @@ struct OptimizerOptions {
     // there once the norm is known, and reads from the files only what did
     // not fit. The bytes read are checked against their xxh3 as they arrive,
     // as the update's own reads are; an I/O error fails the step. `readahead`
-    // is the budget in bytes: the memory is taken when the optimizer opens
-    // (PinnedPool::pin, at most the state the update reads, in whole chunks)
-    // and held for the run; 0: none. kReadaheadAuto: what the host can spare
+    // is the budget in bytes: the memory is taken by the first step that
+    // reads ahead (PinnedPool::pin, at most the state the update reads, in
+    // whole chunks; a run whose steps all speculate never takes it) and held
+    // for the rest of the run; where the host refuses it then, the run goes
+    // on without read-ahead (warned); 0: none. kReadaheadAuto: what the host can spare
     // (readahead_spare), less `readahead_reserve`, memory the caller will
     // still take (a host-memory device's working set).
     static constexpr std::uint64_t kReadaheadAuto = ~std::uint64_t{0};
     std::uint64_t readahead = 0;
     std::uint64_t readahead_reserve = 0;
     unsigned slots = 3;              // chunks in flight on NVMe (read, update, write); 2 or more
+    // This rank's share of the state's disk (the trainer's disk floor:
+    // zinf-nvmebench --best, or its probe). Known, the update keeps more
+    // chunks in the same pinned memory, its reads of the next running
+    // beside its writes of the last, each direction as many chunks deep as
+    // its share of a chunk's disk time (Optimizer::read_depth,
+    // write_depth); zeros: `slots`, one chunk read ahead, one written behind.
+    io::Bandwidth disk;
     optim::Kernel kernel;
     std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
     // Called with the new working parameters of every piece a step updates:
@@ -171,6 +180,9 @@ struct StepReport {
 // shared out over the node's `local_ranks`; 0 where /proc/meminfo says
 // nothing.
 std::uint64_t readahead_spare(int local_ranks);
+// The same rule for given figures (zinf-plan's node): `available` less the
+// margin of `total`, over `local_ranks`.
+std::uint64_t readahead_spare(std::uint64_t available, std::uint64_t total, int local_ranks);
 
 // Where this rank's working parameters of a tensor are, for the engine that
 // fetches them: in memory (param tier gpu or cpu: `memory`, page-locked) or
@@ -235,8 +247,13 @@ public:
 
     // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
     std::uint64_t chunk_bytes() const;
-    // The read-ahead memory taken (OptimizerOptions::readahead resolved to
-    // whole chunks; 0 when there is none), and the bytes a step's update
+    // Chunks the update keeps read ahead of the one it updates, and whose
+    // writes it lets run behind it (OptimizerOptions::disk).
+    std::size_t read_depth() const;
+    std::size_t write_depth() const;
+    // The read-ahead memory a step that reads ahead takes
+    // (OptimizerOptions::readahead resolved to whole chunks; 0 when there is
+    // none), and the bytes a step's update
     // reads of the master weights and moments from their files.
     std::uint64_t readahead_bytes() const;
     std::uint64_t update_read_bytes() const;

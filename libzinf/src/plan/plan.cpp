@@ -219,6 +219,84 @@ std::string Placement::name() const {
     return std::string("param=") + shard::tier_name(param) + ",optim=" + shard::tier_name(optim);
 }
 
+// The step as zinf-train runs it (plan.hpp, StepTime; man/zinf-plan.1).
+// Compute: 8 FLOPs per parameter and token (forward 2; backward 4 and the
+// checkpointed forward again, 2). Each pass fetches the parameters once
+// (the tied embedding's second use is not counted), prefetched beside the
+// compute: a pass takes the longer of the two. A clipped step's update
+// waits for the norm, so the optimizer's NVMe reads overlap the backward
+// only as far as the read-ahead budget and the disk's time left beside the
+// backward's fetch; the rest is read after it, beside every write (the
+// update streams, so the slower of the two directions bounds it), or the
+// CPU update bounds it. The gradients' scratch file stays in the page
+// cache and costs no disk time.
+StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
+    StepTime st;
+    const StateBytes b = state_bytes(w);
+    const double dp = w.dp, nodes = w.nodes, rpn = w.ranks_per_node();
+    const double flops = 8.0 * static_cast<double>(w.batch) * static_cast<double>(w.sequence()) *
+                         static_cast<double>(b.params);
+    st.compute = flops / h.peak_flops;
+    bool known = h.peak_flops > 0;
+    auto time = [&](double bytes, double bps) {  // 0 bytes take no time, at any rate
+        if (bytes <= 0 || std::isinf(bps)) return 0.0;
+        if (bps <= 0) known = false;
+        return bps > 0 ? bytes / bps : 0.0;
+    };
+    // One fetch of the parameters on every rank: its 1/dp share from its
+    // tier (the node's disk shared by its ranks), over its link, gathered.
+    const double param = static_cast<double>(b.param);
+    double disk_fetch = 0, fetch = 0;
+    if (w.dp > 1) fetch = time(param, h.gpu_gpu_bps);
+    if (p.param != Tier::gpu) fetch = std::max(fetch, time(param, h.cpu_gpu_bps * dp));
+    if (p.param == Tier::nvme) {
+        disk_fetch = time(param, h.nvme_read_bps * nodes);
+        fetch = std::max(fetch, disk_fetch);
+    }
+    const double fwd = st.compute / 4, bwd = st.compute - fwd;
+    st.forward = std::max(fwd, fetch);
+    st.backward = std::max(bwd, fetch);
+
+    // The optimizer's bytes on this node: it reads the master weights and
+    // moments and writes them back, and writes the working parameters
+    // where they live on NVMe (from the master weights; fp32 parameters are
+    // their own master). The update's memory traffic: those, the gradients
+    // and the working parameters.
+    auto node = [&](std::uint64_t bytes) { return static_cast<double>(bytes) / dp * rpn; };
+    const double state = node(b.master + b.moments);
+    double read = 0, written = 0;
+    if (p.optim == Tier::nvme) read = written = state;
+    if (p.param == Tier::nvme) {
+        written += node(b.param);
+        if (b.master == 0) read += node(b.param);  // fp32 parameters: the master weights themselves
+    }
+    double update = 0;
+    if (p.optim != Tier::gpu)
+        update = time(2 * state + node(b.grad) + node(b.master > 0 ? b.param : 0), h.cpu_update_bps);
+    if (p.optim == Tier::nvme) {
+        // The read-ahead: the budget (auto: the node's memory less its
+        // margin, what the placement keeps in CPU memory and the gradients'
+        // scratch file), and what the disk can read beside the backward's fetch.
+        double budget;
+        if (w.readahead) {
+            budget = static_cast<double>(*w.readahead) * rpn;
+        } else {
+            const std::uint64_t scratch = static_cast<std::uint64_t>(node(b.grad));
+            const std::uint64_t used = p.cpu.need + scratch;
+            budget = static_cast<double>(
+                         zero::readahead_spare(h.cpu_bytes > used ? h.cpu_bytes - used : 0, h.cpu_bytes, 1));
+        }
+        const double spare_s = std::max(0.0, st.backward - disk_fetch);
+        const double ahead = std::min({budget, read, h.nvme_read_bps > 0 ? spare_s * h.nvme_read_bps : 0.0});
+        st.readahead_bytes = static_cast<std::uint64_t>(ahead);
+        read -= ahead;
+    }
+    st.optimizer = std::max({time(read, h.nvme_read_bps), time(written, h.nvme_write_bps), update});
+    st.stall = st.forward + st.backward - st.compute;
+    st.known = known;
+    return st;
+}
+
 std::vector<Placement> placements(const Workload& w, const Hardware& h) {
     const StateBytes b = state_bytes(w);
     const std::uint64_t rpn = w.ranks_per_node();
@@ -282,6 +360,7 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
             p.efficiency_param = efficiency(ait_param(w), p.param_bps, h.peak_flops);
             p.efficiency_optimizer = efficiency(ait_optimizer(w), p.optim_bps, h.peak_flops);
             p.efficiency_activation = efficiency(ait_activation(w), p.activation_bps, h.peak_flops);
+            p.step = step_time(w, h, p);
             out.push_back(p);
         }
     return out;
@@ -363,6 +442,10 @@ json::Json bps_json(double bps) {  // GB/s (10^9), null when infinite (the state
     return std::isinf(bps) ? json::Json(nullptr) : json::Json(bps / 1e9);
 }
 
+json::Json seconds_json(bool known, double s) {  // null when a bandwidth it needs is unknown
+    return known ? json::Json(s) : json::Json(nullptr);
+}
+
 json::Json placement_json(const Placement& p) {
     auto use = [](const TierUse& u) {
         return json::Json{{"need_bytes", u.need},
@@ -384,7 +467,14 @@ json::Json placement_json(const Placement& p) {
                       {"bw_activation_gbps", bps_json(p.activation_bps)},
                       {"efficiency_param", p.efficiency_param},
                       {"efficiency_optimizer", p.efficiency_optimizer},
-                      {"efficiency_activation", p.efficiency_activation}};
+                      {"efficiency_activation", p.efficiency_activation},
+                      {"step_s", seconds_json(p.step.known, p.step.total())},
+                      {"step_forward_s", seconds_json(p.step.known, p.step.forward)},
+                      {"step_backward_s", seconds_json(p.step.known, p.step.backward)},
+                      {"step_optimizer_s", seconds_json(p.step.known, p.step.optimizer)},
+                      {"step_compute_s", seconds_json(p.step.known, p.step.compute)},
+                      {"step_stall_s", seconds_json(p.step.known, p.step.stall)},
+                      {"step_readahead_bytes", p.step.readahead_bytes}};
 }
 
 }  // namespace

@@ -194,9 +194,13 @@ static zero::OptimizerOptions optimizer_options(const Options& opts) {
 void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo,
                                    std::uint64_t device_more) {
     if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
+    zo.disk = disk;
     optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
     const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
     if (rank != 0 || state == 0) return;
+    log::info("optimizer: the update reads " + std::to_string(optim->read_depth()) + " chunk(s) ahead and writes " +
+              std::to_string(optim->write_depth()) + " behind, pieces of " + format_size(optim->chunk_bytes()) +
+              (disk.read_bps > 0 ? " (depths from the disk's bandwidths)" : " (no disk bandwidth known)"));
     if (zo.readahead == 0)
         log::info("optimizer: no read-ahead (--optimizer-readahead 0): a step after a clipped one reads its " +
                   format_size(state) + " of master weights and moments after backward");

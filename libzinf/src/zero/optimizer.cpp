@@ -295,11 +295,50 @@ void Optimizer::Impl::plan_chunks() {
     if (slots < opts.slots)
         log::warn("the pinned pool has " + std::to_string(N) + " buffers: " + std::to_string(slots) +
                   " chunks in flight instead of " + std::to_string(opts.slots));
+    ahead = 1;
+    behind = slots > 2 ? slots - 2 : 1;
+    plan_depths(k, B);
     all_chunks = cut(all);
 }
 
+// Reads beside writes. A chunk's reads (master weights and moments) and
+// its writes (those and the working parameters) take the disk for
+// bytes / bandwidth each; with the rank's share of the disk known, the
+// update keeps kDepth chunks in flight besides the one it updates, in the
+// buffers the default takes for its `slots` (smaller pieces), shared out
+// as the two directions' times are: the slower direction gets the deeper
+// queue, so that neither waits for the other while the disk has room. The
+// gradients' scratch file is read through the page cache and counts for
+// nothing. Kept at the default when the pieces would fall under a block.
+void Optimizer::Impl::plan_depths(std::size_t k, std::uint64_t B) {
+    constexpr std::size_t kDepth = 4;
+    if (!(opts.disk.read_bps > 0 && opts.disk.write_bps > 0) || opts.slots != OptimizerOptions{}.slots) return;
+    double read_s = 0, write_s = 0;  // per element of a chunk
+    for (Role r : file_roles) {
+        if (r != Role::param && r != Role::grad) read_s += static_cast<double>(roles[r].dt) / opts.disk.read_bps;
+        if (r != Role::grad) write_s += static_cast<double>(roles[r].dt) / opts.disk.write_bps;
+    }
+    if (!(read_s > 0 && write_s > 0)) return;
+    const std::size_t S = kDepth + 1;
+    const std::size_t pb = (S * k + leases - 1) / leases;
+    std::uint64_t piece = align_down(B / pb, alignment);
+    const std::uint64_t block = engine.config().block_size;
+    if (piece < std::max<std::uint64_t>(block, 4 * cut_unit)) return;
+    piece = align_down(piece, block);
+    const auto w = static_cast<std::size_t>(std::lround(static_cast<double>(kDepth) * write_s / (read_s + write_s)));
+    behind = std::clamp<std::size_t>(w, 1, kDepth - 1);
+    ahead = kDepth - behind;
+    slots = S;
+    per_buffer = pb;
+    piece_bytes = piece;
+    leases = (slots * k + per_buffer - 1) / per_buffer;
+}
+
 std::uint64_t readahead_spare(int local_ranks) {
-    const std::uint64_t avail = meminfo_bytes("MemAvailable"), total = meminfo_bytes("MemTotal");
+    return readahead_spare(meminfo_bytes("MemAvailable"), meminfo_bytes("MemTotal"), local_ranks);
+}
+
+std::uint64_t readahead_spare(std::uint64_t avail, std::uint64_t total, int local_ranks) {
     const std::uint64_t margin = std::max<std::uint64_t>(GiB, total / 8);
     return avail > margin ? (avail - margin) / static_cast<std::uint64_t>(std::max(1, local_ranks)) : 0;
 }
@@ -339,7 +378,7 @@ void Optimizer::Impl::plan_readahead() {
         ra_roles.clear();
         return;
     }
-    ra_mem = pool.pin(bytes, "optimizer's read-ahead");
+    ra_bytes = bytes;  // taken by the first step that reads ahead (read_ahead)
     ra_at.assign(ra_chunks, std::vector<std::uint64_t>(file_roles.size(), 0));
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < ra_chunks; ++i)
@@ -415,34 +454,39 @@ std::vector<Chunk> Optimizer::Impl::cut(const std::vector<std::size_t>& tensors)
 
 // ---------------------------------------------------------------------------
 // The pipeline: slot s holds chunk i (s = i mod slots). While chunk i is
-// updated, chunk i+1 is being read and chunk i-1 written; once i-1's writes
-// are done its slot takes chunk i+slots-1.
+// updated, the reads of up to `ahead` chunks after it and the writes of up
+// to `behind` chunks before it are in flight; a slot takes its next chunk
+// as soon as its last one is written. The reads are issued before the
+// chunk's writes, so that the engine's queues do not hold them behind the
+// writes: reads and writes reach the disk together.
 void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scalars (&sc)[2], Totals& tot,
                              bool on_worker, std::size_t ra) {
     if (chunks.empty()) return;
     std::vector<mem::Lease> held;
     if (!file_roles.empty()) held = pool.lease_many(leases, "optimizer step");
     const std::size_t k = file_roles.size();
-    std::vector<bool> ahead(k);  // role j's pieces of the first ra chunks are in ra_mem
-    for (std::size_t j = 0; j < k; ++j) ahead[j] = ra > 0 && is_ra_role(file_roles[j]);
+    std::vector<bool> ahead_in_mem(k);  // role j's pieces of the first ra chunks are in ra_mem
+    for (std::size_t j = 0; j < k; ++j) ahead_in_mem[j] = ra > 0 && is_ra_role(file_roles[j]);
     for (std::size_t i = 0; i < ra; ++i)
         for (std::size_t j = 0; j < k; ++j)
-            if (ahead[j]) tot.readahead_used += chunks[i].hi[file_roles[j]] - chunks[i].lo[file_roles[j]];
+            if (ahead_in_mem[j]) tot.readahead_used += chunks[i].hi[file_roles[j]] - chunks[i].lo[file_roles[j]];
     // Chunk i's piece of role j: read ahead, or in the buffers of slot i mod slots.
     auto piece_buf = [&](std::size_t i, std::size_t j) {
-        if (i < ra && ahead[j]) return ra_mem.data() + ra_at[i][j];
+        if (i < ra && ahead_in_mem[j]) return ra_mem.data() + ra_at[i][j];
         const std::size_t q = (i % slots) * k + j;
         return held[q / per_buffer].data() + (q % per_buffer) * piece_bytes;
     };
     std::vector<std::vector<io::Ticket>> reads(chunks.size()), writes(chunks.size());
-    std::vector<bool> read_waited(chunks.size()), write_waited(chunks.size());
+    const std::size_t n = chunks.size();
+    std::size_t next_read = 0;  // chunks [0, next_read) have their reads issued
+    std::size_t written = 0;    // chunks [0, written) have their writes done
 
     auto issue_reads = [&](std::size_t i) {
         const Chunk& c = chunks[i];
         for (std::size_t j = 0; j < k; ++j) {
             const Role r = file_roles[j];
             if (r == Role::param) continue;  // output only
-            if (i < ra && ahead[j]) continue;
+            if (i < ra && ahead_in_mem[j]) continue;
             RoleState& rs = roles[r];
             const std::span<std::byte> dst(piece_buf(i, j), c.hi[r] - c.lo[r]);
             reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
@@ -465,39 +509,54 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         for (auto t : ts) engine.wait(t);
         ts.clear();
     };
-    // Chunk i's writes are done: what the next early flush covers.
-    auto flushable = [&](std::size_t i) {
-        const Chunk& c = chunks[i];
+    // The oldest chunk still being written is done (waited for when `block`,
+    // else only when it is): what the next early flush covers, and its slot free.
+    auto retire_write = [&](bool block) {
+        std::vector<io::Ticket>& ts = writes[written];
+        if (!block)
+            for (auto t : ts)
+                if (!engine.ready(t)) return false;
+        wait_all(ts);
+        const Chunk& c = chunks[written];
         for (Role r : file_roles)
             if (r != Role::grad) note_written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
+        ++written;
+        return true;
+    };
+    // The reads of every chunk up to `last` whose slot is free.
+    auto read_up_to = [&](std::size_t last) {
+        while (next_read <= last && next_read < n && next_read < written + slots) issue_reads(next_read++);
     };
 
     try {
-        for (std::size_t i = 0; i + 1 < slots && i < chunks.size(); ++i) issue_reads(i);
-        for (std::size_t i = 0; i < chunks.size(); ++i) {
+        read_up_to(ahead);
+        for (std::size_t i = 0; i < n; ++i) {
             Timer w;
+            while (next_read <= i) {  // its slot's last chunk is still being written
+                retire_write(true);
+                read_up_to(i + ahead);
+            }
             wait_all(reads[i]);
             tot.wait += w.seconds();
             // What was read is what was written: nothing derived from a
             // corrupt state reaches a commit.
             w.reset();
             for (std::size_t j = 0; j < k; ++j)
-                if (file_roles[j] != Role::grad && file_roles[j] != Role::param && !(i < ra && ahead[j]))
+                if (file_roles[j] != Role::grad && file_roles[j] != Role::param && !(i < ra && ahead_in_mem[j]))
                     check_read(chunks[i], file_roles[j], piece_buf(i, j) - chunks[i].lo[file_roles[j]]);
             tot.hash += w.seconds();
             update(chunks[i], i, piece_buf, sc, tot, on_worker);
-            issue_writes(i);
             w.reset();
-            if (i >= 1) {
-                wait_all(writes[i - 1]);
-                flushable(i - 1);
+            while (written < i && retire_write(false)) {
             }
+            read_up_to(i + ahead + 1);
+            issue_writes(i);
+            while (written + behind < i + 1) retire_write(true);
+            read_up_to(i + ahead + 1);
             tot.wait += w.seconds();
-            if (i + slots - 1 < chunks.size()) issue_reads(i + slots - 1);
         }
         Timer w;
-        wait_all(writes[chunks.size() - 1]);
-        flushable(chunks.size() - 1);
+        while (written < n) retire_write(true);
         tot.wait += w.seconds();
     } catch (...) {
         // The buffers go back to the pool only when nothing uses them.

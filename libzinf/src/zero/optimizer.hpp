@@ -115,6 +115,9 @@ struct Optimizer::Impl {
     // (elements) a partition is cut at.
     std::vector<Role> file_roles;
     std::size_t slots = 3, per_buffer = 1, leases = 0;
+    // Chunks read ahead of the update, and written behind it: ahead +
+    // behind + 1 = slots (plan_depths).
+    std::size_t ahead = 1, behind = 1;
     std::uint64_t piece_bytes = 0, cut_unit = 2048;
     std::vector<Chunk> all_chunks;
 
@@ -126,7 +129,8 @@ struct Optimizer::Impl {
     // (under mu: ra_on once started, ra_stop once step() wants them;
     // ra_issued chunks read or being read, ra_done of them read and checked).
     std::vector<Role> ra_roles;
-    mem::Pinned ra_mem;
+    mem::Pinned ra_mem;           // ra_bytes, pinned by the first step that reads ahead
+    std::uint64_t ra_bytes = 0;
     std::size_t ra_chunks = 0;
     std::vector<std::vector<std::uint64_t>> ra_at;
     std::uint64_t ra_state_bytes = 0;  // what a step's update reads of ra_roles, every chunk
@@ -192,6 +196,7 @@ struct Optimizer::Impl {
     bool decays(std::size_t t) const;
 
     void plan_chunks();
+    void plan_depths(std::size_t k, std::uint64_t B);
     bool adjacent(std::size_t a, std::size_t b) const;
     std::vector<Chunk> cut(const std::vector<std::size_t>& tensors) const;
     // `worker`: run on the overlap thread beside the compute (one thread

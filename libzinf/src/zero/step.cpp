@@ -116,6 +116,29 @@ void Impl::start_readahead() {
 // finished. An error is the step's (worker_error), after every read still in
 // flight into ra_mem is done.
 void Impl::read_ahead(std::unique_lock<std::mutex>& lk) {
+    // The memory is taken by the first step that needs it, not at open: a
+    // run whose steps all speculate never holds it. Pinned off the lock (it
+    // faults every page in); where the host refuses it now, the run goes on
+    // without read-ahead, and says so.
+    if (!ra_mem.data()) {
+        lk.unlock();
+        mem::Pinned got;
+        std::string refused;
+        try {
+            got = pool.pin(ra_bytes, "optimizer's read-ahead");
+        } catch (const std::exception& e) {
+            refused = e.what();
+        }
+        lk.lock();
+        if (!refused.empty()) {
+            log::warn("optimizer: no read-ahead for the rest of the run: " + refused);
+            ra_chunks = 0;
+        } else {
+            ra_mem = std::move(got);
+        }
+        cv.notify_all();
+        return;  // the overlap thread's loop looks again at what is left to read
+    }
     const std::size_t depth = std::max<std::size_t>(slots, 2);
     const std::size_t from = ra_issued, to = ra_stop ? ra_issued : std::min(ra_chunks, ra_done + depth);
     const std::size_t i = ra_done;
@@ -558,7 +581,9 @@ Optimizer::~Optimizer() = default;
 unsigned Optimizer::rank() const { return impl_->rank; }
 std::uint64_t Optimizer::step_count() const { return impl_->step; }
 std::uint64_t Optimizer::chunk_bytes() const { return impl_->piece_bytes; }
-std::uint64_t Optimizer::readahead_bytes() const { return impl_->ra_mem.size(); }
+std::size_t Optimizer::read_depth() const { return impl_->ahead; }
+std::size_t Optimizer::write_depth() const { return impl_->behind; }
+std::uint64_t Optimizer::readahead_bytes() const { return impl_->ra_bytes; }
 std::uint64_t Optimizer::update_read_bytes() const { return impl_->ra_state_bytes; }
 
 void Optimizer::set_lr(double lr) {
