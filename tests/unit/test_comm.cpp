@@ -389,38 +389,13 @@ BOOST_AUTO_TEST_CASE(bf16_rounding_is_shared) {
 }
 
 // ---------------------------------------------------------------------------
-// A backend of `size` ranks that lays buckets flat (as nccl does) and
-// records the areas it is given; it runs no collective.
-class LaysFlat final : public comm::detail::Engine {
-public:
-    explicit LaysFlat(int size) : size_(size) {}
-    int rank() const override { return 0; }
-    int size() const override { return size_; }
-    int local_rank() const override { return 0; }
-    int local_size() const override { return 1; }
-    comm::Backend kind() const override { return comm::Backend::nccl; }
-    std::string describe() const override { return "lays flat"; }
-    void execute(comm::detail::Op& op, const comm::detail::Deadline&) override { throw InternalError(op.what()); }
-    void bare(comm::detail::Op& op) override { throw InternalError(op.what()); }
-    bool lays_flat() const override { return true; }
-    void set_flat_area(std::span<std::byte> area) override { areas->push_back(area); }
-    std::shared_ptr<std::vector<std::span<std::byte>>> areas = std::make_shared<std::vector<std::span<std::byte>>>();
-
-private:
-    int size_;
-};
-
-comm::Communicator flat_comm(int size) {
-    return comm::Communicator(std::make_unique<LaysFlat>(size), comm::Memory::device);
-}
-
 // Where the flat area lives is the caller's: a communicator that lays
 // buckets flat takes the area given (and none, to let it go); one whose
 // collectives are host calls (self, mpi) needs none and refuses one.
 BOOST_AUTO_TEST_CASE(the_flat_area_is_the_callers) {
-    auto fake = std::make_unique<LaysFlat>(2);
-    const auto areas = fake->areas;
-    comm::Communicator c(std::move(fake), comm::Memory::device);
+    testing::FlatComm fake(2);
+    comm::Communicator& c = fake.c;
+    const auto& areas = fake.areas;
     std::vector<std::byte> mem(4096);
     c.set_flat_area(mem);
     c.set_flat_area({});
@@ -524,7 +499,7 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                 BOOST_TEST(cd::needs_flat(*ops[0]) == (nb > 1 || uneven));
                 // What a communicator that lays buckets flat asks of its
                 // caller for this bucket: the area the collective runs in.
-                BOOST_TEST(flat_comm(dp).flat_bytes(kind, counts, dtype) ==
+                BOOST_TEST(testing::FlatComm(dp).c.flat_bytes(kind, counts, dtype) ==
                            (nb > 1 || uneven ? cd::plan_flat(*ops[0], dp).bytes(dp) : 0u));
                 const cd::FlatPlan plan = cd::plan_flat(*ops[0], dp);
                 for (int r = 1; r < dp; ++r) {

@@ -10,7 +10,7 @@
 #define BOOST_TEST_MODULE engine
 #include "optimizer_fixture.hpp"
 
-#include "../../libzinf/src/comm/internal.hpp"  // a fake backend, the flat bucket's plan (flat.cpp)
+#include "comm_testing.hpp"  // FlatComm; the flat bucket's plan (comm/flat.cpp)
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
@@ -553,38 +553,6 @@ namespace {
 
 namespace cd = comm::detail;
 
-class Flat final : public cd::Engine {
-public:
-    Flat(int size, bool lays_flat) : size_(size), lays_flat_(lays_flat) {}
-    int rank() const override { return 0; }
-    int size() const override { return size_; }
-    int local_rank() const override { return 0; }
-    int local_size() const override { return 1; }
-    comm::Backend kind() const override { return comm::Backend::nccl; }
-    std::string describe() const override { return "a fake of " + std::to_string(size_) + " ranks"; }
-    void execute(cd::Op& op, const cd::Deadline&) override { throw InternalError("no collective here: " + op.what()); }
-    void bare(cd::Op& op) override { throw InternalError("no collective here: " + op.what()); }
-    bool lays_flat() const override { return lays_flat_; }
-    void set_flat_area(std::span<std::byte> area) override {
-        if (!lays_flat_) cd::Engine::set_flat_area(area);
-        areas->push_back(area);
-    }
-    std::shared_ptr<std::vector<std::span<std::byte>>> areas = std::make_shared<std::vector<std::span<std::byte>>>();
-
-private:
-    int size_;
-    bool lays_flat_;
-};
-
-struct FakeComm {
-    std::shared_ptr<std::vector<std::span<std::byte>>> areas;
-    comm::Communicator c;
-    FakeComm(int dp, bool lays_flat) : FakeComm(std::make_unique<Flat>(dp, lays_flat)) {}
-
-private:
-    explicit FakeComm(std::unique_ptr<Flat> f) : areas(f->areas), c(std::move(f), comm::Memory::device) {}
-};
-
 // What the plan (cd::plan_flat) needs for a bucket of these tensors over dp
 // ranks, each tensor's blocks by the partition rule; 0 without a flat form.
 std::uint64_t plan_bytes(comm::Kind kind, const std::vector<std::uint64_t>& numels, comm::DType dtype, unsigned dp) {
@@ -631,7 +599,7 @@ BOOST_AUTO_TEST_CASE(the_area_is_the_largest_bucket_the_plan_lays_flat) {
                     const auto model = model::make_model(model::Config::from(m.spec, tile));
                     zero::InfinityOptions io;
                     io.persist_below = rng() % 2 ? 0 : 1000;
-                    FakeComm nccl(static_cast<int>(dp), true), host(static_cast<int>(dp), false);
+                    FlatComm nccl(static_cast<int>(dp)), host(static_cast<int>(dp), false);
                     io.device_comm = &nccl.c;
                     const auto n = zero::InfinityEngine::need(m, model->modules(), io);
                     std::uint64_t want = 0;
@@ -686,7 +654,7 @@ BOOST_AUTO_TEST_CASE(the_area_comes_from_the_device_budget) {
             Run run(rig, lo, kGPT);
             model::GPT gpt(model::Config::from(run.m.spec));
             zero::CommittedParams store(run.m, 0, rig.engine, rig.pool);
-            FakeComm host(2, false), nccl(2, true), mpi(2, false);
+            FlatComm host(2, false), nccl(2), mpi(2, false);
             zero::InfinityOptions io;
             io.device_comm = &nccl.c;
             const auto n = zero::InfinityEngine::need(run.m, gpt.modules(), io);
