@@ -211,7 +211,8 @@ public:
     // vector of size() counts per buffer) needs there; 0 where none (mpi,
     // self: host calls; one buffer of equal blocks). set_flat_area: the area
     // every later operation lays its bucket in, until another is set (empty:
-    // none); it waits until no operation uses the old one. A bucket that
+    // none; one owner at a time: the engine, for its run); it waits until no
+    // operation uses the old one. A bucket that
     // needs more than the area given is an InternalError naming both sizes.
     std::uint64_t flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts, DType dtype) const;
     void set_flat_area(std::span<std::byte> area);

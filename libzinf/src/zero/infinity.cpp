@@ -151,11 +151,9 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
                              format_size(before.largest_free) + " of the device budget is left",
                          n.module, n.total(), before.largest_free);
     // The device communicator's flat area (NCCL's buckets): from the arena,
-    // once, handed to it for the run (taken back in the destructor).
-    if (n.flat) {
-        flat = dev.arena().allocate(n.flat, "NCCL's flat bucket area");
-        coll_comm->set_flat_area({flat.data(), flat.size()});
-    }
+    // once, handed to it for the run at the end (taken back in the
+    // destructor, which a constructor that throws never runs).
+    if (n.flat) flat = dev.arena().allocate(n.flat, "NCCL's flat bucket area");
 
     std::uint64_t largest_count = 1, largest_resident = 0;
     for (auto& ps : params) {
@@ -182,6 +180,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     ring.block = dev.arena().allocate(left, "engine working memory");
     ring.places.init({ring.block.data(), ring.block.size()});
     ring.base_used = dev.arena().stats().used - ring.block.size();
+    if (flat) coll_comm->set_flat_area({flat.data(), flat.size()});
 }
 
 Impl::~Impl() {
