@@ -1,7 +1,10 @@
-// Elements of any comm::DType from integers and back, for the comm tests
-// (mpi_comm.cpp, test_comm.cpp): small integers, which every dtype holds
-// exactly, so that their sums over ranks are exact too.
+// For the comm tests (mpi_comm.cpp, test_comm.cpp) and the engine's
+// (test_engine.cpp): elements of any comm::DType from integers and back
+// (small integers, which every dtype holds exactly, so that their sums over
+// ranks are exact too), and a backend that lays buckets flat as NCCL does.
 #pragma once
+
+#include "../../libzinf/src/comm/internal.hpp"  // comm::detail::Engine
 
 #include <zinf/comm.hpp>
 #include <zinf/util.hpp>
@@ -9,6 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
 
 namespace zinf::testing {
 
@@ -70,5 +77,44 @@ inline std::int64_t get_int(comm::DType t, const std::byte* p) {
     }
     return 0;
 }
+
+// Rank 0 of `size`, standing for NCCL where the collectives' device memory
+// is concerned: it lays buckets flat (or, with lays_flat false, is a host
+// backend that lays nothing flat) and records every flat area it is given
+// (`areas`, which outlives it); it runs no collective.
+class FlatBackend final : public comm::detail::Engine {
+public:
+    explicit FlatBackend(int size, bool lays_flat = true) : size_(size), lays_flat_(lays_flat) {}
+    int rank() const override { return 0; }
+    int size() const override { return size_; }
+    int local_rank() const override { return 0; }
+    int local_size() const override { return 1; }
+    comm::Backend kind() const override { return comm::Backend::nccl; }
+    std::string describe() const override { return "a fake of " + std::to_string(size_) + " ranks"; }
+    void execute(comm::detail::Op& op, const comm::detail::Deadline&) override {
+        throw InternalError("no collective here: " + op.what());
+    }
+    void bare(comm::detail::Op& op) override { throw InternalError("no collective here: " + op.what()); }
+    bool lays_flat() const override { return lays_flat_; }
+    void set_flat_area(std::span<std::byte> area) override {
+        if (!lays_flat_) comm::detail::Engine::set_flat_area(area);
+        areas->push_back(area);
+    }
+    std::shared_ptr<std::vector<std::span<std::byte>>> areas = std::make_shared<std::vector<std::span<std::byte>>>();
+
+private:
+    int size_;
+    bool lays_flat_;
+};
+
+// A communicator over a FlatBackend, and the areas it was given.
+struct FlatComm {
+    std::shared_ptr<std::vector<std::span<std::byte>>> areas;
+    comm::Communicator c;
+    explicit FlatComm(int size, bool lays_flat = true) : FlatComm(std::make_unique<FlatBackend>(size, lays_flat)) {}
+
+private:
+    explicit FlatComm(std::unique_ptr<FlatBackend> b) : areas(b->areas), c(std::move(b), comm::Memory::device) {}
+};
 
 }  // namespace zinf::testing

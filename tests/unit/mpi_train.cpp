@@ -440,8 +440,11 @@ struct Recorded {
 // engine enqueues its collectives (Communicator::enqueue) with the stream's
 // native handle, which on the cpu backend is the Stream, and the fake runs
 // each from a host job on that stream, in the stream's order, as NCCL runs
-// them on the GPU. Otherwise it is a host backend: the engine runs its
-// collectives from host jobs itself, and each comes to execute().
+// them on the GPU; and, as NCCL, it lays buckets flat in an area the
+// engine gives (set_flat_area), recording the area and the largest flat
+// area a collective it was given needed. Otherwise it is a host backend:
+// the engine runs its collectives from host jobs itself, and each comes to
+// execute().
 class Recording final : public comm::detail::Engine {
 public:
     Recording(comm::Communicator& target, bool ordered) : target_(target), ordered_(ordered) {}
@@ -452,6 +455,11 @@ public:
     comm::Backend kind() const override { return target_.backend(); }
     std::string describe() const override { return "recording over " + target_.describe(); }
     bool stream_ordered() const override { return ordered_; }
+    bool lays_flat() const override { return ordered_; }
+    void set_flat_area(std::span<std::byte> area) override {
+        if (!ordered_) comm::detail::Engine::set_flat_area(area);
+        areas.push_back(area.size());
+    }
     void execute(comm::detail::Op& op, const comm::detail::Deadline&) override {
         note(op, nullptr);
         target_.run(op.kind, op.bufs, op.dtype, op.reduce, op.root);
@@ -470,6 +478,8 @@ public:
     device::Device* dev = nullptr;          // whose streams enqueue() is given
     std::vector<Recorded> calls;            // in the order they came
     std::vector<void*> streams;             // each call's stream (null: execute)
+    std::vector<std::uint64_t> areas;       // the bytes of each flat area given (0: taken back)
+    std::uint64_t widest_flat = 0;          // the most a call laid flat needed
 
 private:
     void note(const comm::detail::Op& op, void* stream) {
@@ -480,6 +490,8 @@ private:
         }
         calls.push_back(std::move(r));
         streams.push_back(stream);
+        if (comm::detail::needs_flat(op))
+            widest_flat = std::max(widest_flat, comm::detail::plan_flat(op, size()).bytes(size()));
     }
     comm::Communicator& target_;
     bool ordered_;
@@ -505,6 +517,8 @@ void stream_ordered_equals_host_jobs(DType dt, Tier tier) {
     Outcome out[2];
     std::vector<Recorded> calls[2];
     std::vector<void*> streams[2];
+    std::vector<std::uint64_t> areas[2];
+    std::uint64_t widest_flat[2] = {}, need_flat[2] = {};
     void* coll_stream[2] = {};
     if (!every_rank_ran(
             [&] {
@@ -520,9 +534,13 @@ void stream_ordered_equals_host_jobs(DType dt, Tier tier) {
                                                  rec.dev = &d;
                                                  coll_stream[ordered] = d.native(d.stream(device::StreamKind::collectives));
                                                  o.infinity.device_comm = &device_comm;
+                                                 need_flat[ordered] =
+                                                     zero::InfinityEngine::need(m, model::GPT(model::Config::from(m.spec)).modules(), o.infinity).flat;
                                              });
                     calls[ordered] = rec.calls;
                     streams[ordered] = rec.streams;
+                    areas[ordered] = rec.areas;
+                    widest_flat[ordered] = rec.widest_flat;
                 }
             },
             "the runs"))
@@ -542,6 +560,15 @@ void stream_ordered_equals_host_jobs(DType dt, Tier tier) {
         BOOST_TEST(elsewhere == 0u, what << (ordered ? ": collectives enqueued off the collectives stream"
                                                      : ": host collectives enqueued"));
     }
+    // The backend that lays buckets flat was given the area the engine's
+    // need names, once, and took it back at the end; every bucket fitted in
+    // it (gradient buckets of several tensors need one at any dp). The host
+    // backend was given none.
+    BOOST_TEST(areas[0].empty(), what);
+    BOOST_TEST(need_flat[1] > 0u, what);
+    BOOST_TEST((areas[1] == std::vector<std::uint64_t>{need_flat[1], 0}), what);
+    BOOST_TEST(widest_flat[1] > 0u, what);
+    BOOST_TEST(widest_flat[1] <= need_flat[1], what);
     // The same collectives in the same order over buffers of the same sizes.
     BOOST_TEST(calls[1].size() == calls[0].size(), what);
     for (std::size_t i = 0; i < std::min(calls[0].size(), calls[1].size()); ++i)

@@ -389,6 +389,37 @@ BOOST_AUTO_TEST_CASE(bf16_rounding_is_shared) {
 }
 
 // ---------------------------------------------------------------------------
+// Where the flat area lives is the caller's: a communicator that lays
+// buckets flat takes the area given (and none, to let it go); one whose
+// collectives are host calls (self, mpi) needs none and refuses one.
+BOOST_AUTO_TEST_CASE(the_flat_area_is_the_callers) {
+    testing::FlatComm fake(2);
+    comm::Communicator& c = fake.c;
+    const auto& areas = fake.areas;
+    std::vector<std::byte> mem(4096);
+    c.set_flat_area(mem);
+    c.set_flat_area({});
+    BOOST_TEST_REQUIRE(areas->size() == 2u);
+    BOOST_TEST(((*areas)[0].data() == mem.data() && (*areas)[0].size() == mem.size()));
+    BOOST_TEST((*areas)[1].empty());
+    // Two buffers, or one of uneven blocks, go flat; one of equal blocks not.
+    const std::vector<std::vector<std::uint64_t>> two{{3, 3}, {5, 4}}, uneven{{5, 4}}, equal{{6, 6}};
+    BOOST_TEST(c.flat_bytes(Kind::allgather, two, DType::f32) == 3u * (256 + 256));
+    BOOST_TEST(c.flat_bytes(Kind::reduce_scatter, uneven, DType::f32) == 3u * 256);
+    BOOST_TEST(c.flat_bytes(Kind::allgather, equal, DType::f32) == 0u);
+    BOOST_TEST(c.flat_bytes(Kind::allreduce, two, DType::f32) == 0u);
+    const std::vector<std::vector<std::uint64_t>> three{{1, 2, 3}}, two_buffers{{7}, {9}};
+    testing::what_of<InternalError>([&] { (void)c.flat_bytes(Kind::allgather, three, DType::f32); },
+                                    "three counts for two ranks");
+
+    comm::Communicator self({.backend = comm::Backend::self});
+    BOOST_TEST(self.flat_bytes(Kind::allgather, two_buffers, DType::f32) == 0u);
+    self.set_flat_area({});
+    const std::string what = testing::what_of<InternalError>([&] { self.set_flat_area(mem); }, "an area for self");
+    BOOST_TEST(testing::contains(what, "lays no bucket flat"), what);
+}
+
+// ---------------------------------------------------------------------------
 // The flat bucket (comm/flat.cpp) that makes a bucket one NCCL call,
 // simulated over dp ranks in one process, host copies standing in for
 // cudaMemcpy2DAsync (pitches at least the width, as it requires). Random
@@ -462,7 +493,14 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                             {sends[r][b], recvs[r][b], equal ? std::vector<std::uint64_t>{} : counts[b]});
                     ops.push_back(std::move(op));
                 }
-                BOOST_TEST(cd::needs_flat(*ops[0]) == (nb > 1 || !equal));
+                const bool uneven = std::any_of(counts.begin(), counts.end(), [](const auto& c) {
+                    return std::any_of(c.begin(), c.end(), [&](std::uint64_t x) { return x != c[0]; });
+                });
+                BOOST_TEST(cd::needs_flat(*ops[0]) == (nb > 1 || uneven));
+                // What a communicator that lays buckets flat asks of its
+                // caller for this bucket: the area the collective runs in.
+                BOOST_TEST(testing::FlatComm(dp).c.flat_bytes(kind, counts, dtype) ==
+                           (nb > 1 || uneven ? cd::plan_flat(*ops[0], dp).bytes(dp) : 0u));
                 const cd::FlatPlan plan = cd::plan_flat(*ops[0], dp);
                 for (int r = 1; r < dp; ++r) {
                     const cd::FlatPlan other = cd::plan_flat(*ops[static_cast<std::size_t>(r)], dp);
@@ -494,31 +532,35 @@ BOOST_AUTO_TEST_CASE(a_bucket_laid_flat_is_one_equal_block_collective) {
                     BOOST_TEST(runs <= (equal ? 1u : 2u), "buffer " << b);
                 }
 
-                // Pack on every rank, one equal-block collective, unpack.
+                // Pack on every rank, one equal-block collective, unpack;
+                // each rank's flat area is plan.bytes(dp), laid out as NCCL
+                // lays it: every rank's block, then this rank's own.
                 const std::uint64_t B = plan.area();
-                std::vector<Bytes> all(dp), mine(dp);
+                BOOST_TEST(plan.bytes(dp) == B * static_cast<std::uint64_t>(dp + 1));
+                std::vector<Bytes> area(dp);
+                std::vector<std::byte*> all(dp), mine(dp);
                 for (int r = 0; r < dp; ++r) {
-                    all[r].resize(B * static_cast<std::uint64_t>(dp));
-                    mine[r].resize(B);
-                    for (auto& x : all[r]) x = static_cast<std::byte>(rng());  // poisoned padding
-                    for (auto& x : mine[r]) x = static_cast<std::byte>(rng());
-                    cd::flat_pack(*ops[r], plan, all[r].data(), mine[r].data(), host_copy);
+                    area[r].resize(plan.bytes(dp));
+                    for (auto& x : area[r]) x = static_cast<std::byte>(rng());  // poisoned padding
+                    all[r] = area[r].data();
+                    mine[r] = area[r].data() + B * static_cast<std::uint64_t>(dp);
+                    cd::flat_pack(*ops[r], plan, all[r], mine[r], host_copy);
                 }
                 if (kind == Kind::allgather) {
                     for (int q = 0; q < dp; ++q)
                         for (int r = 0; r < dp; ++r)
-                            std::memcpy(all[q].data() + static_cast<std::uint64_t>(r) * B, mine[r].data(), B);
+                            std::memcpy(all[q] + static_cast<std::uint64_t>(r) * B, mine[r], B);
                 } else {
                     for (int q = 0; q < dp; ++q)
                         for (std::uint64_t i = 0; i < plan.block; ++i) {
                             std::int64_t sum = 0;
                             for (int r = 0; r < dp; ++r)
-                                sum += testing::get_int(dtype, all[r].data() + std::uint64_t(q) * B + i * es);
-                            testing::put_int(dtype, mine[q].data() + i * es, sum);
+                                sum += testing::get_int(dtype, all[r] + std::uint64_t(q) * B + i * es);
+                            testing::put_int(dtype, mine[q] + i * es, sum);
                         }
                 }
                 for (int r = 0; r < dp; ++r) {
-                    cd::flat_unpack(*ops[r], plan, all[r].data(), mine[r].data(), host_copy);
+                    cd::flat_unpack(*ops[r], plan, all[r], mine[r], host_copy);
                     for (std::size_t b = 0; b < nb; ++b) {
                         if (kind == Kind::allgather) {
                             BOOST_TEST((recvs[r][b] == full[b]), comm::name(kind) << " rank " << r << " buffer " << b);

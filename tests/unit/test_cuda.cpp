@@ -641,6 +641,44 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_enqueued_on_a_device_stream, *utf::precond
     c.barrier();
 }
 
+// A bucket of two buffers goes flat (one ncclAllGather) in device memory the
+// caller gives from the arena (Communicator::set_flat_area), as the engine
+// does: of the size flat_bytes says, enqueued on the collectives stream, it
+// gathers both buffers; a bucket larger than the area given is an
+// InternalError naming both sizes (NCCL allocates none of its own).
+BOOST_AUTO_TEST_CASE(nccl_buckets_lay_flat_in_the_callers_area, *utf::precondition(NcclPresent())) {
+    std::mt19937_64 rng(fresh_seed("nccl flat area"));
+    auto d = open({.backend = "cuda", .memory_bytes = 64 * MiB});
+    const Vf h = randn(40'009, rng), g = randn(1'001, rng);
+    auto a = up(*d, h), b = up(*d, g), ga = poisoned(*d, h.size()), gb = poisoned(*d, g.size());
+    const comm::Buffer bucket[] = {{std::as_bytes(a.span()), std::as_writable_bytes(ga.span()), {}},
+                                   {std::as_bytes(b.span()), std::as_writable_bytes(gb.span()), {}}};
+    const std::vector<std::vector<u64>> counts{{h.size()}, {g.size()}};
+    void* coll = d->native(d->stream(StreamKind::collectives));
+    {
+        comm::Communicator c({.backend = comm::Backend::nccl, .memory = comm::Memory::device});
+        const u64 need = c.flat_bytes(comm::Kind::allgather, counts, comm::DType::f32);
+        // One rank: its block (each buffer 256-byte aligned) and its own copy.
+        BOOST_TEST(need == 2 * (align_up(h.size() * 4, 256) + align_up(g.size() * 4, 256)));
+        auto area = d->alloc<std::byte>(need, "flat bucket area");
+        c.set_flat_area(area.span());
+        c.enqueue(comm::Kind::allgather, bucket, comm::DType::f32, coll);
+        d->synchronize(d->stream(StreamKind::collectives));
+        BOOST_TEST(down(*d, ga) == h);
+        BOOST_TEST(down(*d, gb) == g);
+        c.set_flat_area({});
+    }
+    comm::Communicator c({.backend = comm::Backend::nccl, .memory = comm::Memory::device});
+    auto small = d->alloc<std::byte>(4096, "too small a flat area");
+    c.set_flat_area(small.span());
+    const std::string what = testing::what_of<InternalError>(
+        [&] { c.enqueue(comm::Kind::allgather, bucket, comm::DType::f32, coll); }, "a bucket past the area");
+    BOOST_TEST(testing::contains(what, "needs a flat area of " +
+                                           std::to_string(2 * (align_up(h.size() * 4, 256) + align_up(g.size() * 4, 256)))),
+               what);
+    BOOST_TEST(testing::contains(what, "the one given has 4096 bytes"), what);
+}
+
 // ---------------------------------------------------------------------------
 // The Llama family's kernels (cuda/llama.hpp): RMSNorm, rotary embeddings,
 // SwiGLU and the embedding without a position table bitwise the cpu

@@ -3,11 +3,14 @@
 // x optimizer tier against the resident reference, to the bit), tiling, the
 // trace and its prefetcher (divergence fetches on demand with the same
 // losses), and the device budget (the need it reports runs, a byte less is
-// refused before the first step, naming the module and a tile factor).
+// refused before the first step, naming the module and a tile factor; NCCL's
+// flat bucket area counted in it).
 // Placement is checked in fp32 and under bf16 GEMM inputs (--precision).
 // Data parallel runs are in mpi_train.cpp; faults and resume in e2e/train.sh.
 #define BOOST_TEST_MODULE engine
 #include "optimizer_fixture.hpp"
+
+#include "comm_testing.hpp"  // FlatComm; the flat bucket's plan (comm/flat.cpp)
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
@@ -16,6 +19,7 @@
 
 #include <bit>
 #include <future>
+#include <random>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -533,6 +537,159 @@ BOOST_AUTO_TEST_CASE(tiling_shrinks_the_largest_block_fetch) {
         BOOST_TEST_MESSAGE("tile " << tile << ": the largest fetch, " << need.module << ", is " << largest << " bytes");
         if (prev) BOOST_TEST(double(largest) < 0.6 * double(prev), "tile " << tile << ": " << largest << " vs " << prev);
         prev = largest;
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
+// NCCL's flat bucket area (comm/flat.cpp) comes from the engine's arena:
+// the engine sizes it before the first step, counts it in the budget and
+// hands it to the device communicator. A fake backend stands for NCCL here:
+// it lays buckets flat (or not) over dp ranks and records the areas given.
+BOOST_AUTO_TEST_SUITE(flat_area)
+
+namespace {
+
+namespace cd = comm::detail;
+
+// What the plan (cd::plan_flat) needs for a bucket of these tensors over dp
+// ranks, each tensor's blocks by the partition rule; 0 without a flat form.
+std::uint64_t plan_bytes(comm::Kind kind, const std::vector<std::uint64_t>& numels, comm::DType dtype, unsigned dp) {
+    cd::Op op;
+    op.kind = kind;
+    op.dtype = dtype;
+    for (const std::uint64_t n : numels) {
+        std::vector<std::uint64_t> counts;
+        for (unsigned r = 0; r < dp; ++r) counts.push_back(shard::owned(n, dp, r).count);
+        op.bufs.push_back({{}, {}, counts});
+    }
+    return cd::needs_flat(op) ? cd::plan_flat(op, static_cast<int>(dp)).bytes(static_cast<int>(dp)) : 0;
+}
+
+}  // namespace
+
+// The area the engine reserves is the largest the plan needs for any bucket
+// of the run: a module's gather of every parameter it uses (in the
+// parameters' dtype) or its reduce-scatter of the gradients it declares
+// (fp32), over GPT and Llama models of fixed and random shapes, tiled or
+// not, at dp 1 to 8; none at dp 1, and none for a communicator that lays
+// nothing flat (MPI, self).
+BOOST_AUTO_TEST_CASE(the_area_is_the_largest_bucket_the_plan_lays_flat) {
+    std::mt19937_64 rng(fresh_seed("flat area"));
+    std::vector<std::string> specs{kGPT, "gpt:layers=1,hidden=64,heads=4,vocab=257,seq=8",
+                                   "llama:layers=2,hidden=64,heads=4,vocab=101,seq=16"};
+    for (int k = 0; k < 4; ++k) {
+        const unsigned heads = 1 + rng() % 4, hidden = heads * 8 * (1 + rng() % 6);
+        specs.push_back("gpt:layers=" + std::to_string(1 + rng() % 3) + ",hidden=" + std::to_string(hidden) +
+                        ",heads=" + std::to_string(heads) + ",vocab=" + std::to_string(5 + rng() % 300) + ",seq=8");
+    }
+    std::size_t flat_seen = 0;
+    for (const std::string& spec : specs)
+        for (unsigned tile : {1u, 2u})
+            for (DType dt : {DType::fp32, DType::bf16})
+                for (unsigned dp = 1; dp <= 8; ++dp) {
+                    const std::string what = spec + " tile " + std::to_string(tile) + " " + shard::dtype_name(dt) +
+                                             " dp " + std::to_string(dp);
+                    shard::LayoutOptions lo;
+                    lo.dp = dp;
+                    lo.tile = tile;
+                    lo.param_dtype = dt;
+                    const shard::Manifest m = shard::layout(shard::ModelSpec::parse(spec), lo);
+                    const auto model = model::make_model(model::Config::from(m.spec, tile));
+                    zero::InfinityOptions io;
+                    io.persist_below = rng() % 2 ? 0 : 1000;
+                    FlatComm nccl(static_cast<int>(dp)), host(static_cast<int>(dp), false);
+                    io.device_comm = &nccl.c;
+                    const auto n = zero::InfinityEngine::need(m, model->modules(), io);
+                    std::uint64_t want = 0;
+                    std::string module;
+                    if (dp > 1)
+                        for (const zero::Module* mod : model->modules()) {
+                            std::vector<std::uint64_t> used, declared;
+                            std::vector<std::size_t> seen;
+                            for (auto list : {mod->params(), mod->external()})
+                                for (std::size_t t : list)
+                                    if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
+                                        seen.push_back(t);
+                                        used.push_back(m.tensors[t].numel);
+                                    }
+                            for (std::size_t t : mod->params()) declared.push_back(m.tensors[t].numel);
+                            const auto wire = dt == DType::bf16 ? comm::DType::bf16 : comm::DType::f32;
+                            for (const std::uint64_t b : {plan_bytes(comm::Kind::allgather, used, wire, dp),
+                                                          plan_bytes(comm::Kind::reduce_scatter, declared,
+                                                                     comm::DType::f32, dp)})
+                                if (align_up(b, mem::kArenaAlignment) > want) {
+                                    want = align_up(b, mem::kArenaAlignment);
+                                    module = mod->name();
+                                }
+                        }
+                    BOOST_TEST(n.flat == want, what);
+                    BOOST_TEST(n.flat_module == module, what << ": " << n.flat_module << " vs " << module);
+                    // (At dp > 1 too a run may need none: a module of one
+                    // tensor that dp divides is one call of equal blocks.)
+                    if (dp == 1) BOOST_TEST(n.flat == 0u, what);
+                    flat_seen += n.flat > 0;
+                    // The rest of the need is as without a flat area.
+                    io.device_comm = &host.c;
+                    const auto plain = zero::InfinityEngine::need(m, model->modules(), io);
+                    BOOST_TEST(plain.flat == 0u, what);
+                    BOOST_TEST(n.total() == plain.total() + n.flat, what);
+                }
+    BOOST_TEST(flat_seen > 0u);
+}
+
+// At dp 2, the engine takes the area from the arena and gives it to the
+// device communicator, whose budget then runs it with not a byte to spare;
+// a byte less is refused, the message naming the flat area and its module;
+// and the area is taken back when the engine goes. A communicator that lays
+// nothing flat is given nothing and needs that much less.
+BOOST_AUTO_TEST_CASE(the_area_comes_from_the_device_budget) {
+    const std::uint64_t s = fresh_seed("flat area budget");
+    for (DType dt : {DType::fp32, DType::bf16}) {
+        BOOST_TEST_CONTEXT(shard::dtype_name(dt)) {
+            Rig rig;
+            shard::LayoutOptions lo = lay(dt, Tier::cpu, Tier::cpu, s);
+            lo.dp = 2;
+            Run run(rig, lo, kGPT);
+            model::GPT gpt(model::Config::from(run.m.spec));
+            zero::CommittedParams store(run.m, 0, rig.engine, rig.pool);
+            FlatComm host(2, false), nccl(2), mpi(2, false);
+            zero::InfinityOptions io;
+            io.device_comm = &nccl.c;
+            const auto n = zero::InfinityEngine::need(run.m, gpt.modules(), io);
+            BOOST_TEST_REQUIRE(n.flat > 0u);
+            {
+                auto dev = device_of(n.total());
+                zero::InfinityEngine inf(run.m, gpt.modules(), host.c, rig.engine, rig.pool, *dev, store, io);
+                BOOST_TEST_REQUIRE(nccl.areas->size() == 1u);
+                BOOST_TEST(nccl.areas->back().size() == n.flat);
+                BOOST_TEST(nccl.areas->back().data() != nullptr);
+                BOOST_TEST(dev->arena().stats().used == dev->arena().stats().bytes);
+            }
+            BOOST_TEST_REQUIRE(nccl.areas->size() == 2u);
+            BOOST_TEST(nccl.areas->back().empty());
+            BOOST_TEST(host.areas->empty());
+
+            auto dev = device_of(n.total() - 1);
+            std::string msg;
+            try {
+                zero::InfinityEngine inf(run.m, gpt.modules(), host.c, rig.engine, rig.pool, *dev, store, io);
+                BOOST_ERROR("a budget one byte under the need was taken");
+            } catch (const zero::DoesNotFit& e) {
+                msg = e.what();
+                BOOST_TEST(e.need == n.total());
+            }
+            BOOST_TEST(contains(msg, "NCCL lays " + n.flat_module + "'s"), msg);
+            BOOST_TEST(contains(msg, format_size(n.flat)), msg);
+            BOOST_TEST(nccl.areas->size() == 2u);
+
+            // Without a flat area, the same budget less the area is enough.
+            io.device_comm = &mpi.c;
+            auto dev2 = device_of(n.total() - n.flat);
+            { zero::InfinityEngine inf(run.m, gpt.modules(), host.c, rig.engine, rig.pool, *dev2, store, io); }
+            BOOST_TEST(mpi.areas->empty());
+        }
     }
 }
 

@@ -203,6 +203,20 @@ public:
     void enqueue(Kind kind, std::span<const Buffer> bufs, DType dtype, void* stream, void* after = nullptr,
                  Reduce reduce = Reduce::sum, int root = 0);
 
+    // A bucket that a device library moves as one call of equal blocks
+    // (nccl: no allgatherv, no reduce-scatter-v) is laid flat in device
+    // memory the caller gives, so that it comes from the caller's budget
+    // (the engine's arena). flat_bytes: the bytes an allgather or
+    // reduce-scatter over buffers of these per-rank element counts (one
+    // vector of size() counts per buffer) needs there; 0 where none (mpi,
+    // self: host calls; one buffer of equal blocks). set_flat_area: the area
+    // every later operation lays its bucket in, until another is set (empty:
+    // none; one owner at a time: the engine, for its run); it waits until no
+    // operation uses the old one. A bucket that
+    // needs more than the area given is an InternalError naming both sizes.
+    std::uint64_t flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts, DType dtype) const;
+    void set_flat_area(std::span<std::byte> area);
+
     // The backend library's own blocking call for one buffer (MPI_Allgather,
     // ncclAllGather + synchronize, ...), with no deadline and no zinf layer in
     // between: what zinf-commbench --raw compares against. Equal blocks only.

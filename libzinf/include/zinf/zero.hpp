@@ -62,6 +62,11 @@ void enqueue_gather(comm::Communicator& comm, std::span<const Gather> tensors, c
                     void* after = nullptr);
 void enqueue_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> tensors, comm::DType dtype,
                             void* stream, void* after = nullptr, comm::Reduce reduce = comm::Reduce::avg);
+// The device memory `comm` lays a bucket of tensors of these sizes flat in
+// (comm::Communicator::flat_bytes, the partition's counts): `kind` is
+// allgather (gather) or reduce_scatter; 0 where comm needs none.
+std::uint64_t flat_bytes(const comm::Communicator& comm, comm::Kind kind, std::span<const std::uint64_t> numels,
+                         comm::DType dtype);
 
 // ---------------------------------------------------------------------------
 // The tiered optimizer step (paper §5.2.2, §6.4): each rank updates the
@@ -471,10 +476,18 @@ public:
     // What the engine needs of the device budget at the least, beside the
     // activations (reserved memory plus the largest module's fetch), and
     // which module that is. Static: for refusals and zinf-plan alike.
+    // `flat`: the area in which opts.device_comm lays its buckets flat (NCCL;
+    // 0 for every other communicator and at dp 1), as large as the largest
+    // bucket of the run needs: a module's parameters (all it gathers, its
+    // persistent ones included) or its gradients; `flat_module` is that
+    // module, and `flat_gradients` whether it is its gradients.
     struct Need {
-        std::uint64_t reserved = 0, largest = 0;
-        std::string module;
-        std::uint64_t total() const { return reserved + largest; }
+        std::uint64_t reserved = 0, largest = 0, flat = 0;
+        std::string module, flat_module;
+        bool flat_gradients = false;
+        std::uint64_t total() const { return reserved + flat + largest; }
+        // "the 2MiB NCCL lays h.0.mlp.c_fc's gradients flat in"; empty without one.
+        std::string flat_what() const;
     };
     static Need need(const shard::Manifest& m, std::span<const Module* const> modules,
                      const InfinityOptions& opts);

@@ -299,8 +299,7 @@ public:
         check(*op, engine_->rank(), engine_->size());
         // Equal counts are equal blocks: the plain collective, not its v-form.
         for (auto& b : op->bufs)
-            if (!b.counts.empty() && std::all_of(b.counts.begin(), b.counts.end(), [&](auto c) { return c == b.counts[0]; }))
-                b.counts.clear();
+            if (!uneven(b.counts)) b.counts.clear();
         return op;
     }
 
@@ -345,6 +344,21 @@ public:
         execute(*op, [&](Op& o, const Deadline& d) { engine_->enqueue(o, stream, after, d); });
         release();
         Handle::wait_op(*op);
+    }
+
+    void set_flat_area(std::span<std::byte> area) {
+        {
+            std::unique_lock lk(mu_);
+            cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+            busy_ = true;
+        }
+        try {
+            engine_->set_flat_area(area);
+        } catch (...) {
+            release();
+            throw;
+        }
+        release();
     }
 
     void bare(const std::shared_ptr<Op>& op) {
@@ -541,6 +555,29 @@ std::unique_ptr<Communicator> device_communicator(const Communicator& host, int 
 void detail::Engine::enqueue(Op&, void*, void*, const Deadline&) {
     throw InternalError("comm: backend " + std::string(name(kind())) + " has no stream-ordered collectives");
 }
+
+void detail::Engine::set_flat_area(std::span<std::byte> area) {
+    if (!area.empty())
+        throw InternalError("comm: backend " + std::string(name(kind())) + " lays no bucket flat; it was given " +
+                            std::to_string(area.size()) + " bytes for it");
+}
+
+std::uint64_t Communicator::flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts,
+                                       DType dtype) const {
+    if (!core_->engine().lays_flat()) return 0;
+    detail::Op op;
+    op.kind = kind;
+    op.dtype = dtype;
+    for (const auto& c : counts) {
+        if (c.size() != static_cast<std::size_t>(size()))
+            throw InternalError("comm: flat_bytes given " + std::to_string(c.size()) + " counts for " +
+                                std::to_string(size()) + " ranks");
+        op.bufs.push_back({{}, {}, c});
+    }
+    return detail::needs_flat(op) ? detail::plan_flat(op, size()).bytes(size()) : 0;
+}
+
+void Communicator::set_flat_area(std::span<std::byte> area) { core_->set_flat_area(area); }
 
 void Communicator::bare(Kind kind, const Buffer& buf, DType dtype, Reduce reduce, int root) {
     if (!buf.counts.empty()) throw InternalError("comm: bare() takes equal blocks only");

@@ -7,9 +7,13 @@
 
 namespace zinf::comm::detail {
 
+bool uneven(const std::vector<std::uint64_t>& counts) {
+    return std::any_of(counts.begin(), counts.end(), [&](std::uint64_t c) { return c != counts[0]; });
+}
+
 bool needs_flat(const Op& op) {
     if (op.kind != Kind::allgather && op.kind != Kind::reduce_scatter) return false;
-    return op.bufs.size() > 1 || (op.bufs.size() == 1 && !op.bufs[0].counts.empty());
+    return op.bufs.size() > 1 || (op.bufs.size() == 1 && uneven(op.bufs[0].counts));
 }
 
 FlatPlan plan_flat(const Op& op, int size) {

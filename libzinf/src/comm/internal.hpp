@@ -97,7 +97,11 @@ struct FlatPlan {
     std::vector<std::uint64_t> at;   // per buffer: its offset in a rank's flat block (elements)
     std::vector<FlatRun> rows;       // the full sides' blocks, empty ones left out
     std::uint64_t area() const { return block * es; }  // bytes of one rank's flat block
+    // Bytes of the whole flat area: every rank's block, then this rank's own.
+    std::uint64_t bytes(int size) const { return area() * (static_cast<std::uint64_t>(size) + 1); }
 };
+// Whether per-rank counts are uneven (empty: equal blocks by the spans).
+bool uneven(const std::vector<std::uint64_t>& counts);
 // Whether `op` needs the flat form: an allgather or reduce-scatter of
 // several buffers, or of one with uneven blocks.
 bool needs_flat(const Op& op);
@@ -131,6 +135,11 @@ public:
     // stream_ordered() (nccl).
     virtual bool stream_ordered() const { return false; }
     virtual void enqueue(Op& op, void* stream, void* after, const Deadline& deadline);
+    // Whether buckets are laid flat in an area the caller gives
+    // (Communicator::set_flat_area), and taking it: only where lays_flat()
+    // (nccl); called with no operation running.
+    virtual bool lays_flat() const { return false; }
+    virtual void set_flat_area(std::span<std::byte> area);
     // After a failure the library may still own the buffers of an operation
     // that never finished: leave it as it is (no finalize) until exit.
     virtual void poison() noexcept {}

@@ -5,8 +5,10 @@
 // The communicator is non-blocking (ncclConfig_t.blocking = 0): every call is
 // polled against the deadline, and a timeout aborts it (ncclCommAbort).
 // A bucket (the engine's module of parameters or gradients) is one NCCL
-// call: laid flat in device memory of the communicator's own, with equal
-// blocks (flat.cpp), since NCCL has no allgatherv or reduce-scatter-v.
+// call: laid flat with equal blocks (flat.cpp), since NCCL has no allgatherv
+// or reduce-scatter-v, in device memory the caller gives (set_flat_area: the
+// engine's arena, within --device-memory); the communicator allocates none
+// for buckets.
 #include "internal.hpp"
 
 #include <zinf/mem.hpp>
@@ -166,7 +168,6 @@ public:
             }
         }
         if (token_) cudaFree(token_);
-        if (flat_) cudaFree(flat_);
         if (done_) cudaEventDestroy(done_);
         if (enqueued_) cudaEventDestroy(enqueued_);
         if (stream_) cudaStreamDestroy(stream_);
@@ -178,6 +179,22 @@ public:
     int local_size() const override { return boot_->local_size(); }
     Backend kind() const override { return Backend::nccl; }
     bool stream_ordered() const override { return true; }
+    bool lays_flat() const override { return true; }
+
+    // The caller's device memory for buckets laid flat. Nothing still on a
+    // stream may use the old area: the last stream-ordered collective and
+    // this communicator's own stream are waited for (a host wait, once per
+    // area). The new one is zeroed, so padding is never uninitialised memory.
+    void set_flat_area(std::span<std::byte> area) override {
+        cuda(cudaSetDevice(device_), "cudaSetDevice");
+        if (enqueued_any_) cuda(cudaEventSynchronize(enqueued_), "cudaEventSynchronize");
+        cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        flat_ = area;
+        if (!area.empty()) {
+            cuda(cudaMemsetAsync(area.data(), 0, area.size(), stream_), "cudaMemsetAsync");
+            cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        }
+    }
     std::string describe() const override {
         return "nccl " + version_ + ", rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " (local " +
                std::to_string(local_rank()) + " of " + std::to_string(local_size()) + "), GPU " +
@@ -265,7 +282,7 @@ private:
     // buffers, or one of uneven blocks, goes flat (internal.hpp's FlatPlan):
     // packed into the flat area on the stream, one collective of equal
     // blocks, unpacked on the stream; never one NCCL call per buffer or per
-    // rank. The flat area is the communicator's, reused by the next
+    // rank. The flat area is the caller's (set_flat_area), reused by the next
     // operation only after this one's unpacking (after_enqueued orders it).
     void launch(const Op& op, cudaStream_t stream, const Deadline& dl) {
         std::optional<FlatPlan> plan;
@@ -273,7 +290,12 @@ private:
         if (needs_flat(op)) {
             plan = plan_flat(op, size());
             const std::uint64_t B = plan->area(), n = static_cast<std::uint64_t>(size());
-            all = flat(B * (n + 1), stream);  // every rank's block, then this rank's own
+            const std::uint64_t need = plan->bytes(size());
+            if (need > flat_.size())
+                throw InternalError("nccl: " + op.what() + " needs a flat area of " + std::to_string(need) +
+                                    " bytes (" + format_size(need) + "); the one given has " +
+                                    std::to_string(flat_.size()) + " bytes (" + format_size(flat_.size()) + ")");
+            all = flat_.data();  // every rank's block, then this rank's own
             mine = all + B * n;
             flat_pack(op, *plan, all, mine, on(stream));
         }
@@ -297,23 +319,6 @@ private:
         call(lib_->GroupEnd(), "ncclGroupEnd");
         settle(dl, op.what());  // the collective is on the stream: the unpacking goes after it
         if (plan) flat_unpack(op, *plan, all, mine, on(stream));
-    }
-
-    // The flat area, grown when a larger bucket comes. cudaFree waits for
-    // the device, so no collective still reads the old one; the new one is
-    // zeroed on the stream first, so padding is never uninitialised memory.
-    std::byte* flat(std::uint64_t bytes, cudaStream_t stream) {
-        if (bytes > flat_bytes_) {
-            if (flat_) cuda(cudaFree(flat_), "cudaFree");
-            flat_ = nullptr;
-            flat_bytes_ = 0;
-            void* p = nullptr;
-            cuda(cudaMalloc(&p, bytes), "cudaMalloc (NCCL's flat bucket)");
-            flat_ = static_cast<std::byte*>(p);
-            flat_bytes_ = bytes;
-            cuda(cudaMemsetAsync(flat_, 0, bytes, stream), "cudaMemsetAsync");
-        }
-        return flat_;
     }
 
     // The flat area's copies (flat.cpp), on the stream.
@@ -397,8 +402,7 @@ private:
     cudaEvent_t enqueued_ = nullptr;  // recorded after the last stream-ordered collective
     bool enqueued_any_ = false;
     float* token_ = nullptr;
-    std::byte* flat_ = nullptr;  // the flat area of buckets (launch)
-    std::uint64_t flat_bytes_ = 0;
+    std::span<std::byte> flat_;  // the caller's flat area for buckets (launch)
     ncclComm_t comm_ = nullptr;
     bool poisoned_ = false;
 };

@@ -285,9 +285,10 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
     const std::uint64_t left = dev.arena().stats().largest_free;
     if (n.total() > left) {
         std::string msg = n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
-                          "their gradients, beside " + format_size(n.reserved) +
+                          "their gradients, beside " + format_size(n.reserved + n.flat) +
                           " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
-                          "tied embedding's gradient); the device budget has " + format_size(left) +
+                          "tied embedding's gradient" + (n.flat ? ", " + n.flat_what() : std::string()) +
+                          "); the device budget has " + format_size(left) +
                           " left after the activations (" + format_size(acts_used) +
                           "). The run needs a device budget of at least " + std::to_string(acts_used + n.total()) +
                           " bytes (" + format_size(acts_used + n.total()) + "; --device-memory, now " +

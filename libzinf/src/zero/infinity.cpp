@@ -83,7 +83,38 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
             n.module = mod->name();
         }
     }
+    // The flat area: as large as the largest bucket, each module's gather of
+    // every parameter it uses (a fetch gathers a subset: its persistent ones
+    // only once a step) and its reduce-scatter of the gradients it declares.
+    const comm::Communicator* c = opts.device_comm;
+    if (dp > 1 && c) {
+        const comm::DType wire = bf16 ? comm::DType::bf16 : comm::DType::f32;
+        for (const Module* mod : modules) {
+            std::vector<std::size_t> used;
+            for (auto list : {mod->params(), mod->external()})
+                for (std::size_t t : list)
+                    if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
+            std::vector<std::uint64_t> gathered, declared;
+            for (std::size_t t : used) gathered.push_back(params[t].numel);
+            for (std::size_t t : mod->params()) declared.push_back(params[t].numel);
+            for (const bool grads : {false, true}) {
+                const std::uint64_t f = grads ? flat_bytes(*c, comm::Kind::reduce_scatter, declared, comm::DType::f32)
+                                              : flat_bytes(*c, comm::Kind::allgather, gathered, wire);
+                if (f > n.flat) {
+                    n.flat = align_up(f, mem::kArenaAlignment);
+                    n.flat_module = mod->name();
+                    n.flat_gradients = grads;
+                }
+            }
+        }
+    }
     return n;
+}
+
+std::string InfinityEngine::Need::flat_what() const {
+    if (!flat) return {};
+    return "the " + format_size(flat) + " NCCL lays " + flat_module + "'s " +
+           (flat_gradients ? "gradients" : "parameters") + " flat in";
 }
 
 // ---------------------------------------------------------------------------
@@ -108,14 +139,21 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
                          "(NCCL); " + coll_comm->describe() + " makes host calls, which cannot read device memory");
     params = detail::describe_params(m, modules, opts, rank);
 
-    const Need n = InfinityEngine::need(m, modules, opts);
+    InfinityOptions sized = opts;
+    sized.device_comm = coll_comm;
+    const Need n = InfinityEngine::need(m, modules, sized);
     gradients.largest_block = n.largest;
     const mem::ArenaStats before = dev.arena().stats();
     if (n.total() > before.largest_free)
         throw DoesNotFit("engine: " + n.module + " needs " + format_size(n.largest) + " beside the " +
-                             format_size(n.reserved) + " kept for the run; " + format_size(before.largest_free) +
-                             " of the device budget is left",
+                             format_size(n.reserved + n.flat) + " kept for the run" +
+                             (n.flat ? " (" + n.flat_what() + " among them)" : "") + "; " +
+                             format_size(before.largest_free) + " of the device budget is left",
                          n.module, n.total(), before.largest_free);
+    // The device communicator's flat area (NCCL's buckets): from the arena,
+    // once, handed to it for the run at the end (taken back in the
+    // destructor, which a constructor that throws never runs).
+    if (n.flat) flat = dev.arena().allocate(n.flat, "NCCL's flat bucket area");
 
     std::uint64_t largest_count = 1, largest_resident = 0;
     for (auto& ps : params) {
@@ -142,9 +180,17 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
     ring.block = dev.arena().allocate(left, "engine working memory");
     ring.places.init({ring.block.data(), ring.block.size()});
     ring.base_used = dev.arena().stats().used - ring.block.size();
+    if (flat) coll_comm->set_flat_area({flat.data(), flat.size()});
 }
 
-Impl::~Impl() { reset_streams(); }
+Impl::~Impl() {
+    reset_streams();
+    if (flat) try {
+            coll_comm->set_flat_area({});
+        } catch (const std::exception& e) {
+            log::debug(std::string("engine: the flat area not taken back: ") + e.what());
+        }
+}
 
 void Impl::reset_streams() noexcept {
     for (device::Stream* s : {h2d, coll, compute, d2h}) try {

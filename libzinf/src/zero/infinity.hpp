@@ -170,6 +170,8 @@ struct InfinityEngine::Impl {
     // run by host jobs on it.
     comm::Communicator* coll_comm = nullptr;
     bool coll_ordered = false;
+    // Where coll_comm lays buckets flat (Need::flat; NCCL only), for the run.
+    mem::Block flat;
     device::Stream *compute = nullptr, *h2d = nullptr, *d2h = nullptr, *coll = nullptr;
 
     std::vector<ParamState> params;

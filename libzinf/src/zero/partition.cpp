@@ -76,6 +76,14 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
     reduce_scatter(comm, std::span(&tensor, 1), dtype, reduce);
 }
 
+std::uint64_t flat_bytes(const comm::Communicator& comm, comm::Kind kind, std::span<const std::uint64_t> numels,
+                         comm::DType dtype) {
+    std::vector<std::vector<std::uint64_t>> all;
+    all.reserve(numels.size());
+    for (const std::uint64_t n : numels) all.push_back(counts(n, comm.size()));
+    return comm.flat_bytes(kind, all, dtype);
+}
+
 void enqueue_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype, void* stream,
                     void* after) {
     const auto bufs = buffers(comm, tensors, dtype, "gather");
