@@ -248,8 +248,12 @@ int run(Options& o) {
     shard::Committed checkpoint = train::read_checkpoint(o.manifest);
     shard::Manifest& m = checkpoint.manifest;
     const std::string& committed = checkpoint.path;
+    // What the options and the files can refuse, before anything is taken:
+    // a refused run costs no device memory and no pinned pool.
+    const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     comm::Communicator comm(o.comm.resolve());
+    Data d = load_data(o, m.spec.vocab);
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
     auto dev = device::open(o.device.resolve(o.device_memory, cores));
     // Data parallel on device memory the host cannot address (cuda): the
@@ -262,7 +266,6 @@ int run(Options& o) {
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
-    Data d = load_data(o, m.spec.vocab);
     const unsigned rank = static_cast<unsigned>(comm.rank()), ranks = static_cast<unsigned>(comm.size());
     data::Loader train_loader(d.train, d.train_source,
                               {.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks, .shuffle = o.shuffle,
@@ -274,7 +277,6 @@ int run(Options& o) {
 
     train::Options to = train_options(o, committed, cores);
     to.infinity.device_comm = device_comm.get();
-    const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;

@@ -189,6 +189,10 @@ run "$TR" --manifest "$(mf ck)" --text "$CORPUS" --steps 2 --resume "${RUN[@]}"
 expect_rc 64 "a manifest at step 2 with --resume --steps 2 exits 64"
 refused_out+=$out
 check "…saying it is already at step 2" contains "$err" "already at step 2"
+run "$TR" --manifest "$(mf ck)" --text "$CORPUS" --steps 5 --batch 2 --seq 16 --threads 1 --pinned 4TiB --pinned-buffer 256KiB
+expect_rc 64 "a refused checkpoint is refused before the pinned pool is taken (--pinned 4TiB)"
+check "…for the checkpoint, not the pool" has_all "$err" "checkpoint at step 2" "--resume"
+refused_out+=$out
 run "$TR" --manifest "$(mf ck)" --text "$CORPUS" --steps 1 --resume "${RUN[@]}"
 expect_rc 64 "…and with --steps 1 (before it)"
 check "the refused runs print nothing on stdout" test -z "$refused_out$out"
