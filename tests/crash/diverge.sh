@@ -45,17 +45,11 @@ if ((ref_rc != 65)) || ! same_bytes "$T/manifest.jsonl" "$W/ref.2" || [[ $(cat "
   crash_finish "$name"
   exit 1
 fi
-if ((have_strace_ok)); then
-  restore
-  syscall_counts "$W/calls" "${div[@]}"
-fi
-echo "# the run took ${run_ms} ms; syscalls: $(tr '\n' ' ' <"$W/calls" 2>/dev/null)"
+reference_calls "${div[@]}"
 
 landed=()
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   restore
   draw_kill "$run_ms" "$W/calls"
   kill_out=$W/killed
@@ -87,5 +81,5 @@ for ((i = 0; i < trials; i++)); do
   landed+=("$k")
   trial_end "diverging run, kill at ${kill// /:} (exit $rc): manifest at step $k; seed=$trial_seed"
 done
-echo "# kills left the manifest at step: $(printf '%s\n' "${landed[@]}" | sort -n | uniq -c | awk '{ printf "%s%s", sep, $2 "(" $1 "x)"; sep = " " }')"
+tally "kills left the manifest at step"
 crash_finish "$name"

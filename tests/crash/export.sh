@@ -71,9 +71,7 @@ same() { diff -r "$1" "$2" >/dev/null 2>&1; }
 
 landed=()
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   rm -rf "$O" "$W"/out.tmp.*
   below 2
   if ((REPLY == 0)); then
@@ -115,5 +113,5 @@ for ((i = 0; i < trials; i++)); do
   landed+=("$found")
   trial_end "export $format $mode, kill at ${kill// /:} (exit $rc): output $found; seed=$trial_seed"
 done
-echo "# kills left: $(printf '%s\n' "${landed[@]}" | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')"
+tally "kills left"
 crash_finish "$name"

@@ -117,13 +117,32 @@ killed() {
 }
 
 # A trial: trial_begin, then why_not for every check that fails, then trial_end.
-trial_begin() { why=(); }
+# trial_begin I: trial I begins: its seed (seed + I, in trial_seed) seeds the
+# generator, and it has no failure yet.
+trial_begin() {
+  trial_seed=$((seed + $1))
+  seed_rng "$trial_seed"
+  why=()
+}
 why_not() { why+=("$*"); }
 # expect NAME CMD...: why_not NAME unless CMD succeeds.
 expect() {
   local name=$1
   shift
   "$@" >/dev/null 2>&1 || why_not "$name"
+}
+# tally WHAT: one line, "# WHAT: 3 x, 2 y", of the outcomes the trials
+# added to the array `landed`.
+tally() { echo "# $1: $(printf '%s\n' "${landed[@]}" | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')"; }
+# reference_calls CMD...: with strace's injection at hand (have_strace_ok),
+# CMD run once more after `restore`, its syscalls counted into $W/calls
+# (draw_kill's); then the reference run's time (run_ms) and those counts said.
+reference_calls() {
+  if ((have_strace_ok)); then
+    restore
+    syscall_counts "$W/calls" "$@"
+  fi
+  echo "# the run took ${run_ms} ms; syscalls: $(tr '\n' ' ' <"$W/calls" 2>/dev/null)"
 }
 held=0 failed=0 failed_seeds=()
 trial_end() {  # trial_end DESCRIPTION

@@ -37,9 +37,7 @@ contenders=(train init import verify export)
 
 landed=()
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   rm -rf "$T" "$W/e.bin" && cp -a "$W/pristine" "$T"
   "$TR" --manifest "$T/manifest.jsonl" --steps 1000000 --resume "${R[@]}" >"$W/holder.out" 2>"$W/holder.err" &
   pid=$!
@@ -95,5 +93,5 @@ for ((i = 0; i < trials; i++)); do
   landed+=("$c")
   trial_end "$c beside zinf-train (exit $crc), holder killed at step ${k:-?}; seed=$trial_seed"
 done
-echo "# second programs refused: $(printf '%s\n' "${landed[@]}" | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')"
+tally "second programs refused"
 crash_finish "$name"

@@ -95,9 +95,7 @@ launchers_left=0
 cases=("2 train" "2 init" "2 commit" "2 stop" "4 train" "4 init" "4 commit" "4 stop")
 declare -A refs
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   read -r np phase <<<"${cases[trial_seed % ${#cases[@]}]}"
   below "$np"
   victim=$REPLY

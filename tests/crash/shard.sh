@@ -95,9 +95,7 @@ echo "# $op took ${fresh_ms} ms fresh, ${force_ms} ms with --force; syscalls: $(
 
 landed=()
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   rm -rf "$T"
   below 2
   if ((REPLY == 0)); then
@@ -141,5 +139,5 @@ for ((i = 0; i < trials; i++)); do
   landed+=("$found")
   trial_end "$op $mode, kill at ${kill// /:} (exit $rc): manifest $found; seed=$trial_seed"
 done
-echo "# kills left: $(printf '%s\n' "${landed[@]}" | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')"
+tally "kills left"
 crash_finish "$name"

@@ -71,17 +71,11 @@ if ! ((ok)) || ! cmp -s "$W/ref.pairs" <(pairs "$W/chain.jsonl") || ! same_bytes
   crash_finish "$name"
   exit 1
 fi
-if ((have_strace_ok)); then
-  restore
-  syscall_counts "$W/calls" "$TR" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
-fi
-echo "# the run took ${run_ms} ms; syscalls: $(tr '\n' ' ' <"$W/calls" 2>/dev/null)"
+reference_calls "$TR" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
 
 landed=()
 for ((i = 0; i < trials; i++)); do
-  trial_seed=$((seed + i))
-  seed_rng "$trial_seed"
-  trial_begin
+  trial_begin "$i"
   restore
   draw_kill "$run_ms" "$W/calls"
   kill_out=$W/killed
@@ -124,5 +118,5 @@ for ((i = 0; i < trials; i++)); do
   landed+=("$k")
   trial_end "$tiers tiers, kill at ${kill// /:} (exit $rc) after $n lines: manifest at step $k; seed=$trial_seed"
 done
-echo "# kills left the manifest at step: $(printf '%s\n' "${landed[@]}" | sort -n | uniq -c | awk '{ printf "%s%s", sep, $2 "(" $1 "x)"; sep = " " }')"
+tally "kills left the manifest at step"
 crash_finish "$name"
