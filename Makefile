@@ -100,6 +100,20 @@ CXXFLAGS += -O0 -g3
 else
 CXXFLAGS += -O2 -g1 -march=x86-64-v2
 endif
+# FAST_CXX: the compiler for the files whose own code declares, checks and
+# prints (the programs' option files, the tests; the lists are below). They
+# are template-heavy (CLI11, nlohmann/json, Boost.Test) and built -O0 or -O1,
+# where clang's front end and code generator take half of GCC's CPU time
+# (BENCHMARKS.md, "A build in minutes"); it links against the same libstdc++,
+# and the library, whose kernels' bits are GCC's, stays GCC's. clang++ when
+# CXX is the default g++ and clang is installed; CXX otherwise, and always
+# under a sanitizer (one compiler's runtime per binary). FAST_CXX=g++ opts out.
+ifeq ($(origin FAST_CXX),undefined)
+FAST_CXX := $(if $(SANITIZE)$(filter-out g++,$(CXX)),$(CXX),$(or $(shell command -v clang++ 2>/dev/null),$(CXX)))
+endif
+# clang's precompiled headers are NAME.pch, GCC's NAME.gch; each compiler finds
+# its own beside the header that -include names.
+PCH_EXT := $(if $(findstring clang,$(notdir $(FAST_CXX))),pch,gch)
 ifneq ($(SANITIZE),)
 CXXFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -255,7 +269,7 @@ $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
 # Objects are kept between builds even when only a link needed them.
 # (.PRECIOUS, not a bare .SECONDARY: that one also let make skip an object
 # still missing, e.g. of a library file just added, when the library was newer.)
-.PRECIOUS: $(BUILD)/%.o $(BUILD)/%.gch
+.PRECIOUS: $(BUILD)/%.o $(BUILD)/%.gch $(BUILD)/%.pch
 
 check-headers:
 ifneq ($(MISSING_HEADERS),)
@@ -268,7 +282,8 @@ endif
 $(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CXX     $<")
-	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+	$(Q)$(LAUNCH) $(OBJ_CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+OBJ_CXX = $(CXX)
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(@D)
@@ -322,22 +337,24 @@ PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out bench/optbench.cpp,\
   $(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS))))
 PROGRAM_O0_OBJS := $(filter-out $(patsubst %,$(BUILD)/%.o,bench/optbench pinstress/stress nvmebench/sweep commbench/harness),\
   $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
-$(PROGRAM_O0_OBJS) $(BUILD)/pch/programs.hpp.gch: private CXXFLAGS += -O0
-$(TEST_OBJS) $(BUILD)/pch/tests.hpp.gch: private CPPFLAGS += -DBOOST_TEST_DYN_LINK
-$(TEST_O0_OBJS) $(BUILD)/pch/tests.hpp.gch: private CXXFLAGS += -O0
+$(PROGRAM_O0_OBJS) $(BUILD)/pch/programs.hpp.$(PCH_EXT): private CXXFLAGS += -O0
+$(TEST_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT): private CPPFLAGS += -DBOOST_TEST_DYN_LINK
+$(TEST_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT): private CXXFLAGS += -O0
 $(TEST_O1_OBJS): private CXXFLAGS += -O1
 define use_pch  # name, objects
 $(2): private CPPFLAGS += -include $(BUILD)/pch/$(1).hpp -Winvalid-pch
-$(2): $(BUILD)/pch/$(1).hpp.gch
+$(2): $(BUILD)/pch/$(1).hpp.$(PCH_EXT)
 endef
 # (not in make test's sanitized builds: two test files do not pay for a header)
 $(if $(SANITIZED_MODULES),,$(eval $(call use_pch,tests,$(TEST_O0_OBJS))))
 $(eval $(call use_pch,programs,$(PROGRAM_OBJS)))
-$(BUILD)/pch/%.hpp.gch: pch/%.hpp $(FLAGS_STAMP)
+$(BUILD)/pch/%.hpp.$(PCH_EXT): pch/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  PCH     $<")
-	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.gch=)
-	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.gch=) -o $@
+	$(Q)echo '#include "$(CURDIR)/$<"' >$(@:.$(PCH_EXT)=)
+	$(Q)$(LAUNCH) $(OBJ_CXX) $(CPPFLAGS) $(CXXFLAGS) -x c++-header $(@:.$(PCH_EXT)=) -o $@
+$(TEST_OBJS) $(PROGRAM_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/programs.hpp.$(PCH_EXT): \
+  private OBJ_CXX = $(FAST_CXX)
 
 # The library's files that parse and print (JSON manifests, plans, configs,
 # headers, locks, specs, the commit protocol, the pool's and arena's reports),
@@ -348,13 +365,14 @@ LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/json util/log util/err
   shard/manifest shard/safetensors shard/lock shard/commit shard/init shard/disk shard/verify shard/reshard \
   shard/hf shard/llmc shard/model shard/llama train/run plan/plan io/config mem/arena mem/pool)
 $(LIB_O0_OBJS): CXXFLAGS += -O0
+$(LIB_O0_OBJS): private OBJ_CXX = $(FAST_CXX)
 $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 
 # The stamp holds the per-file choices too: an object that leaves the
 # precompiled header has a dependency file that names none of the headers the
 # .gch held (GCC lists only what it read as text), so only a rebuild makes it
 # whole again.
-FLAGS_NOW := $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O0: $(PROGRAM_O0_OBJS) $(TEST_O0_OBJS) $(LIB_O0_OBJS) -O1: $(TEST_O1_OBJS) $(LIB_O1_OBJS)
+FLAGS_NOW := $(CXX) $(FAST_CXX) $(CPPFLAGS) $(CXXFLAGS) $(LDFLAGS) $(LDLIBS) pch: $(PROGRAM_OBJS) -O0: $(PROGRAM_O0_OBJS) $(TEST_O0_OBJS) $(LIB_O0_OBJS) -O1: $(TEST_O1_OBJS) $(LIB_O1_OBJS)
 ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
 $(shell mkdir -p $(BUILD))
 $(file >$(FLAGS_STAMP),$(FLAGS_NOW))

@@ -28,7 +28,7 @@ if [[ ${1:-} == --exec ]]; then
     [[ ${args[i]} == -o ]] && out=${args[i + 1]}
   done
   case $out in
-  *.o | *.gch) kind=compile ;;
+  *.o | *.gch | *.pch) kind=compile ;;
   *) kind=link ;;
   esac
   start=${EPOCHREALTIME/,/.}

@@ -4,13 +4,14 @@
 #   scripts/deps.sh --check   exit 0 when everything is installed, 1 otherwise, and
 #                             name what is missing on stderr
 #   scripts/deps.sh --fuzz [--check]   the same, with what `make fuzz` adds
-#                             (clang, libFuzzer's runtime); `make test` needs none of it
+#                             (libFuzzer's runtime, OpenMP for clang); `make test` needs none of it
 # CUDA and NCCL are not Debian packages: they come with the CUDA toolkit in
 # /usr/local/cuda, and the build works without them.
 set -euo pipefail
 
 packages=(
   build-essential pkg-config
+  clang              # the tests' and the programs' option files (the Makefile's FAST_CXX): half GCC's CPU at -O0
   liburing-dev       # io engine
   libxxhash-dev      # checksums
   librandom123-dev   # Philox, the counter-based generator of initial values
@@ -27,7 +28,7 @@ packages=(
   gnuplot-nox        # scripts/plot.sh
 )
 
-fuzz_packages=(clang libclang-rt-dev libomp-dev)  # make fuzz: clang, libFuzzer, OpenMP for clang
+fuzz_packages=(libclang-rt-dev libomp-dev)  # make fuzz: libFuzzer, OpenMP for clang
 if [[ ${1:-} == --fuzz ]]; then
   packages+=("${fuzz_packages[@]}")
   shift

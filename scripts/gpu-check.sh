@@ -554,6 +554,9 @@ build() {
         args+=(NO_MPI=1)
     fi
     [[ $cxx == g++ ]] || args+=("CXX=$cxx")
+    # One compiler for every file: a clang on the host is of a version
+    # nobody here built with (the Makefile would take it for the tests).
+    args+=("FAST_CXX=$cxx")
     # NCCL from the python wheel: its header for the build (the Makefile's
     # NCCL_H, CPATH for the compiler).
     if [[ -n $nccl_header && $nccl_header != "$cuda_home"/include/nccl.h ]]; then

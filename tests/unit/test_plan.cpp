@@ -581,7 +581,9 @@ BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
          {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", 1e300}}})}}},
         {"optbench traffic 1e300", {{"schema", "zinf.optbench/1"}, {"kind", "update"}, {"traffic_gibps", 1e300}}},
     };
-    for (const auto& [what, record] : bad) {
+    for (const auto& item : bad) {
+        const std::string& what = item.first;  // (not a structured binding: clang 14's lambdas cannot take one)
+        const json::Json& record = item.second;
         Hardware h;
         const std::string msg = testing::what_of<DataError>([&] { read_bench(record, "bench-" + what, h); }, what);
         BOOST_TEST(testing::contains(msg, "bench-" + what), what << ": " << msg);

@@ -719,7 +719,7 @@ BOOST_AUTO_TEST_CASE(rank_dirs_place_each_ranks_files_and_are_checked) {
              {{"/a", "/b"}, 3, "not 2"},
              {{"/a", "/a/"}, 2, "share"},
              {{}, 2, "not 0"}}) {
-        const std::string msg = what_of<UsageError>([&] { (void)expand_rank_dirs(given, dp); }, says);
+        const std::string msg = what_of<UsageError>([&g = given, d = dp] { (void)expand_rank_dirs(g, d); }, says);
         BOOST_TEST(contains(msg, says), msg);
     }
     // The reader refuses what would put a rank's files anywhere else.
