@@ -16,6 +16,8 @@
 # Options: NO_CUDA=1 NO_MPI=1 V=1 (show commands) DEBUG=1
 #          SANITIZE=address,undefined | SANITIZE=thread (CPU-only, into build/san-<name>/;
 #          `make test SANITIZE=...` runs every unit and MPI suite under it)
+#          FAST_CXX=g++ (the tests and the programs' option files are clang's
+#          where it is installed: half the CPU; FAST_CXX below says why)
 
 VERSION := 0.1.0
 PREFIX ?= /usr/local
@@ -33,6 +35,21 @@ CXX ?= g++
 ifeq ($(origin CXX),default)
 CXX := g++
 endif
+
+# FAST_CXX: the compiler for the files whose own code declares, checks and
+# prints (the programs' option files, the tests; the lists are below). They
+# are template-heavy (CLI11, nlohmann/json, Boost.Test) and built -O0 or -O1,
+# where clang's front end and code generator take half of GCC's CPU time
+# (BENCHMARKS.md, "A build in minutes"); it links against the same libstdc++,
+# and the library, whose kernels' bits are GCC's, stays GCC's. clang++ when
+# CXX is the default g++ and clang is installed; CXX otherwise, and always
+# under a sanitizer (one compiler's runtime per binary). FAST_CXX=g++ opts out.
+ifeq ($(origin FAST_CXX),undefined)
+FAST_CXX := $(if $(SANITIZE)$(filter-out g++,$(CXX)),$(CXX),$(or $(shell command -v clang++ 2>/dev/null),$(CXX)))
+endif
+# clang's precompiled headers are NAME.pch, GCC's NAME.gch; each compiler finds
+# its own beside the header that -include names.
+PCH_EXT := $(if $(findstring clang,$(notdir $(FAST_CXX))),pch,gch)
 
 Q := $(if $(V),,@)
 # A command put before every compile and link (scripts/build-times.sh times them).
@@ -82,6 +99,7 @@ $(info $(call have,$(NVCC)) nvcc      $(or $(NVCC),not found$(if $(NO_CUDA), (NO
 $(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
 $(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
 $(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
+$(info $(call have,$(findstring clang,$(FAST_CXX))) clang     $(if $(findstring clang,$(FAST_CXX)),$(FAST_CXX) (the tests and the programs' option files),not used: $(FAST_CXX) builds everything))
 $(info $(call have,$(SENTENCEPIECE)) SentencePiece $(if $(SENTENCEPIECE),found,not found (zinf-sample takes token ids then)))
 endif
 endif
@@ -100,20 +118,6 @@ CXXFLAGS += -O0 -g3
 else
 CXXFLAGS += -O2 -g1 -march=x86-64-v2
 endif
-# FAST_CXX: the compiler for the files whose own code declares, checks and
-# prints (the programs' option files, the tests; the lists are below). They
-# are template-heavy (CLI11, nlohmann/json, Boost.Test) and built -O0 or -O1,
-# where clang's front end and code generator take half of GCC's CPU time
-# (BENCHMARKS.md, "A build in minutes"); it links against the same libstdc++,
-# and the library, whose kernels' bits are GCC's, stays GCC's. clang++ when
-# CXX is the default g++ and clang is installed; CXX otherwise, and always
-# under a sanitizer (one compiler's runtime per binary). FAST_CXX=g++ opts out.
-ifeq ($(origin FAST_CXX),undefined)
-FAST_CXX := $(if $(SANITIZE)$(filter-out g++,$(CXX)),$(CXX),$(or $(shell command -v clang++ 2>/dev/null),$(CXX)))
-endif
-# clang's precompiled headers are NAME.pch, GCC's NAME.gch; each compiler finds
-# its own beside the header that -include names.
-PCH_EXT := $(if $(findstring clang,$(notdir $(FAST_CXX))),pch,gch)
 ifneq ($(SANITIZE),)
 # -O1 under a sanitizer, as its manual advises: a fifth less compile than -O2,
 # and no access it instruments optimised away (the -O3 files keep theirs).
