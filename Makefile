@@ -462,7 +462,7 @@ fuzz-syntax-run: $(patsubst %.cpp,$(BUILD)/syntax/%.ok,$(FUZZ_SRCS) $(if $(filte
 $(BUILD)/syntax/headers.ok: $(PUBLIC_HEADERS) $(wildcard libzinf/src/*/*.hpp) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  SYNTAX  every header of libzinf")
-	$(Q)printf '#include "%s"\n' $(abspath $(filter %.hpp,$^)) | $(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - && touch $@
+	$(Q)printf '#include "%s"\n' $(abspath $(filter %.hpp,$^)) | $(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - -MF /dev/null && touch $@
 $(BUILD)/syntax/%.ok: %.cpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  SYNTAX  $<")
