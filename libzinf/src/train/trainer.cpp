@@ -190,17 +190,19 @@ static zero::OptimizerOptions optimizer_options(const Options& opts) {
 
 // The optimizer opened: its read-ahead said once. A default budget leaves
 // room for what a host-memory device (the cpu backend, whose pages are
-// taken as used) will still touch: `device_more` bytes.
+// taken as used) will still touch: `device_more` bytes. The disk's
+// bandwidths set the floor only, not the update's depths
+// (OptimizerOptions::disk): the deeper read/write split they would give,
+// in smaller pieces, was measured no faster than the default 3 slots
+// (BENCHMARKS.md, issue 28); zinf-optbench --config measures it still.
 void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo,
                                    std::uint64_t device_more) {
     if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
-    zo.disk = disk;
     optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
     const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
     if (rank != 0 || state == 0) return;
     log::info("optimizer: the update reads " + std::to_string(optim->read_depth()) + " chunk(s) ahead and writes " +
-              std::to_string(optim->write_depth()) + " behind, pieces of " + format_size(optim->chunk_bytes()) +
-              (disk.read_bps > 0 ? " (depths from the disk's bandwidths)" : " (no disk bandwidth known)"));
+              std::to_string(optim->write_depth()) + " behind, pieces of " + format_size(optim->chunk_bytes()));
     if (zo.readahead == 0)
         log::info("optimizer: no read-ahead (--optimizer-readahead 0): a step after a clipped one reads its " +
                   format_size(state) + " of master weights and moments after backward");

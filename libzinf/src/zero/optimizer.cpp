@@ -235,10 +235,12 @@ void Optimizer::Impl::setup_grad() {
     ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
     // Through the page cache, unlike every state file: the gradients are
     // read back within the step and never need to be durable, so they
-    // need not reach the drive at all while memory has room for them (the
-    // kernel writes them back, and drops them, when it has not). Direct
-    // writes would put them in the drive's write cache, and every step's
-    // commit would flush them to the medium with the state.
+    // need not reach the drive while they stay under the kernel's dirty
+    // limits (it writes dirty pages back past vm.dirty_background_ratio,
+    // 10% of memory, or after 30 s, memory free or not: gpt2-1.5b's 6.2 GB
+    // reach the drive every step; BENCHMARKS.md, issue 28). Direct writes
+    // would put them in the drive's write cache, and every step's commit
+    // would flush them to the medium with the state.
     g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
 }
 
