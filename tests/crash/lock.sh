@@ -42,10 +42,7 @@ for ((i = 0; i < trials; i++)); do
   "$TR" --manifest "$T/manifest.jsonl" --steps 1000000 --resume "${R[@]}" >"$W/holder.out" 2>"$W/holder.err" &
   pid=$!
   # Held once the lock file records the holder (it writes that after its flock).
-  for ((w = 0; w < 400; w++)); do
-    grep -q "\"pid\":$pid[,}]" "$T/.zinf-lock" 2>/dev/null && break
-    sleep 0.05
-  done
+  wait_holder "$T" "$pid"
   below 1000
   sleep "0.$(printf '%03d' "$REPLY")"
   below ${#contenders[@]}

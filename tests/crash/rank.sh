@@ -73,22 +73,22 @@ wait $p
 echo "$? $EPOCHREALTIME" >"$d/rc.$r"
 EOF
 
-now() { echo "${EPOCHREALTIME/./}"; } # microseconds
+now() { echo "${EPOCHREALTIME/./}"; } # microseconds (a fork: the polling loop below reads EPOCHREALTIME itself)
 # wait_for FILE_TEST MS: polls every 10 ms until the test passes (0) or MS pass (1).
 wait_until() {
   local ms=$1 t=0
   shift
   until "$@"; do
     ((t++ >= ms / 10)) && return 1
-    sleep 0.01
+    nap 0.01
   done
 }
 has_pids() { local r; for ((r = 0; r < np; r++)); do [[ -s $D/pid.$r ]] || return 1; done; }
-has_line() { [[ -s $D/out.0 ]] && grep -q '"step"' "$D/out.0"; }
+has_line() { file_has "$D/out.0" '"step"'; }
 # alive PID: running or stopped; a zombie (dead, not yet reaped by the launcher) is not.
 alive() {
-  local stat
-  stat=$(cut -d ' ' -f 3 "/proc/$1/stat" 2>/dev/null) && [[ $stat != Z && $stat != X ]]
+  local -a stat
+  read -r -a stat <"/proc/$1/stat" 2>/dev/null && [[ ${stat[2]} != Z && ${stat[2]} != X ]]
 }
 
 launchers_left=0
@@ -185,14 +185,14 @@ for ((i = 0; i < trials; i++)); do
   all_ended='' launcher_left=0
   while alive "$mpid"; do
     for ((r = 0; r < np; r++)); do
-      [[ -n ${pids[r]} && -z ${ended[$r]:-} ]] && ! alive "${pids[r]}" && ended[$r]=$(now)
+      [[ -n ${pids[r]} && -z ${ended[$r]:-} ]] && ! alive "${pids[r]}" && ended[$r]=${EPOCHREALTIME/./}
     done
     # Open MPI 4.1.4's mpirun may wait on after every rank has ended when one
     # died inside MPI_Init (seen with --enable-recovery, and once in ~10
     # plain init trials: seed 5009): the launcher's, not a rank's hang. It is
     # stopped 3 s later; the trial's line and the summary count it.
-    if [[ -z $all_ended ]] && ((${#ended[@]} == np)); then all_ended=$(now); fi
-    if [[ -n $all_ended ]] && (($(now) - all_ended > 3000000)); then
+    if [[ -z $all_ended ]] && ((${#ended[@]} == np)); then all_ended=${EPOCHREALTIME/./}; fi
+    if [[ -n $all_ended ]] && ((${EPOCHREALTIME/./} - all_ended > 3000000)); then
       launcher_left=1
       kill -TERM "$mpid" 2>/dev/null
       sleep 1
@@ -202,7 +202,7 @@ for ((i = 0; i < trials; i++)); do
       for ((r = 0; r < np; r++)); do ((r == victim)) || [[ -n ${ended[$r]:-} ]] || rest=0; done
       ((rest)) && kill -KILL "${pids[victim]}" 2>/dev/null
     fi
-    sleep 0.02
+    nap 0.02
   done
   wait "$mpid"
   mrc=$?

@@ -11,11 +11,12 @@ FAST=(-n 3 -w 1 --rounds 1)
 
 # mpirun refuses root unless told, and a 2-core machine has fewer cores than ranks.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# mpi NP CMD...: CMD under mpirun -np NP; a hang is a failure, not a stuck suite.
+# mpi NP CMD...: CMD under mpirun -np NP; a hang is a failure, not a stuck
+# suite: past 60 s, or $limit s for a launch that measures many tables.
 mpi() {
   local np=$1
   shift
-  timeout -k 5 60 mpirun -np "$np" "$@"
+  timeout -k 5 "${limit:-60}" mpirun -np "$np" "$@"
 }
 
 # The data rows of a table (every line without '#').
@@ -158,16 +159,32 @@ if ! command -v mpirun >/dev/null 2>&1; then
   check() { skip "$1" "mpirun is not installed"; }
 fi
 
-# --- --check for every op, f32 and bf16, every reduction; 1K..256K is 9 sizes
+# --- --check for every op, f32 and bf16, every reduction; 1K..256K is 9 sizes.
+# One launch per rank count measures them all, a table each (an mpirun -np 4
+# costs about a CPU-second to start: 14 launches per count cost 20 CPU-s);
+# each table is judged on its own, as its own launch was.
+# table OUT NP OP DTYPE [RED]: OUT's table of that op, dtype and reduction,
+# from its header to the next table's.
+table() {
+  awk -v want=": $3 over $2 ranks, $4${5:+, $5}" '
+    /^# zinf-commbench / { on = substr($0, length($0) - length(want) + 1) == want }
+    on' <<<"$1"
+}
 for np in 2 4; do
+  limit=$((14 * 60)) run mpi "$np" "$CB" --op allgather,reduce-scatter,allreduce -d f32,bf16 -r sum,avg,max -c -b 1K -e 256K "${FAST[@]}"
+  all=$out
+  check "np $np: -o, -d and -r lists: 14 tables from one launch, in the order op, dtype, reduction; allgather once per dtype" \
+    test "$(grep '^# zinf-commbench ' <<<"$all" | sed 's/.*: //' | tr '\n' ';')" = "$(for op in allgather reduce-scatter allreduce; do
+      for dt in f32 bf16; do if [[ $op == allgather ]]; then echo "allgather over $np ranks, $dt"; else
+        for red in sum avg max; do echo "$op over $np ranks, $dt, $red"; done; fi; done; done | tr '\n' ';')"
   for op in allgather reduce-scatter allreduce; do
     for dt in f32 bf16; do
       reds=(sum avg max)
       [[ $op == allgather ]] && reds=(sum)
       for red in "${reds[@]}"; do
-        run mpi "$np" "$CB" --op "$op" -d "$dt" -r "$red" -c -b 1K -e 256K "${FAST[@]}"
         name="np $np $op $dt${red:+ $red}: --check exits 0, 9 rows, #wrong 0 on every row"
-        [[ $op == allgather ]] && name="np $np $op $dt: --check exits 0, 9 rows, #wrong 0 on every row"
+        [[ $op == allgather ]] && name="np $np $op $dt: --check exits 0, 9 rows, #wrong 0 on every row" red=
+        out=$(table "$all" "$np" "$op" "$dt" "$red")
         if checked_ok 9; then pass "$name"; else fail "$name" "exit $rc; stdout: ${out:0:800}; stderr: ${err:0:400}"; fi
       done
     done
@@ -210,13 +227,13 @@ expect_rc 64 "np 4 -b 2 -e 12 (no whole f32 element per rank) is a usage error"
 check "…said on stderr, nothing on stdout" \
   bash -c '[[ -z $1 && $2 == *"holds one f32 element per rank"* ]]' _ "$out" "$err"
 
-# --- busbw / algbw per op, from JSON's full precision
+# --- busbw / algbw per op, from JSON's full precision (one launch per count)
 for np in 2 4; do
+  limit=$((3 * 60)) run mpi "$np" "$CB" --op allgather,reduce-scatter,allreduce -b 1K -e 64K "${FAST[@]}" --json
   for op in allgather reduce-scatter allreduce; do
-    run mpi "$np" "$CB" --op "$op" -b 1K -e 64K "${FAST[@]}" --json
     f=$(awk -v n="$np" -v op="$op" 'BEGIN { f = (n - 1) / n; if (op == "allreduce") f *= 2; printf "%.17g", f }')
     check "np $np $op: busbw_gbps / algbw_gbps = $f, algbw_gbps = bytes / time" \
-      jq -e -s --argjson f "$f" --argjson n "$np" 'length == 7 and all(.[];
+      jq -e -s --argjson f "$f" --argjson n "$np" --arg op "$op" 'map(select(.op == $op)) | length == 7 and all(.[];
         .ranks == $n and .algbw_gbps > 0 and ((.busbw_gbps / .algbw_gbps) - $f | fabs) <= 1e-9
         and ((.bytes / .time_us / 1000) - .algbw_gbps | fabs) <= 1e-9 * .algbw_gbps)' <<<"$out"
   done

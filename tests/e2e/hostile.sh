@@ -181,7 +181,7 @@ for sig in TERM INT; do
   sleep 0.3
   kill -$sig $pid
   t=0
-  while kill -0 $pid 2>/dev/null && ((t++ < 50)); do sleep 0.1; done
+  while kill -0 $pid 2>/dev/null && ((t++ < 50)); do nap 0.1; done
   if kill -0 $pid 2>/dev/null; then
     kill -9 $pid
     fail "inspect -m FIFO (no writer) ends on SIG$sig" "still waiting 5 s later"

@@ -20,6 +20,39 @@ fi
 trap 'for c in "${_cleanups[@]}"; do eval "$c"; done; rm -rf "$TMP"' EXIT
 on_exit() { _cleanups+=("$1"); }
 
+# nap SECONDS: a pause that starts no program, for polling loops. `sleep 0.01`
+# forks and execs, as does a `$(wc -l <f)` or `grep -q` test beside it: on this
+# 2-core VM under make test's load a turn of such a loop cost about 37 ms of
+# CPU (200 turns: 7.5 CPU-s); read -t on a pipe that nothing writes to waits
+# as long with builtins only (200 turns: 0.05 CPU-s).
+exec {_nap_fd}<> <(:)
+nap() { read -r -t "$1" -u "$_nap_fd" _ || true; }
+# lines_in FILE: its number of lines in $REPLY (0 if unreadable), without wc.
+lines_in() {
+  local -a l=()
+  mapfile -t l <"$1" 2>/dev/null
+  REPLY=${#l[@]}
+}
+# file_has FILE TEXT: a line of FILE contains TEXT (grep -qF without a program).
+file_has() {
+  local l
+  [[ -r $1 ]] || return 1
+  while IFS= read -r l || [[ -n $l ]]; do [[ $l == *"$2"* ]] && return 0; done <"$1"
+  return 1
+}
+# wait_holder DIR PID: until DIR's lock file records PID as its holder (a
+# program that has started and taken its lock); false after 60 s or once
+# PID has ended.
+wait_holder() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    file_has "$1/.zinf-lock" "\"pid\":$2," || file_has "$1/.zinf-lock" "\"pid\":$2}" && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    nap 0.1
+  done
+  return 1
+}
+
 _pass=0 _fail=0 _skip=0
 pass() { echo "ok   - $1"; _pass=$((_pass + 1)); }
 fail() { echo "FAIL - $1${2:+: $2}"; _fail=$((_fail + 1)); }

@@ -14,17 +14,6 @@ on_exit "rm -rf '$W'"
 head -c 20000 "$ROOT/man/zinf-shard.1" >"$W/corpus.txt"
 TA=(--text "$W/corpus.txt" --batch 2 --seq 16 --threads 1 --json "${POOL[@]}")
 train() { "$TR" "${TA[@]}" "$@"; }
-# wait_holder DIR PID: until DIR's lock file records PID as its holder (a
-# program that has started and taken its lock); false after 60 s.
-wait_holder() {
-  local i
-  for ((i = 0; i < 600; i++)); do
-    grep -q "\"pid\":$2[,}]" "$1/.zinf-lock" 2>/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
 
 # --- 1. No lock (data loss) ------------------------------------------------
 # Probe: two zinf-train runs on one manifest, started together: in 2 of 4

@@ -30,7 +30,7 @@ interrupt() {
   : >"$o"
   "$TR" "$@" >"$o" 2>"$o.err" &
   local pid=$!
-  while kill -0 "$pid" 2>/dev/null && (($(wc -l <"$o") < lines && t++ < 2000)); do sleep 0.01; done
+  while kill -0 "$pid" 2>/dev/null && lines_in "$o" && ((REPLY < lines && t++ < 2000)); do nap 0.01; done
   kill -"$sig" "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null  # no "Killed" notice
   rc=$?
