@@ -67,6 +67,8 @@ void enqueue_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> t
 // allgather (gather) or reduce_scatter; 0 where comm needs none.
 std::uint64_t flat_bytes(const comm::Communicator& comm, comm::Kind kind, std::span<const std::uint64_t> numels,
                          comm::DType dtype);
+// The same as a backend that lays buckets flat (nccl) would over `dp` ranks.
+std::uint64_t laid_flat_bytes(comm::Kind kind, std::span<const std::uint64_t> numels, comm::DType dtype, unsigned dp);
 
 // ---------------------------------------------------------------------------
 // The tiered optimizer step (paper §5.2.2, §6.4): each rank updates the
@@ -491,6 +493,12 @@ public:
     };
     static Need need(const shard::Manifest& m, std::span<const Module* const> modules,
                      const InfinityOptions& opts);
+    // Need::flat for NCCL at `dp` (comm::laid_flat_bytes), from the modules
+    // and every tensor's numel alone: what zinf-plan adds to a device's need
+    // before there is a manifest or a communicator. 0 at dp 1.
+    static std::uint64_t nccl_flat_bytes(std::span<const Module* const> modules,
+                                         std::span<const std::uint64_t> numels, unsigned dp,
+                                         shard::DType param_dtype);
 
     // A pass: a training step's forward and backward (gradients handed to the
     // optimizer) or an evaluation's forward. end() waits for every stage and

@@ -136,6 +136,17 @@ struct TraceEntry {
 // Every parameter of the manifest as this rank keeps it (no memory yet).
 std::vector<ParamState> describe_params(const shard::Manifest& m, std::span<const Module* const> modules,
                                         const InfinityOptions& opts, unsigned rank);
+// The largest bucket a run's collectives lay flat (InfinityEngine::Need's
+// flat, flat_module, flat_gradients), `bytes_of` saying what one bucket of
+// tensors of these sizes takes (0: not laid flat).
+struct Bucket {
+    std::uint64_t bytes = 0;
+    std::string module;
+    bool gradients = false;
+};
+using BucketBytes = std::function<std::uint64_t(comm::Kind, std::span<const std::uint64_t>, comm::DType)>;
+Bucket largest_bucket(std::span<const Module* const> modules, std::span<const std::uint64_t> numels,
+                      shard::DType param_dtype, const BucketBytes& bytes_of);
 // The bytes of one fetch of `mod` (see fetch.cpp), and its slots.
 std::uint64_t block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
                           bool grads, std::vector<Slot>* slots);
