@@ -45,6 +45,7 @@ std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m
         p.dt = shard::dtype_bytes(m.opts.param_dtype);
         p.tier = m.opts.param_tier;
         p.persistent = p.numel < opts.persist_below;
+        p.keep_bf16 = opts.bf16_weights && m.opts.param_dtype == shard::DType::bf16 && m.tensors[t].shape.size() >= 2;
     }
     for (const Module* mod : modules) {
         for (std::size_t t : mod->params()) {
@@ -521,19 +522,32 @@ void InfinityEngine::after_backward(const Module& m) {
     I.fetch.current.erase(it);
 }
 
-std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
-    Impl& I = *impl_;
-    auto& p = I.params.at(param);
-    if (p.persistent)
-        return {reinterpret_cast<const float*>(p.persist.data() + detail::values_layout(p, I.dp, I.bf16).full), p.numel};
-    const Fetch* f = I.fetch_of(m);
-    if (!f) throw InternalError("engine: " + m.name() + " asked for a weight outside its hooks");
+std::span<const std::byte> Impl::full_values(const Module& mod, std::size_t param) const {
+    const auto& p = params.at(param);
+    const std::uint64_t bytes = p.numel * (p.keep_bf16 ? 2 : 4);
+    if (p.persistent) return {p.persist.data() + detail::values_layout(p, dp, bf16).full, bytes};
+    const Fetch* f = fetch_of(mod);
+    if (!f) throw InternalError("engine: " + mod.name() + " asked for a weight outside its hooks");
     for (const Slot& s : f->slots)
         if (s.param == param && s.values_at != kNone)
-            return {reinterpret_cast<const float*>(
-                        I.ring.places.bytes(f->place.at + s.values_at + s.values.full, 4).data()),
-                    p.numel};
-    throw InternalError("engine: " + m.name() + "'s fetch has no buffer for " + I.m.tensors[param].name);
+            return ring.places.bytes(f->place.at + s.values_at + s.values.full, bytes);
+    throw InternalError("engine: " + mod.name() + "'s fetch has no buffer for " + m.tensors[param].name);
+}
+
+std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    if (I.params.at(param).keep_bf16)
+        throw InternalError("engine: " + m.name() + " asked for " + I.m.tensors[param].name +
+                            " in fp32; it is kept bf16 (read it through stored())");
+    const auto v = I.full_values(m, param);
+    return {reinterpret_cast<const float*>(v.data()), v.size() / 4};
+}
+
+std::span<const std::uint16_t> InfinityEngine::weight_bf16_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    if (!I.params.at(param).keep_bf16) return {};
+    const auto v = I.full_values(m, param);
+    return {reinterpret_cast<const std::uint16_t*>(v.data()), v.size() / 2};
 }
 
 std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {
