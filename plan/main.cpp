@@ -113,6 +113,7 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     row("mswm_bytes", format_size(r.mswm_bytes), r.w.spec.llama() ? "4 hd ffn / tile" : "4 hd 4hd / tile");
     row("awm_bytes", format_size(r.awm_bytes),
         r.w.spec.llama() ? "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)" : "bsz seq ci (16 hd + 2 heads seq)");
+    row("flat_bytes", format_size(r.flat_bytes), "NCCL's flat bucket area at dp > 1: the largest bucket");
     std::printf("#\n# bandwidth (§4): arithmetic intensity, and the bandwidth each needs for the target\n");
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.0f", r.ait_param);

@@ -377,7 +377,8 @@ void dp_is_one_rank(const Layout& l, double clip, const char* title, bool reside
 // byte for byte. (The gradients are reduce-scattered per module instead of in
 // one bucket; zinf's reduce-scatter sums each element in rank order whatever
 // the bucket, so the bits cannot tell.)
-void tiers_equal_resident_at_dp(DType dt) {
+void tiers_equal_resident_at_dp(DType dt, device::Precision precision = device::Precision::fp32) {
+    const auto arithmetic = [&](device::Device&, train::Options& o) { o.precision = precision; };
     SharedDir dir;
     const std::uint64_t s = shared_seed("engine tiers at dp N");
     const auto spec = shard::ModelSpec::parse(kGPT);
@@ -394,17 +395,18 @@ void tiers_equal_resident_at_dp(DType dt) {
     if (!every_rank_ran(
             [&] {
                 shard::Manifest m = shard::read_manifest_file(dir.root + "/resident/manifest.jsonl");
-                ref = train_run(m, world(), rig, tokens, me(), dp(), kB, 0.5, true);
+                ref = train_run(m, world(), rig, tokens, me(), dp(), kB, 0.5, true, arithmetic);
                 for (Tier t : tiers) {
                     shard::Manifest mt =
                         shard::read_manifest_file(dir.root + "/" + shard::tier_name(t) + "/manifest.jsonl");
-                    got.push_back(train_run(mt, world(), rig, tokens, me(), dp(), kB, 0.5, false));
+                    got.push_back(train_run(mt, world(), rig, tokens, me(), dp(), kB, 0.5, false, arithmetic));
                 }
             },
             "the runs"))
         return;
     for (std::size_t i = 0; i < got.size(); ++i) {
-        const std::string what = where() + " " + shard::dtype_name(dt) + ", engine on " + shard::tier_name(tiers[i]);
+        const std::string what = where() + " " + shard::dtype_name(dt) + " " + device::precision_name(precision) +
+                                 " arithmetic, engine on " + shard::tier_name(tiers[i]);
         BOOST_TEST(got[i].logs.size() == ref.logs.size(), what);
         for (std::size_t k = 0; k < std::min(got[i].logs.size(), ref.logs.size()); ++k) {
             BOOST_TEST(std::bit_cast<std::uint64_t>(got[i].logs[k].loss) == std::bit_cast<std::uint64_t>(ref.logs[k].loss),
@@ -621,6 +623,13 @@ void stream_ordered_equals_host_jobs(DType dt, Tier tier) {
 BOOST_AUTO_TEST_SUITE(engine_tiers)
 
 BOOST_AUTO_TEST_CASE(bf16_tiers_equal_resident) { tiers_equal_resident_at_dp(DType::bf16); }
+
+// bf16 arithmetic: the engine gathers the matrices and tables as bf16 into
+// bf16 buffers and its GEMMs read them so; the resident reference holds
+// their fp32 copies and rounds them at each GEMM. The same bits.
+BOOST_AUTO_TEST_CASE(bf16_weights_equal_resident) {
+    tiers_equal_resident_at_dp(DType::bf16, device::Precision::bf16);
+}
 
 // The engine's collectives enqueued on the device's collectives stream (the
 // path NCCL takes on the cuda backend) against host jobs (MPI on cpu).

@@ -335,6 +335,58 @@ BOOST_AUTO_TEST_CASE(bias_embedding_residual_accumulate, *utf::precondition(GpuP
     expect_same_bits(*p.gpu, bias_fn, "bias");
 }
 
+// Weights stored bf16 (the engine's under Precision::bf16): a GEMM of a
+// bf16 B (A rounded into the device's staging, bf16 x bf16 -> fp32) against
+// the cpu backend's within bf16's tolerance, and against cuda's own GEMM of
+// B's fp32 copy within it too; one whose A does not fit the staging at once
+// (row blocks); two runs the same bits. The embedding from bf16 tables: the
+// cpu backend's bits.
+BOOST_AUTO_TEST_CASE(bf16_weights_in_gemm_and_embedding, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("bf16 weights"));
+    Pair p;
+    auto halves = [](const Vf& v) {
+        V16 h(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
+        return h;
+    };
+    for (const Gemm& g0 : {Gemm{.m = 37, .n = 53, .k = 29}, Gemm{.tb = true, .m = 64, .n = 96, .k = 128, .beta = 1},
+                           Gemm{.m = 20, .n = 30, .k = 40, .lda = 44, .ldc = 31, .alpha = 0.5f},
+                           Gemm{.tb = true, .m = 2048, .n = 64, .k = 4096}}) {  // A is 16 MiB in bf16
+        Gemm g = g0;
+        g.inputs = Precision::bf16;
+        const u64 lda = g.lda ? g.lda : g.k, ldc = g.ldc ? g.ldc : g.n;
+        const Vf a = randn((g.m - 1) * lda + g.k, rng), c0 = randn((g.m - 1) * ldc + g.n, rng);
+        const V16 b = halves(randn(g.n * g.k, rng));
+        auto fn = [&](Device& d) -> Outputs {
+            auto da = up(d, a), dc = up(d, c0);
+            auto db = up(d, b);
+            d.gemm(d.compute(), g, da, std::span<const std::uint16_t>(db), dc);
+            return {{"C", down(d, dc)}};
+        };
+        const std::string what = "gemm of a bf16 B, m " + std::to_string(g.m) + " k " + std::to_string(g.k);
+        expect_all(p.run(fn), what, false, 1e-2);
+        expect_same_bits(*p.gpu, fn, what);
+        Vf wide(b.size());
+        for (std::size_t i = 0; i < b.size(); ++i) wide[i] = from_bf16(b[i]);
+        auto da = up(*p.gpu, a), db = up(*p.gpu, wide), dc = up(*p.gpu, c0);
+        p.gpu->gemm(p.gpu->compute(), g, da, db, dc);
+        expect_close(fn(*p.gpu).at("C"), down(*p.gpu, dc), what + " against B's fp32 copy", false, 1e-2);
+    }
+    const u64 B = 3, T = 17, C = 72, V = 101;
+    const Vi tok = random_tokens(B * T, V, rng);
+    const V16 wte = halves(randn(V * C, rng)), wpe = halves(randn(T * C, rng));
+    auto embedding = [&](Device& d) -> Outputs {
+        auto out = poisoned(d, B * T * C), bare = poisoned(d, B * T * C);
+        auto dt = up(d, tok);
+        auto te = up(d, wte), pe = up(d, wpe);
+        d.embedding_forward(d.compute(), out, dt, std::span<const std::uint16_t>(te), std::span<const std::uint16_t>(pe),
+                            B, T, C, V);
+        d.embedding_forward(d.compute(), bare, dt, std::span<const std::uint16_t>(te), {}, B, T, C, V);
+        return {{"out", down(d, out)}, {"without positions", down(d, bare)}};
+    };
+    expect_all(p.run(embedding), "embedding of bf16 tables", true);
+}
+
 BOOST_AUTO_TEST_CASE(layernorm_and_gelu, *utf::precondition(GpuPresent())) {
     std::mt19937_64 rng(fresh_seed("layernorm gelu"));
     Pair p;

@@ -393,6 +393,81 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
     }
 }
 
+// Weights stored bf16 (the engine's under Precision::bf16): a GEMM of a
+// bf16 B gives the bits of the bf16-input GEMM on B's fp32 copy (packed,
+// transposed, padded rows, beta), and so does the Weight dispatch; the
+// embedding from bf16 tables the bits of the fp32 embedding from their
+// widened copies, with and without a position table. A bf16 B refuses fp32
+// inputs, a transposed A and a batch; tables of two dtypes are refused.
+BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
+    std::mt19937_64 rng(fresh_seed("bf16 weights"));
+    Rig r;
+    auto halves = [](const Vf& v) {
+        std::vector<std::uint16_t> h(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
+        return h;
+    };
+    auto widened = [](const std::vector<std::uint16_t>& h) {
+        Vf v(h.size());
+        for (std::size_t i = 0; i < h.size(); ++i) v[i] = from_bf16(h[i]);
+        return v;
+    };
+    for (Gemm g : {Gemm{.m = 33, .n = 40, .k = 300}, Gemm{.tb = true, .m = 8, .n = 12, .k = 200, .beta = 1},
+                   Gemm{.m = 5, .n = 7, .k = 150, .lda = 160, .ldb = 9, .ldc = 11, .alpha = 0.5f, .beta = -1}}) {
+        g.inputs = Precision::bf16;
+        const GemmShape sh = shape_of(g);
+        const u64 na = (g.m - 1) * sh.lda + g.k, nb = ((g.tb ? g.n : g.k) - 1) * sh.ldb + (g.tb ? g.k : g.n);
+        const Vf a = randn(na, rng), c = randn((g.m - 1) * sh.ldc + g.n, rng);
+        const auto b16 = halves(randn(nb, rng));
+        auto da = r.up(a), db = r.up(widened(b16)), dc = r.up(c), d16 = r.up(c), dw = r.up(c);
+        auto db16 = r.up(b16);
+        r->gemm(r.s(), g, da, db, dc);
+        r->gemm(r.s(), g, da, std::span<const std::uint16_t>(db16), d16);
+        r->gemm(r.s(), g, da, Weight{.bf16 = db16}, dw);
+        BOOST_TEST_CONTEXT("tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
+            const Vf want = r.down(dc);
+            BOOST_TEST(same_bits(r.down(d16), want));
+            BOOST_TEST(same_bits(r.down(dw), want));
+            BOOST_TEST(!same_bits(want, c));  // it was written
+        }
+    }
+    {
+        auto a = r.up(randn(64, rng)), c = r.up(randn(64, rng));
+        auto b = r.up(std::vector<std::uint16_t>(64, to_bf16(1.0f)));
+        const std::span<const std::uint16_t> b16(b);
+        for (const Gemm& bad : {Gemm{.m = 8, .n = 8, .k = 8},
+                                Gemm{.ta = true, .m = 8, .n = 8, .k = 8, .inputs = Precision::bf16},
+                                Gemm{.m = 2, .n = 4, .k = 4, .batch = 2, .inputs = Precision::bf16}})
+            testing::what_of<InternalError>([&] { r->gemm(r.s(), bad, a, b16, c); }, "a bf16 B refused");
+    }
+    const u64 B = 2, T = 9, C = 24, V = 37;
+    const Vi tok = random_tokens(B * T, V, rng);
+    const auto te16 = halves(randn(V * C, rng)), pe16 = halves(randn(T * C, rng));
+    auto dt = r.up(tok);
+    auto te = r.up(widened(te16)), pe = r.up(widened(pe16));
+    auto dte16 = r.up(te16), dpe16 = r.up(pe16);
+    for (const bool positions : {true, false}) {
+        auto want = r.up(Vf(B * T * C, -3.0f)), got = r.up(Vf(B * T * C, -3.0f)), via = r.up(Vf(B * T * C, -3.0f));
+        const std::span<const float> pe32 = positions ? std::span<const float>(pe) : std::span<const float>();
+        const std::span<const std::uint16_t> pe_16 =
+            positions ? std::span<const std::uint16_t>(dpe16) : std::span<const std::uint16_t>();
+        r->embedding_forward(r.s(), want, dt, te, pe32, B, T, C, V);
+        r->embedding_forward(r.s(), got, dt, std::span<const std::uint16_t>(dte16), pe_16, B, T, C, V);
+        r->embedding_forward(r.s(), via, dt, Weight{.bf16 = dte16}, Weight{.bf16 = pe_16}, B, T, C, V);
+        BOOST_TEST_CONTEXT("position table " << positions) {
+            const Vf w = r.down(want);
+            BOOST_TEST(same_bits(r.down(got), w));
+            BOOST_TEST(same_bits(r.down(via), w));
+        }
+    }
+    testing::what_of<InternalError>(
+        [&] {
+            auto out = r.up(Vf(B * T * C));
+            r->embedding_forward(r.s(), out, dt, Weight{.bf16 = dte16}, Weight{.f32 = pe}, B, T, C, V);
+        },
+        "tables of two dtypes");
+}
+
 BOOST_AUTO_TEST_CASE(precision_names_parse_and_a_bad_one_says_the_choices) {
     for (Precision p : {Precision::fp32, Precision::bf16})
         BOOST_TEST((parse_precision(precision_name(p)) == p), precision_name(p));

@@ -213,11 +213,14 @@ BOOST_AUTO_TEST_CASE(the_gpu_tier_refresh_is_a_copy_in_stream_order) {
 
 // Precision::bf16 (every GEMM's inputs rounded to bf16; the loss, gradients,
 // master weights and optimizer state fp32), the GPT and the tiny Llama: the
-// placements still equal the resident engine to the bit, losses and
-// committed state (all nine for the GPT; for the Llama, whose GEMMs are the
-// same calls, nvme x nvme, the farthest, to keep the suite short); a second
-// resident run gives the same bits; the losses track the fp32 run's within
-// 1e-2 relative, and differ from them (the rounding happened).
+// placements, whose engine keeps the matrices and embedding tables bf16 on
+// the device and hands them to the GEMMs and the embedding as bf16, still
+// equal the resident engine (fp32 copies of the same bf16 values, rounded
+// at each GEMM) to the bit, losses and committed state (all nine for the
+// GPT; for the Llama, whose GEMMs are the same calls, nvme x nvme, the
+// farthest, to keep the suite short); a second resident run gives the same
+// bits; the losses track the fp32 run's within 1e-2 relative, and differ
+// from them (the rounding happened).
 BOOST_AUTO_TEST_CASE(bf16_gemm_inputs_nine_tiers_equal_the_resident_engine) {
     constexpr std::uint64_t steps = 4;
     const std::uint64_t s = fresh_seed("bf16 precision");
@@ -259,6 +262,71 @@ BOOST_AUTO_TEST_CASE(bf16_gemm_inputs_nine_tiers_equal_the_resident_engine) {
                 same_state(shard::read_manifest_file(run.manifest_path()),
                            shard::read_manifest_file(ref_run.manifest_path()), rig, what);
             }
+    }
+}
+
+// bf16 working parameters under Precision::bf16 are bf16 on the device,
+// for the GPT and the tiny Llama (nvme x nvme, one rank), 10 steps:
+//   - the bytes fetched are half those of the same run over fp32 parameters
+//     (fp32 arithmetic, the reference), tier by tier, step by step;
+//   - the engine's need is smaller by the fp32 copies it no longer makes:
+//     the persistent tied table's reserved values by exactly its numel * 4
+//     (its bf16 partition is its values at dp 1), and the largest fetch;
+//     the device's peak use in every step below the run that widens the
+//     same bf16 parameters to fp32 (fp32 arithmetic);
+//   - the losses within bf16 tolerance (2e-2 relative) of the fp32 run's,
+//     and falling: the last three steps' mean below the first three's.
+BOOST_AUTO_TEST_CASE(bf16_weights_halve_the_bytes_fetched_and_held) {
+    const std::uint64_t s = fresh_seed("bf16 weights");
+    // A sequence with no noise in it (each token the last plus 7): ten steps learn it.
+    std::vector<std::uint16_t> tokens((kSteps + 2) * kB * kT + 1);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>((s + i * 7) % 97);
+    for (const char* spec : {kGPT, "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=97,seq=16"}) {
+        BOOST_TEST_CONTEXT(spec) {
+            Rig rig;
+            auto run_of = [&](DType dt, device::Precision p) {
+                Run run(rig, lay(dt, Tier::nvme, Tier::nvme, s), spec);
+                train::Options o = train_options(run.manifest_path());
+                o.precision = p;
+                o.schedule.lr = o.adamw.lr = 5e-3;  // far enough in 10 steps to see the loss fall
+                return std::pair{train_run(run, rig, tokens, o), run.m};
+            };
+            const auto [fp32, m32] = run_of(DType::fp32, device::Precision::fp32);
+            const auto [bf16, m16] = run_of(DType::bf16, device::Precision::bf16);
+            const auto [wide, mw] = run_of(DType::bf16, device::Precision::fp32);
+            BOOST_TEST_REQUIRE(bf16.logs.size() == kSteps);
+            for (std::size_t k = 0; k < kSteps; ++k) {
+                const auto &a = fp32.logs[k], &b = bf16.logs[k], &w = wide.logs[k];
+                for (int t = 0; t < 3; ++t)
+                    BOOST_TEST(2 * b.fetched_bytes[t] == a.fetched_bytes[t], "step " << k + 1 << " tier " << t);
+                BOOST_TEST(b.fetched_bytes[2] > 0u);
+                BOOST_TEST(b.device_peak_bytes < w.device_peak_bytes,
+                           "step " << k + 1 << ": " << b.device_peak_bytes << " vs " << w.device_peak_bytes);
+                BOOST_TEST(near(b.loss, a.loss, 2e-2), "step " << k + 1 << ": bf16 " << b.loss << ", fp32 " << a.loss);
+            }
+            // Each step's batch is another: the mean of the last three below the first three's.
+            auto mean3 = [&](std::size_t at) {
+                return (bf16.logs[at].loss + bf16.logs[at + 1].loss + bf16.logs[at + 2].loss) / 3;
+            };
+            std::string all;
+            for (const auto& l : bf16.logs) all += " " + std::to_string(l.loss);
+            BOOST_TEST(mean3(kSteps - 3) < mean3(0), "losses" << all);
+
+            // The need, by hand for the tied table.
+            const auto model = model::make_model(model::Config::from(m16.spec));
+            zero::InfinityOptions keep, widen;
+            keep.bf16_weights = true;
+            const auto nk = zero::InfinityEngine::need(m16, model->modules(), keep);
+            const auto nw = zero::InfinityEngine::need(m16, model->modules(), widen);
+            const std::uint64_t table = m16.tensors[0].numel;  // wte / embed_tokens: first, (V, C)
+            BOOST_TEST(m16.tensors[0].shape.size() == 2u);
+            if (std::string(spec) == kGPT)
+                BOOST_TEST(nw.reserved - nk.reserved == align_up(table * 4, mem::kArenaAlignment));
+            BOOST_TEST(nk.largest < nw.largest);
+            // Over fp32 parameters (their own master) nothing is kept bf16.
+            BOOST_TEST(zero::InfinityEngine::need(m32, model->modules(), keep).total() ==
+                       zero::InfinityEngine::need(m32, model->modules(), widen).total());
+        }
     }
 }
 

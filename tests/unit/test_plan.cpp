@@ -5,7 +5,9 @@
 // records read_bench() takes and refuses, the usage errors and the JSON report.
 #define BOOST_TEST_MODULE plan
 #include "testing.hpp"
+#include "comm_testing.hpp"  // FlatComm: a backend that lays buckets flat as NCCL does
 
+#include <zinf/model.hpp>
 #include <zinf/plan.hpp>
 #include <zinf/shard.hpp>
 #include <zinf/util.hpp>
@@ -337,7 +339,9 @@ BOOST_AUTO_TEST_CASE(placements_fit_by_hand) {
     BOOST_TEST(mswm_bytes(w) == 64 * MiB);
     BOOST_TEST(awm_bytes(w) == 64 * MiB);
     BOOST_TEST(activation_checkpoint_bytes(w) == 96 * MiB);
-    BOOST_TEST(p.gpu.need == 224 * MiB);
+    // And NCCL's flat bucket area (four ranks: the largest bucket, laid flat).
+    BOOST_TEST(flat_bytes(w) > 0u);
+    BOOST_TEST(p.gpu.need == 224 * MiB + flat_bytes(w));
     BOOST_TEST(p.activations == Tier::gpu);
     BOOST_TEST(p.gpu.capacity == 16 * GiB);
     BOOST_TEST(p.cpu.capacity == 64 * GiB);
@@ -799,4 +803,46 @@ BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
         BOOST_TEST(p["step_s"].is_null() == disk, p["placement"].get<std::string>());
         if (!disk) BOOST_TEST(p["step_s"].get<double>() > 0);
     }
+}
+
+// At dp > 1 a device's need counts the area NCCL lays buckets flat in, the
+// size the engine takes from the arena for the run (InfinityEngine::need's
+// flat with a communicator that lays flat), for GPT and Llama, tiled or
+// not, bf16 or fp32 parameters; none at dp 1. Each placement's device need
+// is the one at the same shape without it, plus it.
+BOOST_AUTO_TEST_CASE(device_need_counts_the_engines_nccl_flat_area) {
+    std::size_t seen = 0;
+    for (const char* spec : {"gpt:layers=2,hidden=72,heads=2,vocab=97,seq=16",
+                             "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=101,seq=16"})
+        for (unsigned tile : {1u, 2u})
+            for (DType dt : {DType::bf16, DType::fp32})
+                for (unsigned dp : {1u, 2u, 3u, 4u}) {
+                    const std::string what = std::string(spec) + " tile " + std::to_string(tile) + " " +
+                                             shard::dtype_name(dt) + " dp " + std::to_string(dp);
+                    const Workload w{.spec = shard::ModelSpec::parse(spec), .dp = dp, .tile = tile, .param_dtype = dt};
+                    shard::LayoutOptions lo;
+                    lo.dp = dp;
+                    lo.tile = tile;
+                    lo.param_dtype = dt;
+                    const shard::Manifest m = shard::layout(w.spec, lo);
+                    const auto model = model::make_model(model::Config::from(m.spec, tile));
+                    testing::FlatComm nccl(static_cast<int>(dp));
+                    zero::InfinityOptions io;
+                    io.device_comm = &nccl.c;
+                    const std::uint64_t engine = zero::InfinityEngine::need(m, model->modules(), io).flat;
+                    BOOST_TEST(flat_bytes(w) == engine, what);
+                    if (dp == 1) BOOST_TEST(flat_bytes(w) == 0u, what);
+                    seen += engine > 0;
+                    const Report r = plan::plan(w, made_up(), 0.9);
+                    BOOST_TEST(r.flat_bytes == engine, what);
+                    BOOST_TEST(to_json(r)["flat_bytes"].get<std::uint64_t>() == engine, what);
+                    for (const Placement& p : r.all)
+                        if (p.activations == Tier::gpu)
+                            BOOST_TEST(p.gpu.need == (p.param == Tier::gpu ? (state_bytes(w).param + dp - 1) / dp : 0) +
+                                                         (p.optim == Tier::gpu ? (state_bytes(w).optimizer() + dp - 1) / dp : 0) +
+                                                         mswm_bytes(w) + awm_bytes(w) + activation_checkpoint_bytes(w) +
+                                                         engine,
+                                       what << " " << p.name());
+                }
+    BOOST_TEST(seen > 0u);
 }

@@ -226,6 +226,11 @@ private:
     std::unique_ptr<detail::Core> core_;
 };
 
+// What Communicator::flat_bytes says on a backend that lays buckets flat
+// (nccl) over `size` ranks, without one: for a planner (zinf-plan) that
+// sizes a run's device memory before any communicator exists.
+std::uint64_t laid_flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts, DType dtype, int size);
+
 // The communicator of device buffers beside `host`, for data parallelism on
 // a device whose memory the host cannot address (the cuda backend): nccl
 // over the same ranks, on GPU `gpu` (-1: the local rank's), with host's

@@ -19,8 +19,9 @@
 // code hands device memory to host collectives only where
 // host_addressable() says it may; see train.hpp.)
 //
-// Numbers: fp32 everywhere inside the kernels; bf16 only at the casts and
-// at a GEMM asked for bf16 inputs (Precision::bf16, below).
+// Numbers: fp32 everywhere inside the kernels; bf16 at the casts, at a GEMM
+// asked for bf16 inputs (Precision::bf16, below), and in the working
+// parameters a GEMM or the embedding reads stored bf16 (Weight, below).
 // Every kernel is deterministic: the same inputs give the same bits for any
 // thread count (reductions over rows are split by columns, never by rows),
 // except GEMM, which the device cuts into column or row blocks by its thread
@@ -111,20 +112,35 @@ private:
 // The arithmetic of a GEMM's inputs. fp32: the reference. bf16: A and B
 // rounded to bf16 (nearest even), the products accumulated and C written in
 // fp32, as llm.c's and every mixed-precision trainer's GEMMs on tensor cores.
-// The spans stay fp32 on both backends: on cpu the inputs are rounded into
-// scratch and OpenBLAS's cblas_sgemm multiplies them (Debian 12's OpenBLAS
-// 0.3.21 is built without cblas_sbgemm), so the bf16 arithmetic is exact up
-// to fp32 accumulation, the host's reference; on cuda cuBLASLt multiplies
-// the fp32 spans with CUBLAS_COMPUTE_32F_FAST_16BF (bf16 tensor cores,
-// inputs converted inside the kernel, fp32 accumulation). zinf-train
-// --precision bf16 runs every GEMM of the model so; layernorm, softmax,
-// attention, the loss, gradients handed to the optimizer, master weights and
-// optimizer state stay fp32. (Storing the gathered working parameters and
-// the GEMMs' input activations as bf16, which halves their bytes, is not
-// done yet: it needs bf16 spans through the engine and the model.)
+// On cpu the inputs are rounded (or a bf16 B widened) into scratch and
+// OpenBLAS's cblas_sgemm multiplies them (Debian 12's OpenBLAS 0.3.21 is
+// built without cblas_sbgemm), so the bf16 arithmetic is exact up to fp32
+// accumulation, the host's reference; on cuda cuBLASLt multiplies fp32
+// spans with CUBLAS_COMPUTE_32F_FAST_16BF (bf16 tensor cores, inputs
+// converted inside the kernel), and a bf16 B with A rounded to bf16 as
+// bf16 x bf16 -> fp32 (CUBLAS_COMPUTE_32F). zinf-train --precision bf16
+// runs every GEMM of the model so, and where the manifest's working
+// parameters are bf16 (zinf-shard layout's default) the engine keeps the
+// matrices and embedding tables bf16 on the device too (Weight): gathered
+// and held as bf16, read as bf16 by the GEMMs and the embedding, never
+// widened. Layernorm and RMSNorm weights and biases are widened to fp32;
+// the activations, softmax, attention, the loss, gradients handed to the
+// optimizer, master weights and optimizer state stay fp32. (Storing the
+// activations as bf16 is not done yet.)
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);
 Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices
+
+// A parameter's values as a kernel reads them: fp32, or bf16 where the
+// engine keeps the working parameters bf16 (Precision::bf16 over bf16
+// partitions: the matrices a GEMM multiplies by and the embedding tables).
+// Exactly one of the two is set (numel elements).
+struct Weight {
+    std::span<const float> f32;
+    std::span<const std::uint16_t> bf16;
+    bool is_bf16() const noexcept { return !bf16.empty(); }
+    std::size_t size() const noexcept { return is_bf16() ? bf16.size() : f32.size(); }
+};
 
 // C (m,n) = alpha * op(A) (m,k) * op(B) (k,n) + beta * C, row-major, `batch`
 // times with the given element strides between matrices. op(X) is X or its
@@ -203,6 +219,13 @@ public:
     // See Gemm. A, B and C must hold every element the shape reaches.
     void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
               std::span<float> c);
+    // The same with B stored bf16 (a working parameter under Precision::bf16:
+    // g.inputs must be bf16, `batch` 1 and A not transposed, as a model
+    // multiplies by a weight): the bits of gemm() on B widened to fp32.
+    void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const std::uint16_t> b,
+              std::span<float> c);
+    // Either of the two, as `b` is stored.
+    void gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weight& b, std::span<float> c);
     // out (N,OC) += bias (OC) broadcast over rows.
     void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
                   std::uint64_t OC);
@@ -217,6 +240,13 @@ public:
     void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                            std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
                            std::uint64_t T, std::uint64_t C, std::uint64_t V);
+    // The same from tables stored bf16 (widened as read: the same bits as
+    // from their fp32 copies), or from either as stored (both alike).
+    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                           std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, std::uint64_t B,
+                           std::uint64_t T, std::uint64_t C, std::uint64_t V);
+    void embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens, const Weight& wte,
+                           const Weight& wpe, std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V);
     // dwte (V,C) += and dwpe (maxT,C) += the gradient dout (B,T,C) spreads.
     void embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
                             std::span<const float> dout, std::span<const std::int32_t> tokens,
@@ -345,6 +375,8 @@ protected:
                               std::uint64_t ld_src, std::uint64_t rows, std::uint64_t cols) = 0;
     virtual void do_gemm(Stream& s, const Gemm& resolved, std::span<const float> a, std::span<const float> b,
                          std::span<float> c) = 0;
+    virtual void do_gemm_bf16(Stream& s, const Gemm& resolved, std::span<const float> a,
+                              std::span<const std::uint16_t> b, std::span<float> c) = 0;
     virtual void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
                              std::uint64_t OC) = 0;
     virtual void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
@@ -352,6 +384,9 @@ protected:
     virtual void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                                       std::span<const float> wte, std::span<const float> wpe, std::uint64_t B,
                                       std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
+    virtual void do_embedding_forward_bf16(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                           std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe,
+                                           std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;
     virtual void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
                                        std::span<const float> dout, std::span<const std::int32_t> tokens,
                                        std::uint64_t B, std::uint64_t T, std::uint64_t C, std::uint64_t V) = 0;

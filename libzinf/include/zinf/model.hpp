@@ -97,7 +97,10 @@ using ParamEngine = zero::ParamEngine;
 
 // What a forward or backward runs with. `precision` is the arithmetic of
 // every GEMM's inputs (device.hpp's Precision: bf16 rounds the activations and
-// weights a GEMM reads; everything else stays fp32).
+// weights a GEMM reads; everything else stays fp32). A module reads the
+// parameters a GEMM or the embedding takes through engine.stored(), which
+// may hand them over bf16 (device::Weight), and the rest through
+// engine.weight(), always fp32.
 struct Context {
     device::Device& dev;
     device::Stream& stream;
@@ -107,6 +110,16 @@ struct Context {
     void gemm(device::Gemm g, std::span<const float> a, std::span<const float> b, std::span<float> c) {
         g.inputs = precision;
         dev.gemm(stream, g, a, b, c);
+    }
+    // The same by a parameter as the engine stores it (ParamEngine::stored).
+    void gemm(device::Gemm g, std::span<const float> a, const device::Weight& b, std::span<float> c) {
+        g.inputs = precision;
+        dev.gemm(stream, g, a, b, c);
+    }
+    // dst (w.size()) = w widened to fp32 where it is stored bf16, else copied.
+    void to_f32(std::span<float> dst, const device::Weight& w) {
+        if (w.is_bf16()) dev.cast(stream, dst, w.bf16);
+        else dev.copy(stream, std::as_writable_bytes(dst), std::as_bytes(w.f32));
     }
 };
 

@@ -108,6 +108,11 @@ inline std::uint64_t max_tile(const shard::ModelSpec& s) {
 std::uint64_t activation_checkpoint_bytes(const Workload& w);  // 2 bsz seq hd nl / ci, per device
 std::uint64_t mswm_bytes(const Workload& w);                   // 4 largest / tile (GPT: 4 hd 4hd / tile)
 std::uint64_t awm_bytes(const Workload& w);                    // bsz seq ci (2 activations + 2 heads seq)
+// At dp > 1 the device's gathers and reduce-scatters run on NCCL, which
+// lays each bucket flat in an area the engine takes from the device arena
+// for the run: the largest bucket of the model's modules, by the engine's
+// own rule (zero::InfinityEngine::nccl_flat_bytes). 0 at dp 1.
+std::uint64_t flat_bytes(const Workload& w);
 
 // ---------------------------------------------------------------------------
 // §4, bandwidth.
@@ -173,7 +178,7 @@ struct Report {
     std::uint64_t paper_params = 0;
     StateBytes states;
     std::uint64_t model_state_bytes = 0, model_state_bytes_per_rank = 0, paper_model_state_bytes = 0;
-    std::uint64_t activation_checkpoint_bytes = 0, mswm_bytes = 0, awm_bytes = 0;
+    std::uint64_t activation_checkpoint_bytes = 0, mswm_bytes = 0, awm_bytes = 0, flat_bytes = 0;
     double ait_param = 0, ait_optimizer = 0, ait_activation = 0;
     // Bandwidth each state needs per device for `target` (bytes/s).
     double need_param_bps = 0, need_optimizer_bps = 0, need_activation_bps = 0;

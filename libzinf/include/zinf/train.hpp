@@ -58,7 +58,10 @@ struct Options {
     bool resident = false;              // the reference engine instead of ZeRO-Infinity
     // The arithmetic of the model's GEMM inputs (device.hpp's Precision):
     // fp32 the reference; bf16 rounds what every GEMM reads, the loss,
-    // gradients, master weights and optimizer state staying fp32.
+    // gradients, master weights and optimizer state staying fp32, and over
+    // bf16 working parameters the ZeRO-Infinity engine keeps the matrices
+    // and embedding tables bf16 on the device (sets
+    // infinity.bf16_weights): half the bytes held and read.
     device::Precision precision = device::Precision::fp32;
     // The optimizer updates each tensor as backward hands its gradient over,
     // speculatively, redoing the step when it is clipped (zero.hpp,

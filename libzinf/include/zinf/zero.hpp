@@ -67,6 +67,8 @@ void enqueue_reduce_scatter(comm::Communicator& comm, std::span<const Scatter> t
 // allgather (gather) or reduce_scatter; 0 where comm needs none.
 std::uint64_t flat_bytes(const comm::Communicator& comm, comm::Kind kind, std::span<const std::uint64_t> numels,
                          comm::DType dtype);
+// The same as a backend that lays buckets flat (nccl) would over `dp` ranks.
+std::uint64_t laid_flat_bytes(comm::Kind kind, std::span<const std::uint64_t> numels, comm::DType dtype, unsigned dp);
 
 // ---------------------------------------------------------------------------
 // The tiered optimizer step (paper §5.2.2, §6.4): each rank updates the
@@ -341,10 +343,17 @@ public:
     // (InternalError) a parameter the module neither declared nor uses.
     std::span<const float> weight(const Module& m, std::size_t param);
     std::span<float> grad(const Module& m, std::size_t param);
+    // The values as the engine stores them (device.hpp's Weight): bf16 where
+    // it keeps the parameter bf16 (InfinityOptions::bf16_weights), else
+    // weight()'s fp32. weight() of a parameter kept bf16 is an InternalError:
+    // a kernel reads it through a Weight (gemm, embedding_forward).
+    device::Weight stored(const Module& m, std::size_t param);
 
 protected:
     virtual std::span<const float> weight_of(const Module& m, std::size_t param) = 0;
     virtual std::span<float> grad_of(const Module& m, std::size_t param) = 0;
+    // Empty where the parameter is not kept bf16 (then weight_of's fp32).
+    virtual std::span<const std::uint16_t> weight_bf16_of(const Module&, std::size_t) { return {}; }
 };
 
 // The reference engine: every parameter and its gradient resident in device
@@ -394,7 +403,8 @@ private:
 //       them, are checked against its xxh3), read ahead of gg along the trace
 //   cg  pinned -> device (the h2d stream)
 //   gg  allgather of the partitions into a full fp32 working buffer (the
-//       collectives stream; bf16 gathered as bf16, widened on the device)
+//       collectives stream; bf16 gathered as bf16, widened on the device,
+//       or with bf16_weights kept bf16 where two-dimensional)
 // each stage ordered after the one before by device events, compute after
 // gg. After the module's forward or backward its buffers are released on
 // an event, except parameters under `persist_below` elements and those
@@ -432,6 +442,14 @@ struct InfinityOptions {
     // memory the host can address (the cpu backend). Null: the engine's
     // `comm`, which also serves every host-side collective (the optimizer's).
     comm::Communicator* device_comm = nullptr;
+    // Keep the working parameters bf16 on the device (zinf-train --precision
+    // bf16 over a manifest whose parameters are bf16): every parameter of
+    // two or more dimensions (the matrices a GEMM multiplies by, the
+    // embedding tables) is gathered into and held as bf16, half the bytes of
+    // the fp32 it is otherwise widened to, and read through stored(); the
+    // one-dimensional ones (LayerNorm, RMSNorm, biases) are still widened to
+    // fp32. Ignored over fp32 parameters, which are their own master.
+    bool bf16_weights = false;
 };
 
 struct InfinityStats {
@@ -491,6 +509,12 @@ public:
     };
     static Need need(const shard::Manifest& m, std::span<const Module* const> modules,
                      const InfinityOptions& opts);
+    // Need::flat for NCCL at `dp` (comm::laid_flat_bytes), from the modules
+    // and every tensor's numel alone: what zinf-plan adds to a device's need
+    // before there is a manifest or a communicator. 0 at dp 1.
+    static std::uint64_t nccl_flat_bytes(std::span<const Module* const> modules,
+                                         std::span<const std::uint64_t> numels, unsigned dp,
+                                         shard::DType param_dtype);
 
     // A pass: a training step's forward and backward (gradients handed to the
     // optimizer) or an evaluation's forward. end() waits for every stage and
@@ -524,6 +548,7 @@ public:
 protected:
     std::span<const float> weight_of(const Module& m, std::size_t param) override;
     std::span<float> grad_of(const Module& m, std::size_t param) override;
+    std::span<const std::uint16_t> weight_bf16_of(const Module& m, std::size_t param) override;
 
 private:
     std::unique_ptr<Impl> impl_;

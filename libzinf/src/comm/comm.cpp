@@ -562,19 +562,22 @@ void detail::Engine::set_flat_area(std::span<std::byte> area) {
                             std::to_string(area.size()) + " bytes for it");
 }
 
-std::uint64_t Communicator::flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts,
-                                       DType dtype) const {
-    if (!core_->engine().lays_flat()) return 0;
+std::uint64_t laid_flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts, DType dtype, int size) {
     detail::Op op;
     op.kind = kind;
     op.dtype = dtype;
     for (const auto& c : counts) {
-        if (c.size() != static_cast<std::size_t>(size()))
+        if (c.size() != static_cast<std::size_t>(size))
             throw InternalError("comm: flat_bytes given " + std::to_string(c.size()) + " counts for " +
-                                std::to_string(size()) + " ranks");
+                                std::to_string(size) + " ranks");
         op.bufs.push_back({{}, {}, c});
     }
-    return detail::needs_flat(op) ? detail::plan_flat(op, size()).bytes(size()) : 0;
+    return detail::needs_flat(op) ? detail::plan_flat(op, size).bytes(size) : 0;
+}
+
+std::uint64_t Communicator::flat_bytes(Kind kind, std::span<const std::vector<std::uint64_t>> counts,
+                                       DType dtype) const {
+    return core_->engine().lays_flat() ? laid_flat_bytes(kind, counts, dtype, size()) : 0;
 }
 
 void Communicator::set_flat_area(std::span<std::byte> area) { core_->set_flat_area(area); }

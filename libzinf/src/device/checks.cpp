@@ -31,6 +31,15 @@ void need_gqa(const Shape& sh, bool grad, std::size_t q, std::size_t k, std::siz
     sh.need(grad ? "dv" : "v", v, B * T * KVH * hd);
     sh.need(grad ? "datt" : "att", att, B * NH * T * T);
 }
+// embedding_forward's spans, whatever the tables' dtype (no wpe: none).
+void need_embedding(std::size_t out, std::size_t tokens, std::size_t wte, std::size_t wpe, u64 B, u64 T, u64 C,
+                    u64 V) {
+    const Shape sh{"embedding_forward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
+    sh.need("out", out, B * T * C);
+    sh.need("tokens", tokens, B * T);
+    sh.need("wte", wte, V * C);
+    if (wpe) sh.need("wpe", wpe, T * C);
+}
 }  // namespace
 
 void Device::copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) {
@@ -57,6 +66,23 @@ void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<
     do_gemm(s, r, a, b, c);
 }
 
+void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const std::uint16_t> b,
+                  std::span<float> c) {
+    const Gemm r = cpu::resolve(g);
+    Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
+    if (r.inputs != Precision::bf16) sh.fail("a bf16 B needs bf16 inputs");
+    if (r.batch != 1 || r.ta) sh.fail("a bf16 B takes one product of an untransposed A");
+    sh.need("A", a.size(), cpu::gemm_extent_a(r));
+    sh.need("B", b.size(), cpu::gemm_extent_b(r));
+    sh.need("C", c.size(), cpu::gemm_extent_c(r));
+    do_gemm_bf16(s, r, a, b, c);
+}
+
+void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weight& b, std::span<float> c) {
+    if (b.is_bf16()) return gemm(s, g, a, b.bf16, c);
+    gemm(s, g, a, b.f32, c);
+}
+
 void Device::bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
     Shape sh{"bias_add", {{"N", N}, {"OC", OC}}};
     sh.need("out", out.size(), N * OC);
@@ -73,12 +99,23 @@ void Device::bias_backward(Stream& s, std::span<float> dbias, std::span<const fl
 
 void Device::embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                                std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C, u64 V) {
-    Shape sh{"embedding_forward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}}};
-    sh.need("out", out.size(), B * T * C);
-    sh.need("tokens", tokens.size(), B * T);
-    sh.need("wte", wte.size(), V * C);
-    if (!wpe.empty()) sh.need("wpe", wpe.size(), T * C);
+    need_embedding(out.size(), tokens.size(), wte.size(), wpe.size(), B, T, C, V);
     do_embedding_forward(s, out, tokens, wte, wpe, B, T, C, V);
+}
+
+void Device::embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                               std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, u64 B, u64 T,
+                               u64 C, u64 V) {
+    need_embedding(out.size(), tokens.size(), wte.size(), wpe.size(), B, T, C, V);
+    do_embedding_forward_bf16(s, out, tokens, wte, wpe, B, T, C, V);
+}
+
+void Device::embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                               const Weight& wte, const Weight& wpe, u64 B, u64 T, u64 C, u64 V) {
+    if (wpe.size() && wpe.is_bf16() != wte.is_bf16())
+        Shape{"embedding_forward", {}}.fail("wte and wpe stored in different dtypes");
+    if (wte.is_bf16()) return embedding_forward(s, out, tokens, wte.bf16, wpe.bf16, B, T, C, V);
+    embedding_forward(s, out, tokens, wte.f32, wpe.f32, B, T, C, V);
 }
 
 void Device::embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,

@@ -231,6 +231,11 @@ public:
         as_cpu(s).enqueue([r, a = a.data(), b = b.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
     }
 
+    void do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
+                      std::span<float> c) override {
+        as_cpu(s).enqueue([r, a = a.data(), b = b.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
+    }
+
     void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
         as_cpu(s).enqueue([=, o = out.data(), b = bias.data()] { cpu::bias_add(o, b, N, OC); });
     }
@@ -242,6 +247,15 @@ public:
     void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                               std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
                               u64 V) override {
+        as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(),
+                           pe = wpe.empty() ? nullptr : wpe.data()] {
+            cpu::embedding_forward(o, tok, te, pe, B, T, C, V);
+        });
+    }
+
+    void do_embedding_forward_bf16(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                   std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, u64 B,
+                                   u64 T, u64 C, u64 V) override {
         as_cpu(s).enqueue([=, o = out.data(), tok = tokens.data(), te = wte.data(),
                            pe = wpe.empty() ? nullptr : wpe.data()] {
             cpu::embedding_forward(o, tok, te, pe, B, T, C, V);

@@ -162,6 +162,39 @@ void round_bf16(const float* in, float* out, u64 n) {
 }
 }  // namespace
 
+namespace {
+// Every element the shape reaches, rounded once (the strides and leading
+// dimensions stay those of the spans), into scratch that each stream's
+// worker keeps for its next GEMM: host memory beside the arena, as large as
+// the largest operands (the head's V x C weight), held for the process's
+// life. B's first (b_scratch), then A's with the product (gemm_rounded_a).
+std::vector<float>& b_scratch(const Gemm& g) {
+    thread_local std::vector<float> rb;
+    rb.resize(gemm_extent_b(g));
+    return rb;
+}
+
+void gemm_rounded_a(const Gemm& g, const float* a, const float* rounded_b, float* c) {
+    thread_local std::vector<float> ra;
+    ra.resize(gemm_extent_a(g));
+    round_bf16(a, ra.data(), ra.size());
+    Gemm f = g;
+    f.inputs = Precision::fp32;
+    gemm(f, ra.data(), rounded_b, c);
+}
+}  // namespace
+
+void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) {
+    if (!g.batch || !g.m || !g.n) return;
+    if (!g.k) return scale_c(g, c);
+    std::vector<float>& wb = b_scratch(g);
+    float* w = wb.data();
+    const u64 n = wb.size();
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 i = 0; i < n; ++i) w[i] = zinf::from_bf16(b[i]);
+    gemm_rounded_a(g, a, w, c);
+}
+
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
     if (!g.batch || !g.m || !g.n) return;
     if (!g.k) return scale_c(g, c);  // op(A) op(B) is all zeros
@@ -171,14 +204,9 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
         // stream's worker keeps for its next GEMM: host memory beside the
         // arena, as large as the largest operands (the head's V x C weight),
         // held for the process's life.
-        thread_local std::vector<float> ra, rb;
-        ra.resize(gemm_extent_a(g));
-        rb.resize(gemm_extent_b(g));
-        round_bf16(a, ra.data(), ra.size());
+        std::vector<float>& rb = b_scratch(g);
         round_bf16(b, rb.data(), rb.size());
-        Gemm f = g;
-        f.inputs = Precision::fp32;
-        return gemm(f, ra.data(), rb.data(), c);
+        return gemm_rounded_a(g, a, rb.data(), c);
     }
     for (u64 e = 0; e < g.batch; ++e) {
         const float* ae = a + e * g.stride_a;

@@ -111,21 +111,36 @@ void bias_backward(float* dbias, const float* dout, u64 N, u64 OC) {
 }
 
 // ---------------------------------------------------------------------------
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
-                       u64 C, u64 V) {
+namespace {
+float widen(float x) { return x; }
+float widen(std::uint16_t x) { return zinf::from_bf16(x); }
+
+template <class W>
+void embedding_rows(float* out, const std::int32_t* tokens, const W* wte, const W* wpe, u64 B, u64 T, u64 C, u64 V) {
     check_tokens(tokens, B, T, V);
 #pragma omp parallel for schedule(static) if (B * T * C >= kParallelMin)
     for (u64 bt = 0; bt < B * T; ++bt) {
         const u64 t = bt % T;
-        const float* te = wte + static_cast<u64>(tokens[bt]) * C;
+        const W* te = wte + static_cast<u64>(tokens[bt]) * C;
         float* o = out + bt * C;
         if (!wpe) {  // no position table (rotary embeddings)
-            std::copy(te, te + C, o);
+            for (u64 c = 0; c < C; ++c) o[c] = widen(te[c]);
             continue;
         }
-        const float* pe = wpe + t * C;
-        for (u64 c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+        const W* pe = wpe + t * C;
+        for (u64 c = 0; c < C; ++c) o[c] = widen(te[c]) + widen(pe[c]);
     }
+}
+}  // namespace
+
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
+                       u64 C, u64 V) {
+    embedding_rows(out, tokens, wte, wpe, B, T, C, V);
+}
+
+void embedding_forward(float* out, const std::int32_t* tokens, const std::uint16_t* wte, const std::uint16_t* wpe,
+                       u64 B, u64 T, u64 C, u64 V) {
+    embedding_rows(out, tokens, wte, wpe, B, T, C, V);
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,

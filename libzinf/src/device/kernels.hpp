@@ -37,6 +37,9 @@ u64 gemm_extent_b(const Gemm& g);
 u64 gemm_extent_c(const Gemm& g);
 // `g` resolved. OpenBLAS when the build has it, else a portable OpenMP loop.
 void gemm(const Gemm& g, const float* a, const float* b, float* c);
+// B stored bf16 (g.inputs bf16): A rounded and B widened into scratch,
+// then gemm(): the bits of gemm() on B's fp32 copy.
+void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c);
 #if ZINF_HAVE_OPENBLAS
 // One cblas_sgemm on OpenBLAS's own `threads` threads (the peer --bench
 // measures against); OpenBLAS goes back to one thread afterwards.
@@ -49,6 +52,9 @@ void bias_backward(float* dbias, const float* dout, u64 N, u64 OC);
 // wpe (dwpe) nullptr: no position table.
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
                        u64 C, u64 V);
+// The same from tables stored bf16, widened as read.
+void embedding_forward(float* out, const std::int32_t* tokens, const std::uint16_t* wte, const std::uint16_t* wpe,
+                       u64 B, u64 T, u64 C, u64 V);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,
                         u64 C, u64 V);
 

@@ -50,14 +50,14 @@ void LMHead::forward(Context& c, std::span<float> logits, std::span<const float>
     ForwardScope scope(c.engine, *this);
     // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C)
     c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x,
-           c.engine.weight(*this, wte_), logits);
+           c.engine.stored(*this, wte_), logits);
 }
 
 void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
                       std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x
-    c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, wte_), dx);
+    c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.stored(*this, wte_), dx);
     c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
            c.engine.grad(*this, wte_));
 }

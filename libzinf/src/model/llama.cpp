@@ -87,7 +87,7 @@ RowLinear::~RowLinear() = default;
 void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x, u64 N) {
     ForwardScope scope(c.engine, *this);
     if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
-        c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_whole_), y);
+        c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
         return;
     }
     for (auto& tp : tiles_) {
@@ -95,7 +95,7 @@ void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x
         ForwardScope tile_scope(c.engine, t);
         // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
         c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-               c.engine.weight(t, t.w), y.subspan(t.r0));
+               c.engine.stored(t, t.w), y.subspan(t.r0));
     }
 }
 
@@ -105,7 +105,7 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
     if (!tiles_[0]) {
         // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
         c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
-               c.engine.weight(*this, w_whole_), dx);
+               c.engine.stored(*this, w_whole_), dx);
         c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
                c.engine.grad(*this, w_whole_));
         return;
@@ -115,7 +115,7 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
         BackwardScope tile_scope(c.engine, t);
         const u64 w = t.r1 - t.r0;
         c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
-               dy.subspan(t.r0), c.engine.weight(t, t.w), dx);
+               dy.subspan(t.r0), c.engine.stored(t, t.w), dx);
         c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
                c.engine.grad(t, t.w));
     }
@@ -210,9 +210,8 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
         u64 at = 0;
         for (RowLinear* p : parts) {
             ForwardScope scope(c.engine, *p);
-            const auto w = c.engine.weight(*p, p->weight_param());
-            c.dev.copy(c.stream, std::as_writable_bytes(s->joined.span().subspan(at * in, w.size())),
-                       std::as_bytes(w));
+            const auto w = c.engine.stored(*p, p->weight_param());
+            c.to_f32(s->joined.span().subspan(at * in, w.size()), w);
             at += p->out;
         }
         c.gemm(g, x, s->joined.span().first(J * in), rows);
@@ -248,7 +247,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
         c.dev.copy_rows(c.stream, rows.subspan(at), J, *dy++, p->out, N, p->out);
         at += p->out;
     }
-    auto dx_part = [&](RowLinear& p, std::span<const float> d, std::span<const float> w, bool first) {
+    auto dx_part = [&](RowLinear& p, std::span<const float> d, const device::Weight& w, bool first) {
         c.gemm(Gemm{.m = N, .n = in, .k = p.out, .beta = first ? 0.0f : 1.0f}, d, w, dx);
     };
     const Gemm dw{.ta = true, .m = J, .n = in, .k = N, .beta = 1};
@@ -257,7 +256,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
         const Nested<BackwardScope> scopes(c.engine, parts);
         at = 0;
         for (RowLinear* p : parts) {
-            dx_part(*p, *dy++, j->w.subspan(at * in, p->out * in), at == 0);
+            dx_part(*p, *dy++, {.f32 = j->w.subspan(at * in, p->out * in)}, at == 0);
             at += p->out;
         }
         c.gemm(dw, rows, x, j->g);
@@ -269,7 +268,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
     at = 0;
     for (RowLinear* p : parts) {
         BackwardScope scope(c.engine, *p);
-        dx_part(*p, *dy++, c.engine.weight(*p, p->weight_param()), at == 0);
+        dx_part(*p, *dy++, c.engine.stored(*p, p->weight_param()), at == 0);
         c.dev.accumulate(c.stream, c.engine.grad(*p, p->weight_param()), g.subspan(at * in, p->out * in));
         at += p->out;
     }
@@ -428,7 +427,7 @@ public:
     }
     void forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, u64 B, u64 T) {
         ForwardScope scope(c.engine, *this);
-        c.dev.embedding_forward(c.stream, out, tokens, c.engine.weight(*this, w_), {}, B, T, cfg_.hidden, cfg_.vocab);
+        c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, w_), {}, B, T, cfg_.hidden, cfg_.vocab);
     }
     void backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens, u64 B, u64 T) {
         BackwardScope scope(c.engine, *this);
@@ -455,12 +454,12 @@ public:
     }
     void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N) {
         ForwardScope scope(c.engine, *this);
-        c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.weight(*this, w_),
+        c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.stored(*this, w_),
                logits);
     }
     void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N) {
         BackwardScope scope(c.engine, *this);
-        c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.weight(*this, w_), dx);
+        c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.stored(*this, w_), dx);
         c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
                c.engine.grad(*this, w_));
     }

@@ -106,7 +106,7 @@ Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::u
 void Linear::forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     // y (N,out) = x (N,in) @ W (in,out) + b
-    c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.weight(*this, w_), y);
+    c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_), y);
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
 
@@ -114,7 +114,7 @@ void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy
                       std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
-    c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.weight(*this, w_), dx);
+    c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.stored(*this, w_), dx);
     c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, dy, c.engine.grad(*this, w_));
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
@@ -150,7 +150,7 @@ void TiledLinear::forward(Context& c, std::span<float> y, std::span<const float>
         ForwardScope tile_scope(c.engine, t);
         // y[:, c0:c1] (N,w) = x (N,in) @ W_k (in,w), rows of y `out` apart
         const std::uint64_t w = t.c1 - t.c0;
-        c.gemm(Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.weight(t, t.w),
+        c.gemm(Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.stored(t, t.w),
                y.subspan(t.c0));
     }
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
@@ -165,7 +165,7 @@ void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const floa
         const std::uint64_t w = t.c1 - t.c0;
         // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
         c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
-               dy.subspan(t.c0), c.engine.weight(t, t.w), dx);
+               dy.subspan(t.c0), c.engine.stored(t, t.w), dx);
         c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, dy.subspan(t.c0),
                c.engine.grad(t, t.w));
     }
@@ -207,7 +207,7 @@ Embedding::Embedding(ParamTable& t, const Config& cfg) : Module("embedding"), cf
 void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
                         std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
-    c.dev.embedding_forward(c.stream, out, tokens, c.engine.weight(*this, wte_), c.engine.weight(*this, wpe_), B, T,
+    c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, wte_), c.engine.stored(*this, wpe_), B, T,
                             cfg_.hidden, cfg_.vocab);
 }
 

@@ -2,6 +2,7 @@
 // intensities and efficiency, evaluated for every placement of the
 // parameters and the optimizer state, and the cheapest one that meets a target.
 #include <zinf/plan.hpp>
+#include <zinf/model.hpp>
 #include <zinf/zero.hpp>
 
 #include <nlohmann/json.hpp>
@@ -187,6 +188,13 @@ std::uint64_t awm_bytes(const Workload& w) {
     return w.batch * T * w.ci * (2 * block_shape(w.spec).activations + 2 * w.spec.heads * T);
 }
 
+std::uint64_t flat_bytes(const Workload& w) {
+    if (w.dp <= 1) return 0;
+    const auto model = model::make_model(model::Config::from(w.spec, w.tile));
+    return zero::InfinityEngine::nccl_flat_bytes(model->modules(), model::numels(model->params_table()), w.dp,
+                                                 w.param_dtype);
+}
+
 double ait_param(const Workload& w) { return static_cast<double>(w.sequence()) * static_cast<double>(w.batch); }
 double ait_optimizer(const Workload& w) { return ait_param(w) / 4.0; }
 // A block's 2 FLOPs per weight per token, four passes (forward, recompute,
@@ -303,7 +311,7 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
     // Every state is partitioned over all dp ranks; a node holds its ranks' share.
     auto per_rank = [&](std::uint64_t bytes) { return ceil_div(bytes, w.dp); };
     auto per_node = [&](std::uint64_t bytes) { return per_rank(bytes) * rpn; };
-    const std::uint64_t ckpt = activation_checkpoint_bytes(w), working = mswm_bytes(w) + awm_bytes(w);
+    const std::uint64_t ckpt = activation_checkpoint_bytes(w), working = mswm_bytes(w) + awm_bytes(w) + flat_bytes(w);
     const double dp = w.dp, nodes = w.nodes;
     // The parameters reach every device by allgather once there is more than one rank.
     const double gather = w.dp > 1 ? h.gpu_gpu_bps : kInf;
@@ -381,6 +389,7 @@ Report plan(const Workload& w, const Hardware& h, double target) {
     r.activation_checkpoint_bytes = activation_checkpoint_bytes(w);
     r.mswm_bytes = mswm_bytes(w);
     r.awm_bytes = awm_bytes(w);
+    r.flat_bytes = flat_bytes(w);
     r.ait_param = ait_param(w);
     r.ait_optimizer = ait_optimizer(w);
     r.ait_activation = ait_activation(w);
@@ -504,6 +513,7 @@ json::Json to_json(const Report& r) {
     j["activation_checkpoint_bytes"] = r.activation_checkpoint_bytes;
     j["mswm_bytes"] = r.mswm_bytes;
     j["awm_bytes"] = r.awm_bytes;
+    j["flat_bytes"] = r.flat_bytes;
     j["ait_param"] = r.ait_param;
     j["ait_optimizer"] = r.ait_optimizer;
     j["ait_activation"] = r.ait_activation;

@@ -108,6 +108,8 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         throw UsageError("manifest " + o.manifest_path + " is laid out for dp " + std::to_string(dp) + ", but " +
                          std::to_string(comm.size()) + " ranks are running (reshard it with zinf-shard reshard)");
     gpt.params_table().check(m, o.manifest_path);
+    // bf16 arithmetic keeps bf16 working parameters bf16 on the device.
+    opts.infinity.bf16_weights = opts.precision == device::Precision::bf16;
     // The disk the run will need, before anything is written: every rank
     // checks its own folder, and one rank's shortage is every rank's 73.
     // First its files: none may lead out of the data directory (or out of

@@ -150,6 +150,15 @@ detail::ValuesLayout detail::values_layout(const ParamState& p, unsigned dp, boo
         l.own = l.bytes;
         l.bytes += align_up(p.per * p.dt, A);
     }
+    if (p.keep_bf16) {
+        if (dp == 1 && l.own != kNone) {
+            l.full = l.own;  // the partition is the whole tensor
+        } else {
+            l.full = l.bytes;
+            l.bytes += align_up(p.numel * 2, A);
+        }
+        return l;
+    }
     if (dp > 1 && bf16) {
         l.staging = l.bytes;
         l.bytes += align_up(p.numel * 2, A);
@@ -248,8 +257,7 @@ InfinityEngine::Impl::Staged InfinityEngine::Impl::stage(ParamState& p, std::spa
     Staged s;
     s.p = &p;
     s.staging = l.staging == kNone ? std::span<std::byte>{} : mem.subspan(l.staging, p.numel * 2);
-    auto full = mem.subspan(l.full, p.numel * 4);
-    s.full = {reinterpret_cast<float*>(full.data()), p.numel};
+    s.full = mem.subspan(l.full, p.numel * (p.keep_bf16 ? 2 : 4));
     s.src = copy_in(p, own, waits, trace_index);
     return s;
 }
@@ -403,7 +411,7 @@ void InfinityEngine::Impl::gather(const std::vector<Staged>& bucket, const std::
         std::vector<Gather> all;
         all.reserve(bucket.size());
         for (const Staged& s : bucket)
-            all.push_back({s.src, bf16 ? s.staging : std::as_writable_bytes(s.full), s.p->numel});
+            all.push_back({s.src, bf16 && !s.p->keep_bf16 ? s.staging : s.full, s.p->numel});
         const comm::DType dtype = bf16 ? comm::DType::bf16 : comm::DType::f32;
         if (coll_ordered)
             zero::enqueue_gather(*coll_comm, all, dtype, dev.native(*coll));
@@ -413,11 +421,14 @@ void InfinityEngine::Impl::gather(const std::vector<Staged>& bucket, const std::
     }
     for (const Staged& s : bucket) {
         const std::uint64_t n = s.p->numel;
-        if (bf16)
-            dev.cast(*coll, s.full,
+        if (s.p->keep_bf16) {
+            if (dp == 1 && s.full.data() != s.src.data()) dev.copy(*coll, s.full, s.src.first(n * 2));
+        } else if (bf16) {
+            dev.cast(*coll, {reinterpret_cast<float*>(s.full.data()), n},
                      {reinterpret_cast<const std::uint16_t*>(dp > 1 ? s.staging.data() : s.src.data()), n});
-        else if (dp == 1)
-            dev.copy(*coll, std::as_writable_bytes(s.full), s.src.first(n * 4));
+        } else if (dp == 1) {
+            dev.copy(*coll, s.full, s.src.first(n * 4));
+        }
         st.gathered_bytes += n * s.p->dt;
     }
     // The gpu tier's next refresh writes over what these read: after them.

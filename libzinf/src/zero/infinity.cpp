@@ -45,6 +45,7 @@ std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m
         p.dt = shard::dtype_bytes(m.opts.param_dtype);
         p.tier = m.opts.param_tier;
         p.persistent = p.numel < opts.persist_below;
+        p.keep_bf16 = opts.bf16_weights && m.opts.param_dtype == shard::DType::bf16 && m.tensors[t].shape.size() >= 2;
     }
     for (const Module* mod : modules) {
         for (std::size_t t : mod->params()) {
@@ -61,6 +62,46 @@ std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m
     for (const auto& p : params)
         if (!p.owner) throw InternalError("engine: no module declares " + m.tensors[p.tensor].name);
     return params;
+}
+
+// Each module's gather of every parameter it uses (a fetch gathers a
+// subset: its persistent ones only once a step) in the param dtype, and its
+// reduce-scatter of the fp32 gradients it declares: the largest of them as
+// `bytes_of` lays it flat, rounded to the arena's unit.
+detail::Bucket detail::largest_bucket(std::span<const Module* const> modules, std::span<const std::uint64_t> numels,
+                                      shard::DType param_dtype, const BucketBytes& bytes_of) {
+    const comm::DType wire = param_dtype == shard::DType::bf16 ? comm::DType::bf16 : comm::DType::f32;
+    Bucket out;
+    for (const Module* mod : modules) {
+        std::vector<std::size_t> used;
+        for (auto list : {mod->params(), mod->external()})
+            for (std::size_t t : list)
+                if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
+        std::vector<std::uint64_t> gathered, declared;
+        for (std::size_t t : used) gathered.push_back(numels[t]);
+        for (std::size_t t : mod->params()) declared.push_back(numels[t]);
+        for (const bool grads : {false, true}) {
+            const std::uint64_t f = grads ? bytes_of(comm::Kind::reduce_scatter, declared, comm::DType::f32)
+                                          : bytes_of(comm::Kind::allgather, gathered, wire);
+            if (f > out.bytes) {
+                out.bytes = align_up(f, mem::kArenaAlignment);
+                out.module = mod->name();
+                out.gradients = grads;
+            }
+        }
+    }
+    return out;
+}
+
+std::uint64_t InfinityEngine::nccl_flat_bytes(std::span<const Module* const> modules,
+                                              std::span<const std::uint64_t> numels, unsigned dp,
+                                              shard::DType param_dtype) {
+    if (dp <= 1) return 0;
+    return detail::largest_bucket(modules, numels, param_dtype,
+                                  [&](comm::Kind kind, std::span<const std::uint64_t> sizes, comm::DType dtype) {
+                                      return laid_flat_bytes(kind, sizes, dtype, dp);
+                                  })
+        .bytes;
 }
 
 InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<const Module* const> modules,
@@ -83,30 +124,19 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
             n.module = mod->name();
         }
     }
-    // The flat area: as large as the largest bucket, each module's gather of
-    // every parameter it uses (a fetch gathers a subset: its persistent ones
-    // only once a step) and its reduce-scatter of the gradients it declares.
+    // The flat area: as large as the largest bucket (largest_bucket).
     const comm::Communicator* c = opts.device_comm;
     if (dp > 1 && c) {
-        const comm::DType wire = bf16 ? comm::DType::bf16 : comm::DType::f32;
-        for (const Module* mod : modules) {
-            std::vector<std::size_t> used;
-            for (auto list : {mod->params(), mod->external()})
-                for (std::size_t t : list)
-                    if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
-            std::vector<std::uint64_t> gathered, declared;
-            for (std::size_t t : used) gathered.push_back(params[t].numel);
-            for (std::size_t t : mod->params()) declared.push_back(params[t].numel);
-            for (const bool grads : {false, true}) {
-                const std::uint64_t f = grads ? flat_bytes(*c, comm::Kind::reduce_scatter, declared, comm::DType::f32)
-                                              : flat_bytes(*c, comm::Kind::allgather, gathered, wire);
-                if (f > n.flat) {
-                    n.flat = align_up(f, mem::kArenaAlignment);
-                    n.flat_module = mod->name();
-                    n.flat_gradients = grads;
-                }
-            }
-        }
+        std::vector<std::uint64_t> numels;
+        for (const auto& p : params) numels.push_back(p.numel);
+        const detail::Bucket b = detail::largest_bucket(
+            modules, numels, m.opts.param_dtype,
+            [&](comm::Kind kind, std::span<const std::uint64_t> sizes, comm::DType dtype) {
+                return flat_bytes(*c, kind, sizes, dtype);
+            });
+        n.flat = b.bytes;
+        n.flat_module = b.module;
+        n.flat_gradients = b.gradients;
     }
     return n;
 }
@@ -492,19 +522,32 @@ void InfinityEngine::after_backward(const Module& m) {
     I.fetch.current.erase(it);
 }
 
-std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
-    Impl& I = *impl_;
-    auto& p = I.params.at(param);
-    if (p.persistent)
-        return {reinterpret_cast<const float*>(p.persist.data() + detail::values_layout(p, I.dp, I.bf16).full), p.numel};
-    const Fetch* f = I.fetch_of(m);
-    if (!f) throw InternalError("engine: " + m.name() + " asked for a weight outside its hooks");
+std::span<const std::byte> Impl::full_values(const Module& mod, std::size_t param) const {
+    const auto& p = params.at(param);
+    const std::uint64_t bytes = p.numel * (p.keep_bf16 ? 2 : 4);
+    if (p.persistent) return {p.persist.data() + detail::values_layout(p, dp, bf16).full, bytes};
+    const Fetch* f = fetch_of(mod);
+    if (!f) throw InternalError("engine: " + mod.name() + " asked for a weight outside its hooks");
     for (const Slot& s : f->slots)
         if (s.param == param && s.values_at != kNone)
-            return {reinterpret_cast<const float*>(
-                        I.ring.places.bytes(f->place.at + s.values_at + s.values.full, 4).data()),
-                    p.numel};
-    throw InternalError("engine: " + m.name() + "'s fetch has no buffer for " + I.m.tensors[param].name);
+            return ring.places.bytes(f->place.at + s.values_at + s.values.full, bytes);
+    throw InternalError("engine: " + mod.name() + "'s fetch has no buffer for " + m.tensors[param].name);
+}
+
+std::span<const float> InfinityEngine::weight_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    if (I.params.at(param).keep_bf16)
+        throw InternalError("engine: " + m.name() + " asked for " + I.m.tensors[param].name +
+                            " in fp32; it is kept bf16 (read it through stored())");
+    const auto v = I.full_values(m, param);
+    return {reinterpret_cast<const float*>(v.data()), v.size() / 4};
+}
+
+std::span<const std::uint16_t> InfinityEngine::weight_bf16_of(const Module& m, std::size_t param) {
+    Impl& I = *impl_;
+    if (!I.params.at(param).keep_bf16) return {};
+    const auto v = I.full_values(m, param);
+    return {reinterpret_cast<const std::uint16_t*>(v.data()), v.size() / 2};
 }
 
 std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {

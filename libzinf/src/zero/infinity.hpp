@@ -68,7 +68,9 @@ private:
 // A parameter's values memory, in a fetch or its own when persistent (byte
 // offsets, kNone for none): this rank's partition on the device (not for the
 // gpu tier, whose partition lives there), the bf16 gather buffer (dp > 1),
-// the full fp32 values.
+// the full fp32 values. A parameter kept bf16 (ParamState::keep_bf16) has
+// no gather buffer and bf16 full values: gathered straight into them, or at
+// dp 1 its partition is them (except the gpu tier's, copied in).
 struct ValuesLayout {
     std::uint64_t own = kNone, staging = kNone, full = 0, bytes = 0;
 };
@@ -82,6 +84,7 @@ struct ParamState {
     const Module* owner = nullptr;
     bool persistent = false;   // under persist_below: gathered once per step, kept
     bool shared_grad = false;  // used by other modules than its owner: gradient kept whole through backward
+    bool keep_bf16 = false;    // its values held bf16 on the device (InfinityOptions::bf16_weights)
     mem::Block resident;       // gpu tier: this rank's partition (per * dt)
     mem::Block persist;        // persistent: its values memory (values_layout)
     std::uint64_t persist_version = kNone;
@@ -136,6 +139,17 @@ struct TraceEntry {
 // Every parameter of the manifest as this rank keeps it (no memory yet).
 std::vector<ParamState> describe_params(const shard::Manifest& m, std::span<const Module* const> modules,
                                         const InfinityOptions& opts, unsigned rank);
+// The largest bucket a run's collectives lay flat (InfinityEngine::Need's
+// flat, flat_module, flat_gradients), `bytes_of` saying what one bucket of
+// tensors of these sizes takes (0: not laid flat).
+struct Bucket {
+    std::uint64_t bytes = 0;
+    std::string module;
+    bool gradients = false;
+};
+using BucketBytes = std::function<std::uint64_t(comm::Kind, std::span<const std::uint64_t>, comm::DType)>;
+Bucket largest_bucket(std::span<const Module* const> modules, std::span<const std::uint64_t> numels,
+                      shard::DType param_dtype, const BucketBytes& bytes_of);
 // The bytes of one fetch of `mod` (see fetch.cpp), and its slots.
 std::uint64_t block_bytes(const std::vector<ParamState>& params, unsigned dp, bool bf16, const Module& mod,
                           bool grads, std::vector<Slot>* slots);
@@ -262,12 +276,12 @@ struct InfinityEngine::Impl {
     std::unique_ptr<Fetch> issue(const Module& mod, bool grads, std::size_t trace_index, bool prefetch);
     // One parameter between cg and gg: its partition on the device (once the
     // h2d stream gets there), the bf16 gather buffer (dp > 1 with bf16), the
-    // full fp32 values.
+    // full values (fp32, or bf16 when kept so).
     struct Staged {
         ParamState* p = nullptr;
         std::span<const std::byte> src;
         std::span<std::byte> staging;
-        std::span<float> full;
+        std::span<std::byte> full;
     };
     Staged stage(ParamState& p, std::span<std::byte> mem, const detail::ValuesLayout& l,
                  const std::vector<device::Event>& waits, std::size_t trace_index);
@@ -278,6 +292,8 @@ struct InfinityEngine::Impl {
                                                                std::uint64_t pbytes, bool try_only);
     void read_ahead();
     void release(std::unique_ptr<Fetch>& f, const device::Event& done);
+    // The full values `mod` reads of `param` in its fetch (or its persistent memory).
+    std::span<const std::byte> full_values(const Module& mod, std::size_t param) const;
     void reset_streams() noexcept;
 
     // infinity.cpp

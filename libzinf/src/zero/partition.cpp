@@ -44,6 +44,14 @@ std::vector<comm::Buffer> buffers(const comm::Communicator& comm, std::span<cons
     return bufs;
 }
 
+// Every tensor's counts, one vector each.
+std::vector<std::vector<std::uint64_t>> all_counts(std::span<const std::uint64_t> numels, int dp) {
+    std::vector<std::vector<std::uint64_t>> all;
+    all.reserve(numels.size());
+    for (const std::uint64_t n : numels) all.push_back(counts(n, dp));
+    return all;
+}
+
 }  // namespace
 
 comm::Handle start_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype) {
@@ -78,10 +86,12 @@ void reduce_scatter(comm::Communicator& comm, const Scatter& tensor, comm::DType
 
 std::uint64_t flat_bytes(const comm::Communicator& comm, comm::Kind kind, std::span<const std::uint64_t> numels,
                          comm::DType dtype) {
-    std::vector<std::vector<std::uint64_t>> all;
-    all.reserve(numels.size());
-    for (const std::uint64_t n : numels) all.push_back(counts(n, comm.size()));
-    return comm.flat_bytes(kind, all, dtype);
+    return comm.flat_bytes(kind, all_counts(numels, comm.size()), dtype);
+}
+
+std::uint64_t laid_flat_bytes(comm::Kind kind, std::span<const std::uint64_t> numels, comm::DType dtype, unsigned dp) {
+    const int size = static_cast<int>(dp);
+    return comm::laid_flat_bytes(kind, all_counts(numels, size), dtype, size);
 }
 
 void enqueue_gather(comm::Communicator& comm, std::span<const Gather> tensors, comm::DType dtype, void* stream,

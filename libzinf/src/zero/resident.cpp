@@ -11,17 +11,27 @@ bool Module::uses(std::size_t param) const {
            std::find(external_.begin(), external_.end(), param) != external_.end();
 }
 
-std::span<const float> ParamEngine::weight(const Module& m, std::size_t param) {
+namespace {
+void check_uses(const Module& m, std::size_t param, const char* what) {
     if (!m.uses(param))
-        throw InternalError("module " + m.name() + " asked for parameter " + std::to_string(param) +
+        throw InternalError("module " + m.name() + " asked for " + what + std::to_string(param) +
                             ", which it neither declared nor registered as external");
+}
+}  // namespace
+
+std::span<const float> ParamEngine::weight(const Module& m, std::size_t param) {
+    check_uses(m, param, "parameter ");
     return weight_of(m, param);
 }
 
+device::Weight ParamEngine::stored(const Module& m, std::size_t param) {
+    check_uses(m, param, "parameter ");
+    if (const auto b = weight_bf16_of(m, param); !b.empty()) return {.bf16 = b};
+    return {.f32 = weight_of(m, param)};
+}
+
 std::span<float> ParamEngine::grad(const Module& m, std::size_t param) {
-    if (!m.uses(param))
-        throw InternalError("module " + m.name() + " asked for the gradient of parameter " + std::to_string(param) +
-                            ", which it neither declared nor registered as external");
+    check_uses(m, param, "the gradient of parameter ");
     return grad_of(m, param);
 }
 

@@ -270,6 +270,9 @@ public:
     void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
                  std::span<float> c) override;
 
+    void do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
+                      std::span<float> c) override;
+
     void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override;
 
     void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override;
@@ -277,6 +280,10 @@ public:
     void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
                               std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
                               u64 V) override;
+
+    void do_embedding_forward_bf16(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                   std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, u64 B,
+                                   u64 T, u64 C, u64 V) override;
 
     void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
                                std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override;
@@ -384,7 +391,7 @@ private:
     // operand alignment and stream workspace: the same shape always runs the
     // same algorithm, so the same bits.
     using PlanKey = std::tuple<bool, bool, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, std::uint32_t,
-                               std::uint32_t, std::uint32_t, int, int, bool>;
+                               std::uint32_t, std::uint32_t, int, int, int, bool>;
     // fp32 spans: exact fp32 (no TF32), or with bf16 inputs (device.hpp's
     // Precision) on bf16 tensor cores, the inputs rounded inside the kernel
     // and the products accumulated in fp32. (cublas_api.h allows FAST_16BF to
@@ -405,10 +412,12 @@ private:
         }
     };
 
-    void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type);
+    // A and B of `type`, C of `c_type`.
+    void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
+                cudaDataType_t c_type);
 
     Plan make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c, cudaDataType_t type,
-                   std::size_t ws_bytes);
+                   cudaDataType_t c_type, std::size_t ws_bytes);
 
     const int gpu_;
     unsigned sms_ = 0;
@@ -417,6 +426,7 @@ private:
     cudaStream_t fill_stream_ = nullptr;
     std::array<std::unique_ptr<CudaStream>, 4> streams_;  // by StreamKind; [0] compute
     mem::Block workspace_;
+    mem::Block bf16_staging_;  // compute's: A rounded to bf16 for a GEMM of a bf16 B (do_gemm_bf16)
     std::mutex plans_mu_;
     std::map<PlanKey, Plan> plans_;
 };

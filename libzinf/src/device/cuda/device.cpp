@@ -34,6 +34,11 @@ CudaDevice::CudaDevice(const Options& opts, int gpu) : gpu_(gpu) {
     const std::uint64_t ws = std::min<std::uint64_t>(32 * MiB, arena_->stats().bytes / 32 / mem::kArenaAlignment *
                                                                    mem::kArenaAlignment);
     if (ws) workspace_ = arena_->allocate(ws, "cuBLASLt workspace");
+    // A GEMM of a bf16 B (the working parameters under Precision::bf16)
+    // rounds A's rows into this, a block of rows at a time: half the
+    // workspace's size.
+    if (const std::uint64_t st = ws / 2 / mem::kArenaAlignment * mem::kArenaAlignment)
+        bf16_staging_ = arena_->allocate(st, "bf16 GEMM staging");
     lt_->check(lt_->Create(&lt_handle_), "cublasLtCreate");
     check(cudaStreamCreateWithFlags(&fill_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     synchronize_all();
@@ -48,6 +53,7 @@ CudaDevice::~CudaDevice() {
     if (fill_stream_) (void)cudaStreamDestroy(fill_stream_);
     for (auto& s : streams_) s.reset();
     workspace_.reset();
+    bf16_staging_.reset();
 }
 
 Event CudaDevice::record(Stream& s) {

@@ -112,6 +112,11 @@ __global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) dst[i] = round_bf16(src[i]);
 }
 
+// A (rows, cols) block of row stride ld_src into packed bf16 rows.
+__global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
+    for (u64 i = global_id(); i < rows * cols; i += grid_threads()) dst[i] = round_bf16(src[i / cols * ld_src + i % cols]);
+}
+
 __global__ void from_bf16_kernel(float* dst, const std::uint16_t* src, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) dst[i] = __uint_as_float(unsigned{src[i]} << 16);
 }
@@ -137,7 +142,7 @@ __global__ void adamw_kernel(AdamPtrs p, u64 n, AdamScalars s) {
 cudaError_t preload_elementwise() {
     return load_kernels(check_ids_kernel, record_ids_kernel, reset_scratch_kernel, wait_flag_kernel,
                         scale_matrix_kernel, bias_add_kernel, gelu_forward_kernel, gelu_backward_kernel,
-                        residual_kernel, accumulate_kernel, to_bf16_kernel, from_bf16_kernel, adamw_kernel);
+                        residual_kernel, accumulate_kernel, to_bf16_kernel, to_bf16_rows_kernel, from_bf16_kernel, adamw_kernel);
 }
 
 void check_ids(cudaStream_t s, const std::int32_t* ids, u64 n, u64 T, u64 V, int kind, u64 ticket,
@@ -181,6 +186,10 @@ void accumulate(cudaStream_t s, float* acc, const float* x, u64 n) {
 
 void to_bf16(cudaStream_t s, std::uint16_t* dst, const float* src, u64 n) {
     if (n) to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, src, n);
+}
+
+void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
+    if (rows && cols) to_bf16_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(dst, src, rows, cols, ld_src);
 }
 
 void from_bf16(cudaStream_t s, float* dst, const std::uint16_t* src, u64 n) {

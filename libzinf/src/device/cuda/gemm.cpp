@@ -76,25 +76,59 @@ void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std
         cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
         return launched("scale_matrix");
     }
-    matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F);
+    matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F, CUDA_R_32F);
 }
 
-void CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type) {
+// cuBLASLt multiplies a bf16 B by a bf16 A only: A's rows are rounded to
+// bf16 into the compute stream's staging, as many at a time as it holds,
+// and each block of them is one bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F)
+// into its rows of C. The blocks depend on the shape alone: the same bits
+// every run.
+void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
+                              std::span<float> c) {
+    if (!r.batch || !r.m || !r.n) return;
+    bind();
+    CudaStream& cs = as_cuda(s);
+    if (!r.k) {
+        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
+        return launched("scale_matrix");
+    }
+    if (&cs != streams_[0].get())
+        throw InternalError("cuda: a GEMM of a bf16 B on the " + s.name() + " stream (its A staging is compute's)");
+    const u64 rows = bf16_staging_.size() / (2 * r.k);
+    if (!rows)
+        throw InternalError("cuda: a GEMM of a bf16 B with k=" + std::to_string(r.k) + " needs " +
+                            format_size(2 * r.k) + " of A staging a row; the device kept " +
+                            format_size(bf16_staging_.size()));
+    auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
+    for (u64 i0 = 0; i0 < r.m; i0 += rows) {
+        Gemm g = r;
+        g.m = std::min(rows, r.m - i0);
+        g.lda = r.k;
+        cuda::to_bf16_rows(cs.native(), staging, a.data() + i0 * r.lda, g.m, r.k, r.lda);
+        launched("to_bf16_rows");
+        matmul(cs, g, staging, b.data(), c.data() + i0 * r.ldc, CUDA_R_16BF, CUDA_R_32F);
+    }
+}
+
+void CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
+                        cudaDataType_t c_type) {
     const bool on_compute = &cs == streams_[0].get();
     void* ws = on_compute && workspace_ ? workspace_.data() : nullptr;
     const std::size_t ws_bytes = ws ? workspace_.size() : 0;
-    const u64 elem = type == CUDA_R_16BF ? 2 : 4, batched = g.batch > 1;
+    const u64 elem = type == CUDA_R_16BF ? 2 : 4, c_elem = c_type == CUDA_R_16BF ? 2 : 4, batched = g.batch > 1;
     const std::uint32_t al_a = alignment(a, batched * g.stride_a * elem),
                         al_b = alignment(b, batched * g.stride_b * elem),
-                        al_c = alignment(c, batched * g.stride_c * elem);
+                        al_c = alignment(c, batched * g.stride_c * c_elem);
     const PlanKey key{g.ta,  g.tb,    g.m,        g.n,        g.k,        g.lda, g.ldb, g.ldc, g.batch,
                       g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c, static_cast<int>(type),
-                      static_cast<int>(compute_type(g, type)), ws != nullptr};
+                      static_cast<int>(c_type), static_cast<int>(compute_type(g, type)), ws != nullptr};
     const Plan* plan = nullptr;
     {
         std::lock_guard lk(plans_mu_);
         auto it = plans_.find(key);
-        if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, al_a, al_b, al_c, type, ws_bytes)).first;
+        if (it == plans_.end())
+            it = plans_.emplace(key, make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes)).first;
         plan = &it->second;
     }
     const float alpha = g.alpha, beta = g.beta;
@@ -105,7 +139,7 @@ void CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void
 }
 
 CudaDevice::Plan CudaDevice::make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c,
-                                       cudaDataType_t type, std::size_t ws_bytes) {
+                                       cudaDataType_t type, cudaDataType_t c_type, std::size_t ws_bytes) {
     const Lt& lt = *lt_;
     Plan p;
     try {
@@ -116,8 +150,8 @@ CudaDevice::Plan CudaDevice::make_plan(const Gemm& g, std::uint32_t al_a, std::u
         // Stored column-major shapes: B row-major (rows_b, cols_b) is (cols_b, rows_b).
         const u64 b_rows = g.tb ? g.k : g.n, b_cols = g.tb ? g.n : g.k;  // cuBLASLt's A
         const u64 a_rows = g.ta ? g.m : g.k, a_cols = g.ta ? g.k : g.m;  // cuBLASLt's B
-        auto layout = [&](cublasLtMatrixLayout_t& l, u64 rows, u64 cols, u64 ld, u64 stride) {
-            lt.check(lt.MatrixLayoutCreate(&l, type, rows, cols, static_cast<std::int64_t>(ld)),
+        auto layout = [&](cublasLtMatrixLayout_t& l, u64 rows, u64 cols, u64 ld, u64 stride, cudaDataType_t t) {
+            lt.check(lt.MatrixLayoutCreate(&l, t, rows, cols, static_cast<std::int64_t>(ld)),
                      "cublasLtMatrixLayoutCreate");
             if (g.batch > 1) {
                 const auto count = static_cast<std::int32_t>(g.batch);
@@ -129,9 +163,9 @@ CudaDevice::Plan CudaDevice::make_plan(const Gemm& g, std::uint32_t al_a, std::u
                          "set STRIDED_BATCH_OFFSET");
             }
         };
-        layout(p.a, b_rows, b_cols, g.ldb, g.stride_b);
-        layout(p.b, a_rows, a_cols, g.lda, g.stride_a);
-        layout(p.c, g.n, g.m, g.ldc, g.stride_c);
+        layout(p.a, b_rows, b_cols, g.ldb, g.stride_b, type);
+        layout(p.b, a_rows, a_cols, g.lda, g.stride_a, type);
+        layout(p.c, g.n, g.m, g.ldc, g.stride_c, c_type);
 
         cublasLtMatmulPreference_t pref = nullptr;
         lt.check(lt.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -187,12 +221,12 @@ double CudaDevice::gemm_rate(u64 n, unsigned reps, bool bf16) {
     }
     const Gemm g = cpu::resolve(Gemm{.m = n, .n = n, .k = n});
     const auto type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    matmul(cs, g, a.data(), b.data(), c.data(), type);  // warm-up (and the heuristic)
+    matmul(cs, g, a.data(), b.data(), c.data(), type, type);  // warm-up (and the heuristic)
     cudaEvent_t t0 = nullptr, t1 = nullptr;
     check(cudaEventCreate(&t0), "cudaEventCreate");
     check(cudaEventCreate(&t1), "cudaEventCreate");
     check(cudaEventRecord(t0, cs.native()), "cudaEventRecord");
-    for (unsigned r = 0; r < reps; ++r) matmul(cs, g, a.data(), b.data(), c.data(), type);
+    for (unsigned r = 0; r < reps; ++r) matmul(cs, g, a.data(), b.data(), c.data(), type, type);
     check(cudaEventRecord(t1, cs.native()), "cudaEventRecord");
     float ms = 0;
     const cudaError_t e = cudaEventSynchronize(t1);

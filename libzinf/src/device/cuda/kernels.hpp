@@ -66,6 +66,8 @@ void bias_backward(cudaStream_t s, float* dbias, const float* dout, u64 N, u64 O
 // wpe (dwpe) nullptr: no position table.
 void embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                        u64 B, u64 T, u64 C, u64 V);
+void embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens, const std::uint16_t* wte,
+                       const std::uint16_t* wpe, u64 B, u64 T, u64 C, u64 V);  // tables stored bf16
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
                         u64 B, u64 T, u64 C, u64 V);
 
@@ -93,6 +95,8 @@ void crossentropy_forward(cudaStream_t s, float* losses, const float* logits, co
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, u64 n);
 void accumulate(cudaStream_t s, float* acc, const float* x, u64 n);
 void to_bf16(cudaStream_t s, std::uint16_t* dst, const float* src, u64 n);
+// dst (rows, cols) packed = src's rows (row stride ld_src) rounded to bf16.
+void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src);
 void from_bf16(cudaStream_t s, float* dst, const std::uint16_t* src, u64 n);
 
 // optim.hpp's Scalars and Update, field for field, without its header.

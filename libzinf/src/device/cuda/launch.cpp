@@ -28,6 +28,17 @@ void CudaDevice::do_embedding_forward(Stream& s, std::span<float> out, std::span
     launched("embedding_forward");
 }
 
+void CudaDevice::do_embedding_forward_bf16(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
+                                           std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, u64 B,
+                                           u64 T, u64 C, u64 V) {
+    bind();
+    CudaStream& cs = as_cuda(s);
+    check_tokens(cs, tokens.data(), B, T, V);
+    cuda::embedding_forward(cs.native(), out.data(), tokens.data(), wte.data(), wpe.empty() ? nullptr : wpe.data(),
+                            B, T, C, V);
+    launched("embedding_forward");
+}
+
 void CudaDevice::do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe,
                                        std::span<const float> dout, std::span<const std::int32_t> tokens, u64 B, u64 T,
                                        u64 C, u64 V) {

@@ -19,13 +19,19 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, u64 N, u64
     dbias[o] = acc;
 }
 
-__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                                         u64 B, u64 T, u64 C, u64 V) {
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
+
+// W: float, or std::uint16_t for tables stored bf16 (widened as read).
+template <class W>
+__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const W* wte, const W* wpe, u64 B,
+                                         u64 T, u64 C, u64 V) {
     for (u64 i = global_id(); i < B * T * C; i += grid_threads()) {
         const u64 bt = i / C, c = i % C;
         const long long tok = tokens[bt];
         if (tok < 0 || static_cast<u64>(tok) >= V) continue;  // reported by check_ids
-        out[i] = wpe ? wte[static_cast<u64>(tok) * C + c] + wpe[bt % T * C + c] : wte[static_cast<u64>(tok) * C + c];
+        const float te = widen(wte[static_cast<u64>(tok) * C + c]);
+        out[i] = wpe ? te + widen(wpe[bt % T * C + c]) : te;
     }
 }
 
@@ -115,7 +121,8 @@ __global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float
 }  // namespace
 
 cudaError_t preload_rows() {
-    return load_kernels(bias_backward_kernel, embedding_forward_kernel, embedding_backward_wte_kernel,
+    return load_kernels(bias_backward_kernel, embedding_forward_kernel<float>, embedding_forward_kernel<std::uint16_t>,
+                        embedding_backward_wte_kernel,
                         embedding_backward_wpe_kernel, layernorm_forward_kernel, layernorm_backward_dinp_kernel,
                         layernorm_backward_dwdb_kernel);
 }
@@ -126,6 +133,11 @@ void bias_backward(cudaStream_t s, float* dbias, const float* dout, u64 N, u64 O
 
 void embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                        u64 B, u64 T, u64 C, u64 V) {
+    if (B && T && C) embedding_forward_kernel<<<blocks_for(B * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B, T, C, V);
+}
+
+void embedding_forward(cudaStream_t s, float* out, const std::int32_t* tokens, const std::uint16_t* wte,
+                       const std::uint16_t* wpe, u64 B, u64 T, u64 C, u64 V) {
     if (B && T && C) embedding_forward_kernel<<<blocks_for(B * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B, T, C, V);
 }
 
