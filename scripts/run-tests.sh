@@ -185,13 +185,16 @@ if [[ ${ZINF_E2E:-1} != 0 ]]; then
 fi
 
 # Longest first when running side by side: the last run's seconds per suite;
-# without them (a clean clone), the e2e suites, longest script first, then
-# MPI, then unit (the e2e suites are the long ones).
+# without them (a clean clone), tests/suite-times (one run's, committed: the
+# order only), and for a suite in neither, the e2e suites, longest script
+# first, then MPI, then unit. (Without the committed times, a clean clone
+# started test_engine, 40-80 s, last, after every e2e script.)
 if ((jobs > 1)); then
   declare -A last=()
-  if [[ -r $times_file ]]; then
-    while IFS=$'\t' read -r secs key; do [[ $secs =~ ^[0-9]+$ ]] && last[$key]=$secs; done <"$times_file"
-  fi
+  for f in tests/suite-times "$times_file"; do
+    [[ -r $f ]] || continue
+    while IFS=$'\t' read -r secs key; do [[ $secs =~ ^[0-9]+$ ]] && last[$key]=$secs; done <"$f"
+  done
   guess() {  # KIND ARG: a rank for a suite never timed
     case $1 in e2e) echo $((3000000000 + $(stat -c %s "$2"))) ;; mpi) echo 2000000000 ;; *) echo 1000000000 ;; esac
   }

@@ -305,8 +305,8 @@ BOOST_AUTO_TEST_CASE(bf16_weights_halve_the_bytes_fetched_and_held) {
                 BOOST_TEST(near(b.loss, a.loss, 2e-2), "step " << k + 1 << ": bf16 " << b.loss << ", fp32 " << a.loss);
             }
             // Each step's batch is another: the mean of the last three below the first three's.
-            auto mean3 = [&](std::size_t at) {
-                return (bf16.logs[at].loss + bf16.logs[at + 1].loss + bf16.logs[at + 2].loss) / 3;
+            auto mean3 = [&logs = bf16.logs](std::size_t at) {  // (clang 14: no structured binding in a lambda)
+                return (logs[at].loss + logs[at + 1].loss + logs[at + 2].loss) / 3;
             };
             std::string all;
             for (const auto& l : bf16.logs) all += " " + std::to_string(l.loss);
