@@ -7,6 +7,7 @@
 // the group's query heads, then the query positions, in that order.
 #include "llama_kernels.hpp"
 #include "llama_math.hpp"
+#include "../util/cpu.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -99,19 +100,71 @@ void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, b
 }
 
 // ---------------------------------------------------------------------------
-void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+// SwiGLU's loops are built once per instruction-set level (util/cpu.hpp) and
+// run over blocks of elements: its exp and two divisions made it the dearest
+// of a smollm-135m step's element-wise kernels (about 3 times GELU's time an
+// element forward and 4 times backward on 4-wide SSE; BENCHMARKS.md). Every
+// level does llama_math's operations in the same order with no fused
+// multiply-add (-ffp-contract=off), so the bits are the scalar form's, the
+// cuda kernels' too. The backward runs in place (dgate is dout): each element
+// reads its own inputs before it writes, which `ivdep` tells the vectoriser
+// (it would otherwise check the overlap at run time and take the scalar loop).
+namespace {
+
+[[gnu::always_inline]] inline void swiglu_forward_in(float* out, const float* gate, const float* up, u64 n) {
+#pragma GCC ivdep
     for (u64 i = 0; i < n; ++i) out[i] = llama_math::swiglu(gate[i], up[i]);
 }
+ZINF_TARGET_V4 void swiglu_forward_v4(float* out, const float* gate, const float* up, u64 n) {
+    swiglu_forward_in(out, gate, up, n);
+}
+ZINF_TARGET_AVX2 void swiglu_forward_avx2(float* out, const float* gate, const float* up, u64 n) {
+    swiglu_forward_in(out, gate, up, n);
+}
+void swiglu_forward_base(float* out, const float* gate, const float* up, u64 n) { swiglu_forward_in(out, gate, up, n); }
 
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+[[gnu::always_inline]] inline void swiglu_backward_in(float* dgate, float* dup, const float* dout, const float* gate,
+                                                      const float* up, u64 n) {
+#pragma GCC ivdep
     for (u64 i = 0; i < n; ++i) {
         float dg, du;
         llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
         dgate[i] = dg;
         dup[i] = du;
     }
+}
+ZINF_TARGET_V4 void swiglu_backward_v4(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                       u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+ZINF_TARGET_AVX2 void swiglu_backward_avx2(float* dgate, float* dup, const float* dout, const float* gate,
+                                           const float* up, u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+void swiglu_backward_base(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+
+constexpr u64 kElementBlock = 4096;  // elements per task: a multiple of every level's vector width
+
+// f(i, count) over [0, n) in blocks, on the team when n is large enough.
+template <class F>
+void element_blocks(u64 n, F&& f) {
+    const u64 blocks = (n + kElementBlock - 1) / kElementBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 b = 0; b < blocks; ++b) f(b * kElementBlock, std::min(kElementBlock, n - b * kElementBlock));
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
+    static const auto run = for_cpu(swiglu_forward_v4, swiglu_forward_avx2, swiglu_forward_base);
+    element_blocks(n, [&](u64 i, u64 count) { run(out + i, gate + i, up + i, count); });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
+    static const auto run = for_cpu(swiglu_backward_v4, swiglu_backward_avx2, swiglu_backward_base);
+    element_blocks(n, [&](u64 i, u64 count) { run(dgate + i, dup + i, dout + i, gate + i, up + i, count); });
 }
 
 // ---------------------------------------------------------------------------
