@@ -9,6 +9,8 @@
 #define BOOST_TEST_MODULE device_llama
 #include "device_reference.hpp"
 
+#include "../../libzinf/src/device/llama_math.hpp"  // SwiGLU's scalar form, the cuda kernels' too
+
 #include <zinf/device.hpp>
 #include <zinf/util.hpp>
 
@@ -269,6 +271,33 @@ BOOST_AUTO_TEST_CASE(swiglu_matches_reference_and_finite_differences) {
     r->swiglu_backward(r.s(), inplace, other, inplace, G, U);
     BOOST_TEST(same_bits(r.down(inplace), r.down(dg)));
     BOOST_TEST(same_bits(r.down(other), r.down(du)));
+}
+
+// The cpu kernels run SwiGLU's loop built for the machine's widest vectors
+// (AVX-512, AVX2 or SSE) in blocks over the team; each must give, element by
+// element, the bits of llama_math's scalar form, which the cuda kernels run
+// too: the vector bodies, the blocks' edges and the last short block (n is
+// no multiple of any vector width or block), on 1 and 2 threads, in place.
+BOOST_AUTO_TEST_CASE(swiglu_is_the_scalar_form_to_the_bit) {
+    std::mt19937_64 rng(fresh_seed("swiglu bits"));
+    const u64 n = 5 * 4096 + 4093;  // past kParallelMin: the team takes the blocks
+    Vf g = randn(n, rng, 4), u = randn(n, rng), d = randn(n, rng);
+    g[5] = 100, g[6] = -100, g[7] = 0, g[4095] = 87.5f, g[4096] = -90, g[n - 1] = -1.2785f;
+    Vf want(n), want_dg(n), want_du(n);
+    for (u64 i = 0; i < n; ++i) {
+        want[i] = llama_math::swiglu(g[i], u[i]);
+        llama_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
+    }
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        auto out = r.up(Vf(n, kNaN)), dg = r.up(d), du = r.up(Vf(n, kNaN));
+        const auto G = r.in(g), U = r.in(u);
+        r->swiglu_forward(r.s(), out, G, U);
+        r->swiglu_backward(r.s(), dg, du, dg, G, U);
+        BOOST_TEST(same_bits(r.down(out), want), threads << " threads: forward");
+        BOOST_TEST(same_bits(r.down(dg), want_dg), threads << " threads: d gate");
+        BOOST_TEST(same_bits(r.down(du), want_du), threads << " threads: d up");
+    }
 }
 
 BOOST_AUTO_TEST_CASE(gqa_matches_reference_and_finite_differences) {

@@ -7,6 +7,7 @@
 // the group's query heads, then the query positions, in that order.
 #include "llama_kernels.hpp"
 #include "llama_math.hpp"
+#include "../util/cpu.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -99,13 +100,32 @@ void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, b
 }
 
 // ---------------------------------------------------------------------------
-void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+// SwiGLU's loops are built once per instruction-set level (util/cpu.hpp) and
+// run over blocks of elements: its exp and two divisions made it the dearest
+// of a smollm-135m step's element-wise kernels (about 3 times GELU's time an
+// element forward and 4 times backward on 4-wide SSE; BENCHMARKS.md). Every
+// level does llama_math's operations in the same order with no fused
+// multiply-add (-ffp-contract=off), so the bits are the scalar form's, the
+// cuda kernels' too. The backward runs in place (dgate is dout): each element
+// reads its own inputs before it writes, which `ivdep` tells the vectoriser
+// (it would otherwise check the overlap at run time and take the scalar loop).
+namespace {
+
+[[gnu::always_inline]] inline void swiglu_forward_in(float* out, const float* gate, const float* up, u64 n) {
+#pragma GCC ivdep
     for (u64 i = 0; i < n; ++i) out[i] = llama_math::swiglu(gate[i], up[i]);
 }
+ZINF_TARGET_V4 void swiglu_forward_v4(float* out, const float* gate, const float* up, u64 n) {
+    swiglu_forward_in(out, gate, up, n);
+}
+ZINF_TARGET_AVX2 void swiglu_forward_avx2(float* out, const float* gate, const float* up, u64 n) {
+    swiglu_forward_in(out, gate, up, n);
+}
+void swiglu_forward_base(float* out, const float* gate, const float* up, u64 n) { swiglu_forward_in(out, gate, up, n); }
 
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+[[gnu::always_inline]] inline void swiglu_backward_in(float* dgate, float* dup, const float* dout, const float* gate,
+                                                      const float* up, u64 n) {
+#pragma GCC ivdep
     for (u64 i = 0; i < n; ++i) {
         float dg, du;
         llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
@@ -113,15 +133,52 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
         dup[i] = du;
     }
 }
+ZINF_TARGET_V4 void swiglu_backward_v4(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                       u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+ZINF_TARGET_AVX2 void swiglu_backward_avx2(float* dgate, float* dup, const float* dout, const float* gate,
+                                           const float* up, u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+void swiglu_backward_base(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
+    swiglu_backward_in(dgate, dup, dout, gate, up, n);
+}
+
+constexpr u64 kElementBlock = 4096;  // elements per task: a multiple of every level's vector width
+
+// f(i, count) over [0, n) in blocks, on the team when n is large enough.
+template <class F>
+void element_blocks(u64 n, F&& f) {
+    const u64 blocks = (n + kElementBlock - 1) / kElementBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (u64 b = 0; b < blocks; ++b) f(b * kElementBlock, std::min(kElementBlock, n - b * kElementBlock));
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, u64 n) {
+    static const auto run = for_cpu(swiglu_forward_v4, swiglu_forward_avx2, swiglu_forward_base);
+    element_blocks(n, [&](u64 i, u64 count) { run(out + i, gate + i, up + i, count); });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n) {
+    static const auto run = for_cpu(swiglu_backward_v4, swiglu_backward_avx2, swiglu_backward_base);
+    element_blocks(n, [&](u64 i, u64 count) { run(dgate + i, dup + i, dout + i, gate + i, up + i, count); });
+}
 
 // ---------------------------------------------------------------------------
+// Attention's tasks are built once per instruction-set level too, as SwiGLU's
+// loops: the same operations in the same order (dot's eight lanes, the
+// per-element sums, libm's exp), so the bits are the same at every level and
+// still the GPT's attention kernels' with as many kv heads as query heads.
 namespace {
 
 // One softmax row over keys 0..last (at k + t2 * kstride) for the query q,
 // into a (len entries, zero past last), then o (hd) = sum_t2 a[t2] v[t2]:
 // attention_forward's steps (softmax.cpp), in its order.
-void attend(float* a, const float* q, const float* k, const float* v, u64 kstride, u64 last, u64 len, u64 hd,
-            float scale, float* o) {
+[[gnu::always_inline]] inline void attend_in(float* a, const float* q, const float* k, const float* v, u64 kstride,
+                                             u64 last, u64 len, u64 hd, float scale, float* o) {
     float maxval = -std::numeric_limits<float>::infinity();
     for (u64 t2 = 0; t2 <= last; ++t2) {
         a[t2] = dot(q, k + t2 * kstride, hd) * scale;
@@ -143,7 +200,87 @@ void attend(float* a, const float* q, const float* k, const float* v, u64 kstrid
     }
 }
 
+#define ZINF_ATTEND_ARGS                                                                                            \
+    float *a, const float *q, const float *k, const float *v, u64 kstride, u64 last, u64 len, u64 hd, float scale, \
+        float *o
+ZINF_TARGET_V4 void attend_v4(ZINF_ATTEND_ARGS) { attend_in(a, q, k, v, kstride, last, len, hd, scale, o); }
+ZINF_TARGET_AVX2 void attend_avx2(ZINF_ATTEND_ARGS) { attend_in(a, q, k, v, kstride, last, len, hd, scale, o); }
+void attend_base(ZINF_ATTEND_ARGS) { attend_in(a, q, k, v, kstride, last, len, hd, scale, o); }
+#undef ZINF_ATTEND_ARGS
+
+void attend(float* a, const float* q, const float* k, const float* v, u64 kstride, u64 last, u64 len, u64 hd,
+            float scale, float* o) {
+    static const auto run = for_cpu(attend_v4, attend_avx2, attend_base);
+    run(a, q, k, v, kstride, last, len, hd, scale, o);
+}
+
 constexpr u64 kKeyBlock = 16;  // key positions per task in the backward's second pass
+
+struct GqaBackward {
+    float *dq, *dk, *dv, *datt;
+    const float *dout, *q, *k, *v, *att;
+    u64 B, T, NH, KVH, hd;
+};
+
+// 1: task (b, h, t): datt row t through the softmax, and dq[t].
+[[gnu::always_inline]] inline void gqa_rows_in(const GqaBackward& p, u64 task) {
+    const u64 T = p.T, NH = p.NH, hd = p.hd, QC = NH * hd, KC = p.KVH * hd, group = NH / p.KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
+    const float* a = p.att + ((b * NH + h) * T + t) * T;
+    float* da = p.datt + ((b * NH + h) * T + t) * T;
+    const float* go = p.dout + (b * T + t) * QC + h * hd;
+    const float* kb = p.k + b * T * KC + g * hd;
+    const float* vb = p.v + b * T * KC + g * hd;
+    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(vb + t2 * KC, go, hd);
+    const float s = dot(a, da, t + 1);
+    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
+    for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
+    float* d = p.dq + (b * T + t) * QC + h * hd;
+    std::fill(d, d + hd, 0.0f);
+    for (u64 t2 = 0; t2 <= t; ++t2) {
+        const float gs = da[t2] * scale;
+        const float* kk = kb + t2 * KC;
+        for (u64 i = 0; i < hd; ++i) d[i] += gs * kk[i];
+    }
+}
+
+// 2: task (b, g, block of key positions): dk and dv summed over the group's
+// query heads, then the query positions t >= t2, in order.
+[[gnu::always_inline]] inline void gqa_keys_in(const GqaBackward& p, u64 task) {
+    const u64 T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd, QC = NH * hd, KC = KVH * hd, group = NH / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
+    const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
+    const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
+    for (u64 t2 = t0; t2 < t1; ++t2) {
+        std::fill(p.dk + (b * T + t2) * KC + g * hd, p.dk + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
+        std::fill(p.dv + (b * T + t2) * KC + g * hd, p.dv + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
+    }
+    for (u64 h = g * group; h < (g + 1) * group; ++h)
+        for (u64 t = t0; t < T; ++t) {
+            const float* a = p.att + ((b * NH + h) * T + t) * T;
+            const float* da = p.datt + ((b * NH + h) * T + t) * T;
+            const float* go = p.dout + (b * T + t) * QC + h * hd;
+            const float* qq = p.q + (b * T + t) * QC + h * hd;
+            for (u64 t2 = t0; t2 < std::min(t1, t + 1); ++t2) {
+                float* dkk = p.dk + (b * T + t2) * KC + g * hd;
+                float* dvv = p.dv + (b * T + t2) * KC + g * hd;
+                const float w = a[t2], gs = da[t2] * scale;
+                for (u64 i = 0; i < hd; ++i) {
+                    dvv[i] += w * go[i];
+                    dkk[i] += gs * qq[i];
+                }
+            }
+        }
+}
+
+ZINF_TARGET_V4 void gqa_rows_v4(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
+ZINF_TARGET_AVX2 void gqa_rows_avx2(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
+void gqa_rows_base(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
+ZINF_TARGET_V4 void gqa_keys_v4(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
+ZINF_TARGET_AVX2 void gqa_keys_avx2(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
+void gqa_keys_base(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
 
 }  // namespace
 
@@ -172,58 +309,15 @@ void gqa_decode(float* out, float* att, const float* q, const float* k, const fl
 
 void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q, const float* k,
                   const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
-    const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const bool parallel = B * T * T * QC >= kParallelMin;
-    // 1: per (b, h, t): datt row t through the softmax, and dq[t].
+    static const auto rows = for_cpu(gqa_rows_v4, gqa_rows_avx2, gqa_rows_base);
+    static const auto keys = for_cpu(gqa_keys_v4, gqa_keys_avx2, gqa_keys_base);
+    const GqaBackward p{dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd};
+    const bool parallel = B * T * T * NH * hd >= kParallelMin;
 #pragma omp parallel for schedule(static, 1) if (parallel)
-    for (u64 task = 0; task < B * NH * T; ++task) {
-        const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
-        const float* a = att + ((b * NH + h) * T + t) * T;
-        float* da = datt + ((b * NH + h) * T + t) * T;
-        const float* go = dout + (b * T + t) * QC + h * hd;
-        const float* kb = k + b * T * KC + g * hd;
-        const float* vb = v + b * T * KC + g * hd;
-        for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(vb + t2 * KC, go, hd);
-        const float s = dot(a, da, t + 1);
-        for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
-        for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
-        float* d = dq + (b * T + t) * QC + h * hd;
-        std::fill(d, d + hd, 0.0f);
-        for (u64 t2 = 0; t2 <= t; ++t2) {
-            const float gs = da[t2] * scale;
-            const float* kk = kb + t2 * KC;
-            for (u64 i = 0; i < hd; ++i) d[i] += gs * kk[i];
-        }
-    }
-    // 2: per (b, g, block of key positions): dk and dv summed over the
-    // group's query heads, then the query positions t >= t2, in order.
+    for (u64 task = 0; task < B * NH * T; ++task) rows(p, task);
     const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
 #pragma omp parallel for schedule(static, 1) if (parallel)
-    for (u64 task = 0; task < B * KVH * blocks; ++task) {
-        const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
-        const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
-        for (u64 t2 = t0; t2 < t1; ++t2) {
-            std::fill(dk + (b * T + t2) * KC + g * hd, dk + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
-            std::fill(dv + (b * T + t2) * KC + g * hd, dv + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
-        }
-        for (u64 h = g * group; h < (g + 1) * group; ++h)
-            for (u64 t = t0; t < T; ++t) {
-                const float* a = att + ((b * NH + h) * T + t) * T;
-                const float* da = datt + ((b * NH + h) * T + t) * T;
-                const float* go = dout + (b * T + t) * QC + h * hd;
-                const float* qq = q + (b * T + t) * QC + h * hd;
-                for (u64 t2 = t0; t2 < std::min(t1, t + 1); ++t2) {
-                    float* dkk = dk + (b * T + t2) * KC + g * hd;
-                    float* dvv = dv + (b * T + t2) * KC + g * hd;
-                    const float w = a[t2], gs = da[t2] * scale;
-                    for (u64 i = 0; i < hd; ++i) {
-                        dvv[i] += w * go[i];
-                        dkk[i] += gs * qq[i];
-                    }
-                }
-            }
-    }
+    for (u64 task = 0; task < B * KVH * blocks; ++task) keys(p, task);
 }
 
 }  // namespace zinf::device::cpu
