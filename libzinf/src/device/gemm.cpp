@@ -188,11 +188,8 @@ void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) {
     if (!g.batch || !g.m || !g.n) return;
     if (!g.k) return scale_c(g, c);
     std::vector<float>& wb = b_scratch(g);
-    float* w = wb.data();
-    const u64 n = wb.size();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (u64 i = 0; i < n; ++i) w[i] = zinf::from_bf16(b[i]);
-    gemm_rounded_a(g, a, w, c);
+    from_bf16(wb.data(), b, wb.size());  // exact: B's fp32 copy
+    gemm_rounded_a(g, a, wb.data(), c);
 }
 
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
