@@ -40,7 +40,7 @@ endif
 # prints (the programs' option files, the tests; the lists are below). They
 # are template-heavy (CLI11, nlohmann/json, Boost.Test) and built -O0 or -O1,
 # where clang's front end and code generator take half of GCC's CPU time
-# (BENCHMARKS.md, "A build in minutes"); it links against the same libstdc++,
+# (BENCHMARKS.md, "Clang for the template-heavy files"); it links against the same libstdc++,
 # and the library, whose kernels' bits are GCC's, stays GCC's. clang++ when
 # CXX is the default g++ and clang is installed; CXX otherwise, and always
 # under a sanitizer (one compiler's runtime per binary). FAST_CXX=g++ opts out.
