@@ -64,6 +64,31 @@ words() {
 }
 have_python() { command -v python3 >/dev/null; }
 
+# --- a program's start: no thread of OpenBLAS's pool left spinning ----------
+# verify blocks reading its manifest from a FIFO: by then the program has
+# started, and only its own thread may be there (OpenBLAS's pthread build
+# starts a pool of nproc - 1 threads as it loads; the device stops it).
+if (($(nproc) > 1)); then
+  mkfifo "$TMP/start.fifo"
+  "$SH" verify <"$TMP/start.fifo" >/dev/null 2>&1 &
+  pid=$!
+  exec {fifo_w}>"$TMP/start.fifo"
+  state=
+  for ((i = 0; i < 500; i++)); do
+    # In the read of a pipe (the shell's child waits on the FIFO before the
+    # exec, the program on OpenBLAS's pool as it stops it: not those).
+    read -r comm <"/proc/$pid/comm" 2>/dev/null && [[ $comm == zinf-shard ]] &&
+      read -r state <"/proc/$pid/wchan" 2>/dev/null && [[ $state == *pipe_read* ]] && break
+    nap 0.01
+  done
+  tasks=("/proc/$pid/task/"*)
+  check "a program blocked on its input after start runs one thread (OpenBLAS's pool stopped)" test "${#tasks[@]}" = 1
+  exec {fifo_w}>&-
+  wait "$pid"
+else
+  skip "a program runs one thread after start" "one core: OpenBLAS starts no pool"
+fi
+
 # --- layout | init | verify, for even and uneven splits ---------------------
 declare -A TENSORS=([$M1]=28 [$M2]=16) NAME=([$M1]=m1 [$M2]=m2)
 for model in "$M1" "$M2"; do

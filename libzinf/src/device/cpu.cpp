@@ -8,10 +8,6 @@
 
 #include <zinf/device.hpp>
 
-#if ZINF_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
 #include <omp.h>
 
 #include <array>
@@ -462,13 +458,9 @@ std::unique_ptr<Device> open(const Options& opts) {
     if (opts.backend == "cuda" || (opts.backend == "auto" && cuda_unavailable().empty())) return open_cuda(opts);
     if (opts.backend != "cpu" && opts.backend != "auto")
         throw UsageError("unknown device backend '" + opts.backend + "' (the backends: auto, cpu, cuda)");
-    auto dev = std::make_unique<CpuDevice>(opts);
-#if ZINF_HAVE_OPENBLAS
-    // One thread inside each call: the device splits a GEMM over its own
-    // OpenMP team (gemm.cpp), so no second pool of threads spins on the cores.
-    openblas_set_num_threads(1);
-#endif
-    return dev;
+    // OpenBLAS runs one thread inside each call (gemm.cpp sets it so as the
+    // program starts): the device splits a GEMM over its own OpenMP team.
+    return std::make_unique<CpuDevice>(opts);
 }
 
 double measure_gemm_flops(Device& dev, std::uint64_t n, unsigned reps) {

@@ -116,7 +116,26 @@ u64 gemm_extent_c(const Gemm& g) {
 }
 
 #if ZINF_HAVE_OPENBLAS
+// OpenBLAS's own: the pool's stop, exported for its fork handler, not in
+// cblas.h; weak, so a BLAS without it (OpenBLAS's OpenMP build) links too.
+extern "C" [[gnu::weak]] int blas_thread_shutdown_(void);
+
 namespace {
+// Debian's OpenBLAS (the pthread build) starts a pool as it loads, a thread
+// per core less one, and each spins on sched_yield for about 0.1 s before
+// it sleeps. Every program links it and most never multiply (zinf-shard,
+// zinf-plan), so each start ran a second, spinning thread. The device calls
+// OpenBLAS one thread at a time (blas_split below), so OpenBLAS is set to
+// one thread and its pool stopped as the program starts (this constructor
+// runs after every library's) and again after blas_threaded, which alone
+// asks for more (OpenBLAS starts the pool again itself then). Never
+// openblas_set_num_threads alone after this: it restarts a stopped pool.
+void blas_one_thread() {
+    openblas_set_num_threads(1);
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
+}
+[[gnu::constructor]] void blas_one_thread_at_start() { blas_one_thread(); }
+
 void blas(const Gemm& g, u64 m, u64 n, const float* a, const float* b, float* c) {
     cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
                 static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(g.k), g.alpha, a,
@@ -150,7 +169,7 @@ void blas_split(const Gemm& g, const float* a, const float* b, float* c) {
 void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int threads) {
     openblas_set_num_threads(threads);
     blas(g, g.m, g.n, a, b, c);
-    openblas_set_num_threads(1);
+    blas_one_thread();
 }
 #endif
 

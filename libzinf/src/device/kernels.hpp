@@ -42,7 +42,7 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c);
 void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c);
 #if ZINF_HAVE_OPENBLAS
 // One cblas_sgemm on OpenBLAS's own `threads` threads (the peer --bench
-// measures against); OpenBLAS goes back to one thread afterwards.
+// measures against); OpenBLAS goes back to one thread, its pool stopped.
 void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int threads);
 #endif
 
