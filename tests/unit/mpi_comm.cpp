@@ -288,6 +288,15 @@ std::vector<std::size_t> sizes() {
     v.push_back(kLarge);
     return v;
 }
+// sizes() for type t: the large size (the chunked paths, kChunkBytes / the
+// element's size per message) only for f32, bf16 and i64, element sizes 4,
+// 2 and 8; the small sizes check every type's arithmetic. (Each type at the
+// large size was a third of mpi_comm's time at np 4.)
+std::vector<std::size_t> sizes(DType t) {
+    std::vector<std::size_t> v = sizes();
+    if (t != DType::f32 && t != DType::bf16 && t != DType::i64) v.pop_back();
+    return v;
+}
 // A rank's block when `n` is the whole: n itself when small, ~n/dp when large.
 std::size_t block_of(std::size_t n) { return n < 100000 ? n : n / static_cast<std::size_t>(dp()) | 1u; }
 
@@ -410,7 +419,7 @@ BOOST_AUTO_TEST_SUITE(operations)
 BOOST_AUTO_TEST_CASE(allgather_equal_blocks) {
     const std::uint64_t s = shared_seed("allgather");
     for (DType t : kAllTypes)
-        for (std::size_t n : sizes())
+        for (std::size_t n : sizes(t))
             for (Mode m : {Mode::blocking, Mode::nonblocking}) {
                 const std::size_t b = block_of(n);
                 const Gen g{t, s + n};
@@ -426,7 +435,7 @@ BOOST_AUTO_TEST_CASE(allgather_equal_blocks) {
 BOOST_AUTO_TEST_CASE(reduce_scatter_sum_avg_max) {
     const std::uint64_t s = shared_seed("reduce-scatter");
     for (DType t : kAllTypes)
-        for (std::size_t n : sizes()) {
+        for (std::size_t n : sizes(t)) {
             const std::size_t b = block_of(n);
             const Gen g{t, s + n};
             const Bytes send = data(g, me(), 0, b * dp());
@@ -448,7 +457,7 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_sum_avg_max) {
 BOOST_AUTO_TEST_CASE(allreduce_sum_avg_max) {
     const std::uint64_t s = shared_seed("allreduce");
     for (DType t : kAllTypes)
-        for (std::size_t n : sizes()) {
+        for (std::size_t n : sizes(t)) {
             const Gen g{t, s + n};
             const Bytes send = data(g, me(), 0, n);
             for (Reduce red : {Reduce::sum, Reduce::avg, Reduce::max}) {
@@ -469,7 +478,7 @@ BOOST_AUTO_TEST_CASE(allreduce_sum_avg_max) {
 BOOST_AUTO_TEST_CASE(broadcast_from_every_root) {
     const std::uint64_t s = shared_seed("broadcast");
     for (DType t : kAllTypes)
-        for (std::size_t n : sizes())
+        for (std::size_t n : sizes(t))
             for (int root = 0; root < dp(); ++root) {
                 const Gen g{t, s + n};
                 const Bytes want = data(g, root, 0, n);
@@ -522,7 +531,7 @@ BOOST_AUTO_TEST_CASE(allgather_from_own_block_of_recv) {
     const std::uint64_t s = shared_seed("allgather in place");
     std::mt19937_64 rng(s);
     for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::u8})
-        for (std::size_t n : sizes())
+        for (std::size_t n : sizes(t))
             for (Mode m : {Mode::blocking, Mode::nonblocking}) {
                 const std::size_t b = block_of(n);
                 const Gen g{t, s + n};
