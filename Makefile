@@ -425,7 +425,7 @@ $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp
 $(BUILD)/tests/fuzz/targets.o: tests/fuzz/targets.cpp $(FUZZ_SRCS) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CXX     $< ($(FUZZ_TARGETS))")
-	$(Q)$(LAUNCH) $(CXX) $(CPPFLAGS) $(CXXFLAGS) $(FUZZ_SRCS:%=-include %) -c $< -o $@
+	$(Q)$(LAUNCH) $(FAST_CXX) $(CPPFLAGS) $(CXXFLAGS) $(FUZZ_SRCS:%=-include %) -c $< -o $@
 ifeq ($(FUZZ_CLANG),1)
 CXXFLAGS += -fsanitize=fuzzer-no-link -fno-sanitize-recover=all
 $(BUILD)/tests/fuzz/fuzz_%.o: CPPFLAGS += -DZINF_LIBFUZZER
@@ -448,17 +448,21 @@ fuzz:
 # includes changes): tests/e2e/targets.sh runs it in `make test`, so that a
 # change clang 14 cannot build fails there, not on the next fuzz campaign
 # (issue 29: __builtin_cpu_supports("x86-64-v4") broke make fuzz unseen).
-# FUZZ_SYNTAX=quick (what make test runs) parses the fuzz targets and every
-# header of the library, public and private, in one file: about 20 CPU-s from
-# a clean clone instead of 70 for the 28 library files as well (a construct
-# clang 14 refuses inside one of those is then found by make fuzz-syntax or
-# make fuzz, not by make test).
+# FUZZ_SYNTAX=quick (what make test runs) parses every header of the
+# library, public and private, in one file, and the fuzz targets when the
+# tests' build has not: where FAST_CXX is clang it compiles them all already
+# (tests/fuzz/targets.o, for fuzz-replay), which the targets' own parse
+# (about 20 CPU-s from a clean clone) only repeated with the fuzz build's
+# flags. The 28 library files as well are 70 CPU-s more: a construct clang
+# 14 refuses inside one of those is found by make fuzz-syntax or make fuzz,
+# not by make test.
 FUZZ_SYNTAX ?= all
 fuzz-syntax:
-	$(Q)$(MAKE) $(FUZZ_MAKE) FUZZ_SYNTAX=$(FUZZ_SYNTAX) fuzz-syntax-run
+	$(Q)$(MAKE) $(FUZZ_MAKE) FUZZ_SYNTAX=$(FUZZ_SYNTAX) FUZZ_REPLAY_CXX=$(FAST_CXX) fuzz-syntax-run
 # (the list made by the inner make, whose NO_CUDA=1 picks the *_none.cpp twins)
-fuzz-syntax-run: $(patsubst %.cpp,$(BUILD)/syntax/%.ok,$(FUZZ_SRCS) $(if $(filter quick,$(FUZZ_SYNTAX)),,$(FUZZ_LIB_SRCS))) \
-  $(BUILD)/syntax/headers.ok
+FUZZ_SYNTAX_SRCS := $(if $(filter quick,$(FUZZ_SYNTAX)),$(if $(findstring clang,$(notdir $(FUZZ_REPLAY_CXX))),,$(FUZZ_SRCS)),\
+  $(FUZZ_SRCS) $(FUZZ_LIB_SRCS))
+fuzz-syntax-run: $(patsubst %.cpp,$(BUILD)/syntax/%.ok,$(FUZZ_SYNTAX_SRCS)) $(BUILD)/syntax/headers.ok
 $(BUILD)/syntax/headers.ok: $(PUBLIC_HEADERS) $(wildcard libzinf/src/*/*.hpp) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  SYNTAX  every header of libzinf")
