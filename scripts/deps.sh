@@ -4,7 +4,7 @@
 #   scripts/deps.sh --check   exit 0 when everything is installed, 1 otherwise, and
 #                             name what is missing on stderr
 #   scripts/deps.sh --fuzz [--check]   the same, with what `make fuzz` adds
-#                             (libFuzzer's runtime, OpenMP for clang); `make test` needs none of it
+#                             (libFuzzer's runtime); `make test` needs none of it
 # CUDA and NCCL are not Debian packages: they come with the CUDA toolkit in
 # /usr/local/cuda, and the build works without them.
 set -euo pipefail
@@ -12,6 +12,7 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   clang              # the tests' and the programs' option files (the Makefile's FAST_CXX): half GCC's CPU at -O0
+  libomp-dev         # clang's OpenMP: make test's ThreadSanitizer subset is clang's where this is installed
   liburing-dev       # io engine
   libxxhash-dev      # checksums
   librandom123-dev   # Philox, the counter-based generator of initial values
@@ -28,7 +29,7 @@ packages=(
   gnuplot-nox        # scripts/plot.sh
 )
 
-fuzz_packages=(libclang-rt-dev libomp-dev)  # make fuzz: libFuzzer, OpenMP for clang
+fuzz_packages=(libclang-rt-dev)  # make fuzz: libFuzzer
 if [[ ${1:-} == --fuzz ]]; then
   packages+=("${fuzz_packages[@]}")
   shift
