@@ -40,7 +40,7 @@ div=("$TR" --manifest "$T/manifest.jsonl" --steps 6 --resume --lr 1e12 "${R[@]}"
 restore
 timed run "${div[@]}" >"$W/ref.out" 2>"$W/ref.err"
 ref_rc=$?
-if ((ref_rc != 65)) || ! same_bytes "$T/manifest.jsonl" "$W/ref.2" || [[ $(cat "$W/ref.err") != *"committed again at step 2"* ]]; then
+if ((ref_rc != 65)) || ! same_bytes "$T/manifest.jsonl" "$W/ref.2" || [[ $(<"$W/ref.err") != *"committed again at step 2"* ]]; then
   fail "the reference: the diverging run exits 65 and commits step 2 again" "exit $ref_rc: $(tail -c 300 "$W/ref.err")"
   crash_finish "$name"
   exit 1

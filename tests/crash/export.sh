@@ -97,7 +97,7 @@ for ((i = 0; i < trials; i++)); do
     why_not "the output is torn: neither absent nor the old or the new export ($(diff -rq "$O" "$W/new" 2>&1 | head -2 | tr '\n' ' '))"
   fi
   [[ $rc == 0 && $found != new ]] && why_not "the export ended 0 but its output is $found"
-  [[ $(sums "$W/s") == "$(cat "$W/s.sums")" ]] || why_not "the exported state changed"
+  [[ $(sums "$W/s") == "$(<"$W/s.sums")" ]] || why_not "the exported state changed"
   expect "zinf-shard verify passes on the state exported" verifies "$W/s/manifest.jsonl"
   # The next export: --force whenever an output is there.
   again=()

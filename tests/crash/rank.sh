@@ -154,7 +154,7 @@ for ((i = 0; i < trials; i++)); do
       sleep "0.$(printf '%03d' "$ms")"
       sig=$([[ $phase == stop ]] && echo STOP || echo KILL)
       desc+=", SIG$sig ${ms} ms after the first step"
-      kill -"$sig" "$(cat "$D/pid.$victim")" && killed_at=$(now)
+      kill -"$sig" "$(<"$D/pid.$victim")" && killed_at=$(now)
     else
       why_not "no step line within 20 s: $(tail -c 300 "$D/err.0" 2>/dev/null)"
     fi
@@ -167,7 +167,7 @@ for ((i = 0; i < trials; i++)); do
       desc+=", SIGKILL ${ms} ms after start"
       # A small init may be done by then: nothing was killed, and the
       # manifest checks below still hold it to one process's bytes.
-      if kill -KILL "$(cat "$D/pid.$victim")" 2>/dev/null; then killed_at=$(now); else late=1; fi
+      if kill -KILL "$(<"$D/pid.$victim")" 2>/dev/null; then killed_at=$(now); else late=1; fi
     else
       why_not "the ranks did not start within 20 s"
     fi

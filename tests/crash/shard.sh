@@ -135,7 +135,7 @@ for ((i = 0; i < trials; i++)); do
       cmp -s <(sed 's/\.alt\.bin"/.bin"/g' "$T/manifest.jsonl") <(sed 's/\.alt\.bin"/.bin"/g' "$W/new.manifest")
     [[ -z $(leftovers "$T") ]] || why_not "temporaries left after the re-run: $(leftovers "$T" | head -3 | tr '\n' ' ')"
   fi
-  [[ $op != reshard ]] || [[ $(sums "$W/src") == "$(cat "$W/src.sums")" ]] || why_not "reshard's source changed"
+  [[ $op != reshard ]] || [[ $(sums "$W/src") == "$(<"$W/src.sums")" ]] || why_not "reshard's source changed"
   landed+=("$found")
   trial_end "$op $mode, kill at ${kill// /:} (exit $rc): manifest $found; seed=$trial_seed"
 done

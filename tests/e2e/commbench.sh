@@ -84,7 +84,7 @@ check "one rank --raw: ratio is raw_time_us / time_us (not 0 from 0/0 busbw)" \
 # --- closed output pipe: no hang, 0 or 74 from the program, never a signal
 start=$EPOCHREALTIME
 timeout -k 5 30 "$CB" -b 4 -e 64M -f 2 -n 1 -w 0 --rounds 1 2>"$TMP/pipe.err" | head -n 1 >/dev/null
-rc=${PIPESTATUS[0]} err=$(cat "$TMP/pipe.err") took=$(elapsed "$start" "$EPOCHREALTIME")
+rc=${PIPESTATUS[0]} err=$(<"$TMP/pipe.err") took=$(elapsed "$start" "$EPOCHREALTIME")
 check "| head -n 1: exit 0 or 74, not a signal or a hang (got $rc in ${took}s)" test "$rc" = 0 -o "$rc" = 74
 check "…and a 74 says writing stdout failed" bash -c '[[ $1 == 0 || $2 == *"writing the results to stdout failed"* ]]' _ "$rc" "$err"
 
@@ -320,7 +320,7 @@ mpi 2 bash -c \
   'd=$1; shift; "$@" | head -n 1 >/dev/null; echo "${PIPESTATUS[0]}" >"$d/rank$OMPI_COMM_WORLD_RANK"' \
   _ "$TMP/pipe" "$CB" -b 8 -e 64M -f 2 -n 1 -w 0 --rounds 1 --comm-timeout 5s >/dev/null 2>"$TMP/pipe.err"
 took=$(elapsed "$start" "$EPOCHREALTIME")
-rc0=$(cat "$TMP/pipe/rank0" 2>/dev/null) err=$(cat "$TMP/pipe.err")
+rc0=$(cat "$TMP/pipe/rank0" 2>/dev/null) err=$(<"$TMP/pipe.err")
 check "np 2, rank 0's stdout closed: rank 0 says writing stdout failed (or it finished first)" \
   bash -c '[[ $1 == 0 || $2 == *"writing the results to stdout failed"* ]]' _ "$rc0" "$err"
 check "…and exits by itself, 0 or 74, before the other rank's 5 s --comm-timeout (rank 0: ${rc0:-killed}; ${took}s)" \

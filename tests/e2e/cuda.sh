@@ -42,7 +42,7 @@ run "$TR" --manifest "$(mf refuse)" "${RUN[@]}" --steps 3 --device cpu --precisi
 expect_rc 64 "--precision fp16 is a usage error"
 check "…naming the value and the choices" has_all "$err" "precision 'fp16'" "expected fp32 or bf16"
 check "…nothing on stdout" test -z "$out"
-check "…the checkpoint untouched" test "$(sums "$W/refuse")" = "$(cat "$W/refuse.sums")"
+check "…the checkpoint untouched" test "$(sums "$W/refuse")" = "$(<"$W/refuse.sums")"
 for p in fp32 bf16; do
   state "p$p" --param-dtype fp32
   run "$TR" --manifest "$(mf "p$p")" "${RUN[@]}" --steps 3 --device cpu --threads 1 --precision "$p"

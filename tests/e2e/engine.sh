@@ -63,7 +63,7 @@ if [[ -n $need ]]; then
   expect_rc 64 "a budget of $((need - 1)) bytes, one under the need, is refused"
   check "…naming the largest module, the budget needed and a --tile that fits" \
     has_all "$err" "h.0.mlp.c_fc needs" "at least $need bytes" "--tile 2"
-  check "the refused runs leave the state byte-identical" test "$(sums "$W/budget")" = "$(cat "$W/budget.sums")"
+  check "the refused runs leave the state byte-identical" test "$(sums "$W/budget")" = "$(<"$W/budget.sums")"
   run "$TR" --manifest "$(mf budget)" --text "$CORPUS" --steps 2 --device-memory "$need" --json "${RUN[@]}"
   expect_rc 0 "a budget of exactly $need bytes trains"
   check "…within it: device_peak_bytes <= $need" jq -e -s --argjson n "$need" 'length == 2 and all(.[]; .device_peak_bytes <= $n)' <<<"$out"
@@ -82,15 +82,15 @@ state whole --param nvme --optim cpu
 "$TR" --manifest "$(mf whole)" --steps 6 "${R[@]}" 2>/dev/null >"$W/whole.jsonl"
 state rfault --param nvme --optim cpu
 "$TR" --manifest "$(mf rfault)" --steps 3 "${R[@]}" 2>/dev/null >/dev/null
-before=$(cat "$(mf rfault)")
+before=$(<"$(mf rfault)")
 # (ZINF_FAULTS applies to every file: no start-up disk probe to take the fault.)
 out=$(ZINF_FAULTS=read:5:EIO "$TR" --manifest "$(mf rfault)" --steps 6 --resume --disk-probe 0 "${R[@]}" 2>"$W/rfault.err")
 rc=$?
-err=$(cat "$W/rfault.err")
+err=$(<"$W/rfault.err")
 expect_rc 74 "a read error in a parameter fetch exits 74"
 check "…naming the parameter file and the offset" has_all "$err" "rank0/param" "offset"
 check "…printing no step (it failed in step 4)" test -z "$out"
-check "…and leaving the manifest as committed at step 3" test "$(cat "$(mf rfault)")" = "$before"
+check "…and leaving the manifest as committed at step 3" test "$(<"$(mf rfault)")" = "$before"
 run "$TR" --manifest "$(mf rfault)" --steps 6 --resume "${R[@]}"
 expect_rc 0 "--resume after the read error exits 0"
 check "…and steps 4-6 have the uninterrupted run's losses" test "$(losses /dev/stdin <<<"$out")" = "$(losses "$W/whole.jsonl" 4 6)"
@@ -102,13 +102,13 @@ state whole2 --param cpu --optim nvme
 state wfault --param cpu --optim nvme
 "$TR" --manifest "$(mf wfault)" --steps 2 "${R[@]}" 2>/dev/null >/dev/null
 check "the state streams from NVMe and commits every step (at step 2)" test "$(manifest_step "$(mf wfault)")" = 2
-before=$(cat "$(mf wfault)")
+before=$(<"$(mf wfault)")
 out=$(ZINF_FAULTS=write:3:EIO "$TR" --manifest "$(mf wfault)" --steps 5 --resume --disk-probe 0 "${R[@]}" 2>"$W/wfault.err")
 rc=$?
-err=$(cat "$W/wfault.err")
+err=$(<"$W/wfault.err")
 expect_rc 74 "a write error in a gradient offload exits 74"
 check "…naming the gradient file" contains "$err" "grad.bin"
-check "…and leaving the manifest as committed at step 2" test "$(cat "$(mf wfault)")" = "$before"
+check "…and leaving the manifest as committed at step 2" test "$(<"$(mf wfault)")" = "$before"
 run "$TR" --manifest "$(mf wfault)" --steps 5 --resume "${R[@]}"
 expect_rc 0 "--resume after the write error exits 0"
 check "…and steps 3-5 have the uninterrupted run's losses" test "$(losses /dev/stdin <<<"$out")" = "$(losses "$W/whole2.jsonl" 3 5)"
@@ -135,7 +135,7 @@ for n in 2 8; do
   "$TR" --manifest "$(mf rss$n)" --text "$CORPUS" --steps 3 --json --batch 2 --seq 16 --threads 1 \
     --device-memory 48MiB --prefetch-bytes 1MiB --optimizer-readahead 0 2>/dev/null | tail -n 1 | jq .peak_rss_bytes >"$W/rss$n.peak"
 done
-r2=$(cat "$W/rss2.peak") r8=$(cat "$W/rss8.peak")
+r2=$(<"$W/rss2.peak") r8=$(<"$W/rss8.peak")
 check "peak RSS with 8 layers ($r8) is under 1.1x that with 2 ($r2)" \
   awk -v a="${r2:-0}" -v b="${r8:-0}" 'BEGIN { exit !(a > 0 && b > 0 && b < 1.1 * a) }'
 

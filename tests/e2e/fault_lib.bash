@@ -189,7 +189,7 @@ fw_case() {
   out=$("fw_out_$s")
   name="$s: $how at $kind ${path#"$W"/}"
   local err
-  err=$(cat "$W/case.err")
+  err=$(<"$W/case.err")
   if [[ $how == short ]]; then
     ((rc == $(fw_clean_rc "$s"))) || problems+=("exit $rc, want $(fw_clean_rc "$s") (a short transfer is finished)")
     cmp -s "$out/manifest.jsonl" "$W/$s.clean.manifest" || problems+=("the manifest is not the clean run's")

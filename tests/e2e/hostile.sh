@@ -23,7 +23,7 @@ verifies() { zs verify -m "$1/manifest.jsonl" >/dev/null 2>&1; }
 OUT=$W/outside
 mkdir -p "$OUT"
 echo "outside bytes" >"$OUT/victim"
-victim_intact() { [[ $(cat "$OUT/victim") == "outside bytes" && -z $(ls -A "$OUT/dir" 2>/dev/null) ]]; }
+victim_intact() { [[ $(<"$OUT/victim") == "outside bytes" && -z $(ls -A "$OUT/dir" 2>/dev/null) ]]; }
 mkdir -p "$OUT/dir"
 
 fresh links
@@ -101,7 +101,7 @@ if command -v strace >/dev/null && strace -f -qq -o /dev/null -e inject=rename:e
       "$SH" init "${POOL[@]}" --dir "$W/atomic" --force <"$W/l7.jsonl"
     expect_rc 74 "init --force with rename $n failing (EIO) exits 74"
     check "…every old file byte-identical, manifest.jsonl too, nothing else left" \
-      test "$(sums "$W/atomic")" == "$(cat "$W/atomic.sums")"
+      test "$(sums "$W/atomic")" == "$(<"$W/atomic.sums")"
   done
   for n in 1 2 4; do
     # (in run's command substitution, so the shell reports no "Killed")
@@ -188,7 +188,7 @@ for sig in TERM INT; do
   else
     wait $pid
     rc=$?
-    err=$(cat "$W/fifo.err")
+    err=$(<"$W/fifo.err")
     expect_rc 130 "inspect -m FIFO (no writer) ends on SIG$sig with 130"
   fi
 done

@@ -62,7 +62,7 @@ skip() { echo "skip - $1: $2"; _skip=$((_skip + 1)); }
 run() {
   out=$("$@" 2>"$TMP/.stderr")
   rc=$?
-  err=$(cat "$TMP/.stderr")
+  err=$(<"$TMP/.stderr")
 }
 # expect_rc WANT NAME: one test on the last run's exit status.
 expect_rc() {
@@ -102,7 +102,7 @@ fresh() {
   local model=(--model "$M2")
   [[ " $* " == *" --model "* ]] && model=()
   zs layout "${model[@]}" "$@" | zs init --dir "$W/$name" >/dev/null 2>"$W/$name.err" ||
-    echo "init of $name failed: $(cat "$W/$name.err")" >&2
+    echo "init of $name failed: $(<"$W/$name.err")" >&2
 }
 finish() {
   echo "# e2e-result $_pass $_fail $_skip"

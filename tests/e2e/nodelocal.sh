@@ -67,7 +67,7 @@ refuse() { # WANT NAME ARGS...: init refuses with WANT, and writes nothing
   rm -rf "$W/bad" "$W/badr"
   out=$("$SH" layout --model "$M" --dp 2 | "$SH" init --dir "$W/bad" "${POOL[@]}" "$@" 2>"$W/.err")
   rc=$?
-  err=$(cat "$W/.err")
+  err=$(<"$W/.err")
   expect_rc "$want" "$name"
   check "…nothing written ($name)" test ! -e "$W/bad/manifest.jsonl" -a ! -e "$W/badr"
 }
@@ -80,7 +80,7 @@ mkdir -p "$W/full1" && echo keep >"$W/full1/precious"
 run bash -c "'$SH' layout --model '$M' --dp 2 | '$SH' init --dir '$W/bad' ${POOL[*]} --rank-dir '$W/fresh0' --rank-dir '$W/full1'"
 expect_rc 64 "a rank folder that holds other files is refused"
 check "…the message names the folder" contains "$err" "$W/full1"
-check "…its file is untouched, nothing else there" test "$(ls -A "$W/full1")" = precious -a "$(cat "$W/full1/precious")" = keep
+check "…its file is untouched, nothing else there" test "$(ls -A "$W/full1")" = precious -a "$(<"$W/full1/precious")" = keep
 check "…no manifest" test ! -e "$W/bad/manifest.jsonl"
 
 # ------------------------------------------- one process, two named folders
@@ -147,13 +147,13 @@ else
 
   mpi 2 "${AS[@]}" "$TR" --manifest "$W/nl/manifest.jsonl" --text "$CORPUS" --steps 3 "${RUN[@]}" >"$W/nl.jsonl" 2>"$W/nl.err"
   rc=$?
-  err=$(cat "$W/nl.err")
+  err=$(<"$W/nl.err")
   expect_rc 0 "train 3 steps under mpirun, each rank seeing only its own node's disk"
   check "…rank 0 committed step 3 for both ranks" test "$(manifest_step "$W/nl/manifest.jsonl")" = 3
   mpi 2 "${AS[@]}" "$TR" --manifest "$W/nl/manifest.jsonl" --text "$CORPUS" --steps 6 --resume "${RUN[@]}" \
     >>"$W/nl.jsonl" 2>"$W/nl.err"
   rc=$?
-  err=$(cat "$W/nl.err")
+  err=$(<"$W/nl.err")
   expect_rc 0 "…resumed for 3 more"
   check "…losses of steps 1-6 equal the plain layout's to the bit" \
     test "$(losses "$W/nl.jsonl")" = "$(losses "$W/ref.jsonl" 1 6)"
@@ -174,7 +174,7 @@ else
   mpi 2 "${AS[@]}" "$TR" --manifest "$W/nl/manifest.jsonl" --text "$CORPUS" --steps 8 --resume "${RUN[@]}" \
     >/dev/null 2>"$W/nl.err"
   rc=$?
-  err=$(cat "$W/nl.err")
+  err=$(<"$W/nl.err")
   expect_rc 66 "a rank whose folder is missing on its node: the job exits 66"
   check "…promptly ($SECONDS s)" test "$SECONDS" -lt 30
   check "…naming the rank and the folder" has_all "$err" "rank 1" "$NODES/node1/zinf/rank1"

@@ -113,13 +113,13 @@ for _ in {1..50}; do empty_dir "$D" || break; nap 0.1; done
 sleep 0.5
 kill -INT "$pid"
 wait "$pid"
-rc=$? err=$(cat "$TMP/int.err")
+rc=$? err=$(<"$TMP/int.err")
 expect_rc 130 "SIGINT exits 130"
 check "SIGINT removes the test file" empty_dir "$D"
 
 # --- a closed output pipe (| head) is an I/O error, and the file still goes
 "$NB" --dir "$D" --size 16MiB -b 1M,2M,4M -d 4 -Q 1 --json 2>"$TMP/pipe.err" | head -c 10 >/dev/null
-rc=${PIPESTATUS[0]} err=$(cat "$TMP/pipe.err")
+rc=${PIPESTATUS[0]} err=$(<"$TMP/pipe.err")
 expect_rc 74 "a closed output pipe exits 74"
 check "…and removes the test file" empty_dir "$D"
 run "$NB" --file "$TMP/no/such/dir/x.dat" --size 8MiB
@@ -155,7 +155,7 @@ fi
 # --- io_uring refused (EPERM, as under a container seccomp profile): the
 # sysctl makes io_uring_setup fail for everyone, so it is off for two short runs.
 ctl=/proc/sys/kernel/io_uring_disabled
-if [[ -w $ctl ]] && old=$(cat "$ctl") && echo 2 2>/dev/null >"$ctl"; then
+if [[ -w $ctl ]] && old=$(<"$ctl") && echo 2 2>/dev/null >"$ctl"; then
   trap 'echo "$old" >"$ctl"; exit 130' INT TERM
   on_exit "echo '$old' >'$ctl'"
   run "$NB" --dir "$D" --size 8MiB -b 1M -d 4 -Q 2 --json

@@ -51,7 +51,7 @@ if wait_holder "$W/t" "$a"; then
   run zs verify -m "$W/t/manifest.jsonl"
   expect_rc 0 "…its state verifies"
 else
-  fail "zinf-train took its lock" "$(cat "$W/a.err")"
+  fail "zinf-train took its lock" "$(<"$W/a.err")"
 fi
 # Started together, as the probe did: one runs, the other is refused, and
 # whatever the order, the state verifies and resumes.

@@ -21,7 +21,7 @@ pipeline() {
 no_temps() { [[ -z $(find "$1" -name '*.zinf-tmp*' -o -name 'manifest.jsonl.tmp.*') ]]; }
 no_files() { [[ ! -e $1 || -z $(find "$1" -type f) ]]; } # DIR: absent, or no file under it
 # intact DIR SUMS: DIR's files are byte for byte those `sums` listed, no temporaries beside them.
-intact() { [[ $(sums "$1") == "$(cat "$2")" ]] && no_temps "$1"; }
+intact() { [[ $(sums "$1") == "$(<"$2")" ]] && no_temps "$1"; }
 same_text() { cmp -s <(printf '%s\n' "$1") "$2"; } # TEXT FILE
 same_file() { cmp -s "$1" "$2"; }
 # same_sums A B: two catsums listings agree; the lines that differ on stderr.
@@ -174,7 +174,7 @@ for model in "$M1" "$M2"; do
     same_cats "$TMP/$n.cat" "$TMP/$n.dp8.cat"
   sumsof "$TMP/$n-dp1/manifest.jsonl" >"$TMP/$n.ref"
   check "$n: cat --sums: a line per tensor and state, the layout's byte counts (cat's, above), a 16-digit xxh3" \
-    test "$(cut -d' ' -f1-3 "$TMP/$n.ref")" = "$(cat "$TMP/$n.sizes")" \
+    test "$(cut -d' ' -f1-3 "$TMP/$n.ref")" = "$(<"$TMP/$n.sizes")" \
     -a "$(grep -cE ' [0-9a-f]{16}$' "$TMP/$n.ref")" = "$(wc -l <"$TMP/$n.sizes")"
   dps=(2 3 8)
   [[ $model == "$M2" ]] && dps+=(7)
@@ -208,7 +208,7 @@ for spec in "$M1 3 5" "$M2 8 5" "$M2 2 7"; do
   run zs reshard -m "$TMP/$n-dp$from/manifest.jsonl" --dp "$to" --dir "$D2"
   expect_rc 0 "$n: reshard dp $from -> $to exits 0"
   check "$n: …its stdout is D2's manifest, dp $to, dir D2, every record hashed" bash -c '
-    [[ $(cat "$2/manifest.jsonl") == "$1" ]] && jq -e -s --arg d "$3" --argjson dp "$4" \
+    [[ $(<"$2/manifest.jsonl") == "$1" ]] && jq -e -s --arg d "$3" --argjson dp "$4" \
       ".[0].dp == \$dp and .[0].dir == \$d and .[0].records == length - 1 and (.[1:] | all(.xxh3))" <<<"$1"' \
     _ "$out" "$D2" "$(realpath "$D2")" "$to"
   check "$n: …no temporaries remain" no_temps "$D2"
@@ -655,7 +655,7 @@ if command -v mpirun >/dev/null; then
   expect_rc 73 "mpirun init where rank 1 cannot make its folder: 73 from the job"
   check "…rank 1 names its folder, rank 0 names rank 1" bash -c '[[ $1 == *rank1* && $1 == *"rank 1 failed"* ]]' _ "$err"
   check "…nothing of rank 0's left: no folder, no temporaries, no manifest" \
-    bash -c '[[ ! -e $1/rank0 && ! -e $1/manifest.jsonl && $(ls -A "$1") == rank1 && $(cat "$1/rank1") == keep ]]' _ "$TMP/mp-fail"
+    bash -c '[[ ! -e $1/rank0 && ! -e $1/manifest.jsonl && $(ls -A "$1") == rank1 && $(<"$1/rank1") == keep ]]' _ "$TMP/mp-fail"
   # -m, not stdin: Open MPI 4.1's mpirun can crash forwarding stdin to
   # processes that end at once (orte_iof_hnp_read_local_handler, SIGSEGV).
   run bash -c 'mpirun -np 2 "$1" init --ranks 0 --dir "$2" -m "$3"' _ "$SH" "$TMP/mp-ranks" "$TMP/mp.jsonl"

@@ -139,20 +139,20 @@ for tiers in cpu nvme; do
   name="SIGINT ($tiers tiers)"
   state sig --param "$tiers" --optim "$tiers"
   state ref --param "$tiers" --optim "$tiers"
-  before=$(cat "$(mf sig)")
+  before=$(<"$(mf sig)")
   interrupt INT 3 "$W/a.jsonl" --manifest "$(mf sig)" "${S[@]}"
   check "$name: exits 130" test "$rc" = 130
   k=$(last_step "$W/a.jsonl")
   check "$name: stopped after its last line, step $k >= 3" test "$k" -ge 3
   check "$name: says where it committed, and to use --resume" \
-    has_all "$(cat "$W/a.jsonl.err")" "interrupted: checkpoint committed at step $k" "--resume"
+    has_all "$(<"$W/a.jsonl.err")" "interrupted: checkpoint committed at step $k" "--resume"
   check "$name: the manifest is committed at step $k" test "$(manifest_step "$(mf sig)")" = "$k"
-  check "$name: it changed (from step 0)" test "$(cat "$(mf sig)")" != "$before"
+  check "$name: it changed (from step 0)" test "$(<"$(mf sig)")" != "$before"
   interrupt INT 3 "$W/b.jsonl" --manifest "$(mf sig)" --resume "${S[@]}"
   k2=$(last_step "$W/b.jsonl")
   check "$name: the resumed run goes on at step $((k + 1)) (and was stopped again at $k2)" \
     test "$(head -n 1 "$W/b.jsonl" | jq .step) $rc" = "$((k + 1)) 130"
-  check "$name: …with stderr saying it resumes at step $k" contains "$(cat "$W/b.jsonl.err")" "resuming at step $k"
+  check "$name: …with stderr saying it resumes at step $k" contains "$(<"$W/b.jsonl.err")" "resuming at step $k"
   interrupt INT "$k2" "$W/ref.jsonl" --manifest "$(mf ref)" "${S[@]}"
   check "$name: steps $((k + 1))-$k2 identical to a run never stopped" \
     test "$(losses "$W/b.jsonl" 1 "$k2")" = "$(losses "$W/ref.jsonl" $((k + 1)) "$k2")" -a "$(last_step "$W/ref.jsonl")" -ge "$k2"
@@ -197,7 +197,7 @@ run "$TR" --manifest "$(mf ck)" --text "$CORPUS" --steps 1 --resume "${RUN[@]}"
 expect_rc 64 "…and with --steps 1 (before it)"
 check "the refused runs print nothing on stdout" test -z "$refused_out$out"
 check "the refused runs leave the checkpoint byte-identical" \
-  test "$(cmp "$W/ck.before" "$(mf ck)" && sums "$W/ck")" = "$(cat "$W/ck.sums")"
+  test "$(cmp "$W/ck.before" "$(mf ck)" && sums "$W/ck")" = "$(<"$W/ck.sums")"
 
 # --- data parallel: mpirun -np 2 on a dp=2 state with -B 2 = one process with -B 4
 if command -v mpirun >/dev/null; then
@@ -283,7 +283,7 @@ check "…mentioning reshard" contains "$err" "reshard"
 refused 65 "a batch larger than the data" --manifest "$(mf victim)" "${POOL[@]}" --text "$CORPUS" --steps 2 --batch 100000
 check "…naming the tokens needed" contains "$err" "fewer than one global batch needs"
 check "the refused runs leave the state and its manifest byte-identical" \
-  test "$(sums "$W/victim")" = "$(cat "$W/victim.sums")"
+  test "$(sums "$W/victim")" = "$(<"$W/victim.sums")"
 check "…and the other refused states at step 0" \
   test "$(manifest_step "$(mf v100)") $(manifest_step "$(mf infer)") $(manifest_step "$(mf dp2x)")" = "0 0 0"
 

@@ -13,7 +13,7 @@ state() {
   local model=(--model "$M")
   [[ " $* " == *" --model "* ]] && model=()
   "$SH" layout "${model[@]}" "$@" | "$SH" init --dir "$W/$name" "${POOL[@]}" >/dev/null 2>"$W/$name.init.err" ||
-    echo "zinf-shard init of $name failed: $(cat "$W/$name.init.err")" >&2
+    echo "zinf-shard init of $name failed: $(<"$W/$name.init.err")" >&2
 }
 mf() { echo "$W/$1/manifest.jsonl"; }
 # The step every record of a manifest is at, if they agree ("mixed" if not).

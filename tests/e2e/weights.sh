@@ -46,7 +46,7 @@ records() { tail -n +2 "$1"; }
 imp "$W/st3" "$W/a.safetensors" --dp 3
 expect_rc 0 "import of a numpy-written safetensors file (F32, F16, BF16 tensors) at dp 3"
 check "…its stdout is the committed manifest, every record hashed, the moments included" bash -c '
-  [[ $(cat "$2/manifest.jsonl") == "$1" ]] && jq -e -s ".[0].records == length - 1 and (.[1:] | all(.xxh3)) and
+  [[ $(<"$2/manifest.jsonl") == "$1" ]] && jq -e -s ".[0].records == length - 1 and (.[1:] | all(.xxh3)) and
     ([.[1:][].state] | unique) == [\"exp_avg\", \"exp_avg_sq\", \"master\", \"param\"]" <<<"$1"' _ "$out" "$W/st3"
 check "…the master holds the file's values as fp32, the bf16 param them rounded to nearest even" \
   "$PY" "$REF" check "$W/st3/manifest.jsonl" "$W/a.npz"
@@ -234,7 +234,7 @@ for i in "${!names[@]}"; do
   IFS='|' read -r -a want <<<"${patterns[i]}"
   check "…naming it (${want[*]})" has_all "$err" "$W/bad$i.safetensors" "${want[@]}"
   check "…and the state it would replace is intact" bash -c '
-    [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]]' _ "$W/keep" "$W/keep.sums"
+    [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(<"$2")" ]]' _ "$W/keep" "$W/keep.sums"
 done
 run "$SH" import --from "$W/g.bin" --format safetensors --dir "$W/keep" --force -m "$W/keep/manifest.jsonl" "${POOL[@]}"
 expect_rc 65 "--format safetensors on an llm.c file exits 65"
@@ -243,7 +243,7 @@ run "$SH" import --from "$W/short.bin" --dir "$W/keep" --force -m "$W/keep/manif
 expect_rc 65 "a truncated llm.c checkpoint exits 65"
 check "…saying how long it is and should be" has_all "$err" "5000 bytes" "makes it"
 check "…the state is still intact after them all" bash -c '
-  [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(cat "$2")" ]] && [[ -z $(find "$1" -name "*.zinf-tmp") ]]' \
+  [[ $(cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0 sha256sum) == "$(<"$2")" ]] && [[ -z $(find "$1" -name "*.zinf-tmp") ]]' \
   _ "$W/keep" "$W/keep.sums"
 run "$SH" import --from "$W/a.safetensors" --dir "$W/keep" -m "$W/keep/manifest.jsonl" "${POOL[@]}"
 expect_rc 73 "import into a directory holding a manifest, without --force, exits 73"
