@@ -31,9 +31,10 @@
 # Ratios (the issue's targets):
 #   nvme      step_s / max(resident's step_s, io_s)                (<= 1.15)
 #             io_s = the step's NVMe bytes read (parameters fetched, optimizer
-#             state and the gradients' scratch file) / the read bandwidth +
-#             those written (state and gradient scratch) / the synced write
-#             bandwidth
+#             state and, where it is a file, the gradients' scratch; held in
+#             memory when the read-ahead budget holds it) / the read
+#             bandwidth + those written (state and such a scratch) / the
+#             synced write bandwidth
 #   acts-cpu  step_s / acts-device's step_s                        (<= 1.05)
 # floor_s and ratio are zinf-train's own disk floor, medians of its step
 # records (disk_floor_s, disk_floor_ratio: the step's bytes that must reach

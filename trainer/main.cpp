@@ -102,6 +102,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["disk_written_bytes"] = s.disk_written_bytes;
         j["grad_scratch_read_bytes"] = s.grad_scratch_read_bytes;
         j["grad_scratch_written_bytes"] = s.grad_scratch_written_bytes;
+        j["grad_scratch_memory_bytes"] = s.grad_scratch_memory_bytes;
         j["activation_read_bytes"] = s.activation_read_bytes;
         j["activation_written_bytes"] = s.activation_written_bytes;
         // The floor only where a bandwidth is known (a run with state on NVMe).
@@ -360,9 +361,10 @@ int main(int argc, char** argv) {
                  "Run the optimizer step after backward instead of updating each tensor as its gradient arrives "
                  "(the overlapped update is exact: redone when the step is clipped)");
     app.add_option("--optimizer-readahead", o.optimizer_readahead,
-                   "Page-locked memory for reading the master weights and moments a step after a clipped one "
-                   "updates during backward, before the gradient norm is known (0: none; auto: what the host can "
-                   "spare, MemAvailable less an eighth of its memory, shared over the node's ranks)")
+                   "Page-locked memory for the optimizer state on NVMe: first the gradients' scratch when it fits "
+                   "(else a file beside the state), then reading the master weights and moments a step after a "
+                   "clipped one updates during backward, before the gradient norm is known (0: neither; auto: what "
+                   "the host can spare, MemAvailable less an eighth of its memory, shared over the node's ranks)")
         ->capture_default_str();
     app.add_option("--disk-probe", o.disk_probe,
                    "Bytes each rank writes and reads in its folder at start-up to measure the disk each step's "

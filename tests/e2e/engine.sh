@@ -95,15 +95,17 @@ run "$TR" --manifest "$(mf rfault)" --steps 6 --resume "${R[@]}"
 expect_rc 0 "--resume after the read error exits 0"
 check "…and steps 4-6 have the uninterrupted run's losses" test "$(losses /dev/stdin <<<"$out")" = "$(losses "$W/whole.jsonl" 4 6)"
 
-# A write error in a gradient offload: the optimizer state on NVMe, so the
-# gradients go to rank0/grad.bin as each module's backward ends.
+# A write error in a gradient offload: the optimizer state on NVMe and
+# --optimizer-readahead 0 (no memory for the scratch), so the gradients go
+# to rank0/grad.bin as each module's backward ends.
 state whole2 --param cpu --optim nvme
 "$TR" --manifest "$(mf whole2)" --steps 5 "${R[@]}" 2>/dev/null >"$W/whole2.jsonl"
 state wfault --param cpu --optim nvme
 "$TR" --manifest "$(mf wfault)" --steps 2 "${R[@]}" 2>/dev/null >/dev/null
 check "the state streams from NVMe and commits every step (at step 2)" test "$(manifest_step "$(mf wfault)")" = 2
 before=$(<"$(mf wfault)")
-out=$(ZINF_FAULTS=write:3:EIO "$TR" --manifest "$(mf wfault)" --steps 5 --resume --disk-probe 0 "${R[@]}" 2>"$W/wfault.err")
+out=$(ZINF_FAULTS=write:3:EIO "$TR" --manifest "$(mf wfault)" --steps 5 --resume --disk-probe 0 --optimizer-readahead 0 \
+  "${R[@]}" 2>"$W/wfault.err")
 rc=$?
 err=$(<"$W/wfault.err")
 expect_rc 74 "a write error in a gradient offload exits 74"

@@ -218,13 +218,14 @@ BOOST_AUTO_TEST_CASE(overlap_equals_full_step) {
 // skipped one, or clipped for certain half-way) reads the master weights and
 // moments during backward and updates from them: every path of kPhases
 // (clipped, unclipped, skipped for overflow) gives the norms and the state
-// of the step without overlap, to the bit; with a budget that holds a few
-// chunks (the update reads the rest from the files, a partition cut between
-// the two; fp32 parameters) and with one that holds them all (bf16
-// parameters, written beside the master weights).
+// of the step without overlap, to the bit; with a budget that holds the
+// gradients' scratch (6d) and a few chunks (the update reads the rest from
+// the files, a partition cut between the two; fp32 parameters) and with
+// one that holds them all (bf16 parameters, written beside the master
+// weights); the reference's scratch is a file (no budget).
 BOOST_AUTO_TEST_CASE(readahead_equals_no_overlap_step) {
     const std::uint64_t s = fresh_seed("read-ahead");
-    const std::pair<DType, std::uint64_t> cases[] = {{DType::fp32, 400 * KiB}, {DType::bf16, 64 * MiB}};
+    const std::pair<DType, std::uint64_t> cases[] = {{DType::fp32, 700 * KiB}, {DType::bf16, 64 * MiB}};
     for (const auto& [pd, budget] : cases) {
         const std::string what = std::string("param ") + shard::dtype_name(pd) + ", budget " + format_size(budget);
         Rig rig;
@@ -301,11 +302,15 @@ BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
     std::uint64_t state = 0;
     for (std::uint64_t budget : {std::uint64_t{0}, 4 * KiB, 200 * KiB, 64 * MiB}) {
         oo.readahead = budget;
-        const std::uint64_t pinned = rig.pool.stats().pinned_bytes;
+        const std::uint64_t before = rig.pool.stats().pinned_bytes;
         zero::Optimizer o(nv.m, c, rig.engine, rig.pool, oo);
         state = o.update_read_bytes();
-        BOOST_TEST(o.readahead_bytes() <= std::min(budget, state), "budget " << budget);
-        BOOST_TEST(rig.pool.stats().pinned_bytes == pinned, "budget " << budget << ": nothing pinned at open");
+        // The gradients' scratch takes the budget first (6d), pinned at open.
+        const std::uint64_t scratch = o.gradient_scratch_in_memory() ? align_up(o.gradient_scratch_bytes(), 4096) : 0;
+        BOOST_TEST(o.gradient_scratch_in_memory() == (budget == 64 * MiB), "budget " << budget);
+        BOOST_TEST(o.readahead_bytes() <= std::min(budget - scratch, state), "budget " << budget);
+        const std::uint64_t pinned = rig.pool.stats().pinned_bytes;
+        BOOST_TEST(pinned == before + scratch, "budget " << budget << ": no read-ahead memory pinned at open");
         // Unclipped: the step speculates and reads nothing ahead.
         {
             const unsigned k = static_cast<unsigned>(o.step_count()) + 1;
@@ -345,6 +350,70 @@ BOOST_AUTO_TEST_CASE(readahead_memory_is_the_budget) {
     zero::Optimizer aut(nv.m, c, rig.engine, rig.pool, oo);
     BOOST_TEST(aut.readahead_bytes() <= zero::readahead_spare(1));
     BOOST_TEST(zero::readahead_spare(2) <= zero::readahead_spare(1) / 2 + MiB);
+}
+
+// 6d. The gradients' scratch (the optimizer state on NVMe) is held in
+// page-locked memory when the optimizer's budget holds the whole of it,
+// else a file: one byte short of it, a file. In memory it touches no file
+// and its bytes are counted apart; the norms and the committed state are
+// the file's to the bit, with and without overlap (kPhases' clipped,
+// skipped and speculated steps in 6b run with it in memory too).
+BOOST_AUTO_TEST_CASE(gradient_scratch_in_memory_when_the_budget_holds_it) {
+    const std::uint64_t s = fresh_seed("gradient scratch");
+    Rig rig;
+    const shard::LayoutOptions lo = lay(DType::bf16, Tier::nvme, Tier::nvme, s);
+    Run file(rig, lo), memo(rig, lo), memo_ov(rig, lo);
+    auto c = self_comm();
+    zero::OptimizerOptions oo = options();
+    oo.grad_clip = 1;
+    zero::Optimizer of(file.m, c, rig.engine, rig.pool, oo);  // readahead 0: the file
+    const std::uint64_t scratch = of.gradient_scratch_bytes();
+    BOOST_TEST(!of.gradient_scratch_in_memory());
+    BOOST_TEST(fs::exists(file.m.dir + "/rank0/grad.bin"));
+    BOOST_TEST(scratch >= 4 * 70000u);  // fp32 gradients of every partition
+    oo.readahead = scratch - 1;
+    BOOST_TEST(!zero::Optimizer(memo.m, c, rig.engine, rig.pool, oo).gradient_scratch_in_memory(), "a byte short");
+    oo.readahead = scratch;
+    const std::uint64_t before = rig.pool.stats().pinned_bytes;
+    zero::Optimizer om(memo.m, c, rig.engine, rig.pool, oo);
+    oo.overlap = true;
+    oo.readahead = 64 * MiB;
+    zero::Optimizer ov(memo_ov.m, c, rig.engine, rig.pool, oo);
+    BOOST_TEST(om.gradient_scratch_in_memory());
+    BOOST_TEST(ov.gradient_scratch_in_memory());
+    BOOST_TEST(om.gradient_scratch_bytes() == scratch);
+    BOOST_TEST(om.readahead_bytes() == 0u);  // nothing left of the budget (and no overlap)
+    BOOST_TEST(ov.readahead_bytes() > 0u);   // the read-ahead has the rest
+    BOOST_TEST(rig.pool.stats().pinned_bytes >= before + 2 * scratch);
+    BOOST_TEST(!fs::exists(memo.m.dir + "/rank0/grad.bin"));
+    BOOST_TEST(!fs::exists(memo_ov.m.dir + "/rank0/grad.bin"));
+    for (unsigned k = 1; k <= 3; ++k) {
+        // Step 1 unclipped (the overlapped one speculates), 2 and 3 clipped.
+        const double f = (k == 1 ? 0.5 : 3.0) / full_norm(file.m, s, k);
+        auto scale = [&](std::size_t, std::vector<float>& g) {
+            for (float& x : g) x = static_cast<float>(x * f);
+        };
+        put_all(of, file.m, s, k, true, scale);
+        put_all(om, memo.m, s, k, true, scale);
+        put_all(ov, memo_ov.m, s, k, true, scale);
+        const zero::StepReport rf = of.step(), rm = om.step(), ro = ov.step();
+        const std::string at = "step " + std::to_string(k);
+        BOOST_TEST(rf.grad_bytes_written > 0u, at);
+        BOOST_TEST(rf.grad_memory_bytes == 0u, at);
+        for (const zero::StepReport* r : {&rm, &ro}) {
+            BOOST_TEST(std::bit_cast<std::uint64_t>(r->grad_norm) == std::bit_cast<std::uint64_t>(rf.grad_norm), at);
+            BOOST_TEST(r->clip == rf.clip, at);
+            BOOST_TEST(r->grad_bytes_written == 0u, at);
+            BOOST_TEST(r->grad_bytes_read == 0u, at);
+            BOOST_TEST(r->grad_memory_bytes == rf.grad_bytes_written, at << ": the same bytes, in memory");
+        }
+        // The file's reads less the gradients' (a redo reads them twice).
+        BOOST_TEST(rm.bytes_read == rf.bytes_read - rf.grad_bytes_read, at);
+        BOOST_TEST(rm.bytes_written == rf.bytes_written, at);
+    }
+    same_state(memo.m, file.m, rig, "scratch in memory vs file");
+    same_state(memo_ov.m, file.m, rig, "scratch in memory, overlapped, vs file");
+    verify_from_disk(memo.manifest_path(), rig, 3, "scratch in memory");
 }
 
 // 7. Mixed tiers: the state in memory reaches the manifest by save(); until

@@ -762,6 +762,17 @@ BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
     BOOST_TEST(static_cast<double>(nn.step.readahead_bytes) <=
                    (nn.step.backward - 2 * P / h.nvme_read_bps) * h.nvme_read_bps + 1,
                "no more than the disk reads beside the backward's fetch");
+    // A budget given holds the gradients' scratch first where the whole of
+    // it fits (the trainer keeps it in memory then): the read-ahead has
+    // what is left; a byte short of it, the scratch is a file and the
+    // read-ahead has the whole budget.
+    w.readahead = b.grad + MiB;
+    const std::uint64_t after_scratch = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step.readahead_bytes;
+    w.readahead = b.grad - 1;
+    const std::uint64_t no_scratch = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step.readahead_bytes;
+    BOOST_TEST(after_scratch <= MiB);
+    BOOST_TEST(after_scratch > 0u);
+    BOOST_TEST(no_scratch > 2 * MiB, no_scratch << " bytes read ahead of a budget of " << b.grad - 1);
     // Auto: the node's memory less its margin, the placement's CPU need and the gradients.
     w.readahead.reset();
     const Placement na = placement_of(placements(w, h), Tier::nvme, Tier::nvme);

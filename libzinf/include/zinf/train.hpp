@@ -128,10 +128,13 @@ struct StepLog {
     // disk_read_bytes: parameters fetched from NVMe (fetched_bytes[2]), the
     // optimizer's reads of its state, activation checkpoints read back;
     // disk_written_bytes: the optimizer's writes of its state, checkpoints
-    // offloaded. The gradients' scratch file goes through the page cache
-    // and need not reach the drive while memory holds it: it is counted
-    // apart (grad_scratch_*; in optimizer_read_bytes and
-    // optimizer_written_bytes too), not in the floor.
+    // offloaded. The gradients' scratch is kept in memory when the
+    // optimizer's budget (--optimizer-readahead) holds it: its bytes,
+    // handed over and read back once each, are grad_scratch_memory_bytes
+    // and touch no file. Past the budget it is a file through the page
+    // cache, counted apart (grad_scratch_read_bytes and _written_bytes; in
+    // optimizer_read_bytes and optimizer_written_bytes too) and left out of
+    // the floor, though the kernel may write it back.
     //   disk_floor_seconds = disk_read_bytes / disk_read_bps
     //                      + disk_written_bytes / disk_write_bps
     //   disk_floor_ratio   = seconds / disk_floor_seconds
@@ -139,6 +142,7 @@ struct StepLog {
     // Floor and ratio are 0 without a bandwidth (Options::disk) or bytes.
     std::uint64_t disk_read_bytes = 0, disk_written_bytes = 0;
     std::uint64_t grad_scratch_read_bytes = 0, grad_scratch_written_bytes = 0;
+    std::uint64_t grad_scratch_memory_bytes = 0;
     std::uint64_t activation_read_bytes = 0, activation_written_bytes = 0;  // offloaded to NVMe
     double disk_read_bps = 0, disk_write_bps = 0;
     double disk_floor_seconds = 0, disk_floor_ratio = 0;

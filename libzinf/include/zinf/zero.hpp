@@ -84,8 +84,12 @@ std::uint64_t laid_flat_bytes(comm::Kind kind, std::span<const std::uint64_t> nu
 //             while chunk i is updated while chunk i-1 is written, the
 //             working parameters written to their tier in the same pass.
 //
-// Gradients follow the optimizer state: in memory for gpu and cpu, for nvme
-// in a scratch file beside the state (rank<R>/grad.bin, removed on close).
+// Gradients follow the optimizer state: in memory for gpu and cpu. For nvme
+// they are scratch, written as backward hands them over and read back by
+// the same step's update, never needing to persist: held in memory when
+// they fit the optimizer's memory budget (OptimizerOptions::readahead,
+// which they take first), else in a scratch file beside the state
+// (rank<R>/grad.bin, through the page cache, removed on close).
 //
 // Consistency on disk: a step never writes over the values the manifest
 // names. A state file has three generations (master.bin, master.alt.bin,
@@ -133,6 +137,15 @@ struct OptimizerOptions {
     // on without read-ahead (warned); 0: none. kReadaheadAuto: what the host can spare
     // (readahead_spare), less `readahead_reserve`, memory the caller will
     // still take (a host-memory device's working set).
+    // The same budget holds the gradients' scratch first, with the optimizer
+    // state on NVMe: when the whole of it fits (gradient_scratch_bytes), it
+    // is kept in page-locked memory taken at open instead of the scratch
+    // file, and the read-ahead has what is left. The scratch's bytes are
+    // written and read once a step each; in a file they reach the drive as
+    // the kernel writes back dirty pages (BENCHMARKS.md, issue 28), so they
+    // come before the read-ahead, which only moves reads earlier. With
+    // kReadaheadAuto and the scratch in a file, the read-ahead leaves room
+    // for the file's pages in the page cache.
     static constexpr std::uint64_t kReadaheadAuto = ~std::uint64_t{0};
     std::uint64_t readahead = 0;
     std::uint64_t readahead_reserve = 0;
@@ -170,6 +183,10 @@ struct StepReport {
     std::uint64_t bytes_read = 0, bytes_written = 0;
     std::uint64_t grad_bytes_written = 0;  // the gradients' scratch file, written as they were handed over
     std::uint64_t grad_bytes_read = 0;     // the gradients' scratch file, read back by the update
+    // The gradients' scratch held in memory instead (OptimizerOptions::
+    // readahead): the bytes handed over into it, each read back once by the
+    // update; 0 when the file holds them or the state is not on NVMe.
+    std::uint64_t grad_memory_bytes = 0;
     std::uint64_t chunks = 0;        // chunks streamed (0 when every state is in memory)
     std::uint64_t chunk_bytes = 0;   // room for one state's piece of a chunk (K, from the pool)
     std::uint64_t speculated = 0;    // overlap: tensors updated during backward
@@ -264,6 +281,11 @@ public:
     // reads of the master weights and moments from their files.
     std::uint64_t readahead_bytes() const;
     std::uint64_t update_read_bytes() const;
+    // The gradients' scratch (the optimizer state on NVMe): its bytes, and
+    // whether memory holds it (else rank<R>/grad.bin); 0 and false when the
+    // gradients live with a state held in memory.
+    std::uint64_t gradient_scratch_bytes() const;
+    bool gradient_scratch_in_memory() const;
 
     struct Impl;
 

@@ -236,8 +236,9 @@ std::string Placement::name() const {
 // only as far as the read-ahead budget and the disk's time left beside the
 // backward's fetch; the rest is read after it, beside every write (the
 // update streams, so the slower of the two directions bounds it), or the
-// CPU update bounds it. The gradients' scratch file stays in the page
-// cache and costs no disk time.
+// CPU update bounds it. The gradients' scratch costs no disk time: held
+// in memory where the read-ahead budget holds it (taken from the budget
+// first), else a file taken to stay in the page cache.
 StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
     StepTime st;
     const StateBytes b = state_bytes(w);
@@ -283,13 +284,16 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
         update = time(2 * state + node(b.grad) + node(b.master > 0 ? b.param : 0), h.cpu_update_bps);
     if (p.optim == Tier::nvme) {
         // The read-ahead: the budget (auto: the node's memory less its
-        // margin, what the placement keeps in CPU memory and the gradients'
-        // scratch file), and what the disk can read beside the backward's fetch.
+        // margin, what the placement keeps in CPU memory), less the
+        // gradients' scratch, which takes it first where it fits (in
+        // memory: the trainer's optimizer), and what the disk can read
+        // beside the backward's fetch.
         double budget;
+        const std::uint64_t scratch = static_cast<std::uint64_t>(node(b.grad));
         if (w.readahead) {
             budget = static_cast<double>(*w.readahead) * rpn;
+            if (static_cast<double>(scratch) <= budget) budget -= static_cast<double>(scratch);
         } else {
-            const std::uint64_t scratch = static_cast<std::uint64_t>(node(b.grad));
             const std::uint64_t used = p.cpu.need + scratch;
             budget = static_cast<double>(
                          zero::readahead_spare(h.cpu_bytes > used ? h.cpu_bytes - used : 0, h.cpu_bytes, 1));

@@ -202,6 +202,14 @@ void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::Opti
     if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
     optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
     const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
+    if (rank == 0 && optim->gradient_scratch_bytes() > 0)
+        log::info("optimizer: the gradients' scratch (" + format_size(optim->gradient_scratch_bytes()) + ") " +
+                  (optim->gradient_scratch_in_memory()
+                       ? std::string("in memory")
+                       : "in a file beside the state: --optimizer-readahead " +
+                             (zo.readahead == zero::OptimizerOptions::kReadaheadAuto ? std::string("(free memory)")
+                                                                                     : format_size(zo.readahead)) +
+                             " does not hold it"));
     if (rank != 0 || state == 0) return;
     log::info("optimizer: the update reads " + std::to_string(optim->read_depth()) + " chunk(s) ahead and writes " +
               std::to_string(optim->write_depth()) + " behind, pieces of " + format_size(optim->chunk_bytes()));
@@ -469,6 +477,7 @@ static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
     log.grad_scratch_read_bytes = r.grad_bytes_read;
     log.grad_scratch_written_bytes = r.grad_bytes_written;
+    log.grad_scratch_memory_bytes = r.grad_memory_bytes;
     log.optimizer_update_seconds = r.update_seconds;
     log.optimizer_wait_seconds = r.wait_seconds;
     log.optimizer_commit_seconds = r.commit_seconds;

@@ -220,28 +220,51 @@ void Optimizer::Impl::setup_grad() {
     g.state = "gradient";
     g.dtype = opts.grad_dtype;
     g.dt = shard::dtype_bytes(g.dtype);
-    g.file = m.opts.optim_tier == shard::Tier::nvme;
+    grad_scratch = m.opts.optim_tier == shard::Tier::nvme;
+    g.file = grad_scratch;
     detail::PackedLayout layout = detail::packed_layout(m.tensors, m.opts, g.dtype);
     g.offset = std::move(layout.offset);
     g.end = layout.bytes;
     grad_sq.assign(tensor_count, 0);
     have_grad.assign(tensor_count, false);
-    if (!g.file) {
-        g.image = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients in memory");
-        return;
-    }
+    mem_budget = memory_budget();
     const std::string folder = std::filesystem::path(roles[Role::master].base).parent_path().string();
     g.base = (folder.empty() ? "" : folder + "/") + "grad";
-    ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
-    // Through the page cache, unlike every state file: the gradients are
-    // read back within the step and never need to be durable, so they
-    // need not reach the drive while they stay under the kernel's dirty
-    // limits (it writes dirty pages back past vm.dirty_background_ratio,
-    // 10% of memory, or after 30 s, memory free or not: gpt2-1.5b's 6.2 GB
-    // reach the drive every step; BENCHMARKS.md, issue 28). Direct writes
-    // would put them in the drive's write cache, and every step's commit
-    // would flush them to the medium with the state.
+    if (grad_scratch) ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
+    // The scratch in memory when the budget holds it (OptimizerOptions::
+    // readahead): written and read within the step, it never needs a file,
+    // and a file's dirty pages reach the drive whether memory is free or
+    // not (the kernel writes them back past vm.dirty_background_ratio, 10%
+    // of memory, or after 30 s: gpt2-1.5b's 6.2 GB did every step;
+    // BENCHMARKS.md, issue 28).
+    if (grad_scratch && g.end <= mem_budget) {
+        try {
+            g.image = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's gradient scratch in memory");
+            g.file = false;
+            mem_budget -= g.end;
+        } catch (const std::exception& e) {
+            log::warn("optimizer: the gradients' scratch goes to " + m.path_of(g.name(0)) +
+                      ": the host refused its memory: " + e.what());
+        }
+    }
+    if (!g.file) {
+        if (!g.image) g.image = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients in memory");
+        return;
+    }
+    // Past the budget, a file through the page cache, unlike every state
+    // file: direct writes would put the gradients in the drive's write
+    // cache, and every step's commit would flush them to the medium with
+    // the state.
     g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
+}
+
+// The optimizer's memory beside its base (OptimizerOptions::readahead):
+// the budget given, or what the host can spare less what the caller will
+// still take.
+std::uint64_t Optimizer::Impl::memory_budget() const {
+    if (opts.readahead != OptimizerOptions::kReadaheadAuto) return opts.readahead;
+    const std::uint64_t spare = readahead_spare(comm.local_size());
+    return spare > opts.readahead_reserve ? spare - opts.readahead_reserve : 0;
 }
 
 detail::PackedLayout detail::packed_layout(std::span<const shard::Tensor> tensors, const shard::LayoutOptions& lo,
@@ -360,17 +383,12 @@ void Optimizer::Impl::plan_readahead() {
         ra_roles.clear();
         return;
     }
-    std::uint64_t budget = opts.readahead;
-    if (budget == OptimizerOptions::kReadaheadAuto) {
-        // What the host can spare, less what the caller will still take and
-        // the gradients' scratch file, which stays in the page cache while
-        // memory allows (a read-ahead that pushed it out would cost more
-        // disk than it saves).
-        budget = readahead_spare(comm.local_size());
-        const std::uint64_t other =
-            opts.readahead_reserve + (roles[Role::grad].file ? roles[Role::grad].end : std::uint64_t{0});
-        budget = budget > other ? budget - other : 0;
-    }
+    // What the gradients' scratch left of the budget; by default, with the
+    // scratch in a file, less room for its pages in the page cache too (a
+    // read-ahead that pushed them out would cost more disk than it saves).
+    std::uint64_t budget = mem_budget;
+    if (opts.readahead == OptimizerOptions::kReadaheadAuto && roles[Role::grad].file)
+        budget = budget > roles[Role::grad].end ? budget - roles[Role::grad].end : 0;
     std::uint64_t bytes = 0;
     while (ra_chunks < all_chunks.size() && bytes + need[ra_chunks] <= budget) bytes += need[ra_chunks++];
     if (ra_chunks == 0) {

@@ -147,6 +147,12 @@ struct Optimizer::Impl {
     std::vector<double> grad_sq;  // per tensor, sum of squares as handed over
     std::vector<bool> have_grad;
     std::uint64_t grad_written = 0;  // bytes of the step's gradients written to their scratch file (under mu)
+    std::uint64_t grad_held = 0;     // ... or put in the scratch held in memory (under mu)
+    bool grad_scratch = false;       // the gradients are scratch (optimizer state on NVMe), file or memory
+    // What is left of the optimizer's memory budget (OptimizerOptions::
+    // readahead, resolved once at open) after the gradients' scratch.
+    std::uint64_t mem_budget = 0;
+    std::uint64_t memory_budget() const;
 
     // Overlap: the worker updates tensors as their gradients arrive.
     std::thread worker;

@@ -79,6 +79,7 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
 
     std::lock_guard lk(mu);
     if (g.file) grad_written += align_up(bytes, alignment);
+    else if (grad_scratch) grad_held += align_up(bytes, alignment);
     grad_sq[t] = sq;
     have_grad[t] = true;
     if (!speculative) return;
@@ -389,7 +390,7 @@ void Impl::next_step(double loss_scale) {
     std::fill(have_grad.begin(), have_grad.end(), false);
     std::fill(speculated.begin(), speculated.end(), false);
     done_tensors = 0;
-    grad_written = 0;
+    grad_written = grad_held = 0;
     ra_on = ra_stop = false;
     ra_issued = ra_done = 0;
     totals = {};
@@ -420,6 +421,7 @@ StepReport Impl::run_step(double loss_scale) {
     rep.bytes_written = totals.written;
     rep.grad_bytes_read = totals.grad_read;
     rep.grad_bytes_written = grad_written;
+    rep.grad_memory_bytes = grad_held;
     rep.chunks = totals.chunks;
     rep.chunk_bytes = piece_bytes;
     rep.readahead_bytes = totals.readahead;
@@ -585,6 +587,10 @@ std::size_t Optimizer::read_depth() const { return impl_->ahead; }
 std::size_t Optimizer::write_depth() const { return impl_->behind; }
 std::uint64_t Optimizer::readahead_bytes() const { return impl_->ra_bytes; }
 std::uint64_t Optimizer::update_read_bytes() const { return impl_->ra_state_bytes; }
+std::uint64_t Optimizer::gradient_scratch_bytes() const {
+    return impl_->grad_scratch ? impl_->roles[Role::grad].end : 0;
+}
+bool Optimizer::gradient_scratch_in_memory() const { return impl_->grad_scratch && !impl_->roles[Role::grad].file; }
 
 void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
