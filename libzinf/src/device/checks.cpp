@@ -207,7 +207,19 @@ void Device::rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> r
     sh.need("rstd", rstd.size(), N);
     sh.need("inp", inp.size(), N * C);
     sh.need("w", w.size(), C);
-    do_rmsnorm_forward(s, out, rstd, inp, w, N, C, eps);
+    // Read, never written: no `add`.
+    do_rmsnorm_forward(s, out, rstd, {const_cast<float*>(inp.data()), inp.size()}, {}, w, N, C, eps);
+}
+
+void Device::residual_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> res,
+                                      std::span<const float> add, std::span<const float> w, u64 N, u64 C, float eps) {
+    Shape sh{"residual_rmsnorm_forward", {{"N", N}, {"C", C}}};
+    sh.need("out", out.size(), N * C);
+    sh.need("rstd", rstd.size(), N);
+    sh.need("res", res.size(), N * C);
+    sh.need("add", add.size(), N * C);
+    sh.need("w", w.size(), C);
+    if (N && C) do_rmsnorm_forward(s, out, rstd, res, add, w, N, C, eps);
 }
 
 void Device::rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
