@@ -1,7 +1,7 @@
 // Where a multi-threaded step's time goes when the machine is too loaded for
 // its wall clock to mean anything: an LD_PRELOAD wrapper of libgomp's
 // GOMP_parallel that times each thread's share of every OpenMP region in the
-// thread's own CPU time (which other jobs on the machine hardly move), and
+// thread's own CPU time (which other jobs move far less than the wall clock), and
 // keeps, per region function, the count, the sum of the slowest thread's time
 // (the region's critical path: what the step waits for) and the sum of all
 // threads' time; and the CPU time each thread spends between its regions (work

@@ -3,7 +3,9 @@
 # OpenMP region in CPU time (scripts/omp-regions.c): for each model, a run of
 # one timed step and a run of three, the difference halved (the warm-up, the
 # weights' fill and the sgemm peer cancel out), so that two models, or two
-# builds, can be compared on a machine too loaded for wall-clock figures.
+# builds, can be compared where other jobs make wall-clock figures useless.
+# The load still moves CPU time (caches, memory bandwidth): by up to 12%
+# between runs of the same code on the shared 2-vCPU VM (BENCHMARKS.md).
 #
 #   scripts/omp-regions.sh [--bin PATH] [--top N] MODEL... [-- BENCH-ARGS...]
 #
