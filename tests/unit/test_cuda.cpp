@@ -748,7 +748,11 @@ BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(Gpu
             auto dx = up(d, x), dw_ = up(d, w), go = up(d, dout), dinp = up(d, dinp0), dw = up(d, dw0);
             d.rmsnorm_forward(d.compute(), out, rstd, dx, dw_, N, C, 1e-5f);
             d.rmsnorm_backward(d.compute(), dinp, dw, go, dx, dw_, rstd, N, C);
-            return {{"out", down(d, out)}, {"rstd", down(d, rstd)}, {"dinp", down(d, dinp)}, {"dw", down(d, dw)}};
+            // The residual add folded in: dinp += dout, then its norm.
+            auto out2 = poisoned(d, N * C), rstd2 = poisoned(d, N);
+            d.residual_rmsnorm_forward(d.compute(), out2, rstd2, dinp, go, dw_, N, C, 1e-5f);
+            return {{"out", down(d, out)}, {"rstd", down(d, rstd)}, {"dinp", down(d, dinp)}, {"dw", down(d, dw)},
+                    {"residual out", down(d, out2)}, {"residual rstd", down(d, rstd2)}};
         };
         expect_all(p.run(fn), "rmsnorm C=" + std::to_string(C), true);
         expect_same_bits(*p.gpu, fn, "rmsnorm");

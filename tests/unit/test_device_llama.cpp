@@ -1,6 +1,7 @@
 // Unit tests of the Llama family's device kernels on the cpu backend
-// (device.hpp: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention,
-// the embedding without a position table): each against a double-precision
+// (device.hpp: RMSNorm, alone and after the residual add, rotary
+// embeddings, SwiGLU, grouped-query attention, the embedding without a
+// position table): each against a double-precision
 // reference written here, each backward also against central finite
 // differences of the double forward; grouped-query attention with as many
 // kv heads as query heads bitwise the GPT's attention kernels; the decode
@@ -21,6 +22,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 using namespace zinf;
@@ -206,6 +208,42 @@ BOOST_AUTO_TEST_CASE(rmsnorm_matches_reference_and_finite_differences) {
         BOOST_TEST(max_err(r.down(dinp), plus(dinp0, gx)) < 1e-5);
         BOOST_TEST(max_err(r.down(dw), plus(dw0, gw)) < 1e-5);
     }
+}
+
+// The residual add folded into the norm after it: the bits of accumulate and
+// then rmsnorm_forward, on one thread and on two, at a size the team splits
+// (N * C past 2^14) and at small and odd ones; and the norm of the sum.
+BOOST_AUTO_TEST_CASE(residual_rmsnorm_is_accumulate_then_rmsnorm_to_the_bit) {
+    std::mt19937_64 rng(fresh_seed("residual rmsnorm"));
+    for (const unsigned threads : {1u, 2u})
+        for (const auto& shape : {std::pair<u64, u64>{1, 576}, {33, 77}, {256, 576}}) {
+            const u64 N = shape.first, C = shape.second;
+            BOOST_TEST_CONTEXT(threads << " threads, N " << N << " C " << C) {
+                Rig r(threads);
+                const Vf x = randn(N * C, rng, 2), a = randn(N * C, rng), w = randn(C, rng);
+                auto res1 = r.up(x), res2 = r.up(x);
+                auto out1 = r.up(Vf(N * C, kNaN)), out2 = r.up(Vf(N * C, kNaN));
+                auto rs1 = r.up(Vf(N, kNaN)), rs2 = r.up(Vf(N, kNaN));
+                const auto A = r.in(a), W = r.in(w);
+                r->accumulate(r.s(), res1, A);
+                r->rmsnorm_forward(r.s(), out1, rs1, res1, W, N, C, 1e-5f);
+                r->residual_rmsnorm_forward(r.s(), out2, rs2, res2, A, W, N, C, 1e-5f);
+                BOOST_TEST(same_bits(r.down(res2), r.down(res1)));
+                BOOST_TEST(same_bits(r.down(out2), r.down(out1)));
+                BOOST_TEST(same_bits(r.down(rs2), r.down(rs1)));
+                Vd sum(N * C), rstd;
+                for (u64 i = 0; i < N * C; ++i) sum[i] = double(x[i]) + double(a[i]);
+                BOOST_TEST(max_err(r.down(out2), rms_forward(sum, dbl(w), N, C, 1e-5, &rstd)) < 1e-5);
+                BOOST_TEST(max_err(r.down(rs2), rstd) < 1e-5);
+            }
+        }
+    Rig r;
+    auto res = r.up(Vf(8 * 9)), out = r.up(Vf(8 * 9)), rs = r.up(Vf(8));
+    const auto add = r.in(Vf(8 * 9 - 1)), w = r.in(Vf(9));
+    const std::string what = testing::what_of<InternalError>(
+        [&] { r->residual_rmsnorm_forward(r.s(), out, rs, res, add, w, 8, 9, 1e-5f); }, "a short add");
+    BOOST_TEST(testing::contains(what, "residual_rmsnorm_forward (N=8, C=9)"), what);
+    BOOST_TEST(testing::contains(what, "add has 71 elements"), what);
 }
 
 BOOST_AUTO_TEST_CASE(rope_is_hugging_face_s_rotate_half_and_its_transpose) {
@@ -472,6 +510,8 @@ BOOST_AUTO_TEST_CASE(kernels_bitwise_same_for_1_and_2_threads) {
         r->rmsnorm_forward(r.s(), y, rs, x, w, N, C, 1e-5f);
         r->rmsnorm_backward(r.s(), dinp, dw, dout, x, w, rs, N, C);
         keep(y), keep(rs), keep(dinp), keep(dw);
+        r->residual_rmsnorm_forward(r.s(), y, rs, dinp, dout, w, N, C, 1e-5f);
+        keep(y), keep(rs), keep(dinp);
         auto o = r->alloc<float>(N * C, "o"), dg = r->alloc<float>(N * C, "dg"), du = r->alloc<float>(N * C, "du");
         r->swiglu_forward(r.s(), o, x, dout);
         r->swiglu_backward(r.s(), dg, du, y, x, dout);

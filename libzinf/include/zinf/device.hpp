@@ -294,6 +294,12 @@ public:
     // kept for backward.
     void rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
                          std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps);
+    // res (N,C) += add, then rmsnorm_forward of res: a residual add and the
+    // norm after it in one pass over the rows (the bits of accumulate and then
+    // rmsnorm_forward).
+    void residual_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> res,
+                                  std::span<const float> add, std::span<const float> w, std::uint64_t N,
+                                  std::uint64_t C, float eps);
     // dinp (N,C) +=, dw (C) +=.
     void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                           std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
@@ -410,8 +416,11 @@ protected:
     virtual void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                      std::span<const float> k, std::span<const float> v, std::uint64_t T,
                                      std::uint64_t C, std::uint64_t NH) = 0;
-    virtual void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                                    std::span<const float> w, std::uint64_t N, std::uint64_t C, float eps) = 0;
+    // `add` empty: rmsnorm_forward of inp (not written); else
+    // residual_rmsnorm_forward, inp being res.
+    virtual void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> inp,
+                                    std::span<const float> add, std::span<const float> w, std::uint64_t N,
+                                    std::uint64_t C, float eps) = 0;
     virtual void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                                      std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
                                      std::uint64_t N, std::uint64_t C) = 0;

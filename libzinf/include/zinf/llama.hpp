@@ -62,6 +62,9 @@ class RMSNorm : public Module {
 public:
     RMSNorm(ParamTable& t, const std::string& name, std::uint64_t C, float eps);
     void forward(Context& c, std::span<float> out, std::span<float> rstd, std::span<const float> inp, std::uint64_t N);
+    // res (N,C) += add, then forward of res: the residual add before the norm, in the same pass.
+    void forward_residual(Context& c, std::span<float> out, std::span<float> rstd, std::span<float> res,
+                          std::span<const float> add, std::uint64_t N);
     // dinp (N,C) +=.
     void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
                   std::span<const float> rstd, std::uint64_t N);

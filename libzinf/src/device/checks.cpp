@@ -31,6 +31,15 @@ void need_gqa(const Shape& sh, bool grad, std::size_t q, std::size_t k, std::siz
     sh.need(grad ? "dv" : "v", v, B * T * KVH * hd);
     sh.need(grad ? "datt" : "att", att, B * NH * T * T);
 }
+// RMSNorm's forward: out and the input (`inp`, or the residual `res`) (N,C),
+// rstd (N), w (C).
+void need_rmsnorm(const Shape& sh, std::size_t out, std::size_t rstd, const char* input, std::size_t inp,
+                  std::size_t w, u64 N, u64 C) {
+    sh.need("out", out, N * C);
+    sh.need("rstd", rstd, N);
+    sh.need(input, inp, N * C);
+    sh.need("w", w, C);
+}
 // embedding_forward's spans, whatever the tables' dtype (no wpe: none).
 void need_embedding(std::size_t out, std::size_t tokens, std::size_t wte, std::size_t wpe, u64 B, u64 T, u64 C,
                     u64 V) {
@@ -202,12 +211,18 @@ void Device::attention_decode(Stream& s, std::span<float> out, std::span<float> 
 
 void Device::rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
                              std::span<const float> w, u64 N, u64 C, float eps) {
-    Shape sh{"rmsnorm_forward", {{"N", N}, {"C", C}}};
-    sh.need("out", out.size(), N * C);
-    sh.need("rstd", rstd.size(), N);
-    sh.need("inp", inp.size(), N * C);
-    sh.need("w", w.size(), C);
-    do_rmsnorm_forward(s, out, rstd, inp, w, N, C, eps);
+    need_rmsnorm(Shape{"rmsnorm_forward", {{"N", N}, {"C", C}}}, out.size(), rstd.size(), "inp", inp.size(),
+                 w.size(), N, C);
+    // Read, never written: no `add`.
+    do_rmsnorm_forward(s, out, rstd, {const_cast<float*>(inp.data()), inp.size()}, {}, w, N, C, eps);
+}
+
+void Device::residual_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> res,
+                                      std::span<const float> add, std::span<const float> w, u64 N, u64 C, float eps) {
+    const Shape sh{"residual_rmsnorm_forward", {{"N", N}, {"C", C}}};
+    need_rmsnorm(sh, out.size(), rstd.size(), "res", res.size(), w.size(), N, C);
+    sh.need("add", add.size(), N * C);
+    if (N && C) do_rmsnorm_forward(s, out, rstd, res, add, w, N, C, eps);
 }
 
 void Device::rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,

@@ -317,10 +317,14 @@ public:
     }
 
     // ---- the Llama family (llama.cpp) ---------------------------------------
-    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                            std::span<const float> w, u64 N, u64 C, float eps) override {
-        as_cpu(s).enqueue([=, o = out.data(), r = rstd.data(), x = inp.data(), w = w.data()] {
-            cpu::rmsnorm_forward(o, r, x, w, N, C, eps);
+    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> inp,
+                            std::span<const float> add, std::span<const float> w, u64 N, u64 C,
+                            float eps) override {
+        as_cpu(s).enqueue([=, o = out.data(), r = rstd.data(), x = inp.data(), a = add.data(), w = w.data()] {
+            if (a)
+                cpu::residual_rmsnorm_forward(o, r, x, a, w, N, C, eps);
+            else
+                cpu::rmsnorm_forward(o, r, x, w, N, C, eps);
         });
     }
 

@@ -29,15 +29,34 @@ constexpr u64 kLightParallelMin = u64{1} << 20;
 }  // namespace
 
 // ---------------------------------------------------------------------------
+namespace {
+// Row r of RMSNorm's forward.
+inline void rmsnorm_row(float* out, float* rstd, const float* inp, const float* w, u64 r, u64 C, float eps) {
+    const float* x = inp + r * C;
+    float* o = out + r * C;
+    const float s = 1.0f / std::sqrt(dot(x, x, C) * (1.0f / static_cast<float>(C)) + eps);
+    for (u64 c = 0; c < C; ++c) o[c] = x[c] * s * w[c];
+    rstd[r] = s;
+}
+}  // namespace
+
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C, float eps) {
-    const float inv_c = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static) if (N * C >= kLightParallelMin)
+    for (u64 r = 0; r < N; ++r) rmsnorm_row(out, rstd, inp, w, r, C, eps);
+}
+
+// The residual add is accumulate's (kernels.cpp) a row at a time, so the bits
+// are those of the two kernels in turn; but one pass over the rows, and one
+// parallel region where the add took one and the norm ran on one thread (a
+// Llama block's post-attention norm: BENCHMARKS.md).
+void residual_rmsnorm_forward(float* out, float* rstd, float* res, const float* add, const float* w, u64 N, u64 C,
+                              float eps) {
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
     for (u64 r = 0; r < N; ++r) {
-        const float* x = inp + r * C;
-        float* o = out + r * C;
-        const float s = 1.0f / std::sqrt(dot(x, x, C) * inv_c + eps);
-        for (u64 c = 0; c < C; ++c) o[c] = x[c] * s * w[c];
-        rstd[r] = s;
+        float* h = res + r * C;
+        const float* a = add + r * C;
+        for (u64 c = 0; c < C; ++c) h[c] += a[c];
+        rmsnorm_row(out, rstd, res, w, r, C, eps);
     }
 }
 

@@ -9,6 +9,9 @@
 namespace zinf::device::cpu {
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C, float eps);
+// res += add, then rmsnorm_forward of res, a row at a time over the team.
+void residual_rmsnorm_forward(float* out, float* rstd, float* res, const float* add, const float* w, u64 N, u64 C,
+                              float eps);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       u64 N, u64 C);
 

@@ -290,6 +290,12 @@ void RMSNorm::forward(Context& c, std::span<float> out, std::span<float> rstd, s
     c.dev.rmsnorm_forward(c.stream, out, rstd, inp, c.engine.weight(*this, w_), N, C_, eps_);
 }
 
+void RMSNorm::forward_residual(Context& c, std::span<float> out, std::span<float> rstd, std::span<float> res,
+                               std::span<const float> add, u64 N) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.residual_rmsnorm_forward(c.stream, out, rstd, res, add, c.engine.weight(*this, w_), N, C_, eps_);
+}
+
 void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
                        std::span<const float> rstd, u64 N) {
     BackwardScope scope(c.engine, *this);
@@ -389,8 +395,7 @@ void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float
     const u64 N = B * T;
     ln_1_->forward(c, a.norm1, a.rstd1, x, N);
     attn_->forward(c, a.res2, a.norm1, a, rope, B, T, s);
-    c.dev.accumulate(c.stream, a.res2, x);  // res2 = x + attn(norm1(x))
-    ln_2_->forward(c, a.norm2, a.rstd2, a.res2, N);
+    ln_2_->forward_residual(c, a.norm2, a.rstd2, a.res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
     mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N, s);
     c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
 }
@@ -412,8 +417,7 @@ void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float>
     ForwardScope scope(c.engine, *this);
     ln_1_->forward(c, a.norm1, a.rstd1, x, 1);
     attn_->decode(c, a.res2, a.norm1, a.q, a.att, a.atty, k, v, rope, pos);
-    c.dev.accumulate(c.stream, a.res2, x);
-    ln_2_->forward(c, a.norm2, a.rstd2, a.res2, 1);
+    ln_2_->forward_residual(c, a.norm2, a.rstd2, a.res2, x, 1);
     mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, 1);
     c.dev.accumulate(c.stream, out, a.res2);
 }

@@ -312,8 +312,8 @@ public:
                              std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override;
 
     // ---- the Llama family (llama.cu) ----------------------------------------
-    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                            std::span<const float> w, u64 N, u64 C, float eps) override;
+    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> inp,
+                            std::span<const float> add, std::span<const float> w, u64 N, u64 C, float eps) override;
 
     void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                              std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,

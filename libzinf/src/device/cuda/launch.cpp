@@ -107,11 +107,11 @@ void CudaDevice::do_attention_decode(Stream& s, std::span<float> out, std::span<
     launched("attention_decode");
 }
 
-void CudaDevice::do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<const float> inp,
-                                    std::span<const float> w, u64 N, u64 C, float eps) {
+void CudaDevice::do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> inp,
+                                    std::span<const float> add, std::span<const float> w, u64 N, u64 C, float eps) {
     bind();
-    cuda::rmsnorm_forward(as_cuda(s).native(), out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
-    launched("rmsnorm_forward");
+    cuda::rmsnorm_forward(as_cuda(s).native(), out.data(), rstd.data(), inp.data(), add.data(), w.data(), N, C, eps);
+    launched(add.empty() ? "rmsnorm_forward" : "residual_rmsnorm_forward");
 }
 
 void CudaDevice::do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,

@@ -15,11 +15,16 @@ namespace zinf::device::cuda {
 
 namespace {
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C,
-                                       float eps) {
+// `add` not null: the row of inp (res) += add first, each lane its columns,
+// then the norm of the sum (residual_rmsnorm_forward).
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, float* inp, const float* add, const float* w, u64 N,
+                                       u64 C, float eps) {
     const u64 row = u64{blockIdx.x} * (blockDim.x / 8) + threadIdx.x / 8;
     const bool valid = row < N;
-    const float* x = inp + (valid ? row : N - 1) * C;
+    float* x = inp + (valid ? row : N - 1) * C;
+    if (add && valid)
+        for (u64 c = threadIdx.x & 7u; c < C; c += 8) x[c] += add[row * C + c];
+    __syncwarp();  // the row's eight lanes: each reads the others' sums below
     const float inv_c = 1.0f / static_cast<float>(C);
     const float ss = lanes8([&](u64 c) { return x[c] * x[c]; }, C);
     const float s = 1.0f / sqrtf(ss * inv_c + eps);
@@ -169,10 +174,10 @@ cudaError_t preload_llama() {
                         gqa_datt_kernel, gqa_dq_kernel, gqa_dkv_kernel);
 }
 
-void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C,
-                     float eps) {
+void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, float* inp, const float* add, const float* w, u64 N,
+                     u64 C, float eps) {
     if (!N || !C) return;
-    rmsnorm_forward_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(out, rstd, inp, w, N, C, eps);
+    rmsnorm_forward_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(out, rstd, inp, add, w, N, C, eps);
 }
 
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,

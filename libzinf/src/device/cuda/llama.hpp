@@ -13,8 +13,9 @@ namespace zinf::device::cuda {
 
 cudaError_t preload_llama();
 
-void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp, const float* w, u64 N, u64 C,
-                     float eps);
+// `add` not null: inp += add first (residual_rmsnorm_forward); else inp is only read.
+void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, float* inp, const float* add, const float* w, u64 N,
+                     u64 C, float eps);
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, u64 N, u64 C);
 void rope(cudaStream_t s, float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse);
