@@ -168,7 +168,14 @@ BOOST_AUTO_TEST_CASE(readahead_read_error_fails_the_step) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const std::string msg = what_of<IoError>([&] { b->step(); }, "step with a read-ahead fault");
     BOOST_TEST_MESSAGE("the failed step: " << msg);
-    BOOST_TEST(msg.find("rank0/master.alt.bin") != std::string::npos, msg);
+    // The first read to fail is the read-ahead's first to reach the engine:
+    // its reads of the three states go out on the engine's queues at once,
+    // so which file's comes first depends on the threads (a loaded machine
+    // gave exp_avg's); the message names the file it was.
+    BOOST_TEST((msg.find("rank0/master.alt.bin") != std::string::npos ||
+                msg.find("rank0/exp_avg.alt.bin") != std::string::npos ||
+                msg.find("rank0/exp_avg_sq.alt.bin") != std::string::npos),
+               msg);
     BOOST_TEST(b->step_count() == 1u);
     same_bytes(slurp(run.manifest_path()), before, "the manifest after the failed step");
     const auto files_after = snapshot(run.m.dir);
