@@ -12,8 +12,10 @@
 # accumulation): on cpu, everywhere, 3 steps within 1e-2 of fp32's losses
 # and not equal to them, a bad value refused (64) with the checkpoint
 # untouched, --bench's record naming it; on cuda, 10 bf16 steps within 1e-2
-# of cpu's bf16 losses and two cuda bf16 runs the same to the bit. Every
-# model is tiny.
+# of cpu's bf16 losses and two cuda bf16 runs the same to the bit; the
+# bf16 activation checkpoints of a four-block GPT on cuda offloaded to cpu
+# and to nvme give the losses kept on the device gives, to the bit, moving
+# half the bytes of fp32's. Every model is tiny.
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
@@ -76,7 +78,9 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
   fi
   for t in "10 fp32 steps on cuda within 1e-4 of cpu" "two cuda runs give the same losses to the bit" \
     "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu" \
-    "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit"; do
+    "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit" \
+    "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
+    "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's"; do
     skip "$t" "$why"
   done
   finish
@@ -135,6 +139,32 @@ if [[ $(losses "$W/bcuda1.jsonl" | wc -l) == 10 && $(losses "$W/bcuda1.jsonl") =
 else
   fail "two cuda bf16 runs give the same losses to the bit" "$(losses "$W/bcuda1.jsonl" | tr '\n' ' ')/ $(losses "$W/bcuda2.jsonl" | tr '\n' ' ')"
 fi
+
+# --- bf16 activation checkpoints on cuda: a four-block GPT (blocks 0 and 1's
+# inputs offloaded), kept on the device, offloaded to page-locked memory and
+# to nvme; fp32's nvme run for the bytes
+M4=gpt:layers=4,hidden=32,heads=2,vocab=256,seq=32
+for r in anone acpu anvme afp32; do state "$r" --model "$M4" --param-dtype fp32; done
+for r in none cpu nvme; do
+  run "$TR" --manifest "$(mf a$r)" "${RUN[@]}" --steps 4 --device cuda --precision bf16 --offload-activations $r
+  expect_rc 0 "4 bf16 steps on cuda, checkpoints offloaded to $r"
+  printf '%s\n' "$out" >"$W/a$r.jsonl"
+done
+run "$TR" --manifest "$(mf afp32)" "${RUN[@]}" --steps 4 --device cuda --precision fp32 --offload-activations nvme
+expect_rc 0 "4 fp32 steps on cuda, checkpoints offloaded to nvme"
+printf '%s\n' "$out" >"$W/afp32.jsonl"
+if [[ $(losses "$W/anone.jsonl" | wc -l) == 4 && $(losses "$W/anone.jsonl") == "$(losses "$W/acpu.jsonl")" &&
+  $(losses "$W/anone.jsonl") == "$(losses "$W/anvme.jsonl")" ]]; then
+  pass "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit"
+else
+  fail "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
+    "$(losses "$W/anone.jsonl" | tr '\n' ' ')/ $(losses "$W/acpu.jsonl" | tr '\n' ' ')/ $(losses "$W/anvme.jsonl" | tr '\n' ' ')"
+fi
+# Two offloaded checkpoints of 4 x 32 x 32 values a step: 16 KiB in bf16.
+check "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's" jq -e -n \
+  --slurpfile a "$W/anvme.jsonl" --slurpfile b "$W/afp32.jsonl" \
+  '($a | length) == 4 and ($a | all(.activation_written_bytes == 16384 and .activation_read_bytes == 16384)) and
+   ($b | all(.activation_written_bytes == 32768))'
 
 # --- data parallel: two ranks on cuda, the engine's gathers and
 # reduce-scatters on NCCL, against two on cpu (MPI), from copies of one init.
