@@ -138,6 +138,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
         if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = gemm_bf16;
         j["ratio"] = ratio;
         j["ratio_peer"] = against_bf16 ? "bf16_gemm" : "sgemm";
+        j["activation_bytes"] = acts.bytes;
+        j["device_peak_bytes"] = dev->arena().stats().peak;
         std::cout << j.dump() << '\n';
     } else {
         std::printf("# zinf-train --bench: %s, %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),

@@ -11,7 +11,8 @@
 # the build). --precision bf16 (GEMM inputs rounded to bf16, fp32
 # accumulation): on cpu, everywhere, 3 steps within 1e-2 of fp32's losses
 # and not equal to them, a bad value refused (64) with the checkpoint
-# untouched, --bench's record naming it; on cuda, 10 bf16 steps within 1e-2
+# untouched, --bench's record naming it and its activations 4 KiB smaller
+# than fp32's (bf16 checkpoints); on cuda, 10 bf16 steps within 1e-2
 # of cpu's bf16 losses and two cuda bf16 runs the same to the bit; the
 # bf16 activation checkpoints of a four-block GPT on cuda offloaded to cpu
 # and to nvme give the losses kept on the device gives, to the bit, moving
@@ -60,11 +61,21 @@ else
   fail "--precision bf16 on cpu: losses within 1e-2 of fp32's, not equal to them" \
     "fp32 $(losses "$W/pfp32.jsonl" | tr '\n' ' ')/ bf16 $(losses "$W/pbf16.jsonl" | tr '\n' ' ')"
 fi
-run "$TR" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 \
-  --bench-gemm 64 --threads 1 --device cpu --precision bf16 --json -q
+BM=(--bench --bench-model gpt:layers=3,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 --bench-gemm 64
+  --threads 1 --device cpu --json -q)
+run "$TR" "${BM[@]}" --precision bf16
 expect_rc 0 "--bench --precision bf16 on cpu"
 check "…its record names the precision and the sgemm it is held to" \
   jq -e '.precision == "bf16" and .ratio_peer == "sgemm" and .ratio > 0' <<<"$out"
+bench16=$out
+run "$TR" "${BM[@]}" --precision fp32
+expect_rc 0 "--bench --precision fp32 on cpu"
+# Four checkpoints of 2 x 16 x 32 values: 4 KiB each in fp32, 2 KiB in bf16
+# beside one fp32 buffer that a block reads them widened in: 4 KiB less
+# planned, and on the device (each a multiple of the arena's 256 bytes).
+check "…bf16's activation checkpoints take 2 bytes a value, beside the fp32 one read" \
+  jq -e -n --argjson a "$bench16" --argjson b "$out" \
+  '$b.activation_bytes - $a.activation_bytes == 4096 and $b.device_peak_bytes - $a.device_peak_bytes == 4096'
 
 # Can cuda run here? The programs say why not.
 state probe --param-dtype fp32
