@@ -30,8 +30,9 @@ std::span<const float> forward(Context& c, Activations& a, const Config& cfg, bo
     // Checkpoints 0 .. L-3 leave the device as soon as they are made (the
     // last ones stay: backward starts with them); checkpoint l+1 takes the
     // buffer of checkpoint l-2, once that is out.
-    const std::uint64_t out = for_backward ? sent(a, cfg) : 0;
-    if (out && (!a.store || a.store->kind() != a.shape.offload))
+    const bool offload = for_backward && a.shape.offload != Offload::none;
+    const std::uint64_t out = offload ? offloaded_checkpoints(cfg) : 0;
+    if (offload && (!a.store || a.store->kind() != a.shape.offload))
         throw InternalError(std::string(model) + "::forward: activations planned for offload without their store");
     // Checkpoint j, made in `made`: bf16 rounds it into its buffer and
     // widens it back for the next reader; then out it goes.
