@@ -705,7 +705,7 @@ do_from() {
 
     if ((quick)); then
         local s
-        for s in gpu/memcheck gpu/racecheck bench/train bench/pinstress bench/commbench-nccl; do
+        for s in gpu/memcheck gpu/racecheck bench/train bench/train-bf16 bench/pinstress bench/commbench-nccl; do
             record "$s" skip 0 "--quick runs the tests only"
         done
     else
@@ -719,13 +719,19 @@ do_from() {
         local train=$root/bin/zinf-train pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
         if [[ -z $gpu ]]; then
             record bench/train skip 0 "$no_gpu"
+            record bench/train-bf16 skip 0 "$no_gpu"
             record bench/pinstress skip 0 "$no_gpu"
             record bench/commbench-nccl skip 0 "$no_gpu"
         else
             if ! have_option "$train" --device; then
                 record bench/train skip 0 "zinf-train has no --device option (its --help names none)"
+                record bench/train-bf16 skip 0 "zinf-train has no --device option (its --help names none)"
             else
                 run_bench bench/train 60 "$train" --device cuda --bench --json
+                # bf16 arithmetic and bf16 activation checkpoints: the step
+                # against the bf16 GEMM, its activation_bytes and
+                # device_peak_bytes beside fp32's.
+                run_bench bench/train-bf16 60 "$train" --device cuda --bench --precision bf16 --json
             fi
             if ! have_option "$pin" --device; then
                 record bench/pinstress skip 0 "zinf-pinstress has no --device option (its --help names none)"

@@ -56,7 +56,7 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     const auto model = model::make_model(model::Config::from(spec));
     model::LanguageModel& gpt = *model;
     model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
-    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint});
+    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision});
     const auto tensors = shard::tensors(spec);
     {  // filled on the host, copied in: device memory is not the host's on every backend
         std::vector<float> host;
@@ -138,6 +138,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
         if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = gemm_bf16;
         j["ratio"] = ratio;
         j["ratio_peer"] = against_bf16 ? "bf16_gemm" : "sgemm";
+        j["activation_bytes"] = acts.bytes;
+        j["device_peak_bytes"] = dev->arena().stats().peak;
         std::cout << j.dump() << '\n';
     } else {
         std::printf("# zinf-train --bench: %s, %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),

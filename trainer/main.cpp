@@ -377,7 +377,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"none", "cpu", "nvme"}));
     app.add_option("--precision", o.precision,
                    "The arithmetic of the model's GEMM inputs: fp32 (the reference) or bf16 (inputs rounded to bf16, "
-                   "fp32 accumulation; the loss, gradients, master weights and optimizer state stay fp32)")
+                   "fp32 accumulation, the activation checkpoints stored bf16; the loss, gradients, master weights "
+                   "and optimizer state stay fp32)")
         ->capture_default_str();
     o.engine.add(app);
     o.pool.add(app);

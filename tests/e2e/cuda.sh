@@ -11,9 +11,12 @@
 # the build). --precision bf16 (GEMM inputs rounded to bf16, fp32
 # accumulation): on cpu, everywhere, 3 steps within 1e-2 of fp32's losses
 # and not equal to them, a bad value refused (64) with the checkpoint
-# untouched, --bench's record naming it; on cuda, 10 bf16 steps within 1e-2
-# of cpu's bf16 losses and two cuda bf16 runs the same to the bit. Every
-# model is tiny.
+# untouched, --bench's record naming it and its activations 4 KiB smaller
+# than fp32's (bf16 checkpoints); on cuda, 10 bf16 steps within 1e-2
+# of cpu's bf16 losses and two cuda bf16 runs the same to the bit; the
+# bf16 activation checkpoints of a four-block GPT on cuda offloaded to cpu
+# and to nvme give the losses kept on the device gives, to the bit, moving
+# half the bytes of fp32's. Every model is tiny.
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
@@ -58,11 +61,21 @@ else
   fail "--precision bf16 on cpu: losses within 1e-2 of fp32's, not equal to them" \
     "fp32 $(losses "$W/pfp32.jsonl" | tr '\n' ' ')/ bf16 $(losses "$W/pbf16.jsonl" | tr '\n' ' ')"
 fi
-run "$TR" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 \
-  --bench-gemm 64 --threads 1 --device cpu --precision bf16 --json -q
+BM=(--bench --bench-model gpt:layers=3,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 --bench-gemm 64
+  --threads 1 --device cpu --json -q)
+run "$TR" "${BM[@]}" --precision bf16
 expect_rc 0 "--bench --precision bf16 on cpu"
 check "…its record names the precision and the sgemm it is held to" \
   jq -e '.precision == "bf16" and .ratio_peer == "sgemm" and .ratio > 0' <<<"$out"
+bench16=$out
+run "$TR" "${BM[@]}" --precision fp32
+expect_rc 0 "--bench --precision fp32 on cpu"
+# Four checkpoints of 2 x 16 x 32 values: 4 KiB each in fp32, 2 KiB in bf16
+# beside one fp32 buffer that a block reads them widened in: 4 KiB less
+# planned, and on the device (each a multiple of the arena's 256 bytes).
+check "…bf16's activation checkpoints take 2 bytes a value, beside the fp32 one read" \
+  jq -e -n --argjson a "$bench16" --argjson b "$out" \
+  '$b.activation_bytes - $a.activation_bytes == 4096 and $b.device_peak_bytes - $a.device_peak_bytes == 4096'
 
 # Can cuda run here? The programs say why not.
 state probe --param-dtype fp32
@@ -76,7 +89,9 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
   fi
   for t in "10 fp32 steps on cuda within 1e-4 of cpu" "two cuda runs give the same losses to the bit" \
     "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu" \
-    "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit"; do
+    "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit" \
+    "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
+    "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's"; do
     skip "$t" "$why"
   done
   finish
@@ -135,6 +150,32 @@ if [[ $(losses "$W/bcuda1.jsonl" | wc -l) == 10 && $(losses "$W/bcuda1.jsonl") =
 else
   fail "two cuda bf16 runs give the same losses to the bit" "$(losses "$W/bcuda1.jsonl" | tr '\n' ' ')/ $(losses "$W/bcuda2.jsonl" | tr '\n' ' ')"
 fi
+
+# --- bf16 activation checkpoints on cuda: a four-block GPT (blocks 0 and 1's
+# inputs offloaded), kept on the device, offloaded to page-locked memory and
+# to nvme; fp32's nvme run for the bytes
+M4=gpt:layers=4,hidden=32,heads=2,vocab=256,seq=32
+for r in anone acpu anvme afp32; do state "$r" --model "$M4" --param-dtype fp32; done
+for r in none cpu nvme; do
+  run "$TR" --manifest "$(mf a$r)" "${RUN[@]}" --steps 4 --device cuda --precision bf16 --offload-activations $r
+  expect_rc 0 "4 bf16 steps on cuda, checkpoints offloaded to $r"
+  printf '%s\n' "$out" >"$W/a$r.jsonl"
+done
+run "$TR" --manifest "$(mf afp32)" "${RUN[@]}" --steps 4 --device cuda --precision fp32 --offload-activations nvme
+expect_rc 0 "4 fp32 steps on cuda, checkpoints offloaded to nvme"
+printf '%s\n' "$out" >"$W/afp32.jsonl"
+if [[ $(losses "$W/anone.jsonl" | wc -l) == 4 && $(losses "$W/anone.jsonl") == "$(losses "$W/acpu.jsonl")" &&
+  $(losses "$W/anone.jsonl") == "$(losses "$W/anvme.jsonl")" ]]; then
+  pass "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit"
+else
+  fail "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
+    "$(losses "$W/anone.jsonl" | tr '\n' ' ')/ $(losses "$W/acpu.jsonl" | tr '\n' ' ')/ $(losses "$W/anvme.jsonl" | tr '\n' ' ')"
+fi
+# Two offloaded checkpoints of 4 x 32 x 32 values a step: 16 KiB in bf16.
+check "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's" jq -e -n \
+  --slurpfile a "$W/anvme.jsonl" --slurpfile b "$W/afp32.jsonl" \
+  '($a | length) == 4 and ($a | all(.activation_written_bytes == 16384 and .activation_read_bytes == 16384)) and
+   ($b | all(.activation_written_bytes == 32768))'
 
 # --- data parallel: two ranks on cuda, the engine's gathers and
 # reduce-scatters on NCCL, against two on cpu (MPI), from copies of one init.

@@ -24,7 +24,9 @@
 #include <zinf/comm.hpp>
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
+#include <zinf/model.hpp>
 #include <zinf/optim.hpp>
+#include <zinf/shard.hpp>
 #include <zinf/util.hpp>
 
 #include <atomic>
@@ -536,6 +538,53 @@ BOOST_AUTO_TEST_CASE(casts_and_adamw_bitwise, *utf::precondition(GpuPresent())) 
         };
         expect_all(p.run(fn), bf16_grad ? "adamw bf16" : "adamw f32", true);
     }
+}
+
+// bf16 activation checkpoints (zinf-train --precision bf16: the residual
+// stream rounded to bf16 at each block boundary, kept so and widened into
+// fp32 for the block that reads it, by the casts above): a GPT step of fp32
+// arithmetic on cuda against cpu, the losses within 1e-4 and the gradients
+// within bf16's 1e-2 (a residual an ulp apart in fp32 may round to the
+// neighbouring bf16); on cuda, with checkpointing (the backward widens the
+// stored bf16 again for the recompute) and without, the same bits, and two
+// runs the same bits.
+BOOST_AUTO_TEST_CASE(bf16_checkpoints_through_a_gpt_step, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("bf16 checkpoints GPT step"));
+    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=64,heads=4,vocab=97,seq=32");
+    const auto cfg = model::Config::from(spec);
+    const u64 B = 2, T = 32, weights = rng();
+    const Vi in = random_tokens(B * T, 97, rng), tg = random_tokens(B * T, 97, rng);
+    auto step = [&](Device& d, bool checkpoint) -> Outputs {
+        model::GPT gpt(cfg);
+        model::ResidentEngine eng(d, model::numels(gpt.params_table()));
+        const auto ts = shard::tensors(spec);
+        for (std::size_t t = 0; t < ts.size(); ++t) {
+            Vf v(ts[t].numel);
+            shard::fill_fp32(ts[t], spec, weights, 0, v);
+            d.copy(d.compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(v)));
+            d.synchronize(d.compute());
+        }
+        auto acts = gpt.plan(d, {.batch = B, .seq = T, .checkpoint = checkpoint, .checkpoints = Precision::bf16});
+        d.copy(d.compute(), std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span<const std::int32_t>(in)));
+        d.copy(d.compute(), std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span<const std::int32_t>(tg)));
+        model::Context c{d, d.compute(), eng};
+        eng.zero_grad(c.stream);
+        gpt.forward(c, acts);
+        gpt.backward(c, acts);
+        Vf g(eng.all_gradients().size());
+        d.synchronize(c.stream);
+        d.copy(c.stream, std::as_writable_bytes(std::span<float>(g)), std::as_bytes(eng.all_gradients()));
+        d.synchronize(c.stream);
+        return {{"losses", down(d, acts.losses)}, {"gradients", g}};
+    };
+    Pair p;
+    const Outputs cpu = step(*p.cpu, true), gpu = step(*p.gpu, true);
+    expect_close(gpu.at("losses"), cpu.at("losses"), "bf16 checkpoints: losses", false, 1e-4);
+    expect_close(gpu.at("gradients"), cpu.at("gradients"), "bf16 checkpoints: gradients", false, 1e-2);
+    const Outputs kept = step(*p.gpu, false);
+    for (const char* name : {"losses", "gradients"})
+        expect_close(kept.at(name), gpu.at(name), std::string("bf16 checkpoints, recomputed or kept: ") + name, true);
+    expect_same_bits(*p.gpu, [&](Device& d) { return step(d, true); }, "bf16 checkpoints");
 }
 
 BOOST_AUTO_TEST_CASE(bad_token_and_target_at_synchronize, *utf::precondition(GpuPresent())) {

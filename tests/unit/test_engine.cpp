@@ -330,6 +330,89 @@ BOOST_AUTO_TEST_CASE(bf16_weights_halve_the_bytes_fetched_and_held) {
     }
 }
 
+// Precision::bf16 keeps the activation checkpoints (the residual stream at
+// every block boundary) bf16, on the device and offloaded, for a four-block
+// GPT and a three-block Llama (two and one checkpoints offloaded), over
+// fp32 parameters (so that nothing else is kept bf16), ten steps:
+//   - offloaded to cpu or nvme, the same bits as kept on the device
+//     (losses, validation losses, norms, committed state), and a second
+//     run on the device the same bits again;
+//   - nvme: the checkpoint bytes written and read back each step are those
+//     of B x T x C bf16 values per offloaded checkpoint, half the fp32 run's;
+//   - the device's peak below the fp32 run's by exactly what the planned
+//     activations save (plan_bytes), offloading or not;
+//   - the losses within bf16 tolerance (2e-2 relative) of the fp32 run's,
+//     not equal to them, and falling.
+BOOST_AUTO_TEST_CASE(bf16_checkpoints_halve_the_bytes_kept_and_offloaded) {
+    const std::uint64_t s = fresh_seed("bf16 checkpoints");
+    std::vector<std::uint16_t> tokens((kSteps + 2) * kB * kT + 1);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>((s + i * 7) % 97);
+    for (const char* spec : {"gpt:layers=4,hidden=32,heads=2,vocab=97,seq=16",
+                             "llama:layers=3,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=97,seq=16"}) {
+        BOOST_TEST_CONTEXT(spec) {
+            Rig rig;
+            const auto cfg = model::Config::from(shard::ModelSpec::parse(spec));
+            const auto gpt = model::make_model(cfg);
+            auto train = [&](Run& run, device::Precision p, model::Offload where) {
+                train::Options o = train_options(run.manifest_path());
+                o.precision = p;
+                o.offload_activations = where;
+                o.schedule.lr = o.adamw.lr = 5e-3;  // far enough in 10 steps to see the loss fall
+                return train_run(run, rig, tokens, o);
+            };
+            auto run_of = [&](device::Precision p, model::Offload where) {
+                Run run(rig, lay(DType::fp32, Tier::cpu, Tier::cpu, s), spec);
+                return train(run, p, where);
+            };
+            auto peak_of = [&](device::Precision p, model::Offload where) {
+                return gpt->plan_bytes({.batch = kB, .seq = kT, .offload = where, .checkpoints = p});
+            };
+            const auto bf = device::Precision::bf16, f32 = device::Precision::fp32;
+            Run ref_run(rig, lay(DType::fp32, Tier::cpu, Tier::cpu, s), spec);
+            const Outcome ref = train(ref_run, bf, model::Offload::none);
+            same_losses(run_of(bf, model::Offload::none), ref, "bf16 checkpoints, twice");
+            for (const model::Offload where : {model::Offload::cpu, model::Offload::nvme}) {
+                const std::string what = std::string("bf16 checkpoints offloaded to ") + model::offload_name(where);
+                Run run(rig, lay(DType::fp32, Tier::cpu, Tier::cpu, s), spec);
+                same_losses(train(run, bf, where), ref, what);
+                same_state(shard::read_manifest_file(run.manifest_path()),
+                           shard::read_manifest_file(ref_run.manifest_path()), rig, what);
+            }
+            const Outcome nvme16 = run_of(bf, model::Offload::nvme), nvme32 = run_of(f32, model::Offload::nvme),
+                          fp32 = run_of(f32, model::Offload::none);
+            const std::uint64_t each = kB * kT * cfg.hidden * 2, offloaded = model::offloaded_checkpoints(cfg);
+            BOOST_TEST(offloaded == cfg.layers - 2);
+            BOOST_TEST(model::checkpoint_bytes(cfg, kB, kT, bf) == each);
+            bool differs = false;
+            for (std::size_t k = 0; k < kSteps; ++k) {
+                const auto &b = nvme16.logs[k], &a = nvme32.logs[k];
+                BOOST_TEST(b.activation_written_bytes == offloaded * each, "step " << k + 1);
+                BOOST_TEST(b.activation_read_bytes == offloaded * each, "step " << k + 1);
+                BOOST_TEST(2 * b.activation_written_bytes == a.activation_written_bytes, "step " << k + 1);
+                BOOST_TEST(2 * b.activation_read_bytes == a.activation_read_bytes, "step " << k + 1);
+                BOOST_TEST(fp32.logs[k].device_peak_bytes - ref.logs[k].device_peak_bytes ==
+                               peak_of(f32, model::Offload::none) - peak_of(bf, model::Offload::none),
+                           "step " << k + 1);
+                BOOST_TEST(a.device_peak_bytes - b.device_peak_bytes ==
+                               peak_of(f32, model::Offload::nvme) - peak_of(bf, model::Offload::nvme),
+                           "step " << k + 1);
+                BOOST_TEST(near(ref.logs[k].loss, fp32.logs[k].loss, 2e-2),
+                           "step " << k + 1 << ": bf16 " << ref.logs[k].loss << ", fp32 " << fp32.logs[k].loss);
+                differs = differs || bits(ref.logs[k].loss) != bits(fp32.logs[k].loss);
+            }
+            BOOST_TEST(differs, "bf16 checkpoints changed no loss");
+            BOOST_TEST(peak_of(bf, model::Offload::none) < peak_of(f32, model::Offload::none));
+            BOOST_TEST(peak_of(bf, model::Offload::nvme) < peak_of(f32, model::Offload::nvme));
+            auto mean3 = [&](std::size_t at) {
+                return (ref.logs[at].loss + ref.logs[at + 1].loss + ref.logs[at + 2].loss) / 3;
+            };
+            std::string all;
+            for (const auto& l : ref.logs) all += " " + std::to_string(l.loss);
+            BOOST_TEST(mean3(kSteps - 3) < mean3(0), "losses" << all);
+        }
+    }
+}
+
 // The same with prefetching off, with every parameter persistent, and
 // without activation checkpointing (no recomputation in backward).
 BOOST_AUTO_TEST_CASE(prefetch_persistence_and_checkpointing_change_nothing) {

@@ -286,6 +286,54 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
     BOOST_TEST(sq > 0);
 }
 
+// bf16 checkpoints (Shape::checkpoints; fp32 arithmetic, to see them
+// alone): with checkpointing (the backward widens the stored bf16 again and
+// recomputes from it) and without (each block keeps its activations) the
+// same bits, so the recompute reads what the forward read; a loss and
+// gradients near the fp32 checkpoints' but not theirs (the rounding
+// happened); the arena bytes planned: each (N,C) checkpoint at 2 bytes a
+// value, plus the one fp32 (N,C) buffer a block reads its input widened in.
+BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
+    const auto seed = fresh_seed("bf16_checkpoints_recompute_what_the_forward_saw");
+    std::mt19937_64 rng(seed);
+    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
+    const auto cfg = model::Config::from(spec);
+    const std::uint64_t B = 2, T = 16;
+    const auto bf16 = device::Precision::bf16;
+    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
+    Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16});
+    Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
+    Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt, &ref}) {
+        n->fill(seed);
+        n->set_batch(in, tg);
+        n->step();
+    }
+    auto all = [](Net& n) {
+        std::vector<float> g(n.eng.all_gradients().size());
+        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
+        n.dev->synchronize(n.dev->compute());
+        return g;
+    };
+    const auto a = all(keep), b = all(ckpt), r = all(ref);
+    BOOST_TEST(std::bit_cast<std::uint64_t>(keep.loss()) == std::bit_cast<std::uint64_t>(ckpt.loss()));
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    BOOST_TEST(ckpt.loss() != ref.loss());
+    BOOST_TEST(std::abs(ckpt.loss() - ref.loss()) < 1e-2 * ref.loss(), ckpt.loss() << " vs " << ref.loss());
+    const double e = rel_error(b, r);
+    BOOST_TEST((e > 0 && e < 2e-2), "the gradients' relative error " << e);
+    // The plan: fp32 and bf16 checkpoints, on the device and offloaded (three buffers).
+    const std::uint64_t NC = B * T * cfg.hidden;
+    auto unit = [](std::uint64_t bytes) { return align_up(bytes, mem::kArenaAlignment); };
+    for (const model::Offload where : {model::Offload::none, model::Offload::cpu}) {
+        const std::uint64_t n = where == model::Offload::none ? cfg.layers + 1 : 3;
+        const std::uint64_t f = ckpt.gpt.plan_bytes({.batch = B, .seq = T, .offload = where});
+        const std::uint64_t h = ckpt.gpt.plan_bytes({.batch = B, .seq = T, .offload = where, .checkpoints = bf16});
+        BOOST_TEST(f - h == n * (unit(NC * 4) - unit(NC * 2)) - unit(NC * 4), model::offload_name(where));
+    }
+    BOOST_TEST(ckpt.acts.bytes + (cfg.layers + 1) * NC * 2 == ref.acts.bytes + NC * 4);
+}
+
 // Offloaded activation checkpoints live in page-locked memory the pinned
 // pool hands out (PinnedPool::pin: registered with CUDA and the io engine,
 // counted in the pool's stats) while the store lives, and come back from it
@@ -314,9 +362,9 @@ BOOST_AUTO_TEST_CASE(activation_store_pins_through_the_pool) {
             const mem::PoolStats st = rig.pool.stats();
             BOOST_TEST(st.pinned == (kind == model::Offload::cpu ? 1u : 2u), what);
             BOOST_TEST(st.pinned_bytes == (kind == model::Offload::cpu ? count * slot : 2 * slot), what);
-            for (std::uint64_t j = 0; j < count; ++j) store.save(*dev, s, j, out[j]);
+            for (std::uint64_t j = 0; j < count; ++j) store.save(*dev, s, j, std::as_bytes(out[j].span()));
             for (std::uint64_t j = 0; j < count; ++j) {
-                store.load(*dev, s, j, back[j]);
+                store.load(*dev, s, j, std::as_writable_bytes(back[j].span()));
                 store.wait_loaded(*dev, s, j);
             }
             for (std::uint64_t j = 0; j < count; ++j) {

@@ -123,10 +123,15 @@ private:
 // parameters are bf16 (zinf-shard layout's default) the engine keeps the
 // matrices and embedding tables bf16 on the device too (Weight): gathered
 // and held as bf16, read as bf16 by the GEMMs and the embedding, never
-// widened. Layernorm and RMSNorm weights and biases are widened to fp32;
-// the activations, softmax, attention, the loss, gradients handed to the
-// optimizer, master weights and optimizer state stay fp32. (Storing the
-// activations as bf16 is not done yet.)
+// widened. The activation checkpoints (the residual stream at each block
+// boundary, model.hpp's Shape::checkpoints) are rounded to bf16 as they are
+// made and kept, offloaded and read back bf16, widened to fp32 for the block
+// that reads them: half the bytes on the device, in host memory and on NVMe.
+// Layernorm and RMSNorm weights and biases are widened to fp32; the
+// activations a block keeps for its backward (its norms' outputs, q/k/v,
+// the attention's softmax, the MLP's), softmax, attention, the loss,
+// gradients handed to the optimizer, master weights and optimizer state stay
+// fp32.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);
 Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices

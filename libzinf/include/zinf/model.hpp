@@ -313,12 +313,23 @@ struct Shape {
     // ahead of its backward. The device then holds three (N,C) residuals
     // instead of layers+1.
     Offload offload = Offload::none;
+    // How the checkpoints (the residual stream at every block boundary) are
+    // stored: fp32, the reference, or bf16 (zinf-train --precision bf16, as
+    // llm.c keeps its residual stream): each block's output rounded to bf16
+    // (nearest even) as it is made, kept and offloaded so, half the bytes,
+    // and widened into one fp32 (N,C) buffer for the block (or the final
+    // norm) that reads it, forward and backward alike, so the recompute sees
+    // what the forward saw. Everything else a block keeps stays fp32.
+    device::Precision checkpoints = device::Precision::fp32;
 };
 
 // The checkpoints an offloading step stores (the inputs of blocks 0 ..
-// layers-3) and their bytes for a batch of B x T.
+// layers-3); the bytes of one for a batch of B x T stored as `p`
+// (Shape::checkpoints), and of all it stores.
 std::uint64_t offloaded_checkpoints(const Config& cfg);
-std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T);
+std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T, device::Precision p);
+std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
+                            device::Precision p = device::Precision::fp32);
 
 // Activation checkpoints off the device: in page-locked host memory (cpu)
 // or in a scratch file on NVMe (removed when the store goes). save() copies
@@ -339,9 +350,10 @@ public:
     ActivationStore& operator=(const ActivationStore&) = delete;
 
     Offload kind() const { return kind_; }
-    void save(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<const float> src);
+    // src and dst: bytes_each bytes of device memory (fp32 or bf16 elements).
+    void save(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<const std::byte> src);
     void wait_saved(device::Device& dev, device::Stream& compute, std::uint64_t j);
-    void load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<float> dst);
+    void load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<std::byte> dst);
     void wait_loaded(device::Device& dev, device::Stream& compute, std::uint64_t j);
     std::uint64_t bytes_out() const { return out_; }  // since construction
     std::uint64_t bytes_in() const { return in_; }
@@ -361,7 +373,13 @@ private:
 struct Activations {
     Shape shape;
     device::Array<std::int32_t> inputs, targets;   // (B,T)
-    std::vector<device::Array<float>> residual;    // layers+1 of (N,C): block inputs, then the last output
+    // The checkpoints: layers+1 of (N,C), the blocks' inputs then the last
+    // output (three when offloading), in `residual` (fp32) or
+    // `residual_bf16` (Shape::checkpoints bf16, with `widened` (N,C): the
+    // one a block reads, as fp32). Reached through the walk of checkpoints.hpp.
+    std::vector<device::Array<float>> residual;
+    std::vector<device::Array<std::uint16_t>> residual_bf16;
+    device::Array<float> widened;
     std::vector<BlockActivations> blocks;          // layers of them, or 1 with checkpointing
     BlockScratch scratch;
     device::Array<float> lnf, lnf_mean, lnf_rstd;  // (N,C), (N), (N)
@@ -377,7 +395,8 @@ struct Activations {
     // Shape::offload: where the checkpoints go (set by whoever plans the
     // step; a forward for backward without it is refused).
     std::shared_ptr<ActivationStore> store;
-    // The buffer of residual j: its own, or one of three when offloading.
+    // The buffer of checkpoint j (fp32 checkpoints): its own, or one of
+    // three when offloading.
     std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
 };
 

@@ -2,6 +2,8 @@
 // with activation checkpointing.
 #include <zinf/model.hpp>
 
+#include "checkpoints.hpp"
+
 namespace zinf::model {
 
 using device::Gemm;
@@ -104,13 +106,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     auto f = [&](std::uint64_t n, const char* what) { return take.template operator()<float>(n, what); };
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
-    if (shape.offload != Offload::none && !shape.checkpoint)
-        throw UsageError("offloading activation checkpoints needs activation checkpointing (leave out --no-checkpoint)");
-    // Offloading, residual j lives in buffer j % 3: blocks l and l+1's
-    // inputs and outputs, with one buffer coming back or going out.
-    const std::uint64_t residuals = shape.offload != Offload::none ? std::min<std::uint64_t>(3, cfg_.layers + 1)
-                                                                   : cfg_.layers + 1;
-    for (std::uint64_t l = 0; l < residuals; ++l) a.residual.push_back(f(N * C, "residual"));
+    checkpoints::plan(a, shape, cfg_.layers, N * C, take);
     const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
     for (std::uint64_t l = 0; l < sets; ++l) {
         BlockActivations b;
@@ -143,22 +139,13 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
 
 void GPT::forward(Context& c, Activations& a, bool for_backward) {
     ForwardScope scope(c.engine, *this);
-    const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T, L = cfg_.layers;
-    // Checkpoints 0 .. L-3 leave the device as soon as they are made (the
-    // last ones stay: backward starts with them); block l's output takes
-    // the buffer of checkpoint l-2, once that is out.
-    const bool offload = for_backward && a.shape.offload != Offload::none;
-    const std::uint64_t out = offload ? offloaded_checkpoints(cfg_) : 0;
-    if (offload && (!a.store || a.store->kind() != a.shape.offload))
-        throw InternalError("GPT::forward: activations planned for offload without their store");
-    embed_->forward(c, a.res(0), a.inputs, B, T);
-    if (0 < out) a.store->save(c.dev, c.stream, 0, a.res(0));
-    for (std::uint64_t l = 0; l < L; ++l) {
-        if (l >= 2 && l - 2 < out) a.store->wait_saved(c.dev, c.stream, l - 2);
-        blocks_[l]->forward(c, a.res(l + 1), a.res(l), a.blocks[a.shape.checkpoint ? 0 : l], B, T);
-        if (l + 1 < out) a.store->save(c.dev, c.stream, l + 1, a.res(l + 1));
-    }
-    ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, a.res(L), N);
+    const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
+    const std::span<const float> x = checkpoints::forward(
+        c, a, cfg_, for_backward, "GPT", [&](std::span<float> out) { embed_->forward(c, out, a.inputs, B, T); },
+        [&](std::uint64_t l, std::span<float> out, std::span<const float> in) {
+            blocks_[l]->forward(c, out, in, a.blocks[a.shape.checkpoint ? 0 : l], B, T);
+        });
+    ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, x, N);
     head_->forward(c, a.logits, a.lnf, N);
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
@@ -172,19 +159,12 @@ void GPT::backward(Context& c, Activations& a) {
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    ln_f_->backward(c, a.dres, a.scratch.dbtc, a.res(cfg_.layers), a.lnf_mean, a.lnf_rstd, N);
-    // Block l's backward uses the buffers of residuals l (its input) and
-    // l+1 (the recomputed output); offloaded checkpoint l-1 comes back into
-    // the third meanwhile (residual l+2's, done with since block l+1's).
-    const std::uint64_t out = a.shape.offload != Offload::none ? offloaded_checkpoints(cfg_) : 0;
-    for (std::uint64_t l = cfg_.layers; l-- > 0;) {
-        if (l < out) a.store->wait_loaded(c.dev, c.stream, l);
-        if (l >= 1 && l - 1 < out) a.store->load(c.dev, c.stream, l - 1, a.res(l - 1));
-        if (a.shape.checkpoint)
-            blocks_[l]->backward(c, a.dres, a.res(l), a.blocks[0], a.scratch, B, T, a.res(l + 1));
-        else
-            blocks_[l]->backward(c, a.dres, a.res(l), a.blocks[l], a.scratch, B, T);
-    }
+    ln_f_->backward(c, a.dres, a.scratch.dbtc, checkpoints::last(c, a, cfg_), a.lnf_mean, a.lnf_rstd, N);
+    checkpoints::backward(c, a, cfg_, a.scratch.dbtc,
+                          [&](std::uint64_t l, std::span<const float> x, std::span<float> recompute_out) {
+                              blocks_[l]->backward(c, a.dres, x, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B,
+                                                   T, recompute_out);
+                          });
     embed_->backward(c, a.dres, a.inputs, B, T);
 }
 

@@ -10,6 +10,8 @@
 #include <numbers>
 #include <optional>
 
+#include "checkpoints.hpp"
+
 namespace zinf::model {
 
 using device::Gemm;
@@ -547,8 +549,6 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     if (T > cfg_.max_seq)
         throw UsageError("sequence length " + std::to_string(T) + " is longer than the model's " +
                          std::to_string(cfg_.max_seq) + " positions");
-    if (shape.offload != Offload::none && !shape.checkpoint)
-        throw UsageError("offloading activation checkpoints needs activation checkpointing (leave out --no-checkpoint)");
     const u64 N = B * T;
     Activations a;
     a.shape = shape;
@@ -561,8 +561,7 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     auto f = [&](u64 n, const char* what) { return take.template operator()<float>(n, what); };
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
-    const u64 residuals = shape.offload != Offload::none ? std::min<u64>(3, cfg_.layers + 1) : cfg_.layers + 1;
-    for (u64 l = 0; l < residuals; ++l) a.residual.push_back(f(N * C, "residual"));
+    checkpoints::plan(a, shape, cfg_.layers, N * C, take);
     const u64 sets = shape.checkpoint ? 1 : cfg_.layers;
     for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f));
     const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
@@ -597,20 +596,13 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
 void Llama::forward(Context& c, Activations& a, bool for_backward) {
     ForwardScope scope(c.engine, *this);
     LlamaBuffers& own = buffers(a);
-    const u64 B = a.shape.batch, T = a.shape.seq, N = B * T, L = cfg_.layers;
-    const bool offload = for_backward && a.shape.offload != Offload::none;
-    const u64 out = offload ? offloaded_checkpoints(cfg_) : 0;
-    if (offload && (!a.store || a.store->kind() != a.shape.offload))
-        throw InternalError("Llama::forward: activations planned for offload without their store");
-    embed_->forward(c, a.res(0), a.inputs, B, T);
-    if (0 < out) a.store->save(c.dev, c.stream, 0, a.res(0));
-    for (u64 l = 0; l < L; ++l) {
-        if (l >= 2 && l - 2 < out) a.store->wait_saved(c.dev, c.stream, l - 2);
-        blocks_[l]->forward(c, a.res(l + 1), a.res(l), own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T,
-                            &own.scratch);
-        if (l + 1 < out) a.store->save(c.dev, c.stream, l + 1, a.res(l + 1));
-    }
-    norm_->forward(c, a.lnf, a.lnf_rstd, a.res(L), N);
+    const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
+    const std::span<const float> x = checkpoints::forward(
+        c, a, cfg_, for_backward, "Llama", [&](std::span<float> out) { embed_->forward(c, out, a.inputs, B, T); },
+        [&](u64 l, std::span<float> out, std::span<const float> in) {
+            blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T, &own.scratch);
+        });
+    norm_->forward(c, a.lnf, a.lnf_rstd, x, N);
     head_->forward(c, a.logits, a.lnf, N);
     if (for_backward)
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
@@ -625,16 +617,10 @@ void Llama::backward(Context& c, Activations& a) {
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    norm_->backward(c, a.dres, own.scratch.dbtc, a.res(cfg_.layers), a.lnf_rstd, N);
-    const u64 out = a.shape.offload != Offload::none ? offloaded_checkpoints(cfg_) : 0;
-    for (u64 l = cfg_.layers; l-- > 0;) {
-        if (l < out) a.store->wait_loaded(c.dev, c.stream, l);
-        if (l >= 1 && l - 1 < out) a.store->load(c.dev, c.stream, l - 1, a.res(l - 1));
-        if (a.shape.checkpoint)
-            blocks_[l]->backward(c, a.dres, a.res(l), own.blocks[0], own.scratch, own.rope, B, T, a.res(l + 1));
-        else
-            blocks_[l]->backward(c, a.dres, a.res(l), own.blocks[l], own.scratch, own.rope, B, T);
-    }
+    norm_->backward(c, a.dres, own.scratch.dbtc, checkpoints::last(c, a, cfg_), a.lnf_rstd, N);
+    checkpoints::backward(c, a, cfg_, own.scratch.dbtc, [&](u64 l, std::span<const float> x, std::span<float> rec) {
+        blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, own.rope, B, T, rec);
+    });
     embed_->backward(c, a.dres, a.inputs, B, T);
 }
 

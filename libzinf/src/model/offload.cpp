@@ -25,8 +25,12 @@ Offload parse_offload(std::string_view text) {
 
 std::uint64_t offloaded_checkpoints(const Config& cfg) { return cfg.layers > 2 ? cfg.layers - 2 : 0; }
 
-std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T) {
-    return offloaded_checkpoints(cfg) * align_up(B * T * cfg.hidden * sizeof(float), 4096);
+std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T, device::Precision p) {
+    return B * T * cfg.hidden * (p == device::Precision::bf16 ? sizeof(std::uint16_t) : sizeof(float));
+}
+
+std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T, device::Precision p) {
+    return offloaded_checkpoints(cfg) * align_up(checkpoint_bytes(cfg, B, T, p), 4096);
 }
 
 ActivationStore::ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, mem::PinnedPool& pool,
@@ -59,14 +63,14 @@ ActivationStore::~ActivationStore() {
 }
 
 void ActivationStore::save(device::Device& dev, device::Stream& compute, std::uint64_t j,
-                           std::span<const float> src) {
+                           std::span<const std::byte> src) {
     if (j >= count_ || src.size_bytes() != bytes_) throw InternalError("ActivationStore::save: checkpoint " + std::to_string(j));
     auto& d2h = dev.stream(device::StreamKind::d2h);
     dev.wait(d2h, dev.record(compute));
     if (kind_ == Offload::cpu) {
-        dev.copy(d2h, host_.bytes().subspan(j * slot_, bytes_), std::as_bytes(src));
+        dev.copy(d2h, host_.bytes().subspan(j * slot_, bytes_), src);
     } else {
-        dev.copy(d2h, stage_out_.bytes().first(bytes_), std::as_bytes(src));
+        dev.copy(d2h, stage_out_.bytes().first(bytes_), src);
         dev.host(d2h, [this, j] { io_->wait(io_->write(file_, j * slot_, stage_out_.bytes().first(slot_))); });
     }
     saved_[j] = dev.record(d2h);
@@ -77,17 +81,17 @@ void ActivationStore::wait_saved(device::Device& dev, device::Stream& compute, s
     dev.wait(compute, saved_.at(j));
 }
 
-void ActivationStore::load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<float> dst) {
+void ActivationStore::load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<std::byte> dst) {
     if (j >= count_ || dst.size_bytes() != bytes_) throw InternalError("ActivationStore::load: checkpoint " + std::to_string(j));
     auto& h2d = dev.stream(device::StreamKind::h2d);
     dev.wait(h2d, dev.record(compute));
     // Saved before it is read back: the d2h stream's copy (and write) first.
     dev.wait(h2d, saved_[j]);
     if (kind_ == Offload::cpu) {
-        dev.copy(h2d, std::as_writable_bytes(dst), host_.bytes().subspan(j * slot_, bytes_));
+        dev.copy(h2d, dst, host_.bytes().subspan(j * slot_, bytes_));
     } else {
         dev.host(h2d, [this, j] { io_->wait(io_->read(file_, j * slot_, stage_in_.bytes().first(slot_))); });
-        dev.copy(h2d, std::as_writable_bytes(dst), stage_in_.bytes().first(bytes_));
+        dev.copy(h2d, dst, stage_in_.bytes().first(bytes_));
     }
     loaded_[j] = dev.record(h2d);
     in_ += bytes_;

@@ -73,6 +73,13 @@ struct Trainer::Impl {
     void open_resident(io::Engine& e, mem::PinnedPool& p);
     void open_infinity(io::Engine& e, mem::PinnedPool& p);
     void open_store(io::Engine& e, mem::PinnedPool& p);
+    // The activations' shape: the batch, checkpointing, where the
+    // checkpoints wait, and their precision, the arithmetic's (bf16
+    // arithmetic keeps them bf16).
+    model::Shape shape() const {
+        return {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
+                .offload = opts.offload_activations, .checkpoints = opts.precision};
+    }
     void open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo, std::uint64_t device_more);
     void load_weights(io::Engine& e, mem::PinnedPool& p);
     void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
@@ -120,7 +127,7 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
             shard::check_paths(m, {rank});
             zero::DiskNeedOptions dn;
             if (opts.offload_activations == model::Offload::nvme)
-                dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq);
+                dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq, opts.precision);
             const zero::DiskNeed need = zero::disk_need(m, rank, dn);
             zero::check_disk(need, rank);
             measure_disk(need);
@@ -226,8 +233,7 @@ void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::Opti
 // The reference: every rank reads every tensor whole into its resident copy.
 void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
     resident = std::make_unique<model::ResidentEngine>(dev, model::numels(gpt.params_table()));
-    acts = gpt.plan(dev, {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
-                          .offload = opts.offload_activations});
+    acts = gpt.plan(dev, shape());
     acts_used = dev.arena().stats().used;
     open_store(e, p);
     load_weights(e, p);
@@ -263,7 +269,7 @@ void Trainer::Impl::open_store(io::Engine& e, mem::PinnedPool& p) {
     const model::Offload o = opts.offload_activations;
     if (o == model::Offload::none) return;
     const std::uint64_t n = model::offloaded_checkpoints(gpt.config());
-    const std::uint64_t bytes = opts.batch * opts.seq * gpt.config().hidden * sizeof(float);
+    const std::uint64_t bytes = model::checkpoint_bytes(gpt.config(), opts.batch, opts.seq, opts.precision);
     std::string path;
     if (o == model::Offload::nvme) path = zero::disk_need(m, rank).folder + "/activations.bin";
     acts.store = std::make_shared<model::ActivationStore>(o, n, bytes, p, &e, path);
@@ -273,8 +279,7 @@ void Trainer::Impl::open_store(io::Engine& e, mem::PinnedPool& p) {
 // then its working memory from what is left. A budget too small for the
 // largest module is refused now, with the tile factor that would fit.
 void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
-    const model::Shape shape{.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
-                             .offload = opts.offload_activations};
+    const model::Shape shape = this->shape();
     const std::uint64_t budget = dev.arena().stats().bytes, acts_need = gpt.plan_bytes(shape);
     if (acts_need > budget) {
         const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
