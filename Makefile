@@ -312,8 +312,9 @@ $(LIB): $(LIB_OBJS)
 # reader ran on their -O0 copies: zinf-shard inspect of the 98,561 records
 # of paper-1t at dp 16 took 2.85 CPU-s, 1.34 with util/json.o (-O1) first;
 # layout 2.29 -> 0.74 (BENCHMARKS.md). (It is in $(LIB) too: the archive's
-# member is then never pulled.)
-LINK_FIRST := $(BUILD)/libzinf/src/util/json.o
+# member is then never pulled. A library of modules without util, as a
+# sanitized subset may be, has none to put first.)
+LINK_FIRST := $(filter $(BUILD)/libzinf/src/util/json.o,$(LIB_OBJS))
 
 define program_rule
 $(BIN)/$(call program_name,$(1)): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard $(1)/*.cpp)) $(LIB)
