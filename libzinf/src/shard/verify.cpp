@@ -32,7 +32,7 @@ VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool
         1, std::min<std::size_t>(resolve_jobs(opts.jobs), pool.buffers() / 2)));
     std::atomic<std::uint64_t> bytes{0};
     run_units(files.size(), jobs, opts, [&](std::size_t u, unsigned) {
-        const auto& [name, parts] = files[u];
+        const auto& parts = files[u].second;  // (not a structured binding: clang 14 cannot capture one)
         const std::string path = m.path_of(*parts.front());
         io::File file = open_data(m, *parts.front());
         const std::uint64_t size = file.size();

@@ -354,7 +354,8 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
         std::fill(out.begin() + static_cast<std::ptrdiff_t>(n), out.end(), 0.0f);  // padding
         if (n == 0) return;
         const Placed& p = places.at(t.key);
-        const auto [rows, cols] = matrices.at(t.key);
+        const auto& shape = matrices.at(t.key);  // (no structured binding: clang 14 cannot capture one)
+        const std::uint64_t rows = shape.first, cols = shape.second;
         const Region dst{true, rows, t.col0, t.numel / rows, Elem::f32};  // the tile, or the whole tensor
         Source src;
         src.row_major = p.row_major;
