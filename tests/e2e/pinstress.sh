@@ -38,8 +38,11 @@ check "…and the record names it" \
 
 run "$PS" --pinned 8MiB --pinned-buffer 4MiB -t 4 --max-lease 2 -s 2s --max-hold 400ms --timeout 50ms --no-copy
 expect_rc 70 "a lease that waits past --timeout fails"
+# (Under load the holders may return theirs just as the wait runs out, with
+# other waiters queued ahead: then it says so, and that none held any.)
 check "…saying who waited and who holds the buffers" \
-  bash -c '[[ $1 == *"pinned pool exhausted: '"'"'pinstress thread "*"waited 0.05s for "*"held by '"'"'pinstress thread "* ]]' _ "$err"
+  bash -c '[[ $1 == *"pinned pool exhausted: '"'"'pinstress thread "*"waited 0.05s for "*"held by '"'"'pinstress thread "* ||
+    $1 == *"pinned pool exhausted: '"'"'pinstress thread "*"waited 0.05s for "*"queued ahead of it; held by none at that moment"* ]]' _ "$err"
 
 run "$PS" --pinned-buffer 5000
 expect_rc 64 "a buffer size that does not suit O_DIRECT is refused"

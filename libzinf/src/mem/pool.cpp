@@ -353,7 +353,10 @@ static void wait_free(Lease::State& s, std::unique_lock<std::mutex>& lk, std::si
        << std::chrono::duration<double>(timeout).count() << "s for " << n << " of " << s.count << " buffers ("
        << format_size(s.buf) << " each); " << s.free_list.size() << " free when it gave up";
     if (ahead) os << ", " << ahead << " lease(s) queued ahead of it";
-    os << "; held by " << describe_holders(s.holders_locked())
+    // (Nobody may hold any: the holders returned theirs as the wait ran out,
+    // and the leases queued ahead had not taken them yet.)
+    const std::string holders = describe_holders(s.holders_locked());
+    os << "; held by " << (holders.empty() ? "none at that moment" : holders)
        << " (a lease not returned, or --pinned too small for this many users at once)";
     throw InternalError(os.str());
 }
