@@ -352,17 +352,15 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 #             calls the library and prints. CLI11 2.1 is header-only and builds
 #             its validators in every file that includes it (3 s each), so the
 #             programs' other files include only what they use, without it.
-#             Not optbench (OpenMP: another set of predefined macros, and its
-#             own kernels), nor the files whose loops run over data (the
-#             pattern fills and checks of pinstress and nvmebench, commbench's
-#             fills and checks): -O2.
+#             Not the files whose loops run over data (the pattern fills and
+#             checks of pinstress and nvmebench, commbench's fills and checks,
+#             optbench's OpenMP loops, bench/optbench/): -O2.
 TEST_OBJS := $(TEST_SRCS:tests/unit/%.cpp=$(BUILD)/tests/unit/%.o)
 TEST_O1_OBJS := $(patsubst %,$(BUILD)/tests/unit/%.o,test_llama test_shard_disk test_optim test_optimizer_faults mpi_comm)
 TEST_O0_OBJS := $(filter-out $(TEST_O1_OBJS),$(TEST_OBJS))
 PROGRAM_SRCS := $(foreach d,$(PROGRAM_DIRS),$(wildcard $(d)/*.cpp)) $(BENCH_SRCS)
-PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out bench/optbench.cpp,\
-  $(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS))))
-PROGRAM_O0_OBJS := $(filter-out $(patsubst %,$(BUILD)/%.o,bench/optbench pinstress/stress nvmebench/sweep commbench/harness),\
+PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(shell grep -l '^#include <CLI/CLI.hpp>' $(PROGRAM_SRCS)))
+PROGRAM_O0_OBJS := $(filter-out $(patsubst %,$(BUILD)/%.o,pinstress/stress nvmebench/sweep commbench/harness),\
   $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
 $(PROGRAM_O0_OBJS) $(BUILD)/pch/programs.hpp.$(PCH_EXT): private CXXFLAGS += -O0
 $(TEST_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT): private CPPFLAGS += -DBOOST_TEST_DYN_LINK
@@ -447,7 +445,10 @@ $(BUILD)/libzinf/src/optim/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-
 # clamp needs to vectorise (no value changes: only FP exception flags).
 $(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math
 # The optimizer step hashes what it writes on OpenMP threads.
-$(BUILD)/libzinf/src/zero/optimizer.o $(BUILD)/bench/optbench.o: CXXFLAGS += -fopenmp
+$(BUILD)/libzinf/src/zero/optimizer.o: CXXFLAGS += -fopenmp
+# zinf-optbench's OpenMP loops, in a file of their own (bench/optbench/loops.hpp).
+$(BIN)/zinf-optbench: $(BUILD)/bench/optbench/loops.o
+$(BUILD)/bench/optbench/loops.o: CXXFLAGS += -fopenmp
 
 # --- fuzzers (tests/fuzz/README.md) -------------------------------------------
 # tests/fuzz/fuzz_NAME.cpp: one libFuzzer target each. `make test` replays

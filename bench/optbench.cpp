@@ -5,13 +5,13 @@
 // step beside its ideal: max(I/O time at the bandwidth the same files give,
 // update time). scripts/bench-adam-vs-torch.sh sets it against PyTorch.
 #include "common.hpp"
+#include "optbench/loops.hpp"
 
 #include <zinf/optim.hpp>
 #include <zinf/zero.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <omp.h>
 
 #include <atomic>
 #include <csignal>
@@ -26,6 +26,10 @@
 using namespace zinf;
 
 namespace {
+
+using bench::Bandwidth;
+using bench::fill;
+using bench::memory_gibps;
 
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop.store(true); }
@@ -81,67 +85,6 @@ shard::ModelSpec shape_for(std::uint64_t n) {
                         layer = 12 * pick.hidden * pick.hidden + 13 * pick.hidden;
     m.layers = n > embed ? std::max<std::uint64_t>(1, (n - embed + layer / 2) / layer) : 1;
     return m;
-}
-
-// Random values in [-scale, scale), every thread its own counter-based stream.
-void fill(std::span<float> v, std::uint64_t seed, float scale, bool positive = false) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        std::uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        const float u = static_cast<float>(z >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
-        v[i] = positive ? (u + 0.01f) * scale : (2 * u - 1) * scale;
-    }
-}
-
-
-// Memory bandwidth in GiB/s (bytes read plus bytes written), all threads,
-// best of 5, on buffers well past the caches: `copy` from one buffer to
-// another (memcpy, as STREAM's Copy), and `streams`, the update's own
-// pattern with no arithmetic to speak of: four arrays read, three of them
-// written back in place (w += g, m += g, v += g).
-struct Bandwidth {
-    double copy = 0, streams = 0;
-    double bound() const { return std::max(copy, streams); }
-};
-
-Bandwidth memory_gibps(std::uint64_t n, unsigned threads) {
-    n = std::clamp<std::uint64_t>(n, 16 << 20, 64 << 20);  // 64MiB to 256MiB per array
-    const std::size_t bytes = n * 4;
-    const int th = threads ? static_cast<int>(threads) : omp_get_max_threads();
-    auto best = [&](std::size_t moved, auto pass) {
-        double t = 1e30;
-        for (int round = 0; round < 6; ++round) {
-            Timer tm;
-            pass();
-            if (round) t = std::min(t, tm.seconds());  // the first is a warm-up
-        }
-        return static_cast<double>(moved) / GiB / t;
-    };
-    Bandwidth bw;
-    AlignedBuffer a = AlignedBuffer::allocate(bytes), b = AlignedBuffer::allocate(bytes);
-    std::memset(a.data(), 1, bytes);
-    const std::size_t piece = 1 << 20, pieces = (bytes + piece - 1) / piece;
-    bw.copy = best(2 * bytes, [&] {
-#pragma omp parallel for num_threads(th) schedule(static)
-        for (std::size_t i = 0; i < pieces; ++i)
-            std::memcpy(b.data() + i * piece, a.data() + i * piece, std::min(piece, bytes - i * piece));
-    });
-    AlignedBuffer c = AlignedBuffer::allocate(bytes), d = AlignedBuffer::allocate(bytes);
-    float *w = reinterpret_cast<float*>(a.data()), *m = reinterpret_cast<float*>(b.data()),
-          *v = reinterpret_cast<float*>(c.data());
-    const float* g = reinterpret_cast<const float*>(d.data());
-    bw.streams = best(7 * bytes, [&] {
-#pragma omp parallel for simd num_threads(th) schedule(static)
-        for (std::size_t i = 0; i < n; ++i) {
-            w[i] += g[i];
-            m[i] += g[i];
-            v[i] += g[i];
-        }
-    });
-    return bw;
 }
 
 struct UpdateResult {
@@ -304,7 +247,7 @@ int run(const Options& o) {
     k.isa = o.isa == "auto" ? optim::default_isa() : optim::parse_isa(o.isa);
     if (!optim::isa_supported(k.isa)) throw UsageError(std::string("--isa ") + optim::isa_name(k.isa) + ": not on this CPU");
     k.threads = o.threads;
-    const unsigned threads = o.threads ? o.threads : static_cast<unsigned>(omp_get_max_threads());
+    const unsigned threads = o.threads ? o.threads : bench::max_threads();
     const bool bf16_param = o.param_dtype == "bf16", bf16_grad = o.grad_dtype == "bf16";
     shard::parse_dtype(o.param_dtype);
     shard::parse_dtype(o.grad_dtype);
