@@ -203,6 +203,7 @@ LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 # it. Without the toolkit, device/cuda_none.cpp stands in (it says why).
 ifneq ($(NVCC),)
 CUDA_DEVICE_SRCS := $(wildcard libzinf/src/device/cuda/*.cpp libzinf/src/device/cuda/*.cu)
+CUDA_HOST_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter %.cpp,$(CUDA_DEVICE_SRCS)))
 LIB_OBJS += $(patsubst %,$(BUILD)/%.o,$(basename $(CUDA_DEVICE_SRCS)))
 NVCCFLAGS := -std=c++20 -O3 -lineinfo -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 \
   -fmad=false -Xcompiler=-Wall,-Wextra
@@ -280,7 +281,7 @@ sanitize: deps-check
 $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  HDR     $<")
-	$(Q)echo '#include <zinf/$(notdir $<)>' | $(CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - -MF /dev/null && touch $@
+	$(Q)echo '#include <zinf/$(notdir $<)>' | $(FAST_CXX) $(CPPFLAGS) $(CXXFLAGS) -fsyntax-only -x c++ - -MF /dev/null && touch $@
 
 # Objects are kept between builds even when only a link needed them.
 # (.PRECIOUS, not a bare .SECONDARY: that one also let make skip an object
@@ -346,7 +347,8 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 #             Not the tests whose own code computes: test_llama's float64
 #             reference model (21 CPU-s at -O1, 127 at -O0), test_shard_disk,
 #             test_optim, test_optimizer_faults and mpi_comm (their -O0 runs cost more
-#             than the compile saves): -O1, without the header (another -O).
+#             than the compile saves): -O1, with the same header made at -O1
+#             (tests-o1.hpp: a header must match its files' -O).
 #   programs: every program and benchmark file that parses options (CLI11, JSON,
 #             the public headers), -O0 like the tests: a program parses options,
 #             calls the library and prints. CLI11 2.1 is header-only and builds
@@ -363,15 +365,16 @@ PROGRAM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(shell grep -l '^#include <CLI/CL
 PROGRAM_O0_OBJS := $(filter-out $(patsubst %,$(BUILD)/%.o,pinstress/stress nvmebench/sweep commbench/harness),\
   $(patsubst %.cpp,$(BUILD)/%.o,$(PROGRAM_SRCS)))
 $(PROGRAM_O0_OBJS) $(BUILD)/pch/programs.hpp.$(PCH_EXT): private CXXFLAGS += -O0
-$(TEST_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT): private CPPFLAGS += -DBOOST_TEST_DYN_LINK
+$(TEST_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/tests-o1.hpp.$(PCH_EXT): private CPPFLAGS += -DBOOST_TEST_DYN_LINK
 $(TEST_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT): private CXXFLAGS += -O0
-$(TEST_O1_OBJS): private CXXFLAGS += -O1
+$(TEST_O1_OBJS) $(BUILD)/pch/tests-o1.hpp.$(PCH_EXT): private CXXFLAGS += -O1
 define use_pch  # name, objects
 $(2): private CPPFLAGS += -include $(BUILD)/pch/$(1).hpp -Winvalid-pch
 $(2): $(BUILD)/pch/$(1).hpp.$(PCH_EXT)
 endef
 # (not in make test's sanitized builds: two test files do not pay for a header)
 $(if $(SANITIZED_MODULES),,$(eval $(call use_pch,tests,$(TEST_O0_OBJS))))
+$(if $(SANITIZED_MODULES),,$(eval $(call use_pch,tests-o1,$(TEST_O1_OBJS))))
 $(eval $(call use_pch,programs,$(PROGRAM_OBJS)))
 $(BUILD)/pch/%.hpp.$(PCH_EXT): pch/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -383,8 +386,8 @@ $(BUILD)/pch/%.hpp.$(PCH_EXT): pch/%.hpp $(FLAGS_STAMP)
 # tenth off a library file's compile, measured in pairs; a clean `make`
 # 163 -> 140 s.
 PCH_FLAGS := $(if $(filter pch,$(PCH_EXT)),-fpch-instantiate-templates)
-$(TEST_OBJS) $(PROGRAM_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/programs.hpp.$(PCH_EXT): \
-  private OBJ_CXX = $(FAST_CXX)
+$(TEST_OBJS) $(PROGRAM_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/tests-o1.hpp.$(PCH_EXT) \
+  $(BUILD)/pch/programs.hpp.$(PCH_EXT): private OBJ_CXX = $(FAST_CXX)
 
 # The library's files that parse and print (JSON manifests, plans, configs,
 # headers, locks, specs, the commit protocol, the pool's and arena's reports),
@@ -406,20 +409,21 @@ $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 # most of what it saved. A clean `make` went 221 -> 163 s, 432 -> 312 CPU-s
 # (BENCHMARKS.md, "The library by clang"). GCC keeps what computes and whose
 # bits the tests pin, with their own flags: the device kernels (device/, the
-# cuda host files), the optimizer (optim/, zero/optimizer's OpenMP), the
-# normal generator, bf16 and the host reductions; and the files with flags of
-# their own (MPI's and CUDA's headers, which a header made without them would
-# not match). None of the rest does floating point that the compiler may
+# .cu files nvcc's), the optimizer (optim/, zero/optimizer's OpenMP), the
+# normal generator, bf16 and the host reductions. None of the rest does floating point that the compiler may
 # reorder: both compilers round each operation, and x86-64-v2 has no fused
 # multiply-add (every suite's bits stayed the same).
 ifneq ($(findstring clang,$(notdir $(FAST_CXX))),)
-LIB_GCC_OBJS := $(filter $(BUILD)/libzinf/src/device/% $(BUILD)/libzinf/src/optim/% %_cuda.o,$(LIB_OBJS)) \
-  $(patsubst %,$(BUILD)/libzinf/src/%.o,shard/generate util/bf16 comm/host_math comm/mpi comm/nccl zero/optimizer)
+LIB_GCC_OBJS := $(filter-out $(CUDA_HOST_OBJS),\
+  $(filter $(BUILD)/libzinf/src/device/% $(BUILD)/libzinf/src/optim/% %_cuda.o,$(LIB_OBJS))) \
+  $(patsubst %,$(BUILD)/libzinf/src/%.o,shard/generate util/bf16 comm/host_math zero/optimizer)
 LIB_FAST_OBJS := $(filter-out $(LIB_GCC_OBJS) $(LIB_O0_OBJS),$(LIB_OBJS))
 $(LIB_FAST_OBJS) $(BUILD)/pch/library.hpp.$(PCH_EXT) $(BUILD)/pch/library-o1.hpp.$(PCH_EXT): private OBJ_CXX = $(FAST_CXX)
 $(BUILD)/pch/library-o1.hpp.$(PCH_EXT): private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
-$(eval $(call use_pch,library,$(filter-out $(LIB_O1_OBJS),$(LIB_FAST_OBJS))))
-$(eval $(call use_pch,library-o1,$(filter $(LIB_O1_OBJS),$(LIB_FAST_OBJS))))
+# (Under a sanitizer every file is -O1: one header serves them all.)
+LIB_FAST_O1_OBJS := $(if $(SANITIZE),$(LIB_FAST_OBJS),$(filter $(LIB_O1_OBJS),$(LIB_FAST_OBJS)))
+$(eval $(call use_pch,library,$(filter-out $(LIB_FAST_O1_OBJS),$(LIB_FAST_OBJS))))
+$(eval $(call use_pch,library-o1,$(LIB_FAST_O1_OBJS)))
 endif
 
 # The stamp holds the per-file choices too: an object that leaves the
@@ -443,7 +447,10 @@ $(BUILD)/libzinf/src/optim/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-
 # instruction set either (device.hpp: deterministic for any thread count);
 # -fno-trapping-math lets GCC turn float compares into selects, which GELU's
 # clamp needs to vectorise (no value changes: only FP exception flags).
-$(BUILD)/libzinf/src/device/%.o: CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math
+# (Not the cuda backend's host files: they call CUDA's runtime and cuBLASLt,
+# and compute nothing.)
+$(filter-out $(CUDA_HOST_OBJS),$(filter $(BUILD)/libzinf/src/device/%,$(LIB_OBJS))): \
+  CXXFLAGS += -O3 -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math
 # The optimizer step hashes what it writes on OpenMP threads.
 $(BUILD)/libzinf/src/zero/optimizer.o: CXXFLAGS += -fopenmp
 # zinf-optbench's OpenMP loops, in a file of their own (bench/optbench/loops.hpp).
