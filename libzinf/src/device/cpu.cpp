@@ -84,7 +84,7 @@ public:
 
     void wait_for(u64 ticket) const {
         std::unique_lock lk(mu_);
-        done_.wait(lk, [&] { return completed_ >= ticket; });
+        await(lk, ticket);
     }
 
     // Waits for every job enqueued so far; rethrows a job's error (once).
@@ -93,7 +93,7 @@ public:
     // Waits for the jobs up to `ticket`; rethrows an error one of them threw.
     void synchronize(u64 ticket) {
         std::unique_lock lk(mu_);
-        done_.wait(lk, [&] { return completed_ >= ticket; });
+        await(lk, ticket);
         if (error_ && error_ticket_ <= ticket) std::rethrow_exception(std::exchange(error_, nullptr));
     }
 
@@ -105,6 +105,18 @@ private:
         std::function<void()> fn;
         bool always = false;
     };
+
+    // Under `lk`, until the jobs up to `ticket` are done. The worker wakes
+    // the waiters only when the lowest ticket one of them awaits is done, not
+    // after every job: a stream waiting on another's event (wait_on) or the
+    // host waiting on a step's last kernel were woken for each job before it,
+    // a futex storm of 1.4 million calls in test_engine's 20 s.
+    void await(std::unique_lock<std::mutex>& lk, u64 ticket) const {
+        while (completed_ < ticket) {
+            awaited_ = std::min(awaited_, ticket);
+            done_.wait(lk);
+        }
+    }
 
     void run(unsigned threads) {
         omp_set_num_threads(static_cast<int>(threads));
@@ -131,7 +143,10 @@ private:
                 error_ = err;
                 error_ticket_ = completed_;
             }
-            done_.notify_all();
+            if (completed_ >= awaited_) {  // (a waiter still short of its ticket sets it again)
+                awaited_ = kNobody;
+                done_.notify_all();
+            }
         }
     }
 
@@ -141,6 +156,8 @@ private:
     mutable std::condition_variable done_;
     std::deque<Job> queue_;
     u64 enqueued_ = 0, completed_ = 0;
+    static constexpr u64 kNobody = ~u64{0};
+    mutable u64 awaited_ = kNobody;  // the lowest ticket a waiter awaits
     std::exception_ptr error_;  // the first error not yet reported
     u64 error_ticket_ = 0;      // the job that threw it
     bool stop_ = false;
