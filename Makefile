@@ -410,13 +410,17 @@ $(LIB_O1_OBJS): CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
 # (BENCHMARKS.md, "The library by clang"). GCC keeps what computes and whose
 # bits the tests pin, with their own flags: the device kernels (device/, the
 # .cu files nvcc's), the optimizer (optim/, zero/optimizer's OpenMP), the
-# normal generator, bf16 and the host reductions. None of the rest does floating point that the compiler may
-# reorder: both compilers round each operation, and x86-64-v2 has no fused
-# multiply-add (every suite's bits stayed the same).
+# normal generator, bf16 and the host reductions; and util/json, whose copies
+# of nlohmann/json's functions every link takes first (LINK_FIRST, below):
+# clang's -O1 object left more of them to the programs' -O0 copies, and
+# `zinf-shard layout` of paper-1t at dp 16 went 0.82 -> 1.3 CPU-s. None of
+# the rest does floating point that the compiler may reorder: both compilers
+# round each operation, and x86-64-v2 has no fused multiply-add (every
+# suite's bits stayed the same).
 ifneq ($(findstring clang,$(notdir $(FAST_CXX))),)
 LIB_GCC_OBJS := $(filter-out $(CUDA_HOST_OBJS),\
   $(filter $(BUILD)/libzinf/src/device/% $(BUILD)/libzinf/src/optim/% %_cuda.o,$(LIB_OBJS))) \
-  $(patsubst %,$(BUILD)/libzinf/src/%.o,shard/generate util/bf16 comm/host_math zero/optimizer)
+  $(patsubst %,$(BUILD)/libzinf/src/%.o,shard/generate util/bf16 comm/host_math zero/optimizer util/json)
 LIB_FAST_OBJS := $(filter-out $(LIB_GCC_OBJS) $(LIB_O0_OBJS),$(LIB_OBJS))
 $(LIB_FAST_OBJS) $(BUILD)/pch/library.hpp.$(PCH_EXT) $(BUILD)/pch/library-o1.hpp.$(PCH_EXT): private OBJ_CXX = $(FAST_CXX)
 $(BUILD)/pch/library-o1.hpp.$(PCH_EXT): private CXXFLAGS += $(if $(filter 1,$(DEBUG)),,-O1)
