@@ -105,7 +105,8 @@ struct Net {
     model::Activations acts;
     Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2)
         : dev(cpu(threads)), gpt(cfg), eng(*dev, model::numels(gpt.params_table())), acts(gpt.plan(*dev, shape)) {}
-    model::Context ctx() { return {*dev, dev->compute(), eng}; }
+    device::Precision precision = device::Precision::fp32;  // the GEMMs' inputs (Context::precision)
+    model::Context ctx() { return {*dev, dev->compute(), eng, precision}; }
     void set_batch(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
         auto& s = dev->compute();
         dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(in));
@@ -332,6 +333,70 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
         BOOST_TEST(f - h == n * (unit(NC * 4) - unit(NC * 2)) - unit(NC * 4), model::offload_name(where));
     }
     BOOST_TEST(ckpt.acts.bytes + (cfg.layers + 1) * NC * 2 == ref.acts.bytes + NC * 4);
+}
+
+// Activations a GPT block keeps bf16 (Shape::activations, under bf16
+// arithmetic, as zinf-train --precision bf16 runs): the GEMMs read the bf16
+// values they would have rounded to anyway, so only the GELU's input is
+// rounded anew. With checkpointing and without, the same bits (the
+// recompute keeps what the forward kept), and a second run the same bits; a
+// loss and gradients near those of fp32 activations under the same
+// arithmetic and near fp32's, but not theirs; the arena bytes planned: each
+// block's 11 (N,C) kept values a token at 2 bytes, not 4.
+BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
+    const auto seed = fresh_seed("bf16_activations_halve_what_a_block_keeps");
+    std::mt19937_64 rng(seed);
+    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
+    const auto cfg = model::Config::from(spec);
+    const std::uint64_t B = 2, T = 16;
+    const auto bf16 = device::Precision::bf16;
+    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
+    Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16, .activations = bf16});
+    Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
+    Net again(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
+    Net kept32(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
+    Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt, &again, &kept32}) n->precision = bf16;
+    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) {
+        n->fill(seed);
+        n->set_batch(in, tg);
+        n->step();
+    }
+    auto all = [](Net& n) {
+        std::vector<float> g(n.eng.all_gradients().size());
+        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
+        n.dev->synchronize(n.dev->compute());
+        return g;
+    };
+    auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+    const auto a = all(keep), b = all(ckpt), b2 = all(again), k = all(kept32), r = all(ref);
+    BOOST_TEST(bits(keep.loss()) == bits(ckpt.loss()));
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    BOOST_TEST(bits(again.loss()) == bits(ckpt.loss()));
+    BOOST_TEST(std::memcmp(b2.data(), b.data(), b.size() * sizeof(float)) == 0);
+    BOOST_TEST(ckpt.loss() != kept32.loss());  // the GELU's input was rounded
+    BOOST_TEST(std::abs(ckpt.loss() - kept32.loss()) < 1e-2 * kept32.loss(), ckpt.loss() << " vs " << kept32.loss());
+    BOOST_TEST(std::abs(ckpt.loss() - ref.loss()) < 1e-2 * ref.loss(), ckpt.loss() << " vs " << ref.loss());
+    const double ek = rel_error(b, k), er = rel_error(b, r), e32 = rel_error(k, r);
+    BOOST_TEST_MESSAGE("gradients' relative error: against fp32 activations " << ek << ", against fp32 " << er
+                                                                               << " (fp32 activations: " << e32 << ")");
+    BOOST_TEST((ek > 0 && ek < 2e-2), "against fp32 activations " << ek);
+    BOOST_TEST((er > 0 && er < 5e-2), "against fp32 " << er);
+    // The plan: 3 (N,C) and 2 (N,4C) kept buffers a block set (one set with
+    // checkpointing, one a layer without), each at 2 bytes a value.
+    const std::uint64_t NC = B * T * cfg.hidden;
+    auto unit = [](std::uint64_t bytes) { return align_up(bytes, mem::kArenaAlignment); };
+    const std::uint64_t saved = 3 * (unit(NC * 4) - unit(NC * 2)) + 2 * (unit(4 * NC * 4) - unit(4 * NC * 2));
+    for (const bool checkpoint : {true, false}) {
+        const model::Shape f{.batch = B, .seq = T, .checkpoint = checkpoint, .checkpoints = bf16};
+        model::Shape h = f;
+        h.activations = bf16;
+        const std::uint64_t sets = checkpoint ? 1 : cfg.layers;
+        BOOST_TEST(ckpt.gpt.plan_bytes(f) - ckpt.gpt.plan_bytes(h) == sets * saved, "checkpoint " << checkpoint);
+    }
+    BOOST_TEST(ckpt.acts.bytes + 11 * NC * 2 == kept32.acts.bytes);
+    BOOST_TEST(keep.acts.bytes + cfg.layers * 11 * NC * 2 ==
+               Net(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16}).acts.bytes);
 }
 
 // Offloaded activation checkpoints live in page-locked memory the pinned
