@@ -416,9 +416,8 @@ BOOST_AUTO_TEST_CASE(bf16_activations_in_gemm_and_gelu, *utf::precondition(GpuPr
         const V16 b16 = halves(b);
         for (const bool b_bf16 : {false, true}) {
             auto fn = [&](Device& d) -> Outputs {
-                auto da = up(d, a), dc = up(d, c0);
-                auto db = up(d, b);
-                auto db16 = up(d, b16);
+                auto da = up(d, a), db16 = up(d, b16);
+                auto db = up(d, b), dc = up(d, c0);
                 d.gemm(d.compute(), g, Weight{.bf16 = da},
                        b_bf16 ? Weight{.bf16 = db16} : Weight{.f32 = db}, dc);
                 return {{"C", down(d, dc)}};
@@ -437,8 +436,8 @@ BOOST_AUTO_TEST_CASE(bf16_activations_in_gemm_and_gelu, *utf::precondition(GpuPr
     const V16 x16 = halves(x);
     const Vf dout = randn(x.size(), rng);
     auto gelu = [&](Device& d) -> Outputs {
-        auto out = up(d, V16(x.size(), 0x7fc0)), wide = poisoned(d, x.size()), dinp = poisoned(d, x.size());
-        auto dx = up(d, x16), go = up(d, dout);
+        auto out = up(d, V16(x.size(), 0x7fc0)), dx = up(d, x16);
+        auto wide = poisoned(d, x.size()), dinp = poisoned(d, x.size()), go = up(d, dout);
         d.gelu_forward(d.compute(), out.span(), std::span<const std::uint16_t>(dx));
         d.cast(d.compute(), wide, std::span<const std::uint16_t>(out));
         d.gelu_backward(d.compute(), dinp, std::span<const std::uint16_t>(dx), go);

@@ -491,7 +491,8 @@ BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
         const auto a16 = halves(randn(na, rng));
         const Vf b = randn(nb, rng), c = randn((g.m - 1) * sh.ldc + g.n, rng);
         const auto b16 = halves(b);
-        auto da = r.up(widened(a16)), da16 = r.up(a16), db = r.up(b), db16 = r.up(b16), dbw = r.up(widened(b16));
+        auto da = r.up(widened(a16)), db = r.up(b), dbw = r.up(widened(b16));
+        auto da16 = r.up(a16), db16 = r.up(b16);
         auto want = r.up(c), want16 = r.up(c), got = r.up(c), got16 = r.up(c), plain = r.up(c), via = r.up(c);
         r->gemm(r.s(), g, da, db, want);
         r->gemm(r.s(), g, da, dbw, want16);
@@ -522,9 +523,8 @@ BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
     const u64 n = 5000;  // past kParallelMin: the threaded loop
     const auto x16 = halves(randn(n, rng, 3.0f));
     const Vf dout = randn(n, rng);
-    auto dx16 = r.up(x16), dx = r.up(widened(x16)), dd = r.up(dout);
-    auto y = r.up(Vf(n, -3.0f)), y16 = r.up(std::vector<std::uint16_t>(n, 0x7fc0));
-    auto cast16 = r.up(std::vector<std::uint16_t>(n));
+    auto dx = r.up(widened(x16)), dd = r.up(dout), y = r.up(Vf(n, -3.0f));
+    auto dx16 = r.up(x16), y16 = r.up(std::vector<std::uint16_t>(n, 0x7fc0)), cast16 = r.up(std::vector<std::uint16_t>(n));
     r->gelu_forward(r.s(), y, dx);
     r->cast(r.s(), cast16, std::span<const float>(y));
     r->gelu_forward(r.s(), y16.span(), std::span<const std::uint16_t>(dx16));
