@@ -123,6 +123,13 @@ struct Net {
         dev->synchronize(dev->compute());
         return g;
     }
+    // Every parameter's gradient, in the engine's one array.
+    std::vector<float> all_gradients() {
+        std::vector<float> g(eng.all_gradients().size());
+        dev->copy(dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(eng.all_gradients()));
+        dev->synchronize(dev->compute());
+        return g;
+    }
     void fill(std::uint64_t seed) {
         const auto spec = gpt.config().spec();
         const auto ts = shard::tensors(spec, gpt.config().tile);
@@ -140,6 +147,12 @@ struct Net {
         for (float x : l) s += x;
         return s / static_cast<double>(l.size());
     }
+    // Parameters from `seed`, one batch, one step.
+    void run(std::uint64_t seed, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
+        fill(seed);
+        set_batch(in, tg);
+        step();
+    }
     void step() {
         auto c = ctx();
         eng.zero_grad(c.stream);
@@ -154,6 +167,21 @@ std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std
     for (auto& x : v) x = static_cast<std::int32_t>(rng() % V);
     return v;
 }
+
+// A three-block GPT and one batch of B x T tokens in and their targets,
+// drawn from a fresh seed (also the parameters').
+struct Tiny {
+    std::uint64_t seed;
+    std::mt19937_64 rng;
+    shard::ModelSpec spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
+    model::Config cfg = model::Config::from(spec);
+    std::uint64_t B = 2, T = 16;
+    std::vector<std::int32_t> in, tg;
+    explicit Tiny(const char* name) : seed(fresh_seed(name)), rng(seed) {
+        in = random_tokens(rng, B * T, spec.vocab);
+        tg = random_tokens(rng, B * T, spec.vocab);
+    }
+};
 
 }  // namespace
 
@@ -259,26 +287,12 @@ BOOST_AUTO_TEST_CASE(tiled_linear_is_linear) {
 }
 
 BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
-    const auto seed = fresh_seed("checkpointing_changes_no_bit");
-    std::mt19937_64 rng(seed);
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
-    const std::uint64_t B = 2, T = 16;
-    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
-    Net keep(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = false});
-    Net ckpt(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt}) {
-        n->fill(seed);
-        n->set_batch(in, tg);
-        n->step();
-    }
+    const Tiny t("checkpointing_changes_no_bit");
+    Net keep(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = false});
+    Net ckpt(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt}) n->run(t.seed, t.in, t.tg);
     BOOST_TEST(keep.loss() == ckpt.loss());
-    auto all = [](Net& n) {
-        std::vector<float> g(n.eng.all_gradients().size());
-        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
-        n.dev->synchronize(n.dev->compute());
-        return g;
-    };
-    const auto a = all(keep), b = all(ckpt);
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients();
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(ckpt.acts.bytes < keep.acts.bytes);
     // And the gradient is not trivially zero.
@@ -295,28 +309,16 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
 // happened); the arena bytes planned: each (N,C) checkpoint at 2 bytes a
 // value, plus the one fp32 (N,C) buffer a block reads its input widened in.
 BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
-    const auto seed = fresh_seed("bf16_checkpoints_recompute_what_the_forward_saw");
-    std::mt19937_64 rng(seed);
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
-    const auto cfg = model::Config::from(spec);
-    const std::uint64_t B = 2, T = 16;
+    const Tiny t("bf16_checkpoints_recompute_what_the_forward_saw");
+    const auto& cfg = t.cfg;
+    const auto &in = t.in, &tg = t.tg;
+    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
     const auto bf16 = device::Precision::bf16;
-    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
     Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16});
     Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
     Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt, &ref}) {
-        n->fill(seed);
-        n->set_batch(in, tg);
-        n->step();
-    }
-    auto all = [](Net& n) {
-        std::vector<float> g(n.eng.all_gradients().size());
-        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
-        n.dev->synchronize(n.dev->compute());
-        return g;
-    };
-    const auto a = all(keep), b = all(ckpt), r = all(ref);
+    for (Net* n : {&keep, &ckpt, &ref}) n->run(seed, in, tg);
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients(), r = ref.all_gradients();
     BOOST_TEST(std::bit_cast<std::uint64_t>(keep.loss()) == std::bit_cast<std::uint64_t>(ckpt.loss()));
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(ckpt.loss() != ref.loss());
@@ -344,32 +346,21 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
 // arithmetic and near fp32's, but not theirs; the arena bytes planned: each
 // block's 11 (N,C) kept values a token at 2 bytes, not 4.
 BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
-    const auto seed = fresh_seed("bf16_activations_halve_what_a_block_keeps");
-    std::mt19937_64 rng(seed);
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
-    const auto cfg = model::Config::from(spec);
-    const std::uint64_t B = 2, T = 16;
+    const Tiny t("bf16_activations_halve_what_a_block_keeps");
+    const auto& cfg = t.cfg;
+    const auto &in = t.in, &tg = t.tg;
+    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
     const auto bf16 = device::Precision::bf16;
-    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
     Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16, .activations = bf16});
     Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
     Net again(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
     Net kept32(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
     Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
     for (Net* n : {&keep, &ckpt, &again, &kept32}) n->precision = bf16;
-    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) {
-        n->fill(seed);
-        n->set_batch(in, tg);
-        n->step();
-    }
-    auto all = [](Net& n) {
-        std::vector<float> g(n.eng.all_gradients().size());
-        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
-        n.dev->synchronize(n.dev->compute());
-        return g;
-    };
+    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) n->run(seed, in, tg);
     auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
-    const auto a = all(keep), b = all(ckpt), b2 = all(again), k = all(kept32), r = all(ref);
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients(), b2 = again.all_gradients(),
+               k = kept32.all_gradients(), r = ref.all_gradients();
     BOOST_TEST(bits(keep.loss()) == bits(ckpt.loss()));
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(bits(again.loss()) == bits(ckpt.loss()));

@@ -420,6 +420,8 @@ private:
         }
     };
 
+    // True when `r` has nothing to multiply (done: C untouched, or C = beta C).
+    bool no_product(CudaStream& cs, const Gemm& r, std::span<float> c);
     // Vectors of k the bf16 staging holds (compute's alone): do_gemm_bf16's
     // rows of A, do_gemm_bf16a's columns of B.
     u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);

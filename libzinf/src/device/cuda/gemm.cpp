@@ -67,15 +67,21 @@ std::uint32_t alignment(const void* p, std::uint64_t stride_bytes = 0) {
 
 }  // namespace
 
+// A GEMM with nothing to multiply: C empty, or k 0 (op(A) op(B) is all
+// zeros: C = beta C, enqueued). Otherwise binds the device for the product.
+bool CudaDevice::no_product(CudaStream& cs, const Gemm& r, std::span<float> c) {
+    if (!r.batch || !r.m || !r.n) return true;
+    bind();
+    if (r.k) return false;
+    cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
+    launched("scale_matrix");
+    return true;
+}
+
 void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
                          std::span<float> c) {
-    if (!r.batch || !r.m || !r.n) return;
-    bind();
     CudaStream& cs = as_cuda(s);
-    if (!r.k) {  // op(A) op(B) is all zeros: C = beta C
-        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
-        return launched("scale_matrix");
-    }
+    if (no_product(cs, r, c)) return;
     matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F, CUDA_R_32F);
 }
 
@@ -86,13 +92,8 @@ void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std
 // every run.
 void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
                               std::span<float> c) {
-    if (!r.batch || !r.m || !r.n) return;
-    bind();
     CudaStream& cs = as_cuda(s);
-    if (!r.k) {
-        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
-        return launched("scale_matrix");
-    }
+    if (no_product(cs, r, c)) return;
     const u64 rows = staged_vectors(cs, r.k, "a bf16 B", "A");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
@@ -127,13 +128,8 @@ u64 CudaDevice::staged_vectors(CudaStream& cs, u64 k, const char* what, const ch
 // the shape alone.
 void CudaDevice::do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
                                std::span<float> c) {
-    if (!r.batch || !r.m || !r.n) return;
-    bind();
     CudaStream& cs = as_cuda(s);
-    if (!r.k) {
-        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
-        return launched("scale_matrix");
-    }
+    if (no_product(cs, r, c)) return;
     if (b.is_bf16()) return matmul(cs, r, a.data(), b.bf16.data(), c.data(), CUDA_R_16BF, CUDA_R_32F);
     const u64 cols = staged_vectors(cs, r.k, "a bf16 A and an fp32 B", "B");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
