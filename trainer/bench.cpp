@@ -56,7 +56,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     const auto model = model::make_model(model::Config::from(spec));
     model::LanguageModel& gpt = *model;
     model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
-    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision});
+    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision,
+                               .activations = precision});
     const auto tensors = shard::tensors(spec);
     {  // filled on the host, copied in: device memory is not the host's on every backend
         std::vector<float> host;

@@ -71,11 +71,14 @@ bench16=$out
 run "$TR" "${BM[@]}" --precision fp32
 expect_rc 0 "--bench --precision fp32 on cpu"
 # Four checkpoints of 2 x 16 x 32 values: 4 KiB each in fp32, 2 KiB in bf16
-# beside one fp32 buffer that a block reads them widened in: 4 KiB less
-# planned, and on the device (each a multiple of the arena's 256 bytes).
-check "…bf16's activation checkpoints take 2 bytes a value, beside the fp32 one read" \
+# beside one fp32 buffer that a block reads them widened in: 4 KiB less;
+# and the checkpointed block's kept activations (model.hpp's Kept), three of
+# (N,C) and two of (N,4C) at 2 bytes a value: 3 x 2 KiB + 2 x 8 KiB less.
+# 26,624 bytes less planned, and on the device (each a multiple of the
+# arena's 256 bytes).
+check "…bf16's checkpoints and a block's kept activations take 2 bytes a value, beside the fp32 one read" \
   jq -e -n --argjson a "$bench16" --argjson b "$out" \
-  '$b.activation_bytes - $a.activation_bytes == 4096 and $b.device_peak_bytes - $a.device_peak_bytes == 4096'
+  '$b.activation_bytes - $a.activation_bytes == 26624 and $b.device_peak_bytes - $a.device_peak_bytes == 26624'
 
 # Can cuda run here? The programs say why not.
 state probe --param-dtype fp32

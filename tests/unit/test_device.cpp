@@ -399,19 +399,22 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
 // embedding from bf16 tables the bits of the fp32 embedding from their
 // widened copies, with and without a position table. A bf16 B refuses fp32
 // inputs, a transposed A and a batch; tables of two dtypes are refused.
+namespace {
+std::vector<std::uint16_t> halves(const Vf& v) {
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
+    return h;
+}
+Vf widened(const std::vector<std::uint16_t>& h) {
+    Vf v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) v[i] = from_bf16(h[i]);
+    return v;
+}
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
     std::mt19937_64 rng(fresh_seed("bf16 weights"));
     Rig r;
-    auto halves = [](const Vf& v) {
-        std::vector<std::uint16_t> h(v.size());
-        for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
-        return h;
-    };
-    auto widened = [](const std::vector<std::uint16_t>& h) {
-        Vf v(h.size());
-        for (std::size_t i = 0; i < h.size(); ++i) v[i] = from_bf16(h[i]);
-        return v;
-    };
     for (Gemm g : {Gemm{.m = 33, .n = 40, .k = 300}, Gemm{.tb = true, .m = 8, .n = 12, .k = 200, .beta = 1},
                    Gemm{.m = 5, .n = 7, .k = 150, .lda = 160, .ldb = 9, .ldc = 11, .alpha = 0.5f, .beta = -1}}) {
         g.inputs = Precision::bf16;
@@ -466,6 +469,75 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
             r->embedding_forward(r.s(), out, dt, Weight{.bf16 = dte16}, Weight{.f32 = pe}, B, T, C, V);
         },
         "tables of two dtypes");
+}
+
+// Activations a block keeps bf16 (model.hpp's Kept): a GEMM of a bf16 A
+// (transposed or not, padded rows, alpha and beta; B fp32 or bf16) gives the
+// bits of the bf16-input GEMM on A's fp32 copy, and the Weight dispatch of
+// an fp32 A the bits of the plain GEMM; GELU from a bf16 input gives the
+// fp32 kernels' bits on its fp32 copy, the forward's output rounded to bf16
+// as the cast rounds. A bf16 A refuses fp32 inputs and a batch.
+BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
+    std::mt19937_64 rng(fresh_seed("bf16 activations"));
+    Rig r;
+    for (Gemm g : {Gemm{.m = 33, .n = 40, .k = 300}, Gemm{.ta = true, .m = 24, .n = 30, .k = 70, .beta = 1},
+                   Gemm{.ta = true, .m = 6, .n = 9, .k = 50, .lda = 8, .ldb = 12, .ldc = 10, .alpha = 0.5f,
+                        .beta = -1},
+                   Gemm{.tb = true, .m = 5, .n = 7, .k = 150, .lda = 160, .ldb = 151, .ldc = 11}}) {
+        g.inputs = Precision::bf16;
+        const GemmShape sh = shape_of(g);
+        const u64 na = ((g.ta ? g.k : g.m) - 1) * sh.lda + (g.ta ? g.m : g.k),
+                  nb = ((g.tb ? g.n : g.k) - 1) * sh.ldb + (g.tb ? g.k : g.n);
+        const auto a16 = halves(randn(na, rng));
+        const Vf b = randn(nb, rng), c = randn((g.m - 1) * sh.ldc + g.n, rng);
+        const auto b16 = halves(b);
+        auto da = r.up(widened(a16)), db = r.up(b), dbw = r.up(widened(b16));
+        auto da16 = r.up(a16), db16 = r.up(b16);
+        auto want = r.up(c), want16 = r.up(c), got = r.up(c), got16 = r.up(c), plain = r.up(c), via = r.up(c);
+        r->gemm(r.s(), g, da, db, want);
+        r->gemm(r.s(), g, da, dbw, want16);
+        r->gemm(r.s(), g, Weight{.bf16 = da16}, Weight{.f32 = db}, got);
+        r->gemm(r.s(), g, Weight{.bf16 = da16}, Weight{.bf16 = db16}, got16);
+        Gemm f = g;
+        f.inputs = Precision::fp32;
+        r->gemm(r.s(), f, da, db, plain);
+        r->gemm(r.s(), f, Weight{.f32 = da}, Weight{.f32 = db}, via);
+        BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
+            const Vf w = r.down(want);
+            BOOST_TEST(same_bits(r.down(got), w));
+            BOOST_TEST(same_bits(r.down(got16), r.down(want16)));
+            BOOST_TEST(!same_bits(w, c));  // it was written
+            BOOST_TEST(same_bits(r.down(via), r.down(plain)));
+            BOOST_TEST(!same_bits(r.down(plain), w));  // B's rounding shows
+            BOOST_TEST(same_bits(r.down(db), b));  // rounded into scratch, not in place
+        }
+    }
+    {
+        auto a = r.up(std::vector<std::uint16_t>(64, to_bf16(1.0f)));
+        auto b = r.up(randn(64, rng)), c = r.up(randn(64, rng));
+        for (const Gemm& bad : {Gemm{.m = 8, .n = 8, .k = 8},
+                                Gemm{.m = 2, .n = 4, .k = 4, .batch = 2, .inputs = Precision::bf16}})
+            testing::what_of<InternalError>([&] { r->gemm(r.s(), bad, Weight{.bf16 = a}, Weight{.f32 = b}, c); },
+                                            "a bf16 A refused");
+    }
+    const u64 n = 5000;  // past kParallelMin: the threaded loop
+    const auto x16 = halves(randn(n, rng, 3.0f));
+    const Vf dout = randn(n, rng);
+    auto dx = r.up(widened(x16)), dd = r.up(dout), y = r.up(Vf(n, -3.0f));
+    auto dx16 = r.up(x16), y16 = r.up(std::vector<std::uint16_t>(n, 0x7fc0)), cast16 = r.up(std::vector<std::uint16_t>(n));
+    r->gelu_forward(r.s(), y, dx);
+    r->cast(r.s(), cast16, std::span<const float>(y));
+    r->gelu_forward(r.s(), y16.span(), std::span<const std::uint16_t>(dx16));
+    BOOST_TEST(same_bits(r.down(y16), r.down(cast16)));
+    BOOST_TEST(!same_bits(r.down(y16), x16));
+    auto g32 = r.up(Vf(n, -3.0f)), g16 = r.up(Vf(n, -3.0f));
+    r->gelu_backward(r.s(), g32, dx, dd);
+    r->gelu_backward(r.s(), g16, std::span<const std::uint16_t>(dx16), dd);
+    BOOST_TEST(same_bits(r.down(g16), r.down(g32)));
+    BOOST_TEST(!same_bits(r.down(g16), dout));
+    testing::what_of<InternalError>(
+        [&] { r->gelu_backward(r.s(), g16, std::span<const std::uint16_t>(dx16).first(n - 1), dd); },
+        "a short bf16 input");
 }
 
 BOOST_AUTO_TEST_CASE(precision_names_parse_and_a_bad_one_says_the_choices) {

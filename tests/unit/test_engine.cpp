@@ -333,7 +333,8 @@ BOOST_AUTO_TEST_CASE(bf16_weights_halve_the_bytes_fetched_and_held) {
 // Precision::bf16 keeps the activation checkpoints (the residual stream at
 // every block boundary) bf16, on the device and offloaded, for a four-block
 // GPT and a three-block Llama (two and one checkpoints offloaded), over
-// fp32 parameters (so that nothing else is kept bf16), ten steps:
+// fp32 parameters (so that nothing else is kept bf16 but the GPT block's
+// own Kept activations, Shape::activations), ten steps:
 //   - offloaded to cpu or nvme, the same bits as kept on the device
 //     (losses, validation losses, norms, committed state), and a second
 //     run on the device the same bits again;
@@ -365,7 +366,7 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_halve_the_bytes_kept_and_offloaded) {
                 return train(run, p, where);
             };
             auto peak_of = [&](device::Precision p, model::Offload where) {
-                return gpt->plan_bytes({.batch = kB, .seq = kT, .offload = where, .checkpoints = p});
+                return gpt->plan_bytes({.batch = kB, .seq = kT, .offload = where, .checkpoints = p, .activations = p});
             };
             const auto bf = device::Precision::bf16, f32 = device::Precision::fp32;
             Run ref_run(rig, lay(DType::fp32, Tier::cpu, Tier::cpu, s), spec);

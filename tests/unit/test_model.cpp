@@ -105,7 +105,8 @@ struct Net {
     model::Activations acts;
     Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2)
         : dev(cpu(threads)), gpt(cfg), eng(*dev, model::numels(gpt.params_table())), acts(gpt.plan(*dev, shape)) {}
-    model::Context ctx() { return {*dev, dev->compute(), eng}; }
+    device::Precision precision = device::Precision::fp32;  // the GEMMs' inputs (Context::precision)
+    model::Context ctx() { return {*dev, dev->compute(), eng, precision}; }
     void set_batch(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
         auto& s = dev->compute();
         dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(in));
@@ -119,6 +120,13 @@ struct Net {
     std::vector<float> gradient(std::size_t t) {
         std::vector<float> g(eng.gradient(t).size());
         dev->copy(dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(eng.gradient(t)));
+        dev->synchronize(dev->compute());
+        return g;
+    }
+    // Every parameter's gradient, in the engine's one array.
+    std::vector<float> all_gradients() {
+        std::vector<float> g(eng.all_gradients().size());
+        dev->copy(dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(eng.all_gradients()));
         dev->synchronize(dev->compute());
         return g;
     }
@@ -139,6 +147,12 @@ struct Net {
         for (float x : l) s += x;
         return s / static_cast<double>(l.size());
     }
+    // Parameters from `seed`, one batch, one step.
+    void run(std::uint64_t seed, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
+        fill(seed);
+        set_batch(in, tg);
+        step();
+    }
     void step() {
         auto c = ctx();
         eng.zero_grad(c.stream);
@@ -153,6 +167,21 @@ std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std
     for (auto& x : v) x = static_cast<std::int32_t>(rng() % V);
     return v;
 }
+
+// A three-block GPT and one batch of B x T tokens in and their targets,
+// drawn from a fresh seed (also the parameters').
+struct Tiny {
+    std::uint64_t seed;
+    std::mt19937_64 rng;
+    shard::ModelSpec spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
+    model::Config cfg = model::Config::from(spec);
+    std::uint64_t B = 2, T = 16;
+    std::vector<std::int32_t> in, tg;
+    explicit Tiny(const char* name) : seed(fresh_seed(name)), rng(seed) {
+        in = random_tokens(rng, B * T, spec.vocab);
+        tg = random_tokens(rng, B * T, spec.vocab);
+    }
+};
 
 }  // namespace
 
@@ -258,26 +287,12 @@ BOOST_AUTO_TEST_CASE(tiled_linear_is_linear) {
 }
 
 BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
-    const auto seed = fresh_seed("checkpointing_changes_no_bit");
-    std::mt19937_64 rng(seed);
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
-    const std::uint64_t B = 2, T = 16;
-    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
-    Net keep(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = false});
-    Net ckpt(model::Config::from(spec), {.batch = B, .seq = T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt}) {
-        n->fill(seed);
-        n->set_batch(in, tg);
-        n->step();
-    }
+    const Tiny t("checkpointing_changes_no_bit");
+    Net keep(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = false});
+    Net ckpt(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt}) n->run(t.seed, t.in, t.tg);
     BOOST_TEST(keep.loss() == ckpt.loss());
-    auto all = [](Net& n) {
-        std::vector<float> g(n.eng.all_gradients().size());
-        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
-        n.dev->synchronize(n.dev->compute());
-        return g;
-    };
-    const auto a = all(keep), b = all(ckpt);
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients();
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(ckpt.acts.bytes < keep.acts.bytes);
     // And the gradient is not trivially zero.
@@ -294,28 +309,16 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
 // happened); the arena bytes planned: each (N,C) checkpoint at 2 bytes a
 // value, plus the one fp32 (N,C) buffer a block reads its input widened in.
 BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
-    const auto seed = fresh_seed("bf16_checkpoints_recompute_what_the_forward_saw");
-    std::mt19937_64 rng(seed);
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=32,heads=2,vocab=41,seq=16");
-    const auto cfg = model::Config::from(spec);
-    const std::uint64_t B = 2, T = 16;
+    const Tiny t("bf16_checkpoints_recompute_what_the_forward_saw");
+    const auto& cfg = t.cfg;
+    const auto &in = t.in, &tg = t.tg;
+    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
     const auto bf16 = device::Precision::bf16;
-    const auto in = random_tokens(rng, B * T, spec.vocab), tg = random_tokens(rng, B * T, spec.vocab);
     Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16});
     Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
     Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt, &ref}) {
-        n->fill(seed);
-        n->set_batch(in, tg);
-        n->step();
-    }
-    auto all = [](Net& n) {
-        std::vector<float> g(n.eng.all_gradients().size());
-        n.dev->copy(n.dev->compute(), std::as_writable_bytes(std::span(g)), std::as_bytes(n.eng.all_gradients()));
-        n.dev->synchronize(n.dev->compute());
-        return g;
-    };
-    const auto a = all(keep), b = all(ckpt), r = all(ref);
+    for (Net* n : {&keep, &ckpt, &ref}) n->run(seed, in, tg);
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients(), r = ref.all_gradients();
     BOOST_TEST(std::bit_cast<std::uint64_t>(keep.loss()) == std::bit_cast<std::uint64_t>(ckpt.loss()));
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     BOOST_TEST(ckpt.loss() != ref.loss());
@@ -332,6 +335,59 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
         BOOST_TEST(f - h == n * (unit(NC * 4) - unit(NC * 2)) - unit(NC * 4), model::offload_name(where));
     }
     BOOST_TEST(ckpt.acts.bytes + (cfg.layers + 1) * NC * 2 == ref.acts.bytes + NC * 4);
+}
+
+// Activations a GPT block keeps bf16 (Shape::activations, under bf16
+// arithmetic, as zinf-train --precision bf16 runs): the GEMMs read the bf16
+// values they would have rounded to anyway, so only the GELU's input is
+// rounded anew. With checkpointing and without, the same bits (the
+// recompute keeps what the forward kept), and a second run the same bits; a
+// loss and gradients near those of fp32 activations under the same
+// arithmetic and near fp32's, but not theirs; the arena bytes planned: each
+// block's 11 (N,C) kept values a token at 2 bytes, not 4.
+BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
+    const Tiny t("bf16_activations_halve_what_a_block_keeps");
+    const auto& cfg = t.cfg;
+    const auto &in = t.in, &tg = t.tg;
+    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
+    const auto bf16 = device::Precision::bf16;
+    Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16, .activations = bf16});
+    Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
+    Net again(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
+    Net kept32(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
+    Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
+    for (Net* n : {&keep, &ckpt, &again, &kept32}) n->precision = bf16;
+    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) n->run(seed, in, tg);
+    auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+    const auto a = keep.all_gradients(), b = ckpt.all_gradients(), b2 = again.all_gradients(),
+               k = kept32.all_gradients(), r = ref.all_gradients();
+    BOOST_TEST(bits(keep.loss()) == bits(ckpt.loss()));
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    BOOST_TEST(bits(again.loss()) == bits(ckpt.loss()));
+    BOOST_TEST(std::memcmp(b2.data(), b.data(), b.size() * sizeof(float)) == 0);
+    BOOST_TEST(ckpt.loss() != kept32.loss());  // the GELU's input was rounded
+    BOOST_TEST(std::abs(ckpt.loss() - kept32.loss()) < 1e-2 * kept32.loss(), ckpt.loss() << " vs " << kept32.loss());
+    BOOST_TEST(std::abs(ckpt.loss() - ref.loss()) < 1e-2 * ref.loss(), ckpt.loss() << " vs " << ref.loss());
+    const double ek = rel_error(b, k), er = rel_error(b, r), e32 = rel_error(k, r);
+    BOOST_TEST_MESSAGE("gradients' relative error: against fp32 activations " << ek << ", against fp32 " << er
+                                                                               << " (fp32 activations: " << e32 << ")");
+    BOOST_TEST((ek > 0 && ek < 2e-2), "against fp32 activations " << ek);
+    BOOST_TEST((er > 0 && er < 2e-2), "against fp32 " << er);
+    // The plan: 3 (N,C) and 2 (N,4C) kept buffers a block set (one set with
+    // checkpointing, one a layer without), each at 2 bytes a value.
+    const std::uint64_t NC = B * T * cfg.hidden;
+    auto unit = [](std::uint64_t bytes) { return align_up(bytes, mem::kArenaAlignment); };
+    const std::uint64_t saved = 3 * (unit(NC * 4) - unit(NC * 2)) + 2 * (unit(4 * NC * 4) - unit(4 * NC * 2));
+    for (const bool checkpoint : {true, false}) {
+        const model::Shape f{.batch = B, .seq = T, .checkpoint = checkpoint, .checkpoints = bf16};
+        model::Shape h = f;
+        h.activations = bf16;
+        const std::uint64_t sets = checkpoint ? 1 : cfg.layers;
+        BOOST_TEST(ckpt.gpt.plan_bytes(f) - ckpt.gpt.plan_bytes(h) == sets * saved, "checkpoint " << checkpoint);
+    }
+    BOOST_TEST(ckpt.acts.bytes + 11 * NC * 2 == kept32.acts.bytes);
+    BOOST_TEST(keep.acts.bytes + cfg.layers * 11 * NC * 2 ==
+               Net(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16}).acts.bytes);
 }
 
 // Offloaded activation checkpoints live in page-locked memory the pinned

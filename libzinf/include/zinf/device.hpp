@@ -127,9 +127,14 @@ private:
 // boundary, model.hpp's Shape::checkpoints) are rounded to bf16 as they are
 // made and kept, offloaded and read back bf16, widened to fp32 for the block
 // that reads them: half the bytes on the device, in host memory and on NVMe.
-// Layernorm and RMSNorm weights and biases are widened to fp32; the
-// activations a block keeps for its backward (its norms' outputs, q/k/v,
-// the attention's softmax, the MLP's), softmax, attention, the loss,
+// Layernorm and RMSNorm weights and biases are widened to fp32. The GPT's
+// blocks keep the activations their GEMMs read (the layernorms' outputs, the
+// attention's output, the MLP's pre- and post-GELU) bf16 too (model.hpp's
+// Shape::activations), written bf16 by the forward and read bf16 by the
+// backward: a GEMM of a bf16 A, and GELU from and to bf16 (a GEMM's input
+// rounded to bf16 is what the bf16 GEMM reads anyway, so only the GELU's
+// input changes the arithmetic). q/k/v, the attention's softmax, the
+// residual inside a block, the Llama's block activations, the loss,
 // gradients handed to the optimizer, master weights and optimizer state stay
 // fp32.
 enum class Precision { fp32, bf16 };
@@ -139,7 +144,8 @@ Precision parse_precision(std::string_view text);  // UsageError naming the text
 // A parameter's values as a kernel reads them: fp32, or bf16 where the
 // engine keeps the working parameters bf16 (Precision::bf16 over bf16
 // partitions: the matrices a GEMM multiplies by and the embedding tables).
-// Exactly one of the two is set (numel elements).
+// Exactly one of the two is set (numel elements). A GEMM's A takes one too:
+// an activation a block keeps fp32 or bf16 (model.hpp's Kept).
 struct Weight {
     std::span<const float> f32;
     std::span<const std::uint16_t> bf16;
@@ -231,6 +237,11 @@ public:
               std::span<float> c);
     // Either of the two, as `b` is stored.
     void gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weight& b, std::span<float> c);
+    // A and B each as stored. A stored bf16 (an activation a block keeps
+    // bf16) needs g.inputs bf16 and `batch` 1 (A transposed or not, as a
+    // Linear's forward and its weight's gradient read it): the bits of
+    // gemm() on A widened to fp32 (exact), B as stored.
+    void gemm(Stream& s, const Gemm& g, const Weight& a, const Weight& b, std::span<float> c);
     // out (N,OC) += bias (OC) broadcast over rows.
     void bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
                   std::uint64_t OC);
@@ -271,6 +282,12 @@ public:
     // GELU, tanh form (GPT-2): out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (written, not +=).
     void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp);
     void gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
+                       std::span<const float> dout);
+    // The same from a bf16 inp (widened as read), the forward writing out
+    // rounded to bf16 (nearest even): the bits of the fp32 kernels on inp's
+    // fp32 copy, out then cast to bf16.
+    void gelu_forward(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp);
+    void gelu_backward(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
                        std::span<const float> dout);
 
     // Causal self-attention over qkv (B,T,3C) laid out [q | k | v], NH heads of
@@ -388,6 +405,9 @@ protected:
                          std::span<float> c) = 0;
     virtual void do_gemm_bf16(Stream& s, const Gemm& resolved, std::span<const float> a,
                               std::span<const std::uint16_t> b, std::span<float> c) = 0;
+    // A stored bf16 (batch 1), B as stored.
+    virtual void do_gemm_bf16a(Stream& s, const Gemm& resolved, std::span<const std::uint16_t> a, const Weight& b,
+                               std::span<float> c) = 0;
     virtual void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, std::uint64_t N,
                              std::uint64_t OC) = 0;
     virtual void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, std::uint64_t N,
@@ -411,6 +431,9 @@ protected:
     virtual void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) = 0;
     virtual void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
                                   std::span<const float> dout) = 0;
+    virtual void do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) = 0;
+    virtual void do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
+                                       std::span<const float> dout) = 0;
     virtual void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att,
                                       std::span<const float> qkv, std::uint64_t B, std::uint64_t T, std::uint64_t C,
                                       std::uint64_t NH) = 0;

@@ -116,6 +116,11 @@ struct Context {
         g.inputs = precision;
         dev.gemm(stream, g, a, b, c);
     }
+    // The same of an A stored either way (an activation a block keeps: Kept).
+    void gemm(device::Gemm g, const device::Weight& a, const device::Weight& b, std::span<float> c) {
+        g.inputs = precision;
+        dev.gemm(stream, g, a, b, c);
+    }
     // dst (w.size()) = w widened to fp32 where it is stored bf16, else copied.
     void to_f32(std::span<float> dst, const device::Weight& w) {
         if (w.is_bf16()) dev.cast(stream, dst, w.bf16);
@@ -143,13 +148,14 @@ private:
 
 // ---------------------------------------------------------------------------
 // Linear: out (N,out) = inp (N,in) @ W (in,out) [+ b (out)].
+// inp is stored fp32, or bf16 (an activation the block keeps bf16: Kept).
 class LinearBase : public Module {
 public:
     using Module::Module;
-    virtual void forward(Context& c, std::span<float> out, std::span<const float> inp, std::uint64_t N) = 0;
+    virtual void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) = 0;
     // dinp (N,in) written; the weight's (and bias's) gradient added to.
     virtual void backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                          std::span<const float> inp, std::uint64_t N) = 0;
+                          const device::Weight& inp, std::uint64_t N) = 0;
     std::uint64_t in = 0, out = 0;
 };
 
@@ -157,8 +163,8 @@ class Linear : public LinearBase {
 public:
     // name "h.0.attn.c_attn": declares <name>.weight (in,out) and <name>.bias (out).
     Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out);
-    void forward(Context& c, std::span<float> out, std::span<const float> inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) override;
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   std::uint64_t N) override;
 
 private:
@@ -173,8 +179,8 @@ class TiledLinear : public LinearBase {
 public:
     TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
     ~TiledLinear() override;
-    void forward(Context& c, std::span<float> out, std::span<const float> inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) override;
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   std::uint64_t N) override;
 
 private:
@@ -216,18 +222,42 @@ private:
     std::size_t wte_ = 0, wpe_ = 0;
 };
 
-// A block's activations for one (B,T): what its backward needs.
-struct BlockActivations {
-    device::Array<float> ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
-    device::Array<float> qkv;                      // (N,3C)
-    device::Array<float> att;                      // (B,NH,T,T)
-    device::Array<float> atty;                     // (N,C)
-    device::Array<float> res2;                     // (N,C) the residual after attention
-    device::Array<float> ln2, ln2_mean, ln2_rstd;  // (N,C), (N), (N)
-    device::Array<float> fch, fch_gelu;            // (N,4C)
+// An activation a block keeps for its backward, stored fp32 or bf16
+// (Shape::activations): one of the two is planned. The forward makes it in
+// fp32 where made() says (its own buffer, or bf16: fp32 staging) and keep()
+// rounds it into its bf16 buffer (nearest even); readers take read().
+struct Kept {
+    device::Array<float> f32;
+    device::Array<std::uint16_t> bf16;
+    bool is_bf16() const { return bool(bf16); }
+    std::span<float> made(std::span<float> staging) const {
+        return is_bf16() ? staging.first(bf16.size()) : f32.span();
+    }
+    void keep(Context& c, std::span<const float> made) const {
+        if (is_bf16()) c.dev.cast(c.stream, bf16.span(), made);
+    }
+    device::Weight read() const {
+        return is_bf16() ? device::Weight{.bf16 = bf16.span()} : device::Weight{.f32 = f32.span()};
+    }
 };
 
-// The backward's scratch, shared by all blocks.
+// A block's activations for one (B,T): what its backward needs. The Kept
+// ones are what its GEMMs (and GELU) read: bf16 under Shape::activations.
+struct BlockActivations {
+    Kept ln1;                                      // (N,C)
+    device::Array<float> ln1_mean, ln1_rstd;       // (N), (N)
+    device::Array<float> qkv;                      // (N,3C)
+    device::Array<float> att;                      // (B,NH,T,T)
+    Kept atty;                                     // (N,C)
+    device::Array<float> res2;                     // (N,C) the residual after attention
+    Kept ln2;                                      // (N,C)
+    device::Array<float> ln2_mean, ln2_rstd;       // (N), (N)
+    Kept fch, fch_gelu;                            // (N,4C)
+};
+
+// The backward's scratch, shared by all blocks. dbt4c is also the forward's
+// fp32 staging of the activations a block keeps bf16 (Kept::made): the
+// backward writes it only after its block's forward (or recompute) is done.
 struct BlockScratch {
     device::Array<float> dbtc;    // (N,C)
     device::Array<float> dqkv;    // (N,3C)
@@ -239,10 +269,10 @@ class CausalSelfAttention : public Module {
 public:
     CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg);
     // out (N,C) = c_proj(attention(c_attn(inp))), keeping qkv, att and atty in `a`.
-    void forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
-                 std::uint64_t B, std::uint64_t T);
+    void forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+                 BlockScratch& s, std::uint64_t B, std::uint64_t T);
     // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t B, std::uint64_t T);
 
 private:
@@ -253,10 +283,10 @@ private:
 class MLP : public Module {
 public:
     MLP(ParamTable& t, const std::string& name, const Config& cfg);
-    void forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
-                 std::uint64_t N);
+    void forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+                 BlockScratch& s, std::uint64_t N);
     // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t N);
 
 private:
@@ -268,9 +298,9 @@ private:
 class Block : public Module {
 public:
     Block(ParamTable& t, std::uint64_t layer, const Config& cfg);
-    // out (N,C) from inp (N,C).
+    // out (N,C) from inp (N,C); s.dbt4c stages what `a` keeps bf16.
     void forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
-                 std::uint64_t B, std::uint64_t T);
+                 BlockScratch& s, std::uint64_t B, std::uint64_t T);
     // dres (N,C): the gradient of the block's output in, of its input out
     // (in place, as the residual stream carries it). With activation
     // checkpointing `recompute_out` (N,C) is given: the forward runs again
@@ -319,8 +349,17 @@ struct Shape {
     // (nearest even) as it is made, kept and offloaded so, half the bytes,
     // and widened into one fp32 (N,C) buffer for the block (or the final
     // norm) that reads it, forward and backward alike, so the recompute sees
-    // what the forward saw. Everything else a block keeps stays fp32.
+    // what the forward saw.
     device::Precision checkpoints = device::Precision::fp32;
+    // How a GPT block keeps the activations its GEMMs and GELU read for its
+    // backward (BlockActivations' Kept: the layernorms' outputs, the
+    // attention's output, the MLP's pre- and post-GELU, 11 of its 15 (N,C)
+    // values a token): fp32, or bf16 (zinf-train --precision bf16, as llm.c),
+    // made in fp32, rounded as made and read bf16 by the GEMMs (which need bf16
+    // inputs then: Context::precision bf16) and GELU. q/k/v, the softmax, the
+    // residual inside the block, the norms' statistics and the Llama's block
+    // activations stay fp32.
+    device::Precision activations = device::Precision::fp32;
 };
 
 // The checkpoints an offloading step stores (the inputs of blocks 0 ..

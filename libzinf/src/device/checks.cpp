@@ -92,6 +92,18 @@ void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weig
     gemm(s, g, a, b.f32, c);
 }
 
+void Device::gemm(Stream& s, const Gemm& g, const Weight& a, const Weight& b, std::span<float> c) {
+    if (!a.is_bf16()) return gemm(s, g, a.f32, b, c);
+    const Gemm r = cpu::resolve(g);
+    Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
+    if (r.inputs != Precision::bf16) sh.fail("a bf16 A needs bf16 inputs");
+    if (r.batch != 1) sh.fail("a bf16 A takes one product");
+    sh.need("A", a.size(), cpu::gemm_extent_a(r));
+    sh.need("B", b.size(), cpu::gemm_extent_b(r));
+    sh.need("C", c.size(), cpu::gemm_extent_c(r));
+    do_gemm_bf16a(s, r, a.bf16, b, c);
+}
+
 void Device::bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
     Shape sh{"bias_add", {{"N", N}, {"OC", OC}}};
     sh.need("out", out.size(), N * OC);
@@ -173,6 +185,17 @@ void Device::gelu_forward(Stream& s, std::span<float> out, std::span<const float
 void Device::gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
     need_elementwise("gelu_backward", dinp.size(), {{"inp", inp.size()}, {"dout", dout.size()}});
     do_gelu_backward(s, dinp, inp, dout);
+}
+
+void Device::gelu_forward(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) {
+    need_elementwise("gelu_forward", out.size(), {{"inp", inp.size()}});
+    do_gelu_forward_bf16(s, out, inp);
+}
+
+void Device::gelu_backward(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
+                           std::span<const float> dout) {
+    need_elementwise("gelu_backward", dinp.size(), {{"inp", inp.size()}, {"dout", dout.size()}});
+    do_gelu_backward_bf16(s, dinp, inp, dout);
 }
 
 void Device::attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,

@@ -249,6 +249,14 @@ public:
         as_cpu(s).enqueue([r, a = a.data(), b = b.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
     }
 
+    void do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
+                       std::span<float> c) override {
+        if (b.is_bf16())
+            as_cpu(s).enqueue([r, a = a.data(), b = b.bf16.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
+        else
+            as_cpu(s).enqueue([r, a = a.data(), b = b.f32.data(), c = c.data()] { cpu::gemm(r, a, b, c); });
+    }
+
     void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override {
         as_cpu(s).enqueue([=, o = out.data(), b = bias.data()] { cpu::bias_add(o, b, N, OC); });
     }
@@ -307,6 +315,17 @@ public:
 
     void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
                           std::span<const float> dout) override {
+        const u64 n = dinp.size();
+        as_cpu(s).enqueue([=, di = dinp.data(), x = inp.data(), d = dout.data()] { cpu::gelu_backward(di, x, d, n); });
+    }
+
+    void do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) override {
+        const u64 n = out.size();
+        as_cpu(s).enqueue([=, o = out.data(), x = inp.data()] { cpu::gelu_forward(o, x, n); });
+    }
+
+    void do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
+                               std::span<const float> dout) override {
         const u64 n = dinp.size();
         as_cpu(s).enqueue([=, di = dinp.data(), x = inp.data(), d = dout.data()] { cpu::gelu_backward(di, x, d, n); });
     }

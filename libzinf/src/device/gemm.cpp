@@ -193,13 +193,30 @@ std::vector<float>& b_scratch(const Gemm& g) {
     return rb;
 }
 
-void gemm_rounded_a(const Gemm& g, const float* a, const float* rounded_b, float* c) {
+std::vector<float>& a_scratch(const Gemm& g) {
     thread_local std::vector<float> ra;
     ra.resize(gemm_extent_a(g));
-    round_bf16(a, ra.data(), ra.size());
+    return ra;
+}
+
+// The fp32 product of A's and B's bf16 values, both in scratch.
+void gemm_scratch(const Gemm& g, const std::vector<float>& a, const std::vector<float>& b, float* c) {
     Gemm f = g;
     f.inputs = Precision::fp32;
-    gemm(f, ra.data(), rounded_b, c);
+    gemm(f, a.data(), b.data(), c);
+}
+
+void gemm_rounded_a(const Gemm& g, const float* a, const std::vector<float>& rounded_b, float* c) {
+    std::vector<float>& ra = a_scratch(g);
+    round_bf16(a, ra.data(), ra.size());
+    gemm_scratch(g, ra, rounded_b, c);
+}
+
+// A stored bf16, widened (exact) beside B's bf16 values.
+void gemm_widened_a(const Gemm& g, const std::uint16_t* a, const std::vector<float>& b, float* c) {
+    std::vector<float>& wa = a_scratch(g);
+    from_bf16(wa.data(), a, wa.size());
+    gemm_scratch(g, wa, b, c);
 }
 }  // namespace
 
@@ -208,7 +225,23 @@ void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) {
     if (!g.k) return scale_c(g, c);
     std::vector<float>& wb = b_scratch(g);
     from_bf16(wb.data(), b, wb.size());  // exact: B's fp32 copy
-    gemm_rounded_a(g, a, wb.data(), c);
+    gemm_rounded_a(g, a, wb, c);
+}
+
+void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c) {
+    if (!g.batch || !g.m || !g.n) return;
+    if (!g.k) return scale_c(g, c);
+    std::vector<float>& rb = b_scratch(g);
+    round_bf16(b, rb.data(), rb.size());
+    gemm_widened_a(g, a, rb, c);
+}
+
+void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c) {
+    if (!g.batch || !g.m || !g.n) return;
+    if (!g.k) return scale_c(g, c);
+    std::vector<float>& wb = b_scratch(g);
+    from_bf16(wb.data(), b, wb.size());
+    gemm_widened_a(g, a, wb, c);
 }
 
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
@@ -222,7 +255,7 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
         // held for the process's life.
         std::vector<float>& rb = b_scratch(g);
         round_bf16(b, rb.data(), rb.size());
-        return gemm_rounded_a(g, a, rb.data(), c);
+        return gemm_rounded_a(g, a, rb, c);
     }
     for (u64 e = 0; e < g.batch; ++e) {
         const float* ae = a + e * g.stride_a;

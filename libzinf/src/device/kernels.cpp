@@ -223,27 +223,42 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 }
 
 // ---------------------------------------------------------------------------
-void gelu_forward(float* out, const float* inp, u64 n) {
+namespace {
+template <class Out>
+Out store(float x) {
+    if constexpr (std::is_same_v<Out, float>) return x;
+    else return zinf::to_bf16(x);
+}
+
+template <class In, class Out>
+void gelu_rows(Out* out, const In* inp, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) {
-        const float x = inp[i];
+        const float x = widen(inp[i]);
         const float cube = kGeluCube * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanh_gelu(kGeluScale * (x + cube)));
+        out[i] = store<Out>(0.5f * x * (1.0f + tanh_gelu(kGeluScale * (x + cube))));
     }
 }
 
 // d/dx of 0.5 x (1 + tanh(u)), u = s (x + a x^3):
 //   0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2), as torch writes it.
-void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n) {
+template <class In>
+void gelu_grad(float* dinp, const In* inp, const float* dout, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) {
-        const float x = inp[i];
+        const float x = widen(inp[i]);
         const float th = tanh_gelu(kGeluScale * (x + kGeluCube * x * x * x));
         const float inner = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
         const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
         dinp[i] = local * dout[i];
     }
 }
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, u64 n) { gelu_rows(out, inp, n); }
+void gelu_forward(std::uint16_t* out, const std::uint16_t* inp, u64 n) { gelu_rows(out, inp, n); }
+void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n) { gelu_grad(dinp, inp, dout, n); }
+void gelu_backward(float* dinp, const std::uint16_t* inp, const float* dout, u64 n) { gelu_grad(dinp, inp, dout, n); }
 
 // ---------------------------------------------------------------------------
 void copy_rows(float* dst, u64 ld_dst, const float* src, u64 ld_src, u64 rows, u64 cols) {

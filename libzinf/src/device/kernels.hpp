@@ -40,6 +40,10 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c);
 // B stored bf16 (g.inputs bf16): A rounded and B widened into scratch,
 // then gemm(): the bits of gemm() on B's fp32 copy.
 void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c);
+// A stored bf16 (g.inputs bf16): A widened and B rounded (or widened, when
+// stored bf16) into scratch, then gemm(): the bits of gemm() on A's fp32 copy.
+void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c);
+void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c);
 #if ZINF_HAVE_OPENBLAS
 // One cblas_sgemm on OpenBLAS's own `threads` threads (the peer --bench
 // measures against); OpenBLAS goes back to one thread, its pool stopped.
@@ -66,6 +70,9 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 void gelu_forward(float* out, const float* inp, u64 n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n);
+// From a bf16 inp, widened as read; the forward's out rounded to bf16.
+void gelu_forward(std::uint16_t* out, const std::uint16_t* inp, u64 n);
+void gelu_backward(float* dinp, const std::uint16_t* inp, const float* dout, u64 n);
 
 void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,

@@ -18,27 +18,31 @@ Block::Block(ParamTable& t, std::uint64_t layer, const Config& cfg)
 }
 
 void Block::forward(Context& c, std::span<float> out, std::span<const float> x, BlockActivations& a,
-                    std::uint64_t B, std::uint64_t T) {
+                    BlockScratch& s, std::uint64_t B, std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
-    ln_1_->forward(c, a.ln1, a.ln1_mean, a.ln1_rstd, x, N);
-    attn_->forward(c, a.res2, a.ln1, a, B, T);
+    const std::span<float> ln1 = a.ln1.made(s.dbt4c);
+    ln_1_->forward(c, ln1, a.ln1_mean, a.ln1_rstd, x, N);
+    a.ln1.keep(c, ln1);
+    attn_->forward(c, a.res2, a.ln1.read(), a, s, B, T);
     c.dev.accumulate(c.stream, a.res2, x);   // res2 = x + attn(ln_1(x))
-    ln_2_->forward(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, N);
-    mlp_->forward(c, out, a.ln2, a, N);
+    const std::span<float> ln2 = a.ln2.made(s.dbt4c);
+    ln_2_->forward(c, ln2, a.ln2_mean, a.ln2_rstd, a.res2, N);
+    a.ln2.keep(c, ln2);
+    mlp_->forward(c, out, a.ln2.read(), a, s, N);
     c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(ln_2(res2))
 }
 
 void Block::backward(Context& c, std::span<float> dres, std::span<const float> x, BlockActivations& a,
                      BlockScratch& s, std::uint64_t B, std::uint64_t T, std::span<float> recompute_out) {
     BackwardScope scope(c.engine, *this);
-    if (!recompute_out.empty()) forward(c, recompute_out, x, a, B, T);
+    if (!recompute_out.empty()) forward(c, recompute_out, x, a, s, B, T);
     const std::uint64_t N = B * T;
     // dres holds d out; the MLP branch adds its part, giving d res2 ...
-    mlp_->backward(c, s.dbtc, dres, a.ln2, a, s, N);
+    mlp_->backward(c, s.dbtc, dres, a.ln2.read(), a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2, a.ln2_mean, a.ln2_rstd, N);
     // ... and the attention branch its part, giving d x.
-    attn_->backward(c, s.dbtc, dres, a.ln1, a, s, B, T);
+    attn_->backward(c, s.dbtc, dres, a.ln1.read(), a, s, B, T);
     ln_1_->backward(c, dres, s.dbtc, x, a.ln1_mean, a.ln1_rstd, N);
 }
 
@@ -104,24 +108,31 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         return dev ? dev->alloc<E>(n, what) : device::Array<E>{};
     };
     auto f = [&](std::uint64_t n, const char* what) { return take.template operator()<float>(n, what); };
+    const bool bf16 = shape.activations == device::Precision::bf16;
+    auto kept = [&](std::uint64_t n, const char* what) {
+        Kept k;
+        if (bf16) k.bf16 = take.template operator()<std::uint16_t>(n, what);
+        else k.f32 = f(n, what);
+        return k;
+    };
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
     checkpoints::plan(a, shape, cfg_.layers, N * C, take);
     const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
     for (std::uint64_t l = 0; l < sets; ++l) {
         BlockActivations b;
-        b.ln1 = f(N * C, "ln_1");
+        b.ln1 = kept(N * C, "ln_1");
         b.ln1_mean = f(N, "ln_1 mean");
         b.ln1_rstd = f(N, "ln_1 rstd");
         b.qkv = f(N * 3 * C, "qkv");
         b.att = f(B * NH * T * T, "attention");
-        b.atty = f(N * C, "attention output");
+        b.atty = kept(N * C, "attention output");
         b.res2 = f(N * C, "residual 2");
-        b.ln2 = f(N * C, "ln_2");
+        b.ln2 = kept(N * C, "ln_2");
         b.ln2_mean = f(N, "ln_2 mean");
         b.ln2_rstd = f(N, "ln_2 rstd");
-        b.fch = f(N * 4 * C, "fc");
-        b.fch_gelu = f(N * 4 * C, "gelu");
+        b.fch = kept(N * 4 * C, "fc");
+        b.fch_gelu = kept(N * 4 * C, "gelu");
         a.blocks.push_back(std::move(b));
     }
     a.scratch.dbtc = f(N * C, "d (N,C)");
@@ -143,7 +154,7 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
     const std::span<const float> x = checkpoints::forward(
         c, a, cfg_, for_backward, "GPT", [&](std::span<float> out) { embed_->forward(c, out, a.inputs, B, T); },
         [&](std::uint64_t l, std::span<float> out, std::span<const float> in) {
-            blocks_[l]->forward(c, out, in, a.blocks[a.shape.checkpoint ? 0 : l], B, T);
+            blocks_[l]->forward(c, out, in, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B, T);
         });
     ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, x, N);
     head_->forward(c, a.logits, a.lnf, N);

@@ -103,19 +103,20 @@ Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::u
     b_ = declare(t, name + ".bias", {out});
 }
 
-void Linear::forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N) {
+void Linear::forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     // y (N,out) = x (N,in) @ W (in,out) + b
     c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_), y);
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
 
-void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
                       std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
     c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.stored(*this, w_), dx);
-    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, dy, c.engine.grad(*this, w_));
+    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::Weight{.f32 = dy},
+           c.engine.grad(*this, w_));
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
 
@@ -143,7 +144,7 @@ TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t i
 
 TiledLinear::~TiledLinear() = default;
 
-void TiledLinear::forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N) {
+void TiledLinear::forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     for (auto& tp : tiles_) {
         Tile& t = *tp;
@@ -156,7 +157,7 @@ void TiledLinear::forward(Context& c, std::span<float> y, std::span<const float>
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
 
-void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
                            std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     for (std::size_t k = 0; k < tiles_.size(); ++k) {
@@ -166,8 +167,8 @@ void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const floa
         // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
         c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
                dy.subspan(t.c0), c.engine.stored(t, t.w), dx);
-        c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, dy.subspan(t.c0),
-               c.engine.grad(t, t.w));
+        c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x,
+               device::Weight{.f32 = dy.subspan(t.c0)}, c.engine.grad(t, t.w));
     }
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
@@ -225,23 +226,25 @@ CausalSelfAttention::CausalSelfAttention(ParamTable& t, const std::string& name,
     c_proj_ = make_linear(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
 }
 
-void CausalSelfAttention::forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
-                                  std::uint64_t B, std::uint64_t T) {
+void CausalSelfAttention::forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+                                  BlockScratch& s, std::uint64_t B, std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
-    c_attn_->forward(c, a.qkv, inp, N);                                          // (N,3C)
-    c.dev.attention_forward(c.stream, a.atty, a.att, a.qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
-    c_proj_->forward(c, out, a.atty, N);                                         // (N,C)
+    c_attn_->forward(c, a.qkv, inp, N);  // (N,3C)
+    const std::span<float> atty = a.atty.made(s.dbt4c);
+    c.dev.attention_forward(c.stream, atty, a.att, a.qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    a.atty.keep(c, atty);
+    c_proj_->forward(c, out, a.atty.read(), N);  // (N,C)
 }
 
 void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                                   std::span<const float> inp, BlockActivations& a, BlockScratch& s, std::uint64_t B,
+                                   const device::Weight& inp, BlockActivations& a, BlockScratch& s, std::uint64_t B,
                                    std::uint64_t T) {
     BackwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
     // datty lives in s.dbtc until attention's backward has read it; then
     // c_attn's backward writes dinp, which may be the same buffer.
-    c_proj_->backward(c, s.dbtc, dout, a.atty, N);
+    c_proj_->backward(c, s.dbtc, dout, a.atty.read(), N);
     c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, a.qkv, a.att, B, T, cfg_.hidden, cfg_.heads);
     c_attn_->backward(c, dinp, s.dqkv, inp, N);
 }
@@ -252,19 +255,30 @@ MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(nam
     c_proj_ = make_linear(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
 }
 
-void MLP::forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
+// Kept bf16, the GELU reads its input as kept (rounded) in both passes.
+void MLP::forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a, BlockScratch& s,
                   std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
-    c_fc_->forward(c, a.fch, inp, N);                       // (N,4C)
-    c.dev.gelu_forward(c.stream, a.fch_gelu, a.fch);        // (N,4C)
-    c_proj_->forward(c, out, a.fch_gelu, N);                // (N,C)
+    const std::span<float> fch = a.fch.made(s.dbt4c);
+    c_fc_->forward(c, fch, inp, N);  // (N,4C)
+    a.fch.keep(c, fch);
+    if (a.fch.is_bf16() && a.fch_gelu.is_bf16())
+        c.dev.gelu_forward(c.stream, a.fch_gelu.bf16.span(), a.fch.bf16.span());  // (N,4C)
+    else if (!a.fch.is_bf16() && !a.fch_gelu.is_bf16())
+        c.dev.gelu_forward(c.stream, a.fch_gelu.f32.span(), a.fch.f32.span());
+    else
+        throw InternalError("MLP: its GELU's input and output kept in two precisions");
+    c_proj_->forward(c, out, a.fch_gelu.read(), N);  // (N,C)
 }
 
-void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                    BlockActivations& a, BlockScratch& s, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
-    c_proj_->backward(c, s.dbt4c, dout, a.fch_gelu, N);     // d fch_gelu (N,4C)
-    c.dev.gelu_backward(c.stream, s.dbt4c, a.fch, s.dbt4c); // d fch, in place
+    c_proj_->backward(c, s.dbt4c, dout, a.fch_gelu.read(), N);  // d fch_gelu (N,4C)
+    if (a.fch.is_bf16())  // d fch, in place
+        c.dev.gelu_backward(c.stream, s.dbt4c, a.fch.bf16.span(), s.dbt4c);
+    else
+        c.dev.gelu_backward(c.stream, s.dbt4c, a.fch.f32.span(), s.dbt4c);
     c_fc_->backward(c, dinp, s.dbt4c, inp, N);
 }
 

@@ -74,11 +74,11 @@ struct Trainer::Impl {
     void open_infinity(io::Engine& e, mem::PinnedPool& p);
     void open_store(io::Engine& e, mem::PinnedPool& p);
     // The activations' shape: the batch, checkpointing, where the
-    // checkpoints wait, and their precision, the arithmetic's (bf16
-    // arithmetic keeps them bf16).
+    // checkpoints wait, and the precision of the checkpoints and of what a
+    // block keeps, the arithmetic's (bf16 arithmetic keeps them bf16).
     model::Shape shape() const {
         return {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
-                .offload = opts.offload_activations, .checkpoints = opts.precision};
+                .offload = opts.offload_activations, .checkpoints = opts.precision, .activations = opts.precision};
     }
     void open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo, std::uint64_t device_more);
     void load_weights(io::Engine& e, mem::PinnedPool& p);

@@ -273,6 +273,9 @@ public:
     void do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
                       std::span<float> c) override;
 
+    void do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
+                       std::span<float> c) override;
+
     void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override;
 
     void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override;
@@ -300,6 +303,11 @@ public:
 
     void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
                           std::span<const float> dout) override;
+
+    void do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) override;
+
+    void do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
+                               std::span<const float> dout) override;
 
     void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
                               u64 T, u64 C, u64 NH) override;
@@ -412,6 +420,11 @@ private:
         }
     };
 
+    // True when `r` has nothing to multiply (done: C untouched, or C = beta C).
+    bool no_product(CudaStream& cs, const Gemm& r, std::span<float> c);
+    // Vectors of k the bf16 staging holds (compute's alone): do_gemm_bf16's
+    // rows of A, do_gemm_bf16a's columns of B.
+    u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);
     // A and B of `type`, C of `c_type`.
     void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
                 cudaDataType_t c_type);
@@ -426,7 +439,7 @@ private:
     cudaStream_t fill_stream_ = nullptr;
     std::array<std::unique_ptr<CudaStream>, 4> streams_;  // by StreamKind; [0] compute
     mem::Block workspace_;
-    mem::Block bf16_staging_;  // compute's: A rounded to bf16 for a GEMM of a bf16 B (do_gemm_bf16)
+    mem::Block bf16_staging_;  // compute's: A (do_gemm_bf16) or B (do_gemm_bf16a) rounded to bf16
     std::mutex plans_mu_;
     std::map<PlanKey, Plan> plans_;
 };

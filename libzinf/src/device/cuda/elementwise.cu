@@ -75,24 +75,6 @@ __device__ inline float tanh_gelu(float u) {
 
 constexpr float kGeluCube = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, u64 n, float scale) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) {
-        const float x = inp[i];
-        const float cube = kGeluCube * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanh_gelu(scale * (x + cube)));
-    }
-}
-
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, u64 n, float scale) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) {
-        const float x = inp[i];
-        const float th = tanh_gelu(scale * (x + kGeluCube * x * x * x));
-        const float inner = scale * (1.0f + 3.0f * kGeluCube * x * x);
-        const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
-        dinp[i] = local * dout[i];
-    }
-}
-
 __global__ void residual_kernel(float* out, const float* a, const float* b, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) out[i] = a[i] + b[i];
 }
@@ -106,6 +88,32 @@ __device__ inline std::uint16_t round_bf16(float f) {
     const unsigned u = __float_as_uint(f);
     const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
+__device__ inline void put(float* p, float x) { *p = x; }
+__device__ inline void put(std::uint16_t* p, float x) { *p = round_bf16(x); }
+
+// In and Out float or bf16 (std::uint16_t): the arithmetic is fp32's.
+template <class In, class Out>
+__global__ void gelu_forward_kernel(Out* out, const In* inp, u64 n, float scale) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) {
+        const float x = widen(inp[i]);
+        const float cube = kGeluCube * x * x * x;
+        put(out + i, 0.5f * x * (1.0f + tanh_gelu(scale * (x + cube))));
+    }
+}
+
+template <class In>
+__global__ void gelu_backward_kernel(float* dinp, const In* inp, const float* dout, u64 n, float scale) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) {
+        const float x = widen(inp[i]);
+        const float th = tanh_gelu(scale * (x + kGeluCube * x * x * x));
+        const float inner = scale * (1.0f + 3.0f * kGeluCube * x * x);
+        const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
+        dinp[i] = local * dout[i];
+    }
 }
 
 __global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, u64 n) {
@@ -141,7 +149,9 @@ __global__ void adamw_kernel(AdamPtrs p, u64 n, AdamScalars s) {
 
 cudaError_t preload_elementwise() {
     return load_kernels(check_ids_kernel, record_ids_kernel, reset_scratch_kernel, wait_flag_kernel,
-                        scale_matrix_kernel, bias_add_kernel, gelu_forward_kernel, gelu_backward_kernel,
+                        scale_matrix_kernel, bias_add_kernel, gelu_forward_kernel<float, float>,
+                        gelu_forward_kernel<std::uint16_t, std::uint16_t>, gelu_backward_kernel<float>,
+                        gelu_backward_kernel<std::uint16_t>,
                         residual_kernel, accumulate_kernel, to_bf16_kernel, to_bf16_rows_kernel, from_bf16_kernel, adamw_kernel);
 }
 
@@ -173,6 +183,15 @@ void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n, float gel
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n, float gelu_scale) {
+    if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n, gelu_scale);
+}
+
+void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n, float gelu_scale) {
+    if (n) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n, gelu_scale);
+}
+
+void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n,
+                   float gelu_scale) {
     if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n, gelu_scale);
 }
 

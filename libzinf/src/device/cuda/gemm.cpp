@@ -67,15 +67,21 @@ std::uint32_t alignment(const void* p, std::uint64_t stride_bytes = 0) {
 
 }  // namespace
 
+// A GEMM with nothing to multiply: C empty, or k 0 (op(A) op(B) is all
+// zeros: C = beta C, enqueued). Otherwise binds the device for the product.
+bool CudaDevice::no_product(CudaStream& cs, const Gemm& r, std::span<float> c) {
+    if (!r.batch || !r.m || !r.n) return true;
+    bind();
+    if (r.k) return false;
+    cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
+    launched("scale_matrix");
+    return true;
+}
+
 void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
                          std::span<float> c) {
-    if (!r.batch || !r.m || !r.n) return;
-    bind();
     CudaStream& cs = as_cuda(s);
-    if (!r.k) {  // op(A) op(B) is all zeros: C = beta C
-        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
-        return launched("scale_matrix");
-    }
+    if (no_product(cs, r, c)) return;
     matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F, CUDA_R_32F);
 }
 
@@ -86,20 +92,9 @@ void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std
 // every run.
 void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
                               std::span<float> c) {
-    if (!r.batch || !r.m || !r.n) return;
-    bind();
     CudaStream& cs = as_cuda(s);
-    if (!r.k) {
-        cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
-        return launched("scale_matrix");
-    }
-    if (&cs != streams_[0].get())
-        throw InternalError("cuda: a GEMM of a bf16 B on the " + s.name() + " stream (its A staging is compute's)");
-    const u64 rows = bf16_staging_.size() / (2 * r.k);
-    if (!rows)
-        throw InternalError("cuda: a GEMM of a bf16 B with k=" + std::to_string(r.k) + " needs " +
-                            format_size(2 * r.k) + " of A staging a row; the device kept " +
-                            format_size(bf16_staging_.size()));
+    if (no_product(cs, r, c)) return;
+    const u64 rows = staged_vectors(cs, r.k, "a bf16 B", "A");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
         Gemm g = r;
@@ -108,6 +103,48 @@ void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a
         cuda::to_bf16_rows(cs.native(), staging, a.data() + i0 * r.lda, g.m, r.k, r.lda);
         launched("to_bf16_rows");
         matmul(cs, g, staging, b.data(), c.data() + i0 * r.ldc, CUDA_R_16BF, CUDA_R_32F);
+    }
+}
+
+// The vectors of k elements (rows of A, columns of B) the compute stream's
+// staging holds at once, for a GEMM of `what` rounding `operand` into it.
+u64 CudaDevice::staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand) {
+    if (&cs != streams_[0].get())
+        throw InternalError(std::string("cuda: a GEMM of ") + what + " on the " + cs.name() + " stream (its " +
+                            operand + " staging is compute's)");
+    const u64 n = bf16_staging_.size() / (2 * k);
+    if (!n)
+        throw InternalError(std::string("cuda: a GEMM of ") + what + " with k=" + std::to_string(k) + " needs " +
+                            format_size(2 * k) + " of " + operand + " staging a vector; the device kept " +
+                            format_size(bf16_staging_.size()));
+    return n;
+}
+
+// A bf16 A (an activation a block keeps bf16). With a bf16 B, one bf16 x
+// bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F). An fp32 B (a gradient, in a
+// weight's gradient x^T dy) is rounded to bf16 into the compute stream's
+// staging a block of C's columns at a time (B's columns, or its rows when
+// tb), each block one such GEMM into its columns of C; the blocks depend on
+// the shape alone.
+void CudaDevice::do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
+                               std::span<float> c) {
+    CudaStream& cs = as_cuda(s);
+    if (no_product(cs, r, c)) return;
+    if (b.is_bf16()) return matmul(cs, r, a.data(), b.bf16.data(), c.data(), CUDA_R_16BF, CUDA_R_32F);
+    const u64 cols = staged_vectors(cs, r.k, "a bf16 A and an fp32 B", "B");
+    auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
+    for (u64 j0 = 0; j0 < r.n; j0 += cols) {
+        Gemm g = r;
+        g.n = std::min(cols, r.n - j0);
+        if (r.tb) {  // B (n,k): its rows j0 .. j0+g.n, packed (g.n, k)
+            g.ldb = r.k;
+            cuda::to_bf16_rows(cs.native(), staging, b.f32.data() + j0 * r.ldb, g.n, r.k, r.ldb);
+        } else {  // B (k,n): its columns j0 .. j0+g.n, packed (k, g.n)
+            g.ldb = g.n;
+            cuda::to_bf16_rows(cs.native(), staging, b.f32.data() + j0, r.k, g.n, r.ldb);
+        }
+        launched("to_bf16_rows");
+        matmul(cs, g, a.data(), staging, c.data() + j0, CUDA_R_16BF, CUDA_R_32F);
     }
 }
 

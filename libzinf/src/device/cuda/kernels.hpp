@@ -79,6 +79,10 @@ void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const
 // gelu_scale: sqrt(2/pi) as the cpu backend rounds it (passed, not retyped).
 void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n, float gelu_scale);
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n, float gelu_scale);
+// From a bf16 inp (widened as read), the forward's out rounded to bf16.
+void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n, float gelu_scale);
+void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n,
+                   float gelu_scale);
 
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
 void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const float* qkv,

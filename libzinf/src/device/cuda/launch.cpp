@@ -84,6 +84,21 @@ void CudaDevice::do_gelu_backward(Stream& s, std::span<float> dinp, std::span<co
     launched("gelu_backward");
 }
 
+void CudaDevice::do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) {
+    const u64 n = out.size();
+    bind();
+    cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n, gelu_scale());
+    launched("gelu_forward (bf16)");
+}
+
+void CudaDevice::do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
+                                       std::span<const float> dout) {
+    const u64 n = dinp.size();
+    bind();
+    cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n, gelu_scale());
+    launched("gelu_backward (bf16)");
+}
+
 void CudaDevice::do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv,
                                       u64 B, u64 T, u64 C, u64 NH) {
     bind();
