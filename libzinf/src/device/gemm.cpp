@@ -179,14 +179,12 @@ void round_bf16(const float* in, float* out, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (u64 i = 0; i < n; ++i) out[i] = zinf::from_bf16(zinf::to_bf16(in[i]));
 }
-}  // namespace
 
-namespace {
-// Every element the shape reaches, rounded once (the strides and leading
+// Every element the shape reaches, as bf16 values (the strides and leading
 // dimensions stay those of the spans), into scratch that each stream's
 // worker keeps for its next GEMM: host memory beside the arena, as large as
 // the largest operands (the head's V x C weight), held for the process's
-// life. B's first (b_scratch), then A's with the product (gemm_rounded_a).
+// life.
 std::vector<float>& b_scratch(const Gemm& g) {
     thread_local std::vector<float> rb;
     rb.resize(gemm_extent_b(g));
@@ -199,64 +197,41 @@ std::vector<float>& a_scratch(const Gemm& g) {
     return ra;
 }
 
-// The fp32 product of A's and B's bf16 values, both in scratch.
-void gemm_scratch(const Gemm& g, const std::vector<float>& a, const std::vector<float>& b, float* c) {
+// An operand's bf16 values in fp32: rounded where it is stored fp32,
+// widened (exact) where it is stored bf16.
+void bf16_values(const float* in, float* out, u64 n) { round_bf16(in, out, n); }
+void bf16_values(const std::uint16_t* in, float* out, u64 n) { from_bf16(out, in, n); }
+
+// Nothing to multiply: C untouched, or only scaled when k is 0 (op(A) op(B)
+// is all zeros).
+bool no_product(const Gemm& g, float* c) {
+    if (!g.batch || !g.m || !g.n) return true;
+    if (g.k) return false;
+    scale_c(g, c);
+    return true;
+}
+
+// The fp32 product of A's and B's bf16 values, each stored fp32 or bf16.
+template <class A, class B>
+void gemm_bf16_values(const Gemm& g, const A* a, const B* b, float* c) {
+    if (no_product(g, c)) return;
+    std::vector<float>& sb = b_scratch(g);
+    bf16_values(b, sb.data(), sb.size());
+    std::vector<float>& sa = a_scratch(g);
+    bf16_values(a, sa.data(), sa.size());
     Gemm f = g;
     f.inputs = Precision::fp32;
-    gemm(f, a.data(), b.data(), c);
-}
-
-void gemm_rounded_a(const Gemm& g, const float* a, const std::vector<float>& rounded_b, float* c) {
-    std::vector<float>& ra = a_scratch(g);
-    round_bf16(a, ra.data(), ra.size());
-    gemm_scratch(g, ra, rounded_b, c);
-}
-
-// A stored bf16, widened (exact) beside B's bf16 values.
-void gemm_widened_a(const Gemm& g, const std::uint16_t* a, const std::vector<float>& b, float* c) {
-    std::vector<float>& wa = a_scratch(g);
-    from_bf16(wa.data(), a, wa.size());
-    gemm_scratch(g, wa, b, c);
+    gemm(f, sa.data(), sb.data(), c);
 }
 }  // namespace
 
-void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) {
-    if (!g.batch || !g.m || !g.n) return;
-    if (!g.k) return scale_c(g, c);
-    std::vector<float>& wb = b_scratch(g);
-    from_bf16(wb.data(), b, wb.size());  // exact: B's fp32 copy
-    gemm_rounded_a(g, a, wb, c);
-}
-
-void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c) {
-    if (!g.batch || !g.m || !g.n) return;
-    if (!g.k) return scale_c(g, c);
-    std::vector<float>& rb = b_scratch(g);
-    round_bf16(b, rb.data(), rb.size());
-    gemm_widened_a(g, a, rb, c);
-}
-
-void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c) {
-    if (!g.batch || !g.m || !g.n) return;
-    if (!g.k) return scale_c(g, c);
-    std::vector<float>& wb = b_scratch(g);
-    from_bf16(wb.data(), b, wb.size());
-    gemm_widened_a(g, a, wb, c);
-}
+void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) { gemm_bf16_values(g, a, b, c); }
+void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c) { gemm_bf16_values(g, a, b, c); }
+void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c) { gemm_bf16_values(g, a, b, c); }
 
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
-    if (!g.batch || !g.m || !g.n) return;
-    if (!g.k) return scale_c(g, c);  // op(A) op(B) is all zeros
-    if (g.inputs == Precision::bf16) {
-        // Every element the shape reaches, rounded once (the strides and
-        // leading dimensions stay those of the spans), into scratch that each
-        // stream's worker keeps for its next GEMM: host memory beside the
-        // arena, as large as the largest operands (the head's V x C weight),
-        // held for the process's life.
-        std::vector<float>& rb = b_scratch(g);
-        round_bf16(b, rb.data(), rb.size());
-        return gemm_rounded_a(g, a, rb, c);
-    }
+    if (g.inputs == Precision::bf16) return gemm_bf16_values(g, a, b, c);
+    if (no_product(g, c)) return;
     for (u64 e = 0; e < g.batch; ++e) {
         const float* ae = a + e * g.stride_a;
         const float* be = b + e * g.stride_b;
