@@ -181,6 +181,13 @@ struct Tiny {
         in = random_tokens(rng, B * T, spec.vocab);
         tg = random_tokens(rng, B * T, spec.vocab);
     }
+    // The step's shape at this batch: checkpointing or not, and how the
+    // checkpoints and a block's activations are kept.
+    model::Shape shape(bool checkpoint, device::Precision checkpoints = device::Precision::fp32,
+                       device::Precision activations = device::Precision::fp32) const {
+        return {.batch = B, .seq = T, .checkpoint = checkpoint, .checkpoints = checkpoints, .activations = activations};
+    }
+    void run(Net& n) const { n.run(seed, in, tg); }
 };
 
 }  // namespace
@@ -288,9 +295,8 @@ BOOST_AUTO_TEST_CASE(tiled_linear_is_linear) {
 
 BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
     const Tiny t("checkpointing_changes_no_bit");
-    Net keep(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = false});
-    Net ckpt(t.cfg, {.batch = t.B, .seq = t.T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt}) n->run(t.seed, t.in, t.tg);
+    Net keep(t.cfg, t.shape(false)), ckpt(t.cfg, t.shape(true));
+    for (Net* n : {&keep, &ckpt}) t.run(*n);
     BOOST_TEST(keep.loss() == ckpt.loss());
     const auto a = keep.all_gradients(), b = ckpt.all_gradients();
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -311,13 +317,10 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
 BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
     const Tiny t("bf16_checkpoints_recompute_what_the_forward_saw");
     const auto& cfg = t.cfg;
-    const auto &in = t.in, &tg = t.tg;
-    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
+    const std::uint64_t B = t.B, T = t.T;
     const auto bf16 = device::Precision::bf16;
-    Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16});
-    Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
-    Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
-    for (Net* n : {&keep, &ckpt, &ref}) n->run(seed, in, tg);
+    Net keep(cfg, t.shape(false, bf16)), ckpt(cfg, t.shape(true, bf16)), ref(cfg, t.shape(true));
+    for (Net* n : {&keep, &ckpt, &ref}) t.run(*n);
     const auto a = keep.all_gradients(), b = ckpt.all_gradients(), r = ref.all_gradients();
     BOOST_TEST(std::bit_cast<std::uint64_t>(keep.loss()) == std::bit_cast<std::uint64_t>(ckpt.loss()));
     BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -348,16 +351,12 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
 BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
     const Tiny t("bf16_activations_halve_what_a_block_keeps");
     const auto& cfg = t.cfg;
-    const auto &in = t.in, &tg = t.tg;
-    const std::uint64_t B = t.B, T = t.T, seed = t.seed;
+    const std::uint64_t B = t.B, T = t.T;
     const auto bf16 = device::Precision::bf16;
-    Net keep(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16, .activations = bf16});
-    Net ckpt(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
-    Net again(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16, .activations = bf16});
-    Net kept32(cfg, {.batch = B, .seq = T, .checkpoint = true, .checkpoints = bf16});
-    Net ref(cfg, {.batch = B, .seq = T, .checkpoint = true});
+    Net keep(cfg, t.shape(false, bf16, bf16)), ckpt(cfg, t.shape(true, bf16, bf16)),
+        again(cfg, t.shape(true, bf16, bf16)), kept32(cfg, t.shape(true, bf16)), ref(cfg, t.shape(true));
     for (Net* n : {&keep, &ckpt, &again, &kept32}) n->precision = bf16;
-    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) n->run(seed, in, tg);
+    for (Net* n : {&keep, &ckpt, &again, &kept32, &ref}) t.run(*n);
     auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
     const auto a = keep.all_gradients(), b = ckpt.all_gradients(), b2 = again.all_gradients(),
                k = kept32.all_gradients(), r = ref.all_gradients();
@@ -386,8 +385,7 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
         BOOST_TEST(ckpt.gpt.plan_bytes(f) - ckpt.gpt.plan_bytes(h) == sets * saved, "checkpoint " << checkpoint);
     }
     BOOST_TEST(ckpt.acts.bytes + 11 * NC * 2 == kept32.acts.bytes);
-    BOOST_TEST(keep.acts.bytes + cfg.layers * 11 * NC * 2 ==
-               Net(cfg, {.batch = B, .seq = T, .checkpoint = false, .checkpoints = bf16}).acts.bytes);
+    BOOST_TEST(keep.acts.bytes + cfg.layers * 11 * NC * 2 == Net(cfg, t.shape(false, bf16)).acts.bytes);
 }
 
 // Offloaded activation checkpoints live in page-locked memory the pinned
