@@ -1,8 +1,10 @@
 // What the device suites share (test_device, test_cuda): a fresh seed named
-// in the log, and random inputs (never zeros).
+// in the log, random inputs (never zeros), bf16 copies of them.
 #pragma once
 
 #include "testing.hpp"
+
+#include <zinf/util.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +30,18 @@ inline std::vector<std::int32_t> random_tokens(std::size_t n, std::int32_t V, st
     std::uniform_int_distribution<std::int32_t> d(0, V - 1);
     std::vector<std::int32_t> v(n);
     for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// v rounded to bf16 (nearest even), as the host rounds; and back (exact).
+inline std::vector<std::uint16_t> halves(const std::vector<float>& v) {
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
+    return h;
+}
+inline std::vector<float> widened(const std::vector<std::uint16_t>& h) {
+    std::vector<float> v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) v[i] = from_bf16(h[i]);
     return v;
 }
 

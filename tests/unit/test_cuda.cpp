@@ -99,13 +99,6 @@ std::vector<T> down(Device& d, const Array<T>& a) {
 }
 Array<float> poisoned(Device& d, std::size_t n) { return up(d, Vf(n, kNaN)); }
 
-// v rounded to bf16 (nearest even), as the host rounds.
-V16 halves(const Vf& v) {
-    V16 h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
-    return h;
-}
-
 // The two backends side by side: run(fn) calls fn on each and gives back its
 // named outputs.
 using Outputs = std::map<std::string, Vf>;
@@ -345,21 +338,27 @@ BOOST_AUTO_TEST_CASE(bias_embedding_residual_accumulate, *utf::precondition(GpuP
 }
 
 // Weights stored bf16 (the engine's under Precision::bf16): a GEMM of a
-// bf16 B (A rounded into the device's staging, bf16 x bf16 -> fp32) against
-// the cpu backend's within bf16's tolerance, and against cuda's own GEMM of
-// B's fp32 copy within it too; one whose A does not fit the staging at once
-// (row blocks); two runs the same bits. The embedding from bf16 tables: the
+// bf16 B (op(A)'s rows rounded into the device's staging, bf16 x bf16 ->
+// fp32), A transposed or not (a Llama weight's gradient dy^T x of a kept
+// bf16 x), against the cpu backend's within bf16's tolerance, and against
+// cuda's own GEMM of B's fp32 copy within it too; ones whose A does not fit
+// the staging at once (row blocks, column blocks when transposed); two runs
+// the same bits. The embedding from bf16 tables: the
 // cpu backend's bits.
 BOOST_AUTO_TEST_CASE(bf16_weights_in_gemm_and_embedding, *utf::precondition(GpuPresent())) {
     std::mt19937_64 rng(fresh_seed("bf16 weights"));
     Pair p;
     for (const Gemm& g0 : {Gemm{.m = 37, .n = 53, .k = 29}, Gemm{.tb = true, .m = 64, .n = 96, .k = 128, .beta = 1},
                            Gemm{.m = 20, .n = 30, .k = 40, .lda = 44, .ldc = 31, .alpha = 0.5f},
-                           Gemm{.tb = true, .m = 2048, .n = 64, .k = 4096}}) {  // A is 16 MiB in bf16
+                           Gemm{.tb = true, .m = 2048, .n = 64, .k = 4096},  // A is 16 MiB in bf16
+                           Gemm{.ta = true, .m = 64, .n = 96, .k = 128, .beta = 1},
+                           Gemm{.ta = true, .m = 20, .n = 30, .k = 40, .lda = 24, .ldc = 31, .alpha = 0.5f},
+                           Gemm{.ta = true, .m = 2048, .n = 64, .k = 4096}}) {
         Gemm g = g0;
         g.inputs = Precision::bf16;
-        const u64 lda = g.lda ? g.lda : g.k, ldc = g.ldc ? g.ldc : g.n;
-        const Vf a = randn((g.m - 1) * lda + g.k, rng), c0 = randn((g.m - 1) * ldc + g.n, rng);
+        const u64 ra = g.ta ? g.k : g.m, ca = g.ta ? g.m : g.k;
+        const u64 lda = g.lda ? g.lda : ca, ldc = g.ldc ? g.ldc : g.n;
+        const Vf a = randn((ra - 1) * lda + ca, rng), c0 = randn((g.m - 1) * ldc + g.n, rng);
         const V16 b = halves(randn(g.n * g.k, rng));
         auto fn = [&](Device& d) -> Outputs {
             auto da = up(d, a), dc = up(d, c0);
@@ -367,7 +366,8 @@ BOOST_AUTO_TEST_CASE(bf16_weights_in_gemm_and_embedding, *utf::precondition(GpuP
             d.gemm(d.compute(), g, da, std::span<const std::uint16_t>(db), dc);
             return {{"C", down(d, dc)}};
         };
-        const std::string what = "gemm of a bf16 B, m " + std::to_string(g.m) + " k " + std::to_string(g.k);
+        const std::string what = "gemm of a bf16 B, ta " + std::to_string(g.ta) + " m " + std::to_string(g.m) +
+                                 " k " + std::to_string(g.k);
         expect_all(p.run(fn), what, false, 1e-2);
         expect_same_bits(*p.gpu, fn, what);
         Vf wide(b.size());
@@ -594,13 +594,15 @@ BOOST_AUTO_TEST_CASE(casts_and_adamw_bitwise, *utf::precondition(GpuPresent())) 
     }
 }
 
-// One GPT step on `d`: the parameters made from `spec` and `weights`, the
-// batch in -> tg, the activations planned as `shape`, GEMM inputs of
-// `arithmetic`: the losses and every gradient.
-Outputs gpt_step(Device& d, const shard::ModelSpec& spec, u64 weights, const Vi& in, const Vi& tg,
-                 const model::Shape& shape, Precision arithmetic) {
-    model::GPT gpt(model::Config::from(spec));
-    model::ResidentEngine eng(d, model::numels(gpt.params_table()));
+// One step of the model `spec` describes (a GPT or a Llama) on `d`: the
+// parameters made from `spec` and `weights`, the batch in -> tg, the
+// activations planned as `shape`, GEMM inputs of `arithmetic`: the losses
+// and every gradient.
+Outputs model_step(Device& d, const shard::ModelSpec& spec, u64 weights, const Vi& in, const Vi& tg,
+                   const model::Shape& shape, Precision arithmetic) {
+    const auto m = model::make_model(model::Config::from(spec));
+    model::LanguageModel& net = *m;
+    model::ResidentEngine eng(d, model::numels(net.params_table()));
     const auto ts = shard::tensors(spec);
     for (std::size_t t = 0; t < ts.size(); ++t) {
         Vf v(ts[t].numel);
@@ -608,13 +610,13 @@ Outputs gpt_step(Device& d, const shard::ModelSpec& spec, u64 weights, const Vi&
         d.copy(d.compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(v)));
         d.synchronize(d.compute());
     }
-    auto acts = gpt.plan(d, shape);
+    auto acts = net.plan(d, shape);
     d.copy(d.compute(), std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span<const std::int32_t>(in)));
     d.copy(d.compute(), std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span<const std::int32_t>(tg)));
     model::Context c{d, d.compute(), eng, arithmetic};
     eng.zero_grad(c.stream);
-    gpt.forward(c, acts);
-    gpt.backward(c, acts);
+    net.forward(c, acts);
+    net.backward(c, acts);
     Vf g(eng.all_gradients().size());
     d.synchronize(c.stream);
     d.copy(c.stream, std::as_writable_bytes(std::span<float>(g)), std::as_bytes(eng.all_gradients()));
@@ -622,18 +624,19 @@ Outputs gpt_step(Device& d, const shard::ModelSpec& spec, u64 weights, const Vi&
     return {{"losses", down(d, acts.losses)}, {"gradients", g}};
 }
 
-// A GPT step with bf16 activation checkpoints (and the blocks' activations
-// kept as `activations`) under `arithmetic`: cuda against cpu, the losses
-// within loss_tol and the gradients within grad_tol; on cuda, with
-// checkpointing and without, the same bits, and two runs the same bits.
+// A step of `model` (a GPT's spec by default) with bf16 activation
+// checkpoints (and the blocks' activations kept as `activations`) under
+// `arithmetic`: cuda against cpu, the losses within loss_tol and the
+// gradients within grad_tol; on cuda, with checkpointing and without, the
+// same bits, and two runs the same bits.
 void bf16_step_against_cpu(const char* what, Precision activations, Precision arithmetic, double loss_tol,
-                           double grad_tol) {
+                           double grad_tol, const char* model = "gpt:layers=3,hidden=64,heads=4,vocab=97,seq=32") {
     std::mt19937_64 rng(fresh_seed(what));
-    const auto spec = shard::ModelSpec::parse("gpt:layers=3,hidden=64,heads=4,vocab=97,seq=32");
+    const auto spec = shard::ModelSpec::parse(model);
     const u64 B = 2, T = 32, weights = rng();
-    const Vi in = random_tokens(B * T, 97, rng), tg = random_tokens(B * T, 97, rng);
+    const Vi in = random_tokens(B * T, spec.vocab, rng), tg = random_tokens(B * T, spec.vocab, rng);
     auto step = [&](Device& d, bool checkpoint) -> Outputs {
-        return gpt_step(d, spec, weights, in, tg,
+        return model_step(d, spec, weights, in, tg,
                         {.batch = B, .seq = T, .checkpoint = checkpoint, .checkpoints = Precision::bf16,
                          .activations = activations},
                         arithmetic);
@@ -664,6 +667,15 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_through_a_gpt_step, *utf::precondition(Gpu
 // ulp apart may round to the neighbouring bf16 where it is kept).
 BOOST_AUTO_TEST_CASE(bf16_activations_through_a_gpt_step, *utf::precondition(GpuPresent())) {
     bf16_step_against_cpu("bf16 activations", Precision::bf16, Precision::bf16, 1e-2, 5e-2);
+}
+
+// The same through a Llama step (RMSNorm outputs, the attention's output,
+// SwiGLU's gate, up and product kept bf16; SwiGLU from bf16), grouped-query
+// attention (4 heads, 2 kv heads), joined q, k, v projections: the same
+// tolerances.
+BOOST_AUTO_TEST_CASE(bf16_activations_through_a_llama_step, *utf::precondition(GpuPresent())) {
+    bf16_step_against_cpu("llama bf16 activations", Precision::bf16, Precision::bf16, 1e-2, 5e-2,
+                          "llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=160,vocab=97,seq=32");
 }
 
 BOOST_AUTO_TEST_CASE(bad_token_and_target_at_synchronize, *utf::precondition(GpuPresent())) {
@@ -915,6 +927,21 @@ BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(Gpu
             return {{"out", down(d, out)}, {"dgate", down(d, dg)}, {"dup", down(d, du)}};
         };
         expect_all(p.run(fn), "swiglu", true);
+        // From gate and up kept bf16 (a Llama block's, Shape::activations),
+        // the forward's output rounded to bf16: the cpu backend's bits.
+        const V16 g16 = halves(g), u16 = halves(u);
+        auto bf16 = [&](Device& d) -> Outputs {
+            auto out = up(d, V16(g.size(), 0x7fc0)), wide = poisoned(d, g.size());
+            auto dg = poisoned(d, g.size()), du = poisoned(d, g.size());
+            auto dgate = up(d, g16), dup = up(d, u16), go = up(d, dout);
+            const std::span<const std::uint16_t> G(dgate), U(dup);
+            d.swiglu_forward(d.compute(), out.span(), G, U);
+            d.cast(d.compute(), wide, std::span<const std::uint16_t>(out));
+            d.swiglu_backward(d.compute(), dg, du, go, G, U);
+            return {{"out", down(d, wide)}, {"dgate", down(d, dg)}, {"dup", down(d, du)}};
+        };
+        expect_all(p.run(bf16), "swiglu of bf16", true);
+        expect_same_bits(*p.gpu, bf16, "swiglu of bf16");
     }
     {
         const u64 B = 3, T = 17, C = 72, V = 101;

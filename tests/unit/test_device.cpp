@@ -43,6 +43,8 @@ namespace {
 
 using testing::fresh_seed;
 using testing::randn;
+using testing::halves;
+using testing::widened;
 using testing::random_tokens;
 using testing::dbl;
 using testing::dot;
@@ -398,28 +400,19 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
 // transposed, padded rows, beta), and so does the Weight dispatch; the
 // embedding from bf16 tables the bits of the fp32 embedding from their
 // widened copies, with and without a position table. A bf16 B refuses fp32
-// inputs, a transposed A and a batch; tables of two dtypes are refused.
-namespace {
-std::vector<std::uint16_t> halves(const Vf& v) {
-    std::vector<std::uint16_t> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
-    return h;
-}
-Vf widened(const std::vector<std::uint16_t>& h) {
-    Vf v(h.size());
-    for (std::size_t i = 0; i < h.size(); ++i) v[i] = from_bf16(h[i]);
-    return v;
-}
-}  // namespace
-
+// inputs and a batch; tables of two dtypes are refused.
 BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
     std::mt19937_64 rng(fresh_seed("bf16 weights"));
     Rig r;
+    // A transposed: a Llama weight's gradient dy^T x of a bf16 x.
     for (Gemm g : {Gemm{.m = 33, .n = 40, .k = 300}, Gemm{.tb = true, .m = 8, .n = 12, .k = 200, .beta = 1},
-                   Gemm{.m = 5, .n = 7, .k = 150, .lda = 160, .ldb = 9, .ldc = 11, .alpha = 0.5f, .beta = -1}}) {
+                   Gemm{.m = 5, .n = 7, .k = 150, .lda = 160, .ldb = 9, .ldc = 11, .alpha = 0.5f, .beta = -1},
+                   Gemm{.ta = true, .m = 24, .n = 30, .k = 70, .beta = 1},
+                   Gemm{.ta = true, .m = 6, .n = 9, .k = 50, .lda = 8, .ldb = 12, .ldc = 10, .alpha = 0.5f}}) {
         g.inputs = Precision::bf16;
         const GemmShape sh = shape_of(g);
-        const u64 na = (g.m - 1) * sh.lda + g.k, nb = ((g.tb ? g.n : g.k) - 1) * sh.ldb + (g.tb ? g.k : g.n);
+        const u64 na = ((g.ta ? g.k : g.m) - 1) * sh.lda + (g.ta ? g.m : g.k),
+                  nb = ((g.tb ? g.n : g.k) - 1) * sh.ldb + (g.tb ? g.k : g.n);
         const Vf a = randn(na, rng), c = randn((g.m - 1) * sh.ldc + g.n, rng);
         const auto b16 = halves(randn(nb, rng));
         auto da = r.up(a), db = r.up(widened(b16)), dc = r.up(c), d16 = r.up(c), dw = r.up(c);
@@ -427,7 +420,7 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
         r->gemm(r.s(), g, da, db, dc);
         r->gemm(r.s(), g, da, std::span<const std::uint16_t>(db16), d16);
         r->gemm(r.s(), g, da, Weight{.bf16 = db16}, dw);
-        BOOST_TEST_CONTEXT("tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
+        BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
             const Vf want = r.down(dc);
             BOOST_TEST(same_bits(r.down(d16), want));
             BOOST_TEST(same_bits(r.down(dw), want));
@@ -439,7 +432,6 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
         auto b = r.up(std::vector<std::uint16_t>(64, to_bf16(1.0f)));
         const std::span<const std::uint16_t> b16(b);
         for (const Gemm& bad : {Gemm{.m = 8, .n = 8, .k = 8},
-                                Gemm{.ta = true, .m = 8, .n = 8, .k = 8, .inputs = Precision::bf16},
                                 Gemm{.m = 2, .n = 4, .k = 4, .batch = 2, .inputs = Precision::bf16}})
             testing::what_of<InternalError>([&] { r->gemm(r.s(), bad, a, b16, c); }, "a bf16 B refused");
     }

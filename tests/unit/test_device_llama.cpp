@@ -37,6 +37,8 @@ namespace {
 using testing::fresh_seed;
 using testing::randn;
 using testing::random_tokens;
+using testing::halves;
+using testing::widened;
 using testing::dbl;
 using testing::dot;
 using testing::max_err;
@@ -335,6 +337,43 @@ BOOST_AUTO_TEST_CASE(swiglu_is_the_scalar_form_to_the_bit) {
         BOOST_TEST(same_bits(r.down(out), want), threads << " threads: forward");
         BOOST_TEST(same_bits(r.down(dg), want_dg), threads << " threads: d gate");
         BOOST_TEST(same_bits(r.down(du), want_du), threads << " threads: d up");
+    }
+}
+
+// SwiGLU from gate and up kept bf16 (a Llama block's, Shape::activations):
+// each block's inputs widened and run through the fp32 loop, so the forward
+// is the scalar form on the widened inputs rounded to bf16, the backward the
+// scalar form on them, to the bit: on 1 and 2 threads, the blocks' edges and
+// the last short block, in place over dout. Short spans are refused.
+BOOST_AUTO_TEST_CASE(swiglu_of_bf16_is_the_fp32_kernel_on_the_widened_inputs) {
+    std::mt19937_64 rng(fresh_seed("swiglu bf16"));
+    const u64 n = 3 * 4096 + 1001;
+    Vf g0 = randn(n, rng, 4);
+    g0[0] = 100, g0[1] = -100, g0[2] = 0, g0[4095] = 87.5f, g0[4096] = -90;
+    const auto g16 = halves(g0), u16 = halves(randn(n, rng));
+    const Vf g = widened(g16), u = widened(u16), d = randn(n, rng);
+    Vf want_dg(n), want_du(n);
+    std::vector<std::uint16_t> want(n);
+    for (u64 i = 0; i < n; ++i) {
+        want[i] = to_bf16(llama_math::swiglu(g[i], u[i]));
+        llama_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
+    }
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        auto out = r.up(std::vector<std::uint16_t>(n, 0x7fc0));
+        auto dg = r.up(d), du = r.up(Vf(n, kNaN));
+        const auto G = r.in(g16), U = r.in(u16);
+        r->swiglu_forward(r.s(), out.span(), G, U);
+        r->swiglu_backward(r.s(), dg, du, dg, G, U);
+        BOOST_TEST(same_bits(r.down(out), want), threads << " threads: forward");
+        BOOST_TEST(same_bits(r.down(dg), want_dg), threads << " threads: d gate");
+        BOOST_TEST(same_bits(r.down(du), want_du), threads << " threads: d up");
+        BOOST_TEST(!same_bits(want_du, d));
+        auto bad = r.up(Vf(n, 0));
+        testing::what_of<InternalError>([&] { r->swiglu_backward(r.s(), bad, du, dg, G.first(n - 1), U); },
+                                        "a short bf16 gate");
+        testing::what_of<InternalError>([&] { r->swiglu_forward(r.s(), out.span(), G, U.first(n - 1)); },
+                                        "a short bf16 up");
     }
 }
 

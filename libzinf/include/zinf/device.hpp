@@ -127,16 +127,17 @@ private:
 // boundary, model.hpp's Shape::checkpoints) are rounded to bf16 as they are
 // made and kept, offloaded and read back bf16, widened to fp32 for the block
 // that reads them: half the bytes on the device, in host memory and on NVMe.
-// Layernorm and RMSNorm weights and biases are widened to fp32. The GPT's
-// blocks keep the activations their GEMMs read (the layernorms' outputs, the
-// attention's output, the MLP's pre- and post-GELU) bf16 too (model.hpp's
-// Shape::activations), written bf16 by the forward and read bf16 by the
-// backward: a GEMM of a bf16 A, and GELU from and to bf16 (a GEMM's input
-// rounded to bf16 is what the bf16 GEMM reads anyway, so only the GELU's
-// input changes the arithmetic). q/k/v, the attention's softmax, the
-// residual inside a block, the Llama's block activations, the loss,
-// gradients handed to the optimizer, master weights and optimizer state stay
-// fp32.
+// Layernorm and RMSNorm weights and biases are widened to fp32. The blocks
+// keep the activations their GEMMs read (the norms' outputs, the
+// attention's output, the GPT's MLP's pre- and post-GELU, the Llama's
+// SwiGLU's gate, up and product) bf16 too (model.hpp's Shape::activations),
+// written bf16 by the forward and read bf16 by the backward: a GEMM of a
+// bf16 A (or, in a Llama weight's gradient dy^T x, a bf16 B), and GELU and
+// SwiGLU from and to bf16 (a GEMM's input rounded to bf16 is what the bf16
+// GEMM reads anyway, so only GELU's and SwiGLU's inputs change the
+// arithmetic). q/k/v, the attention's softmax, the residual inside a
+// block, the loss, gradients handed to the optimizer, master weights and
+// optimizer state stay fp32.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);
 Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices
@@ -230,9 +231,10 @@ public:
     // See Gemm. A, B and C must hold every element the shape reaches.
     void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const float> b,
               std::span<float> c);
-    // The same with B stored bf16 (a working parameter under Precision::bf16:
-    // g.inputs must be bf16, `batch` 1 and A not transposed, as a model
-    // multiplies by a weight): the bits of gemm() on B widened to fp32.
+    // The same with B stored bf16 (a working parameter under Precision::bf16,
+    // as a model multiplies by a weight, or a Llama block's kept activation
+    // in its weight's gradient dy^T x: g.inputs must be bf16 and `batch` 1,
+    // A transposed or not): the bits of gemm() on B widened to fp32.
     void gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const std::uint16_t> b,
               std::span<float> c);
     // Either of the two, as `b` is stored.
@@ -343,6 +345,14 @@ public:
     // dgate (n), dup (n) written (not +=); either may be dout's own buffer.
     void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
                          std::span<const float> gate, std::span<const float> up);
+    // The same from gate and up stored bf16 (a Llama block's kept
+    // activations, widened as read), the forward writing out rounded to bf16
+    // (nearest even): the bits of the fp32 kernels on their fp32 copies, out
+    // then cast to bf16.
+    void swiglu_forward(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                        std::span<const std::uint16_t> up);
+    void swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                         std::span<const std::uint16_t> gate, std::span<const std::uint16_t> up);
     // Causal grouped-query attention: NH query heads and KVH key-value heads
     // of hd each, query head h reading kv head h / (NH / KVH). q (B,T,NH*hd),
     // k and v (B,T,KVH*hd): out (B,T,NH*hd); att (B,NH,T,T) keeps the
@@ -457,6 +467,11 @@ protected:
     virtual void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup,
                                     std::span<const float> dout, std::span<const float> gate,
                                     std::span<const float> up) = 0;
+    virtual void do_swiglu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                                        std::span<const std::uint16_t> up) = 0;
+    virtual void do_swiglu_backward_bf16(Stream& s, std::span<float> dgate, std::span<float> dup,
+                                         std::span<const float> dout, std::span<const std::uint16_t> gate,
+                                         std::span<const std::uint16_t> up) = 0;
     virtual void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                 std::span<const float> k, std::span<const float> v, std::uint64_t B, std::uint64_t T,
                                 std::uint64_t NH, std::uint64_t KVH, std::uint64_t hd) = 0;

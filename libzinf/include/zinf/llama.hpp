@@ -43,9 +43,10 @@ class RowLinear : public Module {
 public:
     RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
     ~RowLinear() override;
-    void forward(Context& c, std::span<float> y, std::span<const float> x, std::uint64_t N);
+    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
+    void forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N);
     // dx (N,in) written, or added to with `accumulate`; the weight's gradient added to.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
                   std::uint64_t N, bool accumulate = false);
     std::uint64_t in = 0, out = 0;
     // Untiled, the one parameter (its weight); tiled, each tile has its own.
@@ -80,18 +81,23 @@ private:
 // gate and up. Where the projections of one input run as one GEMM (q, k and
 // v; gate and up: joined_projections), the array here or its twin in
 // LlamaScratch holds their (N, sum of outs) product or gradients, side by
-// side, while the other holds the parts.
+// side, while the other holds the parts. The Kept ones are what the GEMMs
+// and SwiGLU read, the GPT's (model.hpp's BlockActivations) analogues: bf16
+// under Shape::activations, made in fp32 in LlamaScratch::dgate_up. Kept
+// bf16, gate and up are not joined: their bf16 array cannot take the
+// gradients' fp32 (N, 2F) side by side.
 struct LlamaBlockActivations {
-    device::Array<float> norm1, rstd1;   // (N,C), (N)
+    Kept norm1;                          // (N,C)
+    device::Array<float> rstd1;          // (N)
     device::Array<float> qkv;            // q, k, v
     std::span<float> q, k, v;            // (N,H*hd), (N,KV*hd), (N,KV*hd) in qkv
     device::Array<float> att;            // (B,H,T,T)
-    device::Array<float> atty;           // (N,H*hd)
+    Kept atty;                           // (N,H*hd)
     device::Array<float> res2;           // (N,C)
-    device::Array<float> norm2, rstd2;   // (N,C), (N)
-    device::Array<float> gate_up;        // gate, up
-    std::span<float> gate, up;           // (N,F) each, in gate_up
-    device::Array<float> act;            // (N,F)
+    Kept norm2;                          // (N,C)
+    device::Array<float> rstd2;          // (N)
+    Kept gate_up;                        // gate, then up: (N,F) each
+    Kept act;                            // (N,F)
 };
 
 struct LlamaScratch {
@@ -99,7 +105,9 @@ struct LlamaScratch {
     device::Array<float> dqkv;           // dq, dk, dv
     std::span<float> dq, dk, dv;         // as q, k, v, in dqkv
     device::Array<float> datt;           // (B,H,T,T)
-    device::Array<float> dgate_up;       // dgate, dup
+    // dgate, dup; in the forward, under Shape::activations bf16, the fp32
+    // staging of what the block keeps bf16 (Kept::made): (N, max(2F, C)).
+    device::Array<float> dgate_up;
     std::span<float> dgate, dup;         // (N,F) each, in dgate_up
     // A joined group's weights (their copies where the engine keeps them
     // apart) or their gradients: the largest joined group's (sum of outs, C);
@@ -112,7 +120,9 @@ struct LlamaScratch {
 // 2F): untiled, and their weights together at most 32 MiB, the scratch a
 // copy of them takes. Small GEMMs are where a Llama's step is cut into the
 // most OpenMP regions; large ones fill the team alone. A property of the
-// config, so that every engine runs the same GEMMs and gets the same bits.
+// config, so that every engine runs the same GEMMs and gets the same bits
+// (gate and up kept bf16, Shape::activations, are never joined:
+// LlamaBlockActivations).
 bool joined_projections(const Config& cfg, std::uint64_t outs);
 
 // One new position's keys and values per layer (the sampler's cache):
@@ -134,12 +144,12 @@ class LlamaAttention : public Module {
 public:
     LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg);
     // out (N,C) = o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))).
-    // `s`: the scratch q, k and v take as one GEMM (joined_projections); null:
-    // a GEMM each.
-    void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+    // `s`: the scratch q, k and v take as one GEMM (joined_projections) and
+    // a bf16 atty is made in; null: a GEMM each (and atty fp32).
+    void forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
                  std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
     // dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, std::uint64_t B,
                   std::uint64_t T);
     // Position `pos` alone (x (C)): its key and value join the cache (k, v
@@ -157,11 +167,12 @@ private:
 class LlamaMLP : public Module {
 public:
     LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg);
-    // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)). `s` as the attention's.
-    void forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
-                 std::span<float> up, std::span<float> act, std::uint64_t N, LlamaScratch* s = nullptr);
+    // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)), keeping gate,
+    // up and their product in `a`. `s` as the attention's.
+    void forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
+                 std::uint64_t N, LlamaScratch* s = nullptr);
     // dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::uint64_t N);
 
 private:

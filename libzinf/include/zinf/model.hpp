@@ -231,7 +231,9 @@ struct Kept {
     device::Array<std::uint16_t> bf16;
     bool is_bf16() const { return bool(bf16); }
     std::span<float> made(std::span<float> staging) const {
-        return is_bf16() ? staging.first(bf16.size()) : f32.span();
+        if (!is_bf16()) return f32.span();
+        if (staging.size() < bf16.size()) throw InternalError("a kept activation's fp32 staging is too short");
+        return staging.first(bf16.size());
     }
     void keep(Context& c, std::span<const float> made) const {
         if (is_bf16()) c.dev.cast(c.stream, bf16.span(), made);
@@ -351,14 +353,16 @@ struct Shape {
     // norm) that reads it, forward and backward alike, so the recompute sees
     // what the forward saw.
     device::Precision checkpoints = device::Precision::fp32;
-    // How a GPT block keeps the activations its GEMMs and GELU read for its
-    // backward (BlockActivations' Kept: the layernorms' outputs, the
-    // attention's output, the MLP's pre- and post-GELU, 11 of its 15 (N,C)
-    // values a token): fp32, or bf16 (zinf-train --precision bf16, as llm.c),
-    // made in fp32, rounded as made and read bf16 by the GEMMs (which need bf16
-    // inputs then: Context::precision bf16) and GELU. q/k/v, the softmax, the
-    // residual inside the block, the norms' statistics and the Llama's block
-    // activations stay fp32.
+    // How a block keeps the activations its GEMMs and GELU or SwiGLU read
+    // for its backward (Kept: a GPT's BlockActivations' layernorms' outputs,
+    // attention's output, MLP's pre- and post-GELU, 11 of its 15 (N,C)
+    // values a token; a Llama's LlamaBlockActivations' RMSNorms' outputs,
+    // attention's output, SwiGLU's gate, up and product, 3C + 3F of its
+    // 5C + 3F + 2KV*hd): fp32, or bf16 (zinf-train --precision bf16, as
+    // llm.c), made in fp32, rounded as made and read bf16 by the GEMMs (which
+    // need bf16 inputs then: Context::precision bf16), GELU and SwiGLU. q/k/v,
+    // the softmax, the residual inside the block and the norms' statistics
+    // stay fp32.
     device::Precision activations = device::Precision::fp32;
 };
 

@@ -80,7 +80,7 @@ void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<
     const Gemm r = cpu::resolve(g);
     Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
     if (r.inputs != Precision::bf16) sh.fail("a bf16 B needs bf16 inputs");
-    if (r.batch != 1 || r.ta) sh.fail("a bf16 B takes one product of an untransposed A");
+    if (r.batch != 1) sh.fail("a bf16 B takes one product");
     sh.need("A", a.size(), cpu::gemm_extent_a(r));
     sh.need("B", b.size(), cpu::gemm_extent_b(r));
     sh.need("C", c.size(), cpu::gemm_extent_c(r));
@@ -271,6 +271,19 @@ void Device::swiglu_backward(Stream& s, std::span<float> dgate, std::span<float>
     need_elementwise("swiglu_backward", dgate.size(),
                      {{"dup", dup.size()}, {"dout", dout.size()}, {"gate", gate.size()}, {"up", up.size()}});
     do_swiglu_backward(s, dgate, dup, dout, gate, up);
+}
+
+void Device::swiglu_forward(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                            std::span<const std::uint16_t> up) {
+    need_elementwise("swiglu_forward", out.size(), {{"gate", gate.size()}, {"up", up.size()}});
+    do_swiglu_forward_bf16(s, out, gate, up);
+}
+
+void Device::swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                             std::span<const std::uint16_t> gate, std::span<const std::uint16_t> up) {
+    need_elementwise("swiglu_backward", dgate.size(),
+                     {{"dup", dup.size()}, {"dout", dout.size()}, {"gate", gate.size()}, {"up", up.size()}});
+    do_swiglu_backward_bf16(s, dgate, dup, dout, gate, up);
 }
 
 void Device::gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

@@ -376,18 +376,36 @@ public:
         as_cpu(s).enqueue([=, x = x.data(), t = table.data()] { cpu::rope(x, t, B, T, H, hd, pos0, inverse); });
     }
 
-    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
-                           std::span<const float> up) override {
+    // E: float, or std::uint16_t for gate and up (and the forward's out) stored bf16.
+    template <class E>
+    void swiglu_forward_of(Stream& s, std::span<E> out, std::span<const E> gate, std::span<const E> up) {
         const u64 n = out.size();
         as_cpu(s).enqueue([=, o = out.data(), g = gate.data(), u = up.data()] { cpu::swiglu_forward(o, g, u, n); });
     }
-
-    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                            std::span<const float> gate, std::span<const float> up) override {
+    template <class E>
+    void swiglu_backward_of(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                            std::span<const E> gate, std::span<const E> up) {
         const u64 n = dgate.size();
         as_cpu(s).enqueue([=, dg = dgate.data(), du = dup.data(), d = dout.data(), g = gate.data(), u = up.data()] {
             cpu::swiglu_backward(dg, du, d, g, u, n);
         });
+    }
+
+    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
+                           std::span<const float> up) override {
+        swiglu_forward_of(s, out, gate, up);
+    }
+    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                            std::span<const float> gate, std::span<const float> up) override {
+        swiglu_backward_of(s, dgate, dup, dout, gate, up);
+    }
+    void do_swiglu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                                std::span<const std::uint16_t> up) override {
+        swiglu_forward_of(s, out, gate, up);
+    }
+    void do_swiglu_backward_bf16(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                                 std::span<const std::uint16_t> gate, std::span<const std::uint16_t> up) override {
+        swiglu_backward_of(s, dgate, dup, dout, gate, up);
     }
 
     void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

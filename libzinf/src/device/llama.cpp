@@ -186,6 +186,37 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
     element_blocks(n, [&](u64 i, u64 count) { run(dgate + i, dup + i, dout + i, gate + i, up + i, count); });
 }
 
+// From bf16 gate and up: each block widened (exact) into the task's own
+// fp32 copies, then the fp32 loop of this level over them, the forward's
+// block then rounded into out: the fp32 kernels' bits on the widened inputs.
+namespace {
+struct Widened {
+    float gate[kElementBlock], up[kElementBlock], out[kElementBlock];
+    Widened(const std::uint16_t* g, const std::uint16_t* u, u64 count) {
+        zinf::from_bf16(std::span(g, count), std::span(gate, count));
+        zinf::from_bf16(std::span(u, count), std::span(up, count));
+    }
+};
+}  // namespace
+
+void swiglu_forward(std::uint16_t* out, const std::uint16_t* gate, const std::uint16_t* up, u64 n) {
+    static const auto run = for_cpu(swiglu_forward_v4, swiglu_forward_avx2, swiglu_forward_base);
+    element_blocks(n, [&](u64 i, u64 count) {
+        Widened w(gate + i, up + i, count);
+        run(w.out, w.gate, w.up, count);
+        zinf::to_bf16(std::span<const float>(w.out, count), std::span(out + i, count));
+    });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const std::uint16_t* gate, const std::uint16_t* up,
+                     u64 n) {
+    static const auto run = for_cpu(swiglu_backward_v4, swiglu_backward_avx2, swiglu_backward_base);
+    element_blocks(n, [&](u64 i, u64 count) {
+        Widened w(gate + i, up + i, count);
+        run(dgate + i, dup + i, dout + i, w.gate, w.up, count);
+    });
+}
+
 // ---------------------------------------------------------------------------
 // Attention's tasks are built once per instruction-set level too, as SwiGLU's
 // loops: the same operations in the same order (dot's eight lanes, the

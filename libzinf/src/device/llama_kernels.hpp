@@ -20,6 +20,10 @@ void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, b
 
 void swiglu_forward(float* out, const float* gate, const float* up, u64 n);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, u64 n);
+// From bf16 gate and up (widened as read); the forward's out rounded to bf16.
+void swiglu_forward(std::uint16_t* out, const std::uint16_t* gate, const std::uint16_t* up, u64 n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const std::uint16_t* gate, const std::uint16_t* up,
+                     u64 n);
 
 void gqa_forward(float* out, float* att, const float* q, const float* k, const float* v, u64 B, u64 T, u64 NH,
                  u64 KVH, u64 hd);

@@ -38,6 +38,16 @@ void plan(Activations& a, const Shape& shape, std::uint64_t layers, std::uint64_
     if (bf16) a.widened = take.template operator()<float>(NC, "checkpoint widened");
 }
 
+// A block's kept activation of n values, bf16 or fp32 (Shape::activations),
+// by plan_on's take<E>(count, what).
+template <class Take>
+Kept kept(Take&& take, bool bf16, std::uint64_t n, const char* what) {
+    Kept k;
+    if (bf16) k.bf16 = take.template operator()<std::uint16_t>(n, what);
+    else k.f32 = take.template operator()<float>(n, what);
+    return k;
+}
+
 // Block l's forward: out (N,C) from in (N,C).
 using BlockForward = std::function<void(std::uint64_t l, std::span<float> out, std::span<const float> in)>;
 // Block l's backward from its input x; with checkpointing `recompute_out`

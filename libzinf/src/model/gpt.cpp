@@ -109,12 +109,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     };
     auto f = [&](std::uint64_t n, const char* what) { return take.template operator()<float>(n, what); };
     const bool bf16 = shape.activations == device::Precision::bf16;
-    auto kept = [&](std::uint64_t n, const char* what) {
-        Kept k;
-        if (bf16) k.bf16 = take.template operator()<std::uint16_t>(n, what);
-        else k.f32 = f(n, what);
-        return k;
-    };
+    auto kept = [&](std::uint64_t n, const char* what) { return checkpoints::kept(take, bf16, n, what); };
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
     checkpoints::plan(a, shape, cfg_.layers, N * C, take);

@@ -86,7 +86,7 @@ RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, 
 
 RowLinear::~RowLinear() = default;
 
-void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x, u64 N) {
+void RowLinear::forward(Context& c, std::span<float> y, const device::Weight& x, u64 N) {
     ForwardScope scope(c.engine, *this);
     if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
         c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
@@ -101,7 +101,7 @@ void RowLinear::forward(Context& c, std::span<float> y, std::span<const float> x
     }
 }
 
-void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, std::span<const float> x, u64 N,
+void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x, u64 N,
                          bool accumulate) {
     BackwardScope scope(c.engine, *this);
     if (!tiles_[0]) {
@@ -176,6 +176,17 @@ u64 outs(std::initializer_list<RowLinear*> parts) {
     return n;
 }
 
+// Half h (0: gate, 1: up) of gate_up, as it is kept.
+template <class E>
+std::span<E> half(std::span<E> both, int h) {
+    const std::size_t n = both.size() / 2;
+    return both.subspan(h * n, n);
+}
+
+// Where a block makes in fp32 what it keeps bf16 (Kept::made): the forward's
+// use of LlamaScratch::dgate_up. None without scratch (the decoder's, fp32).
+std::span<float> staging(LlamaScratch* s) { return s ? s->dgate_up.span() : std::span<float>{}; }
+
 // The parts' hooks, entered in order and left in reverse, around work on
 // their weights as one matrix.
 template <class Scope>
@@ -196,7 +207,7 @@ private:
 // joins the group): one GEMM into `rows` (N, sum of outs), each y's columns
 // copied out; otherwise each part's forward.
 void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
-             std::initializer_list<std::span<float>> ys, std::span<const float> x, u64 N, LlamaScratch* s,
+             std::initializer_list<std::span<float>> ys, const device::Weight& x, u64 N, LlamaScratch* s,
              std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* y = ys.begin();
@@ -207,7 +218,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
     const Gemm g{.tb = true, .m = N, .n = J, .k = in};
     if (const auto j = adjacent(c, parts)) {
         const Nested<ForwardScope> scopes(c.engine, parts);
-        c.gemm(g, x, j->w, rows);
+        c.gemm(g, x, device::Weight{.f32 = j->w}, rows);
     } else {
         u64 at = 0;
         for (RowLinear* p : parts) {
@@ -216,7 +227,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
             c.to_f32(s->joined.span().subspan(at * in, w.size()), w);
             at += p->out;
         }
-        c.gemm(g, x, s->joined.span().first(J * in), rows);
+        c.gemm(g, x, device::Weight{.f32 = s->joined.span().first(J * in)}, rows);
     }
     u64 at = 0;
     for (const RowLinear* p : parts) {
@@ -230,13 +241,14 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
 // outs), the gradients one GEMM: straight into the resident engine's
 // (zeroed for the step, so that 0 + the product is the product), or into
 // scratch and added to each part's (zeroed by its fetch); otherwise each
-// part's backward.
+// part's backward; always so without `rows` (a group kept bf16, whose
+// forward ran a GEMM each: LlamaBlockActivations).
 void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
                       std::initializer_list<std::span<const float>> dys, std::span<float> dx,
-                      std::span<const float> x, u64 N, LlamaScratch& s, std::span<float> rows) {
+                      const device::Weight& x, u64 N, LlamaScratch& s, std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* dy = dys.begin();
-    if (!joined_projections(cfg, J)) {
+    if (rows.empty() || !joined_projections(cfg, J)) {
         bool accumulate = false;
         for (RowLinear* p : parts) {
             p->backward(c, dx, *dy++, x, N, accumulate);
@@ -314,7 +326,7 @@ LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Con
     o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
 }
 
-void LlamaAttention::forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
+void LlamaAttention::forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
                              std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
@@ -322,17 +334,19 @@ void LlamaAttention::forward(Context& c, std::span<float> out, std::span<const f
             s ? s->dqkv.span() : std::span<float>{});
     c.dev.rope_forward(c.stream, a.q, rope, B, T, H, hd, 0);
     c.dev.rope_forward(c.stream, a.k, rope, B, T, KV, hd, 0);
-    c.dev.gqa_forward(c.stream, a.atty, a.att, a.q, a.k, a.v, B, T, H, KV, hd);
-    o_->forward(c, out, a.atty, N);
+    const std::span<float> atty = a.atty.made(staging(s));
+    c.dev.gqa_forward(c.stream, atty, a.att, a.q, a.k, a.v, B, T, H, KV, hd);
+    a.atty.keep(c, atty);
+    o_->forward(c, out, a.atty.read(), N);
 }
 
-void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
                               LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, u64 B, u64 T) {
     BackwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
     // d atty lives in s.dbtc until attention's backward has read it; then
     // q_proj's backward writes dx, which may be the same buffer.
-    o_->backward(c, s.dbtc, dout, a.atty, N);
+    o_->backward(c, s.dbtc, dout, a.atty.read(), N);
     c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, a.q, a.k, a.v, a.att, B, T, H, KV, hd);
     c.dev.rope_backward(c.stream, s.dq, rope, B, T, H, hd, 0);
     c.dev.rope_backward(c.stream, s.dk, rope, B, T, KV, hd, 0);
@@ -346,14 +360,15 @@ void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const fl
     ForwardScope scope(c.engine, *this);
     const u64 H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim(), KC = KV * hd;
     const auto krow = k.subspan(pos * KC, KC);
-    q_->forward(c, q, x, 1);
-    k_->forward(c, krow, x, 1);
-    v_->forward(c, v.subspan(pos * KC, KC), x, 1);
+    const device::Weight in{.f32 = x};
+    q_->forward(c, q, in, 1);
+    k_->forward(c, krow, in, 1);
+    v_->forward(c, v.subspan(pos * KC, KC), in, 1);
     c.dev.rope_forward(c.stream, q, rope, 1, 1, H, hd, pos);
     c.dev.rope_forward(c.stream, krow, rope, 1, 1, KV, hd, pos);
     c.dev.gqa_decode(c.stream, atty, att.first(H * (pos + 1)), q, k.first((pos + 1) * KC), v.first((pos + 1) * KC),
                      pos + 1, H, KV, hd);
-    o_->forward(c, out, atty, 1);
+    o_->forward(c, out, device::Weight{.f32 = atty}, 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -363,21 +378,41 @@ LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : 
     down_ = std::make_unique<RowLinear>(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
 }
 
-void LlamaMLP::forward(Context& c, std::span<float> out, std::span<const float> x, std::span<float> gate,
-                       std::span<float> up, std::span<float> act, u64 N, LlamaScratch* s) {
+// Kept bf16, gate and up are made a GEMM each in the staging and rounded
+// into their halves, and SwiGLU reads them as kept (rounded) in both passes.
+void LlamaMLP::forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a, u64 N,
+                       LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
-    project(c, cfg_, {gate_.get(), up_.get()}, {gate, up}, x, N, s, s ? s->dgate_up.span() : std::span<float>{});
-    c.dev.swiglu_forward(c.stream, act, gate, up);
-    down_->forward(c, out, act, N);
+    if (a.gate_up.is_bf16() != a.act.is_bf16())
+        throw InternalError("LlamaMLP: its SwiGLU's inputs and output kept in two precisions");
+    if (!a.gate_up.is_bf16()) {
+        const auto gate = half(a.gate_up.f32.span(), 0), up = half(a.gate_up.f32.span(), 1);
+        project(c, cfg_, {gate_.get(), up_.get()}, {gate, up}, x, N, s, s ? s->dgate_up.span() : std::span<float>{});
+        c.dev.swiglu_forward(c.stream, a.act.f32.span(), gate, up);
+    } else {
+        const auto gate = half(a.gate_up.bf16.span(), 0), up = half(a.gate_up.bf16.span(), 1);
+        const std::span<float> made = staging(s).first(gate.size());
+        gate_->forward(c, made, x, N);
+        c.dev.cast(c.stream, gate, made);
+        up_->forward(c, made, x, N);
+        c.dev.cast(c.stream, up, made);
+        c.dev.swiglu_forward(c.stream, a.act.bf16.span(), gate, up);
+    }
+    down_->forward(c, out, a.act.read(), N);
 }
 
-void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> dout, std::span<const float> x,
+void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
                         LlamaBlockActivations& a, LlamaScratch& s, u64 N) {
     BackwardScope scope(c.engine, *this);
-    down_->backward(c, s.dgate, dout, a.act, N);                   // d act
-    c.dev.swiglu_backward(c.stream, s.dgate, s.dup, s.dgate, a.gate, a.up);  // d gate in place, d up
-    // gate and up are spent: their array takes d gate and d up side by side.
-    project_backward(c, cfg_, {gate_.get(), up_.get()}, {s.dgate, s.dup}, dx, x, N, s, a.gate_up);
+    down_->backward(c, s.dgate, dout, a.act.read(), N);  // d act; then d gate in place, d up
+    if (a.gate_up.is_bf16())
+        c.dev.swiglu_backward(c.stream, s.dgate, s.dup, s.dgate, half(a.gate_up.bf16.span(), 0),
+                              half(a.gate_up.bf16.span(), 1));
+    else
+        c.dev.swiglu_backward(c.stream, s.dgate, s.dup, s.dgate, half(a.gate_up.f32.span(), 0),
+                              half(a.gate_up.f32.span(), 1));
+    // gate and up are spent: their array (fp32) takes d gate and d up side by side.
+    project_backward(c, cfg_, {gate_.get(), up_.get()}, {s.dgate, s.dup}, dx, x, N, s, a.gate_up.f32);
 }
 
 // ---------------------------------------------------------------------------
@@ -395,10 +430,14 @@ void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float
                          std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T;
-    ln_1_->forward(c, a.norm1, a.rstd1, x, N);
-    attn_->forward(c, a.res2, a.norm1, a, rope, B, T, s);
-    ln_2_->forward_residual(c, a.norm2, a.rstd2, a.res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
-    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N, s);
+    const std::span<float> norm1 = a.norm1.made(staging(s));
+    ln_1_->forward(c, norm1, a.rstd1, x, N);
+    a.norm1.keep(c, norm1);
+    attn_->forward(c, a.res2, a.norm1.read(), a, rope, B, T, s);
+    const std::span<float> norm2 = a.norm2.made(staging(s));
+    ln_2_->forward_residual(c, norm2, a.rstd2, a.res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
+    a.norm2.keep(c, norm2);
+    mlp_->forward(c, out, a.norm2.read(), a, N, s);
     c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
 }
 
@@ -408,19 +447,19 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
     BackwardScope scope(c.engine, *this);
     if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T, &s);
     const u64 N = B * T;
-    mlp_->backward(c, s.dbtc, dres, a.norm2, a, s, N);
+    mlp_->backward(c, s.dbtc, dres, a.norm2.read(), a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2, a.rstd2, N);
-    attn_->backward(c, s.dbtc, dres, a.norm1, a, s, rope, B, T);
+    attn_->backward(c, s.dbtc, dres, a.norm1.read(), a, s, rope, B, T);
     ln_1_->backward(c, dres, s.dbtc, x, a.rstd1, N);
 }
 
 void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
                         std::span<float> k, std::span<float> v, std::span<const float> rope, u64 pos) {
     ForwardScope scope(c.engine, *this);
-    ln_1_->forward(c, a.norm1, a.rstd1, x, 1);
-    attn_->decode(c, a.res2, a.norm1, a.q, a.att, a.atty, k, v, rope, pos);
-    ln_2_->forward_residual(c, a.norm2, a.rstd2, a.res2, x, 1);
-    mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, 1);
+    ln_1_->forward(c, a.norm1.f32, a.rstd1, x, 1);  // a decoder's buffers are fp32 (decode_state)
+    attn_->decode(c, a.res2, a.norm1.f32, a.q, a.att, a.atty.f32, k, v, rope, pos);
+    ln_2_->forward_residual(c, a.norm2.f32, a.rstd2, a.res2, x, 1);
+    mlp_->forward(c, out, a.norm2.read(), a, 1);
     c.dev.accumulate(c.stream, out, a.res2);
 }
 
@@ -518,27 +557,32 @@ std::uint64_t Llama::plan_bytes(const Shape& shape) const {
 
 namespace {
 
-// One block's buffers for N rows of B x T, taken by `f`.
-template <class F>
-LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f) {
+// One block's buffers for N rows of B x T, taken by `f` (fp32) and `kept`
+// (what the block keeps as Shape::activations says: Kept).
+template <class F, class K>
+LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f, K&& kept) {
     const u64 N = B * T, C = cfg.hidden, hd = cfg.head_dim(), QC = cfg.heads * hd, KC = cfg.kv_heads * hd;
     LlamaBlockActivations b;
-    b.norm1 = f(N * C, "input_layernorm");
+    b.norm1 = kept(N * C, "input_layernorm");
     b.rstd1 = f(N, "input_layernorm rstd");
     b.qkv = f(N * (QC + 2 * KC), "q, k, v");
     b.q = b.qkv.span().first(N * QC);
     b.k = b.qkv.span().subspan(N * QC, N * KC);
     b.v = b.qkv.span().subspan(N * (QC + KC), N * KC);
     b.att = f(B * cfg.heads * T * T, "attention");
-    b.atty = f(N * QC, "attention output");
+    b.atty = kept(N * QC, "attention output");
     b.res2 = f(N * C, "residual 2");
-    b.norm2 = f(N * C, "post_attention_layernorm");
+    b.norm2 = kept(N * C, "post_attention_layernorm");
     b.rstd2 = f(N, "post_attention_layernorm rstd");
-    b.gate_up = f(2 * N * cfg.ffn, "gate, up");
-    b.gate = b.gate_up.span().first(N * cfg.ffn);
-    b.up = b.gate_up.span().subspan(N * cfg.ffn);
-    b.act = f(N * cfg.ffn, "swiglu");
+    b.gate_up = kept(2 * N * cfg.ffn, "gate, up");
+    b.act = kept(N * cfg.ffn, "swiglu");
     return b;
+}
+
+// The same, every buffer fp32 (the decoder's).
+template <class F>
+LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f) {
+    return block_buffers(cfg, B, T, f, [&](u64 n, const char* what) { return Kept{.f32 = f(n, what)}; });
 }
 
 }  // namespace
@@ -563,7 +607,9 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     a.targets = take.template operator()<std::int32_t>(N, "targets");
     checkpoints::plan(a, shape, cfg_.layers, N * C, take);
     const u64 sets = shape.checkpoint ? 1 : cfg_.layers;
-    for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f));
+    const bool bf16 = shape.activations == device::Precision::bf16;
+    auto kept = [&](u64 n, const char* what) { return checkpoints::kept(take, bf16, n, what); };
+    for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f, kept));
     const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
     own->scratch.dbtc = f(N * C, "d (N,C)");
     own->scratch.dqkv = f(N * (QC + 2 * KC), "d q, k, v");
@@ -571,11 +617,12 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->scratch.dk = own->scratch.dqkv.span().subspan(N * QC, N * KC);
     own->scratch.dv = own->scratch.dqkv.span().subspan(N * (QC + KC), N * KC);
     own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
-    u64 joined = 0;
-    for (const u64 outs : {QC + 2 * KC, 2 * cfg_.ffn})
-        if (joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
+    u64 joined = 0;  // gate and up kept bf16 are not joined
+    for (const u64 outs : {QC + 2 * KC, bf16 ? u64{0} : 2 * cfg_.ffn})
+        if (outs && joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
     if (joined) own->scratch.joined = f(joined, "joined projections' weights");
-    own->scratch.dgate_up = f(2 * N * cfg_.ffn, "d gate, up");
+    // bf16: also the staging of the (N,C) and (N,F) values kept bf16.
+    own->scratch.dgate_up = f(N * std::max(2 * cfg_.ffn, bf16 ? C : 0), "d gate, up");
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
     own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);
     own->rope = f(T * hd, "rope table");

@@ -336,6 +336,12 @@ public:
     void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
                             std::span<const float> gate, std::span<const float> up) override;
 
+    void do_swiglu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                                std::span<const std::uint16_t> up) override;
+
+    void do_swiglu_backward_bf16(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                                 std::span<const std::uint16_t> gate, std::span<const std::uint16_t> up) override;
+
     void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                         std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
                         u64 hd) override;

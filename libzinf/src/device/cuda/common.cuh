@@ -31,6 +31,20 @@ cudaError_t load_kernels(K... kernels) {
 __device__ inline u64 global_id() { return u64{blockIdx.x} * blockDim.x + threadIdx.x; }
 __device__ inline u64 grid_threads() { return u64{gridDim.x} * blockDim.x; }
 
+// util's round_bits: to nearest even; a NaN stays a quiet NaN.
+__device__ inline std::uint16_t round_bf16(float f) {
+    const unsigned u = __float_as_uint(f);
+    const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+// An element stored fp32 or bf16 (std::uint16_t), read as fp32 (exact) and
+// written from fp32 (bf16: rounded): kernels templated on the storage.
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
+__device__ inline void put(float* p, float x) { *p = x; }
+__device__ inline void put(std::uint16_t* p, float x) { *p = round_bf16(x); }
+
 // The cpu backend's dot(a, b, n) on one thread, every operation in its order.
 __device__ inline float dot8(const float* a, const float* b, u64 n) {
     float acc[8] = {};

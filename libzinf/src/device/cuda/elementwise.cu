@@ -83,18 +83,6 @@ __global__ void accumulate_kernel(float* acc, const float* x, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) acc[i] += x[i];
 }
 
-// util's round_bits: to nearest even; a NaN stays a quiet NaN.
-__device__ inline std::uint16_t round_bf16(float f) {
-    const unsigned u = __float_as_uint(f);
-    const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
-
-__device__ inline float widen(float x) { return x; }
-__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
-__device__ inline void put(float* p, float x) { *p = x; }
-__device__ inline void put(std::uint16_t* p, float x) { *p = round_bf16(x); }
-
 // In and Out float or bf16 (std::uint16_t): the arithmetic is fp32's.
 template <class In, class Out>
 __global__ void gelu_forward_kernel(Out* out, const In* inp, u64 n, float scale) {

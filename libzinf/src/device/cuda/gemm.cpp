@@ -85,11 +85,11 @@ void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std
     matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F, CUDA_R_32F);
 }
 
-// cuBLASLt multiplies a bf16 B by a bf16 A only: A's rows are rounded to
-// bf16 into the compute stream's staging, as many at a time as it holds,
-// and each block of them is one bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F)
-// into its rows of C. The blocks depend on the shape alone: the same bits
-// every run.
+// cuBLASLt multiplies a bf16 B by a bf16 A only: op(A)'s rows (A's rows, or
+// its columns when ta) are rounded to bf16 into the compute stream's
+// staging, as many at a time as it holds, and each block of them is one
+// bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F) into its rows of C. The
+// blocks depend on the shape alone: the same bits every run.
 void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
                               std::span<float> c) {
     CudaStream& cs = as_cuda(s);
@@ -99,8 +99,13 @@ void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
         Gemm g = r;
         g.m = std::min(rows, r.m - i0);
-        g.lda = r.k;
-        cuda::to_bf16_rows(cs.native(), staging, a.data() + i0 * r.lda, g.m, r.k, r.lda);
+        if (r.ta) {  // A (k,m): its columns i0 .. i0+g.m, packed (k, g.m)
+            g.lda = g.m;
+            cuda::to_bf16_rows(cs.native(), staging, a.data() + i0, r.k, g.m, r.lda);
+        } else {  // A (m,k): its rows i0 .. i0+g.m, packed (g.m, k)
+            g.lda = r.k;
+            cuda::to_bf16_rows(cs.native(), staging, a.data() + i0 * r.lda, g.m, r.k, r.lda);
+        }
         launched("to_bf16_rows");
         matmul(cs, g, staging, b.data(), c.data() + i0 * r.ldc, CUDA_R_16BF, CUDA_R_32F);
     }

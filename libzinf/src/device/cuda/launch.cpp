@@ -145,21 +145,47 @@ void CudaDevice::do_rope(Stream& s, std::span<float> x, std::span<const float> t
     launched(inverse ? "rope_backward" : "rope_forward");
 }
 
+namespace {
+// E: float, or std::uint16_t for gate and up (and the forward's out) stored bf16.
+template <class E>
+void swiglu_forward_of(cudaStream_t s, std::span<E> out, std::span<const E> gate, std::span<const E> up) {
+    cuda::swiglu_forward(s, out.data(), gate.data(), up.data(), out.size());
+}
+template <class E>
+void swiglu_backward_of(cudaStream_t s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
+                        std::span<const E> gate, std::span<const E> up) {
+    cuda::swiglu_backward(s, dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), dgate.size());
+}
+}  // namespace
+
 void CudaDevice::do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
                                    std::span<const float> up) {
-    const u64 n = out.size();
     bind();
-    cuda::swiglu_forward(as_cuda(s).native(), out.data(), gate.data(), up.data(), n);
+    swiglu_forward_of(as_cuda(s).native(), out, gate, up);
     launched("swiglu_forward");
 }
 
 void CudaDevice::do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup,
                                     std::span<const float> dout, std::span<const float> gate,
                                     std::span<const float> up) {
-    const u64 n = dgate.size();
     bind();
-    cuda::swiglu_backward(as_cuda(s).native(), dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
+    swiglu_backward_of(as_cuda(s).native(), dgate, dup, dout, gate, up);
     launched("swiglu_backward");
+}
+
+void CudaDevice::do_swiglu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
+                                        std::span<const std::uint16_t> up) {
+    bind();
+    swiglu_forward_of(as_cuda(s).native(), out, gate, up);
+    launched("swiglu_forward (bf16)");
+}
+
+void CudaDevice::do_swiglu_backward_bf16(Stream& s, std::span<float> dgate, std::span<float> dup,
+                                         std::span<const float> dout, std::span<const std::uint16_t> gate,
+                                         std::span<const std::uint16_t> up) {
+    bind();
+    swiglu_backward_of(as_cuda(s).native(), dgate, dup, dout, gate, up);
+    launched("swiglu_backward (bf16)");
 }
 
 void CudaDevice::do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

@@ -78,15 +78,17 @@ __global__ void rope_kernel(float* x, const float* table, u64 B, u64 T, u64 H, u
     }
 }
 
-__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, u64 n) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) out[i] = llama_math::swiglu(gate[i], up[i]);
+// E: float, or std::uint16_t for gate and up (and the forward's out) stored bf16.
+template <class E>
+__global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, u64 n) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) put(out + i, llama_math::swiglu(widen(gate[i]), widen(up[i])));
 }
 
-__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
-                                       u64 n) {
+template <class E>
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const E* gate, const E* up, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) {
         float dg, du;
-        llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
+        llama_math::swiglu_grad(widen(gate[i]), widen(up[i]), dout[i], &dg, &du);
         dgate[i] = dg;
         dup[i] = du;
     }
@@ -170,7 +172,8 @@ __global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const fl
 
 cudaError_t preload_llama() {
     return load_kernels(rmsnorm_forward_kernel, rmsnorm_backward_dinp_kernel, rmsnorm_backward_dw_kernel, rope_kernel,
-                        swiglu_forward_kernel, swiglu_backward_kernel, gqa_forward_kernel, gqa_decode_kernel,
+                        swiglu_forward_kernel<float>, swiglu_forward_kernel<std::uint16_t>,
+                        swiglu_backward_kernel<float>, swiglu_backward_kernel<std::uint16_t>, gqa_forward_kernel, gqa_decode_kernel,
                         gqa_datt_kernel, gqa_dq_kernel, gqa_dkv_kernel);
 }
 
@@ -198,6 +201,15 @@ void swiglu_forward(cudaStream_t s, float* out, const float* gate, const float* 
 
 void swiglu_backward(cudaStream_t s, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                      u64 n) {
+    if (n) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dgate, dup, dout, gate, up, n);
+}
+
+void swiglu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* gate, const std::uint16_t* up, u64 n) {
+    if (n) swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, gate, up, n);
+}
+
+void swiglu_backward(cudaStream_t s, float* dgate, float* dup, const float* dout, const std::uint16_t* gate,
+                     const std::uint16_t* up, u64 n) {
     if (n) swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dgate, dup, dout, gate, up, n);
 }
 
