@@ -78,6 +78,7 @@ struct GpuPresent {
 using testing::fresh_seed;
 using testing::randn;
 using testing::random_tokens;
+using testing::halves;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -931,9 +932,10 @@ BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(Gpu
         // the forward's output rounded to bf16: the cpu backend's bits.
         const V16 g16 = halves(g), u16 = halves(u);
         auto bf16 = [&](Device& d) -> Outputs {
-            auto out = up(d, V16(g.size(), 0x7fc0)), wide = poisoned(d, g.size());
-            auto dg = poisoned(d, g.size()), du = poisoned(d, g.size());
-            auto dgate = up(d, g16), dup = up(d, u16), go = up(d, dout);
+            auto out = up(d, V16(g.size(), 0x7fc0));
+            auto wide = poisoned(d, g.size()), dg = poisoned(d, g.size()), du = poisoned(d, g.size());
+            auto dgate = up(d, g16), dup = up(d, u16);
+            auto go = up(d, dout);
             const std::span<const std::uint16_t> G(dgate), U(dup);
             d.swiglu_forward(d.compute(), out.span(), G, U);
             d.cast(d.compute(), wide, std::span<const std::uint16_t>(out));
