@@ -508,6 +508,19 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPr
             return {{"dqkv", down(d, dqkv)}};
         };
         expect_all(p.run(backward), what + " backward", true);
+        // And from qkv and att stored bf16 (a GPT block's kept under
+        // Shape::activations bf16): bitwise too, and two runs the same bits.
+        const V16 qkv16 = halves(qkv), att16 = halves(att);
+        auto backward16 = [&](Device& d) -> Outputs {
+            auto dqkv = poisoned(d, B * T * 3 * C), datt = poisoned(d, B * NH * T * T);
+            auto x = up(d, qkv16), a = up(d, att16);
+            auto go = up(d, dout);
+            d.attention_backward(d.compute(), dqkv, datt, go, std::span<const std::uint16_t>(x),
+                                 std::span<const std::uint16_t>(a), B, T, C, NH);
+            return {{"dqkv", down(d, dqkv)}};
+        };
+        expect_all(p.run(backward16), what + " backward of bf16", true);
+        expect_same_bits(*p.gpu, backward16, what + " backward of bf16");
 
         // Decoding the last position against (T,C) keys and values.
         const Vf q = randn(C, rng), k = randn(T * C, rng), v = randn(T * C, rng);

@@ -700,6 +700,43 @@ BOOST_AUTO_TEST_CASE(attention_matches_reference_and_finite_differences) {
     BOOST_TEST(max_err(r.down(dqkv), attn_backward(dbl(dout), dbl(qkv), s)) < 1e-5);
 }
 
+// A GPT block's q/k/v and softmax kept bf16 (Shape::activations): the
+// backward from them is the fp32 kernel's on their widened copies, to the
+// bit, on 1 and 2 threads (every (b, h) task's own widened rows); dqkv
+// written, not +=. Short spans are refused.
+BOOST_AUTO_TEST_CASE(attention_backward_of_bf16_is_the_fp32_kernel_on_the_widened_inputs) {
+    std::mt19937_64 rng(fresh_seed("attention bf16"));
+    const AttnShape s{2, 33, 48, 4};  // past kParallelMin: the team takes the tasks
+    const Vf qkv = randn(s.B * s.T * 3 * s.C, rng), dout = randn(s.B * s.T * s.C, rng);
+    Vf want;
+    {  // the softmax of the forward, rounded as the block keeps it
+        Rig r(1);
+        auto out = r->alloc<float>(s.B * s.T * s.C, "out");
+        auto att = r->alloc<float>(s.B * s.NH * s.T * s.T, "att");
+        r->attention_forward(r.s(), out, att, r.in(widened(halves(qkv))), s.B, s.T, s.C, s.NH);
+        want = r.down(att);
+    }
+    const auto qkv16 = halves(qkv), att16 = halves(want);
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        auto d32 = r.up(Vf(qkv.size(), nan)), d16 = r.up(Vf(qkv.size(), nan));
+        auto datt = r.up(Vf(att16.size(), nan));
+        r->attention_backward(r.s(), d32, datt, r.in(dout), r.in(widened(qkv16)), r.in(widened(att16)), s.B, s.T,
+                              s.C, s.NH);
+        r->attention_backward(r.s(), d16, datt, r.in(dout), r.in(qkv16), r.in(att16), s.B, s.T, s.C, s.NH);
+        const Vf w = r.down(d32);
+        BOOST_TEST(same_bits(r.down(d16), w), threads << " threads");
+        BOOST_TEST(std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); }));
+        testing::what_of<InternalError>(
+            [&] {
+                r->attention_backward(r.s(), d16, datt, r.in(dout), r.in(qkv16).first(qkv16.size() - 1),
+                                      r.in(att16), s.B, s.T, s.C, s.NH);
+            },
+            "a short bf16 qkv");
+    }
+}
+
 // One query row against keys and values kept (T,C): attention_forward's last
 // row of every batch row, to the bit, and its softmax row.
 BOOST_AUTO_TEST_CASE(attention_decode_is_the_forward_s_last_row) {

@@ -333,7 +333,7 @@ BOOST_AUTO_TEST_CASE(bf16_weights_halve_the_bytes_fetched_and_held) {
 // Precision::bf16 keeps the activation checkpoints (the residual stream at
 // every block boundary) bf16, on the device and offloaded, for a four-block
 // GPT and a three-block Llama (two and one checkpoints offloaded), over
-// fp32 parameters (so that nothing else is kept bf16 but the GPT block's
+// fp32 parameters (so that nothing else is kept bf16 but the blocks'
 // own Kept activations, Shape::activations), ten steps:
 //   - offloaded to cpu or nvme, the same bits as kept on the device
 //     (losses, validation losses, norms, committed state), and a second

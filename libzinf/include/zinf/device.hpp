@@ -303,6 +303,14 @@ public:
                             std::span<const float> dout, std::span<const float> qkv,
                             std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
                             std::uint64_t NH);
+    // The same from qkv and att stored bf16 (a GPT block's kept q/k/v and
+    // softmax under Shape::activations bf16), widened as read: the bits of
+    // the fp32 kernel on their fp32 copies. (Its forward is the fp32 kernel
+    // on qkv widened into scratch, att then rounded: model.hpp.)
+    void attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                            std::span<const float> dout, std::span<const std::uint16_t> qkv,
+                            std::span<const std::uint16_t> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
+                            std::uint64_t NH);
 
     // One new position's attention against a key-value cache (decoding): the
     // query q (C) of position T-1 attends to the keys k (T,C) and values
@@ -451,6 +459,10 @@ protected:
                                        std::span<const float> dout, std::span<const float> qkv,
                                        std::span<const float> att, std::uint64_t B, std::uint64_t T, std::uint64_t C,
                                        std::uint64_t NH) = 0;
+    virtual void do_attention_backward_bf16(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                            std::span<const float> dout, std::span<const std::uint16_t> qkv,
+                                            std::span<const std::uint16_t> att, std::uint64_t B, std::uint64_t T,
+                                            std::uint64_t C, std::uint64_t NH) = 0;
     virtual void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                      std::span<const float> k, std::span<const float> v, std::uint64_t T,
                                      std::uint64_t C, std::uint64_t NH) = 0;

@@ -238,18 +238,25 @@ struct Kept {
     void keep(Context& c, std::span<const float> made) const {
         if (is_bf16()) c.dev.cast(c.stream, bf16.span(), made);
     }
+    // keep(), and `made` then holds what was kept (bf16: widened back), so
+    // that a forward reading it there sees what its backward will.
+    void keep_widened(Context& c, std::span<float> made) const {
+        keep(c, made);
+        if (is_bf16()) c.dev.cast(c.stream, made, std::span<const std::uint16_t>(bf16.span()));
+    }
     device::Weight read() const {
         return is_bf16() ? device::Weight{.bf16 = bf16.span()} : device::Weight{.f32 = f32.span()};
     }
 };
 
 // A block's activations for one (B,T): what its backward needs. The Kept
-// ones are what its GEMMs (and GELU) read: bf16 under Shape::activations.
+// ones are what its GEMMs, GELU and attention's backward read: bf16 under
+// Shape::activations.
 struct BlockActivations {
     Kept ln1;                                      // (N,C)
     device::Array<float> ln1_mean, ln1_rstd;       // (N), (N)
-    device::Array<float> qkv;                      // (N,3C)
-    device::Array<float> att;                      // (B,NH,T,T)
+    Kept qkv;                                      // (N,3C)
+    Kept att;                                      // (B,NH,T,T) the softmax
     Kept atty;                                     // (N,C)
     device::Array<float> res2;                     // (N,C) the residual after attention
     Kept ln2;                                      // (N,C)
@@ -257,9 +264,10 @@ struct BlockActivations {
     Kept fch, fch_gelu;                            // (N,4C)
 };
 
-// The backward's scratch, shared by all blocks. dbt4c is also the forward's
-// fp32 staging of the activations a block keeps bf16 (Kept::made): the
-// backward writes it only after its block's forward (or recompute) is done.
+// The backward's scratch, shared by all blocks. dbt4c, dqkv (q/k/v) and
+// datt (the softmax) are also the forward's fp32 staging of the activations
+// a block keeps bf16 (Kept::made): the backward writes them only after its
+// block's forward (or recompute) is done.
 struct BlockScratch {
     device::Array<float> dbtc;    // (N,C)
     device::Array<float> dqkv;    // (N,3C)
@@ -353,16 +361,19 @@ struct Shape {
     // norm) that reads it, forward and backward alike, so the recompute sees
     // what the forward saw.
     device::Precision checkpoints = device::Precision::fp32;
-    // How a block keeps the activations its GEMMs and GELU or SwiGLU read
-    // for its backward (Kept: a GPT's BlockActivations' layernorms' outputs,
-    // attention's output, MLP's pre- and post-GELU, 11 of its 15 (N,C)
-    // values a token; a Llama's LlamaBlockActivations' RMSNorms' outputs,
-    // attention's output, SwiGLU's gate, up and product, 3C + 3F of its
-    // 5C + 3F + 2KV*hd): fp32, or bf16 (zinf-train --precision bf16, as
+    // How a block keeps the activations its GEMMs, GELU or SwiGLU and (the
+    // GPT's) attention's backward read for its backward (Kept: a GPT's
+    // BlockActivations' layernorms' outputs, q/k/v, attention's softmax and
+    // output, MLP's pre- and post-GELU, 14 of its 15 (N,C) values a token
+    // and the (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
+    // outputs, attention's output, SwiGLU's gate, up and product, 3C + 3F of
+    // its 5C + 3F + 2KV*hd): fp32, or bf16 (zinf-train --precision bf16, as
     // llm.c), made in fp32, rounded as made and read bf16 by the GEMMs (which
-    // need bf16 inputs then: Context::precision bf16), GELU and SwiGLU. q/k/v,
-    // the softmax, the residual inside the block and the norms' statistics
-    // stay fp32.
+    // need bf16 inputs then: Context::precision bf16), GELU, SwiGLU and the
+    // GPT's attention backward; the GPT's attention forward reads its q/k/v
+    // rounded too (widened back into scratch). The Llama's q/k/v and
+    // softmax, the residual inside the block and the norms' statistics stay
+    // fp32.
     device::Precision activations = device::Precision::fp32;
 };
 

@@ -208,16 +208,31 @@ void Device::attention_forward(Stream& s, std::span<float> out, std::span<float>
     do_attention_forward(s, out, att, qkv, B, T, C, NH);
 }
 
-void Device::attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
-                                std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C, u64 NH) {
+namespace {
+// attention_backward's spans, whatever qkv's and att's dtype.
+void need_attention_backward(std::size_t dqkv, std::size_t datt, std::size_t dout, std::size_t qkv, std::size_t att,
+                             u64 B, u64 T, u64 C, u64 NH) {
     Shape sh{"attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
     check_heads(sh, C, NH);
-    sh.need("dqkv", dqkv.size(), B * T * 3 * C);
-    sh.need("datt", datt.size(), B * NH * T * T);
-    sh.need("dout", dout.size(), B * T * C);
-    sh.need("qkv", qkv.size(), B * T * 3 * C);
-    sh.need("att", att.size(), B * NH * T * T);
+    sh.need("dqkv", dqkv, B * T * 3 * C);
+    sh.need("datt", datt, B * NH * T * T);
+    sh.need("dout", dout, B * T * C);
+    sh.need("qkv", qkv, B * T * 3 * C);
+    sh.need("att", att, B * NH * T * T);
+}
+}  // namespace
+
+void Device::attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                                std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C, u64 NH) {
+    need_attention_backward(dqkv.size(), datt.size(), dout.size(), qkv.size(), att.size(), B, T, C, NH);
     do_attention_backward(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void Device::attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                                std::span<const std::uint16_t> qkv, std::span<const std::uint16_t> att, u64 B, u64 T,
+                                u64 C, u64 NH) {
+    need_attention_backward(dqkv.size(), datt.size(), dout.size(), qkv.size(), att.size(), B, T, C, NH);
+    do_attention_backward_bf16(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
 }
 
 void Device::attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

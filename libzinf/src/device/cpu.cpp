@@ -337,12 +337,23 @@ public:
         });
     }
 
-    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
-                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
-                               u64 NH) override {
+    // E: float, or std::uint16_t for qkv and att stored bf16.
+    template <class E>
+    void attention_backward_of(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                               std::span<const E> qkv, std::span<const E> att, u64 B, u64 T, u64 C, u64 NH) {
         as_cpu(s).enqueue([=, dx = dqkv.data(), da = datt.data(), d = dout.data(), x = qkv.data(), a = att.data()] {
             cpu::attention_backward(dx, da, d, x, a, B, T, C, NH);
         });
+    }
+    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
+                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
+                               u64 NH) override {
+        attention_backward_of(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
+    }
+    void do_attention_backward_bf16(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                    std::span<const float> dout, std::span<const std::uint16_t> qkv,
+                                    std::span<const std::uint16_t> att, u64 B, u64 T, u64 C, u64 NH) override {
+        attention_backward_of(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
     }
 
     void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

@@ -75,6 +75,9 @@ void gelu_forward(std::uint16_t* out, const std::uint16_t* inp, u64 n);
 void gelu_backward(float* dinp, const std::uint16_t* inp, const float* dout, u64 n);
 
 void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
+// From qkv and att stored bf16, widened as read: the fp32 kernel's bits on their copies.
+void attention_backward(float* dqkv, float* datt, const float* dout, const std::uint16_t* qkv, const std::uint16_t* att,
+                        u64 B, u64 T, u64 C, u64 NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,
                         u64 T, u64 C, u64 NH);
 void attention_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C, u64 NH);

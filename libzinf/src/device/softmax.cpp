@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace zinf::device::cpu {
@@ -88,51 +89,82 @@ void attention_decode(float* out, float* att, const float* q, const float* k, co
 // batch row b for every t, so each dqkv element is written by one thread,
 // and the k and v gradients sum over t in order. The softmax backward is
 // datt_pre[t2] = att[t2] * (datt[t2] - sum_t3 att[t3] datt[t3]), in place in
-// datt.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,
-                        u64 T, u64 C, u64 NH) {
+// datt. qkv and att stored bf16 (E std::uint16_t) are widened a row at a
+// time into the task's scratch and read there: the same arithmetic on the
+// same values as the fp32 kernel on their fp32 copies.
+namespace {
+// n values as fp32: the row itself, or (bf16) widened into w.
+inline const float* wide(const float* p, u64, float*) { return p; }
+inline const float* wide(const std::uint16_t* p, u64 n, float* w) {
+    for (u64 i = 0; i < n; ++i) w[i] = zinf::from_bf16(p[i]);
+    return w;
+}
+
+template <class E>
+void attention_grad(float* dqkv, float* datt, const float* dout, const E* qkv, const E* att, u64 B, u64 T, u64 C,
+                    u64 NH) {
     const u64 hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-#pragma omp parallel for schedule(static, 1) if (B * T * T * C >= kParallelMin)
-    for (u64 task = 0; task < B * NH; ++task) {
-        const u64 h = task % NH, b = task / NH;
-        for (u64 t = 0; t < T; ++t) {
-            float* d = dqkv + (b * T + t) * C3 + h * hs;
-            std::fill(d, d + hs, 0.0f);
-            std::fill(d + C, d + C + hs, 0.0f);
-            std::fill(d + 2 * C, d + 2 * C + hs, 0.0f);
-        }
-        for (u64 t = 0; t < T; ++t) {
-            const float* a = att + ((b * NH + h) * T + t) * T;
-            float* da = datt + ((b * NH + h) * T + t) * T;
-            const float* go = dout + (b * T + t) * C + h * hs;
-            const float* q = qkv + (b * T + t) * C3 + h * hs;
-            float* dq = dqkv + (b * T + t) * C3 + h * hs;
-
-            // out = sum_t2 a[t2] v[t2]: into datt and dv.
-            for (u64 t2 = 0; t2 <= t; ++t2) {
-                const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                float* dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                da[t2] = dot(v, go, hs);
-                const float w = a[t2];
-                for (u64 i = 0; i < hs; ++i) dv[i] += w * go[i];
+    constexpr bool kWiden = !std::is_same_v<E, float>;
+#pragma omp parallel if (B * T * T * C >= kParallelMin)
+    {
+        // bf16: a softmax row, q, and a v or k row, widened.
+        std::vector<float> scratch(kWiden ? T + 2 * hs : 0);
+        float* const wa = scratch.data();
+        float* const wq = wa + (kWiden ? T : 0);
+        float* const wkv = wq + (kWiden ? hs : 0);
+#pragma omp for schedule(static, 1)
+        for (u64 task = 0; task < B * NH; ++task) {
+            const u64 h = task % NH, b = task / NH;
+            for (u64 t = 0; t < T; ++t) {
+                float* d = dqkv + (b * T + t) * C3 + h * hs;
+                std::fill(d, d + hs, 0.0f);
+                std::fill(d + C, d + C + hs, 0.0f);
+                std::fill(d + 2 * C, d + 2 * C + hs, 0.0f);
             }
-            // Through the softmax.
-            const float s = dot(a, da, t + 1);
-            for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
-            for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
-            // pre[t2] = scale * q . k[t2]: into dq and dk.
-            for (u64 t2 = 0; t2 <= t; ++t2) {
-                const float* k = qkv + (b * T + t2) * C3 + C + h * hs;
-                float* dk = dqkv + (b * T + t2) * C3 + C + h * hs;
-                const float g = da[t2] * scale;
-                for (u64 i = 0; i < hs; ++i) {
-                    dq[i] += g * k[i];
-                    dk[i] += g * q[i];
+            for (u64 t = 0; t < T; ++t) {
+                const float* a = wide(att + ((b * NH + h) * T + t) * T, t + 1, wa);
+                float* da = datt + ((b * NH + h) * T + t) * T;
+                const float* go = dout + (b * T + t) * C + h * hs;
+                const float* q = wide(qkv + (b * T + t) * C3 + h * hs, hs, wq);
+                float* dq = dqkv + (b * T + t) * C3 + h * hs;
+
+                // out = sum_t2 a[t2] v[t2]: into datt and dv.
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    const float* v = wide(qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs, wkv);
+                    float* dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
+                    da[t2] = dot(v, go, hs);
+                    const float w = a[t2];
+                    for (u64 i = 0; i < hs; ++i) dv[i] += w * go[i];
+                }
+                // Through the softmax.
+                const float s = dot(a, da, t + 1);
+                for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
+                for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
+                // pre[t2] = scale * q . k[t2]: into dq and dk.
+                for (u64 t2 = 0; t2 <= t; ++t2) {
+                    const float* k = wide(qkv + (b * T + t2) * C3 + C + h * hs, hs, wkv);
+                    float* dk = dqkv + (b * T + t2) * C3 + C + h * hs;
+                    const float g = da[t2] * scale;
+                    for (u64 i = 0; i < hs; ++i) {
+                        dq[i] += g * k[i];
+                        dk[i] += g * q[i];
+                    }
                 }
             }
         }
     }
+}
+}  // namespace
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,
+                        u64 T, u64 C, u64 NH) {
+    attention_grad(dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const std::uint16_t* qkv,
+                        const std::uint16_t* att, u64 B, u64 T, u64 C, u64 NH) {
+    attention_grad(dqkv, datt, dout, qkv, att, B, T, C, NH);
 }
 
 // ---------------------------------------------------------------------------

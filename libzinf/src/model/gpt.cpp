@@ -119,8 +119,8 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         b.ln1 = kept(N * C, "ln_1");
         b.ln1_mean = f(N, "ln_1 mean");
         b.ln1_rstd = f(N, "ln_1 rstd");
-        b.qkv = f(N * 3 * C, "qkv");
-        b.att = f(B * NH * T * T, "attention");
+        b.qkv = kept(N * 3 * C, "qkv");
+        b.att = kept(B * NH * T * T, "attention");
         b.atty = kept(N * C, "attention output");
         b.res2 = f(N * C, "residual 2");
         b.ln2 = kept(N * C, "ln_2");

@@ -230,9 +230,15 @@ void CausalSelfAttention::forward(Context& c, std::span<float> out, const device
                                   BlockScratch& s, std::uint64_t B, std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
-    c_attn_->forward(c, a.qkv, inp, N);  // (N,3C)
-    const std::span<float> atty = a.atty.made(s.dbt4c);
-    c.dev.attention_forward(c.stream, atty, a.att, a.qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    // Kept bf16, q/k/v are made in s.dqkv, rounded, and read back widened
+    // there by the attention (as its backward reads them); the softmax is
+    // made in s.datt and rounded.
+    const std::span<float> qkv = a.qkv.made(s.dqkv);
+    c_attn_->forward(c, qkv, inp, N);  // (N,3C)
+    a.qkv.keep_widened(c, qkv);
+    const std::span<float> att = a.att.made(s.datt), atty = a.atty.made(s.dbt4c);
+    c.dev.attention_forward(c.stream, atty, att, qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    a.att.keep(c, att);
     a.atty.keep(c, atty);
     c_proj_->forward(c, out, a.atty.read(), N);  // (N,C)
 }
@@ -245,7 +251,14 @@ void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<
     // datty lives in s.dbtc until attention's backward has read it; then
     // c_attn's backward writes dinp, which may be the same buffer.
     c_proj_->backward(c, s.dbtc, dout, a.atty.read(), N);
-    c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, a.qkv, a.att, B, T, cfg_.hidden, cfg_.heads);
+    if (a.qkv.is_bf16() != a.att.is_bf16())
+        throw InternalError("CausalSelfAttention: q/k/v and the softmax kept in two precisions");
+    if (a.qkv.is_bf16())
+        c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, std::span<const std::uint16_t>(a.qkv.bf16),
+                                 std::span<const std::uint16_t>(a.att.bf16), B, T, cfg_.hidden, cfg_.heads);
+    else
+        c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, std::span<const float>(a.qkv.f32),
+                                 std::span<const float>(a.att.f32), B, T, cfg_.hidden, cfg_.heads);
     c_attn_->backward(c, dinp, s.dqkv, inp, N);
 }
 

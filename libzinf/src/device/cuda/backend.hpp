@@ -316,6 +316,10 @@ public:
                                std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
                                u64 NH) override;
 
+    void do_attention_backward_bf16(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                    std::span<const float> dout, std::span<const std::uint16_t> qkv,
+                                    std::span<const std::uint16_t> att, u64 B, u64 T, u64 C, u64 NH) override;
+
     void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                              std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override;
 

@@ -45,15 +45,17 @@ __device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned
 __device__ inline void put(float* p, float x) { *p = x; }
 __device__ inline void put(std::uint16_t* p, float x) { *p = round_bf16(x); }
 
-// The cpu backend's dot(a, b, n) on one thread, every operation in its order.
-__device__ inline float dot8(const float* a, const float* b, u64 n) {
+// The cpu backend's dot(a, b, n) on one thread, every operation in its order
+// (a stored fp32 or bf16: widened as read).
+template <class A>
+__device__ inline float dot8(const A* a, const float* b, u64 n) {
     float acc[8] = {};
     u64 i = 0;
     for (; i + 8 <= n; i += 8)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; ++j) acc[j] += widen(a[i + j]) * b[i + j];
     float tail = 0;
-    for (; i < n; ++i) tail += a[i] * b[i];
+    for (; i < n; ++i) tail += widen(a[i]) * b[i];
     return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
 }
 
@@ -121,16 +123,17 @@ __device__ inline void attend(float* a, const float* q, const float* k, const fl
     }
 }
 
-// The softmax's backward over row 0..last of the probabilities a, in place
-// over da (dout . v on entry, positions 0..last): da = a * (da - sum a*da),
-// the sum in lanes8's order; zero from last + 1 to len. One warp, after the
-// lanes' writes of da.
-__device__ inline void softmax_row_backward(float* da, const float* a, u64 last, u64 len) {
+// The softmax's backward over row 0..last of the probabilities a (stored
+// fp32 or bf16), in place over da (dout . v on entry, positions 0..last):
+// da = a * (da - sum a*da), the sum in lanes8's order; zero from last + 1 to
+// len. One warp, after the lanes' writes of da.
+template <class A>
+__device__ inline void softmax_row_backward(float* da, const A* a, u64 last, u64 len) {
     const unsigned lane = threadIdx.x & 31u;
     __syncwarp();
-    const float s = lanes8([&](u64 i) { return a[i] * da[i]; }, last + 1);
+    const float s = lanes8([&](u64 i) { return widen(a[i]) * da[i]; }, last + 1);
     __syncwarp();
-    for (u64 t2 = lane; t2 <= last; t2 += 32) da[t2] = a[t2] * (da[t2] - s);
+    for (u64 t2 = lane; t2 <= last; t2 += 32) da[t2] = widen(a[t2]) * (da[t2] - s);
     for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) da[t2] = 0;
 }
 

@@ -85,6 +85,9 @@ void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const 
                    float gelu_scale);
 
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
+// From qkv and att stored bf16, widened as read.
+void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const std::uint16_t* qkv,
+                        const std::uint16_t* att, u64 B, u64 T, u64 C, u64 NH);
 void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, u64 B, u64 T, u64 C, u64 NH);
 void attention_decode(cudaStream_t s, float* out, float* att, const float* q, const float* k, const float* v, u64 T,

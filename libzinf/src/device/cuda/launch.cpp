@@ -115,6 +115,15 @@ void CudaDevice::do_attention_backward(Stream& s, std::span<float> dqkv, std::sp
     launched("attention_backward");
 }
 
+void CudaDevice::do_attention_backward_bf16(Stream& s, std::span<float> dqkv, std::span<float> datt,
+                                            std::span<const float> dout, std::span<const std::uint16_t> qkv,
+                                            std::span<const std::uint16_t> att, u64 B, u64 T, u64 C, u64 NH) {
+    bind();
+    cuda::attention_backward(as_cuda(s).native(), dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
+                             B, T, C, NH);
+    launched("attention_backward (bf16)");
+}
+
 void CudaDevice::do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                      std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) {
     bind();

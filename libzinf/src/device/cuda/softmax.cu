@@ -32,15 +32,18 @@ __global__ void attention_decode_kernel(float* out, float* att, const float* q, 
 }
 
 // Backward, 1 of 3, per (b, h, t): datt row t = the softmax's backward of
-// dout . v, as the cpu kernel leaves it in datt (before the scale).
-__global__ void attention_datt_kernel(float* datt, const float* dout, const float* qkv, const float* att, u64 B,
+// dout . v, as the cpu kernel leaves it in datt (before the scale). E, in
+// the three: float, or std::uint16_t for qkv and att stored bf16 (widened
+// as read: the fp32 kernels' bits on their copies).
+template <class E>
+__global__ void attention_datt_kernel(float* datt, const float* dout, const E* qkv, const E* att, u64 B,
                                       u64 T, u64 C, u64 NH) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * NH * T) return;
     const unsigned lane = threadIdx.x & 31u;
     const u64 hs = C / NH, C3 = 3 * C;
     const u64 t = task % T, h = task / T % NH, b = task / T / NH;
-    const float* a = att + ((b * NH + h) * T + t) * T;
+    const E* a = att + ((b * NH + h) * T + t) * T;
     float* da = datt + ((b * NH + h) * T + t) * T;
     const float* go = dout + (b * T + t) * C + h * hs;
     for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = dot8(qkv + (b * T + t2) * C3 + 2 * C + h * hs, go, hs);
@@ -48,7 +51,8 @@ __global__ void attention_datt_kernel(float* datt, const float* dout, const floa
 }
 
 // 2 of 3, per (b, h, t): dq[t] = sum over t2 <= t of (datt[t][t2] * scale) k[t2].
-__global__ void attention_dq_kernel(float* dqkv, const float* datt, const float* qkv, u64 B, u64 T, u64 C, u64 NH,
+template <class E>
+__global__ void attention_dq_kernel(float* dqkv, const float* datt, const E* qkv, u64 B, u64 T, u64 C, u64 NH,
                                     float scale) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * NH * T) return;
@@ -56,30 +60,31 @@ __global__ void attention_dq_kernel(float* dqkv, const float* datt, const float*
     const u64 hs = C / NH, C3 = 3 * C;
     const u64 t = task % T, h = task / T % NH, b = task / T / NH;
     const float* da = datt + ((b * NH + h) * T + t) * T;
-    const float* k = qkv + b * T * C3 + C + h * hs;
+    const E* k = qkv + b * T * C3 + C + h * hs;
     for (u64 i = lane; i < hs; i += 32) {
         float acc = 0;
-        for (u64 t2 = 0; t2 <= t; ++t2) acc += (da[t2] * scale) * k[t2 * C3 + i];
+        for (u64 t2 = 0; t2 <= t; ++t2) acc += (da[t2] * scale) * widen(k[t2 * C3 + i]);
         dqkv[(b * T + t) * C3 + h * hs + i] = acc;
     }
 }
 
 // 3 of 3, per (b, h, t2): dk[t2] and dv[t2], sums over t >= t2 in order.
-__global__ void attention_dkv_kernel(float* dqkv, const float* datt, const float* dout, const float* qkv,
-                                     const float* att, u64 B, u64 T, u64 C, u64 NH, float scale) {
+template <class E>
+__global__ void attention_dkv_kernel(float* dqkv, const float* datt, const float* dout, const E* qkv, const E* att,
+                                     u64 B, u64 T, u64 C, u64 NH, float scale) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * NH * T) return;
     const unsigned lane = threadIdx.x & 31u;
     const u64 hs = C / NH, C3 = 3 * C;
     const u64 t2 = task % T, h = task / T % NH, b = task / T / NH;
     const u64 row0 = (b * NH + h) * T * T;
-    const float* q = qkv + b * T * C3 + h * hs;
+    const E* q = qkv + b * T * C3 + h * hs;
     const float* go = dout + b * T * C + h * hs;
     for (u64 i = lane; i < hs; i += 32) {
         float dk = 0, dv = 0;
         for (u64 t = t2; t < T; ++t) {
-            dv += att[row0 + t * T + t2] * go[t * C + i];
-            dk += (datt[row0 + t * T + t2] * scale) * q[t * C3 + i];
+            dv += widen(att[row0 + t * T + t2]) * go[t * C + i];
+            dk += (datt[row0 + t * T + t2] * scale) * widen(q[t * C3 + i]);
         }
         float* d = dqkv + (b * T + t2) * C3 + h * hs + i;
         d[C] = dk;
@@ -144,8 +149,10 @@ __global__ void crossentropy_kernel(float* losses, float* logits, const std::int
 }  // namespace
 
 cudaError_t preload_softmax() {
-    return load_kernels(attention_forward_kernel, attention_decode_kernel, attention_datt_kernel, attention_dq_kernel,
-                        attention_dkv_kernel, crossentropy_kernel<true>, crossentropy_kernel<false>);
+    return load_kernels(attention_forward_kernel, attention_decode_kernel, attention_datt_kernel<float>,
+                        attention_dq_kernel<float>, attention_dkv_kernel<float>, attention_datt_kernel<std::uint16_t>,
+                        attention_dq_kernel<std::uint16_t>, attention_dkv_kernel<std::uint16_t>,
+                        crossentropy_kernel<true>, crossentropy_kernel<false>);
 }
 
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH) {
@@ -161,14 +168,27 @@ void attention_decode(cudaStream_t s, float* out, float* att, const float* q, co
                                                                        attention_scale(C / NH));
 }
 
-void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const float* qkv,
-                        const float* att, u64 B, u64 T, u64 C, u64 NH) {
+namespace {
+template <class E>
+void attention_grad(cudaStream_t s, float* dqkv, float* datt, const float* dout, const E* qkv, const E* att, u64 B,
+                    u64 T, u64 C, u64 NH) {
     if (!B || !T || !C) return;
     const unsigned grid = blocks_for(B * NH * T, kWarps);
     const float scale = attention_scale(C / NH);
     attention_datt_kernel<<<grid, kThreads, 0, s>>>(datt, dout, qkv, att, B, T, C, NH);
     attention_dq_kernel<<<grid, kThreads, 0, s>>>(dqkv, datt, qkv, B, T, C, NH, scale);
     attention_dkv_kernel<<<grid, kThreads, 0, s>>>(dqkv, datt, dout, qkv, att, B, T, C, NH, scale);
+}
+}  // namespace
+
+void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, u64 B, u64 T, u64 C, u64 NH) {
+    attention_grad(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void attention_backward(cudaStream_t s, float* dqkv, float* datt, const float* dout, const std::uint16_t* qkv,
+                        const std::uint16_t* att, u64 B, u64 T, u64 C, u64 NH) {
+    attention_grad(s, dqkv, datt, dout, qkv, att, B, T, C, NH);
 }
 
 void crossentropy_forward_backward(cudaStream_t s, float* losses, float* logits, const std::int32_t* targets,
