@@ -11,7 +11,7 @@
 # the build). --precision bf16 (GEMM inputs rounded to bf16, fp32
 # accumulation): on cpu, everywhere, 3 steps within 1e-2 of fp32's losses
 # and not equal to them, a bad value refused (64) with the checkpoint
-# untouched, --bench's record naming it and its activations 34 KiB smaller
+# untouched, --bench's record naming it and its activations 36 KiB smaller
 # than fp32's (bf16 checkpoints, a block's kept activations); on cuda, 10 bf16 steps within 1e-2
 # of cpu's bf16 losses and two cuda bf16 runs the same to the bit; the
 # bf16 activation checkpoints of a four-block GPT on cuda offloaded to cpu
@@ -72,13 +72,13 @@ run "$TR" "${BM[@]}" --precision fp32
 expect_rc 0 "--bench --precision fp32 on cpu"
 # Four checkpoints of 2 x 16 x 32 values: 4 KiB each in fp32, 2 KiB in bf16
 # beside one fp32 buffer that a block reads them widened in: 4 KiB less;
-# and the checkpointed block's kept activations (model.hpp's Kept), three of
+# and the checkpointed block's kept activations (model.hpp's Kept), four of
 # (N,C), q/k/v (N,3C), two of (N,4C) and the (2,2,16,16) softmax at 2 bytes
-# a value: 3 x 2 KiB + 6 KiB + 2 x 8 KiB + 2 KiB less. 34,816 bytes less
+# a value: 4 x 2 KiB + 6 KiB + 2 x 8 KiB + 2 KiB less. 36,864 bytes less
 # planned, and on the device (each a multiple of the arena's 256 bytes).
 check "…bf16's checkpoints and a block's kept activations take 2 bytes a value, beside the fp32 one read" \
   jq -e -n --argjson a "$bench16" --argjson b "$out" \
-  '$b.activation_bytes - $a.activation_bytes == 34816 and $b.device_peak_bytes - $a.device_peak_bytes == 34816'
+  '$b.activation_bytes - $a.activation_bytes == 36864 and $b.device_peak_bytes - $a.device_peak_bytes == 36864'
 
 # Can cuda run here? The programs say why not.
 state probe --param-dtype fp32

@@ -462,6 +462,21 @@ BOOST_AUTO_TEST_CASE(layernorm_and_gelu, *utf::precondition(GpuPresent())) {
         };
         expect_all(p.run(fn), "layernorm C=" + std::to_string(C), true);
         expect_same_bits(*p.gpu, fn, "layernorm");
+        // The backward from an input stored bf16 (a GPT block's inner
+        // residual kept under Shape::activations bf16): the cpu's bits.
+        const V16 x16 = halves(x);
+        auto bf16 = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, N * C), mean = poisoned(d, N), rstd = poisoned(d, N);
+            auto xw = up(d, x), dw_ = up(d, w), db_ = up(d, b), go = up(d, dout);
+            auto dinp = up(d, dinp0), dw = up(d, dw0), db = up(d, db0);
+            auto dx = up(d, x16);
+            d.layernorm_forward(d.compute(), out, mean, rstd, xw, dw_, db_, N, C);
+            d.layernorm_backward(d.compute(), dinp, dw, db, go, std::span<const std::uint16_t>(dx), dw_, mean, rstd,
+                                 N, C);
+            return {{"dinp", down(d, dinp)}, {"dw", down(d, dw)}, {"db", down(d, db)}};
+        };
+        expect_all(p.run(bf16), "layernorm backward of bf16, C=" + std::to_string(C), true);
+        expect_same_bits(*p.gpu, bf16, "layernorm backward of bf16");
     }
     Vf x = randn(100'000, rng, 3);
     x[0] = 12;  // past the tanh clamp

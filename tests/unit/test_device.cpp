@@ -700,6 +700,40 @@ BOOST_AUTO_TEST_CASE(attention_matches_reference_and_finite_differences) {
     BOOST_TEST(max_err(r.down(dqkv), attn_backward(dbl(dout), dbl(qkv), s)) < 1e-5);
 }
 
+// A GPT block's inner residual kept bf16 (Shape::activations): the
+// layernorm backward from it is the fp32 kernel's on its widened copy, to
+// the bit (dinp, dw and db added to), on 1 and 2 threads; a short input is
+// refused.
+BOOST_AUTO_TEST_CASE(layernorm_backward_of_bf16_is_the_fp32_kernel_on_the_widened_input) {
+    std::mt19937_64 rng(fresh_seed("layernorm bf16"));
+    const u64 N = 70, C = 300;  // past kParallelMin, and column blocks with a tail
+    const auto x16 = halves(randn(N * C, rng, 2));
+    const Vf w = randn(C, rng), b = randn(C, rng), dout = randn(N * C, rng);
+    const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng), db0 = randn(C, rng);
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        auto out = r->alloc<float>(N * C, "out");
+        auto mean = r->alloc<float>(N, "mean"), rstd = r->alloc<float>(N, "rstd");
+        const auto xw = r.in(widened(x16));
+        r->layernorm_forward(r.s(), out, mean, rstd, xw, r.in(w), r.in(b), N, C);
+        auto di32 = r.up(dinp0), dw32 = r.up(dw0), db32 = r.up(db0);
+        auto di16 = r.up(dinp0), dw16 = r.up(dw0), db16 = r.up(db0);
+        r->layernorm_backward(r.s(), di32, dw32, db32, r.in(dout), xw, r.in(w), mean, rstd, N, C);
+        const auto x = r.in(x16);
+        r->layernorm_backward(r.s(), di16, dw16, db16, r.in(dout), x, r.in(w), mean, rstd, N, C);
+        BOOST_TEST(same_bits(r.down(di16), r.down(di32)), threads << " threads: dinp");
+        BOOST_TEST(same_bits(r.down(dw16), r.down(dw32)), threads << " threads: dw");
+        BOOST_TEST(same_bits(r.down(db16), r.down(db32)), threads << " threads: db");
+        BOOST_TEST(!same_bits(r.down(dw16), dw0));
+        testing::what_of<InternalError>(
+            [&] {
+                r->layernorm_backward(r.s(), di16, dw16, db16, r.in(dout), x.first(N * C - 1), r.in(w), mean, rstd,
+                                      N, C);
+            },
+            "a short bf16 input");
+    }
+}
+
 // A GPT block's q/k/v and softmax kept bf16 (Shape::activations): the
 // backward from them is the fp32 kernel's on their widened copies, to the
 // bit, on 1 and 2 threads (every (b, h) task's own widened rows); dqkv

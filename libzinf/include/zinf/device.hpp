@@ -281,6 +281,13 @@ public:
                             std::span<const float> dout, std::span<const float> inp,
                             std::span<const float> w, std::span<const float> mean,
                             std::span<const float> rstd, std::uint64_t N, std::uint64_t C);
+    // The same from inp stored bf16 (a GPT block's inner residual kept
+    // under Shape::activations bf16), widened as read: the fp32 kernel's bits
+    // on its fp32 copy.
+    void layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                            std::span<const float> dout, std::span<const std::uint16_t> inp,
+                            std::span<const float> w, std::span<const float> mean,
+                            std::span<const float> rstd, std::uint64_t N, std::uint64_t C);
 
     // GELU, tanh form (GPT-2): out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (written, not +=).
     void gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp);
@@ -447,6 +454,11 @@ protected:
                                        std::span<const float> dout, std::span<const float> inp,
                                        std::span<const float> w, std::span<const float> mean,
                                        std::span<const float> rstd, std::uint64_t N, std::uint64_t C) = 0;
+    virtual void do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw,
+                                            std::span<float> db, std::span<const float> dout,
+                                            std::span<const std::uint16_t> inp, std::span<const float> w,
+                                            std::span<const float> mean, std::span<const float> rstd,
+                                            std::uint64_t N, std::uint64_t C) = 0;
     virtual void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) = 0;
     virtual void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
                                   std::span<const float> dout) = 0;

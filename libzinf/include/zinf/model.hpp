@@ -198,8 +198,8 @@ public:
     // out (N,C), mean (N), rstd (N) from inp (N,C).
     void forward(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
                  std::span<const float> inp, std::uint64_t N);
-    // dinp (N,C) +=.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   std::span<const float> mean, std::span<const float> rstd, std::uint64_t N);
 
 private:
@@ -258,16 +258,16 @@ struct BlockActivations {
     Kept qkv;                                      // (N,3C)
     Kept att;                                      // (B,NH,T,T) the softmax
     Kept atty;                                     // (N,C)
-    device::Array<float> res2;                     // (N,C) the residual after attention
+    Kept res2;                                     // (N,C) the residual after attention
     Kept ln2;                                      // (N,C)
     device::Array<float> ln2_mean, ln2_rstd;       // (N), (N)
     Kept fch, fch_gelu;                            // (N,4C)
 };
 
-// The backward's scratch, shared by all blocks. dbt4c, dqkv (q/k/v) and
-// datt (the softmax) are also the forward's fp32 staging of the activations
-// a block keeps bf16 (Kept::made): the backward writes them only after its
-// block's forward (or recompute) is done.
+// The backward's scratch, shared by all blocks. dbt4c, dqkv (q/k/v, then
+// the inner residual) and datt (the softmax) are also the forward's fp32
+// staging of the activations a block keeps bf16 (Kept::made): the backward
+// writes them only after its block's forward (or recompute) is done.
 struct BlockScratch {
     device::Array<float> dbtc;    // (N,C)
     device::Array<float> dqkv;    // (N,3C)
@@ -362,18 +362,19 @@ struct Shape {
     // what the forward saw.
     device::Precision checkpoints = device::Precision::fp32;
     // How a block keeps the activations its GEMMs, GELU or SwiGLU and (the
-    // GPT's) attention's backward read for its backward (Kept: a GPT's
-    // BlockActivations' layernorms' outputs, q/k/v, attention's softmax and
-    // output, MLP's pre- and post-GELU, 14 of its 15 (N,C) values a token
-    // and the (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
+    // GPT's) attention's and second layernorm's backward read for its
+    // backward (Kept: a GPT's BlockActivations' layernorms' outputs, q/k/v,
+    // attention's softmax and output, the residual between attention and
+    // MLP, MLP's pre- and post-GELU, all 15 of its (N,C) values a token and
+    // the (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
     // outputs, attention's output, SwiGLU's gate, up and product, 3C + 3F of
     // its 5C + 3F + 2KV*hd): fp32, or bf16 (zinf-train --precision bf16, as
     // llm.c), made in fp32, rounded as made and read bf16 by the GEMMs (which
     // need bf16 inputs then: Context::precision bf16), GELU, SwiGLU and the
-    // GPT's attention backward; the GPT's attention forward reads its q/k/v
-    // rounded too (widened back into scratch). The Llama's q/k/v and
-    // softmax, the residual inside the block and the norms' statistics stay
-    // fp32.
+    // GPT's attention and layernorm backward; the GPT's forward reads its
+    // q/k/v and inner residual rounded too (widened back into scratch, as
+    // the checkpoints are). The Llama's q/k/v, softmax and inner residual
+    // and the norms' statistics stay fp32.
     device::Precision activations = device::Precision::fp32;
 };
 

@@ -162,19 +162,37 @@ void Device::layernorm_forward(Stream& s, std::span<float> out, std::span<float>
     do_layernorm_forward(s, out, mean, rstd, inp, w, b, N, C);
 }
 
+namespace {
+// layernorm_backward's spans, whatever inp's dtype.
+void need_layernorm_backward(std::size_t dinp, std::size_t dw, std::size_t db, std::size_t dout, std::size_t inp,
+                             std::size_t w, std::size_t mean, std::size_t rstd, u64 N, u64 C) {
+    Shape sh{"layernorm_backward", {{"N", N}, {"C", C}}};
+    sh.need("dinp", dinp, N * C);
+    sh.need("dw", dw, C);
+    sh.need("db", db, C);
+    sh.need("dout", dout, N * C);
+    sh.need("inp", inp, N * C);
+    sh.need("w", w, C);
+    sh.need("mean", mean, N);
+    sh.need("rstd", rstd, N);
+}
+}  // namespace
+
 void Device::layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
                                 std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
                                 std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) {
-    Shape sh{"layernorm_backward", {{"N", N}, {"C", C}}};
-    sh.need("dinp", dinp.size(), N * C);
-    sh.need("dw", dw.size(), C);
-    sh.need("db", db.size(), C);
-    sh.need("dout", dout.size(), N * C);
-    sh.need("inp", inp.size(), N * C);
-    sh.need("w", w.size(), C);
-    sh.need("mean", mean.size(), N);
-    sh.need("rstd", rstd.size(), N);
+    need_layernorm_backward(dinp.size(), dw.size(), db.size(), dout.size(), inp.size(), w.size(), mean.size(),
+                            rstd.size(), N, C);
     do_layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void Device::layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                                std::span<const float> dout, std::span<const std::uint16_t> inp,
+                                std::span<const float> w, std::span<const float> mean, std::span<const float> rstd,
+                                u64 N, u64 C) {
+    need_layernorm_backward(dinp.size(), dw.size(), db.size(), dout.size(), inp.size(), w.size(), mean.size(),
+                            rstd.size(), N, C);
+    do_layernorm_backward_bf16(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 void Device::gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) {

@@ -298,13 +298,26 @@ public:
                            b = b.data()] { cpu::layernorm_forward(o, m, r, x, w, b, N, C); });
     }
 
-    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
-                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
+    // E: float, or std::uint16_t for inp stored bf16.
+    template <class E>
+    void layernorm_backward_of(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                               std::span<const float> dout, std::span<const E> inp, std::span<const float> w,
+                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) {
         as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), db = db.data(), d = dout.data(), x = inp.data(),
                            w = w.data(), m = mean.data(), r = rstd.data()] {
             cpu::layernorm_backward(di, dw, db, d, x, w, m, r, N, C);
         });
+    }
+    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
+                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override {
+        layernorm_backward_of(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    }
+    void do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                                    std::span<const float> dout, std::span<const std::uint16_t> inp,
+                                    std::span<const float> w, std::span<const float> mean,
+                                    std::span<const float> rstd, u64 N, u64 C) override {
+        layernorm_backward_of(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     }
 
     // Element-wise kernels: n is the size of the span they write.

@@ -184,8 +184,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     }
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, u64 N, u64 C) {
+namespace {
+// In: float, or std::uint16_t for inp stored bf16 (widened as read).
+template <class In>
+void layernorm_grad(float* dinp, float* dw, float* db, const float* dout, const In* inp, const float* w,
+                    const float* mean, const float* rstd, u64 N, u64 C) {
     const float inv_c = 1.0f / static_cast<float>(C);
     // dinp: each row on its own.
 #pragma omp parallel if (N * C >= kParallelMin)
@@ -193,11 +196,11 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
         std::vector<float> norm(C), dnorm(C);
 #pragma omp for schedule(static)
         for (u64 r = 0; r < N; ++r) {
-            const float* x = inp + r * C;
+            const In* x = inp + r * C;
             const float* d = dout + r * C;
             const float m = mean[r], s = rstd[r];
             for (u64 c = 0; c < C; ++c) {
-                norm[c] = (x[c] - m) * s;
+                norm[c] = (widen(x[c]) - m) * s;
                 dnorm[c] = w[c] * d[c];
             }
             const float dnorm_mean = sum(dnorm.data(), C) * inv_c;
@@ -211,15 +214,26 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     for (u64 blk = 0; blk < column_blocks(C); ++blk) {
         const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
         for (u64 r = 0; r < N; ++r) {
-            const float* x = inp + r * C;
+            const In* x = inp + r * C;
             const float* d = dout + r * C;
             const float m = mean[r], s = rstd[r];
             for (u64 c = c0; c < c1; ++c) {
-                dw[c] += (x[c] - m) * s * d[c];
+                dw[c] += (widen(x[c]) - m) * s * d[c];
                 db[c] += d[c];
             }
         }
     }
+}
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, u64 N, u64 C) {
+    layernorm_grad(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const std::uint16_t* inp,
+                        const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
+    layernorm_grad(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 // ---------------------------------------------------------------------------

@@ -67,6 +67,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        u64 N, u64 C);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, u64 N, u64 C);
+// From inp stored bf16, widened as read: the fp32 kernel's bits on its copy.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const std::uint16_t* inp,
+                        const float* w, const float* mean, const float* rstd, u64 N, u64 C);
 
 void gelu_forward(float* out, const float* inp, u64 n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n);

@@ -24,13 +24,18 @@ void Block::forward(Context& c, std::span<float> out, std::span<const float> x, 
     const std::span<float> ln1 = a.ln1.made(s.dbt4c);
     ln_1_->forward(c, ln1, a.ln1_mean, a.ln1_rstd, x, N);
     a.ln1.keep(c, ln1);
-    attn_->forward(c, a.res2, a.ln1.read(), a, s, B, T);
-    c.dev.accumulate(c.stream, a.res2, x);   // res2 = x + attn(ln_1(x))
+    // Kept bf16, res2 is made in s.dqkv (the attention is done with the
+    // q/k/v it staged there when c_proj writes it), rounded, and read back
+    // widened there by the rest of the forward, as its backward reads it.
+    const std::span<float> res2 = a.res2.made(s.dqkv);
+    attn_->forward(c, res2, a.ln1.read(), a, s, B, T);
+    c.dev.accumulate(c.stream, res2, x);   // res2 = x + attn(ln_1(x))
+    a.res2.keep_widened(c, res2);
     const std::span<float> ln2 = a.ln2.made(s.dbt4c);
-    ln_2_->forward(c, ln2, a.ln2_mean, a.ln2_rstd, a.res2, N);
+    ln_2_->forward(c, ln2, a.ln2_mean, a.ln2_rstd, res2, N);
     a.ln2.keep(c, ln2);
     mlp_->forward(c, out, a.ln2.read(), a, s, N);
-    c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(ln_2(res2))
+    c.dev.accumulate(c.stream, out, res2);  // out = res2 + mlp(ln_2(res2))
 }
 
 void Block::backward(Context& c, std::span<float> dres, std::span<const float> x, BlockActivations& a,
@@ -40,10 +45,10 @@ void Block::backward(Context& c, std::span<float> dres, std::span<const float> x
     const std::uint64_t N = B * T;
     // dres holds d out; the MLP branch adds its part, giving d res2 ...
     mlp_->backward(c, s.dbtc, dres, a.ln2.read(), a, s, N);
-    ln_2_->backward(c, dres, s.dbtc, a.res2, a.ln2_mean, a.ln2_rstd, N);
+    ln_2_->backward(c, dres, s.dbtc, a.res2.read(), a.ln2_mean, a.ln2_rstd, N);
     // ... and the attention branch its part, giving d x.
     attn_->backward(c, s.dbtc, dres, a.ln1.read(), a, s, B, T);
-    ln_1_->backward(c, dres, s.dbtc, x, a.ln1_mean, a.ln1_rstd, N);
+    ln_1_->backward(c, dres, s.dbtc, device::Weight{.f32 = x}, a.ln1_mean, a.ln1_rstd, N);
 }
 
 // ---------------------------------------------------------------------------
@@ -122,7 +127,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         b.qkv = kept(N * 3 * C, "qkv");
         b.att = kept(B * NH * T * T, "attention");
         b.atty = kept(N * C, "attention output");
-        b.res2 = f(N * C, "residual 2");
+        b.res2 = kept(N * C, "residual 2");
         b.ln2 = kept(N * C, "ln_2");
         b.ln2_mean = f(N, "ln_2 mean");
         b.ln2_rstd = f(N, "ln_2 rstd");
@@ -165,7 +170,8 @@ void GPT::backward(Context& c, Activations& a) {
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    ln_f_->backward(c, a.dres, a.scratch.dbtc, checkpoints::last(c, a, cfg_), a.lnf_mean, a.lnf_rstd, N);
+    ln_f_->backward(c, a.dres, a.scratch.dbtc, device::Weight{.f32 = checkpoints::last(c, a, cfg_)}, a.lnf_mean,
+                    a.lnf_rstd, N);
     checkpoints::backward(c, a, cfg_, a.scratch.dbtc,
                           [&](std::uint64_t l, std::span<const float> x, std::span<float> recompute_out) {
                               blocks_[l]->backward(c, a.dres, x, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B,

@@ -192,11 +192,15 @@ void LayerNorm::forward(Context& c, std::span<float> out, std::span<float> mean,
                             N, C_);
 }
 
-void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                          std::span<const float> mean, std::span<const float> rstd, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
-    c.dev.layernorm_backward(c.stream, dinp, c.engine.grad(*this, w_), c.engine.grad(*this, b_), dout, inp,
-                             c.engine.weight(*this, w_), mean, rstd, N, C_);
+    const auto dw = c.engine.grad(*this, w_), db = c.engine.grad(*this, b_);
+    const auto w = c.engine.weight(*this, w_);
+    if (inp.is_bf16())
+        c.dev.layernorm_backward(c.stream, dinp, dw, db, dout, inp.bf16, w, mean, rstd, N, C_);
+    else
+        c.dev.layernorm_backward(c.stream, dinp, dw, db, dout, inp.f32, w, mean, rstd, N, C_);
 }
 
 // ---------------------------------------------------------------------------

@@ -299,6 +299,11 @@ public:
                                std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
                                std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override;
 
+    void do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
+                                    std::span<const float> dout, std::span<const std::uint16_t> inp,
+                                    std::span<const float> w, std::span<const float> mean,
+                                    std::span<const float> rstd, u64 N, u64 C) override;
+
     void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override;
 
     void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,

@@ -75,6 +75,9 @@ void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, con
                        const float* b, u64 N, u64 C, float eps);
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, u64 N, u64 C);
+// From inp stored bf16, widened as read.
+void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
+                        const std::uint16_t* inp, const float* w, const float* mean, const float* rstd, u64 N, u64 C);
 
 // gelu_scale: sqrt(2/pi) as the cpu backend rounds it (passed, not retyped).
 void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n, float gelu_scale);

@@ -69,6 +69,16 @@ void CudaDevice::do_layernorm_backward(Stream& s, std::span<float> dinp, std::sp
     launched("layernorm_backward");
 }
 
+void CudaDevice::do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw,
+                                            std::span<float> db, std::span<const float> dout,
+                                            std::span<const std::uint16_t> inp, std::span<const float> w,
+                                            std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) {
+    bind();
+    cuda::layernorm_backward(as_cuda(s).native(), dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                             w.data(), mean.data(), rstd.data(), N, C);
+    launched("layernorm_backward (bf16)");
+}
+
 void CudaDevice::do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) {
     const u64 n = out.size();
     bind();

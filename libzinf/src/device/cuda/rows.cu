@@ -19,9 +19,6 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, u64 N, u64
     dbias[o] = acc;
 }
 
-__device__ inline float widen(float x) { return x; }
-__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
-
 // W: float, or std::uint16_t for tables stored bf16 (widened as read).
 template <class W>
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const W* wte, const W* wpe, u64 B,
@@ -83,35 +80,38 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     }
 }
 
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+// E, in the two: float, or std::uint16_t for inp stored bf16 (widened as read).
+template <class E>
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const E* inp, const float* w,
                                                const float* mean, const float* rstd, u64 N, u64 C) {
     const u64 row = u64{blockIdx.x} * (blockDim.x / 8) + threadIdx.x / 8;
     const bool valid = row < N;
     const u64 r = valid ? row : N - 1;
-    const float* x = inp + r * C;
+    const E* x = inp + r * C;
     const float* d = dout + r * C;
     const float m = mean[r], s = rstd[r];
     const float inv_c = 1.0f / static_cast<float>(C);
     const float dnorm_mean = lanes8([&](u64 c) { return w[c] * d[c]; }, C) * inv_c;
     const float dnorm_norm_mean =
-        lanes8([&](u64 c) { return (w[c] * d[c]) * ((x[c] - m) * s); }, C) * inv_c;
+        lanes8([&](u64 c) { return (w[c] * d[c]) * ((widen(x[c]) - m) * s); }, C) * inv_c;
     if (!valid) return;
     float* di = dinp + row * C;
     for (u64 c = threadIdx.x & 7u; c < C; c += 8) {
-        const float norm = (x[c] - m) * s, dnorm = w[c] * d[c];
+        const float norm = (widen(x[c]) - m) * s, dnorm = w[c] * d[c];
         di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
 }
 
 // dw[c] += sum_r (x - mean) * rstd * dout, db[c] += sum_r dout, rows in order.
-__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp,
+template <class E>
+__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const E* inp,
                                                const float* mean, const float* rstd, u64 N, u64 C) {
     const u64 c = global_id();
     if (c >= C) return;
     float aw = dw[c], ab = db[c];
     for (u64 r = 0; r < N; ++r) {
         const float d = dout[r * C + c];
-        aw += (inp[r * C + c] - mean[r]) * rstd[r] * d;
+        aw += (widen(inp[r * C + c]) - mean[r]) * rstd[r] * d;
         ab += d;
     }
     dw[c] = aw;
@@ -123,8 +123,9 @@ __global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float
 cudaError_t preload_rows() {
     return load_kernels(bias_backward_kernel, embedding_forward_kernel<float>, embedding_forward_kernel<std::uint16_t>,
                         embedding_backward_wte_kernel,
-                        embedding_backward_wpe_kernel, layernorm_forward_kernel, layernorm_backward_dinp_kernel,
-                        layernorm_backward_dwdb_kernel);
+                        embedding_backward_wpe_kernel, layernorm_forward_kernel,
+                        layernorm_backward_dinp_kernel<float>, layernorm_backward_dwdb_kernel<float>,
+                        layernorm_backward_dinp_kernel<std::uint16_t>, layernorm_backward_dwdb_kernel<std::uint16_t>);
 }
 
 void bias_backward(cudaStream_t s, float* dbias, const float* dout, u64 N, u64 OC) {
@@ -155,12 +156,25 @@ void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, con
     layernorm_forward_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C, eps);
 }
 
-void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
+namespace {
+template <class E>
+void layernorm_grad(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const E* inp,
+                    const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
     if (!N || !C) return;
     layernorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
                                                                                     N, C);
     layernorm_backward_dwdb_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dw, db, dout, inp, mean, rstd, N, C);
+}
+}  // namespace
+
+void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
+    layernorm_grad(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
+                        const std::uint16_t* inp, const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
+    layernorm_grad(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 }  // namespace zinf::device::cuda
