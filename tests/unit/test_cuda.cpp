@@ -925,6 +925,19 @@ BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(Gpu
         };
         expect_all(p.run(fn), "rmsnorm C=" + std::to_string(C), true);
         expect_same_bits(*p.gpu, fn, "rmsnorm");
+        // The backward from an input stored bf16 (a Llama block's inner
+        // residual kept under Shape::activations bf16): the cpu's bits.
+        const V16 x16 = halves(x);
+        auto bf16 = [&](Device& d) -> Outputs {
+            auto out = poisoned(d, N * C), rstd = poisoned(d, N);
+            auto dx = up(d, x), dw_ = up(d, w), go = up(d, dout), dinp = up(d, dinp0), dw = up(d, dw0);
+            auto x16d = up(d, x16);
+            d.rmsnorm_forward(d.compute(), out, rstd, dx, dw_, N, C, 1e-5f);
+            d.rmsnorm_backward(d.compute(), dinp, dw, go, std::span<const std::uint16_t>(x16d), dw_, rstd, N, C);
+            return {{"dinp", down(d, dinp)}, {"dw", down(d, dw)}};
+        };
+        expect_all(p.run(bf16), "rmsnorm backward of bf16, C=" + std::to_string(C), true);
+        expect_same_bits(*p.gpu, bf16, "rmsnorm backward of bf16");
     }
     {
         const u64 B = 2, T = 13, H = 7, hd = 64, pos0 = 5;

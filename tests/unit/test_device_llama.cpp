@@ -248,6 +248,32 @@ BOOST_AUTO_TEST_CASE(residual_rmsnorm_is_accumulate_then_rmsnorm_to_the_bit) {
     BOOST_TEST(testing::contains(what, "add has 71 elements"), what);
 }
 
+// A Llama block's inner residual kept bf16 (Shape::activations): the
+// RMSNorm backward from it is the fp32 kernel's on its widened copy, to the
+// bit (dinp and dw added to), on 1 and 2 threads; a short input is refused.
+BOOST_AUTO_TEST_CASE(rmsnorm_backward_of_bf16_is_the_fp32_kernel_on_the_widened_input) {
+    std::mt19937_64 rng(fresh_seed("rmsnorm bf16"));
+    const u64 N = 70, C = 576;  // past the team's threshold, C a multiple of no column block
+    const auto x16 = halves(randn(N * C, rng, 2));
+    const Vf w = randn(C, rng), dout = randn(N * C, rng), dinp0 = randn(N * C, rng), dw0 = randn(C, rng);
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        auto out = r.up(Vf(N * C, kNaN)), rstd = r.up(Vf(N, kNaN));
+        const auto xw = r.in(widened(x16));
+        const auto x = r.in(x16);
+        r->rmsnorm_forward(r.s(), out, rstd, xw, r.in(w), N, C, 1e-5f);
+        auto di32 = r.up(dinp0), dw32 = r.up(dw0), di16 = r.up(dinp0), dw16 = r.up(dw0);
+        r->rmsnorm_backward(r.s(), di32, dw32, r.in(dout), xw, r.in(w), rstd, N, C);
+        r->rmsnorm_backward(r.s(), di16, dw16, r.in(dout), x, r.in(w), rstd, N, C);
+        BOOST_TEST(same_bits(r.down(di16), r.down(di32)), threads << " threads: dinp");
+        BOOST_TEST(same_bits(r.down(dw16), r.down(dw32)), threads << " threads: dw");
+        BOOST_TEST(!same_bits(r.down(dw16), dw0));
+        testing::what_of<InternalError>(
+            [&] { r->rmsnorm_backward(r.s(), di16, dw16, r.in(dout), x.first(N * C - 1), r.in(w), rstd, N, C); },
+            "a short bf16 input");
+    }
+}
+
 BOOST_AUTO_TEST_CASE(rope_is_hugging_face_s_rotate_half_and_its_transpose) {
     std::mt19937_64 rng(fresh_seed("rope"));
     Rig r;

@@ -344,6 +344,12 @@ public:
     void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                           std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
                           std::uint64_t N, std::uint64_t C);
+    // The same from inp stored bf16 (a Llama block's inner residual kept
+    // under Shape::activations bf16), widened as read: the fp32 kernel's
+    // bits on its fp32 copy.
+    void rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                          std::span<const std::uint16_t> inp, std::span<const float> w, std::span<const float> rstd,
+                          std::uint64_t N, std::uint64_t C);
     // Rotary position embedding, in place over x (B,T,H,hd), "rotate half"
     // as Hugging Face's checkpoints expect it: dimension i < hd/2 of a head
     // pairs with i + hd/2, the pair turned by the angle of position p and
@@ -487,6 +493,10 @@ protected:
     virtual void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                                      std::span<const float> inp, std::span<const float> w, std::span<const float> rstd,
                                      std::uint64_t N, std::uint64_t C) = 0;
+    virtual void do_rmsnorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw,
+                                          std::span<const float> dout, std::span<const std::uint16_t> inp,
+                                          std::span<const float> w, std::span<const float> rstd, std::uint64_t N,
+                                          std::uint64_t C) = 0;
     virtual void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
                                    std::span<const float> up) = 0;
     virtual void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup,

@@ -66,8 +66,8 @@ public:
     // res (N,C) += add, then forward of res: the residual add before the norm, in the same pass.
     void forward_residual(Context& c, std::span<float> out, std::span<float> rstd, std::span<float> res,
                           std::span<const float> add, std::uint64_t N);
-    // dinp (N,C) +=.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+    // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                   std::span<const float> rstd, std::uint64_t N);
 
 private:
@@ -81,9 +81,10 @@ private:
 // gate and up. Where the projections of one input run as one GEMM (q, k and
 // v; gate and up: joined_projections), the array here or its twin in
 // LlamaScratch holds their (N, sum of outs) product or gradients, side by
-// side, while the other holds the parts. The Kept ones are what the GEMMs
-// and SwiGLU read, the GPT's (model.hpp's BlockActivations) analogues: bf16
-// under Shape::activations, made in fp32 in LlamaScratch::dgate_up. Kept
+// side, while the other holds the parts. The Kept ones are what the GEMMs,
+// SwiGLU and the second RMSNorm's backward read, the GPT's (model.hpp's
+// BlockActivations) analogues: bf16 under Shape::activations, made in fp32
+// in LlamaScratch::dgate_up (res2 in LlamaScratch::dqkv). Kept
 // bf16, gate and up are not joined: their bf16 array cannot take the
 // gradients' fp32 (N, 2F) side by side.
 struct LlamaBlockActivations {
@@ -93,7 +94,7 @@ struct LlamaBlockActivations {
     std::span<float> q, k, v;            // (N,H*hd), (N,KV*hd), (N,KV*hd) in qkv
     device::Array<float> att;            // (B,H,T,T)
     Kept atty;                           // (N,H*hd)
-    device::Array<float> res2;           // (N,C)
+    Kept res2;                           // (N,C), made in LlamaScratch::dqkv when bf16
     Kept norm2;                          // (N,C)
     device::Array<float> rstd2;          // (N)
     Kept gate_up;                        // gate, then up: (N,F) each

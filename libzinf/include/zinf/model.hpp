@@ -367,14 +367,15 @@ struct Shape {
     // attention's softmax and output, the residual between attention and
     // MLP, MLP's pre- and post-GELU, all 15 of its (N,C) values a token and
     // the (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
-    // outputs, attention's output, SwiGLU's gate, up and product, 3C + 3F of
-    // its 5C + 3F + 2KV*hd): fp32, or bf16 (zinf-train --precision bf16, as
+    // outputs, attention's output, the residual between attention and MLP,
+    // SwiGLU's gate, up and product, 4C + 3F of its 5C + 3F + 2KV*hd): fp32,
+    // or bf16 (zinf-train --precision bf16, as
     // llm.c), made in fp32, rounded as made and read bf16 by the GEMMs (which
     // need bf16 inputs then: Context::precision bf16), GELU, SwiGLU and the
-    // GPT's attention and layernorm backward; the GPT's forward reads its
-    // q/k/v and inner residual rounded too (widened back into scratch, as
-    // the checkpoints are). The Llama's q/k/v, softmax and inner residual
-    // and the norms' statistics stay fp32.
+    // GPT's attention backward and the norms' backward; the forward reads
+    // the GPT's q/k/v and both models' inner residual rounded too (widened
+    // back into scratch, as the checkpoints are). The Llama's q/k/v and
+    // softmax and the norms' statistics stay fp32.
     device::Precision activations = device::Precision::fp32;
 };
 

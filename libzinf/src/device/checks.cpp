@@ -281,17 +281,32 @@ void Device::residual_rmsnorm_forward(Stream& s, std::span<float> out, std::span
     if (N && C) do_rmsnorm_forward(s, out, rstd, res, add, w, N, C, eps);
 }
 
+namespace {
+// rmsnorm_backward's spans, whatever inp's dtype.
+void need_rmsnorm_backward(std::size_t dinp, std::size_t dw, std::size_t dout, std::size_t inp, std::size_t w,
+                           std::size_t rstd, u64 N, u64 C) {
+    Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
+    sh.need("dinp", dinp, N * C);
+    sh.need("dw", dw, C);
+    sh.need("dout", dout, N * C);
+    sh.need("inp", inp, N * C);
+    sh.need("w", w, C);
+    sh.need("rstd", rstd, N);
+}
+}  // namespace
+
 void Device::rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                               std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
                               u64 C) {
-    Shape sh{"rmsnorm_backward", {{"N", N}, {"C", C}}};
-    sh.need("dinp", dinp.size(), N * C);
-    sh.need("dw", dw.size(), C);
-    sh.need("dout", dout.size(), N * C);
-    sh.need("inp", inp.size(), N * C);
-    sh.need("w", w.size(), C);
-    sh.need("rstd", rstd.size(), N);
+    need_rmsnorm_backward(dinp.size(), dw.size(), dout.size(), inp.size(), w.size(), rstd.size(), N, C);
     do_rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+void Device::rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                              std::span<const std::uint16_t> inp, std::span<const float> w,
+                              std::span<const float> rstd, u64 N, u64 C) {
+    need_rmsnorm_backward(dinp.size(), dw.size(), dout.size(), inp.size(), w.size(), rstd.size(), N, C);
+    do_rmsnorm_backward_bf16(s, dinp, dw, dout, inp, w, rstd, N, C);
 }
 
 void Device::swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate, std::span<const float> up) {

@@ -388,11 +388,23 @@ public:
         });
     }
 
+    // E: float, or std::uint16_t for inp stored bf16.
+    template <class E>
+    void rmsnorm_backward_of(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                             std::span<const E> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
+                             u64 C) {
+        as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), d = dout.data(), x = inp.data(), w = w.data(),
+                           r = rstd.data()] { cpu::rmsnorm_backward(di, dw, d, x, w, r, N, C); });
+    }
     void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                              std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
                              u64 C) override {
-        as_cpu(s).enqueue([=, di = dinp.data(), dw = dw.data(), d = dout.data(), x = inp.data(), w = w.data(),
-                           r = rstd.data()] { cpu::rmsnorm_backward(di, dw, d, x, w, r, N, C); });
+        rmsnorm_backward_of(s, dinp, dw, dout, inp, w, rstd, N, C);
+    }
+    void do_rmsnorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                                  std::span<const std::uint16_t> inp, std::span<const float> w,
+                                  std::span<const float> rstd, u64 N, u64 C) override {
+        rmsnorm_backward_of(s, dinp, dw, dout, inp, w, rstd, N, C);
     }
 
     void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,

@@ -112,9 +112,6 @@ void bias_backward(float* dbias, const float* dout, u64 N, u64 OC) {
 
 // ---------------------------------------------------------------------------
 namespace {
-float widen(float x) { return x; }
-float widen(std::uint16_t x) { return zinf::from_bf16(x); }
-
 template <class W>
 void embedding_rows(float* out, const std::int32_t* tokens, const W* wte, const W* wpe, u64 B, u64 T, u64 C, u64 V) {
     check_tokens(tokens, B, T, V);

@@ -108,6 +108,11 @@ inline constexpr u64 kParallelMin = 1 << 14;
 // Sums over rows walk column blocks of this many floats, one block per task.
 inline constexpr u64 kColumnBlock = 64;
 
+// An element stored fp32 or bf16, read as fp32 (exact): kernels templated on
+// the storage of what they read.
+inline float widen(float x) { return x; }
+inline float widen(std::uint16_t x) { return zinf::from_bf16(x); }
+
 // sum a[i] * b[i] in eight lanes (lane j takes i = j mod 8), the lanes added
 // pairwise, then the tail: one fixed order, and a shape the vectoriser takes.
 inline float dot(const float* a, const float* b, u64 n) {

@@ -60,19 +60,22 @@ void residual_rmsnorm_forward(float* out, float* rstd, float* res, const float* 
     }
 }
 
-void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
-                      u64 N, u64 C) {
+namespace {
+// In: float, or std::uint16_t for inp stored bf16 (widened as read).
+template <class In>
+void rmsnorm_grad(float* dinp, float* dw, const float* dout, const In* inp, const float* w, const float* rstd, u64 N,
+                  u64 C) {
     const float inv_c = 1.0f / static_cast<float>(C);
 #pragma omp parallel if (N * C >= kLightParallelMin)
     {
         std::vector<float> norm(C), dnorm(C);
 #pragma omp for schedule(static)
         for (u64 r = 0; r < N; ++r) {
-            const float* x = inp + r * C;
+            const In* x = inp + r * C;
             const float* d = dout + r * C;
             const float s = rstd[r];
             for (u64 c = 0; c < C; ++c) {
-                norm[c] = x[c] * s;
+                norm[c] = widen(x[c]) * s;
                 dnorm[c] = w[c] * d[c];
             }
             const float dnorm_norm_mean = dot(dnorm.data(), norm.data(), C) * inv_c;
@@ -84,12 +87,23 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
     for (u64 blk = 0; blk < column_blocks(C); ++blk) {
         const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
         for (u64 r = 0; r < N; ++r) {
-            const float* x = inp + r * C;
+            const In* x = inp + r * C;
             const float* d = dout + r * C;
             const float s = rstd[r];
-            for (u64 c = c0; c < c1; ++c) dw[c] += x[c] * s * d[c];
+            for (u64 c = c0; c < c1; ++c) dw[c] += widen(x[c]) * s * d[c];
         }
     }
+}
+}  // namespace
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                      u64 N, u64 C) {
+    rmsnorm_grad(dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const std::uint16_t* inp, const float* w,
+                      const float* rstd, u64 N, u64 C) {
+    rmsnorm_grad(dinp, dw, dout, inp, w, rstd, N, C);
 }
 
 // ---------------------------------------------------------------------------

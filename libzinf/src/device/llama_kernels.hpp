@@ -14,6 +14,9 @@ void residual_rmsnorm_forward(float* out, float* rstd, float* res, const float* 
                               float eps);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       u64 N, u64 C);
+// From inp stored bf16, widened as read: the fp32 kernel's bits on its copy.
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const std::uint16_t* inp, const float* w,
+                      const float* rstd, u64 N, u64 C);
 
 // `inverse`: the backward's turn the other way.
 void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse);

@@ -310,11 +310,15 @@ void RMSNorm::forward_residual(Context& c, std::span<float> out, std::span<float
     c.dev.residual_rmsnorm_forward(c.stream, out, rstd, res, add, c.engine.weight(*this, w_), N, C_, eps_);
 }
 
-void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
                        std::span<const float> rstd, u64 N) {
     BackwardScope scope(c.engine, *this);
-    c.dev.rmsnorm_backward(c.stream, dinp, c.engine.grad(*this, w_), dout, inp, c.engine.weight(*this, w_), rstd, N,
-                           C_);
+    const auto dw = c.engine.grad(*this, w_);
+    const auto w = c.engine.weight(*this, w_);
+    if (inp.is_bf16())
+        c.dev.rmsnorm_backward(c.stream, dinp, dw, dout, inp.bf16, w, rstd, N, C_);
+    else
+        c.dev.rmsnorm_backward(c.stream, dinp, dw, dout, inp.f32, w, rstd, N, C_);
 }
 
 // ---------------------------------------------------------------------------
@@ -433,12 +437,23 @@ void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float
     const std::span<float> norm1 = a.norm1.made(staging(s));
     ln_1_->forward(c, norm1, a.rstd1, x, N);
     a.norm1.keep(c, norm1);
-    attn_->forward(c, a.res2, a.norm1.read(), a, rope, B, T, s);
+    // Kept bf16, res2 is made in s->dqkv (the attention is done with the
+    // q, k, v product it joined there when o_proj writes it) and rounded
+    // before its norm reads it back widened there, as its backward reads it;
+    // fp32, the add and the norm in one pass (the same bits as the two).
+    const std::span<float> res2 = a.res2.made(s ? s->dqkv.span() : std::span<float>{});
+    attn_->forward(c, res2, a.norm1.read(), a, rope, B, T, s);
     const std::span<float> norm2 = a.norm2.made(staging(s));
-    ln_2_->forward_residual(c, norm2, a.rstd2, a.res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
+    if (!a.res2.is_bf16()) {
+        ln_2_->forward_residual(c, norm2, a.rstd2, res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
+    } else {
+        c.dev.accumulate(c.stream, res2, x);
+        a.res2.keep_widened(c, res2);
+        ln_2_->forward(c, norm2, a.rstd2, res2, N);
+    }
     a.norm2.keep(c, norm2);
     mlp_->forward(c, out, a.norm2.read(), a, N, s);
-    c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
+    c.dev.accumulate(c.stream, out, res2);  // out = res2 + mlp(norm2(res2))
 }
 
 void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
@@ -448,19 +463,19 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
     if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T, &s);
     const u64 N = B * T;
     mlp_->backward(c, s.dbtc, dres, a.norm2.read(), a, s, N);
-    ln_2_->backward(c, dres, s.dbtc, a.res2, a.rstd2, N);
+    ln_2_->backward(c, dres, s.dbtc, a.res2.read(), a.rstd2, N);
     attn_->backward(c, s.dbtc, dres, a.norm1.read(), a, s, rope, B, T);
-    ln_1_->backward(c, dres, s.dbtc, x, a.rstd1, N);
+    ln_1_->backward(c, dres, s.dbtc, device::Weight{.f32 = x}, a.rstd1, N);
 }
 
 void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
                         std::span<float> k, std::span<float> v, std::span<const float> rope, u64 pos) {
     ForwardScope scope(c.engine, *this);
     ln_1_->forward(c, a.norm1.f32, a.rstd1, x, 1);  // a decoder's buffers are fp32 (decode_state)
-    attn_->decode(c, a.res2, a.norm1.f32, a.q, a.att, a.atty.f32, k, v, rope, pos);
-    ln_2_->forward_residual(c, a.norm2.f32, a.rstd2, a.res2, x, 1);
+    attn_->decode(c, a.res2.f32, a.norm1.f32, a.q, a.att, a.atty.f32, k, v, rope, pos);
+    ln_2_->forward_residual(c, a.norm2.f32, a.rstd2, a.res2.f32, x, 1);
     mlp_->forward(c, out, a.norm2.read(), a, 1);
-    c.dev.accumulate(c.stream, out, a.res2);
+    c.dev.accumulate(c.stream, out, a.res2.f32);
 }
 
 // ---------------------------------------------------------------------------
@@ -571,7 +586,7 @@ LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f, K&& 
     b.v = b.qkv.span().subspan(N * (QC + KC), N * KC);
     b.att = f(B * cfg.heads * T * T, "attention");
     b.atty = kept(N * QC, "attention output");
-    b.res2 = f(N * C, "residual 2");
+    b.res2 = kept(N * C, "residual 2");
     b.norm2 = kept(N * C, "post_attention_layernorm");
     b.rstd2 = f(N, "post_attention_layernorm rstd");
     b.gate_up = kept(2 * N * cfg.ffn, "gate, up");
@@ -664,7 +679,7 @@ void Llama::backward(Context& c, Activations& a) {
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    norm_->backward(c, a.dres, own.scratch.dbtc, checkpoints::last(c, a, cfg_), a.lnf_rstd, N);
+    norm_->backward(c, a.dres, own.scratch.dbtc, device::Weight{.f32 = checkpoints::last(c, a, cfg_)}, a.lnf_rstd, N);
     checkpoints::backward(c, a, cfg_, own.scratch.dbtc, [&](u64 l, std::span<const float> x, std::span<float> rec) {
         blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, own.rope, B, T, rec);
     });

@@ -336,6 +336,10 @@ public:
                              std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
                              u64 C) override;
 
+    void do_rmsnorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
+                                  std::span<const std::uint16_t> inp, std::span<const float> w,
+                                  std::span<const float> rstd, u64 N, u64 C) override;
+
     void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
                  u64 pos0, bool inverse) override;
 

@@ -157,6 +157,15 @@ void CudaDevice::do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span
     launched("rmsnorm_backward");
 }
 
+void CudaDevice::do_rmsnorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw,
+                                          std::span<const float> dout, std::span<const std::uint16_t> inp,
+                                          std::span<const float> w, std::span<const float> rstd, u64 N, u64 C) {
+    bind();
+    cuda::rmsnorm_backward(as_cuda(s).native(), dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
+                           rstd.data(), N, C);
+    launched("rmsnorm_backward (bf16)");
+}
+
 void CudaDevice::do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
                          u64 pos0, bool inverse) {
     bind();

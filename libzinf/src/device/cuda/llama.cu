@@ -34,30 +34,33 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, float* inp, cons
     if ((threadIdx.x & 7u) == 0) rstd[row] = s;
 }
 
-__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+// E, in the two: float, or std::uint16_t for inp stored bf16 (widened as read).
+template <class E>
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const E* inp, const float* w,
                                              const float* rstd, u64 N, u64 C) {
     const u64 row = u64{blockIdx.x} * (blockDim.x / 8) + threadIdx.x / 8;
     const bool valid = row < N;
     const u64 r = valid ? row : N - 1;
-    const float* x = inp + r * C;
+    const E* x = inp + r * C;
     const float* d = dout + r * C;
     const float s = rstd[r];
     const float inv_c = 1.0f / static_cast<float>(C);
-    const float m = lanes8([&](u64 c) { return (w[c] * d[c]) * (x[c] * s); }, C) * inv_c;
+    const float m = lanes8([&](u64 c) { return (w[c] * d[c]) * (widen(x[c]) * s); }, C) * inv_c;
     if (!valid) return;
     float* di = dinp + row * C;
     for (u64 c = threadIdx.x & 7u; c < C; c += 8) {
-        const float norm = x[c] * s, dnorm = w[c] * d[c];
+        const float norm = widen(x[c]) * s, dnorm = w[c] * d[c];
         di[c] += (dnorm - norm * m) * s;
     }
 }
 
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* inp, const float* rstd, u64 N,
+template <class E>
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const E* inp, const float* rstd, u64 N,
                                            u64 C) {
     const u64 c = global_id();
     if (c >= C) return;
     float acc = dw[c];
-    for (u64 r = 0; r < N; ++r) acc += inp[r * C + c] * rstd[r] * dout[r * C + c];
+    for (u64 r = 0; r < N; ++r) acc += widen(inp[r * C + c]) * rstd[r] * dout[r * C + c];
     dw[c] = acc;
 }
 
@@ -171,7 +174,9 @@ __global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const fl
 }  // namespace
 
 cudaError_t preload_llama() {
-    return load_kernels(rmsnorm_forward_kernel, rmsnorm_backward_dinp_kernel, rmsnorm_backward_dw_kernel, rope_kernel,
+    return load_kernels(rmsnorm_forward_kernel, rmsnorm_backward_dinp_kernel<float>, rmsnorm_backward_dw_kernel<float>,
+                        rmsnorm_backward_dinp_kernel<std::uint16_t>, rmsnorm_backward_dw_kernel<std::uint16_t>,
+                        rope_kernel,
                         swiglu_forward_kernel<float>, swiglu_forward_kernel<std::uint16_t>,
                         swiglu_backward_kernel<float>, swiglu_backward_kernel<std::uint16_t>, gqa_forward_kernel, gqa_decode_kernel,
                         gqa_datt_kernel, gqa_dq_kernel, gqa_dkv_kernel);
@@ -183,11 +188,24 @@ void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, float* inp, const 
     rmsnorm_forward_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(out, rstd, inp, add, w, N, C, eps);
 }
 
-void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                      const float* rstd, u64 N, u64 C) {
+namespace {
+template <class E>
+void rmsnorm_grad(cudaStream_t s, float* dinp, float* dw, const float* dout, const E* inp, const float* w,
+                  const float* rstd, u64 N, u64 C) {
     if (!N || !C) return;
     rmsnorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
     rmsnorm_backward_dw_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dw, dout, inp, rstd, N, C);
+}
+}  // namespace
+
+void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, u64 N, u64 C) {
+    rmsnorm_grad(s, dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const std::uint16_t* inp,
+                      const float* w, const float* rstd, u64 N, u64 C) {
+    rmsnorm_grad(s, dinp, dw, dout, inp, w, rstd, N, C);
 }
 
 void rope(cudaStream_t s, float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse) {

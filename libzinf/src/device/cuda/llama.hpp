@@ -18,6 +18,9 @@ void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, float* inp, const 
                      u64 C, float eps);
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, u64 N, u64 C);
+// From inp stored bf16, widened as read.
+void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const std::uint16_t* inp,
+                      const float* w, const float* rstd, u64 N, u64 C);
 void rope(cudaStream_t s, float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, bool inverse);
 void swiglu_forward(cudaStream_t s, float* out, const float* gate, const float* up, u64 n);
 void swiglu_backward(cudaStream_t s, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
