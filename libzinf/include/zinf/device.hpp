@@ -135,10 +135,11 @@ private:
 // bf16 A (or, in a Llama weight's gradient dy^T x, a bf16 B), and GELU and
 // SwiGLU from and to bf16 (a GEMM's input rounded to bf16 is what the bf16
 // GEMM reads anyway, so only GELU's and SwiGLU's inputs change the
-// arithmetic). A GPT block keeps its q/k/v and attention softmax bf16 too,
-// the attention's backward reading them bf16. The Llama's q/k/v and
-// softmax, the residual inside a block, the loss, gradients handed to the
-// optimizer, master weights and optimizer state stay fp32.
+// arithmetic). A block keeps the residual between its attention and MLP
+// bf16 too (its norm's backward reads it so), and a GPT block its q/k/v and
+// attention softmax, the attention's backward reading them bf16. The
+// Llama's q/k/v and softmax, the loss, gradients handed to the optimizer,
+// master weights and optimizer state stay fp32.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);
 Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices
