@@ -388,9 +388,24 @@ BOOST_AUTO_TEST_CASE(checkpointing_is_bitwise_and_the_cache_matches_the_full_for
     for (Net* n : {&keep, &ckpt}) {
         load(*n, ref);
         n->set_batch(in, tg);
+        n->eng.tracing = true;
         n->step();
     }
     BOOST_TEST(keep.loss() == ckpt.loss());
+    // The recompute runs each block up to the MLP's activation: gate_proj
+    // twice, down_proj (whose output the backward never reads) once.
+    auto forwards = [](const Net& n, const std::string& module) {
+        return std::count_if(n.eng.trace.begin(), n.eng.trace.end(), [&](const auto& h) {
+            return h.kind == zero::ResidentEngine::Hook::before_forward && h.module == module;
+        });
+    };
+    for (const std::string l : {"0", "1"}) {
+        const std::string mlp = "model.layers." + l + ".mlp.";
+        BOOST_TEST(forwards(keep, mlp + "gate_proj") == 1);
+        BOOST_TEST(forwards(ckpt, mlp + "gate_proj") == 2);
+        BOOST_TEST(forwards(keep, mlp + "down_proj") == 1);
+        BOOST_TEST(forwards(ckpt, mlp + "down_proj") == 1, "layer " << l << " recomputed down_proj");
+    }
     for (std::size_t t = 0; t < keep.m.params_table().size(); ++t) {
         const auto a = keep.read(keep.eng.gradient(t)), b = ckpt.read(ckpt.eng.gradient(t));
         BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0, "gradient " << t);

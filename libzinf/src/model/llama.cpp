@@ -368,6 +368,7 @@ void LlamaMLP::forward(Context& c, std::span<float> out, std::span<const float> 
     ForwardScope scope(c.engine, *this);
     project(c, cfg_, {gate_.get(), up_.get()}, {gate, up}, x, N, s, s ? s->dgate_up.span() : std::span<float>{});
     c.dev.swiglu_forward(c.stream, act, gate, up);
+    if (out.empty()) return;  // a recompute: the backward reads act, not out
     down_->forward(c, out, act, N);
 }
 
@@ -399,6 +400,7 @@ void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float
     attn_->forward(c, a.res2, a.norm1, a, rope, B, T, s);
     ln_2_->forward_residual(c, a.norm2, a.rstd2, a.res2, x, N);  // res2 = x + attn(norm1(x)), then its norm
     mlp_->forward(c, out, a.norm2, a.gate, a.up, a.act, N, s);
+    if (out.empty()) return;
     c.dev.accumulate(c.stream, out, a.res2);  // out = res2 + mlp(norm2(res2))
 }
 
@@ -406,7 +408,10 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
                           LlamaScratch& s, std::span<const float> rope, u64 B, u64 T,
                           std::span<float> recompute_out) {
     BackwardScope scope(c.engine, *this);
-    if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T, &s);
+    // The recompute stops at the MLP's activation: the block's output (the
+    // next checkpoint, already kept) is no input of its backward, so down_proj
+    // and the residual add are not run again.
+    if (!recompute_out.empty()) forward(c, {}, x, a, rope, B, T, &s);
     const u64 N = B * T;
     mlp_->backward(c, s.dbtc, dres, a.norm2, a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2, a.rstd2, N);
