@@ -435,8 +435,9 @@ BOOST_AUTO_TEST_CASE(checkpointing_is_bitwise_and_the_cache_matches_the_full_for
 }
 
 // An engine that is not the resident one, over a resident engine's memory:
-// the Llama runs q, k, v and gate, up a GEMM each under it, as under the
-// ZeRO-Infinity engine (each parameter in its own buffer).
+// the Llama joins q, k, v and gate, up through copies of their weights and
+// a scratch gradient under it, as under the ZeRO-Infinity engine (each
+// parameter in its own buffer).
 class Apart : public zero::ParamEngine {
 public:
     explicit Apart(model::ResidentEngine& r) : r_(r) {}
@@ -451,7 +452,8 @@ private:
 
 // Where the resident engine holds q, k, v (and gate, up) one after another,
 // the model runs them as one GEMM (their hooks nested around it); the loss
-// and every gradient are those of a GEMM each, to the bit, on 2 threads with
+// and every gradient are those of the joined GEMMs over copies under an
+// engine that keeps each parameter apart, to the bit, on 2 threads with
 // GEMMs large enough to be split over them, with and without checkpointing.
 BOOST_AUTO_TEST_CASE(joined_projections_are_the_parts_to_the_bit) {
     std::mt19937_64 rng(fresh_seed("llama joined projections"));
@@ -496,6 +498,85 @@ BOOST_AUTO_TEST_CASE(joined_projections_are_the_parts_to_the_bit) {
             BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
                        "gradient of " << joined.m.params_table().all()[t].name << ", checkpoint " << checkpoint);
         }
+    }
+}
+
+// A joined group's input gradient is one GEMM over all its outputs: the
+// MLP's dx is [d gate, d up] (N, 2F) times [W_gate; W_up] (2F, C) as one
+// product, to the bit, under the resident engine and one that keeps each
+// parameter apart; not the sum of a product per part, whose bits differ
+// (each part's sum rounded on its own).
+BOOST_AUTO_TEST_CASE(joined_input_gradient_is_one_product) {
+    std::mt19937_64 rng(fresh_seed("llama joined input gradient"));
+    const auto cfg = model::Config::from(
+        shard::ModelSpec::parse("llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=160,vocab=96,seq=32"));
+    const u64 N = 64, C = cfg.hidden, F = cfg.ffn;
+    BOOST_REQUIRE(model::joined_projections(cfg, 2 * F));
+    auto dev = cpu();
+    auto& st = dev->compute();
+    model::ParamTable table(cfg);
+    model::LlamaMLP mlp(table, "model.layers.0.mlp", cfg);
+    model::ResidentEngine eng(*dev, model::numels(table));
+    std::normal_distribution<float> nd;
+    auto fill = [&](std::span<float> d) {
+        std::vector<float> h(d.size());
+        for (auto& x : h) x = 0.25f * nd(rng);
+        dev->copy(st, std::as_writable_bytes(d), std::as_bytes(std::span<const float>(h)));
+    };
+    auto read = [&](std::span<const float> d) {
+        std::vector<float> h(d.size());
+        dev->copy(st, std::as_writable_bytes(std::span(h)), std::as_bytes(d));
+        dev->synchronize(st);
+        return h;
+    };
+    auto param = [&](const std::string& name) {
+        for (std::size_t i = 0; i < table.size(); ++i)
+            if (table[i].name == "model.layers.0.mlp." + name + ".weight") return i;
+        BOOST_FAIL("no parameter " << name);
+        return std::size_t{0};
+    };
+    const std::size_t gate = param("gate_proj"), up = param("up_proj"), down = param("down_proj");
+    for (std::size_t p : {gate, up, down}) fill(eng.values(p));
+    model::LlamaBlockActivations a;
+    a.gate_up = dev->alloc<float>(2 * N * F, "gate, up");
+    a.gate = a.gate_up.span().first(N * F);
+    a.up = a.gate_up.span().subspan(N * F);
+    a.act = dev->alloc<float>(N * F, "act");
+    model::LlamaScratch s;
+    s.dgate_up = dev->alloc<float>(2 * N * F, "d gate, up");
+    s.dgate = s.dgate_up.span().first(N * F);
+    s.dup = s.dgate_up.span().subspan(N * F);
+    s.joined = dev->alloc<float>(2 * 2 * F * C, "joined");
+    auto x = dev->alloc<float>(N * C, "x"), dout = dev->alloc<float>(N * C, "dout");
+    for (std::span<float> d : {a.gate_up.span(), x.span(), dout.span()}) fill(d);
+    dev->swiglu_forward(st, a.act.span(), a.gate, a.up);
+    const auto gate_up = read(a.gate_up.span());
+
+    // What the backward multiplies: [d gate, d up] from down_proj's and SwiGLU's backward.
+    auto dact = dev->alloc<float>(N * F, "d act"), dup = dev->alloc<float>(N * F, "d up");
+    auto rows = dev->alloc<float>(2 * N * F, "rows");
+    dev->gemm(st, {.m = N, .n = F, .k = C}, dout.span(), eng.values(down), dact.span());
+    dev->swiglu_backward(st, dact.span(), dup.span(), dact.span(), a.gate, a.up);
+    dev->copy_rows(st, rows.span(), 2 * F, dact.span(), F, N, F);
+    dev->copy_rows(st, rows.span().subspan(F), 2 * F, dup.span(), F, N, F);
+    const std::span<const float> w(eng.values(gate).data(), eng.values(up).data() + F * C);
+    BOOST_REQUIRE(eng.values(up).data() == eng.values(gate).data() + F * C);  // the resident engine's order
+    auto one = dev->alloc<float>(N * C, "one product"), parts = dev->alloc<float>(N * C, "a product per part");
+    dev->gemm(st, {.m = N, .n = C, .k = 2 * F}, rows.span(), w, one.span());
+    dev->gemm(st, {.m = N, .n = C, .k = F}, dact.span(), eng.values(gate), parts.span());
+    dev->gemm(st, {.m = N, .n = C, .k = F, .beta = 1}, dup.span(), eng.values(up), parts.span());
+    const auto want = read(one.span()), per_part = read(parts.span());
+    BOOST_TEST(std::memcmp(want.data(), per_part.data(), want.size() * 4) != 0);
+
+    Apart apart(eng);
+    for (zero::ParamEngine* e : {static_cast<zero::ParamEngine*>(&eng), static_cast<zero::ParamEngine*>(&apart)}) {
+        auto dx = dev->alloc<float>(N * C, "dx");
+        model::Context c{*dev, st, *e};
+        dev->copy(st, std::as_writable_bytes(a.gate_up.span()), std::as_bytes(std::span<const float>(gate_up)));
+        mlp.backward(c, dx.span(), dout.span(), x.span(), a, s, N);
+        const auto got = read(dx.span());
+        BOOST_TEST(std::memcmp(got.data(), want.data(), want.size() * 4) == 0,
+                   (e == &eng ? "resident" : "apart") << ": dx is not the one product");
     }
 }
 

@@ -102,8 +102,8 @@ struct LlamaScratch {
     device::Array<float> dgate_up;       // dgate, dup
     std::span<float> dgate, dup;         // (N,F) each, in dgate_up
     // A joined group's weights (their copies where the engine keeps them
-    // apart) or their gradients: the largest joined group's (sum of outs, C);
-    // empty when no group is joined.
+    // apart), then its gradients: twice the largest joined group's (sum of
+    // outs, C); empty when no group is joined.
     device::Array<float> joined;
 };
 
