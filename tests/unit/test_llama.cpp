@@ -505,7 +505,10 @@ BOOST_AUTO_TEST_CASE(joined_projections_are_the_parts_to_the_bit) {
 // MLP's dx is [d gate, d up] (N, 2F) times [W_gate; W_up] (2F, C) as one
 // product, to the bit, under the resident engine and one that keeps each
 // parameter apart; not the sum of a product per part, whose bits differ
-// (each part's sum rounded on its own).
+// (each part's sum rounded on its own). Where OpenBLAS cuts the joined k
+// into blocks exactly where the parts meet, the two give the same bits and
+// the case cannot tell them apart: it warns then (Debian's OpenBLAS 0.3.21
+// on the 2-vCPU VM: with F = 100 in two runs of three; with F = 160 in none).
 BOOST_AUTO_TEST_CASE(joined_input_gradient_is_one_product) {
     std::mt19937_64 rng(fresh_seed("llama joined input gradient"));
     const auto cfg = model::Config::from(
@@ -566,7 +569,8 @@ BOOST_AUTO_TEST_CASE(joined_input_gradient_is_one_product) {
     dev->gemm(st, {.m = N, .n = C, .k = F}, dact.span(), eng.values(gate), parts.span());
     dev->gemm(st, {.m = N, .n = C, .k = F, .beta = 1}, dup.span(), eng.values(up), parts.span());
     const auto want = read(one.span()), per_part = read(parts.span());
-    BOOST_TEST(std::memcmp(want.data(), per_part.data(), want.size() * 4) != 0);
+    BOOST_WARN_MESSAGE(std::memcmp(want.data(), per_part.data(), want.size() * 4) != 0,
+                       "a product per part gives the one product's bits here: the case tells them apart no more");
 
     Apart apart(eng);
     for (zero::ParamEngine* e : {static_cast<zero::ParamEngine*>(&eng), static_cast<zero::ParamEngine*>(&apart)}) {
