@@ -111,8 +111,8 @@ struct LlamaScratch {
     device::Array<float> dgate_up;
     std::span<float> dgate, dup;         // (N,F) each, in dgate_up
     // A joined group's weights (their copies where the engine keeps them
-    // apart) or their gradients: the largest joined group's (sum of outs, C);
-    // empty when no group is joined.
+    // apart), then its gradients: twice the largest joined group's (sum of
+    // outs, C); empty when no group is joined.
     device::Array<float> joined;
 };
 
@@ -169,7 +169,8 @@ class LlamaMLP : public Module {
 public:
     LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg);
     // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)), keeping gate,
-    // up and their product in `a`. `s` as the attention's.
+    // up and their product in `a`. `s` as the attention's. `out` empty: gate,
+    // up and their product only (a recompute for the backward).
     void forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
                  std::uint64_t N, LlamaScratch* s = nullptr);
     // dx (N,C) written.
@@ -186,9 +187,12 @@ class LlamaBlock : public Module {
 public:
     LlamaBlock(ParamTable& t, std::uint64_t layer, const Config& cfg);
     // `s`: scratch for joined projections (LlamaAttention::forward); null: none.
+    // `out` empty: every activation the backward reads, not the output.
     void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
                  std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
-    // As Block::backward (model.hpp): dres in, d x out, in place.
+    // As Block::backward (model.hpp): dres in, d x out, in place. With
+    // `recompute_out` given the forward runs again first, up to the MLP's
+    // activation (recompute_out itself is not written).
     void backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
                   LlamaScratch& s, std::span<const float> rope, std::uint64_t B, std::uint64_t T,
                   std::span<float> recompute_out = {});

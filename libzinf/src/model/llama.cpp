@@ -124,8 +124,9 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
 }
 
 // ---------------------------------------------------------------------------
-// Projections of one input (q, k and v; gate and up) as one GEMM each way:
-// their product x @ [W_1; W_2; ...]^T and their weights' gradients [dy_1
+// Projections of one input (q, k and v; gate and up) as one GEMM each of
+// three ways: their product x @ [W_1; W_2; ...]^T, the input's gradient
+// [dy_1 dy_2 ...] @ [W_1; W_2; ...] and their weights' gradients [dy_1
 // dy_2 ...]^T @ x, one OpenMP region where the parts took one each (a
 // Llama block's regions, not its FLOPs, set its step on a loaded machine:
 // BENCHMARKS.md). A GEMM's bits depend on its shape (OpenBLAS blocks it by
@@ -136,8 +137,9 @@ void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float>
 // them over as one matrix; any other (the ZeRO-Infinity engine gathers each
 // parameter into its own buffer) has the weights copied side by side into
 // scratch, each within its own hooks, and the joined gradient added to each
-// part's, within its hooks. The input's gradient stays a GEMM per part in
-// order, as the parts' backward computes it.
+// part's, within its hooks. The joined input gradient sums over all the
+// parts' outputs in one GEMM, so its bits are not those of a GEMM per part
+// (nor need be: every engine runs the joined one).
 namespace {
 
 constexpr u64 kJoinedMaxBytes = u64{32} << 20;
@@ -236,13 +238,15 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
     }
 }
 
-// dx (N,in) = sum_i dys[i] @ W_i (a GEMM per part, in order) and dW_i +=
-// dys[i]^T @ x. Joined: the dys copied side by side into `rows` (N, sum of
-// outs), the gradients one GEMM: straight into the resident engine's
-// (zeroed for the step, so that 0 + the product is the product), or into
-// scratch and added to each part's (zeroed by its fetch); otherwise each
-// part's backward; always so without `rows` (a group kept bf16, whose
-// forward ran a GEMM each: LlamaBlockActivations).
+// dx (N,in) = [dys...] @ [W_1; W_2; ...] and dW_i += dys[i]^T @ x. Joined:
+// the dys copied side by side into `rows` (N, sum of outs), then one GEMM
+// each way: with the resident engine's joined weights and straight into its
+// gradients (zeroed for the step, so that 0 + the product is the product);
+// under any other engine the gradient into scratch, added to each part's and
+// its weight copied beside the others', each within its own hooks, then dx
+// from the copies. Otherwise each part's backward, dx summed over them;
+// always so without `rows` (a group kept bf16, whose forward ran a GEMM
+// each: LlamaBlockActivations).
 void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
                       std::initializer_list<std::span<const float>> dys, std::span<float> dx,
                       const device::Weight& x, u64 N, LlamaScratch& s, std::span<float> rows) {
@@ -261,31 +265,24 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
         c.dev.copy_rows(c.stream, rows.subspan(at), J, *dy++, p->out, N, p->out);
         at += p->out;
     }
-    auto dx_part = [&](RowLinear& p, std::span<const float> d, const device::Weight& w, bool first) {
-        c.gemm(Gemm{.m = N, .n = in, .k = p.out, .beta = first ? 0.0f : 1.0f}, d, w, dx);
-    };
-    const Gemm dw{.ta = true, .m = J, .n = in, .k = N, .beta = 1};
-    dy = dys.begin();
+    const Gemm dgrad{.m = N, .n = in, .k = J}, dw{.ta = true, .m = J, .n = in, .k = N, .beta = 1};
     if (const auto j = adjacent(c, parts)) {
         const Nested<BackwardScope> scopes(c.engine, parts);
-        at = 0;
-        for (RowLinear* p : parts) {
-            dx_part(*p, *dy++, {.f32 = j->w.subspan(at * in, p->out * in)}, at == 0);
-            at += p->out;
-        }
+        c.gemm(dgrad, rows, j->w, dx);
         c.gemm(dw, rows, x, j->g);
         return;
     }
-    const auto g = s.joined.span().first(J * in);
+    const auto w = s.joined.span().first(J * in), g = s.joined.span().subspan(J * in, J * in);
     c.dev.zero(c.stream, g);
     c.gemm(dw, rows, x, g);
     at = 0;
     for (RowLinear* p : parts) {
         BackwardScope scope(c.engine, *p);
-        dx_part(*p, *dy++, c.engine.stored(*p, p->weight_param()), at == 0);
+        c.to_f32(w.subspan(at * in, p->out * in), c.engine.stored(*p, p->weight_param()));
         c.dev.accumulate(c.stream, c.engine.grad(*p, p->weight_param()), g.subspan(at * in, p->out * in));
         at += p->out;
     }
+    c.gemm(dgrad, rows, w, dx);
 }
 
 }  // namespace
@@ -402,6 +399,7 @@ void LlamaMLP::forward(Context& c, std::span<float> out, const device::Weight& x
         c.dev.cast(c.stream, up, made);
         c.dev.swiglu_forward(c.stream, a.act.bf16.span(), gate, up);
     }
+    if (out.empty()) return;  // a recompute: the backward reads the product, not out
     down_->forward(c, out, a.act.read(), N);
 }
 
@@ -453,6 +451,7 @@ void LlamaBlock::forward(Context& c, std::span<float> out, std::span<const float
     }
     a.norm2.keep(c, norm2);
     mlp_->forward(c, out, a.norm2.read(), a, N, s);
+    if (out.empty()) return;
     c.dev.accumulate(c.stream, out, res2);  // out = res2 + mlp(norm2(res2))
 }
 
@@ -460,7 +459,10 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
                           LlamaScratch& s, std::span<const float> rope, u64 B, u64 T,
                           std::span<float> recompute_out) {
     BackwardScope scope(c.engine, *this);
-    if (!recompute_out.empty()) forward(c, recompute_out, x, a, rope, B, T, &s);
+    // The recompute stops at the MLP's activation: the block's output (the
+    // next checkpoint, already kept) is no input of its backward, so down_proj
+    // and the residual add are not run again.
+    if (!recompute_out.empty()) forward(c, {}, x, a, rope, B, T, &s);
     const u64 N = B * T;
     mlp_->backward(c, s.dbtc, dres, a.norm2.read(), a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2.read(), a.rstd2, N);
@@ -635,7 +637,7 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     u64 joined = 0;  // gate and up kept bf16 are not joined
     for (const u64 outs : {QC + 2 * KC, bf16 ? u64{0} : 2 * cfg_.ffn})
         if (outs && joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
-    if (joined) own->scratch.joined = f(joined, "joined projections' weights");
+    if (joined) own->scratch.joined = f(2 * joined, "joined projections' weights, gradients");
     // bf16: also the staging of the (N,C) and (N,F) values kept bf16.
     own->scratch.dgate_up = f(N * std::max(2 * cfg_.ffn, bf16 ? C : 0), "d gate, up");
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
