@@ -301,16 +301,25 @@ void register_during_chain_and_sync(const std::string& engine) {
         std::size_t b = next.fetch_add(1) % 1024;
         eng.read_then(f, b * 4 * KiB, got, [&](const IoError*) { issue(); });
     };
+    // Until the chain runs (a few reads done), and after registering until
+    // it runs on: not a fixed sleep, which a loaded machine under the thread
+    // sanitizer outlasted before the first callback.
+    auto advanced_past = [&](std::size_t n) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (next.load() <= n && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return next.load() > n;
+    };
     issue();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    BOOST_TEST(advanced_past(2));
     AlignedBuffer extra = AlignedBuffer::allocate(MiB);
     {
         Registration r = eng.register_buffer(extra.bytes());  // returns: no deadlock
         Registration rf = eng.register_file(f);
     }  // and releasing them too
+    BOOST_TEST(advanced_past(next.load()));  // the chain goes on
     stop = true;
     eng.wait_all();
-    BOOST_TEST(next.load() > 1u);
 
     // sync() after write_then: the callback has run, the data is in the file.
     std::atomic<bool> wrote{false};
