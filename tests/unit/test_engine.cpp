@@ -86,6 +86,25 @@ void same_losses(const Outcome& a, const Outcome& b, const std::string& what) {
 
 const Tier kTiers[] = {Tier::gpu, Tier::cpu, Tier::nvme};
 
+// A trainer over a fresh bf16 all-NVMe run of kGPT with a prefetch budget,
+// stepped by the caller.
+struct BudgetRun {
+    Run run;
+    comm::Communicator self = self_comm();
+    std::unique_ptr<device::Device> dev = device_of();
+    data::Loader loader;
+    train::Trainer t;
+    BudgetRun(Rig& rig, std::uint64_t seed, std::span<const std::uint16_t> tokens, std::uint64_t budget)
+        : run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, seed), kGPT),
+          loader(tokens, "tokens", {.batch = kB, .seq = kT}),
+          t(run.m, self, rig.engine, rig.pool, *dev, options(run, budget)) {}
+    static train::Options options(const Run& run, std::uint64_t budget) {
+        train::Options o = train_options(run.manifest_path());
+        o.infinity.prefetch_bytes = budget;
+        return o;
+    }
+};
+
 }  // namespace
 
 // ===========================================================================
@@ -489,13 +508,8 @@ BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
     const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
     Rig rig;
     for (std::uint64_t budget : {std::uint64_t{0}, 96 * KiB, 64 * MiB}) {
-        Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
-        auto self = self_comm();
-        auto dev = device_of();
-        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
-        train::Options o = train_options(run.manifest_path());
-        o.infinity.prefetch_bytes = budget;
-        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, o);
+        BudgetRun r(rig, s, tokens, budget);
+        auto& [run, self, dev, loader, t] = r;
         t.step(loader);
         const auto first = t.infinity()->stats();
         BOOST_TEST(first.prefetched == 0u);
@@ -541,13 +555,8 @@ BOOST_AUTO_TEST_CASE(a_checkpointed_step_reads_each_parameter_twice) {
     const auto tokens = make_tokens(s, 97, 8 * kB * kT + 1);
     Rig rig;
     for (std::uint64_t budget : {64 * KiB, 96 * KiB, 64 * MiB}) {
-        Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
-        auto self = self_comm();
-        auto dev = device_of();
-        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
-        train::Options o = train_options(run.manifest_path());
-        o.infinity.prefetch_bytes = budget;
-        train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, o);
+        BudgetRun r(rig, s, tokens, budget);
+        auto& [run, self, dev, loader, t] = r;
         std::uint64_t all = 0;
         for (const auto& tensor : run.m.tensors) all += tensor.numel * 2;  // bf16, dp 1
         const std::uint64_t wte = run.m.tensors[0].numel * 2;
