@@ -141,7 +141,8 @@ struct TierUse {
 // for the norm), in seconds; written out in man/zinf-plan.1:
 //   forward    max(compute, one fetch of the parameters): prefetch overlaps it
 //   backward   max(compute, the second fetch + the read-ahead's share of the disk)
-//   optimizer  after backward: the rest of the state read beside every write,
+//   optimizer  after backward: the rest of the state read and every write
+//              (the disk's time for both, as the disk floor counts it),
 //              or the CPU's work, whichever is longer: the update, then the
 //              xxh3 of what it writes and of what it reads after backward
 // `known` is false when a bandwidth the placement uses was not measured.

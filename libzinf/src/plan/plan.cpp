@@ -242,8 +242,8 @@ std::string Placement::name() const {
 // waits for the norm, so the optimizer's NVMe reads overlap the backward
 // only as far as the read-ahead budget and the disk's time left beside the
 // backward's fetch; the rest is read after it, beside every write (the
-// update streams, so the slower of the two directions bounds it), or the
-// CPU bounds it: chunk by chunk the update, then the xxh3 of the chunk's
+// update streams; the disk's time is the reads' and the writes' together,
+// as the disk floor counts it), or the CPU bounds it: chunk by chunk the update, then the xxh3 of the chunk's
 // new state (written) and of what it read after backward (what the
 // read-ahead read was checked as it landed, during backward). The
 // gradients' scratch costs no disk time: held
@@ -314,7 +314,10 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
         read -= ahead;
         if (h.cpu_hash_bps > 0) update += time(read + written, h.cpu_hash_bps);
     }
-    st.optimizer = std::max({time(read, h.nvme_read_bps), time(written, h.nvme_write_bps), update});
+    // The disk one direction after the other, as the disk floor counts it
+    // (train's disk_floor_s): on the disks measured (BENCHMARKS.md, issue
+    // 28) reads in flight beside writes moved no more than the two in turn.
+    st.optimizer = std::max(time(read, h.nvme_read_bps) + time(written, h.nvme_write_bps), update);
     st.stall = st.forward + st.backward - st.compute;
     st.known = known;
     return st;
