@@ -137,8 +137,7 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
             n.module = mod->name();
         }
         const std::string block = block_of(mod->name());
-        if (!block.empty()) n.block = std::max(n.block, by_block[block] += align_up(std::max<std::uint64_t>(
-                                                                          bytes(*mod), 1), mem::kArenaAlignment));
+        if (!block.empty()) n.block = std::max(n.block, by_block[block] += detail::ring_bytes(bytes(*mod)));
     }
     // The flat area: as large as the largest bucket (largest_bucket).
     const comm::Communicator* c = opts.device_comm;
@@ -317,8 +316,7 @@ void Impl::set_trace(bool train_pass, std::vector<TraceEntry> t) {
     std::vector<std::pair<std::size_t, std::int64_t>> edges;  // (entry, +bytes at i / -bytes at j)
     for (std::size_t j = first_backward; j < t.size(); ++j)
         if (from[j] != kNone && from[j] > first_backward) {
-            const auto b = static_cast<std::int64_t>(
-                align_up(std::max<std::uint64_t>(block_bytes(*t[j].module, true, nullptr), 1), mem::kArenaAlignment));
+            const auto b = static_cast<std::int64_t>(detail::ring_bytes(block_bytes(*t[j].module, true, nullptr)));
             edges.emplace_back(from[j], b);
             edges.emplace_back(j, -b);
         }

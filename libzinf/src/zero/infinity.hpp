@@ -5,6 +5,7 @@
 
 #include <zinf/zero.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -19,6 +20,12 @@
 namespace zinf::zero::detail {
 
 inline constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+// The bytes a buffer of `bytes` takes in the ring (Ring::place): at least
+// one, in whole units of the arena.
+inline std::uint64_t ring_bytes(std::uint64_t bytes) {
+    return align_up(std::max<std::uint64_t>(bytes, 1), mem::kArenaAlignment);
+}
 
 // The engine's working memory: one region of the arena, each fetch placed
 // at the lowest address clear of live buffers. A place never overlaps a live
