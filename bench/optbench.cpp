@@ -89,6 +89,10 @@ shard::ModelSpec shape_for(std::uint64_t n) {
 
 struct UpdateResult {
     double seconds, bytes_per_param;
+    // The xxh3 of the updated state (master, moments, bf16 parameters): what
+    // the NVMe step hashes of every byte it writes (and checks of what it
+    // reads), one array a thread as the step hashes its files; bytes a second.
+    double hash_bps;
 };
 
 UpdateResult time_update(std::uint64_t n, const Options& o, const optim::Kernel& k, bool bf16_param, bool bf16_grad) {
@@ -105,14 +109,25 @@ UpdateResult time_update(std::uint64_t n, const Options& o, const optim::Kernel&
         fill(g, 4, 1e-2f);
     }
     optim::Update u{.master = w, .exp_avg = m, .exp_avg_sq = v, .grad_f32 = g, .grad_bf16 = g16, .param_bf16 = p16};
-    std::vector<double> t;
+    std::vector<double> t, th;
+    std::vector<std::span<const std::byte>> state{std::as_bytes(std::span(w)), std::as_bytes(std::span(m)),
+                                                  std::as_bytes(std::span(v))};
+    if (bf16_param) state.push_back(std::as_bytes(std::span(p16)));
+    std::uint64_t state_bytes = 0;
+    for (const auto& s : state) state_bytes += s.size();
+    std::vector<std::uint64_t> digests(state.size());
     for (unsigned s = 0; s <= o.steps; ++s) {
         const auto sc = optim::Scalars::make({}, s + 1);
         Timer tm;
         optim::adamw(u, sc, k);
         if (s) t.push_back(tm.seconds());  // the first is a warm-up
+        tm.reset();
+#pragma omp parallel for schedule(dynamic) num_threads(static_cast<int>(state.size()))
+        for (std::size_t j = 0; j < state.size(); ++j) digests[j] = xxh3(state[j]);
+        if (s) th.push_back(tm.seconds());
     }
-    return {median(t), 24.0 + (bf16_grad ? 2 : 4) + (bf16_param ? 2 : 0)};
+    return {median(t), 24.0 + (bf16_grad ? 2 : 4) + (bf16_param ? 2 : 0),
+            static_cast<double>(state_bytes) / median(th)};
 }
 
 // A scratch folder for the state, removed at the end unless --keep.
@@ -291,6 +306,7 @@ int run(const Options& o) {
         u["params_per_s"] = static_cast<double>(n) / up.seconds;
         u["bytes_per_param"] = static_cast<int>(up.bytes_per_param);
         u["traffic_gibps"] = traffic;
+        u["xxh3_gibps"] = up.hash_bps / GiB;
         u["copy_gibps"] = bw.copy;
         u["streams_gibps"] = bw.streams;
         u["bound_fraction"] = traffic / bw.bound();
@@ -328,9 +344,9 @@ int run(const Options& o) {
                     bw.copy, bw.streams, up.bytes_per_param);
         std::printf("# %-6s %-5s %12s %10s %11s %8s  %s\n", "kind", "state", "params", "seconds", "Mparams/s", "GiB/s",
                     "note");
-        std::printf("%-8s %-5s %12llu %10.4f %11.1f %8.2f  %.0f%% of the memory bound\n", "update", "cpu",
-                    static_cast<unsigned long long>(n), up.seconds, static_cast<double>(n) / up.seconds / 1e6,
-                    traffic, 100 * traffic / bw.bound());
+        std::printf("%-8s %-5s %12llu %10.4f %11.1f %8.2f  %.0f%% of the memory bound; xxh3 of the state %.2f GiB/s\n",
+                    "update", "cpu", static_cast<unsigned long long>(n), up.seconds,
+                    static_cast<double>(n) / up.seconds / 1e6, traffic, 100 * traffic / bw.bound(), up.hash_bps / GiB);
         for (const StepResult& s : steps) {
             std::printf("%-8s %-5s %12llu %10.4f %11.1f %8.2f", "step", s.state.c_str(),
                         static_cast<unsigned long long>(n), s.seconds, static_cast<double>(n) / s.seconds / 1e6,

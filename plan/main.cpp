@@ -28,7 +28,7 @@ struct Options {
     double target = 0.9, peak_tflops = 70;
     std::string gpu_mem, gpu_max_block, cpu_mem, nvme;
     std::string readahead = "auto";
-    std::optional<double> bw_gpu_gpu, bw_cpu_gpu, bw_nvme_read, bw_nvme_write, bw_cpu_update;  // GB/s
+    std::optional<double> bw_gpu_gpu, bw_cpu_gpu, bw_nvme_read, bw_nvme_write, bw_cpu_update, bw_cpu_hash;  // GB/s
     std::vector<std::string> bench;
     bool json = false;
     bool peak_given = false;
@@ -126,10 +126,11 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     std::printf("#\n# hardware: gpu %s per device, cpu %s and nvme %s per node\n", format_size(h.gpu_bytes).c_str(),
                 format_size(h.cpu_bytes).c_str(), format_size(h.nvme_bytes).c_str());
     auto src = [](double bps, const std::string& s) { return bps > 0 ? gb(bps) + " (" + s + ")" : "unknown"; };
-    std::printf("#   gpu-gpu %s; cpu-gpu %s; nvme read %s, write %s; cpu update %s\n",
+    std::printf("#   gpu-gpu %s; cpu-gpu %s; nvme read %s, write %s; cpu update %s; cpu xxh3 %s\n",
                 src(h.gpu_gpu_bps, h.source_gpu_gpu).c_str(), src(h.cpu_gpu_bps, h.source_cpu_gpu).c_str(),
                 src(h.nvme_read_bps, h.source_nvme_read).c_str(), src(h.nvme_write_bps, h.source_nvme_write).c_str(),
-                src(h.cpu_update_bps, h.source_cpu_update).c_str());
+                src(h.cpu_update_bps, h.source_cpu_update).c_str(),
+                h.cpu_hash_bps > 0 ? src(h.cpu_hash_bps, h.source_cpu_hash).c_str() : "not measured, not counted");
     std::printf("#\n# %-6s %-6s %-5s %4s %12s %12s %12s %10s %10s %10s %9s\n", "param", "optim", "acts", "fits", "gpu_need",
                 "cpu_need", "nvme_need", "eff_param", "eff_optim", "eff_acts", "step_s");
     for (const auto& p : r.all) {
@@ -200,6 +201,7 @@ int run(Options& o) {
     flag(o.bw_nvme_read, h.nvme_read_bps, h.source_nvme_read, "--bw-nvme-read");
     flag(o.bw_nvme_write, h.nvme_write_bps, h.source_nvme_write, "--bw-nvme-write");
     flag(o.bw_cpu_update, h.cpu_update_bps, h.source_cpu_update, "--bw-cpu-update");
+    flag(o.bw_cpu_hash, h.cpu_hash_bps, h.source_cpu_hash, "--bw-cpu-hash");
 
     if (!o.gpu_mem.empty()) {
         h.gpu_bytes = size_of(o.gpu_mem, "--gpu-mem");
@@ -270,6 +272,8 @@ int main(int argc, char** argv) {
     app.add_option("--bw-nvme-read", o.bw_nvme_read, "NVMe read bandwidth per node, GB/s");
     app.add_option("--bw-nvme-write", o.bw_nvme_write, "NVMe write bandwidth per node, GB/s");
     app.add_option("--bw-cpu-update", o.bw_cpu_update, "CPU optimizer memory traffic per node, GB/s");
+    app.add_option("--bw-cpu-hash", o.bw_cpu_hash,
+                   "xxh3 of the NVMe optimizer's state per node, GB/s (0: not counted)");
     app.add_option("--optimizer-readahead", o.readahead,
                    "Optimizer state read during backward per rank, as zinf-train takes it (SIZE or auto)")
         ->capture_default_str();

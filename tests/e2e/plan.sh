@@ -157,16 +157,18 @@ printf '%s\n' \
   '{"schema":"zinf.commbench/1","op":"allgather","busbw_gbps":80.0}' \
   '{"schema":"zinf.commbench/1","op":"allgather","busbw_gbps":95.0}' \
   '{"schema":"zinf.commbench/1","op":"allreduce","busbw_gbps":500.0}' \
-  '{"schema":"zinf.optbench/1","kind":"update","traffic_gibps":10.0}' \
+  '{"schema":"zinf.optbench/1","kind":"update","traffic_gibps":10.0,"xxh3_gibps":6.0}' \
   '{"schema":"zinf.optbench/1","kind":"step","state":"cpu"}' >"$B3"
 run "$PL" --model gpt2-124m "${CAP[@]}" --bench "$B3" --json -q
 expect_rc 0 "--bench with pinstress, commbench and optbench records exits 0"
 check "cpu_gpu = min(best h2d, best d2h) = 12 GiB/s; gpu_gpu = best allgather busbw 95 (allreduce ignored); cpu_update = 10 GiB/s" \
   jq -e "$(approx .hardware.cpu_gpu_gbps '12 * 1.073741824' 1e-12) and .hardware.gpu_gpu_gbps == 95
-    and $(approx .hardware.cpu_update_gbps '10 * 1.073741824' 1e-12) and .hardware.nvme_read_gbps == 0" <<<"$out"
-run "$PL" --model gpt2-124m "${CAP[@]}" --bench "$B3" --bw-gpu-gpu 7 --bw-cpu-gpu 8 --bw-cpu-update 9 --json -q
-check "--bw-gpu-gpu, --bw-cpu-gpu and --bw-cpu-update win over the file" \
-  jq -e '.hardware.gpu_gpu_gbps == 7 and .hardware.cpu_gpu_gbps == 8 and .hardware.cpu_update_gbps == 9' <<<"$out"
+    and $(approx .hardware.cpu_update_gbps '10 * 1.073741824' 1e-12) and .hardware.nvme_read_gbps == 0
+    and $(approx .hardware.cpu_hash_gbps '6 * 1.073741824' 1e-12)" <<<"$out"
+run "$PL" --model gpt2-124m "${CAP[@]}" --bench "$B3" --bw-gpu-gpu 7 --bw-cpu-gpu 8 --bw-cpu-update 9 --bw-cpu-hash 5 --json -q
+check "--bw-gpu-gpu, --bw-cpu-gpu, --bw-cpu-update and --bw-cpu-hash win over the file" \
+  jq -e '.hardware.gpu_gpu_gbps == 7 and .hardware.cpu_gpu_gbps == 8 and .hardware.cpu_update_gbps == 9
+    and .hardware.cpu_hash_gbps == 5' <<<"$out"
 
 # --- bench input: a real zinf-nvmebench --json run, recorded
 ND=$(mktemp -d /var/tmp/zinf-e2e-plan-XXXXXX)

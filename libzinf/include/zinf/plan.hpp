@@ -58,9 +58,13 @@ struct Hardware {
     double cpu_gpu_bps = 0;              // per device, pinned host <-> device
     double nvme_read_bps = 0, nvme_write_bps = 0;  // per node
     double cpu_update_bps = 0;           // per node: the CPU optimizer's memory traffic (zinf-optbench)
+    // Per node: the xxh3 the NVMe optimizer computes of every byte it reads
+    // from and writes to its files (zinf-optbench's xxh3_gibps); 0: not
+    // measured, and not counted.
+    double cpu_hash_bps = 0;
     // Where each figure came from: the record (file:line) or flag that set the value in force.
     std::string source_peak = "default", source_gpu_gpu, source_cpu_gpu, source_nvme_read, source_nvme_write,
-                source_cpu_update;
+                source_cpu_update, source_cpu_hash;
 };
 
 // A bench program's JSON record (one line of zinf-nvmebench, -pinstress,
@@ -137,8 +141,10 @@ struct TierUse {
 // for the norm), in seconds; written out in man/zinf-plan.1:
 //   forward    max(compute, one fetch of the parameters): prefetch overlaps it
 //   backward   max(compute, the second fetch + the read-ahead's share of the disk)
-//   optimizer  after backward: the rest of the state read beside every write,
-//              or the CPU update, whichever is longer
+//   optimizer  after backward: the rest of the state read and every write
+//              (the disk's time for both, as the disk floor counts it),
+//              or the CPU's work, whichever is longer: the update, then the
+//              xxh3 of what it writes and of what it reads after backward
 // `known` is false when a bandwidth the placement uses was not measured.
 struct StepTime {
     bool known = false;

@@ -523,6 +523,11 @@ public:
     // module, and `flat_gradients` whether it is its gradients.
     struct Need {
         std::uint64_t reserved = 0, largest = 0, flat = 0;
+        // The fetches (with gradients) of the modules nested in one numbered
+        // block ("h.3"), the largest: what a checkpointed block's forward run
+        // again in backward keeps for the block's backward at the most,
+        // where the device memory left holds it (not counted in total()).
+        std::uint64_t block = 0;
         std::string module, flat_module;
         bool flat_gradients = false;
         std::uint64_t total() const { return reserved + flat + largest; }

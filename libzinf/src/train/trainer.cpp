@@ -329,7 +329,11 @@ void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
     zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
         if (infinity) infinity->on_param(t, first, v);
     };
-    open_optimizer(e, p, zo, acts_used + n.total() + opts.infinity.prefetch_bytes);
+    // What this device's memory may hold at most beside the activations: the
+    // engine's reserve and largest fetch, the fetches ahead, and a
+    // checkpointed block's fetches kept for its backward.
+    const std::uint64_t kept = opts.checkpoint && opts.infinity.prefetch_bytes ? n.block : 0;
+    open_optimizer(e, p, zo, acts_used + n.total() + opts.infinity.prefetch_bytes + kept);
     infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
 }
 

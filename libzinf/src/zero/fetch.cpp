@@ -29,7 +29,7 @@ bool Ring::clear_of_live(std::uint64_t at, std::uint64_t n) const {
 }
 
 std::optional<Ring::Place> Ring::place(std::uint64_t bytes, const std::function<bool(const device::Event&)>& busy) {
-    bytes = align_up(std::max<std::uint64_t>(bytes, 1), mem::kArenaAlignment);
+    bytes = ring_bytes(bytes);
     // Whether a place fits depends on the live buffers alone, which the
     // host's calls decide: every rank makes the same decision. Where it goes
     // among the places that fit may follow timing: the lowest address (the

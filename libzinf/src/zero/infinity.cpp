@@ -29,6 +29,18 @@ std::vector<const Module*> ancestors(std::span<const Module* const> modules, con
     return out;
 }
 
+// The numbered block a module is nested in ("h.3" of "h.3.mlp.c_fc",
+// "model.layers.3" of "model.layers.3.self_attn.q_proj"); "" for none.
+std::string block_of(const std::string& name) {
+    for (std::size_t at = 0; at < name.size();) {
+        const std::size_t end = std::min(name.find('.', at), name.size());
+        if (end > at && std::all_of(name.begin() + at, name.begin() + end, [](char ch) { return ch >= '0' && ch <= '9'; }))
+            return end < name.size() ? name.substr(0, end) : std::string();
+        at = end + 1;
+    }
+    return {};
+}
+
 }  // namespace
 
 std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m,
@@ -115,6 +127,7 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
         if (p.persistent) n.reserved += detail::values_layout(p, dp, bf16).bytes;
         if (p.shared_grad) n.reserved += align_up(p.numel * 4, mem::kArenaAlignment);
     }
+    std::map<std::string, std::uint64_t> by_block;
     for (const Module* mod : modules) {
         auto bytes = [&](const Module& x) { return detail::block_bytes(params, dp, bf16, x, !x.params().empty(), nullptr); };
         std::uint64_t b = bytes(*mod);
@@ -123,6 +136,8 @@ InfinityEngine::Need InfinityEngine::need(const shard::Manifest& m, std::span<co
             n.largest = b;
             n.module = mod->name();
         }
+        const std::string block = block_of(mod->name());
+        if (!block.empty()) n.block = std::max(n.block, by_block[block] += detail::ring_bytes(bytes(*mod)));
     }
     // The flat area: as large as the largest bucket (largest_bucket).
     const comm::Communicator* c = opts.device_comm;
@@ -292,6 +307,26 @@ void Impl::set_trace(bool train_pass, std::vector<TraceEntry> t) {
             break;
         }
     }
+    // A recomputed forward's fetch (i > first_backward) is kept from i to
+    // the backward j that reuses it: the most such fetches hold at once is
+    // what parking every one of them takes (a checkpointed block's modules,
+    // from its forward run again to their backward). Kept within the
+    // prefetch budget alone, a block larger than it had its largest modules
+    // fetched a third time in backward.
+    std::vector<std::pair<std::size_t, std::int64_t>> edges;  // (entry, +bytes at i / -bytes at j)
+    for (std::size_t j = first_backward; j < t.size(); ++j)
+        if (from[j] != kNone && from[j] > first_backward) {
+            const auto b = static_cast<std::int64_t>(detail::ring_bytes(block_bytes(*t[j].module, true, nullptr)));
+            edges.emplace_back(from[j], b);
+            edges.emplace_back(j, -b);
+        }
+    std::sort(edges.begin(), edges.end());
+    std::int64_t held = 0, most = 0;
+    for (const auto& [at, b] : edges) most = std::max(most, held += b);
+    const std::uint64_t beside = opts.prefetch_bytes + 2 * gradients.largest_block;
+    const std::uint64_t room = ring.places.size() > beside ? ring.places.size() - beside : 0;
+    trace.park_bytes[train_pass] =
+        opts.prefetch_bytes == 0 ? 0 : std::max(opts.prefetch_bytes, std::min<std::uint64_t>(most, room));
     trace.order[train_pass] = std::move(t);
 }
 
@@ -470,13 +505,13 @@ void InfinityEngine::after_forward(const Module& m) {
     auto it = I.fetch.current.find(&m);
     if (it == I.fetch.current.end()) throw InternalError("engine: after_forward of " + m.name() + " without its fetch");
     auto& f = it->second;
-    // Kept for the module's backward while the kept fetches stay within the
-    // prefetch budget (a budget of 0 keeps one module live at a time: the
-    // least memory, tiles released one by one).
+    // Kept for the module's backward while the kept fetches stay within
+    // their budget (TraceStage::park_bytes; with a prefetch budget of 0, none:
+    // one module live at a time, the least memory, tiles released one by one).
     const auto& feeds = I.trace.feeds[I.train];
     const bool park = I.trace.replay && !I.trace.diverged && I.in_backward && f->grads &&
                       f->trace_index < feeds.size() && feeds[f->trace_index] &&
-                      I.fetch.parked_bytes + f->bytes() <= I.opts.prefetch_bytes;
+                      I.fetch.parked_bytes + f->bytes() <= I.trace.park_bytes[I.train];
     if (park) {
         I.fetch.parked_bytes += f->bytes();
         I.fetch.parked[&m] = std::move(f);

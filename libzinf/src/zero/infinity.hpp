@@ -5,6 +5,7 @@
 
 #include <zinf/zero.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -19,6 +20,12 @@
 namespace zinf::zero::detail {
 
 inline constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+// The bytes a buffer of `bytes` takes in the ring (Ring::place): at least
+// one, in whole units of the arena.
+inline std::uint64_t ring_bytes(std::uint64_t bytes) {
+    return align_up(std::max<std::uint64_t>(bytes, 1), mem::kArenaAlignment);
+}
 
 // The engine's working memory: one region of the arena, each fetch placed
 // at the lowest address clear of live buffers. A place never overlaps a live
@@ -213,7 +220,7 @@ struct InfinityEngine::Impl {
         // A block's forward run again in backward, kept for the module's own
         // backward that the trace says follows (recompute -> backward reuse).
         std::map<const Module*, std::unique_ptr<Fetch>> parked;
-        std::uint64_t parked_bytes = 0;  // within the prefetch budget: 0 keeps only one module live
+        std::uint64_t parked_bytes = 0;  // within TraceStage::park_bytes
         std::map<std::size_t, std::unique_ptr<Fetch>> prefetched;  // by trace index
         std::uint64_t ahead_bytes = 0;   // of the prefetched
         // nc read ahead of the fetches: by (trace index, parameter).
@@ -234,6 +241,12 @@ struct InfinityEngine::Impl {
         // and whether a later one reuses its fetch (it then carries gradients).
         std::vector<std::uint64_t> reuse_from[2];
         std::vector<bool> feeds[2];
+        // The most device bytes that fetches kept for a later backward may
+        // hold (FetchStage::parked): the most the recorded order ever keeps
+        // at once, where the ring holds it beside the prefetch budget and two
+        // of the largest modules, else what it can; never under the prefetch
+        // budget, and 0 with it (one module live at a time).
+        std::uint64_t park_bytes[2] = {};
         bool replay = false, diverged = false, warned = false;
         std::size_t pos = 0, pf_next = 0;  // the replay's next entry, and the prefetch's
     } trace;

@@ -571,6 +571,11 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             }
             read_up_to(i + ahead + 1);
             issue_writes(i);
+            tot.wait += w.seconds();
+            // Its new hashes while its writes run (both only read the
+            // bytes): the disk starts on them a hash earlier.
+            hash_written(chunks[i], i, piece_buf, tot, on_worker);
+            w.reset();
             while (written + behind < i + 1) retire_write(true);
             read_up_to(i + ahead + 1);
             tot.wait += w.seconds();
@@ -676,13 +681,18 @@ void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) 
 }
 
 template <class PieceBuf>
-void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
-                             Totals& tot, bool on_worker) {
-    // Where role r's bytes of piece p are: in chunk i's buffers, or in memory.
-    std::byte* base[Role::count] = {};
+std::array<std::byte*, Role::count> Optimizer::Impl::bases(const Chunk& c, std::size_t i, PieceBuf& piece_buf) {
+    std::array<std::byte*, Role::count> base{};
     for (int r = 0; r < Role::count; ++r)
         if (roles[r].present && !roles[r].file) base[r] = roles[r].image.data();
     for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(i, j) - c.lo[file_roles[j]];
+    return base;
+}
+
+template <class PieceBuf>
+void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
+                             Totals& tot, bool on_worker) {
+    const auto base = bases(c, i, piece_buf);
     auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
 
     std::vector<optim::Update> us;
@@ -726,9 +736,14 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf,
         const Role out = roles[Role::param].present ? Role::param : Role::master;
         for (const Piece& p : c.pieces) opts.on_param(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
     }
+}
 
-    // The new xxh3 of every written file partition, piece by piece in order.
-    t.reset();
+// Piece by piece in order, each written file partition's new xxh3.
+template <class PieceBuf>
+void Optimizer::Impl::hash_written(const Chunk& c, std::size_t i, PieceBuf& piece_buf, Totals& tot, bool on_worker) {
+    const auto base = bases(c, i, piece_buf);
+    auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
+    Timer t;
     std::vector<Role> hashed;
     for (Role r : file_roles)
         if (r != Role::grad) hashed.push_back(r);

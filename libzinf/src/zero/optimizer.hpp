@@ -5,6 +5,7 @@
 #include <zinf/zero.hpp>
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -214,6 +215,13 @@ struct Optimizer::Impl {
     template <class PieceBuf>
     void update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot,
                 bool worker);
+    // The new xxh3 of chunk i's written file partitions (after update()).
+    template <class PieceBuf>
+    void hash_written(const Chunk& c, std::size_t i, PieceBuf& piece_buf, Totals& tot, bool worker);
+    // Where each role's bytes of chunk i are, as if the chunk began at
+    // the partition's offset 0: in its buffers (piece_buf), or in memory.
+    template <class PieceBuf>
+    std::array<std::byte*, Role::count> bases(const Chunk& c, std::size_t i, PieceBuf& piece_buf);
     void check_read(const Chunk& c, Role r, const std::byte* base);
     void undo_speculation();
 
