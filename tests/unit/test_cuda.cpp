@@ -698,10 +698,10 @@ BOOST_AUTO_TEST_CASE(bf16_activations_through_a_gpt_step, *utf::precondition(Gpu
     bf16_step_against_cpu("bf16 activations", Precision::bf16, Precision::bf16, 1e-2, 5e-2);
 }
 
-// The same through a Llama step (RMSNorm outputs, the attention's output,
-// SwiGLU's gate, up and product kept bf16; SwiGLU from bf16), grouped-query
-// attention (4 heads, 2 kv heads), joined q, k, v projections: the same
-// tolerances.
+// The same through a Llama step (RMSNorm outputs, q, k, v, the softmax,
+// the attention's output, SwiGLU's gate, up and product kept bf16; SwiGLU
+// and the attention's backward from bf16), grouped-query attention (4
+// heads, 2 kv heads), joined q, k, v projections: the same tolerances.
 BOOST_AUTO_TEST_CASE(bf16_activations_through_a_llama_step, *utf::precondition(GpuPresent())) {
     bf16_step_against_cpu("llama bf16 activations", Precision::bf16, Precision::bf16, 1e-2, 5e-2,
                           "llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=160,vocab=97,seq=32");
@@ -1037,6 +1037,21 @@ BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresen
             return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
         };
         expect_all(p.run(backward), what + " backward", true);
+        // And from q, k, v and att stored bf16 (a Llama block's kept under
+        // Shape::activations bf16): bitwise too, and two runs the same bits.
+        const V16 q16 = halves(q), k16 = halves(k), v16 = halves(v), att16 = halves(att);
+        auto backward16 = [&](Device& d) -> Outputs {
+            auto datt = poisoned(d, B * NH * T * T);
+            auto dq = poisoned(d, q.size()), dk = poisoned(d, k.size()), dv = poisoned(d, v.size());
+            auto Q = up(d, q16), K = up(d, k16), Vv = up(d, v16), a = up(d, att16);
+            auto go = up(d, dout);
+            d.gqa_backward(d.compute(), dq, dk, dv, datt, go, std::span<const std::uint16_t>(Q),
+                           std::span<const std::uint16_t>(K), std::span<const std::uint16_t>(Vv),
+                           std::span<const std::uint16_t>(a), B, T, NH, KVH, hd);
+            return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
+        };
+        expect_all(p.run(backward16), what + " backward of bf16", true);
+        expect_same_bits(*p.gpu, backward16, what + " backward of bf16");
 
         const Vf q1 = randn(NH * hd, rng), kc = randn(T * KVH * hd, rng), vc = randn(T * KVH * hd, rng);
         auto decode = [&](Device& d) -> Outputs {

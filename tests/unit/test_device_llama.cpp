@@ -449,6 +449,56 @@ BOOST_AUTO_TEST_CASE(gqa_matches_reference_and_finite_differences) {
         "heads not a multiple of kv heads");
 }
 
+// A Llama block's q, k, v and softmax kept bf16 (Shape::activations): the
+// GQA backward from them is the fp32 kernel's on their widened copies, to
+// the bit, on 1 and 2 threads (each task's own widened rows); dq, dk and dv
+// written, not +=. Short spans are refused.
+BOOST_AUTO_TEST_CASE(gqa_backward_of_bf16_is_the_fp32_kernel_on_the_widened_inputs) {
+    std::mt19937_64 rng(fresh_seed("gqa bf16"));
+    const Gqa s{2, 37, 6, 2, 16};  // past the team's threshold, T past a key block, 3 heads a group
+    const auto q16 = halves(randn(s.B * s.T * s.QC(), rng)), k16 = halves(randn(s.B * s.T * s.KC(), rng)),
+               v16 = halves(randn(s.B * s.T * s.KC(), rng));
+    const Vf dout = randn(s.B * s.T * s.QC(), rng);
+    Vf att;
+    {  // the softmax of the forward on the kept q, k, v, rounded as the block keeps it
+        Rig r(1);
+        auto out = r.up(Vf(q16.size(), kNaN)), a = r.up(Vf(s.B * s.NH * s.T * s.T, kNaN));
+        r->gqa_forward(r.s(), out, a, r.in(widened(q16)), r.in(widened(k16)), r.in(widened(v16)), s.B, s.T, s.NH,
+                       s.KVH, s.hd);
+        att = r.down(a);
+    }
+    const auto att16 = halves(att);
+    for (unsigned threads : {1u, 2u}) {
+        Rig r(threads);
+        auto dq32 = r.up(Vf(q16.size(), kNaN)), dk32 = r.up(Vf(k16.size(), kNaN)), dv32 = r.up(Vf(v16.size(), kNaN));
+        auto dq16 = r.up(Vf(q16.size(), kNaN)), dk16 = r.up(Vf(k16.size(), kNaN)), dv16 = r.up(Vf(v16.size(), kNaN));
+        auto datt = r.up(Vf(att16.size(), kNaN));
+        const auto D = r.in(dout);
+        const auto Q = r.in(q16), K = r.in(k16), V = r.in(v16), A = r.in(att16);
+        r->gqa_backward(r.s(), dq32, dk32, dv32, datt, D, r.in(widened(q16)), r.in(widened(k16)), r.in(widened(v16)),
+                        r.in(widened(att16)), s.B, s.T, s.NH, s.KVH, s.hd);
+        r->gqa_backward(r.s(), dq16, dk16, dv16, datt, D, Q, K, V, A, s.B, s.T, s.NH, s.KVH, s.hd);
+        const Vf wq = r.down(dq32), wk = r.down(dk32), wv = r.down(dv32);
+        BOOST_TEST(same_bits(r.down(dq16), wq), threads << " threads: dq");
+        BOOST_TEST(same_bits(r.down(dk16), wk), threads << " threads: dk");
+        BOOST_TEST(same_bits(r.down(dv16), wv), threads << " threads: dv");
+        for (const Vf* g : {&wq, &wk, &wv})
+            BOOST_TEST(std::all_of(g->begin(), g->end(), [](float x) { return std::isfinite(x); }));
+        testing::what_of<InternalError>(
+            [&] {
+                r->gqa_backward(r.s(), dq16, dk16, dv16, datt, D, Q, K.first(k16.size() - 1), V, A, s.B, s.T, s.NH,
+                                s.KVH, s.hd);
+            },
+            "a short bf16 k");
+        testing::what_of<InternalError>(
+            [&] {
+                r->gqa_backward(r.s(), dq16, dk16, dv16, datt, D, Q, K, V, A.first(att16.size() - 1), s.B, s.T, s.NH,
+                                s.KVH, s.hd);
+            },
+            "a short bf16 softmax");
+    }
+}
+
 // With a kv head per query head it is the GPT's attention, to the bit; the
 // decode row is the forward's last, to the bit.
 BOOST_AUTO_TEST_CASE(gqa_is_attention_with_every_head_and_decode_is_its_last_row) {

@@ -136,10 +136,10 @@ private:
 // SwiGLU from and to bf16 (a GEMM's input rounded to bf16 is what the bf16
 // GEMM reads anyway, so only GELU's and SwiGLU's inputs change the
 // arithmetic). A block keeps the residual between its attention and MLP
-// bf16 too (its norm's backward reads it so), and a GPT block its q/k/v and
-// attention softmax, the attention's backward reading them bf16. The
-// Llama's q/k/v and softmax, the loss, gradients handed to the optimizer,
-// master weights and optimizer state stay fp32.
+// bf16 too (its norm's backward reads it so), and its q/k/v and attention
+// softmax, the attention's backward (the GPT's attention_backward, the
+// Llama's gqa_backward) reading them bf16. The loss, gradients handed to
+// the optimizer, master weights and optimizer state stay fp32.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);
 Precision parse_precision(std::string_view text);  // UsageError naming the text and the choices
@@ -390,6 +390,14 @@ public:
                       std::span<const float> k, std::span<const float> v, std::span<const float> att,
                       std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
                       std::uint64_t hd);
+    // The same from q, k, v and att stored bf16 (a Llama block's kept q/k/v
+    // and softmax under Shape::activations bf16), widened as read: the bits
+    // of the fp32 kernel on their fp32 copies.
+    void gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                      std::span<float> datt, std::span<const float> dout, std::span<const std::uint16_t> q,
+                      std::span<const std::uint16_t> k, std::span<const std::uint16_t> v,
+                      std::span<const std::uint16_t> att, std::uint64_t B, std::uint64_t T, std::uint64_t NH,
+                      std::uint64_t KVH, std::uint64_t hd);
     // One new position against a key-value cache: q (NH*hd) of position T-1,
     // k and v (T,KVH*hd) of positions 0..T-1 (each kv head cached once for
     // its group): out (NH*hd); att (NH,T). gqa_forward's row T-1, to the bit.
@@ -516,6 +524,12 @@ protected:
                                  std::span<const float> k, std::span<const float> v, std::span<const float> att,
                                  std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
                                  std::uint64_t hd) = 0;
+    virtual void do_gqa_backward_bf16(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                                      std::span<float> datt, std::span<const float> dout,
+                                      std::span<const std::uint16_t> q, std::span<const std::uint16_t> k,
+                                      std::span<const std::uint16_t> v, std::span<const std::uint16_t> att,
+                                      std::uint64_t B, std::uint64_t T, std::uint64_t NH, std::uint64_t KVH,
+                                      std::uint64_t hd) = 0;
     virtual void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                std::span<const float> k, std::span<const float> v, std::uint64_t T, std::uint64_t NH,
                                std::uint64_t KVH, std::uint64_t hd) = 0;

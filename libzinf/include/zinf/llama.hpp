@@ -82,17 +82,18 @@ private:
 // v; gate and up: joined_projections), the array here or its twin in
 // LlamaScratch holds their (N, sum of outs) product or gradients, side by
 // side, while the other holds the parts. The Kept ones are what the GEMMs,
-// SwiGLU and the second RMSNorm's backward read, the GPT's (model.hpp's
-// BlockActivations) analogues: bf16 under Shape::activations, made in fp32
-// in LlamaScratch::dgate_up (res2 in LlamaScratch::dqkv). Kept
-// bf16, gate and up are not joined: their bf16 array cannot take the
-// gradients' fp32 (N, 2F) side by side.
+// SwiGLU, the attention's and the second RMSNorm's backward read, the GPT's
+// (model.hpp's BlockActivations) analogues: bf16 under Shape::activations,
+// made in fp32 in LlamaScratch::dgate_up (res2, q, k and v in
+// LlamaScratch::dqkv, the softmax in LlamaScratch::datt). Kept bf16, q, k
+// and v are joined in LlamaScratch::dgate_up (the forward's product and the
+// backward's gradients), and gate and up are not joined: their bf16 array
+// cannot take the gradients' fp32 (N, 2F) side by side.
 struct LlamaBlockActivations {
     Kept norm1;                          // (N,C)
     device::Array<float> rstd1;          // (N)
-    device::Array<float> qkv;            // q, k, v
-    std::span<float> q, k, v;            // (N,H*hd), (N,KV*hd), (N,KV*hd) in qkv
-    device::Array<float> att;            // (B,H,T,T)
+    Kept qkv;                            // q, k, v: (N,H*hd), (N,KV*hd), (N,KV*hd)
+    Kept att;                            // (B,H,T,T) the softmax
     Kept atty;                           // (N,H*hd)
     Kept res2;                           // (N,C), made in LlamaScratch::dqkv when bf16
     Kept norm2;                          // (N,C)
@@ -107,7 +108,8 @@ struct LlamaScratch {
     std::span<float> dq, dk, dv;         // as q, k, v, in dqkv
     device::Array<float> datt;           // (B,H,T,T)
     // dgate, dup; in the forward, under Shape::activations bf16, the fp32
-    // staging of what the block keeps bf16 (Kept::made): (N, max(2F, C)).
+    // staging of what the block keeps bf16 (Kept::made), and of q, k and v's
+    // joined product and gradients: (N, max(2F, C, H*hd + 2 KV*hd joined)).
     device::Array<float> dgate_up;
     std::span<float> dgate, dup;         // (N,F) each, in dgate_up
     // A joined group's weights (their copies where the engine keeps them

@@ -361,21 +361,21 @@ struct Shape {
     // norm) that reads it, forward and backward alike, so the recompute sees
     // what the forward saw.
     device::Precision checkpoints = device::Precision::fp32;
-    // How a block keeps the activations its GEMMs, GELU or SwiGLU and (the
-    // GPT's) attention's and second layernorm's backward read for its
-    // backward (Kept: a GPT's BlockActivations' layernorms' outputs, q/k/v,
-    // attention's softmax and output, the residual between attention and
-    // MLP, MLP's pre- and post-GELU, all 15 of its (N,C) values a token and
-    // the (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
-    // outputs, attention's output, the residual between attention and MLP,
-    // SwiGLU's gate, up and product, 4C + 3F of its 5C + 3F + 2KV*hd): fp32,
-    // or bf16 (zinf-train --precision bf16, as
-    // llm.c), made in fp32, rounded as made and read bf16 by the GEMMs (which
-    // need bf16 inputs then: Context::precision bf16), GELU, SwiGLU and the
-    // GPT's attention backward and the norms' backward; the forward reads
-    // the GPT's q/k/v and both models' inner residual rounded too (widened
-    // back into scratch, as the checkpoints are). The Llama's q/k/v and
-    // softmax and the norms' statistics stay fp32.
+    // How a block keeps the activations its GEMMs, GELU or SwiGLU and its
+    // attention's and second norm's backward read for its backward (Kept: a
+    // GPT's BlockActivations' layernorms' outputs, q/k/v, attention's
+    // softmax and output, the residual between attention and MLP, MLP's
+    // pre- and post-GELU, all 15 of its (N,C) values a token and the
+    // (B,NH,T,T) softmax; a Llama's LlamaBlockActivations' RMSNorms'
+    // outputs, q, k and v (after the rotation), attention's softmax and
+    // output, the residual between attention and MLP, SwiGLU's gate, up and
+    // product, all 5C + 3F + 2KV*hd of its values a token and the (B,H,T,T)
+    // softmax): fp32, or bf16 (zinf-train --precision bf16, as llm.c), made
+    // in fp32, rounded as made and read bf16 by the GEMMs (which need bf16
+    // inputs then: Context::precision bf16), GELU, SwiGLU, the attention's
+    // backward and the norms' backward; the forward reads q/k/v and the
+    // inner residual rounded too (widened back into scratch, as the
+    // checkpoints are). The norms' statistics stay fp32.
     device::Precision activations = device::Precision::fp32;
 };
 

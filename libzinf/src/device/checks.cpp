@@ -342,15 +342,34 @@ void Device::gqa_forward(Stream& s, std::span<float> out, std::span<float> att, 
     do_gqa_forward(s, out, att, q, k, v, B, T, NH, KVH, hd);
 }
 
+namespace {
+// gqa_backward's spans, whatever q's, k's, v's and att's dtype.
+void need_gqa_backward(std::size_t dq, std::size_t dk, std::size_t dv, std::size_t datt, std::size_t dout,
+                       std::size_t q, std::size_t k, std::size_t v, std::size_t att, u64 B, u64 T, u64 NH, u64 KVH,
+                       u64 hd) {
+    Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+    need_gqa(sh, true, dq, dk, dv, datt, B, T, NH, KVH, hd);
+    need_gqa(sh, false, q, k, v, att, B, T, NH, KVH, hd);
+    sh.need("dout", dout, B * T * NH * hd);
+}
+}  // namespace
+
 void Device::gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
                           std::span<float> datt, std::span<const float> dout, std::span<const float> q,
                           std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
                           u64 NH, u64 KVH, u64 hd) {
-    Shape sh{"gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
-    need_gqa(sh, true, dq.size(), dk.size(), dv.size(), datt.size(), B, T, NH, KVH, hd);
-    need_gqa(sh, false, q.size(), k.size(), v.size(), att.size(), B, T, NH, KVH, hd);
-    sh.need("dout", dout.size(), B * T * NH * hd);
+    need_gqa_backward(dq.size(), dk.size(), dv.size(), datt.size(), dout.size(), q.size(), k.size(), v.size(),
+                      att.size(), B, T, NH, KVH, hd);
     do_gqa_backward(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
+}
+
+void Device::gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                          std::span<float> datt, std::span<const float> dout, std::span<const std::uint16_t> q,
+                          std::span<const std::uint16_t> k, std::span<const std::uint16_t> v,
+                          std::span<const std::uint16_t> att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    need_gqa_backward(dq.size(), dk.size(), dv.size(), datt.size(), dout.size(), q.size(), k.size(), v.size(),
+                      att.size(), B, T, NH, KVH, hd);
+    do_gqa_backward_bf16(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
 }
 
 void Device::gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

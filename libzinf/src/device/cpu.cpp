@@ -452,14 +452,28 @@ public:
         });
     }
 
-    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
-                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
-                         u64 NH, u64 KVH, u64 hd) override {
+    // E: float, or std::uint16_t for q, k, v and att stored bf16.
+    template <class E>
+    void gqa_backward_of(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                         std::span<float> datt, std::span<const float> dout, std::span<const E> q,
+                         std::span<const E> k, std::span<const E> v, std::span<const E> att, u64 B, u64 T, u64 NH,
+                         u64 KVH, u64 hd) {
         as_cpu(s).enqueue([=, dq = dq.data(), dk = dk.data(), dv = dv.data(), da = datt.data(), d = dout.data(),
                            q = q.data(), k = k.data(), v = v.data(), a = att.data()] {
             cpu::gqa_backward(dq, dk, dv, da, d, q, k, v, a, B, T, NH, KVH, hd);
         });
+    }
+    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
+                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
+                         u64 NH, u64 KVH, u64 hd) override {
+        gqa_backward_of(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
+    }
+    void do_gqa_backward_bf16(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                              std::span<float> datt, std::span<const float> dout, std::span<const std::uint16_t> q,
+                              std::span<const std::uint16_t> k, std::span<const std::uint16_t> v,
+                              std::span<const std::uint16_t> att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) override {
+        gqa_backward_of(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
     }
 
     void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,

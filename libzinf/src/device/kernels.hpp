@@ -112,6 +112,12 @@ inline constexpr u64 kColumnBlock = 64;
 // the storage of what they read.
 inline float widen(float x) { return x; }
 inline float widen(std::uint16_t x) { return zinf::from_bf16(x); }
+// n values as fp32: the row itself, or (bf16) widened into w.
+inline const float* wide(const float* p, u64, float*) { return p; }
+inline const float* wide(const std::uint16_t* p, u64 n, float* w) {
+    for (u64 i = 0; i < n; ++i) w[i] = zinf::from_bf16(p[i]);
+    return w;
+}
 
 // sum a[i] * b[i] in eight lanes (lane j takes i = j mod 8), the lanes added
 // pairwise, then the tail: one fixed order, and a shape the vectoriser takes.

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace zinf::device::cpu {
@@ -280,23 +281,30 @@ void attend(float* a, const float* q, const float* k, const float* v, u64 kstrid
 
 constexpr u64 kKeyBlock = 16;  // key positions per task in the backward's second pass
 
+// E: float, or std::uint16_t for q, k, v and att stored bf16, each row
+// widened (exact) into the task's scratch w as read: the same arithmetic on
+// the same values as the fp32 kernel on their fp32 copies.
+template <class E>
 struct GqaBackward {
     float *dq, *dk, *dv, *datt;
-    const float *dout, *q, *k, *v, *att;
+    const float* dout;
+    const E *q, *k, *v, *att;
     u64 B, T, NH, KVH, hd;
 };
 
-// 1: task (b, h, t): datt row t through the softmax, and dq[t].
-[[gnu::always_inline]] inline void gqa_rows_in(const GqaBackward& p, u64 task) {
+// 1: task (b, h, t): datt row t through the softmax, and dq[t]. w: T + hd floats.
+template <class E>
+[[gnu::always_inline]] inline void gqa_rows_in(const GqaBackward<E>& p, u64 task, float* w) {
     const u64 T = p.T, NH = p.NH, hd = p.hd, QC = NH * hd, KC = p.KVH * hd, group = NH / p.KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
-    const float* a = p.att + ((b * NH + h) * T + t) * T;
+    const float* a = wide(p.att + ((b * NH + h) * T + t) * T, t + 1, w);
+    float* const wkv = w ? w + T : nullptr;  // fp32: no scratch
     float* da = p.datt + ((b * NH + h) * T + t) * T;
     const float* go = p.dout + (b * T + t) * QC + h * hd;
-    const float* kb = p.k + b * T * KC + g * hd;
-    const float* vb = p.v + b * T * KC + g * hd;
-    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(vb + t2 * KC, go, hd);
+    const E* kb = p.k + b * T * KC + g * hd;
+    const E* vb = p.v + b * T * KC + g * hd;
+    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(wide(vb + t2 * KC, hd, wkv), go, hd);
     const float s = dot(a, da, t + 1);
     for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
     for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
@@ -304,14 +312,15 @@ struct GqaBackward {
     std::fill(d, d + hd, 0.0f);
     for (u64 t2 = 0; t2 <= t; ++t2) {
         const float gs = da[t2] * scale;
-        const float* kk = kb + t2 * KC;
+        const float* kk = wide(kb + t2 * KC, hd, wkv);
         for (u64 i = 0; i < hd; ++i) d[i] += gs * kk[i];
     }
 }
 
 // 2: task (b, g, block of key positions): dk and dv summed over the group's
-// query heads, then the query positions t >= t2, in order.
-[[gnu::always_inline]] inline void gqa_keys_in(const GqaBackward& p, u64 task) {
+// query heads, then the query positions t >= t2, in order. w: hd floats.
+template <class E>
+[[gnu::always_inline]] inline void gqa_keys_in(const GqaBackward<E>& p, u64 task, float* w) {
     const u64 T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd, QC = NH * hd, KC = KVH * hd, group = NH / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
@@ -323,28 +332,58 @@ struct GqaBackward {
     }
     for (u64 h = g * group; h < (g + 1) * group; ++h)
         for (u64 t = t0; t < T; ++t) {
-            const float* a = p.att + ((b * NH + h) * T + t) * T;
+            const E* a = p.att + ((b * NH + h) * T + t) * T;
             const float* da = p.datt + ((b * NH + h) * T + t) * T;
             const float* go = p.dout + (b * T + t) * QC + h * hd;
-            const float* qq = p.q + (b * T + t) * QC + h * hd;
+            const float* qq = wide(p.q + (b * T + t) * QC + h * hd, hd, w);
             for (u64 t2 = t0; t2 < std::min(t1, t + 1); ++t2) {
                 float* dkk = p.dk + (b * T + t2) * KC + g * hd;
                 float* dvv = p.dv + (b * T + t2) * KC + g * hd;
-                const float w = a[t2], gs = da[t2] * scale;
+                const float wt = widen(a[t2]), gs = da[t2] * scale;
                 for (u64 i = 0; i < hd; ++i) {
-                    dvv[i] += w * go[i];
+                    dvv[i] += wt * go[i];
                     dkk[i] += gs * qq[i];
                 }
             }
         }
 }
 
-ZINF_TARGET_V4 void gqa_rows_v4(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
-ZINF_TARGET_AVX2 void gqa_rows_avx2(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
-void gqa_rows_base(const GqaBackward& p, u64 task) { gqa_rows_in(p, task); }
-ZINF_TARGET_V4 void gqa_keys_v4(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
-ZINF_TARGET_AVX2 void gqa_keys_avx2(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
-void gqa_keys_base(const GqaBackward& p, u64 task) { gqa_keys_in(p, task); }
+// A pass's task at each instruction-set level, for either storage.
+#define ZINF_GQA_LEVELS(pass)                                                                  \
+    template <class E>                                                                         \
+    ZINF_TARGET_V4 void pass##_v4(const GqaBackward<E>& p, u64 task, float* w) {               \
+        pass##_in(p, task, w);                                                                 \
+    }                                                                                          \
+    template <class E>                                                                         \
+    ZINF_TARGET_AVX2 void pass##_avx2(const GqaBackward<E>& p, u64 task, float* w) {           \
+        pass##_in(p, task, w);                                                                 \
+    }                                                                                          \
+    template <class E>                                                                         \
+    void pass##_base(const GqaBackward<E>& p, u64 task, float* w) {                            \
+        pass##_in(p, task, w);                                                                 \
+    }
+ZINF_GQA_LEVELS(gqa_rows)
+ZINF_GQA_LEVELS(gqa_keys)
+#undef ZINF_GQA_LEVELS
+
+template <class E>
+void gqa_grad(const GqaBackward<E>& p) {
+    static const auto rows = for_cpu(gqa_rows_v4<E>, gqa_rows_avx2<E>, gqa_rows_base<E>);
+    static const auto keys = for_cpu(gqa_keys_v4<E>, gqa_keys_avx2<E>, gqa_keys_base<E>);
+    const u64 B = p.B, T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd;
+    const bool parallel = B * T * T * NH * hd >= kParallelMin;
+    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
+#pragma omp parallel if (parallel)
+    {
+        // bf16: a softmax row and a k or v row, widened (the second pass: a q row).
+        std::vector<float> scratch(std::is_same_v<E, float> ? 0 : T + hd);
+        float* const w = scratch.data();
+#pragma omp for schedule(static, 1)
+        for (u64 task = 0; task < B * NH * T; ++task) rows(p, task, w);
+#pragma omp for schedule(static, 1)
+        for (u64 task = 0; task < B * KVH * blocks; ++task) keys(p, task, w);
+    }
+}
 
 }  // namespace
 
@@ -373,15 +412,13 @@ void gqa_decode(float* out, float* att, const float* q, const float* k, const fl
 
 void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q, const float* k,
                   const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
-    static const auto rows = for_cpu(gqa_rows_v4, gqa_rows_avx2, gqa_rows_base);
-    static const auto keys = for_cpu(gqa_keys_v4, gqa_keys_avx2, gqa_keys_base);
-    const GqaBackward p{dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd};
-    const bool parallel = B * T * T * NH * hd >= kParallelMin;
-#pragma omp parallel for schedule(static, 1) if (parallel)
-    for (u64 task = 0; task < B * NH * T; ++task) rows(p, task);
-    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
-#pragma omp parallel for schedule(static, 1) if (parallel)
-    for (u64 task = 0; task < B * KVH * blocks; ++task) keys(p, task);
+    gqa_grad(GqaBackward<float>{dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd});
+}
+
+void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const std::uint16_t* q,
+                  const std::uint16_t* k, const std::uint16_t* v, const std::uint16_t* att, u64 B, u64 T, u64 NH,
+                  u64 KVH, u64 hd) {
+    gqa_grad(GqaBackward<std::uint16_t>{dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd});
 }
 
 }  // namespace zinf::device::cpu

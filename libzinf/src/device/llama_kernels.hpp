@@ -32,6 +32,10 @@ void gqa_forward(float* out, float* att, const float* q, const float* k, const f
                  u64 KVH, u64 hd);
 void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q, const float* k,
                   const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd);
+// From q, k, v and att stored bf16, widened as read: the fp32 kernel's bits on their copies.
+void gqa_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const std::uint16_t* q,
+                  const std::uint16_t* k, const std::uint16_t* v, const std::uint16_t* att, u64 B, u64 T, u64 NH,
+                  u64 KVH, u64 hd);
 void gqa_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 NH, u64 KVH,
                 u64 hd);
 

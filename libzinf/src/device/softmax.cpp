@@ -93,13 +93,6 @@ void attention_decode(float* out, float* att, const float* q, const float* k, co
 // time into the task's scratch and read there: the same arithmetic on the
 // same values as the fp32 kernel on their fp32 copies.
 namespace {
-// n values as fp32: the row itself, or (bf16) widened into w.
-inline const float* wide(const float* p, u64, float*) { return p; }
-inline const float* wide(const std::uint16_t* p, u64 n, float* w) {
-    for (u64 i = 0; i < n; ++i) w[i] = zinf::from_bf16(p[i]);
-    return w;
-}
-
 template <class E>
 void attention_grad(float* dqkv, float* datt, const float* dout, const E* qkv, const E* att, u64 B, u64 T, u64 C,
                     u64 NH) {

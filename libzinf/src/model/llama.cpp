@@ -4,6 +4,7 @@
 #include <zinf/llama.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 #include <memory>
@@ -189,6 +190,14 @@ std::span<E> half(std::span<E> both, int h) {
 // use of LlamaScratch::dgate_up. None without scratch (the decoder's, fp32).
 std::span<float> staging(LlamaScratch* s) { return s ? s->dgate_up.span() : std::span<float>{}; }
 
+// q, k and v one after another in their array (kept, made, or their
+// gradients): (N,H*hd), (N,KV*hd), (N,KV*hd).
+template <class E>
+std::array<std::span<E>, 3> qkv_parts(const Config& cfg, std::span<E> qkv) {
+    const u64 hd = cfg.head_dim(), QC = cfg.heads * hd, KC = cfg.kv_heads * hd, N = qkv.size() / (QC + 2 * KC);
+    return {qkv.first(N * QC), qkv.subspan(N * QC, N * KC), qkv.subspan(N * (QC + KC), N * KC)};
+}
+
 // The parts' hooks, entered in order and left in reverse, around work on
 // their weights as one matrix.
 template <class Scope>
@@ -331,12 +340,20 @@ void LlamaAttention::forward(Context& c, std::span<float> out, const device::Wei
                              std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
-    project(c, cfg_, {q_.get(), k_.get(), v_.get()}, {a.q, a.k, a.v}, x, N, s,
-            s ? s->dqkv.span() : std::span<float>{});
-    c.dev.rope_forward(c.stream, a.q, rope, B, T, H, hd, 0);
-    c.dev.rope_forward(c.stream, a.k, rope, B, T, KV, hd, 0);
-    const std::span<float> atty = a.atty.made(staging(s));
-    c.dev.gqa_forward(c.stream, atty, a.att, a.q, a.k, a.v, B, T, H, KV, hd);
+    // Kept bf16, q, k and v are made in s->dqkv (joined, their product made
+    // in the staging first), turned, rounded, and read back widened there by
+    // the attention, as its backward reads them; the softmax is made in
+    // s->datt and rounded. Kept fp32, their product is made in s->dqkv.
+    const std::span<float> qkv = a.qkv.made(s ? s->dqkv.span() : std::span<float>{});
+    const auto [q, k, v] = qkv_parts(cfg_, qkv);
+    project(c, cfg_, {q_.get(), k_.get(), v_.get()}, {q, k, v}, x, N, s,
+            !s ? std::span<float>{} : a.qkv.is_bf16() ? staging(s) : s->dqkv.span());
+    c.dev.rope_forward(c.stream, q, rope, B, T, H, hd, 0);
+    c.dev.rope_forward(c.stream, k, rope, B, T, KV, hd, 0);
+    a.qkv.keep_widened(c, qkv);
+    const std::span<float> att = a.att.made(s ? s->datt.span() : std::span<float>{}), atty = a.atty.made(staging(s));
+    c.dev.gqa_forward(c.stream, atty, att, q, k, v, B, T, H, KV, hd);
+    a.att.keep(c, att);
     a.atty.keep(c, atty);
     o_->forward(c, out, a.atty.read(), N);
 }
@@ -348,11 +365,22 @@ void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const f
     // d atty lives in s.dbtc until attention's backward has read it; then
     // q_proj's backward writes dx, which may be the same buffer.
     o_->backward(c, s.dbtc, dout, a.atty.read(), N);
-    c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, a.q, a.k, a.v, a.att, B, T, H, KV, hd);
+    if (a.qkv.is_bf16() != a.att.is_bf16())
+        throw InternalError("LlamaAttention: q/k/v and the softmax kept in two precisions");
+    auto attention = [&]<class E>(std::span<const E> qkv, std::span<const E> att) {
+        const auto [q, k, v] = qkv_parts(cfg_, qkv);
+        c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, q, k, v, att, B, T, H, KV, hd);
+    };
+    if (a.qkv.is_bf16())
+        attention(std::span<const std::uint16_t>(a.qkv.bf16), std::span<const std::uint16_t>(a.att.bf16));
+    else
+        attention(std::span<const float>(a.qkv.f32), std::span<const float>(a.att.f32));
     c.dev.rope_backward(c.stream, s.dq, rope, B, T, H, hd, 0);
     c.dev.rope_backward(c.stream, s.dk, rope, B, T, KV, hd, 0);
-    // q, k and v are spent: their array takes dq, dk and dv side by side.
-    project_backward(c, cfg_, {q_.get(), k_.get(), v_.get()}, {s.dq, s.dk, s.dv}, dx, x, N, s, a.qkv);
+    // q, k and v are spent: kept fp32, their array takes dq, dk and dv side
+    // by side; kept bf16, the staging does.
+    project_backward(c, cfg_, {q_.get(), k_.get(), v_.get()}, {s.dq, s.dk, s.dv}, dx, x, N, s,
+                     a.qkv.is_bf16() ? staging(&s) : a.qkv.f32.span());
 }
 
 void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const float> x, std::span<float> q,
@@ -474,7 +502,8 @@ void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float>
                         std::span<float> k, std::span<float> v, std::span<const float> rope, u64 pos) {
     ForwardScope scope(c.engine, *this);
     ln_1_->forward(c, a.norm1.f32, a.rstd1, x, 1);  // a decoder's buffers are fp32 (decode_state)
-    attn_->decode(c, a.res2.f32, a.norm1.f32, a.q, a.att, a.atty.f32, k, v, rope, pos);
+    attn_->decode(c, a.res2.f32, a.norm1.f32, qkv_parts(cfg_, a.qkv.f32.span())[0], a.att.f32, a.atty.f32, k, v,
+                  rope, pos);
     ln_2_->forward_residual(c, a.norm2.f32, a.rstd2, a.res2.f32, x, 1);
     mlp_->forward(c, out, a.norm2.read(), a, 1);
     c.dev.accumulate(c.stream, out, a.res2.f32);
@@ -582,11 +611,8 @@ LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f, K&& 
     LlamaBlockActivations b;
     b.norm1 = kept(N * C, "input_layernorm");
     b.rstd1 = f(N, "input_layernorm rstd");
-    b.qkv = f(N * (QC + 2 * KC), "q, k, v");
-    b.q = b.qkv.span().first(N * QC);
-    b.k = b.qkv.span().subspan(N * QC, N * KC);
-    b.v = b.qkv.span().subspan(N * (QC + KC), N * KC);
-    b.att = f(B * cfg.heads * T * T, "attention");
+    b.qkv = kept(N * (QC + 2 * KC), "q, k, v");
+    b.att = kept(B * cfg.heads * T * T, "attention");
     b.atty = kept(N * QC, "attention output");
     b.res2 = kept(N * C, "residual 2");
     b.norm2 = kept(N * C, "post_attention_layernorm");
@@ -630,16 +656,19 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
     own->scratch.dbtc = f(N * C, "d (N,C)");
     own->scratch.dqkv = f(N * (QC + 2 * KC), "d q, k, v");
-    own->scratch.dq = own->scratch.dqkv.span().first(N * QC);
-    own->scratch.dk = own->scratch.dqkv.span().subspan(N * QC, N * KC);
-    own->scratch.dv = own->scratch.dqkv.span().subspan(N * (QC + KC), N * KC);
+    const auto [dq, dk, dv] = qkv_parts(cfg_, own->scratch.dqkv.span());
+    own->scratch.dq = dq;
+    own->scratch.dk = dk;
+    own->scratch.dv = dv;
     own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
     u64 joined = 0;  // gate and up kept bf16 are not joined
     for (const u64 outs : {QC + 2 * KC, bf16 ? u64{0} : 2 * cfg_.ffn})
         if (outs && joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
     if (joined) own->scratch.joined = f(2 * joined, "joined projections' weights, gradients");
-    // bf16: also the staging of the (N,C) and (N,F) values kept bf16.
-    own->scratch.dgate_up = f(N * std::max(2 * cfg_.ffn, bf16 ? C : 0), "d gate, up");
+    // bf16: also the staging of the (N,C) and (N,F) values kept bf16, and of
+    // q, k and v's joined product and gradients (their array is bf16).
+    const u64 qkv_rows = bf16 && joined_projections(cfg_, QC + 2 * KC) ? QC + 2 * KC : 0;
+    own->scratch.dgate_up = f(N * std::max({2 * cfg_.ffn, bf16 ? C : 0, qkv_rows}), "d gate, up");
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
     own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);
     own->rope = f(T * hd, "rope table");
@@ -737,7 +766,7 @@ std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64
         st->cache.v.push_back(f(positions * KC, "value cache"));
     }
     st->one = block_buffers(cfg_, 1, 1, f);
-    st->one.att = f(cfg_.heads * positions, "attention");
+    st->one.att.f32 = f(cfg_.heads * positions, "attention");
     st->x = f(cfg_.hidden, "x");
     st->out = f(cfg_.hidden, "block output");
     st->norm = f(cfg_.hidden, "model.norm");

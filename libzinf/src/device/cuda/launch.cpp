@@ -234,6 +234,17 @@ void CudaDevice::do_gqa_backward(Stream& s, std::span<float> dq, std::span<float
     launched("gqa_backward");
 }
 
+void CudaDevice::do_gqa_backward_bf16(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
+                                      std::span<float> datt, std::span<const float> dout,
+                                      std::span<const std::uint16_t> q, std::span<const std::uint16_t> k,
+                                      std::span<const std::uint16_t> v, std::span<const std::uint16_t> att, u64 B,
+                                      u64 T, u64 NH, u64 KVH, u64 hd) {
+    bind();
+    cuda::gqa_backward(as_cuda(s).native(), dq.data(), dk.data(), dv.data(), datt.data(), dout.data(), q.data(),
+                       k.data(), v.data(), att.data(), B, T, NH, KVH, hd);
+    launched("gqa_backward (bf16)");
+}
+
 void CudaDevice::do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
                                std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) {
     bind();

@@ -115,15 +115,18 @@ __global__ void gqa_decode_kernel(float* out, float* att, const float* q, const 
     attend(att + h * T, q + h * hd, k + g * hd, v + g * hd, KVH * hd, T - 1, T, hd, scale, out + h * hd);
 }
 
-// Backward, 1 of 3, per (b, h, t): datt row t, the softmax's backward of dout . v.
-__global__ void gqa_datt_kernel(float* datt, const float* dout, const float* v, const float* att, u64 B, u64 T, u64 NH,
+// Backward, 1 of 3, per (b, h, t): datt row t, the softmax's backward of
+// dout . v. E, in the three: float, or std::uint16_t for q, k, v and att
+// stored bf16 (widened as read: the fp32 kernels' bits on their copies).
+template <class E>
+__global__ void gqa_datt_kernel(float* datt, const float* dout, const E* v, const E* att, u64 B, u64 T, u64 NH,
                                 u64 KVH, u64 hd) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * NH * T) return;
     const unsigned lane = threadIdx.x & 31u;
     const u64 QC = NH * hd, KC = KVH * hd;
     const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / (NH / KVH);
-    const float* a = att + ((b * NH + h) * T + t) * T;
+    const E* a = att + ((b * NH + h) * T + t) * T;
     float* da = datt + ((b * NH + h) * T + t) * T;
     const float* go = dout + (b * T + t) * QC + h * hd;
     for (u64 t2 = lane; t2 <= t; t2 += 32) da[t2] = dot8(v + (b * T + t2) * KC + g * hd, go, hd);
@@ -131,7 +134,8 @@ __global__ void gqa_datt_kernel(float* datt, const float* dout, const float* v, 
 }
 
 // 2 of 3, per (b, h, t): dq[t] = sum over t2 <= t of (datt[t][t2] * scale) k[t2].
-__global__ void gqa_dq_kernel(float* dq, const float* datt, const float* k, u64 B, u64 T, u64 NH, u64 KVH, u64 hd,
+template <class E>
+__global__ void gqa_dq_kernel(float* dq, const float* datt, const E* k, u64 B, u64 T, u64 NH, u64 KVH, u64 hd,
                               float scale) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * NH * T) return;
@@ -139,17 +143,18 @@ __global__ void gqa_dq_kernel(float* dq, const float* datt, const float* k, u64 
     const u64 QC = NH * hd, KC = KVH * hd;
     const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / (NH / KVH);
     const float* da = datt + ((b * NH + h) * T + t) * T;
-    const float* kb = k + b * T * KC + g * hd;
+    const E* kb = k + b * T * KC + g * hd;
     for (u64 i = lane; i < hd; i += 32) {
         float acc = 0;
-        for (u64 t2 = 0; t2 <= t; ++t2) acc += (da[t2] * scale) * kb[t2 * KC + i];
+        for (u64 t2 = 0; t2 <= t; ++t2) acc += (da[t2] * scale) * widen(kb[t2 * KC + i]);
         dq[(b * T + t) * QC + h * hd + i] = acc;
     }
 }
 
 // 3 of 3, per (b, g, t2): dk[t2] and dv[t2], over the group's heads, then t >= t2, in order.
-__global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const float* dout, const float* q,
-                               const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd, float scale) {
+template <class E>
+__global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const float* dout, const E* q, const E* att,
+                               u64 B, u64 T, u64 NH, u64 KVH, u64 hd, float scale) {
     const u64 task = u64{blockIdx.x} * kWarps + threadIdx.x / 32;
     if (task >= B * KVH * T) return;
     const unsigned lane = threadIdx.x & 31u;
@@ -159,11 +164,11 @@ __global__ void gqa_dkv_kernel(float* dk, float* dv, const float* datt, const fl
         float ak = 0, av = 0;
         for (u64 h = g * group; h < (g + 1) * group; ++h) {
             const u64 row0 = (b * NH + h) * T * T;
-            const float* qh = q + b * T * QC + h * hd;
+            const E* qh = q + b * T * QC + h * hd;
             const float* go = dout + b * T * QC + h * hd;
             for (u64 t = t2; t < T; ++t) {
-                av += att[row0 + t * T + t2] * go[t * QC + i];
-                ak += (datt[row0 + t * T + t2] * scale) * qh[t * QC + i];
+                av += widen(att[row0 + t * T + t2]) * go[t * QC + i];
+                ak += (datt[row0 + t * T + t2] * scale) * widen(qh[t * QC + i]);
             }
         }
         dk[(b * T + t2) * KC + g * hd + i] = ak;
@@ -179,7 +184,8 @@ cudaError_t preload_llama() {
                         rope_kernel,
                         swiglu_forward_kernel<float>, swiglu_forward_kernel<std::uint16_t>,
                         swiglu_backward_kernel<float>, swiglu_backward_kernel<std::uint16_t>, gqa_forward_kernel, gqa_decode_kernel,
-                        gqa_datt_kernel, gqa_dq_kernel, gqa_dkv_kernel);
+                        gqa_datt_kernel<float>, gqa_dq_kernel<float>, gqa_dkv_kernel<float>,
+                        gqa_datt_kernel<std::uint16_t>, gqa_dq_kernel<std::uint16_t>, gqa_dkv_kernel<std::uint16_t>);
 }
 
 void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, float* inp, const float* add, const float* w, u64 N,
@@ -239,8 +245,10 @@ void gqa_forward(cudaStream_t s, float* out, float* att, const float* q, const f
                                                                           attention_scale(hd));
 }
 
-void gqa_backward(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
-                  const float* k, const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+namespace {
+template <class E>
+void gqa_grad(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, const float* dout, const E* q, const E* k,
+              const E* v, const E* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
     const u64 tasks = B * NH * T;
     if (!tasks) return;
     const float scale = attention_scale(hd);
@@ -248,6 +256,18 @@ void gqa_backward(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, 
     gqa_dq_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(dq, datt, k, B, T, NH, KVH, hd, scale);
     gqa_dkv_kernel<<<blocks_for(B * KVH * T, kWarps), kThreads, 0, s>>>(dk, dv, datt, dout, q, att, B, T, NH, KVH, hd,
                                                                         scale);
+}
+}  // namespace
+
+void gqa_backward(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
+                  const float* k, const float* v, const float* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    gqa_grad(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
+}
+
+void gqa_backward(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, const float* dout,
+                  const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const std::uint16_t* att,
+                  u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    gqa_grad(s, dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, KVH, hd);
 }
 
 void gqa_decode(cudaStream_t s, float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 NH,
