@@ -75,16 +75,24 @@ void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<
     do_gemm(s, r, a, b, c);
 }
 
-void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const std::uint16_t> b,
-                  std::span<float> c) {
+namespace {
+// A GEMM with a bf16 operand (`which`: "A" or "B"), resolved and checked:
+// bf16 inputs, one product, and each span as long as the shape reaches.
+Gemm checked_bf16_gemm(const Gemm& g, const char* which, std::size_t a, std::size_t b, std::size_t c) {
     const Gemm r = cpu::resolve(g);
     Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
-    if (r.inputs != Precision::bf16) sh.fail("a bf16 B needs bf16 inputs");
-    if (r.batch != 1) sh.fail("a bf16 B takes one product");
-    sh.need("A", a.size(), cpu::gemm_extent_a(r));
-    sh.need("B", b.size(), cpu::gemm_extent_b(r));
-    sh.need("C", c.size(), cpu::gemm_extent_c(r));
-    do_gemm_bf16(s, r, a, b, c);
+    if (r.inputs != Precision::bf16) sh.fail(std::string("a bf16 ") + which + " needs bf16 inputs");
+    if (r.batch != 1) sh.fail(std::string("a bf16 ") + which + " takes one product");
+    sh.need("A", a, cpu::gemm_extent_a(r));
+    sh.need("B", b, cpu::gemm_extent_b(r));
+    sh.need("C", c, cpu::gemm_extent_c(r));
+    return r;
+}
+}  // namespace
+
+void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, std::span<const std::uint16_t> b,
+                  std::span<float> c) {
+    do_gemm_bf16(s, checked_bf16_gemm(g, "B", a.size(), b.size(), c.size()), a, b, c);
 }
 
 void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weight& b, std::span<float> c) {
@@ -94,14 +102,7 @@ void Device::gemm(Stream& s, const Gemm& g, std::span<const float> a, const Weig
 
 void Device::gemm(Stream& s, const Gemm& g, const Weight& a, const Weight& b, std::span<float> c) {
     if (!a.is_bf16()) return gemm(s, g, a.f32, b, c);
-    const Gemm r = cpu::resolve(g);
-    Shape sh{"gemm", {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch}}};
-    if (r.inputs != Precision::bf16) sh.fail("a bf16 A needs bf16 inputs");
-    if (r.batch != 1) sh.fail("a bf16 A takes one product");
-    sh.need("A", a.size(), cpu::gemm_extent_a(r));
-    sh.need("B", b.size(), cpu::gemm_extent_b(r));
-    sh.need("C", c.size(), cpu::gemm_extent_c(r));
-    do_gemm_bf16a(s, r, a.bf16, b, c);
+    do_gemm_bf16a(s, checked_bf16_gemm(g, "A", a.size(), b.size(), c.size()), a.bf16, b, c);
 }
 
 void Device::bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
