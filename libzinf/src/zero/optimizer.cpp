@@ -681,19 +681,18 @@ void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) 
 }
 
 template <class PieceBuf>
-std::array<std::byte*, Role::count> Optimizer::Impl::bases(const Chunk& c, std::size_t i, PieceBuf& piece_buf) {
+auto Optimizer::Impl::locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf) {
     std::array<std::byte*, Role::count> base{};
     for (int r = 0; r < Role::count; ++r)
         if (roles[r].present && !roles[r].file) base[r] = roles[r].image.data();
     for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(i, j) - c.lo[file_roles[j]];
-    return base;
+    return [this, base](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
 }
 
 template <class PieceBuf>
 void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
                              Totals& tot, bool on_worker) {
-    const auto base = bases(c, i, piece_buf);
-    auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
+    const auto at = locator(c, i, piece_buf);
 
     std::vector<optim::Update> us;
     std::vector<optim::Scalars> ss;
@@ -741,8 +740,7 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf,
 // Piece by piece in order, each written file partition's new xxh3.
 template <class PieceBuf>
 void Optimizer::Impl::hash_written(const Chunk& c, std::size_t i, PieceBuf& piece_buf, Totals& tot, bool on_worker) {
-    const auto base = bases(c, i, piece_buf);
-    auto at = [&](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
+    const auto at = locator(c, i, piece_buf);
     Timer t;
     std::vector<Role> hashed;
     for (Role r : file_roles)

@@ -218,10 +218,10 @@ struct Optimizer::Impl {
     // The new xxh3 of chunk i's written file partitions (after update()).
     template <class PieceBuf>
     void hash_written(const Chunk& c, std::size_t i, PieceBuf& piece_buf, Totals& tot, bool worker);
-    // Where each role's bytes of chunk i are, as if the chunk began at
-    // the partition's offset 0: in its buffers (piece_buf), or in memory.
+    // at(role, piece): where that role's bytes of a piece of chunk i are, in
+    // the chunk's buffers (piece_buf) or in memory.
     template <class PieceBuf>
-    std::array<std::byte*, Role::count> bases(const Chunk& c, std::size_t i, PieceBuf& piece_buf);
+    auto locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf);
     void check_read(const Chunk& c, Role r, const std::byte* base);
     void undo_speculation();
 
