@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -20,6 +22,9 @@ namespace zinf::trainer {
 void BenchOptions::add(CLI::App& app) {
     app.add_flag("--bench", enabled, "Benchmark: a training step's FLOP/s against OpenBLAS sgemm (no manifest)");
     options = {app.add_option("--bench-model", model, "The model --bench times")->capture_default_str(),
+               app.add_option("--bench-against", against,
+                              "A second model timed alternately with --bench-model, step by step, each step beside "
+                              "an sgemm of its own; adds the first's ratio over the second's"),
                app.add_option("--bench-steps", steps, "Timed steps after one warm-up (the median is reported)")
                    ->capture_default_str()
                    ->check(CLI::Range(1u, 10000u)),
@@ -46,120 +51,221 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     return std::min(affinity_cpus(), share);
 }
 
-int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
-              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop) {
-    const shard::ModelSpec spec = shard::ModelSpec::parse(o.model);
-    if (!device.threads) device.threads = affinity_cpus();
-    auto dev = device::open(device);
-    auto& s = dev->compute();
+namespace {
 
-    const auto model = model::make_model(model::Config::from(spec));
-    model::LanguageModel& gpt = *model;
-    model::ResidentEngine eng(*dev, model::numels(gpt.params_table()));
-    auto acts = gpt.plan(*dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision,
-                               .activations = precision});
-    const auto tensors = shard::tensors(spec);
-    {  // filled on the host, copied in: device memory is not the host's on every backend
-        std::vector<float> host;
-        for (std::size_t t = 0; t < tensors.size(); ++t) {
-            host.resize(eng.values(t).size());
-            shard::fill_fp32(tensors[t], spec, 0x5eed, 0, host);
-            dev->copy(s, std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(host)));
-            dev->synchronize(s);
+// One model's training step on the resident engine, on random tokens: what
+// --bench times, for --bench-model and for --bench-against.
+struct BenchModel {
+    BenchModel(device::Device& dev, const std::string& text, std::uint64_t batch, std::uint64_t seq,
+               device::Precision precision, bool checkpoint)
+        : dev(dev), spec(shard::ModelSpec::parse(text)), model(model::make_model(model::Config::from(spec))),
+          eng(dev, model::numels(model->params_table())),
+          acts(model->plan(dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision,
+                                 .activations = precision})),
+          m1(dev.alloc<float>(eng.all_values().size(), "exp_avg")),
+          m2(dev.alloc<float>(eng.all_values().size(), "exp_avg_sq")), ctx{dev, dev.compute(), eng, precision} {
+        auto& s = dev.compute();
+        const auto tensors = shard::tensors(spec);
+        {  // filled on the host, copied in: device memory is not the host's on every backend
+            std::vector<float> host;
+            for (std::size_t t = 0; t < tensors.size(); ++t) {
+                host.resize(eng.values(t).size());
+                shard::fill_fp32(tensors[t], spec, 0x5eed, 0, host);
+                dev.copy(s, std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(host)));
+                dev.synchronize(s);
+            }
         }
-    }
-    std::mt19937 rng(1234);
-    std::vector<std::int32_t> tokens(batch * seq);
-    for (auto& v : tokens) v = static_cast<std::int32_t>(rng() % spec.vocab);
-    std::vector<std::int32_t> targets(tokens.begin() + 1, tokens.end());
-    targets.push_back(tokens.front());
-    dev->copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(tokens)));
-    dev->copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(targets)));
-    dev->synchronize(s);
-    auto m1 = dev->alloc<float>(eng.all_values().size(), "exp_avg");
-    auto m2 = dev->alloc<float>(eng.all_values().size(), "exp_avg_sq");
-    const optim::AdamW h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        std::mt19937 rng(1234);
+        std::vector<std::int32_t> tokens(batch * seq);
+        for (auto& v : tokens) v = static_cast<std::int32_t>(rng() % spec.vocab);
+        std::vector<std::int32_t> targets(tokens.begin() + 1, tokens.end());
+        targets.push_back(tokens.front());
+        dev.copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(tokens)));
+        dev.copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(targets)));
+        dev.synchronize(s);
 
-    model::Context ctx{*dev, s, eng, precision};
-    log::info(spec.to_string() + ", " + device::precision_name(precision) + ", batch " + std::to_string(batch) +
-              " x " + std::to_string(seq) + ", " +
-              std::to_string(dev->threads()) + (dev->backend() == "cuda" ? " SMs: " : " threads: ") +
-              std::to_string(o.steps) + " steps after a warm-up");
-    std::vector<double> times;
-    for (unsigned i = 0; i <= o.steps; ++i) {
-        if (stop.load()) throw Interrupted("interrupted after " + std::to_string(times.size()) + " timed steps");
+        model_flops = model->flops_per_step(batch, seq);
+        // The blocks' forward runs twice with checkpointing: the work done, not the model's.
+        const double C = static_cast<double>(spec.hidden), L = static_cast<double>(spec.layers);
+        const double N = static_cast<double>(batch * seq), T = static_cast<double>(seq);
+        // A block's weights: 12 C^2 for a GPT; a Llama's q, k, v, o and three MLP matrices.
+        const double hd = static_cast<double>(spec.head_dim()), H = static_cast<double>(spec.heads);
+        const double block = spec.llama() ? C * (H + 2.0 * static_cast<double>(spec.kv_heads)) * hd + H * hd * C +
+                                                3.0 * C * static_cast<double>(spec.ffn)
+                                          : 12.0 * C * C;
+        // A Llama's recompute stops before down_proj, whose output its backward does not read.
+        const double recomputed = spec.llama() ? block - C * static_cast<double>(spec.ffn) : block;
+        recompute_flops = checkpoint ? L * (2.0 * recomputed * N + 2.0 * C * T * (T + 1) * static_cast<double>(batch))
+                                     : 0.0;
+    }
+
+    // Step i (0 the warm-up), timed, the device waited for.
+    double step(unsigned i) {
+        auto& s = dev.compute();
         Timer t;
         eng.zero_grad(s);
-        gpt.forward(ctx, acts);
-        gpt.backward(ctx, acts);
+        model->forward(ctx, acts);
+        model->backward(ctx, acts);
         optim::Update u{.master = eng.all_values(), .exp_avg = m1.span(), .exp_avg_sq = m2.span(),
                         .grad_f32 = eng.all_gradients()};
-        dev->adamw(s, u, optim::Scalars::make(h, i + 1));
-        dev->synchronize(s);
-        if (i) times.push_back(t.seconds());
+        dev.adamw(s, u, optim::Scalars::make(kAdamW, i + 1));
+        dev.synchronize(s);
+        return t.seconds();
     }
-    const double step_s = median(times);
-    const double model_flops = gpt.flops_per_step(batch, seq);
-    // The blocks' forward runs twice with checkpointing: the work done, not the model's.
-    const double C = static_cast<double>(spec.hidden), L = static_cast<double>(spec.layers);
-    const double N = static_cast<double>(batch * seq), T = static_cast<double>(seq);
-    // A block's weights: 12 C^2 for a GPT; a Llama's q, k, v, o and three MLP matrices.
-    const double hd = static_cast<double>(spec.head_dim()), H = static_cast<double>(spec.heads);
-    const double block = spec.llama() ? C * (H + 2.0 * static_cast<double>(spec.kv_heads)) * hd + H * hd * C +
-                                            3.0 * C * static_cast<double>(spec.ffn)
-                                      : 12.0 * C * C;
-    // A Llama's recompute stops before down_proj, whose output its backward does not read.
-    const double recomputed = spec.llama() ? block - C * static_cast<double>(spec.ffn) : block;
-    const double recompute = checkpoint ? L * (2.0 * recomputed * N + 2.0 * C * T * (T + 1) * batch) : 0.0;
 
-    log::info("sgemm " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n));
-    double gemm = 0;
-    for (int r = 0; r < 3 && !stop.load(); ++r) gemm = std::max(gemm, device::measure_gemm_flops(*dev, o.gemm_n, 3));
-    if (stop.load()) throw Interrupted("interrupted while timing sgemm");
+    static constexpr optim::AdamW kAdamW{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    device::Device& dev;
+    shard::ModelSpec spec;
+    std::unique_ptr<model::LanguageModel> model;
+    model::ResidentEngine eng;
+    model::Activations acts;
+    device::Array<float> m1, m2;
+    model::Context ctx;
+    double model_flops = 0, recompute_flops = 0;
+
+    // Results: the median step, the peer it is held to and the ratio.
+    std::vector<double> times, ratios, peers;
+    double step_s = 0, peer = 0, ratio = 0;
+};
+
+}  // namespace
+
+int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
+              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop) {
+    if (!device.threads) device.threads = affinity_cpus();
+    auto dev = device::open(device);
+
+    std::vector<std::unique_ptr<BenchModel>> models;
+    models.push_back(std::make_unique<BenchModel>(*dev, o.model, batch, seq, precision, checkpoint));
+    if (!o.against.empty())
+        models.push_back(std::make_unique<BenchModel>(*dev, o.against, batch, seq, precision, checkpoint));
+    const bool paired = models.size() > 1;
+    for (const auto& b : models)
+        log::info(b->spec.to_string() + ", " + device::precision_name(precision) + ", batch " + std::to_string(batch) +
+                  " x " + std::to_string(seq) + ", " + std::to_string(dev->threads()) +
+                  (dev->backend() == "cuda" ? " SMs: " : " threads: ") + std::to_string(o.steps) +
+                  " steps after a warm-up");
     // On a GPU, the rate a bf16 step is held to (fp32 is the step's own).
     const double gemm_bf16 = device::measure_gemm_bf16_flops(*dev, o.gemm_n, 3);
     const bool against_bf16 = precision == device::Precision::bf16 && gemm_bf16 > 0;
+    auto peer_rate = [&] {
+        return against_bf16 ? device::measure_gemm_bf16_flops(*dev, o.gemm_n, 3)
+                            : device::measure_gemm_flops(*dev, o.gemm_n, 3);
+    };
+    const char* peer_name = against_bf16 ? "the bf16 GEMM" : "sgemm";
 
-    const double rate = model_flops / step_s, ratio = rate / (against_bf16 ? gemm_bf16 : gemm);
-    if (json) {
-        json::Json j;
-        j["schema"] = "zinf.train-bench/1";
-        j["model"] = spec.to_string();
-        j["precision"] = device::precision_name(precision);
-        j["batch"] = batch;
-        j["seq"] = seq;
-        j["threads"] = dev->threads();
-        j["checkpoint"] = checkpoint;
-        j["steps"] = o.steps;
-        j["step_s"] = step_s;
-        j["flops_per_step"] = model_flops;
-        j["flops_per_s"] = rate;
-        j["executed_flops_per_s"] = (model_flops + recompute) / step_s;
-        j["sgemm_n"] = o.gemm_n;
-        j["sgemm_flops_per_s"] = gemm;
-        j["device"] = dev->backend();
-        if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = gemm_bf16;
-        j["ratio"] = ratio;
-        j["ratio_peer"] = against_bf16 ? "bf16_gemm" : "sgemm";
-        j["activation_bytes"] = acts.bytes;
-        j["device_peak_bytes"] = dev->arena().stats().peak;
-        std::cout << j.dump() << '\n';
+    double gemm = 0;
+    std::vector<double> quotients;  // paired: per round, the first model's ratio over the second's
+    if (!paired) {
+        BenchModel& b = *models[0];
+        for (unsigned i = 0; i <= o.steps; ++i) {
+            if (stop.load()) throw Interrupted("interrupted after " + std::to_string(b.times.size()) + " timed steps");
+            const double t = b.step(i);
+            if (i) b.times.push_back(t);
+        }
+        log::info("sgemm " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n));
+        for (int r = 0; r < 3 && !stop.load(); ++r) gemm = std::max(gemm, device::measure_gemm_flops(*dev, o.gemm_n, 3));
+        if (stop.load()) throw Interrupted("interrupted while timing sgemm");
+        b.step_s = median(b.times);
+        b.peer = against_bf16 ? gemm_bf16 : gemm;
+        b.ratio = b.model_flops / b.step_s / b.peer;
     } else {
-        std::printf("# zinf-train --bench: %s, %s, batch %llu x %llu, %s, %u %s\n", spec.to_string().c_str(),
-                    device::precision_name(precision), static_cast<unsigned long long>(batch),
-                    static_cast<unsigned long long>(seq),
-                    dev->backend().c_str(), dev->threads(), dev->backend() == "cuda" ? "SMs" : "threads");
-        if (gemm_bf16 > 0) std::printf("# cuBLASLt bf16 GEMM (fp32 accumulation): %.2f GFLOP/s\n", gemm_bf16 / 1e9);
-        std::printf("# ratio: the step's model FLOP/s over %s's\n", against_bf16 ? "the bf16 GEMM" : "sgemm");
-        std::printf("# step_s  model_GFLOP/s  executed_GFLOP/s  sgemm_GFLOP/s  ratio\n");
-        std::printf("%.4f  %.2f  %.2f  %.2f  %.3f\n", step_s, rate / 1e9, (model_flops + recompute) / step_s / 1e9,
-                    gemm / 1e9, ratio);
+        // Round i times each model's step once, in an order that flips every
+        // round, with the peer timed before and after each step: a step's
+        // ratio is its rate over the mean of the two, the machine's rate
+        // beside it; a round's quotient is the first model's ratio over the
+        // second's. On a shared machine whose speed moves from second to
+        // second, the pairs keep both models under the same conditions.
+        log::info(std::string(peer_name) + " " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n) +
+                  " before and after every step");
+        double before = peer_rate();
+        for (unsigned i = 0; i <= o.steps; ++i) {
+            std::array<double, 2> r{};
+            for (std::size_t k = 0; k < 2; ++k) {
+                const std::size_t which = (i % 2 == 0) ? k : 1 - k;
+                BenchModel& b = *models[which];
+                if (stop.load()) throw Interrupted("interrupted after " + std::to_string(b.times.size()) + " timed rounds");
+                const double t = b.step(i);
+                const double after = peer_rate();
+                const double at = (before + after) / 2;
+                before = after;
+                if (i == 0) continue;  // the warm-up
+                b.times.push_back(t);
+                b.ratios.push_back(b.model_flops / t / at);
+                b.peers.push_back(at);
+                r[which] = b.ratios.back();
+            }
+            if (i) quotients.push_back(r[0] / r[1]);
+        }
+        for (const auto& b : models) {
+            b->step_s = median(b->times);
+            b->ratio = median(b->ratios);
+            b->peer = median(b->peers);
+        }
     }
+    const double quotient = paired ? median(quotients) : 0.0;
+
+    for (std::size_t k = 0; k < models.size(); ++k) {
+        const BenchModel& b = *models[k];
+        const double rate = b.model_flops / b.step_s, executed = (b.model_flops + b.recompute_flops) / b.step_s;
+        if (json) {
+            json::Json j;
+            j["schema"] = "zinf.train-bench/1";
+            j["model"] = b.spec.to_string();
+            j["precision"] = device::precision_name(precision);
+            j["batch"] = batch;
+            j["seq"] = seq;
+            j["threads"] = dev->threads();
+            j["checkpoint"] = checkpoint;
+            j["steps"] = o.steps;
+            j["step_s"] = b.step_s;
+            j["flops_per_step"] = b.model_flops;
+            j["flops_per_s"] = rate;
+            j["executed_flops_per_s"] = executed;
+            j["sgemm_n"] = o.gemm_n;
+            if (!paired)
+                j["sgemm_flops_per_s"] = gemm;
+            else if (!against_bf16)
+                j["sgemm_flops_per_s"] = b.peer;  // the median of those timed beside its steps
+            j["device"] = dev->backend();
+            if (gemm_bf16 > 0) j["bf16_gemm_flops_per_s"] = paired && against_bf16 ? b.peer : gemm_bf16;
+            j["ratio"] = b.ratio;
+            j["ratio_peer"] = against_bf16 ? "bf16_gemm" : "sgemm";
+            j["activation_bytes"] = b.acts.bytes;
+            j["device_peak_bytes"] = dev->arena().stats().peak;
+            if (paired) {
+                j["paired"] = true;
+                j["role"] = k == 0 ? "model" : "against";
+                if (k == 0) j["ratio_over_against"] = quotient;
+            }
+            std::cout << j.dump() << '\n';
+        } else {
+            if (k == 0 || !paired)
+                std::printf("# zinf-train --bench: %s, %s, batch %llu x %llu, %s, %u %s\n", b.spec.to_string().c_str(),
+                            device::precision_name(precision), static_cast<unsigned long long>(batch),
+                            static_cast<unsigned long long>(seq), dev->backend().c_str(), dev->threads(),
+                            dev->backend() == "cuda" ? "SMs" : "threads");
+            else
+                std::printf("# against: %s\n", b.spec.to_string().c_str());
+            if (k == 0 && gemm_bf16 > 0)
+                std::printf("# cuBLASLt bf16 GEMM (fp32 accumulation): %.2f GFLOP/s\n", gemm_bf16 / 1e9);
+            if (k == 0) {
+                std::printf("# ratio: the step's model FLOP/s over %s's%s\n", peer_name,
+                            paired ? " timed beside it (medians over the steps)" : "");
+                std::printf("# step_s  model_GFLOP/s  executed_GFLOP/s  sgemm_GFLOP/s  ratio\n");
+            }
+            std::printf("%.4f  %.2f  %.2f  %.2f  %.3f\n", b.step_s, rate / 1e9, executed / 1e9,
+                        (paired ? b.peer : gemm) / 1e9, b.ratio);
+        }
+    }
+    if (paired && !json) std::printf("# ratio over the against model's: %.3f (median of %zu rounds)\n", quotient,
+                                     quotients.size());
     std::cout.flush();
+    const double ratio = models[0]->ratio;
     if (o.min_ratio > 0 && ratio < o.min_ratio) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "the step ran at %.3f of %s's rate, below --min-ratio %.3f", ratio,
-                      against_bf16 ? "the bf16 GEMM" : "sgemm", o.min_ratio);
+        std::snprintf(buf, sizeof buf, "the step ran at %.3f of %s's rate, below --min-ratio %.3f", ratio, peer_name,
+                      o.min_ratio);
         throw ThresholdError(buf);
     }
     return 0;

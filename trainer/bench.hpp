@@ -16,6 +16,7 @@ namespace zinf::trainer {
 struct BenchOptions {
     bool enabled = false;
     std::string model = "gpt2-124m";
+    std::string against;       // a second model timed step by step beside `model` (none when empty)
     unsigned steps = 5;        // timed, after one warm-up; the median is reported
     std::uint64_t gemm_n = 2048;
     double min_ratio = 0;      // exit 75 below it

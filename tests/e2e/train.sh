@@ -308,4 +308,28 @@ expect_rc 75 "--bench --min-ratio 1000 exits 75"
 check "…after printing its line" jq -e -s 'length == 1' <<<"$out"
 check "…naming --min-ratio" contains "$err" "--min-ratio"
 
+# --- --bench-against: two models timed step by step, each beside an sgemm of its own
+# shellcheck disable=SC2054
+LL=llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=256,seq=32,rope_theta=10000,tied=1
+# shellcheck disable=SC2054
+PAIR=(--bench --bench-model gpt:layers=1,hidden=64,heads=2,vocab=256,seq=32 --bench-gemm 128
+  --batch 2 --seq 32 --threads 1)
+run "$TR" "${PAIR[@]}" --bench-steps 3 --bench-against "$LL" --json
+expect_rc 0 "--bench --bench-against exits 0"
+check "…two records: the model, then the one it is held against, each with its own ratio and sgemm" \
+  jq -e -s --arg ll "$LL" 'length == 2 and .[0].role == "model" and .[1].role == "against"
+    and (.[1].model | startswith("llama:layers=1,hidden=64")) and (.[0].model | startswith("gpt:layers=1"))
+    and all(.[]; .paired and .ratio > 0 and .sgemm_flops_per_s > 0 and .step_s > 0)' <<<"$out"
+check "…the quotient (the median of the rounds' first ratio over the second) on the first record only" \
+  jq -e -s '.[0].ratio_over_against > 0 and (.[1] | has("ratio_over_against") | not)' <<<"$out"
+run "$TR" "${PAIR[@]}" --bench-steps 2 --bench-against "$LL"
+expect_rc 0 "--bench-against human lines exit 0"
+check "…two data lines, the second under '# against:', and the quotient's line" \
+  test "$(grep -vc '^#' <<<"$out") $(grep -c '^# against: llama' <<<"$out") $(grep -c '^# ratio over the against model.s: [0-9.]* (median of 2 rounds)' <<<"$out")" = "2 1 1"
+run "$TR" --bench-against "$LL"
+expect_rc 64 "--bench-against without --bench exits 64"
+check "…naming it" contains "$err" "--bench-against needs --bench"
+run "$TR" "${BENCH[@]}" --bench-against llama:layers=1
+expect_rc 64 "--bench-against with a bad spec exits 64"
+
 finish
