@@ -30,6 +30,9 @@
 #   --device-memory S   the device budget (default 2GiB)
 #   --pinned S          the pinned pool (default 1GiB)
 #   --tile K            layout --tile (default 1)
+#   --param TIER        the parameters' tier: nvme (default) or cpu (only the
+#                       optimizer state on NVMe; the plan's line is then its
+#                       param=cpu,optim=nvme placement)
 #   --optimizer-readahead S  zinf-train's read-ahead budget (default auto; 0: none)
 #   --text FILE         training text (default: the repository's man pages)
 #   --raw DIR           keep the step records, the plan and the bench JSON in DIR
@@ -48,7 +51,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 
 dir=/var/tmp model=gpt2-1.5b steps=20 batch=1 seq=64 lr=3e-4 devmem=2GiB pinned=1GiB tile=1
-text= raw= keep=0 readahead=auto
+text= raw= keep=0 readahead=auto param=nvme
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h | --help) usage; exit 0 ;;
@@ -62,12 +65,14 @@ while [[ $# -gt 0 ]]; do
         --device-memory) need_value "$@"; devmem=$2; shift 2 ;;
         --pinned) need_value "$@"; pinned=$2; shift 2 ;;
         --tile) need_value "$@"; tile=$2; shift 2 ;;
+        --param) need_value "$@"; param=$2; shift 2 ;;
         --optimizer-readahead) need_value "$@"; readahead=$2; shift 2 ;;
         --text) need_value "$@"; text=$2; shift 2 ;;
         --raw) need_value "$@"; raw=$2; shift 2 ;;
         *) usage_error "unknown option $1" ;;
     esac
 done
+[[ $param == nvme || $param == cpu ]] || usage_error "bad --param '$param' (nvme or cpu)"
 for v in steps batch seq tile; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || usage_error "bad --$v '${!v}'"
 done
@@ -86,9 +91,9 @@ say "the CPU update's rate: zinf-optbench --model gpt2-124m --param-dtype bf16 -
 "$bin/zinf-optbench" --model gpt2-124m --param-dtype bf16 --state update --steps 3 --json -q >"$work/update.jsonl" ||
     die 74 "zinf-optbench failed"
 
-say "layout and init: $model, --tile $tile, parameters and optimizer state on NVMe, in $state"
+say "layout and init: $model, --tile $tile, parameters on $param and optimizer state on NVMe, in $state"
 t0=$(date +%s.%N)
-"$bin/zinf-shard" layout --model "$model" --tile "$tile" --param nvme --optim nvme |
+"$bin/zinf-shard" layout --model "$model" --tile "$tile" --param "$param" --optim nvme |
     "$bin/zinf-shard" init --dir "$state" --pinned "$pinned" >/dev/null || die 74 "zinf-shard init failed"
 t1=$(date +%s.%N)
 state_bytes=$(du -sb "$state" | cut -f1)
@@ -141,10 +146,10 @@ rss=$(jq -s 'map(.peak_rss_bytes) | max' "$steps_out")
 # speculates and is redone, the second's read-ahead pins its memory).
 median() { jq -s "map(select(.step > 2) | $1) | sort | .[length / 2 | floor]" "$steps_out"; }
 jq -r --argjson st "$(median .step_s)" --argjson f "$(median .forward_s)" --argjson b "$(median .backward_s)" \
-    --argjson o "$(median .optimizer_s)" --argjson ra "$(median .optimizer_readahead_bytes)" '
+    --argjson o "$(median .optimizer_s)" --argjson ra "$(median .optimizer_readahead_bytes)" --arg param "$param" '
     def r3: . * 1000 | round / 1000;
-    (.placements[] | select(.placement == "param=nvme,optim=nvme")) as $p |
-    "# zinf-plan, param=nvme,optim=nvme: step \($p.step_s | r3) s (forward \($p.step_forward_s | r3), backward \($p.step_backward_s | r3), optimizer after backward \($p.step_optimizer_s | r3); \($p.step_readahead_bytes) bytes read ahead)",
+    (.placements[] | select(.placement == "param=\($param),optim=nvme")) as $p |
+    "# zinf-plan, param=\($param),optim=nvme: step \($p.step_s | r3) s (forward \($p.step_forward_s | r3), backward \($p.step_backward_s | r3), optimizer after backward \($p.step_optimizer_s | r3); \($p.step_readahead_bytes) bytes read ahead)",
     "# measured (medians from step 3): step \($st | r3) s (forward \($f | r3), backward \($b | r3), optimizer after backward \($o | r3); \($ra) bytes read ahead); plan / measured \($p.step_s / $st | r3)",
     "# zinf-plan: NVMe needed \($p.nvme_bytes_needed) bytes"' "$work/plan.json"
 ahead=$(jq -s 'map(.optimizer_readahead_bytes) | max' "$steps_out")

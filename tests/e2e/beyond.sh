@@ -184,4 +184,9 @@ expect_rc 0 "the same model with the resident engine: exit 0"
 printf '%s\n' "$out" >"$W/bigref.jsonl"
 check "…the same losses as the resident engine, to the last digit" test "$(losses "$W/big.jsonl")" = "$(losses "$W/bigref.jsonl")"
 
+# --- scripts/train-beyond-ram.sh: its placement option is checked before any work
+run "$ROOT/scripts/train-beyond-ram.sh" --param gpu --dir "$W"
+expect_rc 64 "train-beyond-ram.sh --param gpu is a usage error"
+check "…naming the option and its values" contains "$err" "bad --param 'gpu' (nvme or cpu)"
+
 finish
