@@ -12,6 +12,8 @@
 #                        runs it: tests/e2e/targets.sh)
 #
 #   make sanitize        every unit and MPI suite under ASan+UBSan, the threaded ones under TSan
+#   make crash-trials    CRASH_TRIALS=100 SIGKILL trials of each kind (scripts/crash-trials.sh)
+#   make soak            SOAK_MINUTES=30 of kills and resumes beside zinf-pinstress
 #
 # Options: NO_CUDA=1 NO_MPI=1 V=1 (show commands) DEBUG=1
 #          SANITIZE=address,undefined | SANITIZE=thread (CPU-only, into build/san-<name>/;
@@ -86,6 +88,11 @@ ifneq ($(NO_MPI),1)
 MPICXX := $(shell command -v mpicxx 2>/dev/null)
 endif
 OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
+# clang's runtimes (libclang-rt-dev): ThreadSanitizer for make test's
+# sanitized subset, libFuzzer for make test's link of the fuzz targets.
+CLANG_RT := $(if $(findstring clang,$(notdir $(FAST_CXX))),$(shell $(FAST_CXX) -print-runtime-dir 2>/dev/null))
+CLANG_RT_TSAN := $(wildcard $(CLANG_RT)/libclang_rt.tsan-x86_64.a $(CLANG_RT)/libclang_rt.tsan.a)
+FUZZ_LINKER := $(if $(wildcard $(CLANG_RT)/libclang_rt.fuzzer-x86_64.a $(CLANG_RT)/libclang_rt.fuzzer.a),$(FAST_CXX))
 # SentencePiece (zinf-sample --tokenizer tokenizer.model): Debian's libsentencepiece-dev.
 SENTENCEPIECE := $(firstword $(wildcard $(DEPS_PREFIX)/usr/include/sentencepiece_processor.h /usr/include/sentencepiece_processor.h))
 
@@ -101,6 +108,7 @@ $(info $(call have,$(NCCL_H)) NCCL      $(or $(NCCL_H),not found))
 $(info $(call have,$(MPICXX)) MPI       $(or $(MPICXX),not found$(if $(NO_MPI), (NO_MPI=1)))$(if $(MPICXX), (mpirun tests run)))
 $(info $(call have,$(OPENBLAS)) OpenBLAS  $(if $(OPENBLAS),found,not found))
 $(info $(call have,$(findstring clang,$(FAST_CXX))) clang     $(if $(findstring clang,$(FAST_CXX)),$(FAST_CXX) (the tests, the programs' option files, the library but its kernels),not used: $(FAST_CXX) builds everything))
+$(info $(call have,$(FUZZ_LINKER)) libFuzzer $(if $(FUZZ_LINKER),found (make test links the fuzz targets),not found: make test does not link the fuzz targets (make deps installs libclang-rt-dev)))
 $(info $(call have,$(SENTENCEPIECE)) SentencePiece $(if $(SENTENCEPIECE),found,not found (zinf-sample takes token ids then)))
 endif
 endif
@@ -263,7 +271,8 @@ THREADED_SUITES := test_io test_mem test_device test_comm test_optimizer test_op
 # (libomp-dev, which scripts/deps.sh installs beside clang): the same
 # ThreadSanitizer, 75 CPU-s to build the subset against GCC's 85, and its
 # two suites 9 CPU-s against 14 (BENCHMARKS.md).
-SAN_CXX := $(if $(and $(findstring clang,$(notdir $(FAST_CXX))),$(wildcard /usr/lib/llvm-*/lib/libomp.so)),$(FAST_CXX),$(CXX))
+# (and clang's ThreadSanitizer runtime, libclang-rt-dev: without it nothing links)
+SAN_CXX := $(if $(and $(findstring clang,$(notdir $(FAST_CXX))),$(wildcard /usr/lib/llvm-*/lib/libomp.so),$(CLANG_RT_TSAN)),$(FAST_CXX),$(CXX))
 sanitized-tests:
 ifeq ($(SANITIZE),)
 	$(Q)$(foreach s,$(SANITIZERS),$(MAKE) --no-print-directory SANITIZE=$(s) CXX=$(SAN_CXX) BUILD=$(call san_dir,$(s)) \
@@ -470,11 +479,9 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.cpp)
 FUZZ_TARGETS := $(FUZZ_SRCS:tests/fuzz/fuzz_%.cpp=%)
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= 2
-# The library files the targets link: whole modules where they build with
-# clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
-FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
-  libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/shard/llama.cpp libzinf/src/zero/disk.cpp \
-  libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp libzinf/src/sample/tokenizer.cpp,$(LIB_SRCS))
+# The targets link the whole library: the linker takes what they call, so no
+# list of modules can fall behind the code (plan/ calling into model/ and
+# zero/ broke `make fuzz` unseen while such a list left them out).
 tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
 	@mkdir -p $(@D)
@@ -488,17 +495,29 @@ ifeq ($(FUZZ_CLANG),1)
 CXXFLAGS += -fsanitize=fuzzer-no-link -fno-sanitize-recover=all
 $(BUILD)/tests/fuzz/fuzz_%.o: CPPFLAGS += -DZINF_LIBFUZZER
 endif
-$(BUILD)/libzinf-fuzz.a: $(FUZZ_LIB_SRCS:%.cpp=$(BUILD)/%.o)
-	@$(if $(Q),echo "  AR      $@")
-	$(Q)rm -f $@ && ar rcs $@ $^
-$(BUILD)/fuzz-%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(BUILD)/libzinf-fuzz.a
+$(BUILD)/fuzz-%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(LDFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+# make test links each target as make fuzz does, with libFuzzer's driver and
+# clang, against this build's library (the same objects, without the fuzz
+# build's instrumentation, which changes no symbol): a target or a library
+# change that would not link fails make test, not the next fuzz campaign.
+# Where clang or libFuzzer's runtime is missing the build says so (above).
+ifneq ($(FUZZ_LINKER),)
+tests: $(FUZZ_TARGETS:%=$(BUILD)/fuzz-link/fuzz-%)
+.SECONDARY: $(FUZZ_TARGETS:%=$(BUILD)/fuzz-link/fuzz_%.o)
+$(BUILD)/fuzz-link/fuzz_%.o: tests/fuzz/fuzz_%.cpp $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CXX     $< (libFuzzer)")
+	$(Q)$(LAUNCH) $(FUZZ_LINKER) $(CPPFLAGS) $(CXXFLAGS) -O0 -DZINF_LIBFUZZER -c $< -o $@
+$(BUILD)/fuzz-link/fuzz-%: $(BUILD)/fuzz-link/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(LIB)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(LAUNCH) $(FUZZ_LINKER) $(LDFLAGS) -fsanitize=fuzzer $(LINK_FIRST) $^ $(LDLIBS) -o $@
+endif
 # (the recipes name $(MAKE) themselves: make passes its jobs only to those)
 FUZZ_MAKE := --no-print-directory FUZZ_CLANG=1 CXX=clang++ NO_CUDA=1 NO_MPI=1 SANITIZE=address,undefined \
   BUILD=$(BUILD)/fuzz
-fuzz:
-	@scripts/deps.sh --fuzz --check 2>/dev/null || scripts/deps.sh --fuzz
+fuzz: deps-check
 	$(Q)$(MAKE) $(FUZZ_MAKE) $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz-%)
 	nice -n 10 tests/fuzz/run.sh --seconds $(FUZZ_SECONDS) --jobs $(FUZZ_JOBS) --bin $(BUILD)/fuzz $(FUZZ_TARGETS)
 # What `make fuzz` compiles, parsed by clang with its flags and no code made
@@ -519,7 +538,7 @@ fuzz-syntax:
 	$(Q)$(MAKE) $(FUZZ_MAKE) FUZZ_SYNTAX=$(FUZZ_SYNTAX) FUZZ_REPLAY_CXX=$(FAST_CXX) fuzz-syntax-run
 # (the list made by the inner make, whose NO_CUDA=1 picks the *_none.cpp twins)
 FUZZ_SYNTAX_SRCS := $(if $(filter quick,$(FUZZ_SYNTAX)),$(if $(findstring clang,$(notdir $(FUZZ_REPLAY_CXX))),,$(FUZZ_SRCS)),\
-  $(FUZZ_SRCS) $(FUZZ_LIB_SRCS))
+  $(FUZZ_SRCS) $(LIB_SRCS))
 fuzz-syntax-run: $(patsubst %.cpp,$(BUILD)/syntax/%.ok,$(FUZZ_SYNTAX_SRCS)) $(BUILD)/syntax/headers.ok
 $(BUILD)/syntax/headers.ok: $(PUBLIC_HEADERS) $(wildcard libzinf/src/*/*.hpp) $(FLAGS_STAMP)
 	@mkdir -p $(@D)

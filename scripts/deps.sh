@@ -3,8 +3,9 @@
 #   scripts/deps.sh           install what is missing (apt-get; sudo when not root)
 #   scripts/deps.sh --check   exit 0 when everything is installed, 1 otherwise, and
 #                             name what is missing on stderr
-#   scripts/deps.sh --fuzz [--check]   the same, with what `make fuzz` adds
-#                             (libFuzzer's runtime); `make test` needs none of it
+# The list is everything a documented make target needs on a fresh Debian 12
+# (make, make test, make demo, make fuzz, make crash-trials, make install):
+# scripts/fresh-check.sh proves it in a minimal root, and CI runs that.
 # CUDA and NCCL are not Debian packages: they come with the CUDA toolkit in
 # /usr/local/cuda, and the build works without them.
 set -euo pipefail
@@ -13,6 +14,8 @@ packages=(
   build-essential pkg-config
   clang              # the tests' and the programs' option files (the Makefile's FAST_CXX): half GCC's CPU at -O0
   libomp-dev         # clang's OpenMP: make test's ThreadSanitizer subset is clang's where this is installed
+  libclang-rt-dev    # clang's sanitizer runtimes (that ThreadSanitizer subset) and libFuzzer (make fuzz, and
+                     # make test's link of the fuzz targets)
   liburing-dev       # io engine
   libxxhash-dev      # checksums
   librandom123-dev   # Philox, the counter-based generator of initial values
@@ -26,14 +29,10 @@ packages=(
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots
   strace             # SIGKILL inside a commit (tests/crash/), injected faults (hostile.sh)
+  time               # GNU time: peak memory of a pipeline (e2e/round2's 100 MiB header checks)
+  procps             # pkill, ps: ending a hung MPI case (e2e/commbench)
   gnuplot-nox        # scripts/plot.sh
 )
-
-fuzz_packages=(libclang-rt-dev)  # make fuzz: libFuzzer
-if [[ ${1:-} == --fuzz ]]; then
-  packages+=("${fuzz_packages[@]}")
-  shift
-fi
 
 missing=()
 for p in "${packages[@]}"; do
