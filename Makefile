@@ -202,7 +202,7 @@ LIB := $(BUILD)/libzinf-$(subst $(space),-,$(strip $(SANITIZED_MODULES))).a
 endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 
-# --- the cuda device backend (libzinf/src/device/cuda/, GPU.md) ----------------
+# --- the cuda device backend (libzinf/src/device/cuda/, docs/cuda-backend.md) --
 # Kernels: .cu files built by nvcc for Hopper (sm_90 code, plus compute_90 PTX
 # the driver compiles for anything newer), with -fmad=false (no fused
 # multiply-add, as the cpu kernels' -ffp-contract=off), so that most kernels
@@ -286,7 +286,7 @@ sanitize: deps-check
 	$(Q)$(MAKE) --no-print-directory SANITIZE=thread SUITES="$(THREADED_SUITES)" test-run
 .PHONY: sanitized-tests sanitize
 
-# Each public header compiles on its own (DESIGN.md): one stamp per header.
+# Each public header compiles on its own (docs/ARCHITECTURE.md): one stamp per header.
 $(BUILD)/headers/%.ok: libzinf/include/zinf/%.hpp $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  HDR     $<")

@@ -1,4 +1,4 @@
-// The cuda backend's host side (GPU.md), shared by its files by concern:
+// The cuda backend's host side (docs/cuda-backend.md), shared by its files by concern:
 //   device.cpp  the Device: the arena, streams and events, copies, host jobs,
 //               open_cuda
 //   stream.cpp  CudaStream: a non-blocking cudaStream_t, its tickets and
