@@ -34,6 +34,9 @@
 #   --timeout MIN     each target's limit in minutes (default 60)
 #   --rebuild         make the cached root again
 #   --keep            keep this run's root (its path is printed)
+#   --in DIR          run in DIR, a root an earlier --keep kept, as it is (no
+#                     new copy, no clone; kept afterwards): to look into a failure
+#   --command "CMD"   run CMD with bash in the clone instead of make targets
 #   --log FILE        everything the targets print, also into FILE
 #   -h, --help        this text
 # Needs root (debootstrap, chroot, mounts, namespaces) and the network to a
@@ -47,7 +50,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.bash"
 
 targets=() make_args='' commit=HEAD repo=$root user=zinf cache=/var/tmp/zinf-fresh
-mirror=http://deb.debian.org/debian timeout_min=60 rebuild=0 keep=0 log=''
+mirror=http://deb.debian.org/debian timeout_min=60 rebuild=0 keep=0 log='' in='' command=''
 while (($#)); do
     case $1 in
     --target) need_value "$@"; targets+=("$2"); shift ;;
@@ -60,6 +63,8 @@ while (($#)); do
     --timeout) need_value "$@"; timeout_min=$2; shift ;;
     --rebuild) rebuild=1 ;;
     --keep) keep=1 ;;
+    --in) need_value "$@"; in=$2; shift ;;
+    --command) need_value "$@"; command=$2; shift ;;
     --log) need_value "$@"; log=$2; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage_error "unknown option '$1'" ;;
@@ -67,6 +72,8 @@ while (($#)); do
     shift
 done
 ((${#targets[@]})) || targets=(demo test)
+[[ -z $command ]] || targets=(command)
+[[ -z $in || -d $in/home || -d $in/root ]] || usage_error "--in: $in is not a kept root"
 [[ $timeout_min =~ ^[1-9][0-9]*$ ]] || usage_error "--timeout takes whole minutes, not '$timeout_min'"
 [[ $user =~ ^[a-z_][a-z0-9_-]*$ ]] || usage_error "--user: '$user' is not a user name"
 for t in "${targets[@]}"; do
@@ -127,7 +134,7 @@ EOF
     mv "$tmp" "$base"
     say "root made in ${SECONDS} s"
 }
-{
+[[ -n $in ]] || {
     flock 9
     if ((rebuild)) && [[ -d $base ]]; then rm -rf --one-file-system "$base"; fi
     [[ -d $base ]] || make_base
@@ -136,6 +143,7 @@ EOF
 # --- this run's copy ---------------------------------------------------------
 stamp=$(date +%Y%m%d-%H%M%S)-$$
 run=$cache/runs/$stamp
+[[ -z $in ]] || { run=$(cd "$in" && pwd); keep=1; }
 cleanup() {
     # The namespace's mounts went with it; --one-file-system keeps rm out of
     # anything still bound (the CUDA toolkit) whatever happened.
@@ -143,14 +151,16 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'say interrupted; exit 130' INT TERM HUP
-cp -a --reflink=auto "$base" "$run"
-cp /etc/resolv.conf "$run/etc/resolv.conf" 2>/dev/null || true
 home=/root
 [[ $user == root ]] || home=/home/$user
-say "cloning ${rev:0:12} from $repo into $home/zinf"
-git clone -q --no-hardlinks "$repo" "$run$home/zinf" || die 70 "git clone of $repo failed"
-git -C "$run$home/zinf" checkout -q --detach "$rev" || die 70 "checkout of $rev failed"
-[[ $user == root ]] || chroot "$run" chown -R "$user:$user" "$home/zinf"
+if [[ -z $in ]]; then
+    cp -a --reflink=auto "$base" "$run"
+    cp /etc/resolv.conf "$run/etc/resolv.conf" 2>/dev/null || true
+    say "cloning ${rev:0:12} from $repo into $home/zinf"
+    git clone -q --no-hardlinks "$repo" "$run$home/zinf" || die 70 "git clone of $repo failed"
+    git -C "$run$home/zinf" checkout -q --detach "$rev" || die 70 "checkout of $rev failed"
+    [[ $user == root ]] || chroot "$run" chown -R "$user:$user" "$home/zinf"
+fi
 cuda=''
 if [[ -e /usr/local/cuda/bin/nvcc ]]; then
     cuda=$(readlink -f /usr/local/cuda)
@@ -184,10 +194,12 @@ inner() {
     if [[ -n $CUDA ]]; then
         mount --bind "$CUDA" "$r$CUDA" && mount -o remount,bind,ro "$r$CUDA"
     fi
-    local t status=0 cmd
+    local t status=0 cmd what
     for t in $TARGETS; do
         cmd="cd ~/zinf && ulimit -l 8192 && make $t $MAKE_ARGS"
-        printf '\n## fresh-check: make %s %s (as %s, in %s)\n' "$t" "$MAKE_ARGS" "$USER_NAME" "$r" >&2
+        what="make $t${MAKE_ARGS:+ $MAKE_ARGS}"
+        [[ -z $COMMAND ]] || { cmd="cd ~/zinf && ulimit -l 8192 && $COMMAND"; what=$COMMAND; }
+        printf '\n## fresh-check: %s (as %s, in %s)\n' "$what" "$USER_NAME" "$r" >&2
         SECONDS=0
         set +e
         if [[ $USER_NAME == root ]]; then
@@ -202,7 +214,7 @@ inner() {
         fi
         status=$?
         set -e
-        printf '## fresh-check: make %s: exit %d after %d s\n' "$t" "$status" "$SECONDS" >&2
+        printf '## fresh-check: %s: exit %d after %d s\n' "$what" "$status" "$SECONDS" >&2
         ((status == 0)) || return "$status"
     done
 }
@@ -211,7 +223,7 @@ out=$cache/runs/$stamp.log
 [[ -n $log ]] || log=$out
 SECONDS=0
 set +e
-RUN=$run CACHE=$cache CUDA=$cuda TARGETS="${targets[*]}" MAKE_ARGS=$make_args USER_NAME=$user TIMEOUT_MIN=$timeout_min \
+COMMAND=$command RUN=$run CACHE=$cache CUDA=$cuda TARGETS="${targets[*]}" MAKE_ARGS=$make_args USER_NAME=$user TIMEOUT_MIN=$timeout_min \
     unshare --mount --uts --pid --fork --propagation private bash -c inner 2>&1 </dev/null | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
@@ -221,7 +233,7 @@ total=$SECONDS
 printf '\n# fresh-check of %s (%s) in a fresh Debian 12 root, as %s: %s, %d s in all\n' \
     "${rev:0:12}" "$(git -C "$repo" log -1 --format=%s "$rev" | cut -c1-60)" "$user" \
     "$( ((status == 0)) && echo passed || echo "FAILED (exit $status)")" "$total" >&2
-grep -E '^## fresh-check: make .*: exit' "$log" | sed 's/^## /#   /' >&2 || true
+grep -E '^## fresh-check: .*: exit [0-9]+ after' "$log" | sed 's/^## /#   /' >&2 || true
 tally=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 || true)
 [[ -z $tally ]] || printf '#   make test: %s\n' "$tally" >&2
 skips=$(grep -E '^(skip - |# .*: skipped)' "$log" | sed 's/^/#     /' || true)

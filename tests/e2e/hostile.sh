@@ -203,28 +203,29 @@ run bash -c '"$1" layout --model "$2" >/dev/full' _ "$SH" "$M2"
 expect_rc 73 "layout to a full device (/dev/full, ENOSPC) exits 73"
 SMALL=$W/small
 mkdir -p "$SMALL"
-if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=4M tmpfs "$SMALL" 2>/dev/null; then
+if mount_tmpfs "$SMALL" size=4M; then
+  on_exit "as_root umount '$SMALL' 2>/dev/null"
   # A model whose files fit a file system the size of its data alone
   # (rounded up to pages), with less room than its manifest needs.
   zs layout --model "$M2" --dp 2 >"$W/m2d2.jsonl"
   data=$(jq -s '[.[1:][] | {file, end: (.offset + .bytes)}] | group_by(.file)
     | map(max_by(.end).end | (. + 4095) / 4096 | floor * 4096) | add' "$W/m2d2.jsonl")
-  umount "$SMALL" && mount -t tmpfs -o size=$((data + 8192)) tmpfs "$SMALL"
+  as_root umount "$SMALL" && mount_tmpfs "$SMALL" size=$((data + 8192))
   run zs init --dir "$SMALL/st" <"$W/m2d2.jsonl"
   expect_rc 73 "init whose data fits but not with its manifest exits 73"
   check "…saying so, the manifest counted" has_all "$err" "not enough space" "manifest"
   check "…writing no file" bash -c '[[ ! -e $1 || -z $(find "$1" -type f) ]]' _ "$SMALL/st"
-  umount "$SMALL" && mount -t tmpfs -o size=4M tmpfs "$SMALL"
+  as_root umount "$SMALL" && mount_tmpfs "$SMALL" size=4M
   # A read-only file system: 73 (the output cannot be made), in the trainer too.
   rm -rf "${SMALL:?}"/*
   zs layout --model "$MT" --param-dtype fp32 | zs init --dir "$SMALL/ro" >/dev/null 2>&1
-  mount -o remount,ro "$SMALL"
+  as_root mount -o remount,ro "$SMALL"
   run "$TR" --manifest "$SMALL/ro/manifest.jsonl" --steps 1 "${TRUN[@]}"
   expect_rc 73 "training a state on a read-only file system exits 73"
   run zs init --dir "$SMALL/ro2" <"$W/l7.jsonl"
   expect_rc 73 "init into a read-only file system exits 73"
 else
-  skip "the space check and a read-only file system on a small tmpfs" "needs root and mount -t tmpfs"
+  skip "the space check and a read-only file system on a small tmpfs" "needs mount -t tmpfs: neither root nor password-less sudo"
 fi
 
 # Paths spelled two ways are one file: the overlap check sees through them.

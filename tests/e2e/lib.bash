@@ -75,6 +75,22 @@ check() {
   if "$@" >/dev/null; then pass "$name"; else fail "$name" "failed: $*"; fi
 }
 contains() { [[ $1 == *"$2"* ]]; }
+
+# as_root CMD...: CMD as root: itself when this is root, else through
+# password-less sudo (a new user's machine: scripts/fresh-check.sh runs the
+# suites so); status 1 and nothing run where neither can. The checks that
+# need a mount, a sysctl or a namespace use it, so they run for a user too.
+if ((EUID == 0)); then
+  _as_root=()
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  _as_root=(sudo -n)
+else
+  _as_root=(false)
+fi
+as_root() { "${_as_root[@]}" "$@"; }
+# mount_tmpfs DIR OPTIONS: a tmpfs of OPTIONS (size=...) on DIR, owned by
+# this user (as_root's mount); unmount it with as_root umount DIR.
+mount_tmpfs() { as_root mount -t tmpfs -o "$2,uid=$(id -u),gid=$(id -g)" tmpfs "$1" 2>/dev/null; }
 has_all() { # TEXT STRING...: TEXT holds every STRING
   local t=$1
   shift

@@ -209,8 +209,8 @@ check "…and the manifest stays at step 0" test "$(steps_of "$W/inan/manifest.j
 # "rank 0: rank 0:". Now the check counts the temporary every commit writes
 # beside the manifest: with the old requirement plus 4 KiB free, the run is
 # refused before anything is written; with what the check asks, it runs.
-if mkdir -p "$W/small" && mount -t tmpfs -o size=16M tmpfs "$W/small" 2>/dev/null; then
-  on_exit "umount '$W/small' 2>/dev/null"
+if mkdir -p "$W/small" && mount_tmpfs "$W/small" size=16M; then
+  on_exit "as_root umount '$W/small' 2>/dev/null"
   zs layout --model "$MT" --param-dtype fp32 | zs init --dir "$W/small/s" >/dev/null
   free_bytes() { echo $(($(stat -f -c '%a' "$1") * $(stat -f -c '%S' "$1"))); }
   # fill BYTES: leaves BYTES free on the small disk (pages of 4 KiB).
@@ -242,9 +242,9 @@ if mkdir -p "$W/small" && mount -t tmpfs -o size=16M tmpfs "$W/small" 2>/dev/nul
     expect_rc 0 "with the space the check asks for, the run commits its step"
   fi
   rm -f "$W/small/filler"
-  umount "$W/small"
+  as_root umount "$W/small"
 else
-  skip "the disk check counts the manifest's temporary" "cannot mount a small tmpfs here (not root?)"
+  skip "the disk check counts the manifest's temporary" "cannot mount a small tmpfs here (neither root nor password-less sudo)"
 fi
 
 # --- 6. FIFO hangs that signals cannot stop ---------------------------------

@@ -554,8 +554,8 @@ expect_rc 0 "…and the old directory still verifies"
 # A small file system: refused up front when the state does not fit.
 SMALL=$TMP/small
 mkdir -p "$SMALL"
-if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=2M tmpfs "$SMALL" 2>/dev/null; then
-  on_exit "umount '$SMALL'"
+if mount_tmpfs "$SMALL" size=2M; then
+  on_exit "as_root umount '$SMALL'"
   run bash -c 'set -o pipefail; "$1" layout --model "$2" --dp 2 | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3" |
     "$1" verify --pinned 8MiB --pinned-buffer 256KiB' _ "$SH" "$M2" "$SMALL/ok"
   expect_rc 0 "a model that fits a 2MiB tmpfs: layout | init | verify"
@@ -572,13 +572,13 @@ if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=2M tmpfs "$SMALL" 2>/dev/null; 
   expect_rc 73 "reshard to dp 64 (16MiB of aligned partitions) on the small file system exits 73"
   check "…writing no file there" no_files "$SMALL/rs"
 else
-  skip "out of space on a small tmpfs" "needs root and mount -t tmpfs"
+  skip "out of space on a small tmpfs" "needs mount -t tmpfs: neither root nor password-less sudo"
 fi
 # Out of inodes: statvfs sees free bytes, creating a file fails (ENOSPC at open).
 FEW=$TMP/few-inodes
 mkdir -p "$FEW"
-if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=4M,nr_inodes=16 tmpfs "$FEW" 2>/dev/null; then
-  on_exit "umount '$FEW'"
+if mount_tmpfs "$FEW" size=4M,nr_inodes=16; then
+  on_exit "as_root umount '$FEW'"
   run bash -c 'set -o pipefail; "$1" layout --model "$2" | "$1" init --pinned 8MiB --pinned-buffer 256KiB --dir "$3"' _ "$SH" "$M2" "$FEW/ok"
   expect_rc 0 "out of inodes: a dp 1 state (4 files) fits"
   sums "$FEW/ok" >"$TMP/few.sums"
@@ -589,7 +589,7 @@ if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=4M,nr_inodes=16 tmpfs "$FEW" 2>
   check "…saying no space" contains "$err" "No space left on device"
   check "…every old file byte-identical, no temporaries" intact "$FEW/ok" "$TMP/few.sums"
 else
-  skip "out of inodes on a small tmpfs" "needs root and mount -t tmpfs"
+  skip "out of inodes on a small tmpfs" "needs mount -t tmpfs: neither root nor password-less sudo"
 fi
 
 # --stats that cannot be written: 73, the data committed all the same.
