@@ -175,6 +175,9 @@ inner() {
     set -euo pipefail
     local r=$RUN
     hostname zinf-fresh
+    # "/" of a machine is a mount point (unshare --propagation, for one,
+    # changes its propagation): the root bound onto itself is one.
+    mount --bind "$r" "$r"
     mount -t proc -o nosuid,nodev,noexec proc "$r/proc"
     mount --rbind /sys "$r/sys" && mount -o remount,bind,ro "$r/sys" 2>/dev/null || true
     mount -t tmpfs -o mode=755,nosuid tmpfs "$r/dev"
