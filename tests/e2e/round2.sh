@@ -282,7 +282,10 @@ for sub in verify "export --to $W/f.bin --format llmc" "cat --tensor wte.weight 
   check "${sub%% *} of a state whose data file is a FIFO is refused at once (65)" \
     bash -c '[[ $1 == 65 && $2 == *"master.bin: is a FIFO"* ]]' _ "$rc" "$err"
 done
-check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+# (Each program under its own 20 s limit; all of them, an init among them,
+# took 8 s beside a loaded make test: three times that is 24 of the 30 s
+# it was.)
+check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 60
 
 # --- 7. Memory blow-up on a nested JSON header ------------------------------
 # Probe: a 100 MiB safetensors header of nested arrays took 21 s and 3.9 GB
