@@ -21,7 +21,9 @@
 #
 #   tests/crash/rank.sh [--seed S] [--trials N] [--comm-timeout SECONDS] [--keep]
 #
-# --trials N (default 8: each case once); --comm-timeout (default 2).
+# --trials N (default 8: each case once); --comm-timeout: the least
+# deadline (default 2), raised to twice a bare MPI job's time here (below:
+# MPI start-up counts against it).
 source "$(dirname "$0")/../e2e/lib.bash"
 source "$(dirname "$0")/../e2e/train_lib.bash"
 source "$(dirname "$0")/lib.bash"
@@ -43,10 +45,29 @@ if ! command -v mpirun >/dev/null; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 crash_dir rank
-SLACK=4 # seconds past --comm-timeout a rank may take to end (the watchdog's grace is 1 s)
+# The baseline: a bare 4-rank MPI job (zinf-commbench's smallest
+# measurement: mpirun's launch, every rank's MPI_Init, one collective,
+# MPI_Finalize, the teardown), timed here and now. The deadline starts
+# before MPI_Init_thread, which it bounds too, and a loaded machine, or a
+# host name slow to resolve, makes MPI's start-up seconds long: at 2 s a
+# healthy job then ended in MPI_Init_thread (74) before any kill, and the
+# trial tested the start-up, not a dying rank. So the deadline is at least
+# twice this job (about four times its MPI_Init_thread, which took about
+# half of it under load), and every wait for the ranks grows with it.
+t0=$EPOCHREALTIME
+timeout -k 2 120 mpirun -np 4 "$BIN/zinf-commbench" -b 1K -e 1K -n 1 -w 0 --rounds 1 --comm-timeout 10m \
+  >/dev/null 2>"$W/baseline.err" || echo "# the baseline MPI job failed: $(tail -n 1 "$W/baseline.err")"
+ms_since "$t0"
+base_ms=$REPLY base_s=$(((REPLY + 999) / 1000))
+((C < 2 * base_s)) && C=$((2 * base_s))
+# Seconds past --comm-timeout a rank may take to end: the watchdog's grace
+# (1 s) and its exit, slower as the machine is.
+SLACK=$((4 + base_s))
+# Seconds the ranks may take to start, or to print their first step.
+START=$((20 + 5 * base_s))
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
 MI=gpt:layers=4,hidden=128,heads=4,vocab=256,seq=64 # init: a few MiB a rank, so kills land inside it
-echo "# a dying rank: seed $seed, $trials trials, --comm-timeout ${C}s (+${SLACK}s)"
+echo "# a dying rank: seed $seed, $trials trials, --comm-timeout ${C}s (+${SLACK}s; a bare 4-rank MPI job took $base_ms ms)"
 have_strace_ok=0
 have_strace && have_strace_ok=1 || echo "# no strace with syscall injection: the commit cases are skipped"
 cat "$ROOT"/man/*.1 >"$W/corpus.txt"
@@ -88,7 +109,7 @@ has_line() { file_has "$D/out.0" '"step"'; }
 # alive PID: running or stopped; a zombie (dead, not yet reaped by the launcher) is not.
 alive() {
   local -a stat
-  read -r -a stat <"/proc/$1/stat" 2>/dev/null && [[ ${stat[2]} != Z && ${stat[2]} != X ]]
+  read -r -a stat 2>/dev/null <"/proc/$1/stat" && [[ ${stat[2]} != Z && ${stat[2]} != X ]]
 }
 
 launchers_left=0
@@ -138,7 +159,7 @@ for ((i = 0; i < trials; i++)); do
   esac
   recovery=()
   [[ $mode == recovery ]] && recovery=(--enable-recovery)
-  guard=$((C + 40))
+  guard=$((START + C + SLACK + 20))
   started=$(now)
   timeout -k 2 $guard mpirun "${recovery[@]}" -np "$np" bash "$W/wrap" "$D" "$mode" "${cmd[@]}" \
     >"$D/mpirun.out" 2>"$D/mpirun.err" &
@@ -148,7 +169,7 @@ for ((i = 0; i < trials; i++)); do
   killed_at='' late=0
   case $phase in
   train | stop)
-    if wait_until 20000 has_line; then
+    if wait_until $((START * 1000)) has_line; then
       below 300
       ms=$REPLY
       sleep "0.$(printf '%03d' "$ms")"
@@ -156,11 +177,11 @@ for ((i = 0; i < trials; i++)); do
       desc+=", SIG$sig ${ms} ms after the first step"
       kill -"$sig" "$(<"$D/pid.$victim")" && killed_at=$(now)
     else
-      why_not "no step line within 20 s: $(tail -c 300 "$D/err.0" 2>/dev/null)"
+      why_not "no step line within $START s: $(tail -c 300 "$D/err.0" 2>/dev/null)"
     fi
     ;;
   init)
-    if wait_until 20000 has_pids; then
+    if wait_until $((START * 1000)) has_pids; then
       below 500
       ms=$REPLY
       sleep "0.$(printf '%03d' "$ms")"
@@ -169,12 +190,12 @@ for ((i = 0; i < trials; i++)); do
       # manifest checks below still hold it to one process's bytes.
       if kill -KILL "$(<"$D/pid.$victim")" 2>/dev/null; then killed_at=$(now); else late=1; fi
     else
-      why_not "the ranks did not start within 20 s"
+      why_not "the ranks did not start within $START s"
     fi
     ;;
   commit)
-    wait_until 30000 has_pids
-    wait_until $(((C + 30) * 1000)) test -e "$D/rc.$victim" -o ! -e "/proc/$(cat "$D/pid.$victim" 2>/dev/null)" &&
+    wait_until $(((START + 10) * 1000)) has_pids
+    wait_until $(((START + C + 10) * 1000)) test -e "$D/rc.$victim" -o ! -e "/proc/$(cat "$D/pid.$victim" 2>/dev/null)" &&
       killed_at=$(now)
     ;;
   esac

@@ -175,16 +175,33 @@ expect_rc 65 "zinf-train --text FIFO is refused (65), not waited on"
 check "…saying it is a FIFO" contains "$err" "FIFO"
 run timeout 10 "$TR" --manifest "$W/neg/manifest.jsonl" --data "$W/fifo" --steps 1 "${POOL[@]}"
 expect_rc 65 "zinf-train --data FIFO is refused (65)"
+# waiting_on PID PATH: until PID has PATH open and sleeps, in its wait for a
+# writer, its handlers installed; false after 30 s or once PID has ended.
+# (A fixed 0.3 s raced the program's start on a loaded machine: a SIGTERM
+# before its handler is installed ends it with 143.)
+waiting_on() {
+  local i f st
+  for ((i = 0; i < 3000; i++)); do
+    read -r -a st 2>/dev/null <"/proc/$1/stat" || return 1
+    if [[ ${st[2]} == S ]]; then
+      for f in "/proc/$1/fd/"*; do [[ $f -ef $2 ]] && return 0; done
+    fi
+    nap 0.01
+  done
+  return 1
+}
 for sig in TERM INT; do
   "$SH" inspect -m "$W/fifo" >/dev/null 2>"$W/fifo.err" &
   pid=$!
-  sleep 0.3
+  waiting_on $pid "$W/fifo" || echo "# inspect -m FIFO: not seen waiting on it within 30 s"
   kill -$sig $pid
+  # 30 s: the exit is at once, but a loaded machine may take seconds to
+  # run it; only a program deaf to the signal waits that long.
   t=0
-  while kill -0 $pid 2>/dev/null && ((t++ < 50)); do nap 0.1; done
+  while kill -0 $pid 2>/dev/null && ((t++ < 300)); do nap 0.1; done
   if kill -0 $pid 2>/dev/null; then
     kill -9 $pid
-    fail "inspect -m FIFO (no writer) ends on SIG$sig" "still waiting 5 s later"
+    fail "inspect -m FIFO (no writer) ends on SIG$sig" "still waiting 30 s later"
   else
     wait $pid
     rc=$?

@@ -27,6 +27,11 @@ on_exit() { _cleanups+=("$1"); }
 # as long with builtins only (200 turns: 0.05 CPU-s).
 exec {_nap_fd}<> <(:)
 nap() { read -r -t "$1" -u "$_nap_fd" _ || true; }
+# ms_between T0 T1: the milliseconds from T0 to T1 (two $EPOCHREALTIME
+# values: six decimals, after the locale's decimal point) in $REPLY;
+# ms_since T0: from T0 to now. Without a program.
+ms_between() { REPLY=$(((10#${2//[.,]/} - 10#${1//[.,]/}) / 1000)); }
+ms_since() { ms_between "$1" "$EPOCHREALTIME"; }
 # lines_in FILE: its number of lines in $REPLY (0 if unreadable), without wc.
 lines_in() {
   local -a l=()

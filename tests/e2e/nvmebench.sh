@@ -109,7 +109,9 @@ check "nothing is left after refusing" empty_dir "$D"
 # --- interrupting removes the file
 "$NB" --dir "$D" --size 64MiB -b 1M -d 4 -Q 1 --rw read --loops 100000 >/dev/null 2>"$TMP/int.err" &
 pid=$!
-for _ in {1..50}; do empty_dir "$D" || break; nap 0.1; done
+# Until its file is there (30 s: a loaded machine may take seconds to start
+# it; 5 s was close), then half a second into the reads.
+for _ in {1..300}; do empty_dir "$D" || break; nap 0.1; done
 sleep 0.5
 kill -INT "$pid"
 wait "$pid"

@@ -14,7 +14,19 @@ on_exit "rm -rf '$W'"
 head -c 20000 "$ROOT/man/zinf-shard.1" >"$W/corpus.txt"
 TA=(--text "$W/corpus.txt" --batch 2 --seq 16 --threads 1 --json "${POOL[@]}")
 train() { "$TR" "${TA[@]}" "$@"; }
+# locked FILE: until another process holds FILE's lock (flock(1) started in
+# the background takes it when it gets to run: a fixed half second raced
+# that on a loaded machine); false after 30 s.
+locked() {
+  local i
+  for ((i = 0; i < 300; i++)); do
+    flock -n -s "$1" true || return 0
+    nap 0.1
+  done
+  return 1
+}
 
+int_ms=1000 # (set below: SIGINT to exit, committing)
 # --- 1. No lock (data loss) ------------------------------------------------
 # Probe: two zinf-train runs on one manifest, started together: in 2 of 4
 # trials both died (65/66), the manifest stayed at step 1, verify failed
@@ -44,9 +56,12 @@ if wait_holder "$W/t" "$a"; then
   done
   run "$SA" -m "$W/t/manifest.jsonl" --prompt x -n 2 --threads 1 "${POOL[@]}"
   expect_rc 75 "zinf-sample while zinf-train writes is refused (75)"
+  t0=$EPOCHREALTIME
   kill -INT "$a"
   wait "$a"
   rc=$?
+  ms_since "$t0"
+  int_ms=$REPLY # the baseline of an interrupt in an evaluation (section 13)
   check "the first run, interrupted, commits and exits 130 ($rc)" test "$rc" = 130
   run zs verify -m "$W/t/manifest.jsonl"
   expect_rc 0 "…its state verifies"
@@ -94,9 +109,9 @@ zs layout --model "$MT" --dp 2 >"$W/nl.layout"
 run zs init --dir "$W/nl" --rank-dir "$NL/rank%r" <"$W/nl.layout"
 expect_rc 0 "init with node-local rank folders"
 check "…each rank folder has its lock file" test -f "$NL/rank0/.zinf-lock" -a -f "$NL/rank1/.zinf-lock"
-flock -o -x "$NL/rank1/.zinf-lock" sleep 30 & # (-o: the lock goes with flock, not with sleep)
+flock -o -x "$NL/rank1/.zinf-lock" sleep 60 & # (-o: the lock goes with flock, not with sleep)
 holder=$!
-sleep 0.5
+locked "$NL/rank1/.zinf-lock"
 run zs verify -m "$W/nl/manifest.jsonl"
 expect_rc 75 "verify of a state whose rank folder another process holds is refused (75)"
 check "…naming the rank folder's lock file" contains "$err" "$NL/rank1/.zinf-lock"
@@ -267,13 +282,19 @@ for sub in verify "export --to $W/f.bin --format llmc" "cat --tensor wte.weight 
   check "${sub%% *} of a state whose data file is a FIFO is refused at once (65)" \
     bash -c '[[ $1 == 65 && $2 == *"master.bin: is a FIFO"* ]]' _ "$rc" "$err"
 done
-check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 30
+# (Each program under its own 20 s limit; all of them, an init among them,
+# took 8 s beside a loaded make test: three times that is 24 of the 30 s
+# it was.)
+check "…all of it within seconds ($SECONDS s)" test "$SECONDS" -lt 60
 
 # --- 7. Memory blow-up on a nested JSON header ------------------------------
 # Probe: a 100 MiB safetensors header of nested arrays took 21 s and 3.9 GB
 # of memory before exit 65. Now nesting and the count of values are capped
 # before anything is built: refused in seconds, in memory well under 100 MiB
-# beyond the header; and a manifest line likewise.
+# beyond the header; and a manifest line likewise. (The time: 5-6 s on a
+# 2-core machine under make test beside a second build, too close to the 20
+# s it was for a slower one; the memory bound is the one that tells the old
+# parser, and 60 s still catches a quadratic one.)
 python3 - "$W" <<'PY'
 import struct, sys
 w = sys.argv[1]
@@ -291,7 +312,7 @@ for f in nest flat; do
     _ "$SH" "$MT" "$W/$f.safetensors" "$W/i$f"
   rss=$(tail -n 1 "$W/$f.rss")
   check "a 100 MiB safetensors header ($f) is refused (65) in seconds ($SECONDS s), in $((rss / 1024)) MiB (under header + 100 MiB)" \
-    bash -c '[[ $1 == 65 && $2 -lt 20 && $3 -lt $(((100 + 100) * 1024)) ]]' _ "$rc" "$SECONDS" "$rss"
+    bash -c '[[ $1 == 65 && $2 -lt 60 && $3 -lt $(((100 + 100) * 1024)) ]]' _ "$rc" "$SECONDS" "$rss"
 done
 run zs verify -m "$W/nest.jsonl"
 check "a manifest line nested a million deep is refused (65), saying so" \
@@ -396,12 +417,16 @@ for sig in INT TERM; do
   e=$!
   wait_holder "$W/t" "$e"
   sleep 2 # into the first evaluation
-  SECONDS=0
+  t0=$EPOCHREALTIME
   kill -"$sig" "$e"
   wait "$e"
   rc=$?
-  check "SIG$sig in a 1048576-batch evaluation: exit 130 within 3 s ($rc after $SECONDS s)" \
-    bash -c '[[ $1 == 130 && $2 -le 3 ]]' _ "$rc" "$SECONDS"
+  ms_since "$t0"
+  # Its commit and exit take what section 1's interrupted run took (int_ms),
+  # more on a loaded machine: 3 s plus three times that. (The whole
+  # evaluation would take many minutes.)
+  check "SIG$sig in a 1048576-batch evaluation: exit 130 within 3 s plus 3 x $int_ms ms ($rc after $REPLY ms)" \
+    bash -c '[[ $1 == 130 ]] && (($2 < 3000 + 3 * $3))' _ "$rc" "$REPLY" "$int_ms"
 done
 run zs verify -m "$W/t/manifest.jsonl"
 expect_rc 0 "…and the state verifies"
@@ -457,9 +482,9 @@ check "an index naming a tensor twice is refused (65), naming the key" \
 check "…and neither import committed anything" test ! -e "$W/hl-n/manifest.jsonl" -a ! -e "$W/hl-t/manifest.jsonl"
 # The lock: a Llama import into a directory another program holds, and an
 # export of it, are refused (75) naming the lock file.
-flock -o -x "$W/hl/.zinf-lock" sleep 30 &
+flock -o -x "$W/hl/.zinf-lock" sleep 60 &
 holder=$!
-sleep 0.5
+locked "$W/hl/.zinf-lock"
 before=$(sums "$W/hl")
 run bash -c '"$1" layout --model "$2" --param-dtype fp32 | "$1" import --from "$3" --dir "$4" --force --pinned 8MiB --pinned-buffer 256KiB' \
   _ "$SH" "$LM" "$W/hf" "$W/hl"

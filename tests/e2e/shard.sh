@@ -74,7 +74,7 @@ if (($(nproc) > 1)); then
   pid=$!
   exec {fifo_w}>"$TMP/start.fifo"
   state=
-  for ((i = 0; i < 500; i++)); do
+  for ((i = 0; i < 3000; i++)); do # 30 s: a loaded machine may take seconds to start it
     # In the read of a pipe (the shell's child waits on the FIFO before the
     # exec, the program on OpenBLAS's pool as it stops it: not those).
     read -r comm <"/proc/$pid/comm" 2>/dev/null && [[ $comm == zinf-shard ]] &&

@@ -23,14 +23,15 @@ cat "$ROOT"/man/*.1 "$ROOT/README.md" >"$W/corpus.txt"
 CORPUS=$W/corpus.txt
 
 # interrupt SIGNAL LINES OUT ARGS...: zinf-train ARGS with stdout in OUT and
-# stderr in OUT.err; SIGNAL once OUT holds LINES lines; its status in $rc.
+# stderr in OUT.err; SIGNAL once OUT holds LINES lines (or after 60 s: a
+# loaded machine may take seconds a step); its status in $rc.
 interrupt() {
   local sig=$1 lines=$2 o=$3 t=0
   shift 3
   : >"$o"
   "$TR" "$@" >"$o" 2>"$o.err" &
   local pid=$!
-  while kill -0 "$pid" 2>/dev/null && lines_in "$o" && ((REPLY < lines && t++ < 2000)); do nap 0.01; done
+  while kill -0 "$pid" 2>/dev/null && lines_in "$o" && ((REPLY < lines && t++ < 6000)); do nap 0.01; done
   kill -"$sig" "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null  # no "Killed" notice
   rc=$?
