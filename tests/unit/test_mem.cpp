@@ -135,7 +135,9 @@ BOOST_AUTO_TEST_CASE(a_blocked_lease_gets_the_buffer_released_by_another_thread)
         Lease l = pool.lease("second", 10s);
         got = l.size() == 64 * KiB;
     });
-    std::this_thread::sleep_for(50ms);
+    // Until the thread waits in lease() (a sleep was not enough on a loaded
+    // machine: the thread started after the buffer came back, and never waited).
+    for (int i = 0; i < 10000 && pool.stats().waits == 0; ++i) std::this_thread::sleep_for(1ms);
     BOOST_TEST(!got.load());
     all.pop_back();
     t.join();
