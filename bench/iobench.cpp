@@ -103,6 +103,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-iobench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-iobench: read a whole file with one io::Engine request into locked,\n"
                  "registered memory, as zinf fetches model state; prints GiB/s per round."};
     app.name("zinf-iobench");

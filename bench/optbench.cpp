@@ -370,6 +370,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-optbench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-optbench: the optimizer step, timed: the CPU AdamW update alone against the memory\n"
                  "bandwidth, then the tiered step with the state in CPU memory and on NVMe against its ideal."};
     app.name("zinf-optbench");

@@ -96,6 +96,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-streambench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-streambench: move a whole file through the pinned pool with mem::Stream,\n"
                  "hashing every piece, as zinf moves a partition larger than the pool; GiB/s per round."};
     app.name("zinf-streambench");

@@ -190,6 +190,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-commbench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-commbench: collective bandwidth per message size through zinf's communicator, like "
                  "nccl-tests (size, count, time, algbw, busbw). Run it under mpirun -np N or srun."};
     cli::Common common;

@@ -161,6 +161,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-nvmebench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-nvmebench: measure read and write bandwidth of a drive or file system\n"
                  "through zinf's I/O engine, over block size x queue depth x queues x engine.\n"
                  "Lists are comma-separated: --block-size 1M,8M --queue-depth 8,64"};

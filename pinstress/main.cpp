@@ -191,6 +191,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-pinstress")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-pinstress: stress the pinned-memory pool from many threads (seeded random\n"
                  "lease sizes and hold times, every buffer checked with xxh3 before release) and\n"
                  "measure copy bandwidth into pinned versus pageable memory"};

@@ -192,6 +192,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-sample")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-sample: text from the GPT or Llama a committed manifest holds (zinf-shard init, zinf-train), one token\n"
                  "at a time through the ZeRO-Infinity engine and a key-value cache; alone, or under mpirun with the\n"
                  "manifest's dp ranks."};

@@ -535,6 +535,7 @@ CLI::App* add_export(CLI::App& app, Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-shard")) return rc;  // first: before anything is opened
     // CLI11 reports a misspelt subcommand only as "a subcommand is required".
     static const std::set<std::string> kSubcommands = {"layout", "init",    "verify", "inspect",
                                                        "cat",    "reshard", "import", "export"};

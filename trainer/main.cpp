@@ -298,6 +298,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-train")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-train: trains the GPT a manifest describes (zinf-shard layout | zinf-shard init) on\n"
                  "llm.c token files or any text, alone or under mpirun as data parallel."};
     app.name("zinf-train");

@@ -134,6 +134,15 @@ inline bool is_aligned(const void* p, std::uint64_t a) {
 constexpr bool is_pow2(std::uint64_t v) { return v && !(v & (v - 1)); }
 
 // ---------------------------------------------------------------------------
+// The first call of every program's main: a standard descriptor (0, 1 or 2)
+// that is closed at start (`zinf-train ... >&-`) is opened on /dev/null, so
+// that the first file the program opens (a lock file, a data file) never
+// becomes its stdout and receives what it prints. Returns 0, or 74 (after a
+// message on stderr, where that is open, naming `program`) when /dev/null
+// cannot be opened; main returns that status.
+int open_standard_fds(const char* program) noexcept;
+
+// ---------------------------------------------------------------------------
 // RAII kernel handles. Move-only; factories are named after the system call;
 // each method wraps one call and throws with its name on failure.
 class Fd {

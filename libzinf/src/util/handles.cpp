@@ -1,6 +1,7 @@
 #include <zinf/util.hpp>
 
 #include <cerrno>
+#include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
 #include <filesystem>
@@ -14,6 +15,26 @@
 #include <unistd.h>
 
 namespace zinf {
+
+int open_standard_fds(const char* program) noexcept {
+    for (int fd = 0; fd <= 2; ++fd) {
+        if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        // open(2) takes the lowest free descriptor: this one, as the ones
+        // below it are open. Not a fault site: nothing of the run yet.
+        const int got = ::open("/dev/null", (fd == 0 ? O_RDONLY : O_WRONLY) | O_NOCTTY);  // fault-site: /dev/null
+        if (got == fd) continue;
+        const int err = errno;
+        if (got >= 0) ::close(got);
+        if (::fcntl(2, F_GETFD) != -1) {
+            const std::string msg = std::string(program) + ": descriptor " + std::to_string(fd) +
+                                    " is closed and /dev/null cannot be opened in its place (" +
+                                    std::strerror(got >= 0 ? EBADF : err) + ")\n";
+            [[maybe_unused]] const auto n = ::write(2, msg.data(), msg.size());  // fault-site: stderr
+        }
+        return exit_code::io;
+    }
+    return 0;
+}
 
 void fsync_dir(const std::string& dir) {
     const std::string d = dir.empty() ? "." : dir;
