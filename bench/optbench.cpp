@@ -261,6 +261,7 @@ int run(const Options& o) {
     optim::Kernel k;
     k.isa = o.isa == "auto" ? optim::default_isa() : optim::parse_isa(o.isa);
     if (!optim::isa_supported(k.isa)) throw UsageError(std::string("--isa ") + optim::isa_name(k.isa) + ": not on this CPU");
+    check_thread_count(o.threads, "--threads");
     k.threads = o.threads;
     const unsigned threads = o.threads ? o.threads : bench::max_threads();
     const bool bf16_param = o.param_dtype == "bf16", bf16_grad = o.grad_dtype == "bf16";

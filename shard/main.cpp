@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -86,19 +87,22 @@ std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
     while (start <= text.size()) {
         std::size_t comma = text.find(',', start);
         std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        unsigned a = 0, b = 0;
-        char dash = 0;
-        // sscanf's %u takes "-1" as 4294967295: digits only.
-        if (item.empty() || item.find_first_not_of("0123456789-") != std::string::npos || item.front() == '-')
-            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
-        int n = std::sscanf(item.c_str(), "%u%c%u", &a, &dash, &b);
-        if (n == 1) b = a;
-        else if (n != 3 || dash != '-' || b < a)
-            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
-        for (unsigned r = a; r <= b; ++r) {
-            if (r >= dp) throw UsageError("--ranks: rank " + std::to_string(r) + " is not below dp " + std::to_string(dp));
-            out.push_back(r);
-        }
+        // Digits only, each number read whole: sscanf's %u took "-1" as
+        // 4294967295 and wrapped 99999999999999999999 to a rank it named.
+        const auto number = [&](std::string_view digits) {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+            if (digits.empty() || ec == std::errc::invalid_argument || end != digits.data() + digits.size())
+                throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
+            if (ec == std::errc::result_out_of_range || v >= dp)
+                throw UsageError("--ranks: rank " + std::string(digits) + " is not below dp " + std::to_string(dp));
+            return static_cast<unsigned>(v);
+        };
+        const std::size_t dash = item.find('-');
+        const unsigned a = number(std::string_view(item).substr(0, dash));
+        const unsigned b = dash == std::string::npos ? a : number(std::string_view(item).substr(dash + 1));
+        if (b < a) throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
+        for (unsigned r = a; r <= b; ++r) out.push_back(r);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }

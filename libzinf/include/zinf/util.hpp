@@ -350,6 +350,12 @@ std::uint64_t peak_resident_bytes();
 std::uint64_t meminfo_bytes(std::string_view key);
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 unsigned affinity_cpus();
+// A thread count asked for on the command line (`option`, "--threads"):
+// UsageError above kThreadsPerCpu times the CPUs this machine has. More only
+// wait for each other, and OpenMP cannot start tens of thousands: libgomp
+// exits 1 or dies inside a parallel region where no error can be caught.
+inline constexpr unsigned kThreadsPerCpu = 4;
+void check_thread_count(unsigned threads, std::string_view option);
 // The median of a benchmark's rounds (the mean of the middle two of an even
 // count; 0 of none).
 double median(std::vector<double> v);
