@@ -62,7 +62,9 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
     } else if (!o.prompt_tokens.empty()) {
         const data::Tokens t = data::Tokens::open(o.prompt_tokens);
         data::check_vocab(t, vocab);
-        for (std::uint32_t v : t.tokens()) p.push_back(static_cast<std::int32_t>(v));
+        t.tokens().scan([&](std::span<const std::uint32_t> piece) {
+            for (std::uint32_t v : piece) p.push_back(static_cast<std::int32_t>(v));
+        });
     } else if (tok && tok->eot()) {
         p.push_back(static_cast<std::int32_t>(*tok->eot()));
     } else if (vocab == 256) {

@@ -67,17 +67,15 @@ void emit(const Manifest& m) {
     if (!std::cout) throw IoError("writing the manifest to stdout failed", {errno, "<stdout>", {}, -1});
 }
 
-Manifest read_input(const Options& o) {
-    Manifest m;
-    if (o.manifest == "-") {
-        if (::isatty(0))
-            throw UsageError("reading the manifest from stdin, which is a terminal: pipe one in or give --manifest FILE");
-        m = read_manifest(std::cin, "<stdin>");
-    } else {
-        m = read_manifest_file(o.manifest);
-    }
-    if (!o.data_dir.empty()) m.dir = o.data_dir;
-    return m;
+Manifest read_input(const Options& o) { return read_manifest_input(o.manifest); }
+
+std::string source_of(const Options& o) { return o.manifest == "-" ? "<stdin>" : o.manifest; }
+
+// The state a reader of a data directory reads (verify, cat, export,
+// reshard's source): what the directory commits (committed_state), the
+// directory --data-dir's when given, refused when it was copied or moved.
+Manifest read_state(const Options& o, bool follow) {
+    return committed_state(read_input(o), source_of(o), follow, o.data_dir);
 }
 
 std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
@@ -251,12 +249,32 @@ int do_init(const Options& o) {
 }
 
 int do_verify(const Options& o) {
-    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
-    RunOptions ro = run_options(o);
-    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
+    const Manifest given = read_input(o);  // once: it may be a pipe
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     Timer t;
+    // --data-dir D whose committed manifest names another folder: D was
+    // copied or moved there; verified, it is adopted where it lies.
+    if (!o.data_dir.empty()) {
+        RunOptions ro = run_options(o);
+        ro.ranks = parse_ranks(o.ranks, given.opts.dp);  // adopt() refuses a part
+        std::optional<Manifest> adopted;
+        {
+            Meter meter("verify", given.total_bytes());
+            ro.progress = meter.fn();
+            adopted = adopt(o.data_dir, engine, pool, ro);
+        }
+        if (adopted) {
+            summary(o, "verify", "adopted " + o.data_dir + ": verified " + std::to_string(adopted->parts.size()) +
+                                     " partitions,",
+                    adopted->total_bytes(), t.seconds(), pool);
+            emit(*adopted);
+            return 0;
+        }
+    }
+    Manifest m = committed_state(given, source_of(o), false, o.data_dir);
+    RunOptions ro = run_options(o);
+    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     VerifyResult r;
     {
         std::uint64_t total = 0;  // of the ranks checked
@@ -274,6 +292,7 @@ int do_verify(const Options& o) {
 
 int do_inspect(const Options& o) {
     Manifest m = read_input(o);
+    if (!o.data_dir.empty()) m.dir = o.data_dir;
     if (o.json) std::cout << json::line(inspect_json(m));
     else print_inspect(std::cout, m);
     std::cout.flush();
@@ -285,7 +304,7 @@ int do_inspect(const Options& o) {
 // state, "NAME STATE BYTES XXH3", of the same gathered bytes (whatever the
 // split: two directories hold the same values when their lines agree).
 int do_cat(const Options& o) {
-    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
+    Manifest m = read_state(o, false);
     if (!o.sums) {
         if (o.tensors.size() != 1)
             throw UsageError("cat writes one tensor: give one --tensor (--sums takes any number, or none for all)");
@@ -360,7 +379,7 @@ int do_import(const Options& o) {
 int do_export(const Options& o) {
     // What the directory commits, whichever manifest names it (a stale copy
     // would export the weights of its step).
-    const Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, true);
+    const Manifest m = read_state(o, true);
     if (std::filesystem::exists(o.to) && !o.force)
         throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
     io::Engine engine(o.engine.resolve());
@@ -384,7 +403,7 @@ int do_export(const Options& o) {
 
 int do_reshard(const Options& o) {
     runs_once("reshard");
-    Manifest m = read_input(o);
+    Manifest m = read_state(o, false);
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!m.dir.empty() && fs::exists(o.dir) && fs::equivalent(m.dir, o.dir, ec))

@@ -107,4 +107,174 @@ done
 run zs verify -m "$W/s3/manifest.jsonl" --ranks 0
 expect_rc 0 "…while --ranks 0 verifies"
 
+# --- 1. A copied or moved folder wrote into its origin (data loss) ----------
+# Probe: cp -r B A; zinf-shard verify -m A/manifest.jsonl --data-dir A > X.m;
+# zinf-train --manifest X.m --resume exited 0, said it committed
+# A/manifest.jsonl, and rewrote every file of B (both generations) and B's
+# lock; B then failed verify and --resume (65). A's manifest names dir B, and
+# the trainer followed it. The same after mv run1 run1-old, a new init of
+# run1, and resuming the old run from its new place. Now a committed
+# manifest that names another folder than the one it lies in is refused
+# (65, saying how to adopt it) by every program that reads or writes a
+# state, before anything is opened for writing; verify --data-dir adopts it.
+state B1
+train --manifest "$W/B1/manifest.jsonl" --steps 2 >/dev/null 2>&1
+cp -r "$W/B1" "$W/A1"
+sums "$W/B1" >"$W/B1.sums"
+cp "$W/B1/.zinf-lock" "$W/B1.lock"
+unchanged() { sums "$W/B1" | cmp -s - "$W/B1.sums" && cmp -s "$W/B1/.zinf-lock" "$W/B1.lock"; }
+run train --manifest "$W/A1/manifest.jsonl" --steps 4 --resume
+expect_rc 65 "zinf-train on a copied folder's manifest is refused (65)"
+check "…naming both folders and how to adopt it" has_all "$err" "names the data directory $W/B1, not $W/A1" \
+  "zinf-shard verify -m $W/A1/manifest.jsonl --data-dir $W/A1"
+jq -c "if .dir then .dir = \"$W/A1\" else . end" "$W/A1/manifest.jsonl" >"$W/A1.m" # a copy naming A1
+run train --manifest "$W/A1.m" --steps 4 --resume
+expect_rc 65 "zinf-train given a manifest naming the copy (whose own manifest names the origin) is refused (65)"
+run "$SA" -m "$W/A1/manifest.jsonl" "${SAO[@]}"
+expect_rc 65 "zinf-sample on the copy is refused (65)"
+run "$SA" -m "$W/A1.m" "${SAO[@]}"
+expect_rc 65 "zinf-sample through a manifest naming the copy is refused (65)"
+for sub in verify "cat --sums" "export --to $W/a1.safetensors" "reshard --dp 2 --dir $W/A1r"; do
+  run bash -c '"$@" >/dev/null' _ "$SH" $sub "${POOL[@]}" -m "$W/A1/manifest.jsonl"
+  expect_rc 65 "zinf-shard ${sub%% *} of the copy is refused (65)"
+done
+check "…and reshard made no directory" test ! -e "$W/A1r"
+for sub in "cat --sums" "export --to $W/a1.safetensors"; do
+  run bash -c '"$@" >/dev/null' _ "$SH" $sub "${POOL[@]}" -m "$W/A1.m" --data-dir "$W/A1"
+  expect_rc 65 "zinf-shard ${sub%% *} --data-dir of the copy is refused (65): adopt it first"
+done
+check "…and nothing of the origin was written, its lock file included" unchanged
+# Adoption, as the probe's first step did it: the copy verified where it
+# lies, and its manifest committed naming it.
+run zs verify -m "$W/A1/manifest.jsonl" --data-dir "$W/A1" --ranks 0
+expect_rc 64 "adopting with --ranks is refused (64): every rank is verified"
+run zs verify -m "$W/A1/manifest.jsonl" --data-dir "$W/A1"
+expect_rc 0 "verify --data-dir adopts the copy"
+echo "$out" >"$W/X.m"
+check "…and commits a manifest naming it" test "$(jq -r 'select(.schema) | .dir' "$W/A1/manifest.jsonl")" = "$(realpath "$W/A1")"
+check "…which it prints" test "$(head -n 1 "$W/X.m" | jq -r .dir)" = "$(realpath "$W/A1")"
+run train --manifest "$W/X.m" --steps 4 --resume
+expect_rc 0 "the probe's zinf-train --manifest X.m --resume trains the adopted copy"
+check "…committing it there, at step 4" test "$(jq -s '[.[1:][].step] | max' "$W/A1/manifest.jsonl")" = 4
+check "…and the origin is untouched" unchanged
+run zs verify -m "$W/B1/manifest.jsonl"
+expect_rc 0 "…and verifies"
+run train --manifest "$W/B1/manifest.jsonl" --steps 3 --resume
+expect_rc 0 "…and resumes"
+# A damaged copy is not adopted: its manifest still names the origin.
+cp -r "$W/A1" "$W/A2"
+printf 'x' | dd of="$W/A2/rank0/param.bin" bs=1 seek=100 conv=notrunc status=none
+run zs verify -m "$W/A2/manifest.jsonl" --data-dir "$W/A2"
+expect_rc 65 "a damaged copy is not adopted (65)"
+check "…its manifest still names the origin" test "$(jq -r 'select(.schema) | .dir' "$W/A2/manifest.jsonl")" = "$(realpath "$W/A1")"
+# The move: mv run1 run1-old, a new init of run1, the old run resumed from its new place.
+state run1
+train --manifest "$W/run1/manifest.jsonl" --steps 2 >/dev/null 2>&1
+mv "$W/run1" "$W/run1-old"
+state run1 --seed 7
+sums "$W/run1" >"$W/run1.sums"
+run train --manifest "$W/run1-old/manifest.jsonl" --steps 4 --resume
+expect_rc 65 "resuming a moved run from its new place, with a new run at the old one, is refused (65)"
+check "…and the new run is untouched" bash -c 'cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum | cmp -s - "$2"' _ "$W/run1" "$W/run1.sums"
+run zs verify -m "$W/run1-old/manifest.jsonl" --data-dir "$W/run1-old"
+expect_rc 0 "…adopted where it lies"
+run train --manifest "$W/run1-old/manifest.jsonl" --steps 4 --resume
+expect_rc 0 "…it resumes there"
+# A copy of a manifest kept elsewhere (no state beside it) still leads to its directory.
+mkdir "$W/keep" && cp "$W/B1/manifest.jsonl" "$W/keep/manifest.jsonl"
+run zs verify -m "$W/keep/manifest.jsonl"
+expect_rc 0 "a manifest copied alone into another folder still leads to its directory (0)"
+
+# --- 2. One run's rank folders taken by another without --force -------------
+# Probe: two zinf-shard init --rank-dir $PWD/shared_rd/rank%r from different
+# directories: the second exited 0 over the first's data, which then failed
+# verify (65); reshard --rank-dir onto them the same. The marker recorded
+# only the rank. Now it records the state that owns the folder: another
+# owner is refused (73) without --force.
+zs layout --model "$MT" --param-dtype fp32 --dp 2 >"$W/l2.jsonl"
+mkdir "$W/e1" "$W/e2"
+(cd "$W/e1" && zs init --dir run --rank-dir "$W/shared_rd/rank%r" <"$W/l2.jsonl" >/dev/null 2>&1)
+check "the rank folder's marker names its owner" test "$(jq -r .dir "$W/shared_rd/rank1/.zinf-rank")" = "$(realpath "$W/e1/run")"
+sums "$W/shared_rd" >"$W/rd.sums"
+run bash -c 'cd "$1/e2" && "${@:2}" --dir run --rank-dir "$1/shared_rd/rank%r" <"$1/l2.jsonl"' _ "$W" "$SH" init "${POOL[@]}"
+expect_rc 73 "a second init into another run's rank folders is refused (73)"
+check "…naming the folder and its owner" has_all "$err" "$W/shared_rd/rank0" "belongs to the state in $(realpath "$W/e1/run")" "--force"
+check "…writing nothing there" bash -c 'cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum | cmp -s - "$2"' _ "$W/shared_rd" "$W/rd.sums"
+check "…and leaving no directory" test ! -e "$W/e2/run"
+run zs reshard -m "$W/e1/run/manifest.jsonl" --dp 2 --dir "$W/e3" --rank-dir "$W/shared_rd/rank%r"
+expect_rc 73 "reshard --rank-dir onto another run's rank folders is refused (73)"
+run zs verify -m "$W/e1/run/manifest.jsonl"
+expect_rc 0 "…and the first run still verifies"
+run bash -c 'cd "$1/e2" && "${@:2}" --dir run --rank-dir "$1/shared_rd/rank%r" --force <"$1/l2.jsonl"' _ "$W" "$SH" init "${POOL[@]}"
+expect_rc 0 "with --force the second run takes them over"
+run zs verify -m "$W/e1/run/manifest.jsonl"
+expect_rc 65 "…and the first run is refused (65), not read as the second's"
+check "…naming the folder's owner now" has_all "$err" "belongs to the state in $(realpath "$W/e2/run")"
+# A copy of a run with rank folders cannot share them; a moved one takes them.
+cp -r "$W/e2/run" "$W/e2/copy"
+run zs verify -m "$W/e2/copy/manifest.jsonl" --data-dir "$W/e2/copy"
+expect_rc 65 "adopting a copy whose rank folders its origin still names is refused (65)"
+check "…saying so" has_all "$err" "which still names it"
+mv "$W/e2/run" "$W/e2/moved"
+run zs verify -m "$W/e2/moved/manifest.jsonl" --data-dir "$W/e2/moved"
+expect_rc 0 "a moved run is adopted with its rank folders"
+check "…whose markers name it now" test "$(jq -r .dir "$W/shared_rd/rank0/.zinf-rank")" = "$(realpath "$W/e2/moved")"
+run zs verify -m "$W/e2/moved/manifest.jsonl"
+expect_rc 0 "…and it verifies"
+# A marker from before owners were recorded is still read.
+printf '{"zinf":"rank folder","rank":0}\n' >"$W/shared_rd/rank0/.zinf-rank"
+run zs verify -m "$W/e2/moved/manifest.jsonl"
+expect_rc 0 "a marker without an owner (written before issue 47) is still taken"
+
+# --- 4. The token file truncated during training: SIGBUS ------------------
+# Probe: --data's token file truncated while zinf-train ran: SIGBUS (exit
+# 135, no message), 213 trained steps lost since the last checkpoint. Now
+# every batch is read with pread and checked against the file as opened: a
+# truncated or replaced file is an error (65) naming the file and offset,
+# and the steps taken are committed as an interrupt commits them.
+"${ZINF_PYTHON:-python3}" - "$W" <<'PY'
+import random, struct, sys
+d = sys.argv[1]
+h = [0] * 256
+h[0], h[1], h[2] = 20240520, 1, 200000
+rng = random.Random(47)
+toks = [rng.randrange(256) for _ in range(h[2])]
+b = struct.pack("<256i", *h) + struct.pack("<%dH" % len(toks), *toks)
+for name in ("tok.bin", "tok2.bin", "tok.orig"):
+    open(f"{d}/{name}", "wb").write(b)
+PY
+for how in truncate replace; do
+  cp "$W/tok.orig" "$W/tok.bin"
+  fresh "t4$how" --param-dtype fp32 --param cpu --optim cpu
+  "$TR" --data "$W/tok.bin" --manifest "$W/t4$how/manifest.jsonl" --steps 100000 --batch 2 --seq 16 --threads 1 \
+    --json "${POOL[@]}" >"$W/t4.out" 2>"$W/t4.err" &
+  pid=$!
+  for ((i = 0; i < 600; i++)); do
+    lines_in "$W/t4.out"
+    ((REPLY >= 20)) && break
+    kill -0 "$pid" 2>/dev/null || break
+    nap 0.1
+  done
+  if [[ $how == truncate ]]; then truncate -s 3024 "$W/tok.bin"; else cp "$W/tok2.bin" "$W/tok.new" && mv "$W/tok.new" "$W/tok.bin"; fi
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    nap 0.1
+  done
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid"
+  rc=$?
+  err=$(<"$W/t4.err")
+  expect_rc 65 "the token file ${how}d under zinf-train: exit 65, not a signal"
+  check "…naming the file, what changed and the offset" has_all "$err" "$W/tok.bin: the token file changed during the run" \
+    "$([[ $how == truncate ]] && echo truncated || echo replaced)" "at offset"
+  last=$(tail -n 1 "$W/t4.out" | jq .step)
+  check "…committing the $last steps taken, as an interrupt does" \
+    test "$(jq -s '[.[1:][].step] | max' "$W/t4$how/manifest.jsonl")" = "$last"
+  check "…saying so" contains "$err" "checkpoint committed at step $last"
+  cp "$W/tok.orig" "$W/tok.bin"
+  run "$TR" --data "$W/tok.bin" --manifest "$W/t4$how/manifest.jsonl" --steps $((last + 2)) --resume --batch 2 --seq 16 \
+    --threads 1 --json "${POOL[@]}"
+  expect_rc 0 "…and the run resumes from there"
+done
+
 finish

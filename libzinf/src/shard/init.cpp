@@ -55,7 +55,7 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
     try {
         if (ranks.count(0)) check_target(dir, opts.force);
         superseded = place_beside(m, dir);
-        out.open(m, dir, ranks);
+        out.open(m, dir, ranks, opts.force);
         Zeros zeros(pool);
         // Units: (rank, tensor), every state of it at once, so each value is
         // drawn once for both the param and the master copy.

@@ -135,7 +135,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     try {
         check_target(dir, opts.force);
         superseded = place_beside(n, dir);
-        out.open(n, dir, all);
+        out.open(n, dir, all, opts.force);
         Zeros zeros(pool);
         std::vector<std::vector<mem::Lease>> held(workers);
         std::deque<PartWriter> writers;
