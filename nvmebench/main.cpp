@@ -193,9 +193,9 @@ int main(int argc, char** argv) {
     app.add_flag("--best", o.best, "Print only the best engine configuration, as the engine reads it")
         ->excludes(json);
     app.add_option("--min-read-gibps", o.min_read, "Exit 75 if the best read is slower")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--min-write-gibps", o.min_write, "Exit 75 if the best write is slower")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_flag("--keep", o.keep, "Keep the test file the run created");
     app.add_flag("--force", o.force, "Allow writing over an existing --file");
     app.footer("Exit status: 0 ok, 64 usage, 65 verify mismatch, 66 missing input, 73 cannot\n"

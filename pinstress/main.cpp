@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--gpu", o.gpu, "The GPU; default: the local rank modulo the GPUs, else 0")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_flag("--json", o.json, "Print one JSON record (zinf.pinstress/1) instead of the table");
     app.add_option("--inject", o.inject, "Test the checks: corrupt a held buffer, or leak a lease past its thread")
         ->check(CLI::IsMember({"none", "corrupt", "leak"}));

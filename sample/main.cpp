@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
     app.add_option("-n,--tokens", o.tokens, "Tokens to draw after the prompt")->capture_default_str();
     app.add_option("--temperature", o.temperature, "Softmax temperature; 0: greedy (the most likely token)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--top-k", o.top_k, "Draw from the k most likely tokens only (0: all)")->capture_default_str();
     app.add_option("--seed", o.seed, "Seed of the draws (default: drawn fresh and printed on stderr)");
     app.add_option("--tokenizer", o.tokenizer,

@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
     app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
     app.add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: no clipping)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--seed", o.seed, "Seed of --shuffle's window offsets")->capture_default_str();
     app.add_flag("--shuffle", o.shuffle, "Draw each batch's window from the seed instead of reading in order");
     app.add_flag("--no-checkpoint", o.no_checkpoint, "Keep every block's activations (no recomputation)");

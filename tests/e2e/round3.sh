@@ -246,6 +246,7 @@ PY
 for how in truncate replace; do
   cp "$W/tok.orig" "$W/tok.bin"
   fresh "t4$how" --param-dtype fp32 --param cpu --optim cpu
+  : >"$W/t4.out"
   "$TR" --data "$W/tok.bin" --manifest "$W/t4$how/manifest.jsonl" --steps 100000 --batch 2 --seq 16 --threads 1 \
     --json "${POOL[@]}" >"$W/t4.out" 2>"$W/t4.err" &
   pid=$!
@@ -276,5 +277,58 @@ for how in truncate replace; do
     --threads 1 --json "${POOL[@]}"
   expect_rc 0 "…and the run resumes from there"
 done
+
+# --- 8. Unclear messages, inconsistent codes -------------------------------
+# Probe: a Hugging Face shard that is a folder exited 74 (an index that is a
+# folder 65); .zinf-lock as a folder 74, as a FIFO 65; a GPT-2 import from
+# a sharded index said "header length 7017841271895827067 is more than the
+# 100MiB"; --manifest /dev/stdin read the pipe twice ("empty manifest") and
+# --manifest - was "-: open failed" in zinf-train and zinf-sample; a range
+# error for --temperature -1 printed DBL_MAX in some 300 digits; a
+# weight_map name with a NUL read as a contradiction.
+LS=llama:layers=1,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=32
+zs layout --model "$LS" --param-dtype fp32 | zs init --dir "$W/ll" >/dev/null 2>&1
+zs export -m "$W/ll/manifest.jsonl" --to "$W/hf" --shard-size 8KiB >/dev/null 2>&1
+shard=$(jq -r '[.weight_map[]] | unique | .[1]' "$W/hf/model.safetensors.index.json")
+cp -r "$W/hf" "$W/hf-dir" && rm "$W/hf-dir/$shard" && mkdir "$W/hf-dir/$shard"
+run bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" "${@:5}"' _ "$SH" "$LS" "$W/hf-dir" "$W/hfi" "${POOL[@]}"
+expect_rc 65 "a Hugging Face shard that is a folder is bad input (65), as an index that is one"
+check "…naming it" has_all "$err" "$W/hf-dir/$shard: is a folder, not a safetensors shard"
+run bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" "${@:5}"' _ "$SH" "$MT" \
+  "$W/hf/model.safetensors.index.json" "$W/gi" "${POOL[@]}"
+expect_rc 65 "a GPT-2 import from a sharded index exits 65"
+check "…saying the sharded import is for Llama-family models, not a header length" \
+  bash -c '[[ $1 == *"sharded import is for Llama-family models"* && $1 != *"header length"* ]]' _ "$err"
+jq -c '.weight_map["model.norm\u0000weight"] = .weight_map["model.norm.weight"]' "$W/hf/model.safetensors.index.json" \
+  >"$W/hf/nul.json"
+cp -r "$W/hf" "$W/hf-nul" && mv "$W/hf-nul/nul.json" "$W/hf-nul/model.safetensors.index.json"
+run bash -c '"$1" layout --model "$2" | "$1" import --from "$3" --dir "$4" "${@:5}"' _ "$SH" "$LS" "$W/hf-nul" "$W/ni" "${POOL[@]}"
+expect_rc 65 "a weight_map name holding a NUL byte exits 65"
+check "…saying so, not that a shard lacks it" has_all "$err" 'whose name holds a NUL byte' 'model.norm\u0000weight'
+state lk
+rm "$W/lk/.zinf-lock" && mkdir "$W/lk/.zinf-lock"
+run zs verify -m "$W/lk/manifest.jsonl"
+expect_rc 65 ".zinf-lock as a folder is bad data (65), as a FIFO there is"
+check "…saying so" contains "$err" "the lock file is a folder"
+rmdir "$W/lk/.zinf-lock" && mkfifo "$W/lk/.zinf-lock"
+run zs verify -m "$W/lk/manifest.jsonl"
+expect_rc 65 "…and as a FIFO (65)"
+rm "$W/lk/.zinf-lock"
+run bash -c '"$1" "${@:3}" --manifest - <"$2"' _ "$TR" "$W/lk/manifest.jsonl" "${TA[@]}" --threads 1 --steps 2
+expect_rc 0 "zinf-train --manifest - reads the manifest from stdin"
+run bash -c 'cat "$2" | "$1" "${@:3}" --manifest /dev/stdin' _ "$TR" "$W/lk/manifest.jsonl" "${TA[@]}" --threads 1 --steps 3 --resume
+expect_rc 0 "zinf-train --manifest /dev/stdin reads the pipe once"
+check "…and commits the directory's manifest (step 3)" test "$(jq -s '[.[1:][].step] | max' "$W/lk/manifest.jsonl")" = 3
+run bash -c '"$1" -m - "${@:3}" <"$2"' _ "$SA" "$W/lk/manifest.jsonl" "${SAO[@]}"
+expect_rc 0 "zinf-sample -m - reads the manifest from stdin"
+run bash -c 'cat "$2" | "$1" -m /dev/stdin "${@:3}"' _ "$SA" "$W/lk/manifest.jsonl" "${SAO[@]}"
+expect_rc 0 "zinf-sample -m /dev/stdin reads the pipe once"
+run "$SA" -m "$W/lk/manifest.jsonl" --temperature -1 --prompt x
+expect_rc 64 "--temperature -1 is refused (64)"
+check "…in a short line (${#err} characters), not DBL_MAX's 300 digits" bash -c '(($1 < 200))' _ "${#err}"
+check "…saying it must be 0 or more" contains "$err" "'-1' is negative: it must be 0 or more"
+run train --manifest "$W/lk/manifest.jsonl" --steps 4 --resume --grad-clip -1
+expect_rc 64 "--grad-clip -1 is refused (64) the same way"
+check "…in a short line" bash -c '(($1 < 200))' _ "${#err}"
 
 finish

@@ -117,6 +117,16 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
     }
 }
 
+CLI::Validator non_negative() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+            return v < 0 ? "'" + text + "' is negative: it must be 0 or more" : std::string();
+        },
+        "NONNEGATIVE");
+}
+
 std::vector<std::uint64_t> parse_sizes(const std::vector<std::string>& items, const std::string& option) {
     std::vector<std::uint64_t> out;
     for (const auto& s : items) {

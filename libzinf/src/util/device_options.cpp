@@ -26,7 +26,7 @@ void DeviceOptions::add(CLI::App& app) {
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--gpu", gpu, "The GPU (cuda); default: the local rank modulo the GPUs, else 0")
         ->default_str("local rank")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
 }
 
 std::string DeviceOptions::backend() const {
