@@ -221,6 +221,19 @@ expect_rc 0 "a moved run is adopted with its rank folders"
 check "…whose markers name it now" test "$(jq -r .dir "$W/shared_rd/rank0/.zinf-rank")" = "$(realpath "$W/e2/moved")"
 run zs verify -m "$W/e2/moved/manifest.jsonl"
 expect_rc 0 "…and it verifies"
+# mv run run-old, then a new init at run's path with the same --rank-dir:
+# the rank folder's marker names that path, but the state there now does
+# not name the folder; the moved state still uses it (73 without --force).
+zs layout --model "$MT" --param-dtype fp32 | zs init --dir "$W/rr" --rank-dir "$W/rr_rd/rank%r" >/dev/null 2>&1
+mv "$W/rr" "$W/rr-old"
+sums "$W/rr_rd" >"$W/rr.sums"
+run bash -c '"$1" layout --model "$2" --seed 9 | "$1" init --dir "$3" --rank-dir "$4" "${@:5}"' _ "$SH" "$MT" "$W/rr" \
+  "$W/rr_rd/rank%r" "${POOL[@]}"
+expect_rc 73 "a new init at a moved state's old path, into its rank folder, is refused (73)"
+check "…saying the state that was there still uses it" contains "$err" "was moved or copied away and may still use them"
+check "…writing nothing there" bash -c 'cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum | cmp -s - "$2"' _ "$W/rr_rd" "$W/rr.sums"
+run zs verify -m "$W/rr-old/manifest.jsonl" --data-dir "$W/rr-old"
+expect_rc 0 "…and the moved state is adopted with it"
 # A marker from before owners were recorded is still read.
 printf '{"zinf":"rank folder","rank":0}\n' >"$W/shared_rd/rank0/.zinf-rank"
 run zs verify -m "$W/e2/moved/manifest.jsonl"

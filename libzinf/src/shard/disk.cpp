@@ -243,6 +243,14 @@ std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r, const std:
         make_dirs(d);
         return d;
     }
+    check_claim(m, r, owner, force);
+    return d;
+}
+
+void check_claim(const Manifest& m, unsigned r, const std::string& owner, bool force) {
+    const std::string& d = m.rank_dirs.at(r);
+    struct stat st {};
+    if (::lstat(d.c_str(), &st) != 0) return;  // made by the writer
     if (!S_ISDIR(st.st_mode))
         throw UsageError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) is " +
                          (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a folder") + "; name a folder");
@@ -254,7 +262,7 @@ std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r, const std:
         }
         ::closedir(dd);
     }
-    if (empty) return d;
+    if (empty) return;
     std::optional<RankMarker> mark;
     try {
         mark = read_rank_marker(d, static_cast<int>(r));
@@ -264,14 +272,52 @@ std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r, const std:
                          " (--rank-dir) holds files and is not that rank's folder: name an empty or new "
                          "folder (" + e.message() + ")");
     }
+    if (force || mark->owner.empty()) return;
+    const Error::Where at{0, d + "/" + kRankMarker, {}, static_cast<int>(r)};
     // Another state's folder (two runs given one --rank-dir template):
     // writing there would destroy that state.
-    if (!mark->owner.empty() && !same_folder(mark->owner, owner) && !force)
+    const bool here = same_folder(mark->owner, owner) || absolute_dir(mark->owner) == owner;  // (made later)
+    if (!here)
         throw CreateError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) belongs to the state in " +
                               mark->owner + " (its " + kRankMarker + "): give each run rank folders of its own, "
                               "or --force to take it over (the state in " + mark->owner + " then no longer verifies)",
-                          {0, d + "/" + kRankMarker, {}, static_cast<int>(r)});
-    return d;
+                          at);
+    // So is one whose marker names this directory but which the state
+    // committed here does not name, and that holds more than a killed
+    // writer's temporaries: the state that was here was moved away (mv run1
+    // run1-old) and still uses it.
+    if (!OutFiles::holds_state_files(d)) return;
+    bool ours = false;
+    try {
+        const Manifest here = read_manifest_file(owner + "/manifest.jsonl");
+        ours = r < here.rank_dirs.size() && same_folder(here.rank_dirs[r], d);
+    } catch (const Error&) {
+    }
+    if (!ours)
+        throw CreateError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) holds the files of a state "
+                              "that was in " + owner + " (its " + kRankMarker + "), which " + owner +
+                              "/manifest.jsonl no longer names: that state was moved or copied away and may still "
+                              "use them; give this run rank folders of its own, or --force to take them",
+                          at);
+}
+
+void check_claims(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force) {
+    if (m.rank_dirs.empty()) return;
+    const std::string owner = absolute_dir(dir);
+    for (const unsigned r : ranks) check_claim(m, r, owner, force);
+}
+
+bool OutFiles::holds_state_files(const std::string& folder) {
+    bool any = false;
+    if (DIR* dd = ::opendir(folder.c_str())) {
+        while (const dirent* e = ::readdir(dd)) {
+            const std::string_view n = e->d_name;
+            if (n != "." && n != ".." && n != kLockFile && n != kRankMarker && n.find(kTempSuffix) == n.npos)
+                any = true;
+        }
+        ::closedir(dd);
+    }
+    return any;
 }
 
 void OutFiles::make_folder_beneath(const std::string& dir, const std::string& folder) {

@@ -68,6 +68,10 @@ struct OutFiles {
     // the committed state it replaces (place_beside).
     Written release(std::vector<std::string> superseded);
 
+    // `folder` holds files other than its lock, its marker and a killed
+    // writer's temporaries.
+    static bool holds_state_files(const std::string& folder);
+
 private:
     // The files and, when this run writes it, the manifest: each rounded up
     // to whole blocks. A state that fits but whose manifest does not would
@@ -80,6 +84,7 @@ private:
     // that exists must be a real folder, empty or holding r's marker, whose
     // owner is `owner` unless `force`.
     std::string make_rank_folder(const Manifest& m, unsigned r, const std::string& owner, bool force);
+
     // A folder of the layout, beneath `dir`: one that exists must not lead
     // outside it; one that does not is made.
     void make_folder_beneath(const std::string& dir, const std::string& folder);
@@ -90,6 +95,16 @@ private:
     // Creates `path` and its missing parents, remembering which were new.
     void make_dirs(const std::string& path);
 };
+
+// Whether a writer of `dir`'s state may write rank r's node-local folder
+// (m.rank_dirs[r]) when it exists: a real folder, empty or holding r's
+// marker (else UsageError, 64), whose owner is `owner` and which `owner`'s
+// committed manifest names when it holds a state's files (else
+// CreateError, 73, unless `force`). check_claims runs it for `ranks` before
+// the writer locks anything, so that a refused writer writes nothing there,
+// not even its lock record; OutFiles::open again under the lock.
+void check_claim(const Manifest& m, unsigned r, const std::string& owner, bool force);
+void check_claims(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force);
 
 // Zero bytes to write from: one pool buffer, cleared once, shared by every
 // writer (the engine only reads it).
