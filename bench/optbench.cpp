@@ -117,6 +117,7 @@ UpdateResult time_update(std::uint64_t n, const Options& o, const optim::Kernel&
     for (const auto& s : state) state_bytes += s.size();
     std::vector<std::uint64_t> digests(state.size());
     for (unsigned s = 0; s <= o.steps; ++s) {
+        check_stop();  // an interrupt ends the run between steps (130), not after all of them
         const auto sc = optim::Scalars::make({}, s + 1);
         Timer tm;
         optim::adamw(u, sc, k);
@@ -360,7 +361,7 @@ int run(const Options& o) {
             std::printf("\n");
         }
     }
-    if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+    flush_stdout();
     for (const StepResult& s : steps)
         if (o.max_ideal_ratio > 0 && s.state == "nvme" && s.seconds / s.ideal_seconds > o.max_ideal_ratio)
             throw ThresholdError("the NVMe step took " + std::to_string(s.seconds / s.ideal_seconds) +

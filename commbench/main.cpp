@@ -101,10 +101,10 @@ Outcome measure(const Spec& spec, const std::vector<std::uint64_t>& list, std::u
         }
         if (!lead) continue;
         if (json)
-            std::cout << json::line(row_json(spec, data, r)) << std::flush;
+            std::cout << json::line(row_json(spec, data, r));
         else
             print_row(std::cout, spec, r);
-        if (!std::cout) throw IoError("writing the results to stdout failed");
+        flush_stdout();
     }
     if (lead && !json) {
         std::cout << "# out of bounds values: "
@@ -113,8 +113,7 @@ Outcome measure(const Spec& spec, const std::vector<std::uint64_t>& list, std::u
         if (got.worst_at)
             std::cout << "# lowest zinf/raw busbw from 1MiB: " << got.worst_ratio << " at " << format_size(got.worst_at)
                       << "\n";
-        std::cout << std::flush;
-        if (!std::cout) throw IoError("writing the results to stdout failed");
+        flush_stdout();
     }
     return got;
 }

@@ -141,6 +141,11 @@ constexpr bool is_pow2(std::uint64_t v) { return v && !(v & (v - 1)); }
 // message on stderr, where that is open, naming `program`) when /dev/null
 // cannot be opened; main returns that status.
 int open_standard_fds(const char* program) noexcept;
+// Standard output flushed (std::cout, then C's stdout) and checked: a full
+// disk, a closed pipe or a descriptor not open for writing is an IoError
+// naming stdout with its errno (73 for no space or quota, else 74), never
+// a run that exits 0 having lost its output.
+void flush_stdout();
 
 // ---------------------------------------------------------------------------
 // RAII kernel handles. Move-only; factories are named after the system call;

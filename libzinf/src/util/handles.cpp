@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <filesystem>
+#include <cstdio>
+#include <iostream>
 #include <istream>
 #include <linux/openat2.h>
 #include <poll.h>
@@ -34,6 +36,16 @@ int open_standard_fds(const char* program) noexcept {
         return exit_code::io;
     }
     return 0;
+}
+
+void flush_stdout() {
+    // std::cout writes through C's stdout (synced with stdio): its flush,
+    // tried again here, says why a write failed (errno).
+    errno = 0;
+    std::cout.flush();
+    int err = errno;
+    if (std::fflush(stdout) != 0 && !err) err = errno;
+    if (!std::cout || std::ferror(stdout)) throw IoError("writing the output failed", {err ? err : EIO, "stdout", {}, -1});
 }
 
 void fsync_dir(const std::string& dir) {
