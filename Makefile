@@ -588,7 +588,7 @@ demo-run: all
 # of MINUTES minutes (nice'd: kills and resumes beside zinf-pinstress).
 CRASH_TRIALS ?= 100
 SOAK_MINUTES ?= 30
-crash-trials: $(BIN)/zinf-shard $(BIN)/zinf-train
+crash-trials: $(BIN)/zinf-shard $(BIN)/zinf-train $(BIN)/zinf-sample
 	scripts/crash-trials.sh $(CRASH_TRIALS)
 soak: $(BIN)/zinf-shard $(BIN)/zinf-train $(BIN)/zinf-pinstress
 	nice scripts/soak.sh $(SOAK_MINUTES)

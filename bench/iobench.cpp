@@ -86,6 +86,7 @@ int run(const Options& o) {
         rec["rounds_gibps"] = gibps;
         rec["median_gibps"] = median;
         std::fputs(json::line(rec).c_str(), stdout);
+        flush_stdout();
     } else {
         std::printf("# zinf-iobench %s: one Engine::read of %s from %s into %s memory\n", version(),
                     format_size(size).c_str(), o.file.c_str(), mem.locked() ? "locked" : "unlocked");
@@ -96,6 +97,7 @@ int run(const Options& o) {
         std::printf("# %5s %8s\n", "round", "GiB/s");
         for (std::size_t i = 0; i < gibps.size(); ++i) std::printf("%7zu %8.3f\n", i + 1, gibps[i]);
         std::printf("# median %.3f GiB/s\n", median);
+        flush_stdout();
     }
     return exit_code::ok;
 }
@@ -103,6 +105,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-iobench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-iobench: read a whole file with one io::Engine request into locked,\n"
                  "registered memory, as zinf fetches model state; prints GiB/s per round."};
     app.name("zinf-iobench");

@@ -117,6 +117,7 @@ UpdateResult time_update(std::uint64_t n, const Options& o, const optim::Kernel&
     for (const auto& s : state) state_bytes += s.size();
     std::vector<std::uint64_t> digests(state.size());
     for (unsigned s = 0; s <= o.steps; ++s) {
+        check_stop();  // an interrupt ends the run between steps (130), not after all of them
         const auto sc = optim::Scalars::make({}, s + 1);
         Timer tm;
         optim::adamw(u, sc, k);
@@ -261,6 +262,7 @@ int run(const Options& o) {
     optim::Kernel k;
     k.isa = o.isa == "auto" ? optim::default_isa() : optim::parse_isa(o.isa);
     if (!optim::isa_supported(k.isa)) throw UsageError(std::string("--isa ") + optim::isa_name(k.isa) + ": not on this CPU");
+    check_thread_count(o.threads, "--threads");
     k.threads = o.threads;
     const unsigned threads = o.threads ? o.threads : bench::max_threads();
     const bool bf16_param = o.param_dtype == "bf16", bf16_grad = o.grad_dtype == "bf16";
@@ -359,7 +361,7 @@ int run(const Options& o) {
             std::printf("\n");
         }
     }
-    if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+    flush_stdout();
     for (const StepResult& s : steps)
         if (o.max_ideal_ratio > 0 && s.state == "nvme" && s.seconds / s.ideal_seconds > o.max_ideal_ratio)
             throw ThresholdError("the NVMe step took " + std::to_string(s.seconds / s.ideal_seconds) +
@@ -370,6 +372,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-optbench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-optbench: the optimizer step, timed: the CPU AdamW update alone against the memory\n"
                  "bandwidth, then the tiered step with the state in CPU memory and on NVMe against its ideal."};
     app.name("zinf-optbench");

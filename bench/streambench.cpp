@@ -78,7 +78,7 @@ int run(const Options& o) {
         rec["rss_peak_bytes"] = peak;
         rec["version"] = version();
         std::fputs(json::line(rec).c_str(), stdout);
-        if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+        flush_stdout();
     } else {
         std::printf("# zinf-streambench %s: %s of %s through a %s pinned pool (%s, %s)\n", version(),
                     format_size(size).c_str(), o.file.c_str(), pc.describe().c_str(),
@@ -89,6 +89,7 @@ int run(const Options& o) {
         for (std::size_t i = 0; i < gibps.size(); ++i) std::printf("%7zu %8.3f\n", i + 1, gibps[i]);
         std::printf("# median %.3f GiB/s; resident at start %s, peak %s\n", median, format_size(rss0).c_str(),
                     format_size(peak).c_str());
+        flush_stdout();
     }
     return exit_code::ok;
 }
@@ -96,6 +97,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-streambench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-streambench: move a whole file through the pinned pool with mem::Stream,\n"
                  "hashing every piece, as zinf moves a partition larger than the pool; GiB/s per round."};
     app.name("zinf-streambench");

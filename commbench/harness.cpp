@@ -280,8 +280,7 @@ void print_row(std::ostream& out, const Spec& s, const Row& r) {
     if (r.raw_time_us)
         line << std::setprecision(1) << std::setw(12) << *r.raw_time_us << std::setprecision(2) << std::setw(13)
              << *r.raw_busbw_gbps << std::setprecision(3) << std::setw(10) << r.ratio();
-    out << line.str() << "\n";
-    out.flush();
+    out << line.str() << "\n";  // (flushed by the caller: flush_stdout says why a write failed)
 }
 
 json::Json row_json(const Spec& s, const comm::Communicator& c, const Row& r) {

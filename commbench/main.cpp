@@ -101,10 +101,10 @@ Outcome measure(const Spec& spec, const std::vector<std::uint64_t>& list, std::u
         }
         if (!lead) continue;
         if (json)
-            std::cout << json::line(row_json(spec, data, r)) << std::flush;
+            std::cout << json::line(row_json(spec, data, r));
         else
             print_row(std::cout, spec, r);
-        if (!std::cout) throw IoError("writing the results to stdout failed");
+        flush_stdout();
     }
     if (lead && !json) {
         std::cout << "# out of bounds values: "
@@ -113,8 +113,7 @@ Outcome measure(const Spec& spec, const std::vector<std::uint64_t>& list, std::u
         if (got.worst_at)
             std::cout << "# lowest zinf/raw busbw from 1MiB: " << got.worst_ratio << " at " << format_size(got.worst_at)
                       << "\n";
-        std::cout << std::flush;
-        if (!std::cout) throw IoError("writing the results to stdout failed");
+        flush_stdout();
     }
     return got;
 }
@@ -190,6 +189,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-commbench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-commbench: collective bandwidth per message size through zinf's communicator, like "
                  "nccl-tests (size, count, time, algbw, busbw). Run it under mpirun -np N or srun."};
     cli::Common common;

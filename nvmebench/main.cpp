@@ -131,8 +131,7 @@ int run(const Options& o) {
                       std::to_string(r.gibps()).substr(0, 6) + " GiB/s");
             if (o.json) {
                 std::fputs(json::line(record(r, info)).c_str(), stdout);
-                if (std::fflush(stdout) != 0)
-                    throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+                flush_stdout();
             }
         }
     }
@@ -145,7 +144,7 @@ int run(const Options& o) {
     } else if (!o.json) {
         print_table(stdout, results, best, info);
     }
-    if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+    flush_stdout();
 
     std::string unmet;
     if (o.min_read > 0 && (!best.read || results[*best.read].gibps() < o.min_read))
@@ -161,6 +160,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-nvmebench")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-nvmebench: measure read and write bandwidth of a drive or file system\n"
                  "through zinf's I/O engine, over block size x queue depth x queues x engine.\n"
                  "Lists are comma-separated: --block-size 1M,8M --queue-depth 8,64"};
@@ -192,12 +192,12 @@ int main(int argc, char** argv) {
     app.add_flag("--best", o.best, "Print only the best engine configuration, as the engine reads it")
         ->excludes(json);
     app.add_option("--min-read-gibps", o.min_read, "Exit 75 if the best read is slower")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--min-write-gibps", o.min_write, "Exit 75 if the best write is slower")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_flag("--keep", o.keep, "Keep the test file the run created");
     app.add_flag("--force", o.force, "Allow writing over an existing --file");
     app.footer("Exit status: 0 ok, 64 usage, 65 verify mismatch, 66 missing input, 73 cannot\n"
-               "create the file, 74 I/O error, 75 a --min-* threshold not met, 130 interrupted.");
+               "create the file (or no space for stdout), 74 I/O error, 75 a --min-* threshold not met, 130 interrupted.");
     return cli::run(app, argc, argv, "zinf-nvmebench", common, [&] { return run(o); });
 }

@@ -168,7 +168,7 @@ int run(const Options& o) {
         std::fputs(json::line(record(spec, pool, r, copies, rss0, rss1, peak, gpu)).c_str(), stdout);
     else
         print_table(spec, pool.stats(), r, copies, rss0, rss1, peak);
-    if (std::fflush(stdout) != 0) throw IoError("writing the output failed", {errno, "stdout", {}, -1});
+    flush_stdout();
 
     if (g_stop) throw Interrupted("interrupted; the figures above cover the run so far");
     // A lease timeout (an error) outranks the checks; the checks' failures are
@@ -191,6 +191,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-pinstress")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-pinstress: stress the pinned-memory pool from many threads (seeded random\n"
                  "lease sizes and hold times, every buffer checked with xxh3 before release) and\n"
                  "measure copy bandwidth into pinned versus pageable memory"};
@@ -218,12 +219,13 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--gpu", o.gpu, "The GPU; default: the local rank modulo the GPUs, else 0")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_flag("--json", o.json, "Print one JSON record (zinf.pinstress/1) instead of the table");
     app.add_option("--inject", o.inject, "Test the checks: corrupt a held buffer, or leak a lease past its thread")
         ->check(CLI::IsMember({"none", "corrupt", "leak"}));
     app.footer("Exit status: 0 ok, 64 usage, 65 a buffer changed while held or a lease outlived its\n"
-               "thread, 70 a lease timed out (the message names the holders), 130 interrupted.");
+               "thread, 70 a lease timed out (the message names the holders), 73 no space for stdout,\n"
+               "74 memory not allocated or stdout not written, 130 interrupted.");
     return cli::run(app, argc, argv, "zinf-pinstress", common, [&] {
         o.seed_given = seed->count() > 0;
         return run(o);

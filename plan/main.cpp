@@ -240,6 +240,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-plan")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-plan: what fits where and how fast it will go, from the ZeRO-Infinity paper's memory and\n"
                  "bandwidth model (§3-4), fed by the bandwidths zinf-nvmebench and the other benches measured."};
     app.name("zinf-plan");

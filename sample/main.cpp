@@ -62,7 +62,9 @@ std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const
     } else if (!o.prompt_tokens.empty()) {
         const data::Tokens t = data::Tokens::open(o.prompt_tokens);
         data::check_vocab(t, vocab);
-        for (std::uint32_t v : t.tokens()) p.push_back(static_cast<std::int32_t>(v));
+        t.tokens().scan([&](std::span<const std::uint32_t> piece) {
+            for (std::uint32_t v : piece) p.push_back(static_cast<std::int32_t>(v));
+        });
     } else if (tok && tok->eot()) {
         p.push_back(static_cast<std::int32_t>(*tok->eot()));
     } else if (vocab == 256) {
@@ -192,6 +194,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-sample")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-sample: text from the GPT or Llama a committed manifest holds (zinf-shard init, zinf-train), one token\n"
                  "at a time through the ZeRO-Infinity engine and a key-value cache; alone, or under mpirun with the\n"
                  "manifest's dp ranks."};
@@ -208,7 +211,7 @@ int main(int argc, char** argv) {
     app.add_option("-n,--tokens", o.tokens, "Tokens to draw after the prompt")->capture_default_str();
     app.add_option("--temperature", o.temperature, "Softmax temperature; 0: greedy (the most likely token)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--top-k", o.top_k, "Draw from the k most likely tokens only (0: all)")->capture_default_str();
     app.add_option("--seed", o.seed, "Seed of the draws (default: drawn fresh and printed on stderr)");
     app.add_option("--tokenizer", o.tokenizer,

@@ -16,6 +16,11 @@
 #   diverge        zinf-train resumed at --lr 1e12: it diverges and goes back
 #   lock           a second program beside a zinf-train holding the lock,
 #                  refused (75); the holder SIGKILLed, the next run not blocked
+#   moved          a state copied, moved, moved with a new one at its path, or
+#                  its rank folders given to a second state; every program
+#                  that writes (or locks) run on it: refused (65, 73) and
+#                  writing nothing of the origin, then adopted and written
+#                  (tests/crash/moved.sh; no SIGKILL)
 #
 # each killed after a seeded delay or on entering a seeded fsync, fdatasync,
 # rename or fallocate (inside a commit), and checked: the manifest is
@@ -34,7 +39,7 @@
 #   --comm-timeout T   the dying-rank trials' --comm-timeout, seconds (default 2)
 #   --only NAME        one campaign: shard-init, shard-reshard, shard-import,
 #                      shard-hfimport, export-llmc, export-hf, train-nvme,
-#                      train-cpu, diverge, lock or rank
+#                      train-cpu, diverge, lock, moved or rank
 #   --keep             keep the work folders (their paths are printed)
 #   -h, --help         print this help and exit
 #
@@ -72,11 +77,11 @@ done
 [[ $seed =~ ^[0-9]+$ ]] || usage_error "bad --seed '$seed'"
 [[ $rank_trials =~ ^[0-9]+$ ]] || usage_error "bad --rank-trials '$rank_trials'"
 [[ $comm_timeout =~ ^[1-9][0-9]*$ ]] || usage_error "bad --comm-timeout '$comm_timeout' (whole seconds)"
-campaigns=(shard-init shard-reshard shard-import shard-hfimport export-llmc export-hf train-nvme train-cpu diverge lock rank)
+campaigns=(shard-init shard-reshard shard-import shard-hfimport export-llmc export-hf train-nvme train-cpu diverge lock moved rank)
 [[ -z $only || " ${campaigns[*]} " == *" $only "* ]] || usage_error "--only: one of ${campaigns[*]}"
 command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
 bin=${ZINF_BIN:-$root/bin}
-for p in zinf-shard zinf-train; do [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make $bin/$p)"; done
+for p in zinf-shard zinf-train zinf-sample; do [[ -x $bin/$p ]] || die 66 "$bin/$p is missing (make $bin/$p)"; done
 export ZINF_BIN=$bin
 
 command_of() {  # command_of CAMPAIGN: the script and its options
@@ -89,6 +94,7 @@ command_of() {  # command_of CAMPAIGN: the script and its options
         export-hf) echo "tests/crash/export.sh --format hf" ;;
         diverge) echo "tests/crash/diverge.sh" ;;
         lock) echo "tests/crash/lock.sh" ;;
+        moved) echo "tests/crash/moved.sh" ;;
         train-nvme) echo "tests/crash/train.sh --tiers nvme" ;;
         train-cpu) echo "tests/crash/train.sh --tiers cpu" ;;
         rank) echo "tests/crash/rank.sh --comm-timeout $comm_timeout" ;;

@@ -27,8 +27,11 @@
 # each step's limit scales with it, for slower machines),
 # --cpu-suites "test_util test_io ..." (the CPU unit suites; "none" for none),
 # --jobs N (make -j; every core by default).
-# Exit: 0 every step passed or was skipped; 1 a step failed; 64 usage;
-# 65 a corrupt bundle; 66 no bundle; 69 a tool the command needs is missing.
+# Exit: 0 every step passed or was skipped and a GPU step ran; 1 a step
+# failed (or the check stopped early: the summary says where); 3 no GPU: no
+# step failed, but no GPU step ran (no GPU, or none of its steps could run),
+# so the host is not shown to have a working GPU; 64 usage; 65 a corrupt
+# bundle; 66 no bundle; 69 a tool the command needs is missing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/lib.bash
@@ -190,7 +193,7 @@ EOF
     local bytes mib
     bytes=$(du -sb "$dir" | cut -f1)
     mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
-    grep '^package ' "$dir/MANIFEST" | awk '{ printf "  %-26s %s\n", $2, $3 }' >&2
+    { grep '^package ' "$dir/MANIFEST" || true; } | awk '{ printf "  %-26s %s\n", $2, $3 }' >&2
     say "bundle $dir: $mib MiB ($bytes bytes) in $((SECONDS - t0)) s"
     ((bytes <= limit_mib * 1048576)) || die 1 "bundle $dir is $mib MiB, over the $limit_mib MiB limit"
     # The whole tree travels beside it: say when the two pass 64 MiB.
@@ -215,7 +218,7 @@ json_str() {  # a JSON string of $1
     printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\010\013\014\016-\037')"
 }
 
-n_pass=0 n_fail=0 n_skip=0
+n_pass=0 n_fail=0 n_skip=0 gpu_ran=0 summary_written=0
 summary_rows=()
 # record NAME STATUS SECONDS REASON [FIGURES]: one line of results.jsonl and of
 # the summary; FIGURES is a JSON object.
@@ -228,7 +231,10 @@ record() {
         printf '}\n'
     } >>"$out/results.jsonl"
     case $status in
-    pass) n_pass=$((n_pass + 1)) ;;
+    pass)
+        n_pass=$((n_pass + 1))
+        [[ $name == gpu/* || $name == bench/* ]] && gpu_ran=1
+        ;;
     fail) n_fail=$((n_fail + 1)) ;;
     skip) n_skip=$((n_skip + 1)) ;;
     esac
@@ -439,10 +445,11 @@ unpack_bundle() {
         exit "${bad%% *}"
     fi
     local n
-    n=$(grep -c '^package ' "$prefix/MANIFEST" || true)
+    n=$(grep -c '^package ' "$dir/MANIFEST" || true)
     record bundle pass "$(elapsed "$t0")" "$n packages unpacked with $how into $prefix" \
         "{\"packages\":$n,\"bytes\":$(stat -c %s "$dir/$archive")}"
-    grep '^package ' "$prefix/MANIFEST" | awk '{ printf "  %-26s %s\n", $2, $3 }'
+    # (grep finds no line in a MANIFEST that lists no package: not a failure)
+    { grep '^package ' "$dir/MANIFEST" || true; } | awk '{ printf "  %-26s %s\n", $2, $3 }'
 }
 
 # What the host has. Sets gpu / no_gpu, nvcc, cuda_home, sanitizer, nccl_*.
@@ -605,9 +612,18 @@ close_log() {
     wait "$tee_pid" 2>/dev/null || true
 }
 
+# The verdict: FAIL when a step failed; else NO GPU when no GPU step ran
+# (the host is not shown to have a working GPU: deploying on its PASS would
+# be wrong); else PASS. Sets $verdict_status (1, 3, 0).
 finish_run() {
     local verdict=PASS
-    ((n_fail == 0)) || verdict=FAIL
+    verdict_status=0
+    if ((n_fail > 0)); then
+        verdict=FAIL verdict_status=1
+    elif ((!gpu_ran)); then
+        verdict="NO GPU (${no_gpu:-no GPU step ran})" verdict_status=3
+    fi
+    summary_written=1
     {
         echo "# zinf GPU check $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)$( ((quick)) && echo ' (--quick)')"
         echo "# host: ${gpu:-${no_gpu:-GPU not surveyed}}"
@@ -630,9 +646,25 @@ do_from() {
     tee_pid=$!
     deadline=$((SECONDS + budget))
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
-    # shellcheck disable=SC2317  # called by the trap
-    _remove_tmp() { rm -rf -- "$tmp"; }
-    trap _remove_tmp EXIT
+    # The summary is written whatever happens: a command that fails under
+    # set -e (a step's own checks aside) ends the run as a failed step
+    # naming the command, and the three files are there.
+    # shellcheck disable=SC2317  # called by the traps
+    _failed_at() { failed_at="line $1: $2 (exit $3)"; }
+    set -E  # (the ERR trap in functions too)
+    trap '_failed_at "$LINENO" "$BASH_COMMAND" "$?"' ERR
+    # shellcheck disable=SC2317
+    _end_run() {
+        local rc=$?
+        if ((!summary_written)); then
+            record gpu-check fail 0 "the check stopped early at ${failed_at:-exit $rc}: a bug in gpu-check.sh"
+            finish_run
+            close_log
+        fi
+        rm -rf -- "$tmp"
+        exit $((rc == 0 ? 1 : rc))
+    }
+    trap _end_run EXIT
     echo "# zinf GPU check: --from $dir --out $out$( ((quick)) && echo ' --quick'), budget $budget s, $(date -u)"
     echo "# tree $root at $(git -C "$root" log -1 --format='%h %s' 2>/dev/null || echo '(not a git checkout)')"
     prefix=$root/build/gpu-deps
@@ -747,7 +779,9 @@ do_from() {
     fi
     finish_run
     close_log
-    ((n_fail == 0))
+    trap - EXIT
+    rm -rf -- "$tmp"
+    return "$verdict_status"
 }
 
 # --- options ------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -66,17 +67,15 @@ void emit(const Manifest& m) {
     if (!std::cout) throw IoError("writing the manifest to stdout failed", {errno, "<stdout>", {}, -1});
 }
 
-Manifest read_input(const Options& o) {
-    Manifest m;
-    if (o.manifest == "-") {
-        if (::isatty(0))
-            throw UsageError("reading the manifest from stdin, which is a terminal: pipe one in or give --manifest FILE");
-        m = read_manifest(std::cin, "<stdin>");
-    } else {
-        m = read_manifest_file(o.manifest);
-    }
-    if (!o.data_dir.empty()) m.dir = o.data_dir;
-    return m;
+Manifest read_input(const Options& o) { return read_manifest_input(o.manifest); }
+
+std::string source_of(const Options& o) { return o.manifest == "-" ? "<stdin>" : o.manifest; }
+
+// The state a reader of a data directory reads (verify, cat, export,
+// reshard's source): what the directory commits (committed_state), the
+// directory --data-dir's when given, refused when it was copied or moved.
+Manifest read_state(const Options& o, bool follow) {
+    return committed_state(read_input(o), source_of(o), follow, o.data_dir);
 }
 
 std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
@@ -86,19 +85,22 @@ std::vector<unsigned> parse_ranks(const std::string& text, unsigned dp) {
     while (start <= text.size()) {
         std::size_t comma = text.find(',', start);
         std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        unsigned a = 0, b = 0;
-        char dash = 0;
-        // sscanf's %u takes "-1" as 4294967295: digits only.
-        if (item.empty() || item.find_first_not_of("0123456789-") != std::string::npos || item.front() == '-')
-            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
-        int n = std::sscanf(item.c_str(), "%u%c%u", &a, &dash, &b);
-        if (n == 1) b = a;
-        else if (n != 3 || dash != '-' || b < a)
-            throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
-        for (unsigned r = a; r <= b; ++r) {
-            if (r >= dp) throw UsageError("--ranks: rank " + std::to_string(r) + " is not below dp " + std::to_string(dp));
-            out.push_back(r);
-        }
+        // Digits only, each number read whole: sscanf's %u took "-1" as
+        // 4294967295 and wrapped 99999999999999999999 to a rank it named.
+        const auto number = [&](std::string_view digits) {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+            if (digits.empty() || ec == std::errc::invalid_argument || end != digits.data() + digits.size())
+                throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
+            if (ec == std::errc::result_out_of_range || v >= dp)
+                throw UsageError("--ranks: rank " + std::string(digits) + " is not below dp " + std::to_string(dp));
+            return static_cast<unsigned>(v);
+        };
+        const std::size_t dash = item.find('-');
+        const unsigned a = number(std::string_view(item).substr(0, dash));
+        const unsigned b = dash == std::string::npos ? a : number(std::string_view(item).substr(dash + 1));
+        if (b < a) throw UsageError("--ranks '" + text + "': expected all, or ranks like 0,2-3");
+        for (unsigned r = a; r <= b; ++r) out.push_back(r);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
@@ -247,12 +249,32 @@ int do_init(const Options& o) {
 }
 
 int do_verify(const Options& o) {
-    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
-    RunOptions ro = run_options(o);
-    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
+    const Manifest given = read_input(o);  // once: it may be a pipe
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
     Timer t;
+    // --data-dir D whose committed manifest names another folder: D was
+    // copied or moved there; verified, it is adopted where it lies.
+    if (!o.data_dir.empty()) {
+        RunOptions ro = run_options(o);
+        ro.ranks = parse_ranks(o.ranks, given.opts.dp);  // adopt() refuses a part
+        std::optional<Manifest> adopted;
+        {
+            Meter meter("verify", given.total_bytes());
+            ro.progress = meter.fn();
+            adopted = adopt(o.data_dir, engine, pool, ro);
+        }
+        if (adopted) {
+            summary(o, "verify", "adopted " + o.data_dir + ": verified " + std::to_string(adopted->parts.size()) +
+                                     " partitions,",
+                    adopted->total_bytes(), t.seconds(), pool);
+            emit(*adopted);
+            return 0;
+        }
+    }
+    Manifest m = committed_state(given, source_of(o), false, o.data_dir);
+    RunOptions ro = run_options(o);
+    ro.ranks = parse_ranks(o.ranks, m.opts.dp);
     VerifyResult r;
     {
         std::uint64_t total = 0;  // of the ranks checked
@@ -270,6 +292,7 @@ int do_verify(const Options& o) {
 
 int do_inspect(const Options& o) {
     Manifest m = read_input(o);
+    if (!o.data_dir.empty()) m.dir = o.data_dir;
     if (o.json) std::cout << json::line(inspect_json(m));
     else print_inspect(std::cout, m);
     std::cout.flush();
@@ -281,7 +304,7 @@ int do_inspect(const Options& o) {
 // state, "NAME STATE BYTES XXH3", of the same gathered bytes (whatever the
 // split: two directories hold the same values when their lines agree).
 int do_cat(const Options& o) {
-    Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, false);
+    Manifest m = read_state(o, false);
     if (!o.sums) {
         if (o.tensors.size() != 1)
             throw UsageError("cat writes one tensor: give one --tensor (--sums takes any number, or none for all)");
@@ -356,7 +379,7 @@ int do_import(const Options& o) {
 int do_export(const Options& o) {
     // What the directory commits, whichever manifest names it (a stale copy
     // would export the weights of its step).
-    const Manifest m = committed_state(read_input(o), o.manifest == "-" ? "<stdin>" : o.manifest, true);
+    const Manifest m = read_state(o, true);
     if (std::filesystem::exists(o.to) && !o.force)
         throw CreateError(o.to + " exists; give --force to replace it (it stays intact until the new file is complete)");
     io::Engine engine(o.engine.resolve());
@@ -380,7 +403,7 @@ int do_export(const Options& o) {
 
 int do_reshard(const Options& o) {
     runs_once("reshard");
-    Manifest m = read_input(o);
+    Manifest m = read_state(o, false);
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!m.dir.empty() && fs::exists(o.dir) && fs::equivalent(m.dir, o.dir, ec))
@@ -535,6 +558,7 @@ CLI::App* add_export(CLI::App& app, Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-shard")) return rc;  // first: before anything is opened
     // CLI11 reports a misspelt subcommand only as "a subcommand is required".
     static const std::set<std::string> kSubcommands = {"layout", "init",    "verify", "inspect",
                                                        "cat",    "reshard", "import", "export"};

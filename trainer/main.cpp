@@ -298,6 +298,7 @@ int run(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-train")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-train: trains the GPT a manifest describes (zinf-shard layout | zinf-shard init) on\n"
                  "llm.c token files or any text, alone or under mpirun as data parallel."};
     app.name("zinf-train");
@@ -329,7 +330,7 @@ int main(int argc, char** argv) {
     app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
     app.add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: no clipping)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     app.add_option("--seed", o.seed, "Seed of --shuffle's window offsets")->capture_default_str();
     app.add_flag("--shuffle", o.shuffle, "Draw each batch's window from the seed instead of reading in order");
     app.add_flag("--no-checkpoint", o.no_checkpoint, "Keep every block's activations (no recomputation)");

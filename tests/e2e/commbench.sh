@@ -86,7 +86,7 @@ start=$EPOCHREALTIME
 timeout -k 5 30 "$CB" -b 4 -e 64M -f 2 -n 1 -w 0 --rounds 1 2>"$TMP/pipe.err" | head -n 1 >/dev/null
 rc=${PIPESTATUS[0]} err=$(<"$TMP/pipe.err") took=$(elapsed "$start" "$EPOCHREALTIME")
 check "| head -n 1: exit 0 or 74, not a signal or a hang (got $rc in ${took}s)" test "$rc" = 0 -o "$rc" = 74
-check "…and a 74 says writing stdout failed" bash -c '[[ $1 == 0 || $2 == *"writing the results to stdout failed"* ]]' _ "$rc" "$err"
+check "…and a 74 says writing stdout failed" bash -c '[[ $1 == 0 || $2 == *"stdout: writing the output failed"* ]]' _ "$rc" "$err"
 
 # --- help and version
 run "$CB" --help
@@ -331,7 +331,7 @@ limit=90 mpi 2 bash -c \
 took=$(elapsed "$start" "$EPOCHREALTIME")
 rc0=$(cat "$TMP/pipe/rank0" 2>/dev/null) err=$(<"$TMP/pipe.err")
 check "np 2, rank 0's stdout closed: rank 0 says writing stdout failed (or it finished first)" \
-  bash -c '[[ $1 == 0 || $2 == *"writing the results to stdout failed"* ]]' _ "$rc0" "$err"
+  bash -c '[[ $1 == 0 || $2 == *"stdout: writing the output failed"* ]]' _ "$rc0" "$err"
 check "…and exits by itself, 0 or 74, well before the other rank's 60 s --comm-timeout (rank 0: ${rc0:-killed}; ${took}s)" \
   bash -c '[[ ($1 == 0 || $1 == 74) ]] && awk -v t="$2" "BEGIN { exit !(t < 50) }"' _ "$rc0" "$took"
 

@@ -12,11 +12,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <set>
 #include <sys/stat.h>
+#include <thread>
 #include <vector>
 
 using namespace zinf;
@@ -103,10 +107,10 @@ BOOST_AUTO_TEST_CASE(token_file_round_trip) {
             BOOST_TEST(t.path() == path);
             BOOST_TEST(std::vector<u16>(t.tokens().begin(), t.tokens().end()) == toks, boost::test_tools::per_element());
             BOOST_TEST(t.max_token() == *std::max_element(toks.begin(), toks.end()));
-            // A move keeps the mapping and the view on it.
-            const void* before = t.tokens().data();
+            // A move keeps the open file, and a view taken before it reads on.
+            const TokenSpan view = t.tokens();
             Tokens moved = std::move(t);
-            BOOST_TEST(moved.tokens().data() == before);
+            BOOST_TEST(std::vector<u16>(view.begin(), view.end()) == toks, boost::test_tools::per_element());
             BOOST_TEST(moved.tokens().size() == n);
         }
     }
@@ -114,6 +118,51 @@ BOOST_AUTO_TEST_CASE(token_file_round_trip) {
     std::size_t files = 0;
     for (auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();
     BOOST_TEST(files == 4u);
+}
+
+// A token file changed under its reader (issue 47: a data script rewriting
+// it in place during training killed zinf-train with SIGBUS through the
+// mapping): every read after the change is a DataError naming the file and
+// the byte offset it was reading; before the change, reads are exact.
+BOOST_AUTO_TEST_CASE(token_file_changed_under_its_reader_is_an_error_naming_the_offset) {
+    testing::TempDir dir;
+    std::vector<u16> toks(4096);
+    for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<u16>(i * 7 % 50000);
+    struct Case {
+        const char* name;
+        std::function<void(const std::string&)> change;
+        const char* says;
+    };
+    const std::vector<Case> cases = {
+        {"truncated", [](const std::string& p) { std::filesystem::resize_file(p, 1024 + 2 * 1000); }, "truncated"},
+        {"grown", [](const std::string& p) { std::filesystem::resize_file(p, 1024 + 2 * 5000); }, "written to"},
+        {"rewritten in place",
+         [](const std::string& p) {
+             std::string raw = read_bytes(p);
+             raw[2000] ^= 1;
+             std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a modification time of its own
+             std::ofstream(p, std::ios::binary | std::ios::in) << raw;  // same size, new bytes
+         },
+         "modification time"},
+        {"replaced",
+         [&](const std::string& p) { write_token_file(p, std::vector<u16>(toks.size(), 3)); },
+         "another file"},
+        {"removed", [](const std::string& p) { std::filesystem::remove(p); }, "no longer there"},
+    };
+    for (const auto& c : cases) {
+        const std::string path = dir.file(std::string(c.name) + ".bin");
+        write_token_file(path, toks);
+        const Tokens t = Tokens::open(path);
+        Loader l(t.tokens(), path, {.batch = 2, .seq = 512});
+        std::vector<i32> x(1024), y(1024);
+        l.batch(2, x, y);  // tokens 2048..3072: before the change, exact
+        BOOST_TEST(x[0] == static_cast<i32>(toks[2048]), c.name);
+        c.change(path);
+        const std::string w = testing::what_of<DataError>([&] { l.batch(2, x, y); }, c.name);
+        BOOST_TEST(w.starts_with(path + ": the token file changed during the run"), c.name << ": " << w);
+        BOOST_TEST(w.find(c.says) != std::string::npos, c.name << ": " << w);
+        BOOST_TEST(w.find("at offset " + std::to_string(1024 + 2 * 2048)) != std::string::npos, c.name << ": " << w);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(token_file_replaces_atomically) {

@@ -22,6 +22,7 @@
 namespace CLI {
 class App;
 class Option;
+class Validator;
 }  // namespace CLI
 
 namespace zinf::cli {
@@ -39,6 +40,10 @@ void add_common(CLI::App& app, Common& common);
 // its kind, anything else 70. Messages go to stderr as "program: message".
 int run(CLI::App& app, int argc, char** argv, const std::string& program, const Common& common,
         const std::function<int()>& body);
+
+// A check for a number of 0 or more whose refusal is one short line
+// (CLI::NonNegativeNumber's names the largest double, some 300 digits).
+CLI::Validator non_negative();
 
 // "1M,4M" given as a list of strings -> sizes; UsageError naming the option.
 std::vector<std::uint64_t> parse_sizes(const std::vector<std::string>& items, const std::string& option);

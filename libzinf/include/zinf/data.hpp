@@ -1,6 +1,15 @@
-// zinf data: the trainer's tokens — llm.c's token files (mapped, never read
-// into memory) or a text file's bytes — their held-out split, and batches cut
-// from them by batch index alone, so a resumed run needs no saved position.
+// zinf data: the trainer's tokens — llm.c's token files (read a batch at a
+// time, never held whole in memory) or a text file's bytes — their held-out
+// split, and batches cut from them by batch index alone, so a resumed run
+// needs no saved position.
+//
+// A token file is read with pread(2), not mapped: a file truncated or
+// rewritten under a run (a data script writing it in place) would make a
+// mapping's reader die of SIGBUS. Every read checks that the file is still
+// the one the run opened (its size and modification time, and that its name
+// still leads to it), so a change is a DataError naming the file and the
+// offset (65), a failed read an IoError (74); the trainer commits the steps
+// taken, as an interrupt does (train.hpp).
 //
 //   auto toks = zinf::data::Tokens::open("fineweb_train_000001.bin");  // or Tokens::text("book.txt")
 //   zinf::data::check_vocab(toks, 50257);                   // DataError naming the first bad token
@@ -26,6 +35,8 @@
 #include <zinf/util.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -42,8 +53,17 @@ inline constexpr std::size_t kHeaderBytes = kHeaderInts * 4;
 inline constexpr std::uint32_t kTextVocab = 256;       // byte-level tokens
 
 // ---------------------------------------------------------------------------
-// Tokens as they lie in memory, uint16 or uint32, seen alike: a view (the
-// tokens must outlive it), indexed and iterated as uint32 values.
+namespace detail {
+struct TokenFile;  // an open token file and what it was when opened (tokens.cpp)
+}
+
+// Tokens, uint16 or uint32, seen alike: a view of tokens in memory (the
+// tokens must outlive it) or of a range of a token file (Tokens::open; the
+// Tokens must outlive it), indexed and iterated as uint32 values. A file's
+// tokens are read when asked for: read() a range at a time (the loader's
+// batches), operator[] one token (tests, a short prompt); either throws
+// DataError (65) when the file has changed since it was opened and IoError
+// (74) when the read fails, naming the file and the byte offset.
 class TokenSpan {
 public:
     TokenSpan() = default;
@@ -55,17 +75,30 @@ public:
     template <class T>
         requires std::is_same_v<T, std::uint16_t> || std::is_same_v<T, std::uint32_t>
     TokenSpan(const std::vector<T>& t) noexcept : TokenSpan(std::span<const T>(t)) {}
+    // Tokens [first, first + count) of an open token file.
+    TokenSpan(const detail::TokenFile* file, std::size_t first, std::size_t count, bool wide) noexcept
+        : file_(file), first_(first), n_(count), wide_(wide) {}
 
     std::size_t size() const noexcept { return n_; }
     bool empty() const noexcept { return n_ == 0; }
     bool wide() const noexcept { return wide_; }  // uint32 tokens
+    // The tokens in memory; nullptr for a file's.
     const void* data() const noexcept { return p_; }
-    std::uint32_t operator[](std::size_t i) const noexcept {
-        return wide_ ? static_cast<const std::uint32_t*>(p_)[i] : static_cast<const std::uint16_t*>(p_)[i];
+    std::uint32_t operator[](std::size_t i) const {
+        if (!file_) return wide_ ? static_cast<const std::uint32_t*>(p_)[i] : static_cast<const std::uint16_t*>(p_)[i];
+        std::uint32_t v = 0;
+        read(i, std::span(&v, 1));
+        return v;
     }
+    // Tokens [first, first + out.size()) into `out`.
+    void read(std::size_t first, std::span<std::uint32_t> out) const;
+    // Every token, in order, in pieces of at most `piece` tokens: a file's
+    // read a piece at a time.
+    void scan(const std::function<void(std::span<const std::uint32_t>)>& fn, std::size_t piece = 1 << 20) const;
     TokenSpan subspan(std::size_t offset, std::size_t count) const noexcept {
         TokenSpan t = *this;
-        t.p_ = static_cast<const char*>(p_) + offset * (wide_ ? 4 : 2);
+        if (file_) t.first_ += offset;
+        else t.p_ = static_cast<const char*>(p_) + offset * (wide_ ? 4 : 2);
         t.n_ = count;
         return t;
     }
@@ -92,23 +125,30 @@ public:
 
 private:
     const void* p_ = nullptr;
+    const detail::TokenFile* file_ = nullptr;
+    std::size_t first_ = 0;  // a file's: the index of the view's first token
     std::size_t n_ = 0;
     bool wide_ = false;
 };
 
-// A run's tokens: a read-only mapping of a token file, or a text file's bytes
-// widened to tokens 0..255. Move-only; tokens() stays valid across moves.
+// A run's tokens: an open llm.c token file, or a text file's bytes widened
+// to tokens 0..255. Move-only; tokens() stays valid across moves.
 class Tokens {
 public:
-    Tokens() = default;
+    Tokens();
+    ~Tokens();
+    Tokens(Tokens&&) noexcept;
+    Tokens& operator=(Tokens&&) noexcept;
 
-    // Maps an llm.c token file, version 1 or 2. MissingInputError when
-    // absent; DataError naming the file and what is wrong (with the byte
-    // offset of a bad header field) when it is shorter than the header, has
-    // another magic or version, holds zero (or a negative number of) tokens,
-    // or is not 1024 + 2n (version 2: 4n) bytes long.
+    // Opens an llm.c token file, version 1 or 2, and reads it through once
+    // (its largest token). MissingInputError when absent; DataError naming
+    // the file and what is wrong (with the byte offset of a bad header
+    // field) when it is shorter than the header, has another magic or
+    // version, holds zero (or a negative number of) tokens, or is not
+    // 1024 + 2n (version 2: 4n) bytes long.
     static Tokens open(const std::string& path);
-    // Every byte of the file is a token (vocabulary 256). DataError when empty.
+    // Every byte of the file is a token (vocabulary 256), read into memory.
+    // DataError when empty.
     static Tokens text(const std::string& path);
 
     TokenSpan tokens() const noexcept { return tokens_; }
@@ -119,8 +159,8 @@ public:
 
 private:
     std::string path_;
-    Mmap map_;                          // a token file, whole (header included)
-    std::vector<std::uint16_t> text_;   // a text file's bytes, as tokens
+    std::unique_ptr<detail::TokenFile> file_;  // a token file
+    std::vector<std::uint16_t> text_;          // a text file's bytes, as tokens
     TokenSpan tokens_;
     std::uint32_t max_token_ = 0;
 };

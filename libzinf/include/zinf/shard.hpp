@@ -228,21 +228,53 @@ struct Manifest {
     std::string rank_folder(unsigned rank) const;
 };
 
-// The file in each node-local rank folder that says which rank's it is
-// ({"zinf":"rank folder","rank":R}): written by init, checked before any
-// program reads or writes there, so that a manifest's rank_dirs cannot aim
-// a write at a folder zinf did not make.
+// The file in each node-local rank folder that says which rank's it is and
+// which state it belongs to ({"zinf":"rank folder","rank":R,"dir":D}, D the
+// owning data directory, absolute): written by init, import and reshard,
+// checked before any program reads or writes there, so that a manifest's
+// rank_dirs cannot aim a write at a folder zinf did not make, and one run's
+// rank folders are not taken by another (--rank-dir /local/nvme/run/rank%r
+// given to two experiments) without --force.
 inline constexpr const char* kRankMarker = ".zinf-rank";
-std::string rank_marker_text(unsigned rank);
+std::string rank_marker_text(unsigned rank, const std::string& owner);
+struct RankMarker {
+    unsigned rank = 0;
+    std::string owner;  // "" in a marker written before owners were recorded
+};
+// The marker in `folder`: nullopt when there is none; DataError (65, naming
+// the file and `rank_for_errors`) when it is not a marker.
+std::optional<RankMarker> read_rank_marker(const std::string& folder, int rank_for_errors = -1);
 // --rank-dir's folders for dp ranks: one template, "/local/nvme/run/rank%r"
 // (%r: the rank, %%: a per cent sign), or one folder per rank; absolute,
 // and no two ranks alike. UsageError naming the one at fault.
 std::vector<std::string> expand_rank_dirs(const std::vector<std::string>& given, unsigned dp);
 // For the rank folders of `ranks` (every rank when empty) of a manifest with
 // rank_dirs: MissingInputError (66) naming the rank and folder when it does
-// not exist, DataError (65) when it is not a folder or its marker is absent
-// or names another rank. Without rank_dirs: nothing to check.
-void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks = {});
+// not exist, DataError (65) when it is not a folder, its marker is absent
+// or names another rank, or it belongs to another state than `owner`'s
+// (m.dir when ""). Without rank_dirs: nothing to check.
+void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks = {}, const std::string& owner = {});
+
+// ---------------------------------------------------------------------------
+// A folder's identity (zinf-manifest(5), MOVED AND COPIED FOLDERS). A
+// committed manifest's header names the directory it belongs to (dir,
+// absolute), and a copy (cp -r) or a move (mv) of the folder keeps it: a
+// committed manifest that names another folder than the one it lies in is a
+// state copied or moved there. Writing through it would write the other
+// folder's files, and reading it would read them, so every program that
+// reads or writes a state refuses it (DataError, 65) before it opens
+// anything of either folder for writing, until it is adopted (adopt()).
+//
+// Two names of one existing folder (the same device and inode).
+bool same_folder(const std::string& a, const std::string& b);
+// `m` was read from `path`. `found`: `path` is the committed manifest of a
+// directory a manifest or --data-dir named (D/manifest.jsonl): DataError
+// unless m.dir is D. Else (a file given by the user): the same when it is
+// named manifest.jsonl and its folder holds a state (the lock file or the
+// state's first file); a copy of a manifest kept elsewhere only leads to
+// its directory. The message says how to adopt the folder.
+void check_home(const Manifest& m, const std::string& path, bool found);
+
 
 // spec -> every partition laid out, files rank<R>/<state>.bin, tensors packed
 // in execution order at aligned offsets.
@@ -254,6 +286,9 @@ Manifest layout(const ModelSpec& spec, const LayoutOptions& opts);
 // missing or overlapping ranges), and unsafe file paths (absolute or "..").
 Manifest read_manifest(std::istream& in, const std::string& source);
 Manifest read_manifest_file(const std::string& path);  // MissingInputError when absent
+// The same, "-" reading stdin (UsageError when it is a terminal): how every
+// program reads the manifest --manifest names.
+Manifest read_manifest_input(const std::string& path);
 void write_manifest(std::ostream& out, const Manifest& m);
 json::Json header_json(const Manifest& m);
 json::Json record_json(const Manifest& m, const Partition& p);
@@ -351,7 +386,11 @@ Committed read_committed(const std::string& given);
 // warning says the given one is not what is committed and it is returned
 // (verify and cat examine the manifest they are given). Without a data
 // directory or a committed manifest there, `given` as it is.
-Manifest committed_state(const Manifest& given, const std::string& source, bool follow);
+// `data_dir` (--data-dir), when given, is the directory instead of the
+// header's. DataError (check_home) when the file given, or the manifest
+// found in the directory, belongs to another folder (copied or moved).
+Manifest committed_state(const Manifest& given, const std::string& source, bool follow,
+                         const std::string& data_dir = {});
 // The same under the data directory's lock, taken before the committed
 // manifest is read (so no commit slips between the read and the lock) by a
 // process doing `ranks` (lock_state). LockedError (75) when in use.
@@ -514,6 +553,17 @@ struct VerifyResult {
     std::uint64_t partitions = 0, bytes = 0;
 };
 VerifyResult verify(const Manifest& m, io::Engine& engine, mem::PinnedPool& pool, const RunOptions& opts);
+
+// (check_home: a copied or moved folder)
+// Adopts `dir`, whose committed manifest names another folder (the origin):
+// under dir's exclusive lock, every partition is verified where the state
+// lies now and the manifest is committed again naming dir. Node-local rank
+// folders go with it only where the origin no longer names them (a move);
+// a copy cannot share them with its origin, nor take another state's
+// (DataError naming the folder). Returns the adopted manifest, or nullopt
+// when dir's manifest names dir already (nothing to adopt).
+std::optional<Manifest> adopt(const std::string& dir, io::Engine& engine, mem::PinnedPool& pool,
+                              const RunOptions& opts);
 
 // The first value of `states` (of `ranks`) that is not finite, as "<tensor>
 // element <i> is nan (rank r state, file)"; nullopt when every one is.

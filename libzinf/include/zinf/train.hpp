@@ -158,7 +158,11 @@ public:
     ~Trainer();
 
     std::uint64_t step_count() const;  // steps committed or taken
+    // Reads its batch first: when that fails on any rank (the token file
+    // changed or failed under the run, data.hpp), every rank throws before
+    // anything of the step runs, and input_failed() says so from then on.
     StepLog step(const data::Loader& train);
+    bool input_failed() const;
     // The mean loss over `batches` batches of `val` (0-based indices 0..),
     // averaged over the ranks. No gradients.
     double evaluate(const data::Loader& val, std::uint64_t batches);

@@ -134,6 +134,20 @@ inline bool is_aligned(const void* p, std::uint64_t a) {
 constexpr bool is_pow2(std::uint64_t v) { return v && !(v & (v - 1)); }
 
 // ---------------------------------------------------------------------------
+// The first call of every program's main: a standard descriptor (0, 1 or 2)
+// that is closed at start (`zinf-train ... >&-`) is opened on /dev/null, so
+// that the first file the program opens (a lock file, a data file) never
+// becomes its stdout and receives what it prints. Returns 0, or 74 (after a
+// message on stderr, where that is open, naming `program`) when /dev/null
+// cannot be opened; main returns that status.
+int open_standard_fds(const char* program) noexcept;
+// Standard output flushed (std::cout, then C's stdout) and checked: a full
+// disk, a closed pipe or a descriptor not open for writing is an IoError
+// naming stdout with its errno (73 for no space or quota, else 74), never
+// a run that exits 0 having lost its output.
+void flush_stdout();
+
+// ---------------------------------------------------------------------------
 // RAII kernel handles. Move-only; factories are named after the system call;
 // each method wraps one call and throws with its name on failure.
 class Fd {
@@ -341,6 +355,12 @@ std::uint64_t peak_resident_bytes();
 std::uint64_t meminfo_bytes(std::string_view key);
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 unsigned affinity_cpus();
+// A thread count asked for on the command line (`option`, "--threads"):
+// UsageError above kThreadsPerCpu times the CPUs this machine has. More only
+// wait for each other, and OpenMP cannot start tens of thousands: libgomp
+// exits 1 or dies inside a parallel region where no error can be caught.
+inline constexpr unsigned kThreadsPerCpu = 4;
+void check_thread_count(unsigned threads, std::string_view option);
 // The median of a benchmark's rounds (the mean of the middle two of an even
 // count; 0 of none).
 double median(std::vector<double> v);

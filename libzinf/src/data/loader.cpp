@@ -63,7 +63,9 @@ void Loader::batch(std::uint64_t index, std::span<std::int32_t> inputs, std::spa
     if (inputs.size() != bt_ || targets.size() != bt_)
         throw InternalError("batch spans of " + std::to_string(inputs.size()) + " inputs and " +
                             std::to_string(targets.size()) + " targets, not batch * seq = " + std::to_string(bt_));
-    const TokenSpan w = tokens_.subspan(offset(index), bt_ + 1);
+    // The window read at once (a file's: one pread, checked), then cut.
+    std::vector<std::uint32_t> w(bt_ + 1);
+    tokens_.read(offset(index), w);
     for (std::uint64_t i = 0; i < bt_; ++i) {
         inputs[i] = static_cast<std::int32_t>(w[i]);
         targets[i] = static_cast<std::int32_t>(w[i + 1]);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <bit>
 #include <cerrno>
 #include <climits>
@@ -23,25 +24,109 @@ static_assert(std::endian::native == std::endian::little, "token files are littl
 namespace {
 
 // The size of a regular file open on `fd`; DataError for anything else.
-std::uint64_t regular_size(const Fd& fd, const std::string& path) {
+struct stat regular_stat(const Fd& fd, const std::string& path) {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", errno, path);
     if (!S_ISREG(st.st_mode)) throw DataError("not a regular file", {0, path, {}, -1});
-    return static_cast<std::uint64_t>(st.st_size);
+    return st;
 }
 
-template <class T>
-std::uint32_t max_of(std::span<const T> t) {
-    T m = 0;
-    for (T v : t) m = std::max(m, v);
-    return m;
-}
+bool same_time(const struct timespec& a, const struct timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
 }  // namespace
 
+namespace detail {
+
+// An open token file and what it was when opened: every read is checked
+// against it, so that a file changed under a run is an error, never a
+// signal or a batch of another file's tokens.
+struct TokenFile {
+    Fd fd;
+    std::string path;
+    std::uint64_t width = 2;  // bytes per token
+    struct stat at_open {};
+
+    // Bytes [offset, offset + n) of the file into `out`.
+    void pread(std::uint64_t offset, std::byte* out, std::uint64_t n) const {
+        for (std::uint64_t done = 0; done < n;) {
+            const long got = sys::pread(fd.get(), out + done, n - done, offset + done, path);
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) throw_errno("pread", errno, path, offset + done);
+            if (got == 0) {
+                changed(offset + done);
+                throw DataError("the token file ends at byte " + std::to_string(offset + done) +
+                                    ", before the tokens its header counts",
+                                {0, path, offset + done, -1});
+            }
+            done += static_cast<std::uint64_t>(got);
+        }
+        changed(offset);
+    }
+
+    // DataError when the file is no longer what was opened: another size or
+    // modification time (truncated or rewritten in place), or its name
+    // leading to another file or none (replaced, removed).
+    void changed(std::uint64_t offset) const {
+        struct stat now {};
+        if (::fstat(fd.get(), &now) != 0) throw_errno("fstat", errno, path, offset);
+        std::string what;
+        if (now.st_size != at_open.st_size)
+            what = "is " + std::to_string(now.st_size) + " bytes now, " + std::to_string(at_open.st_size) +
+                   " when it was opened (" + (now.st_size < at_open.st_size ? "truncated" : "written to") + ")";
+        else if (!same_time(now.st_mtim, at_open.st_mtim))
+            what = "was written to (its modification time changed)";
+        else if (struct stat named {}; ::stat(path.c_str(), &named) != 0)
+            what = "is no longer there under its name (removed or being replaced)";
+        else if (named.st_dev != at_open.st_dev || named.st_ino != at_open.st_ino)
+            what = "was replaced: its name leads to another file";
+        if (what.empty()) return;
+        throw DataError("the token file changed during the run: it " + what +
+                            " (a data script rewriting it in place? write a new file, and give it to the next run)",
+                        {0, path, offset, -1});
+    }
+};
+
+}  // namespace detail
+
+void TokenSpan::read(std::size_t first, std::span<std::uint32_t> out) const {
+    if (out.empty()) return;
+    if (!file_) {
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = (*this)[first + i];
+        return;
+    }
+    const std::uint64_t w = file_->width, at = kHeaderBytes + (first_ + first) * w;
+    // Read where the widest tokens land, then widened in place from the back.
+    auto* bytes = reinterpret_cast<std::byte*>(out.data());
+    file_->pread(at, bytes, out.size() * w);
+    if (w == 2) {
+        const auto* narrow = reinterpret_cast<const std::uint16_t*>(bytes);
+        for (std::size_t i = out.size(); i-- > 0;) {
+            std::uint16_t v;
+            std::memcpy(&v, narrow + i, 2);
+            out[i] = v;
+        }
+    }
+}
+
+void TokenSpan::scan(const std::function<void(std::span<const std::uint32_t>)>& fn, std::size_t piece) const {
+    std::vector<std::uint32_t> buf(std::min(n_, std::max<std::size_t>(piece, 1)));
+    for (std::size_t i = 0; i < n_;) {
+        const std::size_t k = std::min(buf.size(), n_ - i);
+        read(i, std::span(buf).first(k));
+        fn(std::span<const std::uint32_t>(buf).first(k));
+        i += k;
+    }
+}
+
+Tokens::Tokens() = default;
+Tokens::~Tokens() = default;
+Tokens::Tokens(Tokens&&) noexcept = default;
+Tokens& Tokens::operator=(Tokens&&) noexcept = default;
+
 Tokens Tokens::open(const std::string& path) {
     Fd fd = open_input(path, Input::regular);  // a FIFO is refused, never waited for
-    const std::uint64_t bytes = regular_size(fd, path);
+    const struct stat st = regular_stat(fd, path);
+    const auto bytes = static_cast<std::uint64_t>(st.st_size);
     auto bad = [&](const std::string& what, std::optional<std::uint64_t> at = {}) {
         return DataError(what, {0, path, at, -1});
     };
@@ -50,9 +135,13 @@ Tokens Tokens::open(const std::string& path) {
                   "-byte header of a token file");
     Tokens t;
     t.path_ = path;
-    t.map_ = Mmap::file_readonly(fd, bytes, path);
+    t.file_ = std::make_unique<detail::TokenFile>();
+    detail::TokenFile& f = *t.file_;
+    f.fd = std::move(fd);
+    f.path = path;
+    f.at_open = st;
     std::array<std::int32_t, 3> h{};
-    std::memcpy(h.data(), t.map_.data(), sizeof h);
+    f.pread(0, reinterpret_cast<std::byte*>(h.data()), sizeof h);
     if (h[0] != kMagic)
         throw bad("magic " + std::to_string(h[0]) + " is not a token file's " + std::to_string(kMagic), 0);
     if (h[1] != kVersion && h[1] != kVersionWide)
@@ -61,38 +150,40 @@ Tokens Tokens::open(const std::string& path) {
                   4);
     if (h[2] <= 0) throw bad("token count " + std::to_string(h[2]) + " in the header is not positive", 8);
     const auto n = static_cast<std::uint64_t>(h[2]);
-    const std::uint64_t width = h[1] == kVersionWide ? 4 : 2;
-    const std::uint64_t want = kHeaderBytes + width * n;
+    f.width = h[1] == kVersionWide ? 4 : 2;
+    const std::uint64_t want = kHeaderBytes + f.width * n;
     if (bytes != want)
         throw bad("file is " + std::to_string(bytes) + " bytes, but its header's " + std::to_string(n) +
-                  " tokens need " + std::to_string(kHeaderBytes) + " + " + std::to_string(width) + "*" +
+                  " tokens need " + std::to_string(kHeaderBytes) + " + " + std::to_string(f.width) + "*" +
                   std::to_string(n) + " = " + std::to_string(want) + " bytes" + (bytes < want ? " (truncated?)" : ""));
-    const std::byte* first = t.map_.data() + kHeaderBytes;
-    if (width == 4) {
-        const std::span<const std::uint32_t> w{reinterpret_cast<const std::uint32_t*>(first), static_cast<std::size_t>(n)};
-        t.tokens_ = w;
-        t.max_token_ = max_of(w);
-    } else {
-        const std::span<const std::uint16_t> w{reinterpret_cast<const std::uint16_t*>(first), static_cast<std::size_t>(n)};
-        t.tokens_ = w;
-        t.max_token_ = max_of(w);
-    }
+    t.tokens_ = TokenSpan(t.file_.get(), 0, static_cast<std::size_t>(n), f.width == 4);
+    t.tokens_.scan([&](std::span<const std::uint32_t> piece) {
+        for (std::uint32_t v : piece) t.max_token_ = std::max(t.max_token_, v);
+    });
     return t;
 }
 
 Tokens Tokens::text(const std::string& path) {
     Fd fd = open_input(path, Input::regular);  // a FIFO is refused, never waited for
-    const std::uint64_t bytes = regular_size(fd, path);
+    const auto bytes = static_cast<std::uint64_t>(regular_stat(fd, path).st_size);
     if (bytes == 0) throw DataError("text file is empty: byte-level tokens need at least one byte", {0, path, {}, -1});
-    // Mapped only to be widened: the vector is what the tokens live in.
-    const Mmap map = Mmap::file_readonly(fd, bytes, path);
+    // Read whole (a text is small): what was read is what trains.
+    std::vector<unsigned char> raw(bytes);
+    for (std::uint64_t done = 0; done < bytes;) {
+        const long got = sys::pread(fd.get(), raw.data() + done, bytes - done, done, path);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) throw_errno("pread", errno, path, done);
+        if (got == 0)
+            throw DataError("the text file ends at byte " + std::to_string(done) + " of the " + std::to_string(bytes) +
+                                " it had when opened: it changed while it was read",
+                            {0, path, done, -1});
+        done += static_cast<std::uint64_t>(got);
+    }
     Tokens t;
     t.path_ = path;
-    t.text_.resize(bytes);
-    const auto* src = reinterpret_cast<const unsigned char*>(map.data());
-    std::copy(src, src + bytes, t.text_.begin());
+    t.text_.assign(raw.begin(), raw.end());
     t.tokens_ = t.text_;
-    t.max_token_ = max_of(std::span<const std::uint16_t>(t.text_));
+    for (std::uint16_t v : t.text_) t.max_token_ = std::max<std::uint32_t>(t.max_token_, v);
     return t;
 }
 
@@ -121,8 +212,18 @@ void check_vocab(const Tokens& tokens, std::uint64_t vocab) {
     if (tokens.max_token() < vocab) return;
     const TokenSpan t = tokens.tokens();
     std::size_t i = 0;
-    while (i < t.size() && t[i] < vocab) ++i;
-    throw DataError("token " + std::to_string(t[i]) + " at token offset " + std::to_string(i) +
+    std::uint32_t v = 0;
+    bool found = false;
+    t.scan([&](std::span<const std::uint32_t> piece) {
+        for (std::size_t k = 0; k < piece.size() && !found; ++k)
+            if (piece[k] >= vocab) {
+                v = piece[k];
+                i += k;
+                found = true;
+            }
+        if (!found) i += piece.size();
+    });
+    throw DataError("token " + std::to_string(v) + " at token offset " + std::to_string(i) +
                         " (byte " + std::to_string(kHeaderBytes + i * (t.wide() ? 4 : 2)) +
                         ") is not below the model's vocabulary " + std::to_string(vocab),
                     {0, tokens.path(), {}, -1});
@@ -141,14 +242,20 @@ std::pair<TokenSpan, TokenSpan> split(TokenSpan tokens, double val_fraction) {
 double unigram_entropy_nats(TokenSpan tokens) {
     if (tokens.empty()) return 0.0;
     std::uint32_t top = 0;
-    for (std::uint32_t v : tokens) top = std::max(top, v);
+    tokens.scan([&](std::span<const std::uint32_t> piece) {
+        for (std::uint32_t v : piece) top = std::max(top, v);
+    });
     // One count per id up to the largest; a sparse id space past 2^24 sorted instead.
     std::vector<std::uint64_t> count;
     if (top < (1u << 24)) {
         count.assign(std::size_t{top} + 1, 0);
-        for (std::uint32_t v : tokens) ++count[v];
+        tokens.scan([&](std::span<const std::uint32_t> piece) {
+            for (std::uint32_t v : piece) ++count[v];
+        });
     } else {
-        std::vector<std::uint32_t> all(tokens.begin(), tokens.end());
+        std::vector<std::uint32_t> all;
+        all.reserve(tokens.size());
+        tokens.scan([&](std::span<const std::uint32_t> piece) { all.insert(all.end(), piece.begin(), piece.end()); });
         std::sort(all.begin(), all.end());
         for (std::size_t i = 0; i < all.size();) {
             std::size_t j = i;

@@ -280,37 +280,59 @@ DistributedResult init_ranks(comm::Communicator& c, const std::function<Manifest
     return out;
 }
 
-Committed read_committed(const std::string& given) {
+namespace {
+
+// The committed state `given` (read from the file `source`) leads to: the
+// data directory's own manifest.jsonl (read again when `source` is it and
+// `again`), each checked to belong where it lies (check_home).
+Committed locate(const Manifest& given, const std::string& source, bool again) {
     Committed c;
-    c.manifest = read_manifest_file(given);
-    const std::string& dir = c.manifest.dir;
-    if (dir.empty()) throw DataError("manifest " + given + " has no data directory: run zinf-shard init first");
+    c.manifest = given;
+    check_home(given, source, false);
+    const std::string& dir = given.dir;
+    if (dir.empty())
+        throw DataError("manifest " + source + " has no data directory: run zinf-shard init first");
     c.path = dir + "/manifest.jsonl";
     std::error_code ec;
-    if (fs::equivalent(given, c.path, ec)) return c;
-    if (!fs::exists(c.path))
-        throw DataError("manifest " + given + ": its data directory " + dir +
+    const bool is_it = source != "-" && fs::equivalent(source, c.path, ec);
+    if (!is_it && !fs::exists(c.path))
+        throw DataError("manifest " + source + ": its data directory " + dir +
                         " holds no manifest.jsonl (was it made by zinf-shard init?)");
-    c.manifest = read_manifest_file(c.path);
-    c.copy_of = given;
+    if (!is_it || again) c.manifest = read_manifest_file(c.path);
+    check_home(c.manifest, c.path, true);
+    if (!is_it) c.copy_of = source;
     return c;
 }
 
-Manifest committed_state(const Manifest& given, const std::string& source, bool follow) {
-    if (given.dir.empty()) return given;
-    const std::string path = given.dir + "/manifest.jsonl";
+}  // namespace
+
+Committed read_committed(const std::string& given) { return locate(read_manifest_input(given), given, false); }
+
+Manifest committed_state(const Manifest& given, const std::string& source, bool follow, const std::string& data_dir) {
+    // --data-dir says where the state is; without it, the file given must
+    // not be a copied or moved folder's own manifest.
+    if (data_dir.empty()) check_home(given, source, false);
+    const std::string dir = data_dir.empty() ? given.dir : data_dir;
+    Manifest as_given = given;
+    as_given.dir = dir;
+    if (dir.empty()) return as_given;
+    const std::string path = dir + "/manifest.jsonl";
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return given;
+    if (::stat(path.c_str(), &st) != 0) return as_given;
     std::error_code ec;
-    if (fs::equivalent(source, path, ec)) return given;
+    if (source != "-" && fs::equivalent(source, path, ec)) {
+        check_home(given, path, true);
+        return as_given;
+    }
     Manifest c;
     try {
         c = read_manifest_file(path);
     } catch (const Error& e) {
         if (follow) throw;  // the state to read cannot be known
         log::warn(path + " cannot be read (" + e.message() + "); checking " + source + " as given");
-        return given;
+        return as_given;
     }
+    check_home(c, path, true);
     auto at = [](const Manifest& m) {
         std::uint64_t s = 0;
         for (const auto& p : m.parts) s = std::max(s, p.step);
@@ -328,23 +350,25 @@ Manifest committed_state(const Manifest& given, const std::string& source, bool 
             }
         }
     }
-    if (same) return given;
+    if (same) return as_given;
     const std::string what = source + " is not what " + path + " commits (that is at step " + std::to_string(at(c)) +
                              ", " + source + " at step " + std::to_string(at(given)) + ")";
     if (!follow) {
         log::warn(what + ": checking " + source + " as given; the committed state is " + path);
-        return given;
+        return as_given;
     }
     log::info(what + ": reading the committed " + path + " (zinf-manifest(5): a copy only finds the directory)");
-    c.dir = given.dir;
+    c.dir = dir;
     return c;
 }
 
 Committed read_committed(const std::string& given, LockMode mode, const std::vector<unsigned>& ranks) {
-    // The given file leads to the directory; its committed manifest is read
-    // again once the directory is locked.
-    Lock lock = lock_state(read_committed(given).manifest, mode, ranks);
-    Committed c = read_committed(given);
+    // The given file (read once: it may be a pipe) leads to the directory;
+    // its committed manifest is read again once the directory is locked.
+    // Nothing is locked before both are known to belong where they lie.
+    const Manifest g = read_manifest_input(given);
+    Lock lock = lock_state(locate(g, given, false).manifest, mode, ranks);
+    Committed c = locate(g, given, true);
     // The directory's writer: a manifest temporary there is a killed
     // commit's (no other writer can hold the lock), removed now rather than
     // at this run's first commit, which may never come (a run that
@@ -425,9 +449,11 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
         // The old state's files in node-local rank folders go only from a
         // folder its marker shows to be that rank's; one not on this node
         // stays (its own node's next init replaces it).
+        // So do the rank folders of a manifest that is a copy's (it names
+        // another directory: those folders are its origin's).
         std::set<unsigned> gone;
         for (unsigned r = 0; r < old.rank_dirs.size(); ++r) try {  // each folder once
-                check_rank_folders(old, {r});
+                check_rank_folders(old, {r}, dir);
             } catch (const Error&) {
                 gone.insert(r);
             }
@@ -441,48 +467,6 @@ std::vector<std::string> place_beside(Manifest& m, const std::string& dir) {
                 }
     }
     return superseded;
-}
-
-void check_rank_folders(const Manifest& m, const std::vector<unsigned>& ranks) {
-    if (m.rank_dirs.empty()) return;
-    std::vector<unsigned> all;
-    const std::vector<unsigned>* which = &ranks;
-    if (ranks.empty()) {
-        for (unsigned r = 0; r < m.opts.dp; ++r) all.push_back(r);
-        which = &all;
-    }
-    for (const unsigned r : *which) {
-        const std::string& d = m.rank_dirs.at(r);
-        const std::string who = "rank " + std::to_string(r) + "'s folder " + d + " (the manifest's rank_dirs)";
-        struct stat st {};
-        if (::stat(d.c_str(), &st) != 0) {
-            const int err = errno;
-            if (err == ENOENT)
-                throw MissingInputError(who + " does not exist on this node: run the rank where its node-local "
-                                              "disk is, or initialise it there (zinf-shard init --rank-dir)",
-                                        {err, d, {}, static_cast<int>(r)});
-            throw_errno("stat", err, d);
-        }
-        if (!S_ISDIR(st.st_mode)) throw DataError(who + " is not a folder", {0, d, {}, static_cast<int>(r)});
-        const int fd = open_beneath_raw(d, kRankMarker, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
-        std::string text;
-        if (fd >= 0) {
-            char buf[256];
-            const std::string marker = d + "/" + kRankMarker;
-            const long n = sys::read(fd, buf, sizeof buf, marker);
-            const int err = errno;
-            (void)sys::close(fd, marker);
-            if (n < 0) throw_errno("read", err, marker);
-            text.assign(buf, static_cast<std::size_t>(n));
-        }
-        const std::string want = rank_marker_text(r);
-        if (text != want)
-            throw DataError(who + (fd < 0 ? " holds no " + std::string(kRankMarker) : "'s " + std::string(kRankMarker) +
-                                                                                     " does not name rank " +
-                                                                                     std::to_string(r)) +
-                                ": it is not a rank folder zinf-shard init made; nothing is read or written there",
-                            {0, d + "/" + kRankMarker, {}, static_cast<int>(r)});
-    }
 }
 
 void check_paths(const Manifest& m, const std::vector<unsigned>& ranks) {

@@ -113,7 +113,7 @@ std::string describe(const Manifest& m, const Partition& p) {
 }
 
 // ---------------------------------------------------------------------------
-void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks) {
+void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force) {
     // A rank folder that is another rank's default one (--rank-dir D/rank1
     // D/rank0) would have files of two layouts of one directory meet under
     // one name: a later init --force that failed left the old manifest
@@ -136,10 +136,12 @@ void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<un
     for (const auto& p : m.parts)
         if (ranks.count(p.rank))
             sizes[p.file] = std::max(sizes[p.file], align_up(p.offset + p.bytes, m.opts.alignment));
+    // The state's owner, as every rank folder's marker records it.
+    const std::string owner = absolute_dir(dir);
     std::vector<std::pair<unsigned, std::string>> markers;
     if (!m.rank_dirs.empty())
         for (const unsigned r : ranks) {
-            markers.emplace_back(r, make_rank_folder(m, r));
+            markers.emplace_back(r, make_rank_folder(m, r, owner, force));
             written.lock.add(lock_folder(markers.back().second, LockMode::exclusive));  // the same hold when locked
         }
     std::set<std::pair<std::string, std::string>> folders;  // (root, folder beneath it)
@@ -151,13 +153,19 @@ void OutFiles::open(const Manifest& m, const std::string& dir, const std::set<un
         if (!folder.empty()) make_folder_beneath(root, folder);
     for (const auto& [f, b] : sizes) remove_stale_temps(m.place(f, dir));
     check_space(m, dir, sizes, ranks.count(0) != 0);
+    // Each folder's marker names this state, before anything is written
+    // there: a new one (removed again when the run fails), or one that named
+    // another (taken over with --force, or from before owners were
+    // recorded: given back when the run fails).
     for (const auto& [r, folder] : markers) {
-        const std::string path = folder + "/" + kRankMarker, text = rank_marker_text(r);
-        struct stat st {};
-        if (::lstat(path.c_str(), &st) == 0) continue;  // checked above: this rank's
+        const std::string path = folder + "/" + kRankMarker, text = rank_marker_text(r, owner);
+        const auto mark = read_rank_marker(folder, static_cast<int>(r));  // checked above: this rank's
+        if (mark && same_folder(mark->owner, owner)) continue;
+        const std::string before = mark ? read_regular(path, 64 * 1024, "a rank marker") : std::string();
         const std::span<const std::byte> piece = std::as_bytes(std::span(text));
         write_file_atomic(path, {&piece, 1});
-        markers_made.push_back(path);
+        if (mark) markers_replaced.emplace_back(path, before);
+        else markers_made.push_back(path);
     }
     for (const auto& [f, bytes] : sizes) {
         const Manifest::Place at = m.place(f, dir);
@@ -228,13 +236,21 @@ void OutFiles::check_space(const Manifest& m, const std::string& dir, const std:
     }
 }
 
-std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r) {
+std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r, const std::string& owner, bool force) {
     const std::string& d = m.rank_dirs.at(r);
     struct stat st {};
     if (::lstat(d.c_str(), &st) != 0) {
         make_dirs(d);
         return d;
     }
+    check_claim(m, r, owner, force);
+    return d;
+}
+
+void check_claim(const Manifest& m, unsigned r, const std::string& owner, bool force) {
+    const std::string& d = m.rank_dirs.at(r);
+    struct stat st {};
+    if (::lstat(d.c_str(), &st) != 0) return;  // made by the writer
     if (!S_ISDIR(st.st_mode))
         throw UsageError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) is " +
                          (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a folder") + "; name a folder");
@@ -246,14 +262,62 @@ std::string OutFiles::make_rank_folder(const Manifest& m, unsigned r) {
         }
         ::closedir(dd);
     }
-    if (!empty) try {
-            check_rank_folders(m, {r});
-        } catch (const Error& e) {
-            throw UsageError("rank " + std::to_string(r) + "'s folder " + d +
-                             " (--rank-dir) holds files and is not that rank's folder: name an empty or new "
-                             "folder (" + e.message() + ")");
+    if (empty) return;
+    std::optional<RankMarker> mark;
+    try {
+        mark = read_rank_marker(d, static_cast<int>(r));
+        if (!mark || mark->rank != r) check_rank_folders(m, {r}, owner);  // says what is wrong
+    } catch (const Error& e) {
+        throw UsageError("rank " + std::to_string(r) + "'s folder " + d +
+                         " (--rank-dir) holds files and is not that rank's folder: name an empty or new "
+                         "folder (" + e.message() + ")");
+    }
+    if (force || mark->owner.empty()) return;
+    const Error::Where at{0, d + "/" + kRankMarker, {}, static_cast<int>(r)};
+    // Another state's folder (two runs given one --rank-dir template):
+    // writing there would destroy that state.
+    const bool here = same_folder(mark->owner, owner) || absolute_dir(mark->owner) == owner;  // (made later)
+    if (!here)
+        throw CreateError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) belongs to the state in " +
+                              mark->owner + " (its " + kRankMarker + "): give each run rank folders of its own, "
+                              "or --force to take it over (the state in " + mark->owner + " then no longer verifies)",
+                          at);
+    // So is one whose marker names this directory but which the state
+    // committed here does not name, and that holds more than a killed
+    // writer's temporaries: the state that was here was moved away (mv run1
+    // run1-old) and still uses it.
+    if (!OutFiles::holds_state_files(d)) return;
+    bool ours = false;
+    try {
+        const Manifest here = read_manifest_file(owner + "/manifest.jsonl");
+        ours = r < here.rank_dirs.size() && same_folder(here.rank_dirs[r], d);
+    } catch (const Error&) {
+    }
+    if (!ours)
+        throw CreateError("rank " + std::to_string(r) + "'s folder " + d + " (--rank-dir) holds the files of a state "
+                              "that was in " + owner + " (its " + kRankMarker + "), which " + owner +
+                              "/manifest.jsonl no longer names: that state was moved or copied away and may still "
+                              "use them; give this run rank folders of its own, or --force to take them",
+                          at);
+}
+
+void check_claims(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force) {
+    if (m.rank_dirs.empty()) return;
+    const std::string owner = absolute_dir(dir);
+    for (const unsigned r : ranks) check_claim(m, r, owner, force);
+}
+
+bool OutFiles::holds_state_files(const std::string& folder) {
+    bool any = false;
+    if (DIR* dd = ::opendir(folder.c_str())) {
+        while (const dirent* e = ::readdir(dd)) {
+            const std::string_view n = e->d_name;
+            if (n != "." && n != ".." && n != kLockFile && n != kRankMarker && n.find(kTempSuffix) == n.npos)
+                any = true;
         }
-    return d;
+        ::closedir(dd);
+    }
+    return any;
 }
 
 void OutFiles::make_folder_beneath(const std::string& dir, const std::string& folder) {
@@ -303,6 +367,14 @@ void OutFiles::make_dirs(const std::string& path) {
 void OutFiles::discard() noexcept {
     files.clear();
     for (const auto& f : markers_made) ::unlink(f.c_str());
+    for (const auto& [f, text] : markers_replaced) try {
+            const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+            write_file_atomic(f, {&piece, 1});
+        } catch (const Error& e) {
+            log::warn(f + ": the rank folder's marker cannot be given back (" + e.message() + ")");
+        }
+    markers_made.clear();
+    markers_replaced.clear();
     written.folders = std::move(created);
     written.discard();
 }

@@ -45,6 +45,7 @@ struct OutFiles {
     Written written;
     std::vector<std::string> created;       // folders this run made
     std::vector<std::string> markers_made;  // rank folders' markers this run wrote
+    std::vector<std::pair<std::string, std::string>> markers_replaced;  // (path, text before) it rewrote
 
     // Creates `dir` and the temporaries of every file `m` holds for `ranks`;
     // statvfs first, so a disk too small fails before anything is written.
@@ -53,9 +54,11 @@ struct OutFiles {
     //
     // With node-local rank folders (m.rank_dirs) each rank's files go into
     // its own folder, made when absent; one that exists must be empty or hold
-    // this rank's marker (kRankMarker), which is written (as a temporary,
-    // committed with the files) into every folder this run writes.
-    void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks);
+    // this rank's marker (kRankMarker) naming `dir`'s state as its owner
+    // (another owner: CreateError, 73, unless `force` takes it over). The
+    // marker naming `dir` is written into every folder this run writes
+    // before its files; discard() removes or gives back what it replaced.
+    void open(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force);
     // After a failure: the temporaries and the folders this run made, so
     // nothing is left behind.
     void discard() noexcept;
@@ -64,6 +67,10 @@ struct OutFiles {
     // After finish(): what the run wrote, for commit(), with the files of
     // the committed state it replaces (place_beside).
     Written release(std::vector<std::string> superseded);
+
+    // `folder` holds files other than its lock, its marker and a killed
+    // writer's temporaries.
+    static bool holds_state_files(const std::string& folder);
 
 private:
     // The files and, when this run writes it, the manifest: each rounded up
@@ -74,8 +81,10 @@ private:
     static void check_space(const Manifest& m, const std::string& dir, const std::map<std::string, std::uint64_t>& sizes,
                             bool manifest);
     // Rank r's node-local folder, made when absent (and its parents); one
-    // that exists must be a real folder, empty or holding r's marker.
-    std::string make_rank_folder(const Manifest& m, unsigned r);
+    // that exists must be a real folder, empty or holding r's marker, whose
+    // owner is `owner` unless `force`.
+    std::string make_rank_folder(const Manifest& m, unsigned r, const std::string& owner, bool force);
+
     // A folder of the layout, beneath `dir`: one that exists must not lead
     // outside it; one that does not is made.
     void make_folder_beneath(const std::string& dir, const std::string& folder);
@@ -86,6 +95,16 @@ private:
     // Creates `path` and its missing parents, remembering which were new.
     void make_dirs(const std::string& path);
 };
+
+// Whether a writer of `dir`'s state may write rank r's node-local folder
+// (m.rank_dirs[r]) when it exists: a real folder, empty or holding r's
+// marker (else UsageError, 64), whose owner is `owner` and which `owner`'s
+// committed manifest names when it holds a state's files (else
+// CreateError, 73, unless `force`). check_claims runs it for `ranks` before
+// the writer locks anything, so that a refused writer writes nothing there,
+// not even its lock record; OutFiles::open again under the lock.
+void check_claim(const Manifest& m, unsigned r, const std::string& owner, bool force);
+void check_claims(const Manifest& m, const std::string& dir, const std::set<unsigned>& ranks, bool force);
 
 // Zero bytes to write from: one pool buffer, cleared once, shared by every
 // writer (the engine only reads it).

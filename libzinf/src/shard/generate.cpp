@@ -58,6 +58,19 @@ inline void sincos2pi(float t, float& s, float& c) {
     c = ((q + 1) & 2) ? -cc : cc;
 }
 
+// log u for the radius, u = (k + 0.5) 2^-24 with k the draw's top 24 bits
+// and `u` its fp32 value. The largest draw, u = 1 - 2^-25, rounds to 1.0 in
+// fp32 (its 25 significant bits do not fit), where log u would be 0 and the
+// radius vanish (a value of -0 where it should be about 1e-4 sd); its
+// complement 1 - u = ((2^24 - k) - 0.5) 2^-24 is exact, and log u = -(1 - u)
+// to fp32's precision there. Every other u is below 1.0 and keeps log_unit,
+// so no other value changes.
+inline float log_u(std::uint32_t word, float u) {
+    const float complement = (static_cast<float>(static_cast<std::int32_t>(0x1000000u - (word >> 8))) - 0.5f) *
+                             (1.0f / 16777216.0f);
+    return u < 1.f ? log_unit(u) : -complement;
+}
+
 [[gnu::always_inline]] inline void normals_in(std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
                                               std::size_t n, float sd, float* out) {
     alignas(64) std::uint32_t x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
@@ -94,7 +107,7 @@ inline void sincos2pi(float t, float& s, float& c) {
             const float b = static_cast<float>(static_cast<std::int32_t>(x1[i] >> 8)) * s;
             const float c = (static_cast<float>(static_cast<std::int32_t>(x2[i] >> 8)) + 0.5f) * s;
             const float d = static_cast<float>(static_cast<std::int32_t>(x3[i] >> 8)) * s;
-            const float ra = sd * std::sqrt(-2.f * log_unit(a)), rc = sd * std::sqrt(-2.f * log_unit(c));
+            const float ra = sd * std::sqrt(-2.f * log_u(x0[i], a)), rc = sd * std::sqrt(-2.f * log_u(x2[i], c));
             float sb, cb, sdd, cd;
             sincos2pi(b, sb, cb);
             sincos2pi(d, sdd, cd);

@@ -118,6 +118,12 @@ Checkpoint open_checkpoint(const std::string& from, io::Engine& engine) {
     }
     for (const std::string& shard : shards) {
         const std::string rel = fs::path(shard).filename().string();
+        // A folder where a shard should be is bad input, as an index that is
+        // a folder is (65), not a failed read (74).
+        if (struct stat st {}; ::stat(shard.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+            throw DataError("is a folder, not a safetensors shard" +
+                                (weight_map.empty() ? std::string() : " (the index " + path + " names it)"),
+                            {0, shard, {}, -1});
         c.files.push_back(io::File::open(shard, {.access = io::Access::read, .direct = io::Direct::buffered}));
         const StFile f = read_safetensors(c.files.back(), engine);
         for (const auto& st : f.tensors) {

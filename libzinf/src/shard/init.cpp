@@ -50,12 +50,13 @@ Written init(Manifest& m, const std::string& dir, io::Engine& engine, mem::Pinne
     // One writer at a time: the directory is locked (and made) before its
     // committed manifest is read, so no other commit slips in between.
     OutFiles out;
+    check_claims(m, dir, ranks, opts.force);  // before any lock: a refused writer writes nothing there
     out.written.lock = lock_state(m, LockMode::exclusive, std::vector<unsigned>(ranks.begin(), ranks.end()), dir, true);
     std::vector<std::string> superseded;
     try {
         if (ranks.count(0)) check_target(dir, opts.force);
         superseded = place_beside(m, dir);
-        out.open(m, dir, ranks);
+        out.open(m, dir, ranks, opts.force);
         Zeros zeros(pool);
         // Units: (rank, tensor), every state of it at once, so each value is
         // drawn once for both the param and the master copy.

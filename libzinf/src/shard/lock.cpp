@@ -258,6 +258,8 @@ Lock lock_folder(const std::string& folder, LockMode mode, bool make) {
             const int err = errno;
             if (err == ELOOP)
                 throw DataError("the lock file is a symbolic link: zinf writes no file through a link", {err, path, {}, -1});
+            // A folder in its place is bad data, as a FIFO there is (below).
+            if (err == EISDIR) throw DataError("the lock file is a folder, not a regular file", {0, path, {}, -1});
             // A reader of a folder that is not there: the read that follows says so.
             if (!exclusive && !make && (err == ENOENT || err == ENOTDIR)) return out;
             throw_errno("open", err, path, {}, make);

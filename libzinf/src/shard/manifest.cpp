@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <istream>
 #include <map>
 #include <ostream>
@@ -255,9 +256,6 @@ std::string Manifest::rank_folder(unsigned rank) const {
     return dir + "/rank" + std::to_string(rank);
 }
 
-std::string rank_marker_text(unsigned rank) {
-    return R"({"zinf":"rank folder","rank":)" + std::to_string(rank) + "}\n";
-}
 
 std::vector<std::string> expand_rank_dirs(const std::vector<std::string>& given, unsigned dp) {
     const bool each = given.size() == dp && dp > 1;
@@ -606,6 +604,13 @@ Manifest read_manifest(std::istream& in, const std::string& source) {
     check_complete(m, seen, source, line_no, header_line);
     check_overlaps(m, source);
     return m;
+}
+
+Manifest read_manifest_input(const std::string& path) {
+    if (path != "-") return read_manifest_file(path);
+    if (::isatty(0))
+        throw UsageError("reading the manifest from stdin, which is a terminal: pipe one in or give --manifest FILE");
+    return read_manifest(std::cin, "<stdin>");
 }
 
 Manifest read_manifest_file(const std::string& path) {

@@ -128,6 +128,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     // The source read under a shared lock, the new directory written under
     // an exclusive one (made first, so that its committed manifest, if any,
     // is read under it).
+    check_claims(n, dir, all, opts.force);  // before any lock: a refused writer writes nothing there
     Lock source = lock_state(m, LockMode::shared);
     OutFiles out;
     out.written.lock = lock_state(n, LockMode::exclusive, {}, dir, true);
@@ -135,7 +136,7 @@ Manifest reshard(const Manifest& m, unsigned dp, const std::string& dir, io::Eng
     try {
         check_target(dir, opts.force);
         superseded = place_beside(n, dir);
-        out.open(n, dir, all);
+        out.open(n, dir, all, opts.force);
         Zeros zeros(pool);
         std::vector<std::vector<mem::Lease>> held(workers);
         std::deque<PartWriter> writers;

@@ -217,8 +217,17 @@ StIndex parse_st_index(std::string_view text, const std::string& path) {
         throw DataError("no \"weight_map\" object (Hugging Face's model.safetensors.index.json)", {0, path, {}, -1});
     StIndex index;
     for (const auto& [name, file] : j["weight_map"].items()) {
+        // A NUL would cut the name where C strings and messages meet it: no
+        // shard's header can name such a tensor.
+        if (name.empty() || name.find('\0') != std::string::npos)
+            throw DataError("weight_map names a tensor " + json::Json(name).dump() +
+                                (name.empty() ? " with no name" : " whose name holds a NUL byte") +
+                                ": no safetensors shard holds one",
+                            {0, path, {}, -1});
         if (!file.is_string()) throw DataError("weight_map[\"" + name + "\"] is not a file name", {0, path, {}, -1});
         const std::string f = file.get<std::string>();
+        if (f.find('\0') != std::string::npos)
+            throw DataError("weight_map[\"" + name + "\"] names a file whose name holds a NUL byte", {0, path, {}, -1});
         // A file beside the index, nothing that leads elsewhere.
         if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
             throw DataError("weight_map names '" + f + "': a shard must be a file beside the index", {0, path, {}, -1});

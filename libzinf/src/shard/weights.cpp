@@ -343,6 +343,16 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
     if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);  // (a folder is fine there)
     const WeightFormat format = detect_weight_format(from);  // first: it refuses a FIFO or a folder at once
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
+    // A safetensors file starts with its header's length; a Hugging Face
+    // index of shards is JSON from its first byte.
+    if (format == WeightFormat::safetensors) {
+        char first = 0;
+        const long n = sys::pread(file.fd(), &first, 1, 0, from);
+        if (n == 1 && first == '{')
+            throw DataError("is JSON (a Hugging Face index of sharded safetensors?), not a safetensors file: the "
+                            "sharded import is for Llama-family models; for a GPT-2 give one model.safetensors",
+                            {0, from, {}, -1});
+    }
     const auto places = format == WeightFormat::llmc ? llmc_places(m, file, engine) : safetensors_places(m, file, engine);
     std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> matrices;  // by model tensor
     for (const auto& t : tensors(m.spec)) matrices[t.name] = matrix(t);

@@ -126,61 +126,74 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
         if (before) good = std::move(before);
         t.save();
     };
-    for (std::uint64_t s = t.step_count(); s < c.steps; ++s) {
-        // This step's forward pass runs on the committed weights when the
-        // manifest is at the current step.
-        std::optional<shard::Manifest> before;
-        if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
-        const StepLog log = t.step(train);
-        if (std::isfinite(log.loss) && before) good = std::move(before);
-        if (log.overflow) {
-            if (lead) emit(log, std::nullopt);
-            if (!std::isfinite(log.loss)) diverged(t, log, good, committed);
-            // fp32 with no loss scaling: a gradient that is not finite will be
-            // again on the same batch. Stop rather than repeat the step. The
-            // weights before it gave a finite loss: the state before it is whole.
-            t.save();
-            throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
-                            four_places(log.loss) + "): training diverged; " + committed + " is committed at step " +
-                            std::to_string(t.step_count()) +
-                            ", the last step, whose weights gave a finite loss (lower --lr or raise --warmup)");
-        }
-        std::optional<double> val_loss;
-        // (cut short by an interrupt: no validation loss, the stop below)
-        if (c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps))
-            val_loss = t.evaluate(*val, c.eval_batches, c.stop);
-        if (c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps) {
-            t.save();
-            if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
-        }
-        // A failed write of the step line (a closed pipe, a full disk) stops
-        // the run like an interrupt: every rank saves together, then rank 0
-        // reports the write's error.
-        std::exception_ptr output_failed;
-        if (lead) try {
-                emit(log, val_loss);
-            } catch (const Error&) {
-                output_failed = std::current_exception();
+    // A batch that cannot be read (the token file truncated or replaced
+    // under the run, or a failed read): nothing of that step was taken, so
+    // the steps so far are committed as an interrupt commits them, and the
+    // error (65 or 74, naming the file and offset) is reported.
+    try {
+        for (std::uint64_t s = t.step_count(); s < c.steps; ++s) {
+            // This step's forward pass runs on the committed weights when the
+            // manifest is at the current step.
+            std::optional<shard::Manifest> before;
+            if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
+            const StepLog log = t.step(train);
+            if (std::isfinite(log.loss) && before) good = std::move(before);
+            if (log.overflow) {
+                if (lead) emit(log, std::nullopt);
+                if (!std::isfinite(log.loss)) diverged(t, log, good, committed);
+                // fp32 with no loss scaling: a gradient that is not finite will be
+                // again on the same batch. Stop rather than repeat the step. The
+                // weights before it gave a finite loss: the state before it is whole.
+                t.save();
+                throw DataError("step " + std::to_string(log.step) + ": the gradient is not finite (loss " +
+                                four_places(log.loss) + "): training diverged; " + committed + " is committed at step " +
+                                std::to_string(t.step_count()) +
+                                ", the last step, whose weights gave a finite loss (lower --lr or raise --warmup)");
             }
-        // Every rank stops at the same step: agree on the flag.
-        std::uint8_t stop = output_failed ? 2 : (c.stop && c.stop->load()) ? 1 : 0;
-        if (comm.size() > 1)
-            comm.allreduce(std::as_bytes(std::span(&stop, 1)), std::as_writable_bytes(std::span(&stop, 1)),
-                           comm::DType::u8, comm::Reduce::max);
-        if (stop == 2) {
-            t.save();  // the steps taken are not lost with the output
-            if (output_failed) std::rethrow_exception(output_failed);
-            throw IoError("rank 0 could not write its output: stopped at step " + std::to_string(t.step_count()) +
-                          ", committed");
+            std::optional<double> val_loss;
+            // (cut short by an interrupt: no validation loss, the stop below)
+            if (c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps))
+                val_loss = t.evaluate(*val, c.eval_batches, c.stop);
+            if (c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps) {
+                t.save();
+                if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
+            }
+            // A failed write of the step line (a closed pipe, a full disk) stops
+            // the run like an interrupt: every rank saves together, then rank 0
+            // reports the write's error.
+            std::exception_ptr output_failed;
+            if (lead) try {
+                    emit(log, val_loss);
+                } catch (const Error&) {
+                    output_failed = std::current_exception();
+                }
+            // Every rank stops at the same step: agree on the flag.
+            std::uint8_t stop = output_failed ? 2 : (c.stop && c.stop->load()) ? 1 : 0;
+            if (comm.size() > 1)
+                comm.allreduce(std::as_bytes(std::span(&stop, 1)), std::as_writable_bytes(std::span(&stop, 1)),
+                               comm::DType::u8, comm::Reduce::max);
+            if (stop == 2) {
+                t.save();  // the steps taken are not lost with the output
+                if (output_failed) std::rethrow_exception(output_failed);
+                throw IoError("rank 0 could not write its output: stopped at step " + std::to_string(t.step_count()) +
+                              ", committed");
+            }
+            if (stop && log.step < c.steps) {
+                t.save();
+                if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +
+                                    "; continue with --resume");
+                throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
+            }
         }
-        if (stop && log.step < c.steps) {
-            t.save();
-            if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +
-                                "; continue with --resume");
-            throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
-        }
+        save_checked();
+    } catch (const Error&) {
+        if (!t.input_failed()) throw;
+        t.save();
+        if (lead)
+            log::warn("the training data could not be read: checkpoint committed at step " +
+                      std::to_string(t.step_count()) + "; continue with --resume once the data is whole again");
+        throw;
     }
-    save_checked();
 }
 
 }  // namespace zinf::train

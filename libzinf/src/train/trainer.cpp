@@ -52,6 +52,9 @@ struct Trainer::Impl {
     std::vector<zero::Scatter> grad_bucket;
     std::vector<zero::Gather> param_bucket;
     std::vector<std::int32_t> inputs, targets;
+    // A batch could not be read on some rank (the token file changed or
+    // failed under the run): nothing of that step or evaluation was taken.
+    bool input_failed = false;
     std::vector<float> losses;
     io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
 
@@ -382,7 +385,21 @@ double Trainer::Impl::mean_loss() {
 }
 
 void Trainer::Impl::load_batch(const data::Loader& l, std::uint64_t index) {
-    l.batch(index, inputs, targets);
+    // The tokens first, agreed by every rank before anything of the step
+    // runs: a rank whose read failed must not leave the others waiting in a
+    // collective, and run() commits the steps taken (input_failed).
+    std::exception_ptr unread;
+    try {
+        l.batch(index, inputs, targets);
+    } catch (const Error&) {
+        unread = std::current_exception();
+    }
+    if (unread || comm.size() > 1) try {
+            comm::agree(comm, unread, "its batch could not be read; nothing of this step was taken");
+        } catch (...) {
+            input_failed = true;
+            throw;
+        }
     auto& s = dev.compute();
     dev.copy(s, std::as_writable_bytes(acts.inputs.span()), std::as_bytes(std::span(inputs)));
     dev.copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(targets)));
@@ -395,6 +412,7 @@ Trainer::Trainer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engin
 Trainer::~Trainer() = default;
 
 std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
+bool Trainer::input_failed() const { return impl_->input_failed; }
 model::LanguageModel& Trainer::model() { return impl_->gpt; }
 model::ResidentEngine& Trainer::resident_engine() {
     if (!impl_->resident) throw InternalError("Trainer::resident_engine(): the trainer runs the ZeRO-Infinity engine");

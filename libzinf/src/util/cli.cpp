@@ -1,7 +1,9 @@
 #include <zinf/cli.hpp>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cctype>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +20,26 @@ namespace {
 // false with everything, so it never fires). No option means either: every
 // unsigned and floating-point option of every program refuses them here,
 // before the conversion.
+// It saturates a number past 2^64-1 to 2^64-1 as well (--seed
+// 18446744073709551616 was taken as 18446744073709551615): refused, read as
+// strtoull reads it (base 0: decimal, 0x hexadecimal, 0 octal).
 std::string refuse_negative(std::string& text) {
     const auto first = text.find_first_not_of(" \t");
     if (first != std::string::npos && text[first] == '-')
         return "'" + text + "' is negative; this option takes a count or size of 0 or more";
+    if (first == std::string::npos) return {};
+    std::string_view digits = std::string_view(text).substr(first);
+    if (digits.starts_with('+')) digits.remove_prefix(1);
+    int base = 10;
+    if (digits.starts_with("0x") || digits.starts_with("0X")) {
+        base = 16;
+        digits.remove_prefix(2);
+    } else if (digits.size() > 1 && digits.front() == '0') {
+        base = 8;
+    }
+    std::uint64_t v = 0;
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), v, base).ec == std::errc::result_out_of_range)
+        return "'" + text + "' is more than " + std::to_string(UINT64_MAX) + ", the largest number this option takes";
     return {};
 }
 
@@ -97,6 +115,16 @@ int run(CLI::App& app, int argc, char** argv, const std::string& program, const 
         std::fprintf(stderr, "%s: internal error: %s\n", program.c_str(), e.what());
         return exit_code::internal;
     }
+}
+
+CLI::Validator non_negative() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+            return v < 0 ? "'" + text + "' is negative: it must be 0 or more" : std::string();
+        },
+        "NONNEGATIVE");
 }
 
 std::vector<std::uint64_t> parse_sizes(const std::vector<std::string>& items, const std::string& option) {

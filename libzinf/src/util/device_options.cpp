@@ -10,7 +10,11 @@
 namespace zinf::cli {
 
 std::uint64_t device_memory(const std::string& text, std::uint64_t gpu_bytes) {
-    if (text != "auto") return parse_sizes({text}, "--device-memory")[0];
+    if (text != "auto") {
+        const std::uint64_t bytes = parse_sizes({text}, "--device-memory")[0];
+        if (bytes == 0) throw UsageError("--device-memory " + text + ": the device needs a budget (a size, or auto)");
+        return bytes;
+    }
     if (gpu_bytes) return gpu_bytes / 4 * 3;
     const std::uint64_t available = meminfo_bytes("MemAvailable");
     return available ? available / 4 * 3 : 4 * GiB;  // what the kernel lets one mapping take
@@ -22,7 +26,7 @@ void DeviceOptions::add(CLI::App& app) {
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--gpu", gpu, "The GPU (cuda); default: the local rank modulo the GPUs, else 0")
         ->default_str("local rank")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
 }
 
 std::string DeviceOptions::backend() const {
@@ -31,6 +35,7 @@ std::string DeviceOptions::backend() const {
 }
 
 device::Options DeviceOptions::resolve(const std::string& memory, unsigned threads) const {
+    check_thread_count(threads, "--threads");
     device::Options d{.backend = backend(), .threads = threads, .gpu = gpu};
     if (d.backend != "cuda" && gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
     d.memory_bytes = device_memory(memory, d.backend == "cuda" && memory == "auto" ? mem::gpu_info().bytes : 0);

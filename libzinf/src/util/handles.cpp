@@ -1,9 +1,12 @@
 #include <zinf/util.hpp>
 
 #include <cerrno>
+#include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
 #include <filesystem>
+#include <cstdio>
+#include <iostream>
 #include <istream>
 #include <linux/openat2.h>
 #include <poll.h>
@@ -14,6 +17,36 @@
 #include <unistd.h>
 
 namespace zinf {
+
+int open_standard_fds(const char* program) noexcept {
+    for (int fd = 0; fd <= 2; ++fd) {
+        if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        // open(2) takes the lowest free descriptor: this one, as the ones
+        // below it are open. Not a fault site: nothing of the run yet.
+        const int got = ::open("/dev/null", (fd == 0 ? O_RDONLY : O_WRONLY) | O_NOCTTY);  // fault-site: /dev/null
+        if (got == fd) continue;
+        const int err = errno;
+        if (got >= 0) ::close(got);
+        if (::fcntl(2, F_GETFD) != -1) {
+            const std::string msg = std::string(program) + ": descriptor " + std::to_string(fd) +
+                                    " is closed and /dev/null cannot be opened in its place (" +
+                                    std::strerror(got >= 0 ? EBADF : err) + ")\n";
+            [[maybe_unused]] const auto n = ::write(2, msg.data(), msg.size());  // fault-site: stderr
+        }
+        return exit_code::io;
+    }
+    return 0;
+}
+
+void flush_stdout() {
+    // std::cout writes through C's stdout (synced with stdio): its flush,
+    // tried again here, says why a write failed (errno).
+    errno = 0;
+    std::cout.flush();
+    int err = errno;
+    if (std::fflush(stdout) != 0 && !err) err = errno;
+    if (!std::cout || std::ferror(stdout)) throw IoError("writing the output failed", {err ? err : EIO, "stdout", {}, -1});
+}
 
 void fsync_dir(const std::string& dir) {
     const std::string d = dir.empty() ? "." : dir;

@@ -31,6 +31,14 @@ unsigned affinity_cpus() {
     return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
 }
 
+void check_thread_count(unsigned threads, std::string_view option) {
+    const unsigned cpus = std::max(affinity_cpus(), std::thread::hardware_concurrency());
+    if (threads > kThreadsPerCpu * cpus)
+        throw UsageError(std::string(option) + " " + std::to_string(threads) + ": more than " +
+                         std::to_string(kThreadsPerCpu) + " threads per CPU of this machine (" + std::to_string(cpus) +
+                         " CPUs: at most " + std::to_string(kThreadsPerCpu * cpus) + "; 0 picks the count)");
+}
+
 double median(std::vector<double> v) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh --from on a host without a GPU (issue 47, finding 5),
+# in seconds: the script runs in a tree of its own whose Makefile builds
+# nothing and which has no GPU suites, with an nvidia-smi on PATH that finds
+# no driver (as on a GPU host whose driver is gone) and a bundle of no
+# packages. Probe: --from ... --quick on a machine without a GPU ended
+# "4 passed, 0 failed, 8 skipped ... PASS", exit 0, so `gpu-check.sh &&
+# deploy` passed a host whose GPU is missing; a bundle whose MANIFEST lists
+# no packages stopped with exit 1 after "bundle: pass" and wrote no summary
+# (grep | awk under pipefail). Now "no GPU" is its own verdict (exit 3), and
+# the summary is written whatever happens.
+source "$(dirname "$0")/lib.bash"
+G=$TMP/tree
+mkdir -p "$G/scripts" "$G/fakebin" "$TMP/bundle"
+cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/lib.bash" "$G/scripts/"
+printf 'TESTS :=\nall:\n\t@echo nothing to build\nbuild/tests/%%:\n\t@true\n' >"$G/Makefile"
+cat >"$G/fakebin/nvidia-smi" <<'EOF'
+#!/bin/sh
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+exit 9
+EOF
+chmod +x "$G/fakebin/nvidia-smi"
+mkdir "$TMP/empty"
+tar -C "$TMP/empty" -cJf "$TMP/bundle/deps.tar.xz" .
+manifest() { # the bundle's MANIFEST with the package lines given
+  {
+    echo "# zinf GPU-check bundle (a test's)"
+    echo "format 1"
+    printf '%s\n' "$@"
+    echo "archive deps.tar.xz $(stat -c %s "$TMP/bundle/deps.tar.xz") $(sha256sum "$TMP/bundle/deps.tar.xz" | cut -d' ' -f1)"
+  } >"$TMP/bundle/MANIFEST"
+}
+gpu_check() { # OUT [PATH prefix]: gpu-check --from the bundle, its status in $rc
+  PATH="$G/fakebin:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$1" --quick \
+    --cpu-suites none --jobs 1 >"$TMP/gc.out" 2>&1
+  rc=$?
+  err=$(tail -n 5 "$TMP/gc.out")
+}
+three_files() { [[ -s $1/log.txt && -s $1/results.jsonl && -s $1/summary.txt ]]; }
+
+manifest
+gpu_check "$TMP/r0"
+expect_rc 3 "a bundle that lists no packages, no GPU: exit 3 (NO GPU), not 1 after 'bundle: pass'"
+check "…with its three files" three_files "$TMP/r0"
+manifest "package libfoo-dev 1.0 0000"
+gpu_check "$TMP/r1"
+expect_rc 3 "--quick on a host without a GPU: exit 3, not 0, so gpu-check.sh && deploy does not deploy"
+check "…and the summary's verdict says NO GPU, with why" bash -c \
+  'tail -n 1 "$1/summary.txt" | grep -q "0 failed.*: NO GPU (no GPU: nvidia-smi answers: NVIDIA-SMI has failed"' _ "$TMP/r1"
+check "…no step failed" bash -c 'test "$(jq -s "[.[] | select(.status == \"fail\")] | length" "$1/results.jsonl")" = 0' _ "$TMP/r1"
+# A command of the script that fails under set -e (sha256sum, here): the
+# run ends as a failed step, and the summary is there all the same.
+cat >"$G/fakebin/sha256sum" <<'EOF'
+#!/bin/sh
+exit 2
+EOF
+chmod +x "$G/fakebin/sha256sum"
+gpu_check "$TMP/r2"
+check "a run stopped by a failing command exits non-zero (exit $rc), not 3 or 0" bash -c '(($1 != 0 && $1 != 3))' _ "$rc"
+check "…and still writes its three files" three_files "$TMP/r2"
+check "…its verdict FAIL, naming the command" bash -c \
+  'tail -n 1 "$1/summary.txt" | grep -q ": FAIL$" && grep -q "stopped early at line [0-9]*: .*sha256sum" "$1/summary.txt"' _ "$TMP/r2"
+finish
