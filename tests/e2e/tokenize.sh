@@ -29,7 +29,7 @@ for opt in --tokenizer --output --field --val --val-output --sep --no-special --
 done
 if ((${#missing[@]} == 0)); then pass "--help names every option"; else fail "--help names every option" "missing ${missing[*]}"; fi
 
-# --- a small byte-level tokenizer.json: the 256 bytes, a few merges, <|end|>
+# --- a small byte-level tokenizer.json: the 256 bytes, a few merges, <|endoftext|> (264)
 python3 - "$W" <<'EOF'
 import json, sys
 w = sys.argv[1]
@@ -47,7 +47,7 @@ for a, b in merges:
     vocab[enc(a + b)] = len(vocab)
 tok = {
     "version": "1.0", "truncation": None, "padding": None,
-    "added_tokens": [{"id": len(vocab), "content": "<|end|>", "single_word": False, "lstrip": False,
+    "added_tokens": [{"id": len(vocab), "content": "<|endoftext|>", "single_word": False, "lstrip": False,
                       "rstrip": False, "normalized": False, "special": True}],
     "normalizer": None,
     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
@@ -59,20 +59,21 @@ tok = {
 json.dump(tok, open(w + "/toy.json", "w"))
 bad = dict(tok); bad["model"] = dict(tok["model"]); bad["model"]["merges"] = tok["model"]["merges"] + [["q", "zz"]]
 json.dump(bad, open(w + "/bad-merge.json", "w"))
-open(w + "/truncated.json", "w").write(json.dumps(tok)[:5000])
+text = json.dumps(tok)
+open(w + "/truncated.json", "w").write(text[:len(text) // 2])
 EOF
-TOY=$W/toy.json  # 265 ids; <|end|> is 264
+TOY=$W/toy.json  # 265 ids
 
 # --- text in, tokens out, text back
 printf 'the model\n12 models\n\nnaïve café €\n\xff\xfe bytes that are not UTF-8\n' >"$W/a.txt"
-printf 'second document <|end|> with the separator inside' >"$W/b.txt"
+printf 'second document <|endoftext|> with the separator inside' >"$W/b.txt"
 run "$TK" -t "$TOY" -o "$W/ab.bin" "$W/a.txt" "$W/b.txt"
 expect_rc 0 "two text files tokenize"
 check "…summary on stderr: documents, tokens, the rate" has_all "$err" "2 documents" "tokens, version 1" "MB/s"
 check "…nothing on stdout" test -z "$out"
 run "$TK" --decode -t "$TOY" "$W/ab.bin"
 expect_rc 0 "--decode exits 0"
-printf '<|end|>' >"$W/want.txt"; cat "$W/a.txt" >>"$W/want.txt"; printf '<|end|>' >>"$W/want.txt"; cat "$W/b.txt" >>"$W/want.txt"
+printf '<|endoftext|>' >"$W/want.txt"; cat "$W/a.txt" >>"$W/want.txt"; printf '<|endoftext|>' >>"$W/want.txt"; cat "$W/b.txt" >>"$W/want.txt"
 "$TK" --decode -t "$TOY" "$W/ab.bin" -q >"$W/back.txt"
 check "decode(encode(text)) is the text, byte for byte (the separator before each document)" cmp "$W/back.txt" "$W/want.txt"
 "$TK" --decode -t "$TOY" "$W/ab.bin" -o "$W/back2.txt" -q
@@ -105,12 +106,12 @@ check "…the validation file beside the output, a tenth of the tokens" bash -c 
 check "…train and validation together are the whole" bash -c "cat <(tail -c +1025 '$W/train.bin') <(tail -c +1025 '$W/train.val.bin') | cmp - <(tail -c +1025 '$W/whole.bin')"
 
 # --- JSON Lines
-printf '{"text": "the model", "n": 1}\n\n{"text": "caf\\u00e9 <|end|>"}\n' >"$W/docs.jsonl"
+printf '{"text": "the model", "n": 1}\n\n{"text": "caf\\u00e9 <|endoftext|>"}\n' >"$W/docs.jsonl"
 run "$TK" -t "$TOY" -o "$W/docs.bin" --field text --json "$W/docs.jsonl"
 expect_rc 0 "JSON Lines with --field"
 check "…two documents" jq -e '.documents == 2' <<<"$out"
 "$TK" --decode -t "$TOY" "$W/docs.bin" -q >"$W/docs.txt"
-check "…decoded: each document after the separator" test "$(cat "$W/docs.txt")" = "<|end|>the model<|end|>café <|end|>"
+check "…decoded: each document after the separator" test "$(cat "$W/docs.txt")" = "<|endoftext|>the model<|endoftext|>café <|endoftext|>"
 
 # --- refusals, and an existing output left as it was
 cp "$W/docs.bin" "$W/keep.bin"
@@ -181,7 +182,7 @@ check "…naming both sizes" has_all "$err" "265" "260" "toy.json"
 run "$SA" -m "$W/m/manifest.jsonl" --tokenizer "$TOY" --prompt "the model" -n 12 --seed 5 --threads 1 -q "${POOL[@]}"
 expect_rc 0 "zinf-sample --tokenizer tokenizer.json exits 0"
 sampled=$out
-# The same draws as ids (the prompt's tokens from zinf-tokenize), decoded up to <|end|>.
+# The same draws as ids (the prompt's tokens from zinf-tokenize), decoded up to <|endoftext|>.
 printf 'the model' >"$W/prompt.txt"
 "$TK" -t "$TOY" -o "$W/prompt.bin" --sep none -q "$W/prompt.txt"
 "$SA" -m "$W/m/manifest.jsonl" --prompt-tokens "$W/prompt.bin" -n 12 --seed 5 --threads 1 -q "${POOL[@]}" >"$W/ids.txt"
@@ -194,7 +195,7 @@ h = [20240520, 1, len(ids)] + [0] * 253
 open(w + "/ids.bin", "wb").write(struct.pack("<256i", *h) + struct.pack("<%dH" % len(ids), *ids))
 EOF2
 if [[ $(stat -c %s "$W/ids.bin") == 1024 ]]; then
-  check "…nothing before <|end|>, as the ids say" test -z "$sampled"
+  check "…nothing before <|endoftext|>, as the ids say" test -z "$sampled"
 else
   "$TK" --decode -t "$TOY" "$W/ids.bin" -o "$W/ids-text.txt" -q
   check "…its text is the decode of the ids the same draws give" test "$sampled" = "$(cat "$W/ids-text.txt")"
@@ -234,6 +235,7 @@ cmp_ref() { # NAME IMPL JSON SEP BEGIN CORPUS... : zinf-tokenize, decode, then c
 }
 C=$W/corpus.jsonl N=$W/nel.jsonl
 cmp_ref gpt2-gpt-tokenizer gpt-tokenizer "$J/gpt2.json" 50256 "" "$C"
+cmp_ref gpt2-tiktoken tiktoken "$J/gpt2.json" 50256 "" "$C"
 cmp_ref gpt2-hf hf "$J/gpt2.json" 50256 "" "$C"
 cmp_ref llama3-llama3-tokenizer-js llama3-tokenizer-js "$J/llama3.json" 128001 128000 "$C"
 # (Oniguruma's \s, which Hugging Face's Split regexes keep: the NEL documents too)

@@ -26,7 +26,8 @@ if (opt.impl === 'tiktoken') {
   const enc = get_encoding('gpt2');
   encode = (t) => enc.encode_ordinary(t).length;
 } else if (opt.impl === 'hf') {
-  const { Tokenizer } = await import(require.resolve('@huggingface/tokenizers'));
+  // (its CommonJS build is what require finds; the ES module beside it has the class)
+  const { Tokenizer } = await import(path.join(path.dirname(require.resolve('@huggingface/tokenizers')), 'tokenizers.mjs'));
   const tok = new Tokenizer(JSON.parse(fs.readFileSync(opt.json, 'utf8')), {});
   encode = (t) => tok.encode(t, { add_special_tokens: false }).ids.length;
 } else {

@@ -1,5 +1,5 @@
 // Compares zinf's tokens with a reference tokenizer's, token for token:
-//   node compare.mjs --impl gpt-tokenizer|llama3-tokenizer-js|hf [--json TOKENIZER.json]
+//   node compare.mjs --impl gpt-tokenizer|tiktoken|llama3-tokenizer-js|hf [--json TOKENIZER.json]
 //        --ours TOKENS.bin --sep ID [--begin ID] [--text DECODED] CORPUS.jsonl...
 // The reference encodes each document ("text" of each record, in order); the
 // stream it must equal is, per document, the separator, the begin ids, the
@@ -28,19 +28,48 @@ const begin = opt.begin !== undefined ? [Number(opt.begin)] : [];
 let encodeDoc, decodeIds;
 if (opt.impl === 'gpt-tokenizer') {
   const g = await import(require.resolve('gpt-tokenizer/encoding/r50k_base'));
-  encodeDoc = (t) => g.encode(t, { allowedSpecial: 'all' });
+  // gpt-tokenizer 4.0.0 finds a special token only at the start of the text
+  // (its search adds the start offset twice): the text is split at
+  // <|endoftext|> here, as tiktoken's encode(allowed_special='all') splits
+  // it, and gpt-tokenizer encodes every piece between.
+  encodeDoc = (t) => t.split('<|endoftext|>').flatMap((piece, i) => [...(i ? [50256] : []), ...g.encode(piece)]);
   decodeIds = (ids) => g.decode(ids);
+} else if (opt.impl === 'tiktoken') {
+  const { get_encoding } = require('tiktoken');
+  const enc = get_encoding('gpt2');
+  encodeDoc = (t) => Array.from(enc.encode(t, 'all'));
+  decodeIds = (ids) => new TextDecoder().decode(enc.decode(new Uint32Array(ids)));
 } else if (opt.impl === 'llama3-tokenizer-js') {
   const l3 = (await import(require.resolve('llama3-tokenizer-js'))).default;
   encodeDoc = (t) => l3.encode(t, { bos: false, eos: false });
   decodeIds = (ids) => l3.decode(ids);
 } else if (opt.impl === 'hf') {
-  const { Tokenizer } = await import(require.resolve('@huggingface/tokenizers'));
-  const tok = new Tokenizer(JSON.parse(fs.readFileSync(opt.json, 'utf8')), { clean_up_tokenization_spaces: false });
+  // Two places where @huggingface/tokenizers 0.2.0 (JavaScript) departs from
+  // the Rust library whose files these are, put back as Rust has them:
+  // - its Digits takes JavaScript's \d, ASCII only, where Rust's splits on
+  //   char::is_numeric (Unicode's N: ٨, ½, Ⅻ): given here as the Split Rust's
+  //   Digits is (each number character isolated, or runs of them);
+  // - its TextDecoder drops a U+FEFF that begins a run of <0x..> bytes, where
+  //   Rust's String::from_utf8 keeps it: decoding here keeps it.
+  const Decoder = globalThis.TextDecoder;
+  globalThis.TextDecoder = class extends Decoder {
+    constructor(label, options) { super(label, { ...options, ignoreBOM: true }); }
+  };
+  const digitsAsRust = (p) => {
+    if (!p) return p;
+    if (p.type === 'Sequence') return { ...p, pretokenizers: p.pretokenizers.map(digitsAsRust) };
+    if (p.type !== 'Digits') return p;
+    return { type: 'Split', pattern: { Regex: p.individual_digits ? '\\p{N}' : '\\p{N}+' }, behavior: 'Isolated', invert: false };
+  };
+  // (its CommonJS build is what require finds; the ES module beside it has the class)
+  const { Tokenizer } = await import(path.join(path.dirname(require.resolve('@huggingface/tokenizers')), 'tokenizers.mjs'));
+  const json = JSON.parse(fs.readFileSync(opt.json, 'utf8'));
+  json.pre_tokenizer = digitsAsRust(json.pre_tokenizer);
+  const tok = new Tokenizer(json, { clean_up_tokenization_spaces: false });
   encodeDoc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
   decodeIds = (ids) => tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
 } else {
-  console.error(`compare.mjs: --impl ${opt.impl}: gpt-tokenizer, llama3-tokenizer-js or hf`);
+  console.error(`compare.mjs: --impl ${opt.impl}: gpt-tokenizer, tiktoken, llama3-tokenizer-js or hf`);
   process.exit(64);
 }
 
