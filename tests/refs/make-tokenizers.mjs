@@ -9,8 +9,8 @@
 //                     (taken from Meta's tokenizer.json) with that file's
 //                     Split regex, ignore_merges, its 256 special tokens and
 //                     <|begin_of_text|> put first by TemplateProcessing.
-//   qwen2-style.json  Llama 3's vocabulary behind Qwen2's pipeline: NFC, its
-//                     regex (single digits), no ignore_merges, no template.
+//   qwen2-style.json  GPT-2's vocabulary behind Qwen2's pipeline: NFC, its
+//                     regex (single digits), <|im_start|> and <|im_end|>.
 //   smollm-style.json GPT-2's vocabulary behind SmolLM's pipeline: Digits
 //                     (individual) then ByteLevel.
 //   llama2-style.json GPT-2's vocabulary made character-level (the tokens
@@ -144,13 +144,22 @@ const llama3 = {
 };
 write('llama3.json', llama3);
 
+// Qwen2's pipeline over GPT-2's smaller vocabulary (a third of the bytes to
+// read, twice, in every test run): NFC, its regex, no template.
 const qwen2Regex = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-const qwen2 = structuredClone(llama3);
+const qwen2 = structuredClone(gpt2);
 qwen2.normalizer = { type: 'NFC' };
-qwen2.pre_tokenizer.pretokenizers[0].pattern.Regex = qwen2Regex;
+qwen2.pre_tokenizer = {
+  type: 'Sequence',
+  pretokenizers: [
+    { type: 'Split', pattern: { Regex: qwen2Regex }, behavior: 'Isolated', invert: false },
+    { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: false },
+  ],
+};
 qwen2.post_processor = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: false };
 qwen2.decoder = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: false };
-qwen2.model.ignore_merges = false;
+qwen2.added_tokens = [special(eot, '<|endoftext|>'), special(eot + 1, '<|im_start|>'), special(eot + 2, '<|im_end|>')];
+qwen2.model.vocab = { ...gptVocab, '<|endoftext|>': eot };
 write('qwen2-style.json', qwen2);
 
 // --- a Llama 2 pipeline over GPT-2's tokens, character-level ---------------------

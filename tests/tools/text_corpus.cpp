@@ -126,7 +126,7 @@ std::string scripts_doc(Gen& g, std::size_t first, std::size_t count) {
     for (std::size_t k = first; k < first + count && k < g.names.size(); ++k) {
         const auto& pool = g.by_script[k];
         if (pool.empty()) continue;
-        for (int w = 0; w < 40; ++w) {
+        for (int w = 0; w < 24; ++w) {
             if (g.chance(0.1)) s += latin_word(g);
             else if (g.chance(0.05)) s += std::to_string(g.pick(100000));
             else s += g.chars(pool, 1 + g.pick(8));

@@ -280,6 +280,20 @@ BOOST_AUTO_TEST_CASE(split_behaviors) {
     BOOST_TEST(digits->encode("x12") == ids({'x', '1', '2'}));
     const auto runs = make(byte_level({{"1", "2"}}, {{"type", "Digits"}, {"individual_digits", false}}));
     BOOST_TEST(runs->encode("x12") == ids({'x', 256}));
+    // Every Unicode number, as Rust's char::is_numeric: Arabic-Indic ٨ (Nd) and ½ (No). A merge
+    // across the edge ("a" with the first byte) shows whether it was split off.
+    const Json digits_then_bytes = {
+        {"type", "Sequence"},
+        {"pretokenizers", Json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+    const std::vector<std::pair<std::string, std::string>> across = {
+        {"a", "\xD9"}, {"\xD9", "\xA8"}, {"a", "\xC2"}, {"\xC2", "\xBD"}};
+    const auto numeric = make(byte_level(across, digits_then_bytes));
+    BOOST_TEST(numeric->encode("a\xD9\xA8") == ids({'a', 257}));
+    BOOST_TEST(numeric->encode("a\xC2\xBD") == ids({'a', 259}));
+    // (without Digits the merge across the edge is made)
+    const auto bytes_alone = make(byte_level(across, {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}));
+    BOOST_TEST(bytes_alone->encode("a\xD9\xA8") == ids({256, 0xA8}));
 }
 
 BOOST_AUTO_TEST_CASE(post_processor_ids_and_end_of_text) {

@@ -5,25 +5,51 @@
 #include "hf.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <queue>
 
 namespace zinf::text::hf {
 
-const std::vector<Id>* BpeCache::get(std::string_view word) const {
-    const auto it = map_.find(word);
-    return it == map_.end() ? nullptr : &it->second;
+BpeCache::BpeCache(std::size_t max_bytes) : max_bytes_(max_bytes) {
+    // A slot per 64 bytes of the budget: about half full when the arenas are.
+    std::size_t n = 1024;
+    while (n * 64 < max_bytes_) n <<= 1;
+    slots_.resize(n);
 }
 
-void BpeCache::put(std::string_view word, const std::vector<Id>& ids) {
-    // Cleared whole when full: what a cache holds changes no result, and a
-    // corpus's frequent words come back at once.
-    const std::size_t cost = word.size() + ids.size() * sizeof(Id) + 64;
-    if (bytes_ + cost > max_bytes_) {
-        map_.clear();
-        bytes_ = 0;
+std::uint64_t BpeCache::hash(std::string_view word) {
+    return xxh3(std::as_bytes(std::span(word.data(), word.size())));
+}
+
+void BpeCache::clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    used_ = 0;
+}
+
+std::span<const Id> BpeCache::get(std::string_view word, std::uint64_t h) const {
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.key_len == 0) return {};
+        if (s.hash == h && s.key_len == word.size() && std::memcmp(keys_.data() + s.key, word.data(), word.size()) == 0)
+            return {ids_.data() + s.ids, s.ids_len};
     }
-    map_.emplace(std::string(word), ids);
-    bytes_ += cost;
+}
+
+void BpeCache::put(std::string_view word, std::uint64_t h, std::span<const Id> ids) {
+    if (word.empty() || word.size() > max_bytes_ / 64) return;  // (a huge piece is not worth keeping)
+    if ((used_ + 1) * 2 > slots_.size() || keys_.size() + word.size() + (ids_.size() + ids.size()) * sizeof(Id) > max_bytes_)
+        clear();
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = h & mask;
+    while (slots_[i].key_len != 0) i = (i + 1) & mask;
+    slots_[i] = {h, static_cast<std::uint32_t>(keys_.size()), static_cast<std::uint32_t>(word.size()),
+                 static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint32_t>(ids.size())};
+    keys_.append(word);
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
+    ++used_;
 }
 
 namespace {
@@ -134,8 +160,9 @@ void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vect
             return;
         }
     }
-    if (const std::vector<Id>* hit = cache.get(piece)) {
-        out.insert(out.end(), hit->begin(), hit->end());
+    const std::uint64_t h = BpeCache::hash(piece);
+    if (const auto hit = cache.get(piece, h); !hit.empty()) {
+        out.insert(out.end(), hit.begin(), hit.end());
         return;
     }
     sym.clear();
@@ -193,7 +220,7 @@ void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vect
     if (sym.size() <= 128) merge_short(m, sym);
     else merge_long(m, sym);
     out.insert(out.end(), sym.begin(), sym.end());
-    cache.put(piece, sym);
+    cache.put(piece, h, sym);
 }
 
 }  // namespace zinf::text::hf

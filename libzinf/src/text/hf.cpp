@@ -137,7 +137,12 @@ private:
 // One thread's encoding state: the BPE cache and the buffers each call reuses.
 class HfEncoder final : public Encoder {
 public:
-    HfEncoder(const Pipeline& p, std::uint64_t cache_bytes) : p_(p), cache_(cache_bytes) {}
+    HfEncoder(const Pipeline& p, std::uint64_t cache_bytes) : p_(p), cache_(cache_bytes) {
+        // One Split that isolates (GPT-2's ByteLevel, Llama 3's and Qwen2's
+        // Split): its pieces go to the model as the regex finds them.
+        if (p_.steps.size() == 1)
+            if (const auto* sp = std::get_if<Split>(&p_.steps[0]); sp && sp->behavior == Behavior::isolated) one_split_ = sp;
+    }
     std::size_t encode(std::string_view text, std::size_t end, Part part, std::vector<Id>& ids) override;
 
 private:
@@ -156,9 +161,17 @@ private:
     bool pre_tokenize(std::size_t begin, std::size_t end, std::size_t cut, bool open_end, bool split_start, bool first);
     bool split_step(const Split& s, bool open_end);
     void model(std::vector<Id>& ids);
+    void piece(std::string_view piece, std::vector<Id>& ids);
+    bool split_and_encode(std::string_view subject, std::size_t cut, bool open_end, std::vector<Id>& ids);
 
+    struct El {
+        std::uint32_t a, b;
+        bool match;
+    };
     const Pipeline& p_;
     BpeCache cache_;
+    std::vector<El> els_, out_;  // a split's elements, kept or joined
+    const Split* one_split_ = nullptr;
     Regex::Scratch scratch_;
     std::string work_, scratch_text_, piece_text_;
     std::vector<Piece> pieces_, next_;
@@ -226,11 +239,8 @@ bool HfEncoder::split_step(const Split& s, bool open_end) {
         matches_.clear();
         const std::size_t frontier = s.regex->find_all(subject, open, scratch_, matches_);
         // The elements: (start, end, is_match), before `frontier`.
-        struct El {
-            std::uint32_t a, b;
-            bool match;
-        };
-        std::vector<El> els;
+        std::vector<El>& els = els_;
+        els.clear();
         std::uint32_t prev = 0;
         for (const auto& [a, b] : matches_) {
             if (a > prev) els.push_back({prev, a, false});
@@ -255,14 +265,15 @@ bool HfEncoder::split_step(const Split& s, bool open_end) {
         }
         if (s.invert)
             for (El& e : els) e.match = !e.match;
-        // Hugging Face's behaviors, over the decided elements.
-        std::vector<El> out;
+        // Hugging Face's behaviors, over the decided elements (Isolated: as they are).
+        std::vector<El>& out = s.behavior == Behavior::isolated ? els_ : out_;
+        out_.clear();
         switch (s.behavior) {
         case Behavior::removed:
             for (const El& e : els)
                 if (!e.match) out.push_back(e);
             break;
-        case Behavior::isolated: out = els; break;
+        case Behavior::isolated: break;
         case Behavior::merged_with_previous: {
             bool prev_match = false;
             for (const El& e : els) {
@@ -341,24 +352,62 @@ bool HfEncoder::pre_tokenize(std::size_t begin, std::size_t end, std::size_t cut
     return !straddling;
 }
 
-void HfEncoder::model(std::vector<Id>& ids) {
-    for (const Piece& pc : pieces_) {
-        std::string_view piece(work_.data() + pc.start, pc.end - pc.start);
-        if (!p_.metaspace.empty()) {
-            // Metaspace's spaces, replaced in the pieces it split on them.
-            piece_text_.clear();
-            for (char c : piece) {
-                if (c == ' ') piece_text_ += p_.metaspace;
-                else piece_text_ += c;
-            }
-            piece = piece_text_;
+void HfEncoder::piece(std::string_view piece, std::vector<Id>& ids) {
+    if (!p_.metaspace.empty()) {
+        // Metaspace's spaces, replaced in the pieces it split on them.
+        piece_text_.clear();
+        for (char c : piece) {
+            if (c == ' ') piece_text_ += p_.metaspace;
+            else piece_text_ += c;
         }
-        bpe_encode(p_.bpe, piece, cache_, ids, sym_);
+        piece = piece_text_;
     }
+    bpe_encode(p_.bpe, piece, cache_, ids, sym_);
+}
+
+void HfEncoder::model(std::vector<Id>& ids) {
+    for (const Piece& pc : pieces_) piece(std::string_view(work_.data() + pc.start, pc.end - pc.start), ids);
+}
+
+// The one isolating Split, streamed: each match and each gap between is a
+// piece, encoded as found. With a cut, the pieces before it; false when one
+// runs across it or the scan stopped undecided before it (split_step's rule).
+bool HfEncoder::split_and_encode(std::string_view subject, std::size_t cut, bool open_end, std::vector<Id>& ids) {
+    const Regex& re = *one_split_->regex;
+    const std::size_t n = subject.size();
+    enum { go, stop, unclean };
+    auto emit = [&](std::size_t a, std::size_t b) {
+        if (a == b) return go;
+        if (cut != std::string::npos) {
+            if (a >= cut) return stop;  // the next part's
+            if (b > cut) return unclean;
+        }
+        piece(subject.substr(a, b - a), ids);
+        return go;
+    };
+    std::size_t pos = 0, prev = 0;
+    std::pair<std::size_t, std::size_t> m;
+    while (pos <= n) {
+        const Regex::Next r = re.next(subject, pos, open_end, scratch_, m);
+        if (r == Regex::Next::none) break;
+        if (r == Regex::Next::partial) return cut != std::string::npos && prev >= cut;  // (open_end: a cut)
+        for (const auto e : {emit(prev, m.first), emit(m.first, m.second)}) {
+            if (e == unclean) return false;
+            if (e == stop) return true;
+        }
+        prev = m.second;
+        pos = Regex::after(subject, m);
+    }
+    // No match starts after prev: under open_end, the gap from there runs past the subject.
+    if (open_end) return prev >= cut;
+    return emit(prev, n) != unclean;
 }
 
 bool HfEncoder::text_segment(std::string_view seg, std::size_t cut, bool open_end, bool split_start, bool first,
                              std::vector<Id>& ids) {
+    // Nothing to normalize, one split: straight from the text.
+    if (one_split_ && p_.normalizers.empty() && p_.normalized_added.empty())
+        return split_and_encode(seg, cut, open_end, ids);
     work_.clear();
     std::size_t wcut = std::string::npos;
     if (cut == std::string::npos) {
@@ -371,6 +420,7 @@ bool HfEncoder::text_segment(std::string_view seg, std::size_t cut, bool open_en
     }
     const std::size_t text_end = work_.size();
     if (p_.normalized_added.empty()) {
+        if (one_split_) return split_and_encode(std::string_view(work_.data(), text_end), wcut, open_end, ids);
         if (!pre_tokenize(0, text_end, wcut, open_end, split_start, first)) return false;
         model(ids);
         return true;

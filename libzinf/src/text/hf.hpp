@@ -113,16 +113,27 @@ struct Bpe {
     std::size_t merge_count = 0;
 };
 
-// One thread's BPE state: the words seen and their ids.
+// One thread's BPE state: the words seen and their ids, in one open
+// addressing table over two arenas (the words' bytes, their ids), emptied
+// whole when full: what it holds changes no result.
 class BpeCache {
 public:
-    explicit BpeCache(std::size_t max_bytes = 16 * MiB) : max_bytes_(max_bytes) {}
-    const std::vector<Id>* get(std::string_view word) const;
-    void put(std::string_view word, const std::vector<Id>& ids);
+    explicit BpeCache(std::size_t max_bytes = 16 * MiB);
+    // The ids of `word`, or an empty span when it is not held.
+    std::span<const Id> get(std::string_view word, std::uint64_t hash) const;
+    void put(std::string_view word, std::uint64_t hash, std::span<const Id> ids);
+    static std::uint64_t hash(std::string_view word);
 
 private:
-    std::unordered_map<std::string, std::vector<Id>, StringHash, std::equal_to<>> map_;
-    std::size_t bytes_ = 0, max_bytes_;
+    struct Slot {
+        std::uint64_t hash = 0;
+        std::uint32_t key = 0, key_len = 0, ids = 0, ids_len = 0;  // into the arenas; key_len 0: empty
+    };
+    void clear();
+    std::vector<Slot> slots_;
+    std::string keys_;
+    std::vector<Id> ids_;
+    std::size_t used_ = 0, max_bytes_;
 };
 
 // Appends the ids of one piece (a pre-tokenizer's output) to `out`.

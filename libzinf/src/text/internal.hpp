@@ -90,6 +90,15 @@ public:
     std::size_t find_all(std::string_view subject, bool open_end, Scratch& scratch,
                          std::vector<std::pair<std::uint32_t, std::uint32_t>>& matches) const;
 
+    // One step of find_all: the first match at or after `from`, as (start,
+    // end) in `match`. Returns found, none, or (open_end) partial: a match
+    // there might need what follows the subject, and the scan stops.
+    enum class Next { found, none, partial };
+    Next next(std::string_view subject, std::size_t from, bool open_end, Scratch& scratch,
+              std::pair<std::size_t, std::size_t>& match) const;
+    // Where the scan goes after `match`: its end, or a character on after an empty one.
+    static std::size_t after(std::string_view subject, std::pair<std::size_t, std::size_t> match);
+
 private:
     Regex() = default;
     struct Impl;

@@ -206,39 +206,49 @@ std::shared_ptr<const Regex> Regex::compile(const std::string& pattern, const st
     return r;
 }
 
-std::size_t Regex::find_all(std::string_view subject, bool open_end, Scratch& scratch,
-                            std::vector<std::pair<std::uint32_t, std::uint32_t>>& matches) const {
+Regex::Next Regex::next(std::string_view subject, std::size_t from, bool open_end, Scratch& scratch,
+                        std::pair<std::size_t, std::size_t>& match) const {
     const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
     const std::size_t n = subject.size();
     Scratch::Impl& x = *scratch.impl;
     const std::uint32_t options = open_end ? PCRE2_PARTIAL_HARD : 0;
-    std::size_t pos = 0, last_end = 0;
-    while (pos <= n) {
-        int rc = impl_->jit ? pcre2_jit_match(impl_->code, s, n, pos, options, x.md, x.mc)
-                            : pcre2_match(impl_->code, s, n, pos, options, x.md, x.mc);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // the interpreter keeps its backtracking on the heap
-            rc = pcre2_match(impl_->code, s, n, pos, options | PCRE2_NO_JIT, x.md, x.mc);
-        if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc == PCRE2_ERROR_PARTIAL) return last_end;
-        if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            throw DataError(std::string("the pre-tokenizer's regex failed at byte ") + std::to_string(pos) + " of a " +
-                            std::to_string(n) + "-byte piece: " + reinterpret_cast<const char*>(msg));
-        }
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(x.md);
-        const std::size_t a = ov[0], b = ov[1];
-        matches.emplace_back(static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(b));
-        last_end = b;
-        if (b > a) {
-            pos = b;
-        } else {  // an empty match: search again a character later
-            if (a >= n) break;
-            const std::size_t len = utf8_char(subject, a);
-            pos = a + (len ? len : 1);
-        }
+    int rc = impl_->jit ? pcre2_jit_match(impl_->code, s, n, from, options, x.md, x.mc)
+                        : pcre2_match(impl_->code, s, n, from, options, x.md, x.mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // the interpreter keeps its backtracking on the heap
+        rc = pcre2_match(impl_->code, s, n, from, options | PCRE2_NO_JIT, x.md, x.mc);
+    if (rc == PCRE2_ERROR_NOMATCH) return Next::none;
+    if (rc == PCRE2_ERROR_PARTIAL) return Next::partial;
+    if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        throw DataError(std::string("the pre-tokenizer's regex failed at byte ") + std::to_string(from) + " of a " +
+                        std::to_string(n) + "-byte piece: " + reinterpret_cast<const char*>(msg));
     }
-    return open_end ? last_end : n;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(x.md);
+    match = {ov[0], ov[1]};
+    return Next::found;
+}
+
+std::size_t Regex::after(std::string_view subject, std::pair<std::size_t, std::size_t> m) {
+    if (m.second > m.first) return m.second;
+    if (m.first >= subject.size()) return subject.size() + 1;  // the end: no more
+    const std::size_t len = utf8_char(subject, m.first);
+    return m.first + (len ? len : 1);
+}
+
+std::size_t Regex::find_all(std::string_view subject, bool open_end, Scratch& scratch,
+                            std::vector<std::pair<std::uint32_t, std::uint32_t>>& matches) const {
+    std::size_t pos = 0, last_end = 0;
+    std::pair<std::size_t, std::size_t> m;
+    while (pos <= subject.size()) {
+        const Next r = next(subject, pos, open_end, scratch, m);
+        if (r == Next::none) break;
+        if (r == Next::partial) return last_end;
+        matches.emplace_back(static_cast<std::uint32_t>(m.first), static_cast<std::uint32_t>(m.second));
+        last_end = m.second;
+        pos = after(subject, m);
+    }
+    return open_end ? last_end : subject.size();
 }
 
 }  // namespace zinf::text

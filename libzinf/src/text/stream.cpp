@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -84,15 +85,64 @@ bool encode_part(Encoder& e, const Tokenizer& t, const TokenizeOptions& o, std::
     return true;
 }
 
+// The open document's text not yet in a unit: read into at the end (never
+// zero-filled first), taken from the front, moved back to the start only
+// when the front has passed half of it.
+class Pending {
+public:
+    std::string_view view() const { return {buf_.get() + begin_, end_ - begin_}; }
+    std::size_t size() const { return end_ - begin_; }
+    void clear() { begin_ = end_ = 0; }
+    void drop(std::size_t n) {
+        begin_ += n;
+        if (begin_ == end_) clear();
+    }
+    void assign(std::string_view s) {
+        clear();
+        std::memcpy(room(s.size()), s.data(), s.size());
+        end_ += s.size();
+    }
+    // Where `n` more bytes go; grow(n) once they are there.
+    char* room(std::size_t n) {
+        if (begin_ > 0 && (begin_ * 2 >= cap_ || end_ + n > cap_)) {
+            std::memmove(buf_.get(), buf_.get() + begin_, end_ - begin_);
+            end_ -= begin_;
+            begin_ = 0;
+        }
+        if (end_ + n > cap_) {
+            const std::size_t cap = std::max(cap_ * 2, end_ + n);
+            std::unique_ptr<char[]> b(new char[cap]);
+            std::memcpy(b.get(), buf_.get() + begin_, end_ - begin_);
+            end_ -= begin_;
+            begin_ = 0;
+            buf_ = std::move(b);
+            cap_ = cap;
+        }
+        return buf_.get() + end_;
+    }
+    void grow(std::size_t n) { end_ += n; }
+
+private:
+    std::unique_ptr<char[]> buf_;
+    std::size_t cap_ = 0, begin_ = 0, end_ = 0;
+};
+
 // Reads the inputs and cuts them into units.
 class Reader {
 public:
     Reader(const Tokenizer& t, const TokenizeOptions& o, std::size_t unit_bytes)
         : t_(t), o_(o), unit_bytes_(unit_bytes), doc_limit_(std::max<std::uint64_t>(o.memory_bytes / 4, 64 * KiB)) {}
 
-    // The next unit, or false at the end of the inputs.
+    // The next unit, or false at the end of the inputs (its buffers kept).
     bool next(Unit& u) {
-        u = Unit{};
+        u.text.clear();
+        u.parts.clear();
+        u.ids.clear();
+        u.part_end.clear();
+        u.input_bytes = 0;
+        u.last_unclean = false;
+        u.error = nullptr;
+        u.done = false;
         while (u.text.size() < unit_bytes_) {
             if (!doc_open_ && !open_document()) break;
             if (!fill(u)) continue;  // the document ended, more may fit
@@ -143,7 +193,7 @@ private:
                                     ", not a string",
                                 {0, path_, {}, -1});
             start_document(where);
-            pending_ = it->get<std::string>();
+            pending_.assign(it->get_ref<const std::string&>());
             doc_done_reading_ = true;
             return true;
         }
@@ -161,14 +211,13 @@ private:
 
     // Reads more of a text file's document into pending_; false at its end.
     bool read_more() {
-        const std::size_t at = pending_.size();
-        pending_.resize(at + kReadBlock);
+        char* to = pending_.room(kReadBlock);
         long n;
         do {
-            n = sys::read(fd_.get(), pending_.data() + at, kReadBlock, path_);
+            n = sys::read(fd_.get(), to, kReadBlock, path_);
         } while (n < 0 && errno == EINTR);
         if (n < 0) throw_errno("read", errno, path_);
-        pending_.resize(at + static_cast<std::size_t>(n));
+        pending_.grow(static_cast<std::size_t>(n));
         input_bytes_ += static_cast<std::uint64_t>(n);
         return n > 0;
     }
@@ -203,7 +252,7 @@ private:
     // Whether the document may be cut at p: after a newline that a
     // non-space follows (a byte that is not UTF-8 is no space).
     bool cut_at(std::size_t p) const {
-        const std::string_view s(pending_);
+        const std::string_view s = pending_.view();
         if (p == 0 || p >= s.size() || s[p - 1] != '\n') return false;
         const std::size_t n = utf8_char(s, p);
         return n == 0 || !is_white_space(utf8_decode(s, p, n));
@@ -215,7 +264,8 @@ private:
         return std::string::npos;
     }
     std::size_t first_cut(std::size_t from) const {
-        for (std::size_t nl = pending_.find('\n', from); nl != std::string::npos; nl = pending_.find('\n', nl + 1))
+        const std::string_view s = pending_.view();
+        for (std::size_t nl = s.find('\n', from); nl != std::string::npos; nl = s.find('\n', nl + 1))
             if (cut_at(nl + 1)) return nl + 1;
         return std::string::npos;
     }
@@ -230,15 +280,14 @@ private:
         p.source = doc_source_;
         p.doc_offset = doc_offset_;
         if (p.starts && !ends) ++cut_documents_;
-        u.text.append(pending_, 0, size + look);
+        u.text.append(pending_.view().substr(0, size + look));
         u.parts.push_back(std::move(p));
-        pending_.erase(0, size);
+        pending_.drop(size);
         doc_offset_ += size;
         doc_started_ = true;
         if (ends) {
             doc_open_ = false;
             pending_.clear();
-            if (pending_.capacity() > 2 * unit_bytes_) pending_.shrink_to_fit();
         }
     }
 
@@ -304,7 +353,8 @@ private:
     std::size_t buf_at_ = 0;
     // The open document:
     bool doc_open_ = false, doc_started_ = false, doc_done_reading_ = false;
-    std::string doc_source_, pending_;
+    std::string doc_source_;
+    Pending pending_;
     std::uint64_t doc_offset_ = 0;
     std::uint64_t documents_ = 0, cut_documents_ = 0, input_bytes_ = 0;
 };
@@ -351,6 +401,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
                 todo.pop_front();
             }
             try {
+                u->ids.reserve(u->text.size() / 3 + 4 * u->parts.size());  // (about a token per 4 bytes)
                 for (std::size_t i = 0; i < u->parts.size(); ++i) {
                     const DocPart& p = u->parts[i];
                     const std::string_view text(u->text.data() + p.offset, p.size + p.look);
@@ -382,6 +433,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     try {
         auto own = t.encoder(cache_bytes);  // for the parts encoded again
         std::deque<std::shared_ptr<Unit>> inflight;
+        std::vector<std::shared_ptr<Unit>> spare;
         std::size_t inflight_bytes = 0;
         bool more = true;
         // A part whose cut was not clean, waiting to be joined to what follows.
@@ -393,7 +445,14 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
         for (;;) {
             if (o.stop && o.stop->load()) throw Interrupted("interrupted: nothing was written", {0, o.output, {}, -1});
             while (more && inflight.size() < window_units && (inflight.empty() || inflight_bytes < window_bytes)) {
-                auto u = std::make_shared<Unit>();
+                // A unit written already, its buffers grown: no new pages to fault in.
+                std::shared_ptr<Unit> u;
+                if (!spare.empty()) {
+                    u = std::move(spare.back());
+                    spare.pop_back();
+                } else {
+                    u = std::make_shared<Unit>();
+                }
                 const std::uint64_t before = reader.input_bytes();
                 if (!reader.next(*u)) {
                     more = false;
@@ -455,6 +514,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
             }
             input_done += u->input_bytes;
             if (o.progress) o.progress(input_done, out.count());
+            spare.push_back(std::move(u));
         }
         if (carrying) throw InternalError("a document's last part was left unencoded");
         stop_pool();
