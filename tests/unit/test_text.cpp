@@ -100,6 +100,20 @@ std::vector<Id> token_file(const std::string& path) {
 
 }  // namespace
 
+// The DataError (65) opening `path` is refused with, checked to say `what`.
+std::optional<DataError> refusal(const std::string& path, const std::string& what) {
+    try {
+        text::open(path);
+        BOOST_ERROR(what << ": accepted");
+    } catch (const DataError& e) {
+        BOOST_TEST_MESSAGE(e.what());
+        BOOST_TEST(contains(e.what(), what), e.what());
+        BOOST_TEST(e.exit_code() == 65);
+        return e;
+    }
+    return std::nullopt;
+}
+
 BOOST_AUTO_TEST_SUITE(unicode)
 
 BOOST_AUTO_TEST_CASE(byte_alphabet_is_gpt2s) {
@@ -431,15 +445,7 @@ void refused(const std::string& json, const std::string& what) {
     TempDir d;
     const std::string path = d.file("tokenizer.json");
     std::ofstream(path, std::ios::binary) << json;
-    try {
-        text::open(path);
-        BOOST_ERROR(what << ": accepted");
-    } catch (const DataError& e) {
-        BOOST_TEST_MESSAGE(e.what());
-        BOOST_TEST(contains(e.what(), what), e.what());
-        BOOST_TEST(contains(e.what(), path), e.what());
-        BOOST_TEST(e.exit_code() == 65);
-    }
+    if (const auto e = refusal(path, what)) BOOST_TEST(contains(e->what(), path), e->what());
 }
 
 BOOST_AUTO_TEST_CASE(refusals_name_the_file_and_the_fault) {
@@ -556,6 +562,18 @@ std::unique_ptr<text::Tokenizer> tok() {
     return make(byte_level(some_merges(), nullptr, Json::array({added_token(265, "<|end|>")})));
 }
 
+// A corpus from a seed in a.txt of a folder of its own, and tok().
+struct Written {
+    TempDir d;
+    std::unique_ptr<text::Tokenizer> t = tok();
+    std::string text, path = d.file("a.txt");
+    Written(const char* what, std::size_t bytes) {
+        std::mt19937_64 rng(seed(what));
+        text = corpus(rng, bytes);
+        std::ofstream(path, std::ios::binary) << text;
+    }
+};
+
 text::TokenizeOptions options(const std::string& out, std::vector<std::string> inputs) {
     text::TokenizeOptions o;
     o.inputs = std::move(inputs);
@@ -637,18 +655,15 @@ BOOST_AUTO_TEST_CASE(json_lines_and_their_faults) {
 }
 
 BOOST_AUTO_TEST_CASE(held_out_split_and_failures_leave_the_old_files) {
-    TempDir d;
-    std::mt19937_64 rng(seed("held out"));
-    const auto t = tok();
-    const std::string a = corpus(rng, 50000);
-    std::ofstream(d.file("a.txt"), std::ios::binary) << a;
-    auto o = options(d.file("all.bin"), {d.file("a.txt")});
-    text::tokenize_files(*t, o);
+    Written w("held out", 50000);
+    const auto& d = w.d;
+    auto o = options(d.file("all.bin"), {w.path});
+    text::tokenize_files(*w.t, o);
     const auto all = token_file(o.output);
     o.output = d.file("train.bin");
     o.val_fraction = 0.1;
     o.val_output = d.file("val.bin");
-    const auto s = text::tokenize_files(*t, o);
+    const auto s = text::tokenize_files(*w.t, o);
     const auto train = token_file(o.output), val = token_file(o.val_output);
     BOOST_TEST(val.size() == data::val_count(all.size(), 0.1));
     BOOST_TEST(s.tokens == train.size());
@@ -659,7 +674,7 @@ BOOST_AUTO_TEST_CASE(held_out_split_and_failures_leave_the_old_files) {
     // A failure (an input missing) leaves both as they were.
     const std::string before = read(o.output);
     o.inputs.push_back(d.file("absent.txt"));
-    BOOST_CHECK_THROW(text::tokenize_files(*t, o), MissingInputError);
+    BOOST_CHECK_THROW(text::tokenize_files(*w.t, o), MissingInputError);
     BOOST_TEST((read(o.output) == before));
     for (const auto& e : std::filesystem::directory_iterator(d.path))
         BOOST_TEST(!contains(e.path().string(), ".tmp."), e.path());
@@ -682,18 +697,14 @@ BOOST_AUTO_TEST_CASE(wide_vocabularies_write_version_2) {
 }
 
 BOOST_AUTO_TEST_CASE(decode_file_in_pieces) {
-    TempDir d;
-    std::mt19937_64 rng(seed("decode"));
-    const auto t = tok();
-    const std::string a = corpus(rng, 100000);
-    std::ofstream(d.file("a.txt"), std::ios::binary) << a;
-    auto o = options(d.file("a.bin"), {d.file("a.txt")});
+    Written w("decode", 100000);
+    auto o = options(w.d.file("a.bin"), {w.path});
     o.separator.reset();
-    text::tokenize_files(*t, o);
+    text::tokenize_files(*w.t, o);
     std::string back;
-    const auto n = text::decode_file(*t, o.output, [&](std::string_view s) { back += s; }, 1000);
+    const auto n = text::decode_file(*w.t, o.output, [&](std::string_view s) { back += s; }, 1000);
     BOOST_TEST(n == token_file(o.output).size());
-    BOOST_TEST((back == a));
+    BOOST_TEST((back == w.text));
 }
 
 BOOST_AUTO_TEST_CASE(token_file_writer_streams) {
@@ -779,14 +790,9 @@ BOOST_AUTO_TEST_CASE(decodes_every_token) {
 BOOST_AUTO_TEST_CASE(refuses_a_bad_file_naming_the_offset) {
     TempDir d;
     auto refused = [&](const std::string& path, const std::string& what, std::uint64_t offset) {
-        try {
-            text::open(path);
-            BOOST_ERROR(what << ": accepted");
-        } catch (const DataError& e) {
-            BOOST_TEST_MESSAGE(e.what());
-            BOOST_TEST(contains(e.what(), what), e.what());
-            BOOST_TEST(e.path() == path);
-            BOOST_TEST(e.offset().value_or(~0ull) == offset, e.what());
+        if (const auto e = refusal(path, what)) {
+            BOOST_TEST(e->path() == path);
+            BOOST_TEST(e->offset().value_or(~0ull) == offset, e->what());
         }
     };
     const std::string good = tokenizer_file(d, 2, {"ab", "c"}, 1);

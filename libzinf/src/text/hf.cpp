@@ -9,6 +9,24 @@
 
 namespace zinf::text::hf {
 
+void Replace::apply(std::string_view in, std::string& out, Regex::Scratch& scratch) const {
+    std::size_t at = 0;
+    auto replaced = [&](std::size_t a, std::size_t b) {
+        out.append(in.substr(at, a - at));
+        out += content;
+        at = b;
+    };
+    if (regex) {
+        std::vector<std::pair<std::uint32_t, std::uint32_t>> m;
+        regex->find_all(in, false, scratch, m);
+        for (const auto& [a, b] : m) replaced(a, b);
+    } else if (!literal.empty()) {
+        for (std::size_t hit; (hit = in.find(literal, at)) != std::string_view::npos;)
+            replaced(hit, hit + literal.size());
+    }
+    out.append(in.substr(at));
+}
+
 // --- added tokens ------------------------------------------------------------
 
 void AddedMatcher::build(const std::vector<const Added*>& tokens) {
@@ -202,27 +220,7 @@ void HfEncoder::normalize_into(std::string_view text, bool segment_start) {
             if (!segment_start || cur.empty()) continue;
             next = pre->text + cur;
         } else {
-            const auto& rep = std::get<Replace>(n);
-            if (rep.regex) {
-                matches_.clear();
-                rep.regex->find_all(cur, false, scratch_, matches_);
-                std::size_t at = 0;
-                for (const auto& [a, b] : matches_) {
-                    next.append(cur, at, a - at);
-                    next += rep.content;
-                    at = b;
-                }
-                next.append(cur, at);
-            } else if (rep.literal.empty()) {
-                continue;
-            } else {
-                std::size_t at = 0;
-                for (std::size_t hit; (hit = cur.find(rep.literal, at)) != std::string::npos; at = hit + rep.literal.size()) {
-                    next.append(cur, at, hit - at);
-                    next += rep.content;
-                }
-                next.append(cur, at);
-            }
+            std::get<Replace>(n).apply(cur, next, scratch_);
         }
         cur.swap(next);
     }
@@ -516,31 +514,13 @@ void HfTokenizer::decode(std::span<const Id> ids, Part part, std::string& out) c
             }
             toks.assign(1, std::move(all));
             fused = true;
-        } else if (const auto* r = std::get_if<ReplaceDecode>(&d)) {
+        } else if (const auto* r = std::get_if<Replace>(&d)) {
             Regex::Scratch scratch;
+            std::string n;
             for (std::string& t : toks) {
-                std::string n;
-                if (r->regex) {
-                    std::vector<std::pair<std::uint32_t, std::uint32_t>> m;
-                    r->regex->find_all(t, false, scratch, m);
-                    std::size_t at = 0;
-                    for (const auto& [a, b] : m) {
-                        n.append(t, at, a - at);
-                        n += r->content;
-                        at = b;
-                    }
-                    n.append(t, at);
-                } else if (!r->literal.empty()) {
-                    std::size_t at = 0;
-                    for (std::size_t f; (f = t.find(r->literal, at)) != std::string::npos; at = f + r->literal.size()) {
-                        n.append(t, at, f - at);
-                        n += r->content;
-                    }
-                    n.append(t, at);
-                } else {
-                    continue;
-                }
-                t = std::move(n);
+                n.clear();
+                r->apply(t, n, scratch);
+                t.swap(n);
             }
         } else if (std::holds_alternative<ByteFallbackDecode>(d)) {
             std::vector<std::string> n;

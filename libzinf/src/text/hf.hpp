@@ -29,10 +29,14 @@ struct Normalize {
 struct Prepend {
     std::string text;  // put before a text that does not start with it... always (as Hugging Face does)
 };
+// Replace, the normalizer and the decoder alike.
 struct Replace {
     std::string literal;                  // a String pattern
     std::shared_ptr<const Regex> regex;   // or a Regex one
     std::string content;
+    // Appends `in` with every match replaced by `content` (an empty String
+    // pattern matches nothing).
+    void apply(std::string_view in, std::string& out, Regex::Scratch& scratch) const;
 };
 using Normalizer = std::variant<Normalize, Prepend, Replace>;
 
@@ -57,11 +61,6 @@ using Step = std::variant<Split, Prefix>;
 
 // --- decoders ----------------------------------------------------------------
 struct ByteLevelDecode {};
-struct ReplaceDecode {
-    std::string literal;
-    std::shared_ptr<const Regex> regex;
-    std::string content;
-};
 struct ByteFallbackDecode {};
 struct FuseDecode {};
 struct StripDecode {
@@ -72,7 +71,7 @@ struct MetaspaceDecode {
     std::string replacement;
     bool strip_first = true;  // the first token's leading space (the prepended one) is dropped
 };
-using Decode = std::variant<ByteLevelDecode, ReplaceDecode, ByteFallbackDecode, FuseDecode, StripDecode, MetaspaceDecode>;
+using Decode = std::variant<ByteLevelDecode, Replace, ByteFallbackDecode, FuseDecode, StripDecode, MetaspaceDecode>;
 
 // --- added tokens ------------------------------------------------------------
 struct Added {

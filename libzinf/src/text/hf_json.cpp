@@ -309,12 +309,29 @@ struct Loader {
     bool split_seen = false;   // a step that splits was seen
     bool piece_prefix_after_split = false;
 
+    // A Sequence's members, each read by `each` with its place in the file.
+    template <class F>
+    void sequence(const Json& j, const std::string& at, const std::string& key, F each) {
+        r.keys(j, at, {"type", key});
+        const Json& list = r.array(member(j, key), at + "." + key);
+        for (std::size_t i = 0; i < list.size(); ++i) each(list[i], at + "." + key + ordinal(i));
+    }
+
+    // A Replace, normalizer or decoder.
+    Replace replace(const Json& j, const std::string& at) {
+        r.keys(j, at, {"type", "pattern", "content"});
+        Replace rep;
+        bool is_regex = false;
+        const std::string pat = pattern_of(r, member(j, "pattern"), at + ".pattern", &is_regex, &rep.literal);
+        if (is_regex) rep.regex = compile(r, pat, at + ".pattern");
+        rep.content = r.string(j, "content", at);
+        return rep;
+    }
+
     void normalizer(const Json& j, const std::string& at) {
         const std::string t = r.type(j, at);
         if (t == "Sequence") {
-            r.keys(j, at, {"type", "normalizers"});
-            const Json& list = r.array(member(j, "normalizers"), at + ".normalizers");
-            for (std::size_t i = 0; i < list.size(); ++i) normalizer(list[i], at + ".normalizers" + ordinal(i));
+            sequence(j, at, "normalizers", [&](const Json& e, const std::string& e_at) { normalizer(e, e_at); });
         } else if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
             r.keys(j, at, {"type"});
             p.normalizers.push_back(Normalize{t == "NFC" ? NormalForm::nfc : t == "NFD" ? NormalForm::nfd
@@ -323,14 +340,7 @@ struct Loader {
             r.keys(j, at, {"type", "prepend"});
             p.normalizers.push_back(Prepend{r.string(j, "prepend", at)});
         } else if (t == "Replace") {
-            r.keys(j, at, {"type", "pattern", "content"});
-            Replace rep;
-            bool is_regex = false;
-            const std::string pat = pattern_of(r, member(j, "pattern"), at + ".pattern",
-                                               &is_regex, &rep.literal);
-            if (is_regex) rep.regex = compile(r, pat, at + ".pattern");
-            rep.content = r.string(j, "content", at);
-            p.normalizers.push_back(std::move(rep));
+            p.normalizers.push_back(replace(j, at));
         } else {
             r.unsupported(at, "the normalizer " + t);
         }
@@ -351,9 +361,7 @@ struct Loader {
     void pre_tokenizer(const Json& j, const std::string& at) {
         const std::string t = r.type(j, at);
         if (t == "Sequence") {
-            r.keys(j, at, {"type", "pretokenizers"});
-            const Json& list = r.array(member(j, "pretokenizers"), at + ".pretokenizers");
-            for (std::size_t i = 0; i < list.size(); ++i) pre_tokenizer(list[i], at + ".pretokenizers" + ordinal(i));
+            sequence(j, at, "pretokenizers", [&](const Json& e, const std::string& e_at) { pre_tokenizer(e, e_at); });
         } else if (t == "ByteLevel") {
             r.keys(j, at, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
             if (transformed) r.unsupported(at, "ByteLevel after ByteLevel or Metaspace");
@@ -482,21 +490,12 @@ struct Loader {
     void decoder(const Json& j, const std::string& at) {
         const std::string t = r.type(j, at);
         if (t == "Sequence") {
-            r.keys(j, at, {"type", "decoders"});
-            const Json& list = r.array(member(j, "decoders"), at + ".decoders");
-            for (std::size_t i = 0; i < list.size(); ++i) decoder(list[i], at + ".decoders" + ordinal(i));
+            sequence(j, at, "decoders", [&](const Json& e, const std::string& e_at) { decoder(e, e_at); });
         } else if (t == "ByteLevel") {
             r.keys(j, at, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
             p.decoders.push_back(ByteLevelDecode{});
         } else if (t == "Replace") {
-            r.keys(j, at, {"type", "pattern", "content"});
-            ReplaceDecode d;
-            bool is_regex = false;
-            const std::string pat = pattern_of(r, member(j, "pattern"), at + ".pattern",
-                                               &is_regex, &d.literal);
-            if (is_regex) d.regex = compile(r, pat, at + ".pattern");
-            d.content = r.string(j, "content", at);
-            p.decoders.push_back(std::move(d));
+            p.decoders.push_back(replace(j, at));
         } else if (t == "ByteFallback") {
             r.keys(j, at, {"type"});
             p.decoders.push_back(ByteFallbackDecode{});
