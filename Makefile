@@ -5,7 +5,8 @@
 #   make demo            install missing packages, build, run a short pipeline
 #   make bench           the benchmark programs (zinf-iobench, ...)
 #   make install PREFIX=/usr/local
-#   make deps            install the Debian packages (scripts/deps.sh)
+#   make deps            install the Debian packages (scripts/deps.sh) and the reference
+#                        tokenizers (npm, into .cache/: scripts/tokenizer-refs.sh)
 #   make fuzz            build the libFuzzer targets (clang) and run each FUZZ_SECONDS=60,
 #                        FUZZ_JOBS=2 at a time; a crash fails it (tests/fuzz/README.md)
 #   make fuzz-syntax     clang parses what make fuzz builds, no code made (make test
@@ -97,7 +98,7 @@ FUZZ_LINKER := $(if $(wildcard $(CLANG_RT)/libclang_rt.fuzzer-x86_64.a $(CLANG_R
 SENTENCEPIECE := $(firstword $(wildcard $(DEPS_PREFIX)/usr/include/sentencepiece_processor.h /usr/include/sentencepiece_processor.h))
 
 # Required libraries: the build stops with a clear message when one is missing.
-REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp
+REQUIRED_HEADERS := liburing.h xxhash.h Random123/philox.h CLI/CLI.hpp nlohmann/json.hpp boost/test/unit_test.hpp pcre2.h utf8proc.h
 MISSING_HEADERS := $(strip $(foreach h,$(REQUIRED_HEADERS),$(if $(wildcard /usr/include/$(h)),,$(h))))
 
 ifeq ($(MAKELEVEL),0)
@@ -118,6 +119,8 @@ CPPFLAGS := -Ilibzinf/include -DZINF_VERSION='"$(VERSION)"' -MMD -MP
 CXXFLAGS := -std=c++20 -Wall -Wextra -Wshadow -Wno-missing-field-initializers -pthread
 LDFLAGS := -pthread -fopenmp
 LDLIBS := $(shell pkg-config --libs liburing libxxhash 2>/dev/null || echo -luring -lxxhash)
+# The text module: tokenizer regexes (PCRE2, 8-bit) and Unicode normalization (utf8proc).
+LDLIBS += $(shell pkg-config --libs libpcre2-8 libutf8proc 2>/dev/null || echo -lpcre2-8 -lutf8proc)
 
 # -g1: line tables only (backtraces, perf and sanitizer reports still name
 # file and line); full -g made every compile a third slower and libzinf.a
@@ -157,8 +160,8 @@ endif
 ifneq ($(SENTENCEPIECE),)
 CPPFLAGS += -DZINF_HAVE_SENTENCEPIECE=1
 LDLIBS += -lsentencepiece
-# test_sample trains a small SentencePiece model of its own.
-$(BUILD)/tests/test_sample: LDLIBS += -lsentencepiece_train
+# test_text trains a small SentencePiece model of its own.
+$(BUILD)/tests/test_text: LDLIBS += -lsentencepiece_train
 endif
 ifneq ($(OPENBLAS),)
 CPPFLAGS += -DZINF_HAVE_OPENBLAS=1
@@ -470,6 +473,20 @@ $(BUILD)/libzinf/src/zero/optimizer.o: CXXFLAGS += -fopenmp
 $(BIN)/zinf-optbench: $(BUILD)/bench/optbench/loops.o
 $(BUILD)/bench/optbench/loops.o: CXXFLAGS += -fopenmp
 
+# The corpus tests/e2e/tokenize.sh tokenizes with zinf and with the reference
+# tokenizers, and scripts/bench-tokenize.sh times (tests/tools/text_corpus.cpp).
+tests: $(BUILD)/tests/text-corpus
+$(BUILD)/tests/text-corpus: $(BUILD)/tests/tools/text_corpus.o $(LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(LAUNCH) $(CXX) $(LDFLAGS) $(LINK_FIRST) $^ $(LDLIBS) -o $@
+
+# The reference tokenizers (npm packages) in .cache/tokenizer-refs: `make test`
+# tries first and goes on without them (scripts/tokenizer-refs.sh).
+tokenizer-refs:
+	scripts/tokenizer-refs.sh --strict
+.PHONY: tokenizer-refs
+
 # --- fuzzers (tests/fuzz/README.md) -------------------------------------------
 # tests/fuzz/fuzz_NAME.cpp: one libFuzzer target each. `make test` replays
 # every committed corpus through one g++ binary that holds them all
@@ -556,6 +573,7 @@ endif
 # --- the two quick-start commands --------------------------------------------
 deps:
 	scripts/deps.sh
+	scripts/tokenizer-refs.sh
 
 # Installs packages only when something is missing, then re-enters make so
 # that detection sees what was just installed.
@@ -563,6 +581,7 @@ deps-check:
 	@scripts/deps.sh --check 2>/dev/null || scripts/deps.sh
 
 test: deps-check
+	@scripts/tokenizer-refs.sh
 	@$(MAKE) --no-print-directory test-run
 
 ifeq ($(SANITIZE),)

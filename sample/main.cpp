@@ -6,6 +6,7 @@
 #include <zinf/data.hpp>
 #include <zinf/options.hpp>
 #include <zinf/sample.hpp>
+#include <zinf/text.hpp>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -32,58 +33,47 @@ struct Options {
     cli::CommOptions comm;
 };
 
-// The prompt as tokens: text as bytes (byte-level models) or through a
-// SentencePiece model (after its <s>), an llm.c token file, or the start of
-// a text: the tokenizer's end-of-text or <s>, else a newline.
-std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const sample::Tokenizer* tok,
-                                    const sample::SentencePiece* sp = nullptr) {
+// The prompt as tokens: through the tokenizer (after what its
+// post-processor puts first: <|begin_of_text|>, <s>), as bytes (byte-level
+// models), or an llm.c token file; with no prompt, the start of a text: the
+// tokenizer's first ids or its end-of-text, else a newline.
+std::vector<std::int32_t> prompt_of(const Options& o, std::uint64_t vocab, const text::Tokenizer* tok) {
     if (o.has_prompt && !o.prompt_tokens.empty()) throw UsageError("--prompt and --prompt-tokens exclude each other");
+    if (o.has_prompt && o.prompt.empty()) throw UsageError("--prompt is empty");
     std::vector<std::int32_t> p;
-    if (sp && o.prompt_tokens.empty()) {  // (a token file is read as below)
-        if (sp->bos()) p.push_back(*sp->bos());
-        if (o.has_prompt) {
-            if (o.prompt.empty()) throw UsageError("--prompt is empty");
-            for (std::int32_t t : sp->encode(o.prompt)) p.push_back(t);
-        }
-        if (p.empty()) throw UsageError("the tokenizer has no <s> to start an empty prompt: give --prompt");
-        for (std::int32_t t : p)
-            if (t < 0 || static_cast<std::uint64_t>(t) >= vocab)
-                throw UsageError("the tokenizer gives token " + std::to_string(t) + ", past the model's vocabulary " +
-                                 std::to_string(vocab) + ": is it the model's tokenizer?");
-        return p;
-    }
-    if (o.has_prompt) {
-        if (vocab != 256)
-            throw UsageError("--prompt TEXT is one token per byte, for byte-level models (vocabulary 256); this "
-                             "model's vocabulary is " + std::to_string(vocab) +
-                             ": give the prompt's tokens with --prompt-tokens FILE (an llm.c token file)");
-        if (o.prompt.empty()) throw UsageError("--prompt is empty");
-        for (unsigned char c : o.prompt) p.push_back(c);
-    } else if (!o.prompt_tokens.empty()) {
+    if (!o.prompt_tokens.empty()) {
         const data::Tokens t = data::Tokens::open(o.prompt_tokens);
         data::check_vocab(t, vocab);
         t.tokens().scan([&](std::span<const std::uint32_t> piece) {
             for (std::uint32_t v : piece) p.push_back(static_cast<std::int32_t>(v));
         });
-    } else if (tok && tok->eot()) {
-        p.push_back(static_cast<std::int32_t>(*tok->eot()));
+        return p;
+    }
+    if (tok && tok->can_encode()) {
+        for (text::Id id : tok->begin_ids()) p.push_back(static_cast<std::int32_t>(id));
+        if (o.has_prompt)
+            for (text::Id id : tok->encode(o.prompt)) p.push_back(static_cast<std::int32_t>(id));
+        if (p.empty() && tok->end_of_text()) p.push_back(static_cast<std::int32_t>(*tok->end_of_text()));
+        if (p.empty()) throw UsageError("the tokenizer has no token to start an empty prompt: give --prompt");
+        return p;
+    }
+    if (o.has_prompt) {
+        if (vocab != 256)
+            throw UsageError("--prompt TEXT needs a --tokenizer that encodes (tokenizer.json, tokenizer.model), or a "
+                             "byte-level model (vocabulary 256); this model's vocabulary is " + std::to_string(vocab) +
+                             (tok ? " and " + tok->path() + " only decodes" : std::string()) +
+                             ": give the prompt's tokens with --prompt-tokens FILE (an llm.c token file)");
+        for (unsigned char c : o.prompt) p.push_back(c);
+    } else if (tok && tok->end_of_text()) {
+        p.push_back(static_cast<std::int32_t>(*tok->end_of_text()));
     } else if (vocab == 256) {
         p.push_back('\n');
     } else {
         throw UsageError("the model's vocabulary (" + std::to_string(vocab) +
-                         ") has no start token known here: give --prompt-tokens FILE, or a version 2 --tokenizer "
-                         "(its end-of-text token starts the text)");
+                         ") has no start token known here: give --prompt-tokens FILE, or a --tokenizer with an "
+                         "end-of-text token");
     }
     return p;
-}
-
-// llm.c's tokenizer file begins with its magic; anything else is taken for
-// a SentencePiece model.
-bool is_llmc_tokenizer(const std::string& path) {
-    const Fd fd = open_input(path, Input::regular);
-    std::uint32_t magic = 0;
-    const long n = sys::pread(fd.get(), &magic, sizeof magic, 0, path);
-    return n == static_cast<long>(sizeof magic) && magic == sample::kTokenizerMagic;
 }
 
 void write_out(std::string_view bytes) {
@@ -99,18 +89,13 @@ int run(Options& o) {
     if (!committed.copy_of.empty())
         log::info("reading the committed " + committed.path + " (" + o.manifest + " is a copy)");
     shard::Manifest& m = committed.manifest;
-    std::optional<sample::Tokenizer> tok;
-    std::optional<sample::SentencePiece> sp;
     const std::uint64_t V = m.spec.vocab;
+    std::unique_ptr<text::Tokenizer> tok;
     if (!o.tokenizer.empty()) {
-        if (is_llmc_tokenizer(o.tokenizer)) {
-            tok = sample::Tokenizer::open(o.tokenizer);
-            tok->check_model(V);
-        } else {
-            sp = sample::SentencePiece::open(o.tokenizer);
-        }
+        tok = text::open(o.tokenizer);
+        tok->check_model(V);
     }
-    const std::vector<std::int32_t> prompt = prompt_of(o, V, tok ? &*tok : nullptr, sp ? &*sp : nullptr);
+    const std::vector<std::int32_t> prompt = prompt_of(o, V, tok.get());
     // (-n past the model's positions first: the sum below would wrap)
     const std::uint64_t positions = o.tokens > m.spec.seq ? o.tokens : prompt.size() + std::max<std::uint64_t>(o.tokens, 1) - 1;
     if (positions > m.spec.seq)
@@ -147,13 +132,11 @@ int run(Options& o) {
 
     sample::GenerateOptions go;
     go.tokens = o.tokens;
-    go.choice = {.temperature = o.temperature, .top_k = o.top_k,
-                 .limit = tok ? std::min<std::uint64_t>(tok->vocab(), V) : sp ? std::min<std::uint64_t>(sp->vocab(), V) : 0};
+    go.choice = {.temperature = o.temperature, .top_k = o.top_k, .limit = tok ? std::min<std::uint64_t>(tok->vocab(), V) : 0};
     go.seed = o.seed ? *o.seed : std::random_device{}();
-    if (tok && tok->eot()) go.stop = static_cast<std::int32_t>(*tok->eot());
-    if (sp && sp->eos()) go.stop = *sp->eos();
-    std::optional<sample::TextStream> text;
-    if (sp) text.emplace(*sp);
+    if (tok && tok->end_of_text()) go.stop = static_cast<std::int32_t>(*tok->end_of_text());
+    std::optional<text::TextStream> stream;
+    if (tok) stream.emplace(*tok);
     if (lead) {
         log::info(m.spec.to_string() + ", step " + std::to_string(m.parts.front().step) + ": parameters on " +
                   shard::tier_name(m.opts.param_tier) + " (" + shard::dtype_name(m.opts.param_dtype) + ") over " +
@@ -170,10 +153,8 @@ int run(Options& o) {
     sample::Passes passes{inf, [&] { inf.begin(false); }, [&] { inf.end(); }, [&] { inf.reset(); }};
     auto emit = [&](std::int32_t t) {
         if (!lead || (go.stop && t == *go.stop)) return;
-        if (tok) {
-            write_out(tok->decode(static_cast<std::uint32_t>(t)));
-        } else if (text) {
-            write_out(text->next(t));
+        if (stream) {
+            write_out(stream->next(static_cast<text::Id>(t)));
         } else if (V == 256) {
             const char c = static_cast<char>(t);
             write_out({&c, 1});
@@ -204,8 +185,8 @@ int main(int argc, char** argv) {
     cli::add_common(app, common);
     app.add_option("-m,--manifest", o.manifest, "The manifest (its data directory's committed manifest.jsonl is read)");
     app.add_option("--prompt", o.prompt,
-                   "Text to continue: one token per byte (byte-level models), or through --tokenizer's SentencePiece "
-                   "model")
+                   "Text to continue: through --tokenizer (after the ids its post-processor puts first), or one token "
+                   "per byte for byte-level models")
         ->each([&](const std::string&) { o.has_prompt = true; });
     app.add_option("--prompt-tokens", o.prompt_tokens, "The prompt's tokens: an llm.c token file (uint16, magic 20240520)");
     app.add_option("-n,--tokens", o.tokens, "Tokens to draw after the prompt")->capture_default_str();
@@ -215,10 +196,11 @@ int main(int argc, char** argv) {
     app.add_option("--top-k", o.top_k, "Draw from the k most likely tokens only (0: all)")->capture_default_str();
     app.add_option("--seed", o.seed, "Seed of the draws (default: drawn fresh and printed on stderr)");
     app.add_option("--tokenizer", o.tokenizer,
-                   "llm.c tokenizer file (gpt2_tokenizer.bin, magic 20240328): decodes the tokens to text; a version 2 "
-                   "file's end-of-text token starts an empty prompt and ends the text. Or a SentencePiece model "
-                   "(tokenizer.model: Llama 2, TinyLlama, Mistral): encodes --prompt after <s>, decodes the tokens, "
-                   "</s> ends the text");
+                   "The model's tokenizer: Hugging Face's tokenizer.json (GPT-2, SmolLM, Llama 3, Qwen2, ...) or a "
+                   "SentencePiece tokenizer.model (Llama 2, TinyLlama, Mistral) encode --prompt and decode the "
+                   "tokens as they are drawn; llm.c's tokenizer file (gpt2_tokenizer.bin) decodes only. Its "
+                   "end-of-text token (<|endoftext|>, <|end_of_text|>, </s>) ends the text. A vocabulary larger "
+                   "than the model's is refused (65)");
     app.add_option("--threads", o.threads, "Kernel threads (0: the CPUs this process may use)")->capture_default_str();
     app.add_option("--device-memory", o.device_memory,
                    "Device memory budget (4GiB); auto: 3/4 of the memory available")

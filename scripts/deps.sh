@@ -25,6 +25,8 @@ packages=(
   libopenmpi-dev openmpi-bin  # launch and CPU collectives
   libopenblas-dev    # CPU GEMM
   libsentencepiece-dev  # zinf-sample --tokenizer tokenizer.model (Llama 2, TinyLlama, Mistral)
+  libpcre2-dev       # tokenizer.json's split regexes (Unicode properties, JIT): the text module
+  libutf8proc-dev    # tokenizer.json's normalizers (NFC, NFKC, ...): the text module
   python3-numpy      # the independent references of the end-to-end tests (weights, llama_weights)
   fio                # the peer in scripts/bench-vs-fio.sh
   jq                 # JSON checks in the end-to-end tests, reshaping for plots

@@ -7,6 +7,7 @@
 
 #include <zinf/data.hpp>
 #include <zinf/options.hpp>
+#include <zinf/text.hpp>
 #include <zinf/train.hpp>
 
 #include <CLI/CLI.hpp>
@@ -24,7 +25,7 @@ using namespace zinf;
 namespace {
 
 struct Options {
-    std::string manifest, data, text, val_data, val_text;
+    std::string manifest, data, text, val_data, val_text, tokenizer;
     double val_fraction = 0.1;
     std::uint64_t steps = 0, batch = 4, seq = 64;
     double lr = 3e-4, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
@@ -151,15 +152,52 @@ struct Data {
     std::string train_source, val_source;
 };
 
-Data load_data(const Options& o, std::uint64_t vocab) {
+// A text through --tokenizer: its token file beside it, made by rank 0 the
+// first time (every rank waits) and reused while the tokenizer and the text
+// stay the same (text::cached_token_file).
+std::string tokenized(const std::string& text_path, const text::Tokenizer& t, comm::Communicator& comm,
+                      unsigned cores) {
+    text::TokenizeOptions how;
+    how.separator = t.end_of_text();
+    how.threads = cores;
+    std::string path;
+    std::exception_ptr failed;
+    if (comm.rank() == 0) {
+        try {
+            const text::Cached c = text::cached_token_file(t, text_path, how);
+            if (c.made)
+                log::info("tokenized " + text_path + " with " + t.path() + " into " + c.path + " (" +
+                          std::to_string(c.summary.tokens) + " tokens in " + fixed(c.summary.seconds, 2) + " s)");
+            else
+                log::info("reusing " + c.path + ", the tokens " + t.path() + " made of " + text_path);
+            path = c.path;
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    }
+    comm::agree(comm, failed, "nothing was trained");
+    return comm.rank() == 0 ? path : text::cache_path(t, text_path, how);
+}
+
+Data load_data(const Options& o, std::uint64_t vocab, comm::Communicator& comm, unsigned cores) {
     Data d;
     if (!o.data.empty() == !o.text.empty()) throw UsageError("give one of --data FILE (llm.c tokens) or --text FILE");
     if (!o.val_data.empty() && !o.val_text.empty()) throw UsageError("--val-data and --val-text exclude each other");
-    d.train_file = o.data.empty() ? data::Tokens::text(o.text) : data::Tokens::open(o.data);
+    std::unique_ptr<text::Tokenizer> tok;
+    if (!o.tokenizer.empty()) {
+        if (o.text.empty() && o.val_text.empty()) throw UsageError("--tokenizer is for --text (and --val-text)");
+        tok = text::open(o.tokenizer);
+        tok->check_model(vocab);
+    }
+    // Text: one token per byte, or through the tokenizer.
+    auto text_tokens = [&](const std::string& path) {
+        return tok ? data::Tokens::open(tokenized(path, *tok, comm, cores)) : data::Tokens::text(path);
+    };
+    d.train_file = o.data.empty() ? text_tokens(o.text) : data::Tokens::open(o.data);
     data::check_vocab(*d.train_file, vocab);
     d.train_source = d.train_file->path();
     if (!o.val_data.empty() || !o.val_text.empty()) {
-        d.val_file = o.val_data.empty() ? data::Tokens::text(o.val_text) : data::Tokens::open(o.val_data);
+        d.val_file = o.val_data.empty() ? text_tokens(o.val_text) : data::Tokens::open(o.val_data);
         data::check_vocab(*d.val_file, vocab);
         d.train = d.train_file->tokens();
         d.val = d.val_file->tokens();
@@ -254,8 +292,8 @@ int run(Options& o) {
     const std::uint64_t at = train::resume_step(m, committed, o.resume, o.steps);
 
     comm::Communicator comm(o.comm.resolve());
-    Data d = load_data(o, m.spec.vocab);
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
+    Data d = load_data(o, m.spec.vocab, comm, cores);
     auto dev = device::open(o.device.resolve(o.device_memory, cores));
     // Data parallel on device memory the host cannot address (cuda): the
     // engine's gathers and reduce-scatters go through NCCL on the device's
@@ -307,9 +345,15 @@ int main(int argc, char** argv) {
     cli::add_common(app, common);
     app.add_option("--manifest", o.manifest, "The manifest zinf-shard init wrote (the checkpoint)");
     app.add_option("--data", o.data, "Training tokens: an llm.c token file (uint16, magic 20240520)");
-    app.add_option("--text", o.text, "Training text: any file, one token per byte (vocabulary 256)");
+    app.add_option("--text", o.text,
+                   "Training text: any file, through --tokenizer, else one token per byte (vocabulary 256)");
+    app.add_option("--tokenizer", o.tokenizer,
+                   "The model's tokenizer for --text and --val-text (tokenizer.json, tokenizer.model): the text is "
+                   "tokenized once into a token file beside it (FILE.<hash>.tokens.bin, documents after the "
+                   "tokenizer's end-of-text, as zinf-tokenize writes them) and reused while the tokenizer and the text "
+                   "are unchanged; a vocabulary larger than the model's is refused (65)");
     app.add_option("--val-data", o.val_data, "Validation tokens (llm.c file); default: the last --val-fraction");
-    app.add_option("--val-text", o.val_text, "Validation text (byte-level)");
+    app.add_option("--val-text", o.val_text, "Validation text (through --tokenizer, else byte-level)");
     app.add_option("--val-fraction", o.val_fraction, "Held out from the training tokens without a validation file")
         ->capture_default_str()
         ->check(CLI::Range(0.0, 0.5));

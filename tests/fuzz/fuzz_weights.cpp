@@ -14,7 +14,7 @@
 #include "../../libzinf/src/shard/formats.hpp"
 
 #include <zinf/io.hpp>
-#include <zinf/sample.hpp>
+#include <zinf/text.hpp>
 #include <zinf/shard.hpp>
 
 #include <algorithm>
@@ -35,14 +35,17 @@ ZINF_FUZZ_TARGET(weights) {
     const auto& mem = fuzz::MemFile::with(data, size);
     std::uint32_t magic = 0;
     if (size >= 4) std::memcpy(&magic, data, 4);
-    if (magic == sample::kTokenizerMagic) {
-        std::optional<sample::Tokenizer> t;
-        if (!fuzz::documented<DataError>([&] { t.emplace(sample::Tokenizer::open(mem.path())); })) return 0;
+    if (magic == text::kLlmcTokenizerMagic) {
+        std::unique_ptr<text::Tokenizer> t;
+        if (!fuzz::documented<DataError>([&] { t = text::open(mem.path()); })) return 0;
         fuzz::accepted();
         std::uint64_t bytes = 0;
-        for (std::uint32_t i = 0; i < t->vocab(); ++i) bytes += 1 + t->decode(i).size();
+        for (std::uint32_t i = 0; i < t->vocab(); ++i) {
+            const text::Id id = i;
+            bytes += 1 + t->decode(std::span(&id, 1)).size();
+        }
         if (1024 + bytes != size) fuzz::finding("the tokens do not cover the file after its header");
-        if (t->eot() && *t->eot() >= t->vocab()) fuzz::finding("an end-of-text token past the vocabulary");
+        if (t->end_of_text() && *t->end_of_text() >= t->vocab()) fuzz::finding("an end-of-text token past the vocabulary");
         return 0;
     }
     if (size && data[0] == '{') {

@@ -4,25 +4,18 @@
 // and cpu tiers, every pass fetching or all kept) against the resident
 // engine, to the bit, reading nothing it should not and writing nothing; a
 // corrupted partition refused; the Chooser's draws (greedy, ties, top-k, the
-// vocabulary limit, seeds, frequencies); llm.c tokenizer files, good and bad.
+// vocabulary limit, seeds, frequencies). (Tokenizers: test_text.)
 #define BOOST_TEST_MODULE sample
 #include "optimizer_fixture.hpp"
 
 #include <zinf/device.hpp>
 #include <zinf/model.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zinf/sample.hpp>
 
-#if ZINF_HAVE_SENTENCEPIECE
-#include <sentencepiece_trainer.h>
-#endif
-
 #include <cmath>
 #include <fstream>
-#include <future>
 
 using namespace zinf;
 using namespace zinf::testing;
@@ -301,161 +294,3 @@ BOOST_AUTO_TEST_CASE(a_seed_repeats_its_draws_and_they_follow_the_softmax) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(tokenizer)
-
-namespace {
-
-// An llm.c tokenizer file: the header, then each token's length and bytes.
-std::string tokenizer_file(const TempDir& d, std::uint32_t version, const std::vector<std::string>& tokens,
-                           std::uint32_t eot = 0, const std::string& tail = {}) {
-    std::uint32_t h[256] = {};
-    h[0] = sample::kTokenizerMagic;
-    h[1] = version;
-    h[2] = static_cast<std::uint32_t>(tokens.size());
-    h[3] = eot;
-    std::string bytes(reinterpret_cast<const char*>(h), sizeof h);
-    for (const auto& t : tokens) {
-        bytes.push_back(static_cast<char>(t.size()));
-        bytes += t;
-    }
-    bytes += tail;
-    const std::string path = d.file("tok" + std::to_string(bytes.size()) + ".bin");
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
-
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(decodes_every_token) {
-    TempDir d;
-    const std::vector<std::string> words{"Hello", ",", " world", std::string("\0\xff", 2), "<|endoftext|>"};
-    auto t = sample::Tokenizer::open(tokenizer_file(d, 2, words, 4));
-    BOOST_TEST(t.vocab() == 5u);
-    BOOST_REQUIRE(t.eot());
-    BOOST_TEST(*t.eot() == 4u);
-    for (std::uint32_t i = 0; i < words.size(); ++i) BOOST_TEST(std::string(t.decode(i)) == words[i]);
-    BOOST_CHECK_THROW(t.decode(5), DataError);
-    auto v1 = sample::Tokenizer::open(tokenizer_file(d, 1, {"a", "bc"}, 7));
-    BOOST_TEST(!v1.eot());  // version 1 has no end-of-text token
-    BOOST_TEST(std::string(v1.decode(1)) == "bc");
-}
-
-BOOST_AUTO_TEST_CASE(refuses_a_bad_file_naming_the_offset) {
-    TempDir d;
-    auto refused = [&](const std::string& path, const std::string& what, std::uint64_t offset) {
-        try {
-            sample::Tokenizer::open(path);
-            BOOST_ERROR(what << ": accepted");
-        } catch (const DataError& e) {
-            BOOST_TEST_MESSAGE(e.what());
-            BOOST_TEST(contains(e.what(), what), e.what());
-            BOOST_TEST(e.path() == path);
-            BOOST_TEST(e.offset().value_or(~0ull) == offset, e.what());
-        }
-    };
-    const std::string good = tokenizer_file(d, 2, {"ab", "c"}, 1);
-    std::string bytes;
-    {
-        std::ifstream in(good, std::ios::binary);
-        bytes.assign(std::istreambuf_iterator<char>(in), {});
-    }
-    auto variant = [&](const std::string& name, std::string b) {
-        std::ofstream(d.file(name), std::ios::binary) << b;
-        return d.file(name);
-    };
-    std::string b = bytes;
-    b[0] = 'x';
-    refused(variant("magic", b), "magic", 0);
-    b = bytes;
-    b[4] = 3;
-    refused(variant("version", b), "version 3", 4);
-    b = bytes;
-    b[12] = 2;
-    refused(variant("eot", b), "end-of-text token 2", 12);
-    refused(variant("short-header", bytes.substr(0, 100)), "shorter than the 1024-byte header", 0);
-    refused(variant("cut", bytes.substr(0, bytes.size() - 1)), "runs past the end", 1027);
-    refused(variant("missing", bytes.substr(0, 1027)), "ends after 1 of its 2 tokens", 1027);
-    refused(variant("tail", bytes + "zz"), "2 bytes follow", bytes.size());
-    b = bytes;
-    b[1024] = 0;
-    refused(variant("zero", b), "token 0 has length 0", 1024);
-    BOOST_CHECK_THROW(sample::Tokenizer::open(d.file("absent")), MissingInputError);
-    // Issue 29, finding 12. Probe: a tokenizer declaring a vocabulary of
-    // 0xFFFFFFFF gave 64, "out of memory"; now 65 naming the file.
-    b = bytes;
-    b[8] = b[9] = b[10] = b[11] = '\xff';
-    refused(variant("huge", b), "vocabulary size 4294967295 does not fit", 8);
-    // Finding 6. Probe: zinf-sample --tokenizer FIFO blocked in open() for
-    // over 10 minutes, deaf to SIGTERM and SIGINT; now refused at once.
-    BOOST_REQUIRE(::mkfifo(d.file("fifo").c_str(), 0600) == 0);
-    const std::string what = what_of<DataError>([&] { (void)sample::Tokenizer::open(d.file("fifo")); }, "fifo");
-    BOOST_TEST(contains(what, "FIFO"), what);
-    // Finding 12: an end-of-text token past the model's vocabulary is the
-    // tokenizer's fault, named with its file (not the trainer's wording).
-    const auto t = sample::Tokenizer::open(good);
-    BOOST_TEST(contains(what_of<DataError>([&] { t.check_model(1); }, "eot past the model"), good));
-    t.check_model(2);
-}
-
-// SentencePiece (Llama 2's, TinyLlama's tokenizer.model): a model trained
-// here by libsentencepiece's own trainer on text, with byte fallback; text
-// through encode and decode unchanged, the stream of ids giving the same
-// text a piece at a time (a character of several bytes held back until its
-// last byte), and the refusals.
-BOOST_AUTO_TEST_CASE(sentencepiece_encode_decode_stream) {
-    TempDir d;
-    if (!sample::sentencepiece_available()) {
-        std::ofstream(d.file("t.model")) << "x";
-        const std::string what =
-            testing::what_of<UsageError>([&] { sample::SentencePiece::open(d.file("t.model")); }, "no sentencepiece");
-        BOOST_TEST(testing::contains(what, "libsentencepiece-dev"), what);
-        return;
-    }
-#if ZINF_HAVE_SENTENCEPIECE
-    {
-        std::ofstream text(d.file("corpus.txt"));
-        for (int i = 0; i < 300; ++i)
-            text << "The quick brown fox jumps over the lazy dog " << i << ". Llamas graze on the high plateau.\n";
-    }
-    const std::string prefix = d.file("t");
-    const auto status = sentencepiece::SentencePieceTrainer::Train(
-        "--input=" + d.file("corpus.txt") + " --model_prefix=" + prefix +
-        " --vocab_size=340 --hard_vocab_limit=false --model_type=bpe --byte_fallback=true --character_coverage=1.0 --minloglevel=2");
-    BOOST_REQUIRE_MESSAGE(status.ok(), status.ToString());
-    const auto sp = sample::SentencePiece::open(prefix + ".model");
-    BOOST_TEST(sp.vocab() > 259u);  // the 256 bytes, <unk>, <s>, </s> and merges
-    BOOST_TEST(sp.bos().has_value());
-    BOOST_TEST(sp.eos().has_value());
-    for (const std::string t : {"The quick brown fox", "Llamas graze 42 times", "na\xc3\xafve caf\xc3\xa9 \xe2\x82\xac" "5"}) {
-        const auto ids = sp.encode(t);
-        BOOST_TEST(!ids.empty());
-        BOOST_TEST(sp.decode(ids) == t);
-        sample::TextStream stream(sp);
-        std::string got;
-        for (std::int32_t id : ids) got += stream.next(id);
-        BOOST_TEST(got == t);
-    }
-    BOOST_CHECK_THROW(sp.decode(std::vector<std::int32_t>{100000}), DataError);
-    std::ofstream(d.file("bad.model")) << "not a model";
-    BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("bad.model")), DataError);
-    BOOST_CHECK_THROW(sample::SentencePiece::open(d.file("absent.model")), MissingInputError);
-    // Issue 29, finding 6, for the SentencePiece path. Before, open() gave
-    // the path to libsentencepiece, whose own open blocked on a FIFO with no
-    // writer (deaf to signals); now refused at once (65, "FIFO"). Should it
-    // block, a writer that opens and closes the FIFO after 5 s ends the wait
-    // and the check fails on the message instead of hanging.
-    BOOST_REQUIRE(::mkfifo(d.file("fifo.model").c_str(), 0600) == 0);
-    auto opened = std::async(std::launch::async, [&] {
-        return testing::what_of<DataError>([&] { sample::SentencePiece::open(d.file("fifo.model")); }, "fifo");
-    });
-    if (opened.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-        const int w = ::open(d.file("fifo.model").c_str(), O_WRONLY | O_NONBLOCK);
-        if (w >= 0) ::close(w);
-        BOOST_ERROR("SentencePiece::open of a FIFO waited for a writer");
-    }
-    const std::string fifo = opened.get();
-    BOOST_TEST(testing::contains(fifo, "FIFO"), fifo);
-#endif
-}
-
-BOOST_AUTO_TEST_SUITE_END()

@@ -173,6 +173,40 @@ void write_token_file(const std::string& path, std::span<const std::uint16_t> to
 // The same in version 2 (uint32 tokens).
 void write_wide_token_file(const std::string& path, std::span<const std::uint32_t> tokens);
 
+// A token file written as its tokens come (zinf-tokenize's output, whatever
+// the corpus size): version 1 or 2 chosen up front, a header rewritten with
+// the count at commit(), complete or absent as write_token_file's. The
+// constructor creates the temporary (CreateError naming it).
+class TokenFileWriter {
+public:
+    TokenFileWriter(const std::string& path, bool wide);
+    // Appends `tokens`; a token past 65,535 in a version 1 file is an
+    // InternalError (the caller chose the width from the vocabulary).
+    void append(std::span<const std::uint32_t> tokens);
+    std::uint64_t count() const noexcept { return count_; }
+    bool wide() const noexcept { return wide_; }
+    // Moves the last `n` tokens into `to` (appended there) and drops them
+    // here, through a bounded buffer: the held-out split of a file too large
+    // to hold.
+    void move_tail(std::uint64_t n, TokenFileWriter& to);
+    // Writes the header, commits. DataError naming the file when it holds no
+    // token, or more than INT32_MAX (its header could not count them).
+    void commit();
+    const std::string& path() const noexcept { return file_.path(); }
+
+private:
+    void flush();
+    AtomicFile file_;
+    bool wide_;
+    std::uint64_t count_ = 0;
+    std::vector<std::byte> buffer_;  // tokens not yet written, as they lie on disk
+};
+
+// How many of `n` tokens the held-out split takes (split's rule: the last
+// ceil(n * val_fraction), a product within rounding of a whole number that
+// number). UsageError unless 0 <= val_fraction <= 0.5.
+std::uint64_t val_count(std::uint64_t n, double val_fraction);
+
 // DataError "<file>: token <v> at token offset <i> is not below the model's
 // vocabulary <V>" for the first such token; returns at once when max_token()
 // is below `vocab`.

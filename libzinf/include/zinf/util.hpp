@@ -229,6 +229,38 @@ void remove_stale_temps(const std::string& path, std::string_view tag) noexcept;
 // removed on failure.
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
 
+// The same, written as it comes: for outputs too large to hold (a token file
+// of a whole corpus). create() opens the temporary; write() appends through
+// short writes, pwrite() rewrites bytes already written (a header whose
+// counts are known only at the end), truncate() cuts it; commit() makes it
+// `path` (fsync, rename, fsync of the folder). Destroyed or moved-over
+// uncommitted, the temporary is removed and `path` is untouched.
+class AtomicFile {
+public:
+    AtomicFile() = default;
+    static AtomicFile create(const std::string& path);
+    AtomicFile(AtomicFile&& o) noexcept;
+    AtomicFile& operator=(AtomicFile&& o) noexcept;
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    ~AtomicFile();
+
+    void write(std::span<const std::byte> bytes);
+    void pwrite(std::span<const std::byte> bytes, std::uint64_t offset);
+    // pread of what was written; IoError at a short read.
+    void pread(std::span<std::byte> bytes, std::uint64_t offset) const;
+    void truncate(std::uint64_t bytes);
+    void commit();
+    std::uint64_t size() const noexcept { return size_; }  // bytes written so far
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    void abandon() noexcept;
+    std::string path_, tmp_;
+    Fd fd_;
+    std::uint64_t size_ = 0;
+};
+
 class Mmap {
 public:
     Mmap() = default;
@@ -315,11 +347,14 @@ std::mutex& stderr_mutex();
 
 // Progress bar on stderr: drawn only when stderr is a TTY and the log level is
 // info or louder; otherwise every method is a no-op. Thread-safe `advance`.
+// With `items` ("tokens"): the count of them beside the bytes, set by
+// update(), and the rate in MB/s; a total of 0 (a pipe's) draws no bar.
 class Progress {
 public:
-    Progress(std::string label, std::uint64_t total_bytes);
+    Progress(std::string label, std::uint64_t total_bytes, std::string items = {});
     ~Progress();  // erases the bar
     void advance(std::uint64_t bytes);
+    void update(std::uint64_t bytes_done, std::uint64_t items_done);
     void finish();
     static bool enabled();
 
@@ -327,7 +362,8 @@ private:
     void draw(bool force);
     std::string label_;
     std::uint64_t total_;
-    std::uint64_t done_ = 0;
+    std::string items_;
+    std::uint64_t done_ = 0, items_done_ = 0;
     bool active_;
     std::chrono::steady_clock::time_point start_, last_draw_;
     std::mutex mu_;

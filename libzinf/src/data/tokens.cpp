@@ -188,25 +188,97 @@ Tokens Tokens::text(const std::string& path) {
 }
 
 namespace {
-template <class T>
-void write_tokens(const std::string& path, std::span<const T> tokens) {
-    if (tokens.empty()) throw DataError("no tokens to write: a token file holds at least one", {0, path, {}, -1});
-    if (tokens.size() > static_cast<std::size_t>(INT32_MAX))
-        throw DataError(std::to_string(tokens.size()) + " tokens are more than a token file's header can count (" +
+constexpr std::size_t kWriteBuffer = 1 << 20;  // bytes gathered per write
+
+void check_count(std::uint64_t n, const std::string& path) {
+    if (n == 0) throw DataError("no tokens to write: a token file holds at least one", {0, path, {}, -1});
+    if (n > static_cast<std::uint64_t>(INT32_MAX))
+        throw DataError(std::to_string(n) + " tokens are more than a token file's header can count (" +
                             std::to_string(INT32_MAX) + ")",
                         {0, path, {}, -1});
-    std::array<std::int32_t, kHeaderInts> header{};
-    header[0] = kMagic;
-    header[1] = sizeof(T) == 4 ? kVersionWide : kVersion;
-    header[2] = static_cast<std::int32_t>(tokens.size());
-
-    const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)), std::as_bytes(tokens)};
-    write_file_atomic(path, pieces);
 }
 }  // namespace
 
-void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) { write_tokens(path, tokens); }
-void write_wide_token_file(const std::string& path, std::span<const std::uint32_t> tokens) { write_tokens(path, tokens); }
+TokenFileWriter::TokenFileWriter(const std::string& path, bool wide)
+    : file_(AtomicFile::create(path)), wide_(wide) {
+    // The header's place, written for real at commit().
+    const std::array<std::byte, kHeaderBytes> zero{};
+    file_.write(zero);
+    buffer_.reserve(kWriteBuffer);
+}
+
+void TokenFileWriter::append(std::span<const std::uint32_t> tokens) {
+    const std::size_t width = wide_ ? 4 : 2;
+    for (std::size_t i = 0; i < tokens.size();) {
+        const std::size_t room = (kWriteBuffer - buffer_.size()) / width;
+        const std::size_t n = std::min(room, tokens.size() - i);
+        const std::size_t at = buffer_.size();
+        buffer_.resize(at + n * width);
+        if (wide_) {
+            std::memcpy(buffer_.data() + at, tokens.data() + i, n * 4);
+        } else {
+            for (std::size_t k = 0; k < n; ++k) {
+                const std::uint32_t t = tokens[i + k];
+                if (t > 0xFFFF)
+                    throw InternalError("token " + std::to_string(t) + " in a version 1 (uint16) token file " + path());
+                const auto v = static_cast<std::uint16_t>(t);
+                std::memcpy(buffer_.data() + at + 2 * k, &v, 2);
+            }
+        }
+        i += n;
+        count_ += n;
+        if (buffer_.size() + width > kWriteBuffer) flush();
+    }
+}
+
+void TokenFileWriter::flush() {
+    file_.write(buffer_);
+    buffer_.clear();
+}
+
+void TokenFileWriter::move_tail(std::uint64_t n, TokenFileWriter& to) {
+    if (n > count_) throw InternalError("moving " + std::to_string(n) + " of " + std::to_string(count_) + " tokens");
+    if (to.wide_ != wide_) throw InternalError("moving tokens between token files of two widths");
+    flush();
+    const std::uint64_t width = wide_ ? 4 : 2;
+    const std::uint64_t first = kHeaderBytes + (count_ - n) * width;
+    std::vector<std::byte> piece;
+    for (std::uint64_t at = first; at < file_.size();) {
+        piece.resize(std::min<std::uint64_t>(kWriteBuffer, file_.size() - at));
+        file_.pread(piece, at);
+        to.flush();
+        to.file_.write(piece);
+        to.count_ += piece.size() / width;
+        at += piece.size();
+    }
+    file_.truncate(first);
+    count_ -= n;
+}
+
+void TokenFileWriter::commit() {
+    check_count(count_, path());
+    flush();
+    std::array<std::int32_t, kHeaderInts> header{};
+    header[0] = kMagic;
+    header[1] = wide_ ? kVersionWide : kVersion;
+    header[2] = static_cast<std::int32_t>(count_);
+    file_.pwrite(std::as_bytes(std::span(header)), 0);
+    file_.commit();
+}
+
+void write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) {
+    check_count(tokens.size(), path);
+    TokenFileWriter w(path, false);
+    std::vector<std::uint32_t> wide(tokens.begin(), tokens.end());
+    w.append(wide);
+    w.commit();
+}
+void write_wide_token_file(const std::string& path, std::span<const std::uint32_t> tokens) {
+    check_count(tokens.size(), path);
+    TokenFileWriter w(path, true);
+    w.append(tokens);
+    w.commit();
+}
 
 void check_vocab(const Tokens& tokens, std::uint64_t vocab) {
     if (tokens.max_token() < vocab) return;
@@ -229,13 +301,17 @@ void check_vocab(const Tokens& tokens, std::uint64_t vocab) {
                     {0, tokens.path(), {}, -1});
 }
 
-std::pair<TokenSpan, TokenSpan> split(TokenSpan tokens, double val_fraction) {
+std::uint64_t val_count(std::uint64_t n, double val_fraction) {
     if (!(val_fraction >= 0.0 && val_fraction <= 0.5))
         throw UsageError("validation fraction " + std::to_string(val_fraction) + " is outside [0, 0.5]");
-    const double want = static_cast<double>(tokens.size()) * val_fraction;
+    const double want = static_cast<double>(n) * val_fraction;
     const double whole = std::nearbyint(want);
     const double val = std::abs(want - whole) <= 1e-9 * std::max(1.0, want) ? whole : std::ceil(want);
-    const auto n_val = std::min(tokens.size(), static_cast<std::size_t>(val));
+    return std::min(n, static_cast<std::uint64_t>(val));
+}
+
+std::pair<TokenSpan, TokenSpan> split(TokenSpan tokens, double val_fraction) {
+    const auto n_val = static_cast<std::size_t>(val_count(tokens.size(), val_fraction));
     return {tokens.first(tokens.size() - n_val), tokens.last(n_val)};
 }
 

@@ -1,5 +1,6 @@
 #include <zinf/util.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <dirent.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <utility>
 
 namespace zinf {
 
@@ -266,33 +268,95 @@ std::string read_regular(const std::string& path, std::uint64_t max, const std::
 }
 
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
-    const std::string tmp = temp_name(path, ".tmp.");
-    Fd fd = Fd::open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
+    AtomicFile f = AtomicFile::create(path);
+    for (const auto& piece : pieces) f.write(piece);
+    f.commit();
+}
+
+AtomicFile AtomicFile::create(const std::string& path) {
+    AtomicFile f;
+    f.path_ = path;
+    f.tmp_ = temp_name(path, ".tmp.");
+    f.fd_ = Fd::open(f.tmp_, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
+    // A commit replaces the file, not its mode: a manifest made 0640 stays 0640.
+    struct stat old {};
+    if (::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(f.fd_.get(), old.st_mode & 07777) != 0) {
+        const int err = errno;
+        f.abandon();
+        throw_errno("fchmod", err, f.tmp_);
+    }
+    return f;
+}
+
+AtomicFile::AtomicFile(AtomicFile&& o) noexcept
+    : path_(std::move(o.path_)), tmp_(std::exchange(o.tmp_, {})), fd_(std::move(o.fd_)), size_(o.size_) {}
+
+AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
+    if (this != &o) {
+        abandon();
+        path_ = std::move(o.path_);
+        tmp_ = std::exchange(o.tmp_, {});
+        fd_ = std::move(o.fd_);
+        size_ = o.size_;
+    }
+    return *this;
+}
+
+AtomicFile::~AtomicFile() { abandon(); }
+
+void AtomicFile::abandon() noexcept {
+    if (tmp_.empty()) return;
+    fd_ = Fd();
+    ::unlink(tmp_.c_str());
+    tmp_.clear();
+}
+
+void AtomicFile::write(std::span<const std::byte> bytes) {
+    pwrite(bytes, size_);
+}
+
+void AtomicFile::pwrite(std::span<const std::byte> bytes, std::uint64_t offset) {
+    if (tmp_.empty()) throw InternalError("write to " + path_ + " after its commit");
+    for (std::size_t done = 0; done < bytes.size();) {  // through short writes and EINTR
+        const std::uint64_t at = offset + done;
+        const long n = sys::pwrite(fd_.get(), bytes.data() + done, bytes.size() - done, at, tmp_);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("write", errno, tmp_, at);
+        if (n == 0) throw IoError("write made no progress (0 bytes written)", {EIO, tmp_, at, -1});
+        done += static_cast<std::size_t>(n);
+    }
+    size_ = std::max(size_, offset + bytes.size());
+}
+
+void AtomicFile::pread(std::span<std::byte> bytes, std::uint64_t offset) const {
+    for (std::size_t done = 0; done < bytes.size();) {
+        const std::uint64_t at = offset + done;
+        const long n = sys::pread(fd_.get(), bytes.data() + done, bytes.size() - done, at, tmp_);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("read", errno, tmp_, at);
+        if (n == 0) throw IoError("read past the end of what was written", {EIO, tmp_, at, -1});
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+void AtomicFile::truncate(std::uint64_t bytes) {
+    if (sys::ftruncate(fd_.get(), bytes, tmp_) != 0) throw_errno("ftruncate", errno, tmp_, bytes);
+    size_ = bytes;
+}
+
+void AtomicFile::commit() {
+    if (tmp_.empty()) throw InternalError("commit of " + path_ + " twice");
     try {
-        // A commit replaces the file, not its mode: a manifest made 0640 stays 0640.
-        struct stat old {};
-        if (::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) &&
-            ::fchmod(fd.get(), old.st_mode & 07777) != 0)
-            throw_errno("fchmod", errno, tmp);
-        std::uint64_t at = 0;  // through short writes and EINTR
-        for (const auto& piece : pieces)
-            for (std::size_t done = 0; done < piece.size();) {
-                const long n = sys::write(fd.get(), piece.data() + done, piece.size() - done, tmp);
-                if (n < 0 && errno == EINTR) continue;
-                if (n < 0) throw_errno("write", errno, tmp, at);
-                if (n == 0) throw IoError("write made no progress (0 bytes written)", {EIO, tmp, at, -1});
-                done += static_cast<std::size_t>(n);
-                at += static_cast<std::uint64_t>(n);
-            }
-        if (sys::fsync(fd.get(), tmp) != 0) throw_errno("fsync", errno, tmp);
-        fd.close(tmp);
-        if (sys::rename(tmp, path) != 0) throw_errno("rename", errno, path);
+        if (sys::fsync(fd_.get(), tmp_) != 0) throw_errno("fsync", errno, tmp_);
+        fd_.close(tmp_);
+        if (sys::rename(tmp_, path_) != 0) throw_errno("rename", errno, path_);
     } catch (...) {
-        ::unlink(tmp.c_str());
+        abandon();
         throw;
     }
-    remove_stale_temps(path, ".tmp.");  // a killed commit's, before the folder's sync
-    fsync_dir(std::filesystem::path(path).parent_path().string());
+    tmp_.clear();
+    remove_stale_temps(path_, ".tmp.");  // a killed commit's, before the folder's sync
+    fsync_dir(std::filesystem::path(path_).parent_path().string());
 }
 
 Fd& Fd::operator=(Fd&& o) noexcept {

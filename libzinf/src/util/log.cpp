@@ -51,8 +51,8 @@ bool Progress::enabled() {
     return log::level() >= LogLevel::info && ::isatty(STDERR_FILENO);
 }
 
-Progress::Progress(std::string label, std::uint64_t total_bytes)
-    : label_(std::move(label)), total_(total_bytes), active_(enabled()),
+Progress::Progress(std::string label, std::uint64_t total_bytes, std::string items)
+    : label_(std::move(label)), total_(total_bytes), items_(std::move(items)), active_(enabled()),
       start_(std::chrono::steady_clock::now()), last_draw_() {}
 
 Progress::~Progress() {
@@ -66,6 +66,14 @@ void Progress::advance(std::uint64_t bytes) {
     if (!active_) return;
     std::lock_guard lk(mu_);
     done_ += bytes;
+    draw(false);
+}
+
+void Progress::update(std::uint64_t bytes_done, std::uint64_t items_done) {
+    if (!active_) return;
+    std::lock_guard lk(mu_);
+    done_ = bytes_done;
+    items_done_ = items_done;
     draw(false);
 }
 
@@ -89,8 +97,18 @@ void Progress::draw(bool force) {
     bar.resize(width, '.');
     double gibps = secs > 0 ? static_cast<double>(done_) / static_cast<double>(GiB) / secs : 0;
     std::lock_guard lk(log::stderr_mutex());
-    std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%% %.2f GiB/s", label_.c_str(), bar.c_str(),
-                 frac * 100, gibps);
+    if (items_.empty()) {
+        std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%% %.2f GiB/s", label_.c_str(), bar.c_str(), frac * 100, gibps);
+    } else {
+        const double mbps = secs > 0 ? static_cast<double>(done_) / 1e6 / secs : 0;
+        if (total_)
+            std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%%  %s  %.1f MB/s  %llu %s", label_.c_str(), bar.c_str(),
+                         frac * 100, format_size(done_).c_str(), mbps, static_cast<unsigned long long>(items_done_),
+                         items_.c_str());
+        else
+            std::fprintf(stderr, "\r\033[K%s  %s  %.1f MB/s  %llu %s", label_.c_str(), format_size(done_).c_str(),
+                         mbps, static_cast<unsigned long long>(items_done_), items_.c_str());
+    }
     std::fflush(stderr);
 }
 

@@ -1,0 +1,226 @@
+// The BPE model of a tokenizer.json, as Hugging Face's tokenizers runs it:
+// a piece's units (bytes or characters) to ids, unknown units through byte
+// fallback or the unknown token, then the merges, lowest rank first and the
+// leftmost of equal ranks, until none applies.
+#include "hf.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <queue>
+
+namespace zinf::text::hf {
+
+BpeCache::BpeCache(std::size_t max_bytes) : max_bytes_(max_bytes) {
+    // A slot per 64 bytes of the budget: about half full when the arenas are.
+    std::size_t n = 1024;
+    while (n * 64 < max_bytes_) n <<= 1;
+    slots_.resize(n);
+}
+
+std::uint64_t BpeCache::hash(std::string_view word) {
+    return xxh3(std::as_bytes(std::span(word.data(), word.size())));
+}
+
+void BpeCache::clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    used_ = 0;
+}
+
+std::span<const Id> BpeCache::get(std::string_view word, std::uint64_t h) const {
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.key_len == 0) return {};
+        if (s.hash == h && s.key_len == word.size() && std::memcmp(keys_.data() + s.key, word.data(), word.size()) == 0)
+            return {ids_.data() + s.ids, s.ids_len};
+    }
+}
+
+void BpeCache::put(std::string_view word, std::uint64_t h, std::span<const Id> ids) {
+    if (word.empty() || word.size() > max_bytes_ / 64) return;  // (a huge piece is not worth keeping)
+    if ((used_ + 1) * 2 > slots_.size() || keys_.size() + word.size() + (ids_.size() + ids.size()) * sizeof(Id) > max_bytes_)
+        clear();
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = h & mask;
+    while (slots_[i].key_len != 0) i = (i + 1) & mask;
+    slots_[i] = {h, static_cast<std::uint32_t>(keys_.size()), static_cast<std::uint32_t>(word.size()),
+                 static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint32_t>(ids.size())};
+    keys_.append(word);
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
+    ++used_;
+}
+
+namespace {
+
+constexpr std::uint32_t kNoMerge = ~std::uint32_t{0};
+
+struct Merge {
+    std::uint32_t rank = kNoMerge;
+    Id merged = kNone;
+};
+
+Merge find_merge(const Bpe& m, Id a, Id b) {
+    const std::uint64_t* v = m.merges.get(std::uint64_t{a} << 32 | b);
+    if (!v) return {};
+    return {static_cast<std::uint32_t>(*v >> 32), static_cast<Id>(*v)};
+}
+
+// Short words: the lowest-ranked pair found by looking at each, merged, and
+// again. Quadratic in the length, fastest for the words text is made of.
+void merge_short(const Bpe& m, std::vector<Id>& sym) {
+    std::uint32_t ranks[128];
+    Id merged[128];
+    std::size_t n = sym.size();
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+        const Merge g = find_merge(m, sym[i], sym[i + 1]);
+        ranks[i] = g.rank;
+        merged[i] = g.merged;
+    }
+    while (n > 1) {
+        std::size_t best = 0;
+        for (std::size_t i = 1; i + 1 < n; ++i)
+            if (ranks[i] < ranks[best]) best = i;
+        if (ranks[best] == kNoMerge) break;
+        sym[best] = merged[best];
+        for (std::size_t i = best + 1; i + 1 < n; ++i) {
+            sym[i] = sym[i + 1];
+            if (i + 1 < n - 1) {
+                ranks[i] = ranks[i + 1];
+                merged[i] = merged[i + 1];
+            }
+        }
+        --n;
+        if (best > 0) {
+            const Merge g = find_merge(m, sym[best - 1], sym[best]);
+            ranks[best - 1] = g.rank;
+            merged[best - 1] = g.merged;
+        }
+        if (best + 1 < n) {
+            const Merge g = find_merge(m, sym[best], sym[best + 1]);
+            ranks[best] = g.rank;
+            merged[best] = g.merged;
+        }
+    }
+    sym.resize(n);
+}
+
+// Long words (a run of a thousand spaces or digits): a heap of candidate
+// merges by (rank, position) over a linked list, as Hugging Face's
+// merge_all; n log n.
+void merge_long(const Bpe& m, std::vector<Id>& sym) {
+    const std::size_t n = sym.size();
+    std::vector<std::int64_t> prev(n), next(n);
+    std::vector<std::uint8_t> alive(n, 1);
+    for (std::size_t i = 0; i < n; ++i) {
+        prev[i] = static_cast<std::int64_t>(i) - 1;
+        next[i] = i + 1 < n ? static_cast<std::int64_t>(i + 1) : -1;
+    }
+    struct Cand {
+        std::uint32_t rank;
+        std::size_t pos;
+        Id merged;
+        bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap;
+    auto offer = [&](std::size_t i) {
+        if (next[i] < 0) return;
+        const Merge g = find_merge(m, sym[i], sym[static_cast<std::size_t>(next[i])]);
+        if (g.rank != kNoMerge) heap.push({g.rank, i, g.merged});
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) offer(i);
+    while (!heap.empty()) {
+        const Cand c = heap.top();
+        heap.pop();
+        if (!alive[c.pos] || next[c.pos] < 0) continue;
+        const auto j = static_cast<std::size_t>(next[c.pos]);
+        const Merge g = find_merge(m, sym[c.pos], sym[j]);
+        if (g.rank != c.rank || g.merged != c.merged) continue;  // a stale candidate
+        sym[c.pos] = c.merged;
+        alive[j] = 0;
+        next[c.pos] = next[j];
+        if (next[j] >= 0) prev[static_cast<std::size_t>(next[j])] = static_cast<std::int64_t>(c.pos);
+        if (prev[c.pos] >= 0) offer(static_cast<std::size_t>(prev[c.pos]));
+        offer(c.pos);
+    }
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        if (alive[i]) sym[k++] = sym[i];
+    sym.resize(k);
+}
+
+}  // namespace
+
+void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vector<Id>& out, std::vector<Id>& sym) {
+    if (piece.empty()) return;
+    if (m.ignore_merges) {
+        if (const auto it = m.units.find(piece); it != m.units.end()) {
+            out.push_back(it->second);
+            return;
+        }
+    }
+    const std::uint64_t h = BpeCache::hash(piece);
+    if (const auto hit = cache.get(piece, h); !hit.empty()) {
+        out.insert(out.end(), hit.begin(), hit.end());
+        return;
+    }
+    sym.clear();
+    // Units not in the vocabulary, as Hugging Face's merge_word: their bytes'
+    // <0xXX> tokens, else the unknown token (one for a run when fuse_unk),
+    // else nothing.
+    Id unk_pending = kNone;
+    for (std::size_t i = 0; i < piece.size();) {
+        std::size_t len = 1;
+        Id id = kNone;
+        if (m.byte_level) {
+            id = m.byte_ids[static_cast<unsigned char>(piece[i])];
+        } else {
+            len = utf8_char(piece, i);
+            if (len == 0) {
+                // Bytes that are not UTF-8 reach only zinf (Hugging Face's take
+                // text): each is a unit of its own, mapped only if its <0xXX> is.
+                len = 1;
+            } else if (const auto it = m.units.find(piece.substr(i, len)); it != m.units.end()) {
+                id = it->second;
+            }
+        }
+        if (id != kNone) {
+            if (unk_pending != kNone) {
+                sym.push_back(unk_pending);
+                unk_pending = kNone;
+            }
+            sym.push_back(id);
+        } else {
+            bool fell_back = false;
+            if (m.byte_fallback) {
+                fell_back = true;
+                for (std::size_t k = 0; k < len; ++k)
+                    if (m.fallback_ids[static_cast<unsigned char>(piece[i + k])] == kNone) fell_back = false;
+                if (fell_back)
+                    for (std::size_t k = 0; k < len; ++k)
+                        sym.push_back(m.fallback_ids[static_cast<unsigned char>(piece[i + k])]);
+            }
+            if (!fell_back) {
+                if (m.unk != kNone) {
+                    if (unk_pending != kNone && !m.fuse_unk) sym.push_back(unk_pending);
+                    unk_pending = m.unk;
+                } else if (!m.byte_level && utf8_char(piece, i) == 0) {
+                    throw DataError("byte " + std::to_string(static_cast<unsigned char>(piece[i])) +
+                                    " is not UTF-8, and the tokenizer has neither byte fallback for it nor an "
+                                    "unknown token");
+                }
+                // (a character the vocabulary lacks, with no unknown token:
+                // dropped, as Hugging Face drops it)
+            }
+        }
+        i += len;
+    }
+    if (unk_pending != kNone) sym.push_back(unk_pending);
+    if (sym.size() <= 128) merge_short(m, sym);
+    else merge_long(m, sym);
+    out.insert(out.end(), sym.begin(), sym.end());
+    cache.put(piece, h, sym);
+}
+
+}  // namespace zinf::text::hf

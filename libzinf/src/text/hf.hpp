@@ -1,0 +1,171 @@
+// Hugging Face's tokenizer.json, as zinf holds it once read (hf_json.cpp)
+// and runs it (hf.cpp, bpe.cpp): the pipeline of normalizers,
+// added tokens, pre-tokenizer steps, the BPE model, the decoders and the
+// post-processor's tokens.
+#pragma once
+
+#include "internal.hpp"
+
+#include <optional>
+#include <unordered_map>
+#include <variant>
+
+namespace zinf::text::hf {
+
+inline constexpr Id kNone = ~Id{0};
+
+// A transparent string hash, so that maps of std::string keys are looked up
+// by string_view without a copy.
+struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using StringMap = std::unordered_map<std::string, Id, StringHash, std::equal_to<>>;
+
+// --- normalizers -------------------------------------------------------------
+struct Normalize {
+    NormalForm form;
+};
+struct Prepend {
+    std::string text;  // put before a text that does not start with it... always (as Hugging Face does)
+};
+// Replace, the normalizer and the decoder alike.
+struct Replace {
+    std::string literal;                  // a String pattern
+    std::shared_ptr<const Regex> regex;   // or a Regex one
+    std::string content;
+    // Appends `in` with every match replaced by `content` (an empty String
+    // pattern matches nothing).
+    void apply(std::string_view in, std::string& out, Regex::Scratch& scratch) const;
+};
+using Normalizer = std::variant<Normalize, Prepend, Replace>;
+
+// --- pre-tokenizer steps -----------------------------------------------------
+// Split: Split itself, Digits, ByteLevel's regex and Metaspace's split.
+enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+struct Split {
+    std::shared_ptr<const Regex> regex;
+    Behavior behavior = Behavior::isolated;
+    bool invert = false;
+    std::string name;  // where it came from, for messages
+};
+// A prefix put before each piece that does not start with it (ByteLevel's
+// add_prefix_space; Metaspace's prepend_scheme, which also counts a space
+// as its replacement, as it sees the text after replacing spaces).
+struct Prefix {
+    std::string text;
+    bool first_only = false;   // only at the document's first byte ("first")
+    bool or_space = false;     // a piece starting with a space has it already
+};
+using Step = std::variant<Split, Prefix>;
+
+// --- decoders ----------------------------------------------------------------
+struct ByteLevelDecode {};
+struct ByteFallbackDecode {};
+struct FuseDecode {};
+struct StripDecode {
+    std::string content;
+    std::size_t start = 0, stop = 0;
+};
+struct MetaspaceDecode {
+    std::string replacement;
+    bool strip_first = true;  // the first token's leading space (the prepended one) is dropped
+};
+using Decode = std::variant<ByteLevelDecode, Replace, ByteFallbackDecode, FuseDecode, StripDecode, MetaspaceDecode>;
+
+// --- added tokens ------------------------------------------------------------
+struct Added {
+    Id id;
+    std::string content;
+    bool special = false, single_word = false, lstrip = false, rstrip = false, normalized = false;
+};
+
+// Leftmost-longest matching of added tokens in a text.
+class AddedMatcher {
+public:
+    void build(const std::vector<const Added*>& tokens);
+    bool empty() const noexcept { return tokens_.empty(); }
+    // Where each token occurs in `text`, in order, after single_word,
+    // lstrip and rstrip as Hugging Face applies them: (start, stop, token).
+    struct Match {
+        std::size_t start, stop;
+        const Added* token;
+    };
+    void find(std::string_view text, std::vector<Match>& out) const;
+
+private:
+    std::vector<const Added*> tokens_;
+    std::array<std::vector<std::uint32_t>, 256> by_first_;  // token indices by first byte, longest first
+};
+
+// --- the BPE model -----------------------------------------------------------
+struct Bpe {
+    // Byte-level: the model's units are bytes (its vocabulary's byte-level
+    // characters read back as the bytes they stand for); else UTF-8 characters.
+    bool byte_level = false;
+    bool byte_fallback = false, ignore_merges = false, fuse_unk = false;
+    Id unk = kNone;
+    std::array<Id, 256> byte_ids{};      // byte-level: each byte's id (kNone: not in the vocabulary)
+    std::array<Id, 256> fallback_ids{};  // byte_fallback: <0xXX>'s id
+    StringMap units;                     // the vocabulary by the model's units
+    FlatMap<std::uint64_t> merges;       // (left << 32 | right) -> (rank << 32 | merged)
+    std::size_t merge_count = 0;
+};
+
+// One thread's BPE state: the words seen and their ids, in one open
+// addressing table over two arenas (the words' bytes, their ids), emptied
+// whole when full: what it holds changes no result.
+class BpeCache {
+public:
+    explicit BpeCache(std::size_t max_bytes = 16 * MiB);
+    // The ids of `word`, or an empty span when it is not held.
+    std::span<const Id> get(std::string_view word, std::uint64_t hash) const;
+    void put(std::string_view word, std::uint64_t hash, std::span<const Id> ids);
+    static std::uint64_t hash(std::string_view word);
+
+private:
+    struct Slot {
+        std::uint64_t hash = 0;
+        std::uint32_t key = 0, key_len = 0, ids = 0, ids_len = 0;  // into the arenas; key_len 0: empty
+    };
+    void clear();
+    std::vector<Slot> slots_;
+    std::string keys_;
+    std::vector<Id> ids_;
+    std::size_t used_ = 0, max_bytes_;
+};
+
+// Appends the ids of one piece (a pre-tokenizer's output) to `out`.
+// DataError (message only) when a unit is not in the vocabulary and there is
+// neither byte fallback nor an unknown token, in a byte-level model or for a
+// byte that is not UTF-8.
+void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vector<Id>& out,
+                std::vector<Id>& scratch);
+
+// --- the whole ----------------------------------------------------------------
+struct Pipeline {
+    std::string path;
+    std::vector<Normalizer> normalizers;
+    std::vector<Step> steps;
+    bool byte_level = false;         // a ByteLevel pre-tokenizer maps the pieces to bytes
+    std::string metaspace;           // a Metaspace pre-tokenizer replaces spaces with this in each piece
+    std::vector<Added> added;
+    AddedMatcher raw_added, normalized_added;  // matched before and after the normalizers
+    Bpe bpe;
+    std::vector<Decode> decoders;
+    bool has_decoder = false;
+    std::vector<Id> begin_ids, end_ids;
+    std::vector<std::string> id_text;       // every id's token, as the file spells it ("" for a hole)
+    std::vector<std::string> id_bytes;      // ByteLevel-decoded, when the decoders are ByteLevel alone
+    std::vector<std::uint8_t> id_special;   // an added token marked special
+    std::uint64_t vocab = 0;
+    std::optional<Id> end_of_text;
+    bool cuts_lines = false;
+    RoundTrip round_trip = RoundTrip::none;
+    std::string description;
+};
+
+// Reads a tokenizer.json (DataError naming `source` and what is wrong).
+std::shared_ptr<const Pipeline> load(std::string_view json, const std::string& source);
+
+}  // namespace zinf::text::hf
