@@ -186,6 +186,7 @@ int decode(const Options& o, const text::Tokenizer& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const int rc = open_standard_fds("zinf-tokenize")) return rc;  // first: before anything is opened
     CLI::App app{"zinf-tokenize: text files, or JSON Lines with --field, into an llm.c token file through a model's\n"
                  "tokenizer (Hugging Face tokenizer.json, SentencePiece tokenizer.model, or bytes), on N threads,\n"
                  "in bounded memory; --decode turns token files back into text."};

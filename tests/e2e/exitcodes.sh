@@ -60,7 +60,7 @@ TAS="${TA[*]}"
 
 # Every program: an unknown option is 64; an internal error (70) is a bug
 # that no input reaches (zinf-pinstress's lease timeout is its 70, below).
-for prog in shard train sample plan iobench streambench nvmebench optbench pinstress commbench; do
+for prog in shard train sample plan iobench streambench nvmebench optbench pinstress commbench tokenize; do
   walk zinf-$prog 64 "an unknown option" '"$BIN/zinf-'$prog'" --nope'
   [[ $prog == pinstress ]] || not_walked zinf-$prog 70 "an internal error is a bug: no input reaches it"
 done
@@ -154,6 +154,15 @@ walk zinf-commbench 75 "--min-ratio not met" \
   '"$BIN/zinf-commbench" -b 1MiB -e 1MiB -n 1 -w 0 --rounds 1 --backend self --raw --min-ratio 1000000 >/dev/null'
 not_walked zinf-commbench 65 "--check's mismatch needs a collective that computes wrong: no input reaches it"
 
+# --- zinf-tokenize -------------------------------------------------------------
+TK='"$BIN/zinf-tokenize" -q -t bytes'
+walk zinf-tokenize 0 "a text file" "$TK"' -o "$W/t.bin" "$W/corpus.txt"'
+walk zinf-tokenize 65 "a tokenizer.json cut short" '"$BIN/zinf-tokenize" -t "$W/bad.jsonl" -o "$W/t.bin" "$W/corpus.txt"'
+walk zinf-tokenize 66 "a missing input" "$TK"' -o "$W/t.bin" "$W/none.txt"'
+walk zinf-tokenize 73 "an output in a folder that does not exist" "$TK"' -o "$W/none/t.bin" "$W/corpus.txt"'
+mkfifo "$W/fifo"
+walk zinf-tokenize 130 "SIGINT while waiting for a FIFO's writer" 'interrupted '"$TK"' -o "$W/t.bin" "$W/fifo"'
+
 # --- standard output (zinf(7)'s one rule) ---------------------------------------
 # Every program that prints: no space on stdout is 73, a stdout that cannot
 # be written otherwise 74 (here: a descriptor open for reading only); never
@@ -168,6 +177,7 @@ declare -A OK=(
   [zinf-optbench]='"$BIN/zinf-optbench" '"$OB"' --state update'
   [zinf-pinstress]='"$BIN/zinf-pinstress" '"$PS"' -s 100ms'
   [zinf-commbench]='"$BIN/zinf-commbench" '"$CB"
+  [zinf-tokenize]="$TK"' --json -o "$W/t.bin" "$W/corpus.txt"'
 )
 for prog in "${!OK[@]}"; do
   walk "$prog" 73 "no space on standard output" "${OK[$prog]} >/dev/full"

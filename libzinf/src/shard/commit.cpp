@@ -321,7 +321,7 @@ Manifest committed_state(const Manifest& given, const std::string& source, bool 
     if (::stat(path.c_str(), &st) != 0) return as_given;
     std::error_code ec;
     if (source != "-" && fs::equivalent(source, path, ec)) {
-        check_home(given, path, true);
+        check_home(as_given, path, true);  // (--data-dir naming the folder it lies in reads that folder)
         return as_given;
     }
     Manifest c;

@@ -344,11 +344,15 @@ Written import_weights(Manifest& m, const std::string& from, const std::string& 
     const WeightFormat format = detect_weight_format(from);  // first: it refuses a FIFO or a folder at once
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
     // A safetensors file starts with its header's length; a Hugging Face
-    // index of shards is JSON from its first byte.
+    // index of shards is JSON from its first byte. A length's low byte may
+    // be '{' too (123), so JSON is a '{' whose 8 bytes, read as that length,
+    // do not fit in the file.
     if (format == WeightFormat::safetensors) {
-        char first = 0;
-        const long n = sys::pread(file.fd(), &first, 1, 0, from);
-        if (n == 1 && first == '{')
+        unsigned char head[8] = {};
+        const long n = sys::pread(file.fd(), head, sizeof head, 0, from);
+        std::uint64_t len = 0;
+        for (int i = 7; i >= 0; --i) len = len << 8 | head[i];
+        if (n >= 1 && head[0] == '{' && (n < 8 || len > file.size() - std::min<std::uint64_t>(file.size(), 8)))
             throw DataError("is JSON (a Hugging Face index of sharded safetensors?), not a safetensors file: the "
                             "sharded import is for Llama-family models; for a GPT-2 give one model.safetensors",
                             {0, from, {}, -1});
