@@ -25,7 +25,7 @@ struct Options {
     double temperature = 1.0;
     std::optional<std::uint64_t> seed;
     unsigned threads = 0;
-    std::string device_memory = "auto", prefetch_bytes = "64MiB", persist_below = "auto";
+    std::string prefetch_bytes = "64MiB", persist_below = "auto";
     cli::DeviceOptions device;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
@@ -123,7 +123,7 @@ int run(Options& o) {
                          std::to_string(m.opts.dp) + ", or reshard it (zinf-shard reshard --dp " +
                          std::to_string(comm.size()) + ")");
     const bool lead = comm.rank() == 0;
-    auto dev = device::open(o.device.resolve(o.device_memory, o.threads));
+    auto dev = device::open(o.device.resolve(o.threads));
     if (comm.size() > 1 && !dev->host_addressable())
         throw UsageError("--device " + dev->backend() + " runs one rank for now: data parallelism there needs NCCL on "
                          "the device's collectives stream, which is not built yet (use --device cpu)");
@@ -217,9 +217,6 @@ int main(int argc, char** argv) {
                    "(tokenizer.model: Llama 2, TinyLlama, Mistral): encodes --prompt after <s>, decodes the tokens, "
                    "</s> ends the text");
     app.add_option("--threads", o.threads, "Kernel threads (0: the CPUs this process may use)")->capture_default_str();
-    app.add_option("--device-memory", o.device_memory,
-                   "Device memory budget (4GiB); auto: 3/4 of the memory available")
-        ->capture_default_str();
     app.add_option("--prefetch-bytes", o.prefetch_bytes,
                    "Device bytes the engine fetches ahead of compute along the recorded trace (0: on demand)")
         ->capture_default_str();

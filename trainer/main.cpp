@@ -42,7 +42,6 @@ struct Options {
     std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
-    std::string device_memory = "auto";
     cli::DeviceOptions device;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
@@ -256,7 +255,7 @@ int run(Options& o) {
     comm::Communicator comm(o.comm.resolve());
     Data d = load_data(o, m.spec.vocab);
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
-    auto dev = device::open(o.device.resolve(o.device_memory, cores));
+    auto dev = device::open(o.device.resolve(cores));
     // Data parallel on device memory the host cannot address (cuda): the
     // engine's gathers and reduce-scatters go through NCCL on the device's
     // streams, the host's collectives (the optimizer's, the loss) stay on comm.
@@ -342,9 +341,6 @@ int main(int argc, char** argv) {
     app.add_flag("--resume", o.resume, "Continue the checkpoint the manifest holds");
     app.add_option("--threads", o.threads, "Kernel threads per rank (0: the cores shared out over the node's ranks)")
         ->capture_default_str();
-    app.add_option("--device-memory", o.device_memory,
-                   "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
-        ->capture_default_str();
     app.add_flag("--json", o.json, "JSON Lines (zinf.train/1) instead of the human lines");
     app.add_flag("--resident", o.resident,
                  "The reference engine: every parameter resident on every rank (plain data parallel)");
@@ -393,7 +389,7 @@ int main(int argc, char** argv) {
         o.bench.check();
         const device::Precision precision = device::parse_precision(o.precision);
         if (o.bench.enabled)
-            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.device_memory, o.threads),
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.threads),
                                       precision, o.json, !o.no_checkpoint, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);

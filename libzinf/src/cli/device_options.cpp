@@ -23,6 +23,9 @@ void DeviceOptions::add(CLI::App& app) {
     app.add_option("--gpu", gpu, "The GPU (cuda); default: the local rank modulo the GPUs, else 0")
         ->default_str("local rank")
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--device-memory", memory,
+                   "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
+        ->capture_default_str();
 }
 
 std::string DeviceOptions::backend() const {
@@ -30,7 +33,7 @@ std::string DeviceOptions::backend() const {
     return device::cuda_unavailable().empty() ? "cuda" : "cpu";
 }
 
-device::Options DeviceOptions::resolve(const std::string& memory, unsigned threads) const {
+device::Options DeviceOptions::resolve(unsigned threads) const {
     device::Options d{.backend = backend(), .threads = threads, .gpu = gpu};
     if (d.backend != "cuda" && gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
     d.memory_bytes = device_memory(memory, d.backend == "cuda" && memory == "auto" ? mem::gpu_info().bytes : 0);
