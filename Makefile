@@ -400,7 +400,7 @@ $(TEST_OBJS) $(PROGRAM_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/t
 # headers, locks, specs, the commit protocol, the pool's and arena's reports),
 # no loops over data: -O1; the cli module's, which only declare and parse options (CLI11):
 # -O0, as the programs. Their codegen is most of their compile time.
-LIB_O0_OBJS := $(patsubst %,$(BUILD)/libzinf/src/cli/%.o,cli options device_options)
+LIB_O0_OBJS := $(patsubst %,$(BUILD)/libzinf/src/cli/%.o,cli options device_options zero_options)
 LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/json util/log util/error util/size util/sys util/proc \
   shard/manifest shard/safetensors shard/lock shard/commit shard/init shard/disk shard/verify shard/reshard \
   shard/hf shard/llmc shard/model shard/llama train/run plan/plan io/config mem/arena mem/pool)

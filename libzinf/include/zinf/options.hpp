@@ -1,8 +1,9 @@
 // zinf options (the cli module): the command-line options programs share,
 // declared once so that every program spells them alike (--config or
 // --engine/--block-size/--queue-depth/--queues; --pinned, --pinned-buffer;
-// --backend, --comm-timeout; --device, --gpu, --device-memory). Sits on top
-// of io, mem, comm and device, below the programs.
+// --backend, --comm-timeout; --device, --gpu, --device-memory;
+// --prefetch-bytes, --persist-below). Sits on top of io, mem, comm, device
+// and zero, below the programs.
 #pragma once
 
 #include <zinf/cli.hpp>
@@ -13,6 +14,10 @@
 
 #include <string>
 #include <vector>
+
+namespace zinf::zero {
+struct EngineOptions;
+}  // namespace zinf::zero
 
 namespace zinf::cli {
 
@@ -64,6 +69,20 @@ struct DeviceOptions {
     // After parsing: the device to open, its budget from --device-memory
     // (auto: of the GPU's memory on cuda), `threads` for the cpu backend.
     device::Options resolve(unsigned threads) const;
+};
+
+// --prefetch-bytes and --persist-below: how far the ZeRO-Infinity engine
+// fetches ahead, and which parameters stay on the device. A program that
+// only samples takes --persist-below auto (its default): every parameter
+// kept when all of them fit (zero::EngineOptions::persist_if_fits).
+struct ZeroOptions {
+    std::string prefetch_bytes = "64MiB";
+    std::string persist_below = "0";
+    bool sampling = false;
+
+    void add(CLI::App& app, bool sampling);
+    // After parsing: the engine's options these set, the rest defaults.
+    zero::EngineOptions resolve() const;
 };
 
 }  // namespace zinf::cli
