@@ -198,9 +198,7 @@ LIB := $(BUILD)/libzinf.a
 LIB_SRCS := $(filter-out $(if $(NVCC),%_none.cpp,%_cuda.cpp),$(sort $(wildcard libzinf/src/*/*.cpp)))
 # The sanitized test builds (below) need only the modules their tests use.
 ifneq ($(SANITIZED_MODULES),)
-# (less the programs' option parsing, CLI11's, which no such suite reaches)
-LIB_SRCS := $(filter-out libzinf/src/util/cli.cpp libzinf/src/util/options.cpp libzinf/src/util/device_options.cpp,\
-  $(filter $(foreach m,$(SANITIZED_MODULES),libzinf/src/$(m)/%),$(LIB_SRCS)))
+LIB_SRCS := $(filter $(foreach m,$(SANITIZED_MODULES),libzinf/src/$(m)/%),$(LIB_SRCS))
 LIB := $(BUILD)/libzinf-$(subst $(space),-,$(strip $(SANITIZED_MODULES))).a
 endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
@@ -403,9 +401,9 @@ $(TEST_OBJS) $(PROGRAM_O0_OBJS) $(BUILD)/pch/tests.hpp.$(PCH_EXT) $(BUILD)/pch/t
 
 # The library's files that parse and print (JSON manifests, plans, configs,
 # headers, locks, specs, the commit protocol, the pool's and arena's reports),
-# no loops over data: -O1; the two that only declare and parse options (CLI11):
+# no loops over data: -O1; the cli module's, which only declare and parse options (CLI11):
 # -O0, as the programs. Their codegen is most of their compile time.
-LIB_O0_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/cli util/options util/device_options)
+LIB_O0_OBJS := $(patsubst %,$(BUILD)/libzinf/src/cli/%.o,cli options device_options zero_options)
 LIB_O1_OBJS := $(patsubst %,$(BUILD)/libzinf/src/%.o,util/json util/log util/error util/size util/sys util/proc \
   shard/manifest shard/safetensors shard/lock shard/commit shard/init shard/disk shard/verify shard/reshard \
   shard/hf shard/llmc shard/model shard/llama train/run plan/plan io/config mem/arena mem/pool)

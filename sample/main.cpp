@@ -26,8 +26,8 @@ struct Options {
     double temperature = 1.0;
     std::optional<std::uint64_t> seed;
     unsigned threads = 0;
-    std::string device_memory = "auto", prefetch_bytes = "64MiB", persist_below = "auto";
     cli::DeviceOptions device;
+    cli::ZeroOptions zero;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;
@@ -110,25 +110,18 @@ int run(Options& o) {
                          std::to_string(m.opts.dp) + ", or reshard it (zinf-shard reshard --dp " +
                          std::to_string(comm.size()) + ")");
     const bool lead = comm.rank() == 0;
-    auto dev = device::open(o.device.resolve(o.device_memory, o.threads));
-    if (comm.size() > 1 && !dev->host_addressable())
-        throw UsageError("--device " + dev->backend() + " runs one rank for now: data parallelism there needs NCCL on "
-                         "the device's collectives stream, which is not built yet (use --device cpu)");
-    io::Engine engine(o.engine.resolve());
-    mem::PinnedPool pool(o.pool.resolve(), &engine);
+    auto dev = device::open(o.device.resolve(o.threads));
+    io::Engine io(o.engine.resolve());
+    mem::PinnedPool pool(o.pool.resolve(), &io);
 
     const auto model = model::make_model(model::Config::from(m.spec, m.opts.tile));
     model::LanguageModel& gpt = *model;
     gpt.params_table().check(m, o.manifest);
     // The decoder's buffers first: the engine takes what is left.
     sample::Decoder dec(gpt, *dev, positions);
-    const std::uint64_t prefetch_bytes = parse_size(o.prefetch_bytes);
-    std::optional<std::uint64_t> persist_below;  // auto: all when they fit (sample::engine_options)
-    if (o.persist_below != "auto") persist_below = parse_size(o.persist_below);
-    const zero::InfinityOptions io =
-        sample::engine_options(m, gpt, prefetch_bytes, persist_below, dev->arena().stats().largest_free);
-    zero::CommittedParams params(m, static_cast<unsigned>(comm.rank()), engine, pool);
-    zero::InfinityEngine inf(m, gpt.modules(), comm, engine, pool, *dev, params, io);
+    zero::EngineOptions eo = o.zero.resolve();
+    eo.gpu = o.device.gpu;
+    const auto engine = zero::Engine::open(m, gpt.modules(), comm, io, pool, *dev, eo);
 
     sample::GenerateOptions go;
     go.tokens = o.tokens;
@@ -141,7 +134,7 @@ int run(Options& o) {
         log::info(m.spec.to_string() + ", step " + std::to_string(m.parts.front().step) + ": parameters on " +
                   shard::tier_name(m.opts.param_tier) + " (" + shard::dtype_name(m.opts.param_dtype) + ") over " +
                   std::to_string(comm.size()) + " rank(s); " +
-                  (io.persist_below ? "every parameter kept on the device after its first fetch"
+                  (engine->options().infinity.persist_below ? "every parameter kept on the device after its first fetch"
                                     : "every token's pass fetches the parameters from their tier (they do not all "
                                       "fit the device budget at once)") +
                   "; key-value cache for " + std::to_string(positions) + " positions");
@@ -150,7 +143,6 @@ int run(Options& o) {
                   (o.top_k ? ", top-k " + std::to_string(o.top_k) : std::string()) + ", seed " +
                   std::to_string(go.seed) + (o.seed ? "" : " (--seed " + std::to_string(go.seed) + " repeats this text)"));
     }
-    sample::Passes passes{inf, [&] { inf.begin(false); }, [&] { inf.end(); }, [&] { inf.reset(); }};
     auto emit = [&](std::int32_t t) {
         if (!lead || (go.stop && t == *go.stop)) return;
         if (stream) {
@@ -163,7 +155,7 @@ int run(Options& o) {
         }
     };
     Timer timer;
-    const std::uint64_t drawn = sample::generate(dec, *dev, passes, comm, prompt, go, emit);
+    const std::uint64_t drawn = sample::generate(dec, *dev, *engine, comm, prompt, go, emit);
     if (lead) {
         const double s = timer.seconds();
         log::info(std::to_string(drawn) + " tokens in " + std::to_string(s) + " s (" +
@@ -202,16 +194,7 @@ int main(int argc, char** argv) {
                    "end-of-text token (<|endoftext|>, <|end_of_text|>, </s>) ends the text. A vocabulary larger "
                    "than the model's is refused (65)");
     app.add_option("--threads", o.threads, "Kernel threads (0: the CPUs this process may use)")->capture_default_str();
-    app.add_option("--device-memory", o.device_memory,
-                   "Device memory budget (4GiB); auto: 3/4 of the memory available")
-        ->capture_default_str();
-    app.add_option("--prefetch-bytes", o.prefetch_bytes,
-                   "Device bytes the engine fetches ahead of compute along the recorded trace (0: on demand)")
-        ->capture_default_str();
-    app.add_option("--persist-below", o.persist_below,
-                   "Parameters of fewer elements stay on the device after their first fetch; auto: all of them "
-                   "when they fit the budget beside the cache, else none")
-        ->capture_default_str();
+    o.zero.add(app, true);
     o.engine.add(app);
     o.pool.add(app);
     o.comm.add(app);

@@ -35,16 +35,14 @@ struct Options {
     std::uint64_t seed = 0;
     bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
     bool no_persist_shared = false, no_overlap = false;
-    std::string prefetch_bytes = "64MiB";
     std::string disk_probe = "64MiB";
     std::string optimizer_readahead = "auto";
     std::string offload_activations = "none";
     std::string precision = "fp32";
-    std::uint64_t persist_below = 0;
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
-    std::string device_memory = "auto";
     cli::DeviceOptions device;
+    cli::ZeroOptions zero;
     cli::EngineOptions engine;
     cli::PoolOptions pool;
     cli::CommOptions comm;
@@ -228,9 +226,9 @@ train::Options train_options(const Options& o, const std::string& committed, uns
                                                              : cli::parse_sizes({o.optimizer_readahead}, "--optimizer-readahead")[0];
     to.offload_activations = model::parse_offload(o.offload_activations);
     to.precision = device::parse_precision(o.precision);
-    to.infinity.prefetch_bytes = parse_size(o.prefetch_bytes);
-    to.infinity.persist_below = o.persist_below;
+    to.infinity = o.zero.resolve().infinity;
     to.infinity.persist_shared = !o.no_persist_shared;
+    to.gpu = o.device.gpu;
     // zinf-nvmebench --best's figures, when --config brought them.
     const io::EngineConfig ec = o.engine.resolve();
     to.disk = {ec.read_gibps * static_cast<double>(GiB), ec.write_gibps * static_cast<double>(GiB)};
@@ -261,7 +259,7 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
         log::info("engine: ZeRO-Infinity, parameters on " + std::string(shard::tier_name(m.opts.param_tier)) +
                   " and optimizer state on " + shard::tier_name(m.opts.optim_tier) + "; prefetch " +
                   format_size(to.infinity.prefetch_bytes) + ", persistent below " +
-                  std::to_string(o.persist_below) + " elements" +
+                  std::to_string(to.infinity.persist_below) + " elements" +
                   (o.no_persist_shared ? "" : " and the tied embedding") + "; optimizer " +
                   (o.no_overlap ? "after backward" : "overlapped with backward") + "; activation checkpoints on " +
                   (o.offload_activations == "none" ? "the device" : o.offload_activations) +
@@ -294,14 +292,7 @@ int run(Options& o) {
     comm::Communicator comm(o.comm.resolve());
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
     Data d = load_data(o, m.spec.vocab, comm, cores);
-    auto dev = device::open(o.device.resolve(o.device_memory, cores));
-    // Data parallel on device memory the host cannot address (cuda): the
-    // engine's gathers and reduce-scatters go through NCCL on the device's
-    // streams, the host's collectives (the optimizer's, the loss) stay on comm.
-    std::unique_ptr<comm::Communicator> device_comm;
-    // (--resident refuses such a run: its collectives are host calls.)
-    if (comm.size() > 1 && !dev->host_addressable() && !o.resident)
-        device_comm = comm::device_communicator(comm, o.device.gpu);
+    auto dev = device::open(o.device.resolve(cores));
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
@@ -315,12 +306,10 @@ int run(Options& o) {
                            data::LoaderOptions{.batch = o.batch, .seq = o.seq, .rank = rank, .ranks = ranks});
 
     train::Options to = train_options(o, committed, cores);
-    to.infinity.device_comm = device_comm.get();
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
     const bool lead = rank == 0;
     if (lead) describe_run(o, checkpoint, comm, t, to, *dev, d, at);
-    if (lead && device_comm) log::info("the engine's collectives: " + device_comm->describe());
 
     const train::Cadence cadence{.steps = o.steps,
                                  .eval_every = o.eval_every,
@@ -387,18 +376,10 @@ int main(int argc, char** argv) {
     app.add_flag("--resume", o.resume, "Continue the checkpoint the manifest holds");
     app.add_option("--threads", o.threads, "Kernel threads per rank (0: the cores shared out over the node's ranks)")
         ->capture_default_str();
-    app.add_option("--device-memory", o.device_memory,
-                   "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
-        ->capture_default_str();
     app.add_flag("--json", o.json, "JSON Lines (zinf.train/1) instead of the human lines");
     app.add_flag("--resident", o.resident,
                  "The reference engine: every parameter resident on every rank (plain data parallel)");
-    app.add_option("--prefetch-bytes", o.prefetch_bytes,
-                   "Device bytes the engine fetches ahead of compute along the recorded trace (0: on demand)")
-        ->capture_default_str();
-    app.add_option("--persist-below", o.persist_below,
-                   "Parameters of fewer elements stay gathered for the whole step (0: none)")
-        ->capture_default_str();
+    o.zero.add(app, false);
     app.add_flag("--no-persist-shared", o.no_persist_shared,
                  "Fetch a parameter several modules use (the tied wte) at each use instead of keeping it gathered "
                  "for the step");
@@ -438,7 +419,7 @@ int main(int argc, char** argv) {
         o.bench.check();
         const device::Precision precision = device::parse_precision(o.precision);
         if (o.bench.enabled)
-            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.device_memory, o.threads),
+            return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.threads),
                                       precision, o.json, !o.no_checkpoint, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);

@@ -4,8 +4,9 @@
 # 1e-4, two cuda runs give the same losses to the bit, and zinf-sample's
 # greedy text from one trained state is the same on both; under mpirun, two
 # ranks on cuda (the engine's collectives on NCCL, enqueued on the device's
-# streams) train within 1e-4 of two on cpu, or are refused (64) saying why
-# (one GPU for two ranks, no NCCL). --device and --gpu
+# streams) train within 1e-4 of two on cpu and sample cpu's greedy text
+# from a dp 2 reshard (zinf-sample drives the trainer's engine), or are
+# refused (64) saying why (one GPU for two ranks, no NCCL). --device and --gpu
 # refusals (64) run everywhere; the rest is skipped, with the reason the
 # programs give, where the cuda backend cannot run (no GPU, or no CUDA in
 # the build). --precision bf16 (GEMM inputs rounded to bf16, fp32
@@ -92,6 +93,7 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
   fi
   for t in "10 fp32 steps on cuda within 1e-4 of cpu" "two cuda runs give the same losses to the bit" \
     "zinf-sample greedy text is the same on cpu and cuda" "dp 2 on cuda (NCCL) within 1e-4 of dp 2 on cpu" \
+    "zinf-sample at dp 2 on cuda (NCCL) gives cpu's greedy text" \
     "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit" \
     "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
     "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's"; do
@@ -227,5 +229,26 @@ run "$SA" -m "$W/p/manifest.jsonl" --prompt 'period: 0' -n 45 --temperature 0 --
 expect_rc 0 "greedy sampling on cuda"
 if [[ $out == "$cpu_text" && -n $out ]]; then pass "zinf-sample greedy text is the same on cpu and cuda"; else
   fail "zinf-sample greedy text is the same on cpu and cuda" "cpu '$(printf '%q' "$cpu_text")', cuda '$(printf '%q' "$out")'"
+fi
+
+# --- the same text from two ranks on cuda over a dp 2 reshard of the state:
+# zinf-sample's engine is the trainer's, its gathers on NCCL at dp 2; on one
+# GPU it is refused (64) as zinf-train is, and the check skipped with its words.
+SDP="zinf-sample at dp 2 on cuda (NCCL) gives cpu's greedy text"
+if ! command -v mpirun >/dev/null; then
+  skip "$SDP" "no mpirun on this host"
+else
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  "$SH" reshard --dp 2 --dir "$W/p2" -m "$W/p/manifest.jsonl" -q >/dev/null
+  run mpirun -np 2 "$SA" -m "$W/p2/manifest.jsonl" --prompt 'period: 0' -n 45 --temperature 0 --device cuda -q \
+    "${POOL[@]}"
+  if [[ $rc == 64 && ($err == *NCCL* || $err == *MPI*) ]]; then
+    skip "$SDP" "$(grep -m 1 -E 'NCCL|MPI' <<<"$err")"
+  else
+    expect_rc 0 "greedy sampling at dp 2 on cuda"
+    if [[ $out == "$cpu_text" && -n $out ]]; then pass "$SDP"; else
+      fail "$SDP" "cpu '$(printf '%q' "$cpu_text")', cuda dp 2 '$(printf '%q' "$out")'"
+    fi
+  fi
 fi
 finish

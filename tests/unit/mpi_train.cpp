@@ -144,7 +144,7 @@ struct Outcome {
 // per parameter: at most fetches + backward hooks, where a block of the
 // tiny GPT has two parameters per module (weight, bias) and one collective
 // per parameter would start twice as many.
-void expect_bucketed(zero::InfinityEngine& e, const train::StepLog& log) {
+void expect_bucketed(zero::Engine& e, const train::StepLog& log) {
     const zero::InfinityStats st = e.stats();
     std::uint64_t backward = 0;
     for (const std::string& hook : e.trace(true)) backward += hook.ends_with(" backward");
@@ -169,12 +169,12 @@ Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span
     train::Trainer t(m, c, rig.engine, rig.pool, *dev, to);
     for (std::uint64_t s = t.step_count(); s < kSteps; ++s) {
         out.logs.push_back(t.step(loader));
-        if (!resident && ranks > 1) expect_bucketed(*t.infinity(), out.logs.back());
+        if (!resident && ranks > 1) expect_bucketed(t.engine(), out.logs.back());
     }
     // The resident copy, read back through a copy (the engine keeps none:
     // its runs are compared by what they committed).
     for (std::size_t i = 0; resident && i < m.tensors.size(); ++i) {
-        const auto v = t.resident_engine().values(i);
+        const auto v = dynamic_cast<zero::ResidentEngine&>(t.engine().hooks()).values(i);
         std::vector<float> host(v.size());
         dev->copy(dev->compute(), std::as_writable_bytes(std::span(host)), std::as_bytes(v));
         dev->synchronize(dev->compute());

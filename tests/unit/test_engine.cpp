@@ -511,11 +511,11 @@ BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
         BudgetRun r(rig, s, tokens, budget);
         auto& [run, self, dev, loader, t] = r;
         t.step(loader);
-        const auto first = t.infinity()->stats();
+        const auto first = t.engine().stats();
         BOOST_TEST(first.prefetched == 0u);
         BOOST_TEST(first.on_demand > 0u);
         t.step(loader);
-        const auto second = t.infinity()->stats();
+        const auto second = t.engine().stats();
         if (budget == 64 * MiB) {
             BOOST_TEST(second.prefetched > 0u);
             BOOST_TEST(second.on_demand == 0u, second.on_demand << " fetches on demand with a trace to replay");
@@ -529,7 +529,7 @@ BOOST_AUTO_TEST_CASE(later_steps_prefetch_along_the_trace) {
             BOOST_TEST(second.read_ahead == 0u);
         }
         BOOST_TEST(!second.diverged);
-        const auto tr = t.infinity()->trace(true);
+        const auto tr = t.engine().trace(true);
         BOOST_TEST_REQUIRE(!tr.empty());
         BOOST_TEST(tr.front() == "embedding forward");
         BOOST_TEST(tr.back() == "embedding backward");
@@ -563,7 +563,7 @@ BOOST_AUTO_TEST_CASE(a_checkpointed_step_reads_each_parameter_twice) {
         BOOST_TEST_REQUIRE(run.m.tensors[0].name.find("wte") != std::string::npos);
         for (int k = 0; k < 3; ++k) {
             t.step(loader);
-            const auto st = t.infinity()->stats();
+            const auto st = t.engine().stats();
             BOOST_TEST_MESSAGE("budget " << budget << " step " << k + 1 << ": fetched " << st.fetched_bytes[2]
                                          << " of " << all << ", reused " << st.reused);
             if (k == 0) continue;  // the first step records the order

@@ -415,8 +415,9 @@ BOOST_AUTO_TEST_CASE(activation_store_pins_through_the_pool) {
             dev->copy(s, std::as_writable_bytes(out[j].span()), std::as_bytes(std::span(host[j])));
         }
         {
-            model::ActivationStore store(kind, count, n * sizeof(float), rig.pool, &rig.engine,
-                                         tmp.file("acts-" + what + ".bin"));
+            const auto owned = zero::ActivationStore::open(kind, count, n * sizeof(float), rig.pool, &rig.engine,
+                                                           tmp.file("acts-" + what + ".bin"));
+            zero::ActivationStore& store = *owned;
             const mem::PoolStats st = rig.pool.stats();
             BOOST_TEST(st.pinned == (kind == model::Offload::cpu ? 1u : 2u), what);
             BOOST_TEST(st.pinned_bytes == (kind == model::Offload::cpu ? count * slot : 2 * slot), what);

@@ -478,19 +478,23 @@ BOOST_AUTO_TEST_CASE(overlap_is_exact_when_clipped_rescaled_or_skipped) {
         auto c = self_comm();
         // What each optimizer handed out as working parameters, per tensor.
         std::vector<Bytes> seen_full(full.m.tensors.size()), seen_ov(full.m.tensors.size());
-        auto watch = [&](std::vector<Bytes>& seen) {
-            return [&seen, &full](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
-                const std::size_t dt = shard::dtype_bytes(full.m.opts.param_dtype);
+        struct Watch : zero::ParamListener {
+            std::vector<Bytes>& seen;
+            std::size_t dt;
+            Watch(std::vector<Bytes>& s, std::size_t d) : seen(s), dt(d) {}
+            void updated(std::size_t t, std::uint64_t first, std::span<const std::byte> v) override {
                 if (seen[t].size() < (first * dt + v.size())) seen[t].resize(first * dt + v.size());
                 std::memcpy(seen[t].data() + first * dt, v.data(), v.size());
-            };
+            }
         };
+        const std::size_t dt = shard::dtype_bytes(full.m.opts.param_dtype);
+        Watch watch_full(seen_full, dt), watch_ov(seen_ov, dt);
         zero::OptimizerOptions of_o = options(), ov_o = options();
         of_o.grad_clip = ov_o.grad_clip = 1.0;
-        of_o.on_param = watch(seen_full);
-        ov_o.on_param = watch(seen_ov);
         ov_o.overlap = true;
         zero::Optimizer of(full.m, c, rig.engine, rig.pool, of_o), oov(ov.m, c, rig.engine, rig.pool, ov_o);
+        of.listen(&watch_full);
+        oov.listen(&watch_ov);
         // Per step: the gradients' factor, the loss scale, a non-finite
         // element, and whether the overlapped step must be redone.
         struct Step {

@@ -2,7 +2,8 @@
 // forward's at every position (untiled and tiled, random weights), the same
 // decoder through the ZeRO-Infinity engine over a committed manifest (nvme
 // and cpu tiers, every pass fetching or all kept) against the resident
-// engine, to the bit, reading nothing it should not and writing nothing; a
+// engine, to the bit, reading nothing it should not and writing nothing;
+// the run's engine opened for sampling, resident or not, alike; a
 // corrupted partition refused; the Chooser's draws (greedy, ties, top-k, the
 // vocabulary limit, seeds, frequencies). (Tokenizers: test_text.)
 #define BOOST_TEST_MODULE sample
@@ -175,6 +176,64 @@ BOOST_AUTO_TEST_CASE(through_the_engine_equals_resident) {
                 if (persist) BOOST_TEST(from_tier == 0u);  // kept since the first pass
                 else BOOST_TEST(from_tier > 0u);
                 BOOST_TEST((listing() == before));  // nothing written, nothing left
+            }
+        }
+    }
+}
+
+// zinf-sample's path: the run's engine (zero::Engine) opened for forward
+// passes only, resident or ZeRO-Infinity, keeping every parameter when they
+// fit or fetching them every pass: the same logits to the bit as the
+// ZeRO-Infinity engine over the committed parameters, the same greedy text
+// through generate(), and no training step or save taken.
+BOOST_AUTO_TEST_CASE(the_run_engine_samples_alike_in_every_placement) {
+    const std::uint64_t s = fresh_seed("run engine decode");
+    Rig rig;
+    shard::LayoutOptions lo;
+    lo.param_tier = shard::Tier::nvme;
+    lo.train = false;
+    lo.seed = s;
+    Run run(rig, lo, kSpec);
+    auto self = self_comm();
+    const auto tokens = random_tokens(s + 3, run.m.spec.vocab, 10);
+    model::GPT gpt(model::Config::from(run.m.spec));
+    const sample::GenerateOptions go{.tokens = 5, .choice = {.temperature = 0}, .seed = s};
+    std::vector<float> want;
+    std::vector<std::int32_t> want_text;
+    {
+        auto dev = device_of();
+        sample::Decoder dec(gpt, *dev, tokens.size());
+        zero::CommittedParams params(run.m, 0, rig.engine, rig.pool);
+        zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, params, {});
+        const sample::Passes passes{inf, [&] { inf.begin(false); }, [&] { inf.end(); }, [&] { inf.reset(); }};
+        want = cached_logits(*dev, dec, passes, tokens);
+        dec.reset();
+        sample::generate(dec, *dev, passes, self, std::span(tokens).first(4), go,
+                         [&](std::int32_t t) { want_text.push_back(t); });
+    }
+    BOOST_TEST_REQUIRE(want_text.size() == go.tokens);
+    for (const bool resident : {false, true}) {
+        for (const bool fits : {false, true}) {
+            BOOST_TEST_CONTEXT((resident ? "resident" : "ZeRO-Infinity") << (fits ? ", kept when they fit" : "")) {
+                auto dev = device_of();
+                sample::Decoder dec(gpt, *dev, tokens.size());
+                zero::EngineOptions eo;
+                eo.resident = resident;
+                eo.persist_if_fits = fits;
+                const auto e = zero::Engine::open(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, eo);
+                if (!resident) BOOST_TEST((e->options().infinity.persist_below > 0) == fits);
+                const sample::Passes passes{e->hooks(), [&] { e->begin_forward(); }, [&] { e->end(); },
+                                            [&] { e->reset(); }};
+                const auto got = cached_logits(*dev, dec, passes, tokens);
+                BOOST_REQUIRE_EQUAL(got.size(), want.size());
+                BOOST_TEST(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+                dec.reset();
+                std::vector<std::int32_t> text;
+                sample::generate(dec, *dev, *e, self, std::span(tokens).first(4), go,
+                                 [&](std::int32_t t) { text.push_back(t); });
+                BOOST_TEST(text == want_text, boost::test_tools::per_element());
+                BOOST_CHECK_THROW(e->begin_step(1e-3), InternalError);
+                BOOST_CHECK_THROW(e->save(), InternalError);
             }
         }
     }

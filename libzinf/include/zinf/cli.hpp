@@ -1,4 +1,4 @@
-// zinf cli (part of util): what every program's main shares. Options parsed by
+// zinf cli: what every program's main shares. Options parsed by
 // CLI11, errors turned into a message on stderr and the documented exit code.
 // CLI11 itself is only declared here: a program that builds its options
 // includes <CLI/CLI.hpp>, and the library's other users never compile it.

@@ -340,10 +340,12 @@ private:
     std::size_t wte_;
 };
 
-// Where activation checkpoints wait for the backward pass.
-enum class Offload { none, cpu, nvme };
-const char* offload_name(Offload o);
-Offload parse_offload(std::string_view text);  // UsageError
+// Where activation checkpoints wait for the backward pass, and the store
+// the model hands them to: the engine's (zero.hpp, ActivationStore).
+using Offload = zero::Offload;
+using zero::offload_name;
+using zero::parse_offload;
+using ActivationStore = zero::ActivationStore;
 
 struct Shape {
     std::uint64_t batch = 0, seq = 0;  // B rows of T tokens, T <= max_seq
@@ -386,44 +388,6 @@ std::uint64_t offloaded_checkpoints(const Config& cfg);
 std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T, device::Precision p);
 std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
                             device::Precision p = device::Precision::fp32);
-
-// Activation checkpoints off the device: in page-locked host memory (cpu)
-// or in a scratch file on NVMe (removed when the store goes). save() copies
-// checkpoint j out on the d2h stream once the compute stream has made it;
-// load() brings it back on the h2d stream once the compute stream is done
-// with the buffer it lands in; the compute stream waits for either with
-// wait_saved / wait_loaded. Device to disk goes through one page-locked
-// staging buffer per direction; the streams keep them in order. The
-// page-locked memory (the checkpoints for cpu, the staging buffers for nvme)
-// comes from `pool` (PinnedPool::pin: registered with CUDA and the io
-// engine), which must outlive the store.
-class ActivationStore {
-public:
-    ActivationStore(Offload kind, std::uint64_t count, std::uint64_t bytes_each, mem::PinnedPool& pool,
-                    io::Engine* io = nullptr, std::string path = {});
-    ~ActivationStore();
-    ActivationStore(const ActivationStore&) = delete;
-    ActivationStore& operator=(const ActivationStore&) = delete;
-
-    Offload kind() const { return kind_; }
-    // src and dst: bytes_each bytes of device memory (fp32 or bf16 elements).
-    void save(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<const std::byte> src);
-    void wait_saved(device::Device& dev, device::Stream& compute, std::uint64_t j);
-    void load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<std::byte> dst);
-    void wait_loaded(device::Device& dev, device::Stream& compute, std::uint64_t j);
-    std::uint64_t bytes_out() const { return out_; }  // since construction
-    std::uint64_t bytes_in() const { return in_; }
-
-private:
-    Offload kind_;
-    std::uint64_t count_, bytes_, slot_;
-    io::Engine* io_;
-    std::string path_;
-    io::File file_;
-    mem::Pinned host_, stage_out_, stage_in_;
-    std::vector<device::Event> saved_, loaded_;
-    std::uint64_t out_ = 0, in_ = 0;
-};
 
 // Every buffer a training step needs, planned once for a Shape.
 struct Activations {

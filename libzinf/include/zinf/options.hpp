@@ -1,8 +1,9 @@
-// zinf options: the command-line options of programs that run the io engine
-// and the pinned pool, declared once so that every program spells them alike
-// (--config or --engine/--block-size/--queue-depth/--queues; --pinned,
-// --pinned-buffer; --backend, --comm-timeout; --device, --gpu, --device-memory). Sits on top of cli,
-// io, mem, comm and device.
+// zinf options (the cli module): the command-line options programs share,
+// declared once so that every program spells them alike (--config or
+// --engine/--block-size/--queue-depth/--queues; --pinned, --pinned-buffer;
+// --backend, --comm-timeout; --device, --gpu, --device-memory;
+// --prefetch-bytes, --persist-below). Sits on top of io, mem, comm, device
+// and zero, below the programs.
 #pragma once
 
 #include <zinf/cli.hpp>
@@ -13,6 +14,10 @@
 
 #include <string>
 #include <vector>
+
+namespace zinf::zero {
+struct EngineOptions;
+}  // namespace zinf::zero
 
 namespace zinf::cli {
 
@@ -48,20 +53,36 @@ struct CommOptions {
 // (`gpu_bytes`: three quarters of the GPU's memory instead, for cuda).
 std::uint64_t device_memory(const std::string& text, std::uint64_t gpu_bytes = 0);
 
-// --device and --gpu: which backend runs the kernels, and on which GPU. The
-// default is cpu, the reference, until the cuda backend has passed its checks
-// on a GPU (tests/unit/test_cuda.cpp, tests/e2e/cuda.sh): every suite that
-// compares runs' bits or runs data parallel assumes it.
+// --device, --gpu and --device-memory: which backend runs the kernels, on
+// which GPU, and its memory budget. The default is cpu, the reference, until
+// the cuda backend has passed its checks on a GPU (tests/unit/test_cuda.cpp,
+// tests/e2e/cuda.sh): every suite that compares runs' bits or runs data
+// parallel assumes it.
 struct DeviceOptions {
     std::string device = "cpu";
     int gpu = -1;
+    std::string memory = "auto";
 
     void add(CLI::App& app);
     // The backend auto stands for here: "cuda" or "cpu".
     std::string backend() const;
-    // After parsing: the device to open, its budget from --device-memory's
-    // text (auto: of the GPU's memory on cuda), `threads` for the cpu backend.
-    device::Options resolve(const std::string& memory, unsigned threads) const;
+    // After parsing: the device to open, its budget from --device-memory
+    // (auto: of the GPU's memory on cuda), `threads` for the cpu backend.
+    device::Options resolve(unsigned threads) const;
+};
+
+// --prefetch-bytes and --persist-below: how far the ZeRO-Infinity engine
+// fetches ahead, and which parameters stay on the device. A program that
+// only samples takes --persist-below auto (its default): every parameter
+// kept when all of them fit (zero::EngineOptions::persist_if_fits).
+struct ZeroOptions {
+    std::string prefetch_bytes = "64MiB";
+    std::string persist_below = "0";
+    bool sampling = false;
+
+    void add(CLI::App& app, bool sampling);
+    // After parsing: the engine's options these set, the rest defaults.
+    zero::EngineOptions resolve() const;
 };
 
 }  // namespace zinf::cli

@@ -95,8 +95,8 @@ private:
 };
 
 // What one engine pass is: the engine the Decoder runs through and the
-// brackets around each pass (the ZeRO-Infinity engine's begin(false) and
-// end(); nothing for the resident engine).
+// brackets around each pass (a run's engine's begin_forward() and end();
+// nothing for a bare resident engine).
 struct Passes {
     zero::ParamEngine& engine;
     std::function<void()> begin, end, reset;
@@ -117,12 +117,12 @@ struct GenerateOptions {
 std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, comm::Communicator& comm,
                        std::span<const std::int32_t> prompt, const GenerateOptions& o,
                        const std::function<void(std::int32_t)>& emit);
-
-// The engine sampling runs through: every parameter kept gathered on the
-// device when they all fit beside the decoder in `device_left` bytes
-// (persist_below unset, "auto"): one fetch for the whole text. Otherwise
-// each token's pass fetches every module from its tier, as training does.
-zero::InfinityOptions engine_options(const shard::Manifest& m, const model::LanguageModel& model, std::uint64_t prefetch_bytes,
-                                     std::optional<std::uint64_t> persist_below, std::uint64_t device_left);
+// The same through a run's engine (zero::Engine, opened for forward passes:
+// EngineOptions::persist_if_fits keeps every parameter on the device when
+// they fit beside the decoder, one fetch for the whole text), each pass one
+// of its begin_forward() ... end().
+std::uint64_t generate(Decoder& dec, device::Device& dev, zero::Engine& engine, comm::Communicator& comm,
+                       std::span<const std::int32_t> prompt, const GenerateOptions& o,
+                       const std::function<void(std::int32_t)>& emit);
 
 }  // namespace zinf::sample

@@ -1,14 +1,12 @@
 // zinf train: one training step of a GPT over a manifest's state, as
-// zinf-train runs it. By default the ZeRO-Infinity engine
-// (zero::InfinityEngine) moves the parameters: each rank holds only its
-// partitions, in the manifest's tiers, and every module's are fetched and
-// gathered before it runs, its gradients reduce-scattered and handed to the
-// tiered optimizer (zero::Optimizer) as its backward ends. The optimizer
-// writes the new working parameters to their tier, where the next step
-// fetches them. With `resident` the reference engine keeps the whole model
-// on every rank instead (plain data parallel: one reduce-scatter after
-// backward, the new parameters gathered back). Placement moves bytes; it
-// never changes math.
+// zinf-train runs it. The run's engine (zero::Engine) moves the parameters:
+// by default ZeRO-Infinity, each rank holding only its partitions, in the
+// manifest's tiers, every module's fetched and gathered before it runs, its
+// gradients reduce-scattered and handed to the tiered optimizer as its
+// backward ends; with `resident` the reference engine, the whole model on
+// every rank (plain data parallel). The trainer drives the engine's step
+// the same way whatever the placement; placement moves bytes, it never
+// changes math.
 //
 //   zinf::train::Trainer t(manifest, comm, engine, pool, *dev, opts);
 //   for (auto s = t.step_count(); s < opts.steps; ++s) log(t.step(loader));
@@ -78,6 +76,9 @@ struct Options {
     // to NVMe (the rank's folder) and prefetched back before it is needed.
     model::Offload offload_activations = model::Offload::none;
     zero::InfinityOptions infinity;
+    // The device's GPU (device::Options::gpu), for the communicator of the
+    // engine's collectives at dp > 1 on cuda (zero::EngineOptions::gpu).
+    int gpu = -1;
     // The bandwidth each step's disk traffic is held against (StepLog's
     // disk floor): what one process measured on the disk of the state files
     // (zinf-nvmebench --best's read_gibps and write_gibps, bytes/s here),
@@ -185,10 +186,7 @@ public:
     std::optional<std::string> nonfinite_weights();
 
     model::LanguageModel& model();  // the GPT or the Llama the manifest's spec names
-    // The resident engine (InternalError unless Options::resident).
-    model::ResidentEngine& resident_engine();
-    // The ZeRO-Infinity engine (nullptr with Options::resident).
-    zero::InfinityEngine* infinity();
+    zero::Engine& engine();           // the run's engine: its hooks, its last pass's figures
     model::Activations& activations();
     // What the run needs of the device budget at the least: the activations
     // and the engine's reserved memory plus its largest fetch.

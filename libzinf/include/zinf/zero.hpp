@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace zinf::zero {
@@ -159,12 +160,6 @@ struct OptimizerOptions {
     io::Bandwidth disk;
     optim::Kernel kernel;
     std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
-    // Called with the new working parameters of every piece a step updates:
-    // elements [first, first + n) of the tensor's partition (padding included)
-    // in the param dtype, on the thread that ran the update, before they are
-    // written. A trainer keeping the parameters resident copies them here
-    // instead of reading them back.
-    std::function<void(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values)> on_param;
 };
 
 struct StepReport {
@@ -222,6 +217,19 @@ struct ParamSource {
     std::string where;  // "h.0.attn.c_attn.weight rank 0 param", for messages
 };
 
+// Told of the new working parameters of every piece a step updates:
+// elements [first, first + n) of the tensor's partition (padding included)
+// in the param dtype, before they are written, on the thread that ran the
+// update (the optimizer's own while its update overlaps the backward). It
+// copies what it needs and returns. An engine that keeps parameters on the
+// device (the gpu tier, the resident copy) refreshes them here instead of
+// reading them back.
+class ParamListener {
+public:
+    virtual ~ParamListener() = default;
+    virtual void updated(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) = 0;
+};
+
 // What the ZeRO-Infinity engine reads parameters from and hands gradients
 // to: the Optimizer while training, CommittedParams when only forward
 // passes run (zinf-sample).
@@ -231,6 +239,11 @@ public:
     virtual ParamSource param_source(std::size_t tensor) = 0;
     // This rank's averaged gradient of `tensor`: its real elements.
     virtual void put_gradient(std::size_t tensor, std::span<const float> grad) = 0;
+    // The one listener told of the parameters' updates (null: none), set
+    // between steps; the engine that reads the store sets itself and clears
+    // itself before it goes. A store whose parameters never change tells
+    // no one.
+    virtual void listen(ParamListener*) {}
 };
 
 class Optimizer : public ParamStore {
@@ -252,6 +265,9 @@ public:
     // once per step. With overlap, the tensor's update starts now.
     void put_gradient(std::size_t tensor, std::span<const float> grad) override;
     void put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16);
+    // Every piece a step updates (its speculation, its redo, and the
+    // parameters put back after a skipped step) is told to `l`.
+    void listen(ParamListener* l) override;
 
     // Clips, updates every partition (or waits for the overlapped updates),
     // and commits. loss_scale divides the gradients (fp16); a gradient that is
@@ -501,13 +517,13 @@ public:
     std::uint64_t need = 0, have = 0;
 };
 
-class InfinityEngine : public ParamEngine {
+class InfinityEngine : public ParamEngine, private ParamListener {
 public:
     // `modules`: every module of the model that uses a parameter, each once.
     // Reserves its device memory now (after the activations were planned)
     // and refuses (DoesNotFit, 64) when the largest module's fetch does not
     // fit what is left. The store (the optimizer when training) must outlive
-    // the engine.
+    // the engine, which listens to it for the updated parameters.
     InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules, comm::Communicator& comm,
                    io::Engine& io, mem::PinnedPool& pool, device::Device& dev, ParamStore& store,
                    const InfinityOptions& opts);
@@ -552,13 +568,14 @@ public:
     void end();
     void reset() noexcept;
     // The optimizer's step changed the parameters: a gpu-tier partition is
-    // refreshed by `on_param` (wire OptimizerOptions::on_param to it), and
-    // persistent ones are gathered again in the next pass. on_param may be
-    // called from another thread than the hooks (the optimizer's, during
-    // backward when its update overlaps it); it copies `values` and returns
-    // without waiting for the device: the copy to the device goes on the h2d
-    // stream after the gathers already asked to read the old values, and the
-    // next gather of the parameter waits for it.
+    // refreshed by `on_param` (the engine listens to its store for it:
+    // ParamStore::listen), and persistent ones are gathered again in the
+    // next pass. on_param may be called from another thread than the hooks
+    // (the optimizer's, during backward when its update overlaps it); it
+    // copies `values` and returns without waiting for the device: the copy
+    // to the device goes on the h2d stream after the gathers already asked
+    // to read the old values, and the next gather of the parameter waits
+    // for it.
     void on_param(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values);
     void after_step();
 
@@ -578,7 +595,180 @@ protected:
     std::span<const std::uint16_t> weight_bf16_of(const Module& m, std::size_t param) override;
 
 private:
+    void updated(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) override {
+        on_param(tensor, first, values);
+    }
     std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------
+// Activation checkpoints off the device (paper §5.1.2): the model hands a
+// block's checkpoint to a store after the block's forward and takes it back
+// one block ahead of the block's backward; the store decides where it
+// waits. save() copies checkpoint j out on the d2h stream once the compute
+// stream has made it; load() brings it back on the h2d stream once the
+// compute stream is done with the buffer it lands in; the compute stream
+// waits for either with wait_saved / wait_loaded.
+enum class Offload { none, cpu, nvme };
+const char* offload_name(Offload o);
+Offload parse_offload(std::string_view text);  // UsageError
+
+class ActivationStore {
+public:
+    // `count` checkpoints of `bytes_each` bytes in page-locked host memory
+    // (cpu) or in a scratch file at `path` on NVMe (nvme; removed when the
+    // store goes), device to disk through one page-locked staging buffer
+    // per direction, which the streams keep in order. The page-locked
+    // memory comes from `pool` (PinnedPool::pin: registered with CUDA and
+    // the io engine), which must outlive the store, as must `io`.
+    static std::unique_ptr<ActivationStore> open(Offload kind, std::uint64_t count, std::uint64_t bytes_each,
+                                                 mem::PinnedPool& pool, io::Engine* io = nullptr,
+                                                 std::string path = {});
+    virtual ~ActivationStore() = default;
+
+    virtual Offload kind() const = 0;
+    // src and dst: bytes_each bytes of device memory (fp32 or bf16 elements).
+    virtual void save(device::Device& dev, device::Stream& compute, std::uint64_t j,
+                      std::span<const std::byte> src) = 0;
+    virtual void wait_saved(device::Device& dev, device::Stream& compute, std::uint64_t j) = 0;
+    virtual void load(device::Device& dev, device::Stream& compute, std::uint64_t j, std::span<std::byte> dst) = 0;
+    virtual void wait_loaded(device::Device& dev, device::Stream& compute, std::uint64_t j) = 0;
+    virtual std::uint64_t bytes_out() const = 0;  // since construction
+    virtual std::uint64_t bytes_in() const = 0;
+};
+
+// ---------------------------------------------------------------------------
+// One owner of a run's engine: the parameter engine the model's hooks reach
+// (ZeRO-Infinity, or the resident reference), the store it reads parameters
+// from and hands gradients to (the optimizer when training, the committed
+// parameters when only forward passes run), the refresh of the parameters
+// after each update, the activation checkpoints it offloads, and the
+// device-memory checks made before anything is written. zinf-train and
+// zinf-sample drive it alike, whatever the placement:
+//
+//   auto e = zero::Engine::open(m, model.modules(), comm, io, pool, dev, opts, plan);
+//   model::Context ctx{dev, dev.compute(), e->hooks()};
+//   e->begin_step(lr);                  // a training step
+//   model.forward(ctx, acts); model.backward(ctx, acts);
+//   e->end();                           // the backward's gradients all handed over
+//   const zero::StepReport r = e->step();  // the update; the next pass reads its parameters
+//
+// and for a pass of forward only (an evaluation, a sampled token):
+// begin_forward(), the forward, end(). After a failure anywhere in a pass,
+// reset() before anything else; the step is then not taken.
+//
+// The step's phases are the engine's: what overlaps what (today the
+// optimizer's update with the backward, the fetches with compute) is
+// decided inside it, so that callers never change when it does.
+struct EngineOptions {
+    // The reference engine instead of ZeRO-Infinity: every parameter and its
+    // gradient resident on every rank's device, read whole from the manifest;
+    // after the backward one reduce-scatter of every gradient into the
+    // rank's partitions, the optimizer, and the new parameters gathered back
+    // (plain data parallel).
+    bool resident = false;
+    InfinityOptions infinity;
+    // Forward passes only: every parameter kept gathered on the device after
+    // its first fetch when all of them fit the device memory left, else
+    // none (infinity.persist_below is set by the engine).
+    bool persist_if_fits = false;
+    // Training: the optimizer's options; the engine opens the optimizer over
+    // the manifest's state. Unset: forward passes only, over the committed
+    // parameters (CommittedParams), and nothing is written.
+    std::optional<OptimizerOptions> optimizer;
+    // The device's GPU, for the communicator of the engine's collectives
+    // over device memory that the engine makes itself
+    // (comm::device_communicator) at dp > 1 on a device whose memory the
+    // host cannot address, when infinity.device_comm does not name one.
+    int gpu = -1;
+};
+
+// What a training step keeps on the device beside the engine, taken from
+// the arena before the engine's working memory (the model's activations),
+// and where its checkpoints wait for the backward.
+struct ActivationPlan {
+    std::uint64_t batch = 0, seq = 0;  // per rank, for messages
+    std::uint64_t bytes = 0;           // what take() takes from the arena
+    std::function<void()> take;
+    // Blocks run their forward again inside the backward (activation
+    // checkpointing): each keeps its fetches for its own backward.
+    bool recompute = false;
+    Offload offload = Offload::none;
+    std::uint64_t checkpoints = 0, checkpoint_bytes = 0;  // offloaded, and the bytes of each
+    // The engine's need under a layout with tile factor `tile` (zinf-shard
+    // layout --tile), with these options: a refusal says which would fit.
+    std::function<InfinityEngine::Need(unsigned tile, const InfinityOptions&)> retiled;
+};
+
+// What a pass moved: the ZeRO-Infinity engine's figures (zeros with the
+// resident engine but device_peak, the arena's), and the activation
+// checkpoints read back from and written to NVMe.
+struct PassStats : InfinityStats {
+    std::uint64_t activation_read_bytes = 0, activation_written_bytes = 0;
+};
+
+class Engine {
+public:
+    // Opens the run's engine over `m` at its committed step (`m` must
+    // outlive it: commits update it). In order: the engine's device
+    // communicator; for ZeRO-Infinity, the activations checked against the
+    // device budget beside the engine's need (DoesNotFit, 64: the budget or
+    // the tile factor that would do), taken, their checkpoints' store, the
+    // engine's need checked against what is left; then the optimizer, whose
+    // state files are prepared for its first step, so that a refused run
+    // leaves the state as it was; last the parameter engine, whose memory
+    // is the rest of the device budget. The resident engine takes its
+    // copies of every parameter and gradient first, then the activations,
+    // and reads the parameters in.
+    static std::unique_ptr<Engine> open(shard::Manifest& m, std::span<const Module* const> modules,
+                                        comm::Communicator& comm, io::Engine& io, mem::PinnedPool& pool,
+                                        device::Device& dev, const EngineOptions& opts,
+                                        const ActivationPlan& activations = {});
+    virtual ~Engine() = default;
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // The hooks the model calls and the parameters and gradients it reads.
+    virtual ParamEngine& hooks() = 0;
+
+    // A training step's forward and backward, its update at the learning
+    // rate `lr` (the optimizer's; set before the first gradient is handed
+    // over); a pass of forward only. end() waits for the engine's stages
+    // and throws what one of them threw (IoError 74 naming file and offset,
+    // DataError 65 for a checksum); a training step's gradients are all
+    // handed over when it returns.
+    virtual void begin_step(double lr) = 0;
+    virtual void begin_forward() = 0;
+    virtual void end() = 0;
+    // The update after a step's end(): clipping, the optimizer, the commit
+    // where the state streams from NVMe, and the parameters every later
+    // pass reads. Not taken (report.overflow) when a gradient was not finite.
+    virtual StepReport step() = 0;
+    virtual void reset() noexcept = 0;
+    // No collective of the engine's runs between a step's forward and its
+    // backward (one rank, or the resident engine, whose collectives follow
+    // the backward): the loss may be agreed over the ranks in between.
+    virtual bool loss_before_backward() const = 0;
+
+    virtual std::uint64_t step_count() const = 0;  // steps committed or taken
+    // Commits every state at step_count() into the manifest (training).
+    virtual void save() = 0;
+
+    virtual PassStats stats() const = 0;  // of the last pass
+    // Module hooks in the recorded order ("h.0.attn forward"); none for the resident engine.
+    virtual std::vector<std::string> trace(bool train) const = 0;
+    // The device budget the run needs at the least: what the activations
+    // and the resident engine took, or the activations and the ZeRO-Infinity
+    // engine's reserve and largest fetch.
+    virtual std::uint64_t device_need() const = 0;
+    // The options as the engine runs them (persist_below decided, its
+    // device communicator named).
+    virtual const EngineOptions& options() const = 0;
+    // Where the activation checkpoints wait (null: on the device).
+    virtual std::shared_ptr<ActivationStore> activation_store() const = 0;
+
+protected:
+    Engine() = default;
 };
 
 // ---------------------------------------------------------------------------

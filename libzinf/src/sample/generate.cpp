@@ -1,10 +1,9 @@
-// Drawing the next token (Chooser), the loop that feeds a prompt and draws
-// tokens over every rank (generate), and the engine's options for it.
+// Drawing the next token (Chooser), and the loop that feeds a prompt and
+// draws tokens over every rank (generate).
 #include <zinf/sample.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numeric>
 
 namespace zinf::sample {
@@ -97,17 +96,12 @@ std::uint64_t generate(Decoder& dec, device::Device& dev, const Passes& passes, 
     return drawn;
 }
 
-zero::InfinityOptions engine_options(const shard::Manifest& m, const model::LanguageModel& gpt, std::uint64_t prefetch_bytes,
-                                     std::optional<std::uint64_t> persist_below, std::uint64_t device_left) {
-    zero::InfinityOptions io;
-    io.prefetch_bytes = prefetch_bytes;
-    if (persist_below) {
-        io.persist_below = *persist_below;
-        return io;
-    }
-    io.persist_below = std::numeric_limits<std::uint64_t>::max();
-    if (zero::InfinityEngine::need(m, gpt.modules(), io).total() > device_left) io.persist_below = 0;
-    return io;
+std::uint64_t generate(Decoder& dec, device::Device& dev, zero::Engine& engine, comm::Communicator& comm,
+                       std::span<const std::int32_t> prompt, const GenerateOptions& o,
+                       const std::function<void(std::int32_t)>& emit) {
+    const Passes passes{engine.hooks(), [&] { engine.begin_forward(); }, [&] { engine.end(); },
+                        [&] { engine.reset(); }};
+    return generate(dec, dev, passes, comm, prompt, o, emit);
 }
 
 }  // namespace zinf::sample

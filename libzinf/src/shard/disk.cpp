@@ -289,8 +289,8 @@ void check_claim(const Manifest& m, unsigned r, const std::string& owner, bool f
     if (!OutFiles::holds_state_files(d)) return;
     bool ours = false;
     try {
-        const Manifest here = read_manifest_file(owner + "/manifest.jsonl");
-        ours = r < here.rank_dirs.size() && same_folder(here.rank_dirs[r], d);
+        const Manifest committed = read_manifest_file(owner + "/manifest.jsonl");
+        ours = r < committed.rank_dirs.size() && same_folder(committed.rank_dirs[r], d);
     } catch (const Error&) {
     }
     if (!ours)

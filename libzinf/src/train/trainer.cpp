@@ -1,11 +1,9 @@
-// The training step: forward and backward on the device through the
-// ZeRO-Infinity engine (or the resident reference engine), the gradients
-// averaged over the ranks into each rank's partitions, and the tiered
-// optimizer step.
+// The training step: the batch in, forward and backward on the device
+// through the run's engine (zero::Engine), the loss agreed over the ranks,
+// and the engine's update; the step's log.
 #include <zinf/train.hpp>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <numbers>
@@ -35,22 +33,8 @@ struct Trainer::Impl {
     unsigned dp = 1, rank = 0;
     std::unique_ptr<model::LanguageModel> model;
     model::LanguageModel& gpt;  // *model
-    std::unique_ptr<model::ResidentEngine> resident;  // Options::resident
     model::Activations acts;
-    std::uint64_t acts_used = 0;  // of the arena, after planning the activations
-    std::unique_ptr<zero::Optimizer> optim;
-    std::unique_ptr<zero::InfinityEngine> infinity;   // else
-    zero::ParamEngine& engine() { return resident ? static_cast<zero::ParamEngine&>(*resident) : *infinity; }
-    shard::DType param_dtype;
-    std::size_t pbytes;
-    // This rank's partition of each tensor: its averaged gradient (fp32) and
-    // its new working parameters (param dtype), per elements each.
-    std::vector<std::vector<float>> own_grad;
-    std::vector<AlignedBuffer> own_param;
-    std::vector<std::uint16_t> staging;  // the largest bf16 tensor, for the gather
-    // The collectives' buckets, made once: every tensor in one collective.
-    std::vector<zero::Scatter> grad_bucket;
-    std::vector<zero::Gather> param_bucket;
+    std::unique_ptr<zero::Engine> engine;
     std::vector<std::int32_t> inputs, targets;
     // A batch could not be read on some rank (the token file changed or
     // failed under the run): nothing of that step or evaluation was taken.
@@ -61,10 +45,11 @@ struct Trainer::Impl {
     void measure_disk(const zero::DiskNeed& need);
     void disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_t acts_out) const;
 
-    // Queued work reads the activations and the host vectors below: it must be
-    // done before they go (an error thrown between two enqueues leaves some).
+    // Queued work reads the activations, the engine's device memory and the
+    // host vectors below: it must be done before they go (an error thrown
+    // between two enqueues leaves some).
     ~Impl() {
-        infinity.reset();  // its streams drained, its device memory back
+        if (engine) engine->reset();  // the engine's own streams drained
         // The copy streams too: offloaded checkpoints move on them.
         for (auto k : {device::StreamKind::compute, device::StreamKind::d2h, device::StreamKind::h2d}) try {
                 dev.synchronize(dev.stream(k));
@@ -73,9 +58,6 @@ struct Trainer::Impl {
             }
     }
 
-    void open_resident(io::Engine& e, mem::PinnedPool& p);
-    void open_infinity(io::Engine& e, mem::PinnedPool& p);
-    void open_store(io::Engine& e, mem::PinnedPool& p);
     // The activations' shape: the batch, checkpointing, where the
     // checkpoints wait, and the precision of the checkpoints and of what a
     // block keeps, the arithmetic's (bf16 arithmetic keeps them bf16).
@@ -83,11 +65,9 @@ struct Trainer::Impl {
         return {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
                 .offload = opts.offload_activations, .checkpoints = opts.precision, .activations = opts.precision};
     }
-    void open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo, std::uint64_t device_more);
-    void load_weights(io::Engine& e, mem::PinnedPool& p);
-    void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
+    zero::EngineOptions engine_options() const;
+    zero::ActivationPlan activation_plan();
     double mean_loss();
-    void resident_update(StepLog& log);
     void load_batch(const data::Loader& l, std::uint64_t index);
 };
 
@@ -108,9 +88,7 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
       dp(m_.opts.dp),
       rank(static_cast<unsigned>(c.rank())),
       model(model::make_model(config_of(m_))),
-      gpt(*model),
-      param_dtype(m_.opts.param_dtype),
-      pbytes(shard::dtype_bytes(m_.opts.param_dtype)) {
+      gpt(*model) {
     if (!m.opts.train)
         throw DataError("manifest " + o.manifest_path +
                         ": laid out for inference (no optimizer state); lay it out without --inference to train");
@@ -139,8 +117,8 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         }
         comm::agree(comm, short_disk, "the run did not start; nothing was written");
     }
-    if (opts.resident) open_resident(e, p);
-    else open_infinity(e, p);
+    engine = zero::Engine::open(m, gpt.modules(), comm, e, p, dev, engine_options(), activation_plan());
+    acts.store = engine->activation_store();
     inputs.resize(o.batch * o.seq);
     targets.resize(o.batch * o.seq);
     losses.resize(o.batch * o.seq);
@@ -188,8 +166,14 @@ void Trainer::Impl::disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_
     if (log.disk_floor_seconds > 0) log.disk_floor_ratio = log.seconds / log.disk_floor_seconds;
 }
 
-static zero::OptimizerOptions optimizer_options(const Options& opts) {
-    zero::OptimizerOptions zo;
+// The engine the trainer's options ask for: the optimizer's hyperparameters
+// and overlap, the engine's placement and prefetch.
+zero::EngineOptions Trainer::Impl::engine_options() const {
+    zero::EngineOptions eo;
+    eo.resident = opts.resident;
+    eo.infinity = opts.infinity;
+    eo.gpu = opts.gpu;
+    zero::OptimizerOptions& zo = eo.optimizer.emplace();
     zo.adamw = opts.adamw;
     zo.adamw.lr = opts.schedule.at(1);
     zo.grad_clip = opts.grad_clip;
@@ -197,181 +181,32 @@ static zero::OptimizerOptions optimizer_options(const Options& opts) {
     zo.manifest_path = opts.manifest_path;
     zo.overlap = opts.overlap;
     zo.readahead = opts.optimizer_readahead;
-    return zo;
+    return eo;
 }
 
-// The optimizer opened: its read-ahead said once. A default budget leaves
-// room for what a host-memory device (the cpu backend, whose pages are
-// taken as used) will still touch: `device_more` bytes. The disk's
-// bandwidths set the floor only, not the update's depths
-// (OptimizerOptions::disk): the deeper read/write split they would give,
-// in smaller pieces, was measured no faster than the default 3 slots
-// (BENCHMARKS.md, issue 28); zinf-optbench --config measures it still.
-void Trainer::Impl::open_optimizer(io::Engine& e, mem::PinnedPool& p, zero::OptimizerOptions zo,
-                                   std::uint64_t device_more) {
-    if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
-    optim = std::make_unique<zero::Optimizer>(m, comm, e, p, zo);
-    const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
-    if (rank == 0 && optim->gradient_scratch_bytes() > 0)
-        log::info("optimizer: the gradients' scratch (" + format_size(optim->gradient_scratch_bytes()) + ") " +
-                  (optim->gradient_scratch_in_memory()
-                       ? std::string("in memory")
-                       : "in a file beside the state: --optimizer-readahead " +
-                             (zo.readahead == zero::OptimizerOptions::kReadaheadAuto ? std::string("(free memory)")
-                                                                                     : format_size(zo.readahead)) +
-                             " does not hold it"));
-    if (rank != 0 || state == 0) return;
-    log::info("optimizer: the update reads " + std::to_string(optim->read_depth()) + " chunk(s) ahead and writes " +
-              std::to_string(optim->write_depth()) + " behind, pieces of " + format_size(optim->chunk_bytes()));
-    if (zo.readahead == 0)
-        log::info("optimizer: no read-ahead (--optimizer-readahead 0): a step after a clipped one reads its " +
-                  format_size(state) + " of master weights and moments after backward");
-    else
-        log::info("optimizer: a step after a clipped one reads " + format_size(ra) + " of the " + format_size(state) +
-                  " of master weights and moments it updates during backward (--optimizer-readahead " +
-                  (zo.readahead == zero::OptimizerOptions::kReadaheadAuto ? "from free memory" : format_size(zo.readahead)) +
-                  ")");
-}
-
-// The reference: every rank reads every tensor whole into its resident copy.
-void Trainer::Impl::open_resident(io::Engine& e, mem::PinnedPool& p) {
-    resident = std::make_unique<model::ResidentEngine>(dev, model::numels(gpt.params_table()));
-    acts = gpt.plan(dev, shape());
-    acts_used = dev.arena().stats().used;
-    open_store(e, p);
-    load_weights(e, p);
-    own_grad.resize(m.tensors.size());
-    own_param.resize(m.tensors.size());
-    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-        const std::uint64_t per = m.elements_per_rank(m.tensors[t]);
-        own_grad[t].assign(per, 0.0f);
-        own_param[t] = AlignedBuffer::allocate(std::max<std::size_t>(per * pbytes, 1), 64);
+// The activations the engine takes from the device budget first, where
+// their checkpoints wait, and the model at another tile factor for the
+// engine's refusal to name.
+zero::ActivationPlan Trainer::Impl::activation_plan() {
+    zero::ActivationPlan ap;
+    ap.batch = opts.batch;
+    ap.seq = opts.seq;
+    ap.bytes = gpt.plan_bytes(shape());
+    ap.take = [this] { acts = gpt.plan(dev, shape()); };
+    ap.recompute = opts.checkpoint;
+    ap.offload = opts.offload_activations;
+    if (ap.offload != model::Offload::none) {
+        ap.checkpoints = model::offloaded_checkpoints(gpt.config());
+        ap.checkpoint_bytes = model::checkpoint_bytes(gpt.config(), opts.batch, opts.seq, opts.precision);
     }
-    zero::OptimizerOptions zo = optimizer_options(opts);
-    zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
-        std::memcpy(own_param[t].data() + first * pbytes, v.data(), v.size());
+    ap.retiled = [this](unsigned k, const zero::InfinityOptions& inf) {
+        shard::LayoutOptions lo = m.opts;
+        lo.tile = k;
+        const shard::Manifest mk = shard::layout(m.spec, lo);
+        const auto gk = model::make_model(model::Config::from(m.spec, k));
+        return zero::InfinityEngine::need(mk, gk->modules(), inf);
     };
-    open_optimizer(e, p, zo, dev.arena().stats().used);
-    if (dp > 1 && !dev.host_addressable())
-        throw UsageError("--resident at dp > 1 runs its collectives over device memory, which this device does not "
-                         "allow; use the ZeRO-Infinity engine");
-    std::uint64_t largest = 0;
-    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-        const std::uint64_t n = m.tensors[t].numel;
-        largest = std::max(largest, n);
-        grad_bucket.push_back(
-            {std::as_bytes(resident->gradient(t)), std::as_writable_bytes(std::span(own_grad[t])), n});
-        param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(resident->values(t)), n});
-    }
-    staging.resize(largest);
-}
-
-// Where offloaded activation checkpoints go: page-locked host memory, or a
-// scratch file in the rank's folder beside its state.
-void Trainer::Impl::open_store(io::Engine& e, mem::PinnedPool& p) {
-    const model::Offload o = opts.offload_activations;
-    if (o == model::Offload::none) return;
-    const std::uint64_t n = model::offloaded_checkpoints(gpt.config());
-    const std::uint64_t bytes = model::checkpoint_bytes(gpt.config(), opts.batch, opts.seq, opts.precision);
-    std::string path;
-    if (o == model::Offload::nvme) path = zero::disk_need(m, rank).folder + "/activations.bin";
-    acts.store = std::make_shared<model::ActivationStore>(o, n, bytes, p, &e, path);
-}
-
-// The engine: activations first, then what the engine keeps for the run,
-// then its working memory from what is left. A budget too small for the
-// largest module is refused now, with the tile factor that would fit.
-void Trainer::Impl::open_infinity(io::Engine& e, mem::PinnedPool& p) {
-    const model::Shape shape = this->shape();
-    const std::uint64_t budget = dev.arena().stats().bytes, acts_need = gpt.plan_bytes(shape);
-    if (acts_need > budget) {
-        const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
-        throw zero::DoesNotFit("the activations of a batch of " + std::to_string(opts.batch) + " x " +
-                                   std::to_string(opts.seq) + " need " + format_size(acts_need) +
-                                   ", more than the device budget of " + format_size(budget) +
-                                   "; with the engine's " + format_size(n.total()) + " (its largest module, " +
-                                   n.module + ", needs " + format_size(n.largest) +
-                                   ") the run needs a device budget of at least " +
-                                   std::to_string(acts_need + n.total()) + " bytes (" +
-                                   format_size(acts_need + n.total()) + "; --device-memory, or a smaller --batch)",
-                               "activations", acts_need + n.total(), budget);
-    }
-    acts = gpt.plan(dev, shape);
-    acts_used = dev.arena().stats().used;
-    open_store(e, p);
-    // The budget checked before the optimizer opens (it prepares the files
-    // its first step writes): a refused run leaves the state as it was.
-    const auto n = zero::InfinityEngine::need(m, gpt.modules(), opts.infinity);
-    const std::uint64_t left = dev.arena().stats().largest_free;
-    if (n.total() > left) {
-        std::string msg = n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
-                          "their gradients, beside " + format_size(n.reserved + n.flat) +
-                          " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
-                          "tied embedding's gradient" + (n.flat ? ", " + n.flat_what() : std::string()) +
-                          "); the device budget has " + format_size(left) +
-                          " left after the activations (" + format_size(acts_used) +
-                          "). The run needs a device budget of at least " + std::to_string(acts_used + n.total()) +
-                          " bytes (" + format_size(acts_used + n.total()) + "; --device-memory, now " +
-                          format_size(budget) + ")";
-        for (unsigned k = std::max(2u, m.opts.tile * 2); k <= 64; k *= 2) {
-            shard::LayoutOptions lo = m.opts;
-            lo.tile = k;
-            const shard::Manifest mk = shard::layout(m.spec, lo);
-            const auto gk = model::make_model(model::Config::from(m.spec, k));
-            const auto nk = zero::InfinityEngine::need(mk, gk->modules(), opts.infinity);
-            if (nk.total() <= left) {
-                msg += ", or a layout with --tile " + std::to_string(k) + " (zinf-shard layout --tile " +
-                       std::to_string(k) + "; its largest module, " + nk.module + ", needs " +
-                       format_size(nk.largest) + ")";
-                break;
-            }
-        }
-        throw zero::DoesNotFit(msg, n.module, acts_used + n.total(), budget);
-    }
-    zero::OptimizerOptions zo = optimizer_options(opts);
-    zo.on_param = [this](std::size_t t, std::uint64_t first, std::span<const std::byte> v) {
-        if (infinity) infinity->on_param(t, first, v);
-    };
-    // What this device's memory may hold at most beside the activations: the
-    // engine's reserve and largest fetch, the fetches ahead, and a
-    // checkpointed block's fetches kept for its backward.
-    const std::uint64_t kept = opts.checkpoint && opts.infinity.prefetch_bytes ? n.block : 0;
-    open_optimizer(e, p, zo, acts_used + n.total() + opts.infinity.prefetch_bytes + kept);
-    infinity = std::make_unique<zero::InfinityEngine>(m, gpt.modules(), comm, e, p, dev, *optim, opts.infinity);
-}
-
-// Through a copy: device memory is not the host's to write.
-void Trainer::Impl::install(std::size_t t, std::span<const std::byte> full) {
-    auto dst = resident->values(t);
-    auto& s = dev.stream(device::StreamKind::h2d);
-    if (param_dtype == shard::DType::fp32) {
-        dev.copy(s, std::as_writable_bytes(dst), full.first(dst.size_bytes()));
-        dev.synchronize(s);
-        return;
-    }
-    std::vector<float> wide(dst.size());
-    const auto* src = reinterpret_cast<const std::uint16_t*>(full.data());
-    from_bf16(std::span(src, wide.size()), std::span(wide));
-    dev.copy(s, std::as_writable_bytes(dst), std::as_bytes(std::span(wide)));
-    dev.synchronize(s);
-}
-
-// Every rank reads every tensor whole (the resident engine keeps them all):
-// the working parameters the manifest names, at its committed step.
-void Trainer::Impl::load_weights(io::Engine& e, mem::PinnedPool& p) {
-    std::vector<std::byte> full;
-    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-        full.clear();
-        full.reserve(m.tensors[t].numel * pbytes);
-        shard::cat(m, t, "param", e, p, [&](std::span<const std::byte> piece) {
-            full.insert(full.end(), piece.begin(), piece.end());
-        });
-        if (full.size() != m.tensors[t].numel * pbytes)
-            throw DataError("manifest " + opts.manifest_path + ": tensor " + m.tensors[t].name + " gave " +
-                            std::to_string(full.size()) + " bytes of parameters, expected " +
-                            std::to_string(m.tensors[t].numel * pbytes));
-        install(t, full);
-    }
+    return ap;
 }
 
 double Trainer::Impl::mean_loss() {
@@ -411,18 +246,14 @@ Trainer::Trainer(shard::Manifest& m, comm::Communicator& comm, io::Engine& engin
 
 Trainer::~Trainer() = default;
 
-std::uint64_t Trainer::step_count() const { return impl_->optim->step_count(); }
+std::uint64_t Trainer::step_count() const { return impl_->engine->step_count(); }
 bool Trainer::input_failed() const { return impl_->input_failed; }
 model::LanguageModel& Trainer::model() { return impl_->gpt; }
-model::ResidentEngine& Trainer::resident_engine() {
-    if (!impl_->resident) throw InternalError("Trainer::resident_engine(): the trainer runs the ZeRO-Infinity engine");
-    return *impl_->resident;
-}
-zero::InfinityEngine* Trainer::infinity() { return impl_->infinity.get(); }
+zero::Engine& Trainer::engine() { return *impl_->engine; }
 const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
-void Trainer::save() { impl_->optim->save(); }
+void Trainer::save() { impl_->engine->save(); }
 const shard::Manifest& Trainer::manifest() const { return impl_->m; }
 
 std::optional<std::string> Trainer::rollback(const shard::Manifest& to) {
@@ -487,16 +318,12 @@ std::optional<std::string> Trainer::nonfinite_weights() {
     return std::nullopt;
 }
 
-std::uint64_t Trainer::device_need() const {
-    const Impl& I = *impl_;
-    if (I.resident) return I.acts_used;
-    return I.acts_used + zero::InfinityEngine::need(I.m, I.gpt.modules(), I.opts.infinity).total();
-}
+std::uint64_t Trainer::device_need() const { return impl_->engine->device_need(); }
 
-// The resident engine's step: every gradient averaged into this rank's
-// partitions in one collective, the optimizer, the new parameters back.
-// What the optimizer's step report adds to a step's log.
-static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
+// What the engine's update and its last pass add to a step's log.
+static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::PassStats& st) {
+    log.grad_norm = r.grad_norm;
+    log.overflow = r.overflow;
     log.optimizer_speculated = r.speculated;
     log.optimizer_overlap_seconds = r.overlap_seconds;
     log.optimizer_redo = r.redo;
@@ -510,86 +337,52 @@ static void optimizer_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_commit_seconds = r.commit_seconds;
     log.optimizer_readahead_bytes = r.readahead_bytes;
     log.optimizer_readahead_used_bytes = r.readahead_used_bytes;
-}
-
-void Trainer::Impl::resident_update(StepLog& log) {
-    const std::size_t T = m.tensors.size();
-    auto& s = dev.compute();
-    if (dp > 1) {
-        zero::reduce_scatter(comm, grad_bucket, comm::DType::f32);
-    } else {
-        for (std::size_t i = 0; i < T; ++i)
-            dev.copy(s, std::as_writable_bytes(std::span(own_grad[i])), std::as_bytes(resident->gradient(i)));
-        dev.synchronize(s);
-    }
-    for (std::size_t i = 0; i < T; ++i) {
-        const auto own = shard::owned(m.tensors[i].numel, dp, rank);
-        optim->put_gradient(i, std::span<const float>(own_grad[i]).first(own.count));
-    }
-    const zero::StepReport r = optim->step();
-    log.grad_norm = r.grad_norm;
-    log.overflow = r.overflow;
-    optimizer_fields(log, r);
-    if (r.overflow) return;
-    // The new working parameters back into every rank's resident copy.
-    if (dp == 1) {
-        for (std::size_t i = 0; i < T; ++i) install(i, own_param[i].bytes().first(m.tensors[i].numel * pbytes));
-    } else if (param_dtype == shard::DType::fp32) {
-        zero::gather(comm, param_bucket, comm::DType::f32);
-    } else {  // bf16 on the wire, one tensor at a time through the staging buffer
-        for (std::size_t i = 0; i < T; ++i) {
-            const std::uint64_t n = m.tensors[i].numel;
-            const auto full = std::span(staging).first(n);
-            zero::gather(comm, zero::Gather{own_param[i].bytes(), std::as_writable_bytes(full), n}, comm::DType::bf16);
-            install(i, std::as_bytes(full));
-        }
-    }
+    std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
+    log.stall_seconds = st.stall_seconds;
+    log.collectives = st.collectives;
+    log.device_peak_bytes = st.device_peak;
+    log.trace_diverged = st.diverged;
 }
 
 StepLog Trainer::step(const data::Loader& train) {
     Impl& I = *impl_;
+    zero::Engine& engine = *I.engine;
     auto& dev = I.dev;
     auto& s = dev.compute();
-    model::Context ctx{dev, s, I.engine(), I.opts.precision};
+    model::Context ctx{dev, s, engine.hooks(), I.opts.precision};
     StepLog log;
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
-    I.optim->set_lr(log.lr);  // before the engine hands over the first gradient
-    const bool acts_on_disk = I.acts.store && I.acts.store->kind() == model::Offload::nvme;
-    const std::uint64_t acts_in = acts_on_disk ? I.acts.store->bytes_in() : 0,
-                        acts_out = acts_on_disk ? I.acts.store->bytes_out() : 0;
     Timer total;
 
     // Forward: the batch in, the per-token losses and the logits' gradient
     // out; backward, the engine handing every gradient to the optimizer.
-    // Where no collective can be under way between the two (one rank, or the
-    // resident engine, whose collectives follow backward), the loss is known
-    // before backward: when it is not finite the weights are, in effect,
-    // diverged, and nothing goes to the optimizer, which would otherwise
-    // write the step's (speculative) update over the generation a rollback
-    // needs (run()).
-    const bool loss_first = I.resident || I.comm.size() == 1;
+    // Where no collective of the engine's can be under way between the two,
+    // the loss is known before backward: when it is not finite the weights
+    // are, in effect, diverged, and nothing goes to the optimizer, which
+    // would otherwise write the step's (speculative) update over the
+    // generation a rollback needs (run()).
+    const bool loss_first = engine.loss_before_backward();
     Timer t;
     std::exception_ptr failed;
     const std::string not_taken = "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
                                   std::to_string(step_count());
     try {
         I.load_batch(train, log.step - 1);
-        if (I.resident) I.resident->zero_grad(s);
-        else I.infinity->begin(true);
+        engine.begin_step(log.lr);
         I.gpt.forward(ctx, I.acts);
         dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
         dev.synchronize(s);
         log.forward_seconds = t.seconds();
     } catch (...) {
         failed = std::current_exception();
-        if (I.infinity) I.infinity->reset();
+        engine.reset();
     }
     if (loss_first) {
         comm::agree(I.comm, failed, not_taken);
         log.loss = I.mean_loss();
         if (!std::isfinite(log.loss)) {
-            if (I.infinity) I.infinity->reset();
+            engine.reset();
             log.overflow = true;  // no update: nothing was handed to the optimizer
             log.grad_norm = std::numeric_limits<double>::quiet_NaN();
             log.seconds = total.seconds();
@@ -600,12 +393,12 @@ StepLog Trainer::step(const data::Loader& train) {
     if (!failed) try {
             t.reset();
             I.gpt.backward(ctx, I.acts);
-            if (I.infinity) I.infinity->end();
+            engine.end();
             dev.synchronize(s);
             log.backward_seconds = t.seconds();
         } catch (...) {
             failed = std::current_exception();
-            if (I.infinity) I.infinity->reset();
+            engine.reset();
         }
     // One rank's failed fetch or gradient write is every rank's: nothing
     // reaches the optimizer, the manifest stays at the last commit.
@@ -613,28 +406,14 @@ StepLog Trainer::step(const data::Loader& train) {
     if (!loss_first) log.loss = I.mean_loss();
 
     t.reset();
-    if (I.resident) {
-        I.resident_update(log);
-    } else {
-        const zero::StepReport r = I.optim->step();
-        log.grad_norm = r.grad_norm;
-        log.overflow = r.overflow;
-        optimizer_fields(log, r);
-        const zero::InfinityStats st = I.infinity->stats();
-        std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
-        log.stall_seconds = st.stall_seconds;
-        log.collectives = st.collectives;
-        log.device_peak_bytes = st.device_peak;
-        log.trace_diverged = st.diverged;
-        if (!r.overflow) I.infinity->after_step();
-    }
+    const zero::StepReport r = engine.step();
     log.optimizer_seconds = t.seconds();
-    if (I.resident) log.device_peak_bytes = dev.arena().stats().peak;
+    const zero::PassStats st = engine.stats();
+    engine_fields(log, r, st);
     log.peak_rss_bytes = peak_resident_bytes();
 
     log.seconds = total.seconds();
-    if (acts_on_disk) I.disk_floor(log, I.acts.store->bytes_in() - acts_in, I.acts.store->bytes_out() - acts_out);
-    else I.disk_floor(log, 0, 0);
+    I.disk_floor(log, st.activation_read_bytes, st.activation_written_bytes);
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
     log.tokens_per_s = static_cast<double>(log.tokens) / log.seconds;
     log.flops_per_s = flops_per_step() * I.dp / log.seconds;
@@ -645,8 +424,9 @@ double Trainer::evaluate(const data::Loader& val, std::uint64_t batches) { retur
 
 std::optional<double> Trainer::evaluate(const data::Loader& val, std::uint64_t batches, const std::atomic<bool>* stop) {
     Impl& I = *impl_;
+    zero::Engine& engine = *I.engine;
     auto& s = I.dev.compute();
-    model::Context ctx{I.dev, s, I.engine(), I.opts.precision};
+    model::Context ctx{I.dev, s, engine.hooks(), I.opts.precision};
     double sum = 0;
     for (std::uint64_t b = 0; b < batches; ++b) {
         if (stop) {
@@ -659,14 +439,14 @@ std::optional<double> Trainer::evaluate(const data::Loader& val, std::uint64_t b
         std::exception_ptr failed;
         try {
             I.load_batch(val, b);
-            if (I.infinity) I.infinity->begin(false);
+            engine.begin_forward();
             I.gpt.forward(ctx, I.acts, false);
             I.dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
-            if (I.infinity) I.infinity->end();
+            engine.end();
             I.dev.synchronize(s);
         } catch (...) {
             failed = std::current_exception();
-            if (I.infinity) I.infinity->reset();
+            engine.reset();
         }
         comm::agree(I.comm, failed, "the evaluation did not finish; nothing was committed by it");
         sum += I.mean_loss();

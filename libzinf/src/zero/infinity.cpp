@@ -602,9 +602,11 @@ std::span<float> InfinityEngine::grad_of(const Module& m, std::size_t param) {
 InfinityEngine::InfinityEngine(const shard::Manifest& m, std::span<const Module* const> modules,
                                comm::Communicator& comm, io::Engine& io, mem::PinnedPool& pool, device::Device& dev,
                                ParamStore& store, const InfinityOptions& opts)
-    : impl_(std::make_unique<Impl>(m, modules, comm, io, pool, dev, store, opts)) {}
+    : impl_(std::make_unique<Impl>(m, modules, comm, io, pool, dev, store, opts)) {
+    store.listen(this);
+}
 
-InfinityEngine::~InfinityEngine() = default;
+InfinityEngine::~InfinityEngine() { impl_->store.listen(nullptr); }
 
 void InfinityEngine::begin(bool train) {
     Impl& I = *impl_;

@@ -731,9 +731,9 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf,
     if (on_worker) kernel.threads = 1;  // beside the compute, which has every core
     optim::adamw(us, ss, kernel);
     tot.update += t.seconds();
-    if (opts.on_param) {
+    if (listener) {
         const Role out = roles[Role::param].present ? Role::param : Role::master;
-        for (const Piece& p : c.pieces) opts.on_param(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
+        for (const Piece& p : c.pieces) listener->updated(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
     }
 }
 

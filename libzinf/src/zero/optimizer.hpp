@@ -86,6 +86,7 @@ struct Optimizer::Impl {
     io::Engine& engine;
     mem::PinnedPool& pool;
     OptimizerOptions opts;
+    ParamListener* listener = nullptr;  // told of every piece updated (Optimizer::listen)
     double lr = 0;
     unsigned rank = 0;
     std::string path;            // the manifest commits go to

@@ -491,7 +491,7 @@ void Impl::commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_
 }
 
 // A skipped step after speculative updates: the files they wrote are named
-// by nothing, but the working parameters they handed out (on_param, and
+// by nothing, but the working parameters they handed out (to the listener, and
 // the memory-held bf16 copy) are put back to the current generation's.
 void Impl::undo_speculation() {
     const Role out = roles[Role::param].present ? Role::param : Role::master;
@@ -501,10 +501,10 @@ void Impl::undo_speculation() {
         const std::uint64_t bytes = per(t) * rs.dt;
         if (!rs.file) {
             std::memcpy(rs.image.data() + rs.offset[t], p_undo.data() + rs.offset[t], bytes);
-            if (opts.on_param) opts.on_param(t, 0, rs.image.bytes().subspan(rs.offset[t], bytes));
+            if (listener) listener->updated(t, 0, rs.image.bytes().subspan(rs.offset[t], bytes));
             continue;
         }
-        if (!opts.on_param) continue;
+        if (!listener) continue;
         // Through one buffer of the pool, checked against its hash as read.
         mem::Lease lease = pool.lease("optimizer: parameters put back after a skipped step");
         const std::uint64_t B = align_down(lease.size(), alignment);
@@ -514,7 +514,7 @@ void Impl::undo_speculation() {
             auto buf = lease.bytes().first(align_up(n, alignment));
             engine.wait(engine.read(gen_file(rs, rs.cur, false), rs.offset[t] + at, buf));
             h.update(buf.first(n));
-            opts.on_param(t, at / rs.dt, buf.first(n));
+            listener->updated(t, at / rs.dt, buf.first(n));
         }
         if (h.digest() != rs.cur_hash[t])
             throw DataError(m.tensors[t].name + " rank " + std::to_string(rank) + " " + rs.state + ": " +
@@ -603,6 +603,7 @@ void Optimizer::set_lr(double lr) {
 }
 
 void Optimizer::put_gradient(std::size_t tensor, std::span<const float> grad) { impl_->put(tensor, grad, {}); }
+void Optimizer::listen(ParamListener* l) { impl_->listener = l; }
 void Optimizer::put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16) {
     impl_->put(tensor, {}, grad_bf16);
 }

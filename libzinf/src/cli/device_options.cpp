@@ -27,6 +27,9 @@ void DeviceOptions::add(CLI::App& app) {
     app.add_option("--gpu", gpu, "The GPU (cuda); default: the local rank modulo the GPUs, else 0")
         ->default_str("local rank")
         ->check(cli::non_negative());
+    app.add_option("--device-memory", memory,
+                   "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
+        ->capture_default_str();
 }
 
 std::string DeviceOptions::backend() const {
@@ -34,7 +37,7 @@ std::string DeviceOptions::backend() const {
     return device::cuda_unavailable().empty() ? "cuda" : "cpu";
 }
 
-device::Options DeviceOptions::resolve(const std::string& memory, unsigned threads) const {
+device::Options DeviceOptions::resolve(unsigned threads) const {
     check_thread_count(threads, "--threads");
     device::Options d{.backend = backend(), .threads = threads, .gpu = gpu};
     if (d.backend != "cuda" && gpu >= 0) throw UsageError("--gpu is for --device cuda (or auto on a GPU host)");
