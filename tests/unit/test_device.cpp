@@ -9,6 +9,8 @@
 #define BOOST_TEST_MODULE device
 #include "device_reference.hpp"
 
+#include "../../libzinf/src/util/kernel_math.hpp"  // GELU's constants, both backends'
+
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
 #include <zinf/optim.hpp>
@@ -658,6 +660,12 @@ BOOST_AUTO_TEST_CASE(gelu_matches_reference_and_finite_differences) {
     BOOST_TEST(max_err(got_d, want_d) < 1e-5);
     BOOST_TEST(got[0] == 20.0f);
     BOOST_TEST(got_d[0] == dout[0]);
+}
+
+// The scale both backends' GELU multiply by is a literal (nvcc has no
+// constexpr sqrt): it must be sqrt(2/pi) rounded once from double, as torch's.
+BOOST_AUTO_TEST_CASE(gelu_scale_is_sqrt_2_over_pi_rounded_once) {
+    BOOST_TEST(kernel_math::kGeluScale == static_cast<float>(std::sqrt(2.0 / std::numbers::pi)));
 }
 
 // ---------------------------------------------------------------------------

@@ -4,14 +4,13 @@
 // per column block so that each element's sum runs over the rows in order
 // whatever the thread count.
 #include "kernels.hpp"
+#include "../util/kernel_math.hpp"
 
 #include <zinf/util.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -30,39 +29,6 @@ void check_tokens(const std::int32_t* tokens, u64 B, u64 T, u64 V) {
             const std::int64_t v = tokens[b * T + t];
             if (v < 0 || static_cast<u64>(v) >= V) throw bad_token(v, b, t, V);
         }
-}
-
-// GELU's tanh form (GPT-2; torch.nn.functional.gelu(approximate='tanh')).
-// sqrt(2/pi) rounded once from double, as torch's kBeta.
-const float kGeluScale = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
-constexpr float kGeluCube = 0.044715f;
-
-// tanh for GELU in plain arithmetic, so that the loops vectorise (libm's
-// tanhf is scalar and was an eighth of a gpt2-124m training step) and the
-// vector body and the scalar tail give the same bits (no libm, no FMA).
-// tanh u = (e - 1) / (e + 1) with e = exp(2u), u clamped to [-9, 9] where
-// tanh is +-1 in fp32 anyway; exp is Cephes' expf: n = round(x log2 e),
-// r = x - n ln 2 in two parts, a degree-6 polynomial, times 2^n built in the
-// exponent bits (n stays within [-26, 26]). Error: a few ulp of 1 + tanh,
-// which is what GELU uses.
-inline float tanh_gelu(float u) {
-    // Selects, not std::min/max, which GCC keeps as branches (no vectorising);
-    // a NaN passes through both and comes out NaN.
-    float c = u < -9.0f ? -9.0f : u;
-    c = c > 9.0f ? 9.0f : c;
-    const float x = 2.0f * c;
-    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const float e = p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
-    return (e - 1.0f) / (e + 1.0f);
 }
 
 }  // namespace
@@ -174,7 +140,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
         // The centred values go through `o` first: a two-pass variance.
         for (u64 c = 0; c < C; ++c) o[c] = x[c] - m;
         const float var = dot(o, o, C) * inv_c;  // biased, as torch
-        const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+        const float s = 1.0f / std::sqrt(var + kernel_math::kLayerNormEps);
         for (u64 c = 0; c < C; ++c) o[c] = o[c] * s * w[c] + b[c];
         mean[r] = m;
         rstd[r] = s;
@@ -241,28 +207,18 @@ Out store(float x) {
     else return zinf::to_bf16(x);
 }
 
+// GELU's tanh form in kernel_math's arithmetic (its tanh has no libm, so
+// that the loops vectorise).
 template <class In, class Out>
 void gelu_rows(Out* out, const In* inp, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (u64 i = 0; i < n; ++i) {
-        const float x = widen(inp[i]);
-        const float cube = kGeluCube * x * x * x;
-        out[i] = store<Out>(0.5f * x * (1.0f + tanh_gelu(kGeluScale * (x + cube))));
-    }
+    for (u64 i = 0; i < n; ++i) out[i] = store<Out>(kernel_math::gelu(widen(inp[i])));
 }
 
-// d/dx of 0.5 x (1 + tanh(u)), u = s (x + a x^3):
-//   0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2), as torch writes it.
 template <class In>
 void gelu_grad(float* dinp, const In* inp, const float* dout, u64 n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (u64 i = 0; i < n; ++i) {
-        const float x = widen(inp[i]);
-        const float th = tanh_gelu(kGeluScale * (x + kGeluCube * x * x * x));
-        const float inner = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
-        const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
-        dinp[i] = local * dout[i];
-    }
+    for (u64 i = 0; i < n; ++i) dinp[i] = kernel_math::gelu_grad(widen(inp[i]), dout[i]);
 }
 }  // namespace
 

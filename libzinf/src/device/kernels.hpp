@@ -62,7 +62,6 @@ void embedding_forward(float* out, const std::int32_t* tokens, const std::uint16
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,
                         u64 C, u64 V);
 
-inline constexpr float kLayerNormEps = 1e-5f;
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        u64 N, u64 C);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,

@@ -6,7 +6,7 @@
 // task per (batch, kv head, block of key positions) summing dk and dv over
 // the group's query heads, then the query positions, in that order.
 #include "llama_kernels.hpp"
-#include "llama_math.hpp"
+#include "../util/kernel_math.hpp"
 #include "../util/cpu.hpp"
 
 #include <algorithm>
@@ -138,7 +138,7 @@ void rope(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 pos0, b
 // run over blocks of elements: its exp and two divisions made it the dearest
 // of a smollm-135m step's element-wise kernels (about 3 times GELU's time an
 // element forward and 4 times backward on 4-wide SSE; BENCHMARKS.md). Every
-// level does llama_math's operations in the same order with no fused
+// level does kernel_math's operations in the same order with no fused
 // multiply-add (-ffp-contract=off), so the bits are the scalar form's, the
 // cuda kernels' too. The backward runs in place (dgate is dout): each element
 // reads its own inputs before it writes, which `ivdep` tells the vectoriser
@@ -147,7 +147,7 @@ namespace {
 
 [[gnu::always_inline]] inline void swiglu_forward_in(float* out, const float* gate, const float* up, u64 n) {
 #pragma GCC ivdep
-    for (u64 i = 0; i < n; ++i) out[i] = llama_math::swiglu(gate[i], up[i]);
+    for (u64 i = 0; i < n; ++i) out[i] = kernel_math::swiglu(gate[i], up[i]);
 }
 ZINF_TARGET_V4 void swiglu_forward_v4(float* out, const float* gate, const float* up, u64 n) {
     swiglu_forward_in(out, gate, up, n);
@@ -162,7 +162,7 @@ void swiglu_forward_base(float* out, const float* gate, const float* up, u64 n) 
 #pragma GCC ivdep
     for (u64 i = 0; i < n; ++i) {
         float dg, du;
-        llama_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
+        kernel_math::swiglu_grad(gate[i], up[i], dout[i], &dg, &du);
         dgate[i] = dg;
         dup[i] = du;
     }
@@ -296,7 +296,7 @@ struct GqaBackward {
 template <class E>
 [[gnu::always_inline]] inline void gqa_rows_in(const GqaBackward<E>& p, u64 task, float* w) {
     const u64 T = p.T, NH = p.NH, hd = p.hd, QC = NH * hd, KC = p.KVH * hd, group = NH / p.KVH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = kernel_math::attention_scale(hd);
     const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
     const float* a = wide(p.att + ((b * NH + h) * T + t) * T, t + 1, w);
     float* const wkv = w ? w + T : nullptr;  // fp32: no scratch
@@ -322,7 +322,7 @@ template <class E>
 template <class E>
 [[gnu::always_inline]] inline void gqa_keys_in(const GqaBackward<E>& p, u64 task, float* w) {
     const u64 T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd, QC = NH * hd, KC = KVH * hd, group = NH / KVH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = kernel_math::attention_scale(hd);
     const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
     const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
     const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
@@ -390,7 +390,7 @@ void gqa_grad(const GqaBackward<E>& p) {
 void gqa_forward(float* out, float* att, const float* q, const float* k, const float* v, u64 B, u64 T, u64 NH,
                  u64 KVH, u64 hd) {
     const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = kernel_math::attention_scale(hd);
 #pragma omp parallel for schedule(static, 1) if (B * T * T * QC >= kParallelMin)
     for (u64 task = 0; task < B * T * NH; ++task) {
         const u64 h = task % NH, t = task / NH % T, b = task / NH / T, g = h / group;
@@ -402,7 +402,7 @@ void gqa_forward(float* out, float* att, const float* q, const float* k, const f
 void gqa_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 NH, u64 KVH,
                 u64 hd) {
     const u64 KC = KVH * hd, group = NH / KVH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = kernel_math::attention_scale(hd);
 #pragma omp parallel for schedule(static, 1) if (T * NH * hd >= kParallelMin)
     for (u64 h = 0; h < NH; ++h) {
         const u64 g = h / group;

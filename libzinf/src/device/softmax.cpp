@@ -2,6 +2,7 @@
 // attention_forward/backward without the pre-softmax buffer) and the softmax
 // cross-entropy with its fused gradient.
 #include "kernels.hpp"
+#include "../util/kernel_math.hpp"
 
 #include <zinf/util.hpp>
 
@@ -20,7 +21,7 @@ namespace zinf::device::cpu {
 // of each third. One task per (b, t, h): its softmax row and its output slice.
 void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH) {
     const u64 hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = kernel_math::attention_scale(hs);
 #pragma omp parallel for schedule(static, 1) if (B * T * T * C >= kParallelMin)
     for (u64 task = 0; task < B * T * NH; ++task) {
         const u64 h = task % NH, t = task / NH % T, b = task / NH / T;
@@ -57,7 +58,7 @@ void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u
 // decoded position's output is the full forward's to the bit.
 void attention_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C, u64 NH) {
     const u64 hs = C / NH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = kernel_math::attention_scale(hs);
 #pragma omp parallel for schedule(static, 1) if (T * C >= kParallelMin)
     for (u64 h = 0; h < NH; ++h) {
         const float* qh = q + h * hs;
@@ -97,7 +98,7 @@ template <class E>
 void attention_grad(float* dqkv, float* datt, const float* dout, const E* qkv, const E* att, u64 B, u64 T, u64 C,
                     u64 NH) {
     const u64 hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = kernel_math::attention_scale(hs);
     constexpr bool kWiden = !std::is_same_v<E, float>;
 #pragma omp parallel if (B * T * T * C >= kParallelMin)
     {

@@ -6,7 +6,8 @@
 
 #include <zinf/optim.hpp>
 
-#include <cmath>
+#include "../util/kernel_math.hpp"
+
 #include <cstdint>
 #include <cstring>
 
@@ -40,18 +41,15 @@ inline float bf16_to_f32(std::uint16_t b) {
     return f;
 }
 
-// The definition of the update, one element (optim.hpp).
+// The update of one element (optim.hpp; kernel_math's, the cuda kernel's too).
 inline void update_one(const Ptrs& p, std::size_t i, const Scalars& s) {
-    const float g = (p.g32 ? p.g32[i] : bf16_to_f32(p.g16[i])) * s.grad_scale;
-    const float m = s.beta1 * p.m[i] + s.one_minus_beta1 * g;
-    const float v = s.beta2 * p.v[i] + s.one_minus_beta2 * (g * g);
-    const float d = std::sqrt(v) * s.inv_sqrt_bc2 + s.eps;
-    const float w = p.w[i] * s.decay - s.step_size * (m / d);
-    p.m[i] = m;
-    p.v[i] = v;
-    p.w[i] = w;
-    if (p.p32) p.p32[i] = w;
-    if (p.p16) p.p16[i] = to_bf16(w);
+    const kernel_math::AdamState r =
+        kernel_math::adamw(s, p.g32 ? p.g32[i] : bf16_to_f32(p.g16[i]), p.m[i], p.v[i], p.w[i]);
+    p.m[i] = r.m;
+    p.v[i] = r.v;
+    p.w[i] = r.w;
+    if (p.p32) p.p32[i] = r.w;
+    if (p.p16) p.p16[i] = to_bf16(r.w);
 }
 
 }  // namespace

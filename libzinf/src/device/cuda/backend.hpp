@@ -43,7 +43,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numbers>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -405,8 +404,6 @@ private:
         if (cudaGetDevice(&current) == cudaSuccess && current == gpu_) return;
         check(cudaSetDevice(gpu_), "cudaSetDevice");
     }
-
-    static float gelu_scale() { return static_cast<float>(std::sqrt(2.0 / std::numbers::pi)); }
 
     void check_tokens(CudaStream& cs, const std::int32_t* tokens, u64 B, u64 T, u64 V) {
         cs.check_ids(tokens, B * T, T, V, 0);

@@ -5,6 +5,8 @@
 
 #include "kernels.hpp"
 
+#include "../../util/kernel_math.hpp"
+
 #include <cuda_runtime.h>
 
 namespace zinf::device::cuda {
@@ -80,8 +82,6 @@ __device__ inline float lanes8(F elem, u64 n) {
 
 // One task a warp: the attention kernels' warps per block.
 inline constexpr unsigned kWarps = kThreads / 32;
-
-inline float attention_scale(u64 head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
 
 __device__ inline float minus_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 

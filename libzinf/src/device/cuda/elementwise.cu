@@ -54,26 +54,6 @@ __global__ void bias_add_kernel(float* out, const float* bias, u64 N, u64 OC) {
     for (u64 i = global_id(); i < N * OC; i += grid_threads()) out[i] += bias[i % OC];
 }
 
-// kernels.cpp's tanh_gelu, operation for operation.
-__device__ inline float tanh_gelu(float u) {
-    float c = u < -9.0f ? -9.0f : u;
-    c = c > 9.0f ? 9.0f : c;
-    const float x = 2.0f * c;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const float e = p * __int_as_float((static_cast<int>(n) + 127) << 23);
-    return (e - 1.0f) / (e + 1.0f);
-}
-
-constexpr float kGeluCube = 0.044715f;
 
 __global__ void residual_kernel(float* out, const float* a, const float* b, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) out[i] = a[i] + b[i];
@@ -85,23 +65,13 @@ __global__ void accumulate_kernel(float* acc, const float* x, u64 n) {
 
 // In and Out float or bf16 (std::uint16_t): the arithmetic is fp32's.
 template <class In, class Out>
-__global__ void gelu_forward_kernel(Out* out, const In* inp, u64 n, float scale) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) {
-        const float x = widen(inp[i]);
-        const float cube = kGeluCube * x * x * x;
-        put(out + i, 0.5f * x * (1.0f + tanh_gelu(scale * (x + cube))));
-    }
+__global__ void gelu_forward_kernel(Out* out, const In* inp, u64 n) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) put(out + i, kernel_math::gelu(widen(inp[i])));
 }
 
 template <class In>
-__global__ void gelu_backward_kernel(float* dinp, const In* inp, const float* dout, u64 n, float scale) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) {
-        const float x = widen(inp[i]);
-        const float th = tanh_gelu(scale * (x + kGeluCube * x * x * x));
-        const float inner = scale * (1.0f + 3.0f * kGeluCube * x * x);
-        const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * inner;
-        dinp[i] = local * dout[i];
-    }
+__global__ void gelu_backward_kernel(float* dinp, const In* inp, const float* dout, u64 n) {
+    for (u64 i = global_id(); i < n; i += grid_threads()) dinp[i] = kernel_math::gelu_grad(widen(inp[i]), dout[i]);
 }
 
 __global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, u64 n) {
@@ -120,16 +90,13 @@ __global__ void from_bf16_kernel(float* dst, const std::uint16_t* src, u64 n) {
 // optim/kernels.hpp's update_one.
 __global__ void adamw_kernel(AdamPtrs p, u64 n, AdamScalars s) {
     for (u64 i = global_id(); i < n; i += grid_threads()) {
-        const float g = (p.g32 ? p.g32[i] : __uint_as_float(unsigned{p.g16[i]} << 16)) * s.grad_scale;
-        const float m = s.beta1 * p.m[i] + s.one_minus_beta1 * g;
-        const float v = s.beta2 * p.v[i] + s.one_minus_beta2 * (g * g);
-        const float d = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
-        const float w = p.w[i] * s.decay - s.step_size * (m / d);
-        p.m[i] = m;
-        p.v[i] = v;
-        p.w[i] = w;
-        if (p.p32) p.p32[i] = w;
-        if (p.p16) p.p16[i] = round_bf16(w);
+        const kernel_math::AdamState r =
+            kernel_math::adamw(s, p.g32 ? p.g32[i] : widen(p.g16[i]), p.m[i], p.v[i], p.w[i]);
+        p.m[i] = r.m;
+        p.v[i] = r.v;
+        p.w[i] = r.w;
+        if (p.p32) p.p32[i] = r.w;
+        if (p.p16) p.p16[i] = round_bf16(r.w);
     }
 }
 
@@ -166,21 +133,20 @@ void bias_add(cudaStream_t s, float* out, const float* bias, u64 N, u64 OC) {
     bias_add_kernel<<<blocks_for(N * OC), kThreads, 0, s>>>(out, bias, N, OC);
 }
 
-void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n, float gelu_scale) {
-    if (n) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n, gelu_scale);
+void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n) {
+    if (n) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n);
 }
 
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n, float gelu_scale) {
-    if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n, gelu_scale);
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n) {
+    if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
 }
 
-void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n, float gelu_scale) {
-    if (n) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n, gelu_scale);
+void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n) {
+    if (n) gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, inp, n);
 }
 
-void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n,
-                   float gelu_scale) {
-    if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n, gelu_scale);
+void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n) {
+    if (n) gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, u64 n) {

@@ -79,13 +79,11 @@ void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const std::uint16_t* inp, const float* w, const float* mean, const float* rstd, u64 N, u64 C);
 
-// gelu_scale: sqrt(2/pi) as the cpu backend rounds it (passed, not retyped).
-void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n, float gelu_scale);
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n, float gelu_scale);
+void gelu_forward(cudaStream_t s, float* out, const float* inp, u64 n);
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, u64 n);
 // From a bf16 inp (widened as read), the forward's out rounded to bf16.
-void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n, float gelu_scale);
-void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n,
-                   float gelu_scale);
+void gelu_forward(cudaStream_t s, std::uint16_t* out, const std::uint16_t* inp, u64 n);
+void gelu_backward(cudaStream_t s, float* dinp, const std::uint16_t* inp, const float* dout, u64 n);
 
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
 // From qkv and att stored bf16, widened as read.

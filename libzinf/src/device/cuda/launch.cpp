@@ -3,6 +3,8 @@
 // checks the launch.
 #include "backend.hpp"
 
+#include "../../util/kernel_math.hpp"
+
 namespace zinf::device::cuda_backend {
 
 void CudaDevice::do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
@@ -55,7 +57,7 @@ void CudaDevice::do_layernorm_forward(Stream& s, std::span<float> out, std::span
                                       u64 N, u64 C) {
     bind();
     cuda::layernorm_forward(as_cuda(s).native(), out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
-                            b.data(), N, C, cpu::kLayerNormEps);
+                            b.data(), N, C, kernel_math::kLayerNormEps);
     launched("layernorm_forward");
 }
 
@@ -82,7 +84,7 @@ void CudaDevice::do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, st
 void CudaDevice::do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) {
     const u64 n = out.size();
     bind();
-    cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n, gelu_scale());
+    cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n);
     launched("gelu_forward");
 }
 
@@ -90,14 +92,14 @@ void CudaDevice::do_gelu_backward(Stream& s, std::span<float> dinp, std::span<co
                                   std::span<const float> dout) {
     const u64 n = dinp.size();
     bind();
-    cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n, gelu_scale());
+    cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n);
     launched("gelu_backward");
 }
 
 void CudaDevice::do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) {
     const u64 n = out.size();
     bind();
-    cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n, gelu_scale());
+    cuda::gelu_forward(as_cuda(s).native(), out.data(), inp.data(), n);
     launched("gelu_forward (bf16)");
 }
 
@@ -105,7 +107,7 @@ void CudaDevice::do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::sp
                                        std::span<const float> dout) {
     const u64 n = dinp.size();
     bind();
-    cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n, gelu_scale());
+    cuda::gelu_backward(as_cuda(s).native(), dinp.data(), inp.data(), dout.data(), n);
     launched("gelu_backward (bf16)");
 }
 

@@ -9,8 +9,6 @@
 #include "common.cuh"
 #include "llama.hpp"
 
-#include "../llama_math.hpp"
-
 namespace zinf::device::cuda {
 
 namespace {
@@ -84,14 +82,14 @@ __global__ void rope_kernel(float* x, const float* table, u64 B, u64 T, u64 H, u
 // E: float, or std::uint16_t for gate and up (and the forward's out) stored bf16.
 template <class E>
 __global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, u64 n) {
-    for (u64 i = global_id(); i < n; i += grid_threads()) put(out + i, llama_math::swiglu(widen(gate[i]), widen(up[i])));
+    for (u64 i = global_id(); i < n; i += grid_threads()) put(out + i, kernel_math::swiglu(widen(gate[i]), widen(up[i])));
 }
 
 template <class E>
 __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const E* gate, const E* up, u64 n) {
     for (u64 i = global_id(); i < n; i += grid_threads()) {
         float dg, du;
-        llama_math::swiglu_grad(widen(gate[i]), widen(up[i]), dout[i], &dg, &du);
+        kernel_math::swiglu_grad(widen(gate[i]), widen(up[i]), dout[i], &dg, &du);
         dgate[i] = dg;
         dup[i] = du;
     }
@@ -242,7 +240,7 @@ void gqa_forward(cudaStream_t s, float* out, float* att, const float* q, const f
     const u64 tasks = B * T * NH;
     if (tasks)
         gqa_forward_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(out, att, q, k, v, B, T, NH, KVH, hd,
-                                                                          attention_scale(hd));
+                                                                          kernel_math::attention_scale(hd));
 }
 
 namespace {
@@ -251,7 +249,7 @@ void gqa_grad(cudaStream_t s, float* dq, float* dk, float* dv, float* datt, cons
               const E* v, const E* att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
     const u64 tasks = B * NH * T;
     if (!tasks) return;
-    const float scale = attention_scale(hd);
+    const float scale = kernel_math::attention_scale(hd);
     gqa_datt_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(datt, dout, v, att, B, T, NH, KVH, hd);
     gqa_dq_kernel<<<blocks_for(tasks, kWarps), kThreads, 0, s>>>(dq, datt, k, B, T, NH, KVH, hd, scale);
     gqa_dkv_kernel<<<blocks_for(B * KVH * T, kWarps), kThreads, 0, s>>>(dk, dv, datt, dout, q, att, B, T, NH, KVH, hd,
@@ -274,7 +272,7 @@ void gqa_decode(cudaStream_t s, float* out, float* att, const float* q, const fl
                 u64 KVH, u64 hd) {
     if (NH && T)
         gqa_decode_kernel<<<blocks_for(NH, kWarps), kThreads, 0, s>>>(out, att, q, k, v, T, NH, KVH, hd,
-                                                                      attention_scale(hd));
+                                                                      kernel_math::attention_scale(hd));
 }
 
 }  // namespace zinf::device::cuda

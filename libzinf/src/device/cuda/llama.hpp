@@ -2,7 +2,7 @@
 // the cpu backend's llama.cpp is the reference), built by nvcc in llama.cu.
 // The rules of kernels.hpp: raw device pointers (checked by checks.cpp), no
 // atomics, every sum in the cpu kernel's order. RMSNorm, rotary embeddings
-// and SwiGLU (whose exp is llama_math.hpp's arithmetic on both backends)
+// and SwiGLU (whose exp is util/kernel_math.hpp's arithmetic on both backends)
 // give the cpu backend's bits; grouped-query attention differs from it only
 // by expf in the softmax, as attention does.
 #pragma once

@@ -158,14 +158,14 @@ cudaError_t preload_softmax() {
 void attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH) {
     if (!B || !T || !C) return;
     attention_forward_kernel<<<blocks_for(B * T * NH, kWarps), kThreads, 0, s>>>(out, att, qkv, B, T, C, NH,
-                                                                                attention_scale(C / NH));
+                                                                                kernel_math::attention_scale(C / NH));
 }
 
 void attention_decode(cudaStream_t s, float* out, float* att, const float* q, const float* k, const float* v, u64 T,
                       u64 C, u64 NH) {
     if (!T || !C) return;
     attention_decode_kernel<<<blocks_for(NH, kWarps), kThreads, 0, s>>>(out, att, q, k, v, T, C, NH,
-                                                                       attention_scale(C / NH));
+                                                                       kernel_math::attention_scale(C / NH));
 }
 
 namespace {
@@ -174,7 +174,7 @@ void attention_grad(cudaStream_t s, float* dqkv, float* datt, const float* dout,
                     u64 T, u64 C, u64 NH) {
     if (!B || !T || !C) return;
     const unsigned grid = blocks_for(B * NH * T, kWarps);
-    const float scale = attention_scale(C / NH);
+    const float scale = kernel_math::attention_scale(C / NH);
     attention_datt_kernel<<<grid, kThreads, 0, s>>>(datt, dout, qkv, att, B, T, C, NH);
     attention_dq_kernel<<<grid, kThreads, 0, s>>>(dqkv, datt, qkv, B, T, C, NH, scale);
     attention_dkv_kernel<<<grid, kThreads, 0, s>>>(dqkv, datt, dout, qkv, att, B, T, C, NH, scale);
