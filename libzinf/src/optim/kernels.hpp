@@ -9,7 +9,6 @@
 #include "../util/kernel_math.hpp"
 
 #include <cstdint>
-#include <cstring>
 
 namespace zinf::optim::detail {
 
@@ -34,23 +33,9 @@ inline Ptrs ptrs(const Update& u) {
             u.grad_bf16.data(), u.param_f32.data(), u.param_bf16.data()};
 }
 
-inline float bf16_to_f32(std::uint16_t b) {
-    const std::uint32_t u = std::uint32_t{b} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// The update of one element (optim.hpp; kernel_math's, the cuda kernel's too).
-inline void update_one(const Ptrs& p, std::size_t i, const Scalars& s) {
-    const kernel_math::AdamState r =
-        kernel_math::adamw(s, p.g32 ? p.g32[i] : bf16_to_f32(p.g16[i]), p.m[i], p.v[i], p.w[i]);
-    p.m[i] = r.m;
-    p.v[i] = r.v;
-    p.w[i] = r.w;
-    if (p.p32) p.p32[i] = r.w;
-    if (p.p16) p.p16[i] = to_bf16(r.w);
-}
+// The definition of the update, one element (optim.hpp): kernel_math's, the
+// cuda kernel's too.
+inline void update_one(const Ptrs& p, std::size_t i, const Scalars& s) { kernel_math::adamw_update(p, i, s); }
 
 }  // namespace
 
@@ -73,7 +58,7 @@ inline double add_lanes(const double a[8]) {
 inline void square_tail(const float* f32, const std::uint16_t* b16, std::size_t from, std::size_t n,
                         double acc[8]) {
     for (std::size_t i = from; i < n; ++i) {
-        const double x = f32 ? f32[i] : bf16_to_f32(b16[i]);
+        const double x = f32 ? f32[i] : kernel_math::bf16_widen(b16[i]);
         acc[i % 8] += x * x;
     }
 }

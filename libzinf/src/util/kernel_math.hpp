@@ -46,6 +46,28 @@ ZINF_MATH_FN float bits_to_float(int i) {
 #endif
 }
 
+ZINF_MATH_FN std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#elif defined(__CUDACC__)
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+#else
+    return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+
+// bf16 from an fp32's bits, rounded to nearest even; a NaN stays a quiet NaN
+// (util's to_bf16, every backend's).
+ZINF_MATH_FN std::uint16_t bf16_round_bits(std::uint32_t u) {
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : rounded);
+}
+ZINF_MATH_FN std::uint16_t bf16_round(float f) { return bf16_round_bits(float_bits(f)); }
+// A bf16 as the fp32 it is (exact).
+ZINF_MATH_FN float bf16_widen(std::uint16_t b) { return bits_to_float(static_cast<int>(std::uint32_t{b} << 16)); }
+
 // e^x, Cephes' expf: x clamped to [-87, 88] (where the result stays a
 // normal float), n = round(x log2 e), r = x - n ln 2 in two parts, a
 // degree-6 polynomial, times 2^n built in the exponent bits. A few ulp.
@@ -105,20 +127,22 @@ ZINF_MATH_FN void swiglu_grad(float g, float u, float d, float* dg, float* du) {
 // Attention's softmax scale for heads of hd: 1 / sqrt(hd).
 ZINF_MATH_FN float attention_scale(std::uint64_t hd) { return 1.0f / sqrtf(static_cast<float>(hd)); }
 
-// optim.hpp's AdamW update of one element, from its gradient (widened to
-// fp32) and its state before the step: the state after it. S is
-// optim::Scalars (a template, so that this header includes none of ours).
-struct AdamState {
-    float m, v, w;  // first and second moments, master weight
-};
-template <class S>
-ZINF_MATH_FN AdamState adamw(const S& s, float grad, float m0, float v0, float w0) {
-    const float g = grad * s.grad_scale;
-    const float m = s.beta1 * m0 + s.one_minus_beta1 * g;
-    const float v = s.beta2 * v0 + s.one_minus_beta2 * (g * g);
+// optim.hpp's AdamW update of element i: p (optim's detail::Ptrs: the
+// master w, the moments m and v updated in place, the gradient g32 or g16,
+// the working parameter p32 or p16 or neither written) by the step's scalars
+// s (optim::Scalars). Templates, so that this header includes none of ours.
+template <class P, class S>
+ZINF_MATH_FN void adamw_update(const P& p, std::uint64_t i, const S& s) {
+    const float g = (p.g32 ? p.g32[i] : bf16_widen(p.g16[i])) * s.grad_scale;
+    const float m = s.beta1 * p.m[i] + s.one_minus_beta1 * g;
+    const float v = s.beta2 * p.v[i] + s.one_minus_beta2 * (g * g);
     const float d = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
-    const float w = w0 * s.decay - s.step_size * (m / d);
-    return {m, v, w};
+    const float w = p.w[i] * s.decay - s.step_size * (m / d);
+    p.m[i] = m;
+    p.v[i] = v;
+    p.w[i] = w;
+    if (p.p32) p.p32[i] = w;
+    if (p.p16) p.p16[i] = bf16_round(w);
 }
 
 }  // namespace
