@@ -214,8 +214,9 @@ ifneq ($(NVCC),)
 CUDA_DEVICE_SRCS := $(wildcard libzinf/src/device/cuda/*.cpp libzinf/src/device/cuda/*.cu)
 CUDA_HOST_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter %.cpp,$(CUDA_DEVICE_SRCS)))
 LIB_OBJS += $(patsubst %,$(BUILD)/%.o,$(basename $(CUDA_DEVICE_SRCS)))
+# The kernels' bodies are declared by the public kernels.def (libzinf/include).
 NVCCFLAGS := -std=c++20 -O3 -lineinfo -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 \
-  -fmad=false -Xcompiler=-Wall,-Wextra
+  -fmad=false -Xcompiler=-Wall,-Wextra -Ilibzinf/include
 $(BUILD)/libzinf/src/device/cuda/%.o: CPPFLAGS += -isystem $(CUDA_HOME)/include
 $(BUILD)/libzinf/src/device/cuda/%.o: libzinf/src/device/cuda/%.cu $(FLAGS_STAMP) Makefile
 	@mkdir -p $(@D)
@@ -618,7 +619,7 @@ install: all
 	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
 	install -m 755 $(PROGRAMS) $(BENCHES) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 libzinf/include/zinf/*.hpp $(DESTDIR)$(PREFIX)/include/zinf/
+	install -m 644 libzinf/include/zinf/*.hpp libzinf/include/zinf/*.def $(DESTDIR)$(PREFIX)/include/zinf/
 	for s in 1 5 7; do for f in $$(ls man/*.$$s 2>/dev/null); do \
 	  install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man$$s/; done; done
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@LIBS_PRIVATE@|$(LDLIBS)|g' scripts/zinf.pc.in \

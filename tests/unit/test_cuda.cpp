@@ -416,8 +416,8 @@ BOOST_AUTO_TEST_CASE(bf16_activations_in_gemm_and_gelu, *utf::precondition(GpuPr
             auto fn = [&](Device& d) -> Outputs {
                 auto da = up(d, a), db16 = up(d, b16);
                 auto db = up(d, b), dc = up(d, c0);
-                d.gemm(d.compute(), g, Weight{.bf16 = da},
-                       b_bf16 ? Weight{.bf16 = db16} : Weight{.f32 = db}, dc);
+                d.gemm(d.compute(), g, ConstView(da),
+                       b_bf16 ? ConstView(db16) : ConstView(db), dc);
                 return {{"C", down(d, dc)}};
             };
             const std::string what = std::string("gemm of a bf16 A by an ") + (b_bf16 ? "bf16" : "fp32") +

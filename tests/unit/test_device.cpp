@@ -9,6 +9,8 @@
 #define BOOST_TEST_MODULE device
 #include "device_reference.hpp"
 
+#include "../../libzinf/src/util/kernel_math.hpp"  // GELU's constants, both backends'
+
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
 #include <zinf/optim.hpp>
@@ -397,7 +399,7 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_inputs_round_a_and_b_then_accumulate_in_fp32) {
 
 // Weights stored bf16 (the engine's under Precision::bf16): a GEMM of a
 // bf16 B gives the bits of the bf16-input GEMM on B's fp32 copy (packed,
-// transposed, padded rows, beta), and so does the Weight dispatch; the
+// transposed, padded rows, beta), and so does a ConstView of it; the
 // embedding from bf16 tables the bits of the fp32 embedding from their
 // widened copies, with and without a position table. A bf16 B refuses fp32
 // inputs and a batch; tables of two dtypes are refused.
@@ -419,7 +421,7 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
         auto db16 = r.up(b16);
         r->gemm(r.s(), g, da, db, dc);
         r->gemm(r.s(), g, da, std::span<const std::uint16_t>(db16), d16);
-        r->gemm(r.s(), g, da, Weight{.bf16 = db16}, dw);
+        r->gemm(r.s(), g, da, ConstView(db16), dw);
         BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
             const Vf want = r.down(dc);
             BOOST_TEST(same_bits(r.down(d16), want));
@@ -448,7 +450,7 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
             positions ? std::span<const std::uint16_t>(dpe16) : std::span<const std::uint16_t>();
         r->embedding_forward(r.s(), want, dt, te, pe32, B, T, C, V);
         r->embedding_forward(r.s(), got, dt, std::span<const std::uint16_t>(dte16), pe_16, B, T, C, V);
-        r->embedding_forward(r.s(), via, dt, Weight{.bf16 = dte16}, Weight{.bf16 = pe_16}, B, T, C, V);
+        r->embedding_forward(r.s(), via, dt, ConstView(dte16), ConstView(pe_16), B, T, C, V);
         BOOST_TEST_CONTEXT("position table " << positions) {
             const Vf w = r.down(want);
             BOOST_TEST(same_bits(r.down(got), w));
@@ -458,15 +460,15 @@ BOOST_AUTO_TEST_CASE(bf16_weights_read_as_their_fp32_copies) {
     testing::what_of<InternalError>(
         [&] {
             auto out = r.up(Vf(B * T * C));
-            r->embedding_forward(r.s(), out, dt, Weight{.bf16 = dte16}, Weight{.f32 = pe}, B, T, C, V);
+            r->embedding_forward(r.s(), out, dt, ConstView(dte16), ConstView(pe), B, T, C, V);
         },
         "tables of two dtypes");
 }
 
 // Activations a block keeps bf16 (model.hpp's Kept): a GEMM of a bf16 A
 // (transposed or not, padded rows, alpha and beta; B fp32 or bf16) gives the
-// bits of the bf16-input GEMM on A's fp32 copy, and the Weight dispatch of
-// an fp32 A the bits of the plain GEMM; GELU from a bf16 input gives the
+// bits of the bf16-input GEMM on A's fp32 copy, and ConstViews of an fp32
+// A and B the bits of the plain GEMM; GELU from a bf16 input gives the
 // fp32 kernels' bits on its fp32 copy, the forward's output rounded to bf16
 // as the cast rounds. A bf16 A refuses fp32 inputs and a batch.
 BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
@@ -488,12 +490,12 @@ BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
         auto want = r.up(c), want16 = r.up(c), got = r.up(c), got16 = r.up(c), plain = r.up(c), via = r.up(c);
         r->gemm(r.s(), g, da, db, want);
         r->gemm(r.s(), g, da, dbw, want16);
-        r->gemm(r.s(), g, Weight{.bf16 = da16}, Weight{.f32 = db}, got);
-        r->gemm(r.s(), g, Weight{.bf16 = da16}, Weight{.bf16 = db16}, got16);
+        r->gemm(r.s(), g, ConstView(da16), ConstView(db), got);
+        r->gemm(r.s(), g, ConstView(da16), ConstView(db16), got16);
         Gemm f = g;
         f.inputs = Precision::fp32;
         r->gemm(r.s(), f, da, db, plain);
-        r->gemm(r.s(), f, Weight{.f32 = da}, Weight{.f32 = db}, via);
+        r->gemm(r.s(), f, ConstView(da), ConstView(db), via);
         BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " m " << g.m << " n " << g.n << " k " << g.k) {
             const Vf w = r.down(want);
             BOOST_TEST(same_bits(r.down(got), w));
@@ -509,7 +511,7 @@ BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
         auto b = r.up(randn(64, rng)), c = r.up(randn(64, rng));
         for (const Gemm& bad : {Gemm{.m = 8, .n = 8, .k = 8},
                                 Gemm{.m = 2, .n = 4, .k = 4, .batch = 2, .inputs = Precision::bf16}})
-            testing::what_of<InternalError>([&] { r->gemm(r.s(), bad, Weight{.bf16 = a}, Weight{.f32 = b}, c); },
+            testing::what_of<InternalError>([&] { r->gemm(r.s(), bad, ConstView(a), ConstView(b), c); },
                                             "a bf16 A refused");
     }
     const u64 n = 5000;  // past kParallelMin: the threaded loop
@@ -658,6 +660,12 @@ BOOST_AUTO_TEST_CASE(gelu_matches_reference_and_finite_differences) {
     BOOST_TEST(max_err(got_d, want_d) < 1e-5);
     BOOST_TEST(got[0] == 20.0f);
     BOOST_TEST(got_d[0] == dout[0]);
+}
+
+// The scale both backends' GELU multiply by is a literal (nvcc has no
+// constexpr sqrt): it must be sqrt(2/pi) rounded once from double, as torch's.
+BOOST_AUTO_TEST_CASE(gelu_scale_is_sqrt_2_over_pi_rounded_once) {
+    BOOST_TEST(kernel_math::kGeluScale == static_cast<float>(std::sqrt(2.0 / std::numbers::pi)));
 }
 
 // ---------------------------------------------------------------------------
@@ -1055,6 +1063,25 @@ BOOST_AUTO_TEST_CASE(short_spans_are_internal_errors_at_the_call) {
           {"attention_forward", "multiple of NH"});
     check("gelu inp", [&] { r->gelu_backward(r.s(), a, b, c); }, {"gelu_backward", "dout has 10"});
     check("copy", [&] { r->copy(r.s(), std::as_writable_bytes(c.span()), std::as_bytes(a.span())); }, {"copy", "dst"});
+    r->synchronize(r.s());  // nothing was enqueued
+}
+
+// A view of an element type its kernel does not take (kernels.def says which)
+// is refused at the call too, naming the kernel and the views.
+BOOST_AUTO_TEST_CASE(element_types_a_kernel_does_not_take_are_internal_errors_at_the_call) {
+    Rig r;
+    auto f = r->alloc<float>(64, "f"), g = r->alloc<float>(64, "g");
+    auto h = r->alloc<std::uint16_t>(64, "h");
+    auto check = [&](const char* what, const std::function<void()>& fn, std::initializer_list<const char*> parts) {
+        const std::string msg = testing::what_of<InternalError>(fn, what);
+        for (const char* p : parts) BOOST_TEST(testing::contains(msg, p), what << ": " << msg);
+    };
+    check("gemm C", [&] { r->gemm(r.s(), {.m = 4, .n = 4, .k = 4, .inputs = Precision::bf16}, f, g, h); },
+          {"gemm", "C is bf16"});
+    check("gelu out and inp", [&] { r->gelu_forward(r.s(), h, f); }, {"gelu_forward", "inp is fp32 and out bf16"});
+    check("cast to its own type", [&] { r->cast(r.s(), f, g); }, {"cast from bf16", "both fp32"});
+    check("gqa q and k", [&] { r->gqa_backward(r.s(), f, f, f, f, f, h, f, f, f, 1, 2, 2, 2, 2); },
+          {"gqa_backward", "k is fp32 and q bf16"});
     r->synchronize(r.s());  // nothing was enqueued
 }
 

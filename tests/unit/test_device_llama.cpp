@@ -10,7 +10,7 @@
 #define BOOST_TEST_MODULE device_llama
 #include "device_reference.hpp"
 
-#include "../../libzinf/src/device/llama_math.hpp"  // SwiGLU's scalar form, the cuda kernels' too
+#include "../../libzinf/src/util/kernel_math.hpp"  // SwiGLU's scalar form, the cuda kernels' too
 
 #include <zinf/device.hpp>
 #include <zinf/util.hpp>
@@ -341,7 +341,7 @@ BOOST_AUTO_TEST_CASE(swiglu_matches_reference_and_finite_differences) {
 
 // The cpu kernels run SwiGLU's loop built for the machine's widest vectors
 // (AVX-512, AVX2 or SSE) in blocks over the team; each must give, element by
-// element, the bits of llama_math's scalar form, which the cuda kernels run
+// element, the bits of kernel_math's scalar form, which the cuda kernels run
 // too: the vector bodies, the blocks' edges and the last short block (n is
 // no multiple of any vector width or block), on 1 and 2 threads, in place.
 BOOST_AUTO_TEST_CASE(swiglu_is_the_scalar_form_to_the_bit) {
@@ -351,8 +351,8 @@ BOOST_AUTO_TEST_CASE(swiglu_is_the_scalar_form_to_the_bit) {
     g[5] = 100, g[6] = -100, g[7] = 0, g[4095] = 87.5f, g[4096] = -90, g[n - 1] = -1.2785f;
     Vf want(n), want_dg(n), want_du(n);
     for (u64 i = 0; i < n; ++i) {
-        want[i] = llama_math::swiglu(g[i], u[i]);
-        llama_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
+        want[i] = kernel_math::swiglu(g[i], u[i]);
+        kernel_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
     }
     for (unsigned threads : {1u, 2u}) {
         Rig r(threads);
@@ -381,8 +381,8 @@ BOOST_AUTO_TEST_CASE(swiglu_of_bf16_is_the_fp32_kernel_on_the_widened_inputs) {
     Vf want_dg(n), want_du(n);
     std::vector<std::uint16_t> want(n);
     for (u64 i = 0; i < n; ++i) {
-        want[i] = to_bf16(llama_math::swiglu(g[i], u[i]));
-        llama_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
+        want[i] = to_bf16(kernel_math::swiglu(g[i], u[i]));
+        kernel_math::swiglu_grad(g[i], u[i], d[i], &want_dg[i], &want_du[i]);
     }
     for (unsigned threads : {1u, 2u}) {
         Rig r(threads);

@@ -678,7 +678,7 @@ BOOST_AUTO_TEST_CASE(joined_input_gradient_is_one_product) {
         auto dx = dev->alloc<float>(N * C, "dx");
         model::Context c{*dev, st, *e};
         dev->copy(st, std::as_writable_bytes(a.gate_up.f32.span()), std::as_bytes(std::span<const float>(gate_up)));
-        mlp.backward(c, dx.span(), dout.span(), device::Weight{.f32 = x.span()}, a, s, N);
+        mlp.backward(c, dx.span(), dout.span(), device::ConstView(x.span()), a, s, N);
         const auto got = read(dx.span());
         BOOST_TEST(std::memcmp(got.data(), want.data(), want.size() * 4) == 0,
                    (e == &eng ? "resident" : "apart") << ": dx is not the one product");

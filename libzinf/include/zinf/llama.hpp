@@ -44,9 +44,9 @@ public:
     RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
     ~RowLinear() override;
     // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-    void forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N);
+    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
     // dx (N,in) written, or added to with `accumulate`; the weight's gradient added to.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
                   std::uint64_t N, bool accumulate = false);
     std::uint64_t in = 0, out = 0;
     // Untiled, the one parameter (its weight); tiled, each tile has its own.
@@ -67,7 +67,7 @@ public:
     void forward_residual(Context& c, std::span<float> out, std::span<float> rstd, std::span<float> res,
                           std::span<const float> add, std::uint64_t N);
     // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   std::span<const float> rstd, std::uint64_t N);
 
 private:
@@ -149,10 +149,10 @@ public:
     // out (N,C) = o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))).
     // `s`: the scratch q, k and v take as one GEMM (joined_projections) and
     // a bf16 atty is made in; null: a GEMM each (and atty fp32).
-    void forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
+    void forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a,
                  std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
     // dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::ConstView& x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, std::uint64_t B,
                   std::uint64_t T);
     // Position `pos` alone (x (C)): its key and value join the cache (k, v
@@ -173,10 +173,10 @@ public:
     // out (N,C) = down_proj(silu(gate_proj(x)) * up_proj(x)), keeping gate,
     // up and their product in `a`. `s` as the attention's. `out` empty: gate,
     // up and their product only (a recompute for the backward).
-    void forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
+    void forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a,
                  std::uint64_t N, LlamaScratch* s = nullptr);
     // dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
+    void backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::ConstView& x,
                   LlamaBlockActivations& a, LlamaScratch& s, std::uint64_t N);
 
 private:

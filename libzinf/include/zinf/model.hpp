@@ -99,32 +99,24 @@ using ParamEngine = zero::ParamEngine;
 // every GEMM's inputs (device.hpp's Precision: bf16 rounds the activations and
 // weights a GEMM reads; everything else stays fp32). A module reads the
 // parameters a GEMM or the embedding takes through engine.stored(), which
-// may hand them over bf16 (device::Weight), and the rest through
-// engine.weight(), always fp32.
+// may hand them over bf16 (a device::ConstView that says so), and the rest
+// through engine.weight(), always fp32.
 struct Context {
     device::Device& dev;
     device::Stream& stream;
     ParamEngine& engine;
     device::Precision precision = device::Precision::fp32;
-    // dev.gemm on `stream` with `precision`'s inputs: how a module multiplies.
-    void gemm(device::Gemm g, std::span<const float> a, std::span<const float> b, std::span<float> c) {
-        g.inputs = precision;
-        dev.gemm(stream, g, a, b, c);
-    }
-    // The same by a parameter as the engine stores it (ParamEngine::stored).
-    void gemm(device::Gemm g, std::span<const float> a, const device::Weight& b, std::span<float> c) {
-        g.inputs = precision;
-        dev.gemm(stream, g, a, b, c);
-    }
-    // The same of an A stored either way (an activation a block keeps: Kept).
-    void gemm(device::Gemm g, const device::Weight& a, const device::Weight& b, std::span<float> c) {
+    // dev.gemm on `stream` with `precision`'s inputs: how a module multiplies,
+    // A and B each as stored (a parameter as the engine stores it,
+    // ParamEngine::stored; an activation a block keeps, Kept).
+    void gemm(device::Gemm g, device::ConstView a, device::ConstView b, std::span<float> c) {
         g.inputs = precision;
         dev.gemm(stream, g, a, b, c);
     }
     // dst (w.size()) = w widened to fp32 where it is stored bf16, else copied.
-    void to_f32(std::span<float> dst, const device::Weight& w) {
-        if (w.is_bf16()) dev.cast(stream, dst, w.bf16);
-        else dev.copy(stream, std::as_writable_bytes(dst), std::as_bytes(w.f32));
+    void to_f32(std::span<float> dst, device::ConstView w) {
+        if (w.is_bf16()) dev.cast(stream, dst, w);
+        else dev.copy(stream, std::as_writable_bytes(dst), w.bytes());
     }
 };
 
@@ -152,10 +144,10 @@ private:
 class LinearBase : public Module {
 public:
     using Module::Module;
-    virtual void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) = 0;
+    virtual void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) = 0;
     // dinp (N,in) written; the weight's (and bias's) gradient added to.
     virtual void backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                          const device::Weight& inp, std::uint64_t N) = 0;
+                          const device::ConstView& inp, std::uint64_t N) = 0;
     std::uint64_t in = 0, out = 0;
 };
 
@@ -163,8 +155,8 @@ class Linear : public LinearBase {
 public:
     // name "h.0.attn.c_attn": declares <name>.weight (in,out) and <name>.bias (out).
     Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out);
-    void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   std::uint64_t N) override;
 
 private:
@@ -179,8 +171,8 @@ class TiledLinear : public LinearBase {
 public:
     TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
     ~TiledLinear() override;
-    void forward(Context& c, std::span<float> out, const device::Weight& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   std::uint64_t N) override;
 
 private:
@@ -199,7 +191,7 @@ public:
     void forward(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
                  std::span<const float> inp, std::uint64_t N);
     // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   std::span<const float> mean, std::span<const float> rstd, std::uint64_t N);
 
 private:
@@ -244,9 +236,7 @@ struct Kept {
         keep(c, made);
         if (is_bf16()) c.dev.cast(c.stream, made, std::span<const std::uint16_t>(bf16.span()));
     }
-    device::Weight read() const {
-        return is_bf16() ? device::Weight{.bf16 = bf16.span()} : device::Weight{.f32 = f32.span()};
-    }
+    device::ConstView read() const { return is_bf16() ? device::ConstView(bf16) : device::ConstView(f32); }
 };
 
 // A block's activations for one (B,T): what its backward needs. The Kept
@@ -279,10 +269,10 @@ class CausalSelfAttention : public Module {
 public:
     CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg);
     // out (N,C) = c_proj(attention(c_attn(inp))), keeping qkv, att and atty in `a`.
-    void forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+    void forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
                  BlockScratch& s, std::uint64_t B, std::uint64_t T);
     // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t B, std::uint64_t T);
 
 private:
@@ -293,10 +283,10 @@ private:
 class MLP : public Module {
 public:
     MLP(ParamTable& t, const std::string& name, const Config& cfg);
-    void forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+    void forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
                  BlockScratch& s, std::uint64_t N);
     // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t N);
 
 private:

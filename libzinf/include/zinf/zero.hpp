@@ -381,11 +381,11 @@ public:
     // (InternalError) a parameter the module neither declared nor uses.
     std::span<const float> weight(const Module& m, std::size_t param);
     std::span<float> grad(const Module& m, std::size_t param);
-    // The values as the engine stores them (device.hpp's Weight): bf16 where
+    // The values as the engine stores them (a device::ConstView): bf16 where
     // it keeps the parameter bf16 (InfinityOptions::bf16_weights), else
     // weight()'s fp32. weight() of a parameter kept bf16 is an InternalError:
-    // a kernel reads it through a Weight (gemm, embedding_forward).
-    device::Weight stored(const Module& m, std::size_t param);
+    // a kernel reads it through a ConstView (gemm, embedding_forward).
+    device::ConstView stored(const Module& m, std::size_t param);
 
 protected:
     virtual std::span<const float> weight_of(const Module& m, std::size_t param) = 0;

@@ -1,8 +1,9 @@
-// The cpu backend's GEMM: OpenBLAS's cblas_sgemm, one call per batch entry
-// (Debian 12's OpenBLAS has no strided batch), or without OpenBLAS a plain
-// OpenMP loop over C's rows, so that the build works everywhere. bf16 inputs
-// (device.hpp's Precision) are rounded into scratch first, then multiplied
-// the same way: the reference the cuda backend's bf16 GEMMs are held to.
+// The cpu backend's linear kernels (kernels.def): GEMM through OpenBLAS's
+// cblas_sgemm, one call per batch entry (Debian 12's OpenBLAS has no strided
+// batch), or without OpenBLAS a plain OpenMP loop over C's rows, so that the
+// build works everywhere; and the bias. bf16 inputs (kernels.hpp's Precision)
+// are rounded into scratch first, then multiplied the same way: the
+// reference the cuda backend's bf16 GEMMs are held to.
 #include "kernels.hpp"
 
 #include <zinf/util.hpp>
@@ -225,10 +226,6 @@ void gemm_bf16_values(const Gemm& g, const A* a, const B* b, float* c) {
 }
 }  // namespace
 
-void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c) { gemm_bf16_values(g, a, b, c); }
-void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c) { gemm_bf16_values(g, a, b, c); }
-void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c) { gemm_bf16_values(g, a, b, c); }
-
 void gemm(const Gemm& g, const float* a, const float* b, float* c) {
     if (g.inputs == Precision::bf16) return gemm_bf16_values(g, a, b, c);
     if (no_product(g, c)) return;
@@ -242,6 +239,51 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
         gemm_portable(g, ae, be, ce);
 #endif
     }
+}
+
+// An operand stored bf16 is multiplied as its bf16 values (its fp32 copy):
+// the bits of the bf16-input GEMM of two fp32 operands holding them.
+void gemm(Gemm g, ConstView a, ConstView b, View c) {
+    float* const cc = c.data<float>();
+    if (!a.is_bf16() && !b.is_bf16()) return gemm(g, a.data<float>(), b.data<float>(), cc);
+    with_dtype(a.dtype(), [&](auto ea) {
+        with_dtype(b.dtype(), [&](auto eb) {
+            gemm_bf16_values(g, a.data<decltype(ea)>(), b.data<decltype(eb)>(), cc);
+        });
+    });
+}
+
+// ---------------------------------------------------------------------------
+// A Linear's bias: added over the rows, and its gradient summed over the rows
+// per column block, in row order whatever the thread count.
+namespace {
+void bias_rows(float* out, const float* bias, u64 N, u64 OC) {
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
+    for (u64 r = 0; r < N; ++r) {
+        float* row = out + r * OC;
+        for (u64 o = 0; o < OC; ++o) row[o] += bias[o];
+    }
+}
+
+void bias_grad(float* dbias, const float* dout, u64 N, u64 OC) {
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
+    for (u64 blk = 0; blk < column_blocks(OC); ++blk) {
+        const u64 c0 = blk * kColumnBlock, c1 = std::min(OC, c0 + kColumnBlock);
+        for (u64 r = 0; r < N; ++r) {
+            const float* row = dout + r * OC;
+            for (u64 o = c0; o < c1; ++o) dbias[o] += row[o];
+        }
+    }
+}
+
+}  // namespace
+
+void bias_add(std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
+    bias_rows(out.data(), bias.data(), N, OC);
+}
+
+void bias_backward(std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) {
+    bias_grad(dbias.data(), dout.data(), N, OC);
 }
 
 }  // namespace zinf::device::cpu

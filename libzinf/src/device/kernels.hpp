@@ -1,8 +1,10 @@
-// The cpu backend's kernels: plain functions over raw pointers, run on a
-// stream's worker thread and threaded with OpenMP there (the worker has set
-// its OpenMP thread count). The caller (cpu.cpp) has checked every span
-// against the shape; what only the data can break (a token past the
-// vocabulary) is checked here and thrown as DataError.
+// The cpu backend's kernels: the bodies kernels.def declares (cpu::<name>,
+// one file per kind of op: gemm.cpp, embedding.cpp, norms.cpp,
+// elementwise.cpp, attention.cpp, loss.cpp), run on a stream's worker thread
+// and threaded with OpenMP there (the worker has set its OpenMP thread
+// count). checks.cpp has checked every span against the shape and every
+// element type; what only the data can break (a token past the vocabulary)
+// is checked here and thrown as DataError.
 //
 // Determinism: every reduction runs in one fixed order whatever the thread
 // count. Sums over rows are split by columns (each thread owns a column range
@@ -28,6 +30,12 @@ namespace zinf::device::cpu {
 
 using u64 = std::uint64_t;
 
+// Every kernel's body, as kernels.def lists them.
+#define ZINF_KERNEL(name, ...) void name(ZINF_KERNEL_PARAMS(__VA_ARGS__));
+#include <zinf/kernels.def>
+
+// ---------------------------------------------------------------------------
+// GEMM's pieces (gemm.cpp), for checks.cpp, the cuda backend and --bench.
 // device.hpp's Gemm with every 0 (packed ld, packed stride) resolved.
 Gemm resolve(const Gemm& g);
 // Elements A, B and C must hold for the resolved shape (0 when m, n or k is 0
@@ -35,66 +43,19 @@ Gemm resolve(const Gemm& g);
 u64 gemm_extent_a(const Gemm& g);
 u64 gemm_extent_b(const Gemm& g);
 u64 gemm_extent_c(const Gemm& g);
-// `g` resolved. OpenBLAS when the build has it, else a portable OpenMP loop.
+// `g` resolved, A and B fp32. OpenBLAS when the build has it, else a
+// portable OpenMP loop.
 void gemm(const Gemm& g, const float* a, const float* b, float* c);
-// B stored bf16 (g.inputs bf16): A rounded and B widened into scratch,
-// then gemm(): the bits of gemm() on B's fp32 copy.
-void gemm(const Gemm& g, const float* a, const std::uint16_t* b, float* c);
-// A stored bf16 (g.inputs bf16): A widened and B rounded (or widened, when
-// stored bf16) into scratch, then gemm(): the bits of gemm() on A's fp32 copy.
-void gemm(const Gemm& g, const std::uint16_t* a, const float* b, float* c);
-void gemm(const Gemm& g, const std::uint16_t* a, const std::uint16_t* b, float* c);
 #if ZINF_HAVE_OPENBLAS
 // One cblas_sgemm on OpenBLAS's own `threads` threads (the peer --bench
 // measures against); OpenBLAS goes back to one thread, its pool stopped.
 void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int threads);
 #endif
 
-void bias_add(float* out, const float* bias, u64 N, u64 OC);
-void bias_backward(float* dbias, const float* dout, u64 N, u64 OC);
-
-// wpe (dwpe) nullptr: no position table.
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, u64 B, u64 T,
-                       u64 C, u64 V);
-// The same from tables stored bf16, widened as read.
-void embedding_forward(float* out, const std::int32_t* tokens, const std::uint16_t* wte, const std::uint16_t* wpe,
-                       u64 B, u64 T, u64 C, u64 V);
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, u64 B, u64 T,
-                        u64 C, u64 V);
-
-inline constexpr float kLayerNormEps = 1e-5f;
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       u64 N, u64 C);
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, u64 N, u64 C);
-// From inp stored bf16, widened as read: the fp32 kernel's bits on its copy.
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const std::uint16_t* inp,
-                        const float* w, const float* mean, const float* rstd, u64 N, u64 C);
-
-void gelu_forward(float* out, const float* inp, u64 n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, u64 n);
-// From a bf16 inp, widened as read; the forward's out rounded to bf16.
-void gelu_forward(std::uint16_t* out, const std::uint16_t* inp, u64 n);
-void gelu_backward(float* dinp, const std::uint16_t* inp, const float* dout, u64 n);
-
-void attention_forward(float* out, float* att, const float* qkv, u64 B, u64 T, u64 C, u64 NH);
-// From qkv and att stored bf16, widened as read: the fp32 kernel's bits on their copies.
-void attention_backward(float* dqkv, float* datt, const float* dout, const std::uint16_t* qkv, const std::uint16_t* att,
-                        u64 B, u64 T, u64 C, u64 NH);
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, u64 B,
-                        u64 T, u64 C, u64 NH);
-void attention_decode(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C, u64 NH);
-
-// logits (N,V) is overwritten with dloss * (softmax - onehot) by the first.
-void crossentropy_forward_backward(float* losses, float* logits, const std::int32_t* targets, float dloss, u64 N,
-                                   u64 V);
-void crossentropy_forward(float* losses, const float* logits, const std::int32_t* targets, u64 N, u64 V);
-
 // Row r's cols floats from src + r ld_src to dst + r ld_dst, on the calling
 // thread (a memory-bound copy: one core's memcpy).
 void copy_rows(float* dst, u64 ld_dst, const float* src, u64 ld_src, u64 rows, u64 cols);
-void residual_forward(float* out, const float* a, const float* b, u64 n);
-void accumulate(float* acc, const float* x, u64 n);
+// util's vectorised conversions over the team (elementwise.cpp).
 void to_bf16(std::uint16_t* dst, const float* src, u64 n);
 void from_bf16(float* dst, const std::uint16_t* src, u64 n);
 
@@ -105,8 +66,16 @@ void from_bf16(float* dst, const std::uint16_t* src, u64 n);
 // Below this many elements a loop runs on one thread: a parallel region
 // costs more than it saves.
 inline constexpr u64 kParallelMin = 1 << 14;
+// RMSNorm and RoPE do a few flops an element: below this many elements a
+// pass takes less than a parallel region's fork and end barrier, which on a
+// loaded machine is a wait for a descheduled thread (BENCHMARKS.md, the Llama
+// section: a smollm-135m step spent 63% of its samples in libgomp's wait), so
+// they run on the calling thread. Each element and each column sum is
+// computed the same way on one thread or many: the bits do not change.
+inline constexpr u64 kLightParallelMin = u64{1} << 20;
 // Sums over rows walk column blocks of this many floats, one block per task.
 inline constexpr u64 kColumnBlock = 64;
+inline u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
 
 // An element stored fp32 or bf16, read as fp32 (exact): kernels templated on
 // the storage of what they read.

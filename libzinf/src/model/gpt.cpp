@@ -48,7 +48,7 @@ void Block::backward(Context& c, std::span<float> dres, std::span<const float> x
     ln_2_->backward(c, dres, s.dbtc, a.res2.read(), a.ln2_mean, a.ln2_rstd, N);
     // ... and the attention branch its part, giving d x.
     attn_->backward(c, s.dbtc, dres, a.ln1.read(), a, s, B, T);
-    ln_1_->backward(c, dres, s.dbtc, device::Weight{.f32 = x}, a.ln1_mean, a.ln1_rstd, N);
+    ln_1_->backward(c, dres, s.dbtc, device::ConstView(x), a.ln1_mean, a.ln1_rstd, N);
 }
 
 // ---------------------------------------------------------------------------
@@ -170,7 +170,7 @@ void GPT::backward(Context& c, Activations& a) {
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    ln_f_->backward(c, a.dres, a.scratch.dbtc, device::Weight{.f32 = checkpoints::last(c, a, cfg_)}, a.lnf_mean,
+    ln_f_->backward(c, a.dres, a.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_mean,
                     a.lnf_rstd, N);
     checkpoints::backward(c, a, cfg_, a.scratch.dbtc,
                           [&](std::uint64_t l, std::span<const float> x, std::span<float> recompute_out) {

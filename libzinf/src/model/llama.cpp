@@ -87,7 +87,7 @@ RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, 
 
 RowLinear::~RowLinear() = default;
 
-void RowLinear::forward(Context& c, std::span<float> y, const device::Weight& x, u64 N) {
+void RowLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, u64 N) {
     ForwardScope scope(c.engine, *this);
     if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
         c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
@@ -102,7 +102,7 @@ void RowLinear::forward(Context& c, std::span<float> y, const device::Weight& x,
     }
 }
 
-void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x, u64 N,
+void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x, u64 N,
                          bool accumulate) {
     BackwardScope scope(c.engine, *this);
     if (!tiles_[0]) {
@@ -218,7 +218,7 @@ private:
 // joins the group): one GEMM into `rows` (N, sum of outs), each y's columns
 // copied out; otherwise each part's forward.
 void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
-             std::initializer_list<std::span<float>> ys, const device::Weight& x, u64 N, LlamaScratch* s,
+             std::initializer_list<std::span<float>> ys, const device::ConstView& x, u64 N, LlamaScratch* s,
              std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* y = ys.begin();
@@ -229,7 +229,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
     const Gemm g{.tb = true, .m = N, .n = J, .k = in};
     if (const auto j = adjacent(c, parts)) {
         const Nested<ForwardScope> scopes(c.engine, parts);
-        c.gemm(g, x, device::Weight{.f32 = j->w}, rows);
+        c.gemm(g, x, device::ConstView(j->w), rows);
     } else {
         u64 at = 0;
         for (RowLinear* p : parts) {
@@ -238,7 +238,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
             c.to_f32(s->joined.span().subspan(at * in, w.size()), w);
             at += p->out;
         }
-        c.gemm(g, x, device::Weight{.f32 = s->joined.span().first(J * in)}, rows);
+        c.gemm(g, x, device::ConstView(s->joined.span().first(J * in)), rows);
     }
     u64 at = 0;
     for (const RowLinear* p : parts) {
@@ -258,7 +258,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
 // each: LlamaBlockActivations).
 void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
                       std::initializer_list<std::span<const float>> dys, std::span<float> dx,
-                      const device::Weight& x, u64 N, LlamaScratch& s, std::span<float> rows) {
+                      const device::ConstView& x, u64 N, LlamaScratch& s, std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* dy = dys.begin();
     if (rows.empty() || !joined_projections(cfg, J)) {
@@ -316,15 +316,12 @@ void RMSNorm::forward_residual(Context& c, std::span<float> out, std::span<float
     c.dev.residual_rmsnorm_forward(c.stream, out, rstd, res, add, c.engine.weight(*this, w_), N, C_, eps_);
 }
 
-void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                        std::span<const float> rstd, u64 N) {
     BackwardScope scope(c.engine, *this);
     const auto dw = c.engine.grad(*this, w_);
     const auto w = c.engine.weight(*this, w_);
-    if (inp.is_bf16())
-        c.dev.rmsnorm_backward(c.stream, dinp, dw, dout, inp.bf16, w, rstd, N, C_);
-    else
-        c.dev.rmsnorm_backward(c.stream, dinp, dw, dout, inp.f32, w, rstd, N, C_);
+    c.dev.rmsnorm_backward(c.stream, dinp, dw, dout, inp, w, rstd, N, C_);
 }
 
 // ---------------------------------------------------------------------------
@@ -336,7 +333,7 @@ LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Con
     o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
 }
 
-void LlamaAttention::forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a,
+void LlamaAttention::forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a,
                              std::span<const float> rope, u64 B, u64 T, LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
@@ -358,7 +355,7 @@ void LlamaAttention::forward(Context& c, std::span<float> out, const device::Wei
     o_->forward(c, out, a.atty.read(), N);
 }
 
-void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
+void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::ConstView& x,
                               LlamaBlockActivations& a, LlamaScratch& s, std::span<const float> rope, u64 B, u64 T) {
     BackwardScope scope(c.engine, *this);
     const u64 N = B * T, H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim();
@@ -389,7 +386,7 @@ void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const fl
     ForwardScope scope(c.engine, *this);
     const u64 H = cfg_.heads, KV = cfg_.kv_heads, hd = cfg_.head_dim(), KC = KV * hd;
     const auto krow = k.subspan(pos * KC, KC);
-    const device::Weight in{.f32 = x};
+    const device::ConstView in = x;
     q_->forward(c, q, in, 1);
     k_->forward(c, krow, in, 1);
     v_->forward(c, v.subspan(pos * KC, KC), in, 1);
@@ -397,7 +394,7 @@ void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const fl
     c.dev.rope_forward(c.stream, krow, rope, 1, 1, KV, hd, pos);
     c.dev.gqa_decode(c.stream, atty, att.first(H * (pos + 1)), q, k.first((pos + 1) * KC), v.first((pos + 1) * KC),
                      pos + 1, H, KV, hd);
-    o_->forward(c, out, device::Weight{.f32 = atty}, 1);
+    o_->forward(c, out, device::ConstView(atty), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -409,7 +406,7 @@ LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : 
 
 // Kept bf16, gate and up are made a GEMM each in the staging and rounded
 // into their halves, and SwiGLU reads them as kept (rounded) in both passes.
-void LlamaMLP::forward(Context& c, std::span<float> out, const device::Weight& x, LlamaBlockActivations& a, u64 N,
+void LlamaMLP::forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a, u64 N,
                        LlamaScratch* s) {
     ForwardScope scope(c.engine, *this);
     if (a.gate_up.is_bf16() != a.act.is_bf16())
@@ -431,7 +428,7 @@ void LlamaMLP::forward(Context& c, std::span<float> out, const device::Weight& x
     down_->forward(c, out, a.act.read(), N);
 }
 
-void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::Weight& x,
+void LlamaMLP::backward(Context& c, std::span<float> dx, std::span<const float> dout, const device::ConstView& x,
                         LlamaBlockActivations& a, LlamaScratch& s, u64 N) {
     BackwardScope scope(c.engine, *this);
     down_->backward(c, s.dgate, dout, a.act.read(), N);  // d act; then d gate in place, d up
@@ -495,7 +492,7 @@ void LlamaBlock::backward(Context& c, std::span<float> dres, std::span<const flo
     mlp_->backward(c, s.dbtc, dres, a.norm2.read(), a, s, N);
     ln_2_->backward(c, dres, s.dbtc, a.res2.read(), a.rstd2, N);
     attn_->backward(c, s.dbtc, dres, a.norm1.read(), a, s, rope, B, T);
-    ln_1_->backward(c, dres, s.dbtc, device::Weight{.f32 = x}, a.rstd1, N);
+    ln_1_->backward(c, dres, s.dbtc, device::ConstView(x), a.rstd1, N);
 }
 
 void LlamaBlock::decode(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
@@ -710,7 +707,7 @@ void Llama::backward(Context& c, Activations& a) {
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
     head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    norm_->backward(c, a.dres, own.scratch.dbtc, device::Weight{.f32 = checkpoints::last(c, a, cfg_)}, a.lnf_rstd, N);
+    norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_rstd, N);
     checkpoints::backward(c, a, cfg_, own.scratch.dbtc, [&](u64 l, std::span<const float> x, std::span<float> rec) {
         blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, own.rope, B, T, rec);
     });

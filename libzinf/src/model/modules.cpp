@@ -103,19 +103,19 @@ Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::u
     b_ = declare(t, name + ".bias", {out});
 }
 
-void Linear::forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N) {
+void Linear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     // y (N,out) = x (N,in) @ W (in,out) + b
     c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_), y);
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
 
-void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
+void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
                       std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
     c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.stored(*this, w_), dx);
-    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::Weight{.f32 = dy},
+    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::ConstView(dy),
            c.engine.grad(*this, w_));
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
@@ -144,7 +144,7 @@ TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t i
 
 TiledLinear::~TiledLinear() = default;
 
-void TiledLinear::forward(Context& c, std::span<float> y, const device::Weight& x, std::uint64_t N) {
+void TiledLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     for (auto& tp : tiles_) {
         Tile& t = *tp;
@@ -157,7 +157,7 @@ void TiledLinear::forward(Context& c, std::span<float> y, const device::Weight& 
     c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
 }
 
-void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::Weight& x,
+void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
                            std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     for (std::size_t k = 0; k < tiles_.size(); ++k) {
@@ -168,7 +168,7 @@ void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const floa
         c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
                dy.subspan(t.c0), c.engine.stored(t, t.w), dx);
         c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x,
-               device::Weight{.f32 = dy.subspan(t.c0)}, c.engine.grad(t, t.w));
+               device::ConstView(dy.subspan(t.c0)), c.engine.grad(t, t.w));
     }
     c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
 }
@@ -192,15 +192,12 @@ void LayerNorm::forward(Context& c, std::span<float> out, std::span<float> mean,
                             N, C_);
 }
 
-void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                          std::span<const float> mean, std::span<const float> rstd, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     const auto dw = c.engine.grad(*this, w_), db = c.engine.grad(*this, b_);
     const auto w = c.engine.weight(*this, w_);
-    if (inp.is_bf16())
-        c.dev.layernorm_backward(c.stream, dinp, dw, db, dout, inp.bf16, w, mean, rstd, N, C_);
-    else
-        c.dev.layernorm_backward(c.stream, dinp, dw, db, dout, inp.f32, w, mean, rstd, N, C_);
+    c.dev.layernorm_backward(c.stream, dinp, dw, db, dout, inp, w, mean, rstd, N, C_);
 }
 
 // ---------------------------------------------------------------------------
@@ -230,7 +227,7 @@ CausalSelfAttention::CausalSelfAttention(ParamTable& t, const std::string& name,
     c_proj_ = make_linear(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
 }
 
-void CausalSelfAttention::forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a,
+void CausalSelfAttention::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
                                   BlockScratch& s, std::uint64_t B, std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
@@ -248,7 +245,7 @@ void CausalSelfAttention::forward(Context& c, std::span<float> out, const device
 }
 
 void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                                   const device::Weight& inp, BlockActivations& a, BlockScratch& s, std::uint64_t B,
+                                   const device::ConstView& inp, BlockActivations& a, BlockScratch& s, std::uint64_t B,
                                    std::uint64_t T) {
     BackwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
@@ -273,7 +270,7 @@ MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(nam
 }
 
 // Kept bf16, the GELU reads its input as kept (rounded) in both passes.
-void MLP::forward(Context& c, std::span<float> out, const device::Weight& inp, BlockActivations& a, BlockScratch& s,
+void MLP::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a, BlockScratch& s,
                   std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
     const std::span<float> fch = a.fch.made(s.dbt4c);
@@ -288,7 +285,7 @@ void MLP::forward(Context& c, std::span<float> out, const device::Weight& inp, B
     c_proj_->forward(c, out, a.fch_gelu.read(), N);  // (N,C)
 }
 
-void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::Weight& inp,
+void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                    BlockActivations& a, BlockScratch& s, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
     c_proj_->backward(c, s.dbt4c, dout, a.fch_gelu.read(), N);  // d fch_gelu (N,4C)

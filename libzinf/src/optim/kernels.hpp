@@ -6,9 +6,9 @@
 
 #include <zinf/optim.hpp>
 
-#include <cmath>
+#include "../util/kernel_math.hpp"
+
 #include <cstdint>
-#include <cstring>
 
 namespace zinf::optim::detail {
 
@@ -33,26 +33,9 @@ inline Ptrs ptrs(const Update& u) {
             u.grad_bf16.data(), u.param_f32.data(), u.param_bf16.data()};
 }
 
-inline float bf16_to_f32(std::uint16_t b) {
-    const std::uint32_t u = std::uint32_t{b} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// The definition of the update, one element (optim.hpp).
-inline void update_one(const Ptrs& p, std::size_t i, const Scalars& s) {
-    const float g = (p.g32 ? p.g32[i] : bf16_to_f32(p.g16[i])) * s.grad_scale;
-    const float m = s.beta1 * p.m[i] + s.one_minus_beta1 * g;
-    const float v = s.beta2 * p.v[i] + s.one_minus_beta2 * (g * g);
-    const float d = std::sqrt(v) * s.inv_sqrt_bc2 + s.eps;
-    const float w = p.w[i] * s.decay - s.step_size * (m / d);
-    p.m[i] = m;
-    p.v[i] = v;
-    p.w[i] = w;
-    if (p.p32) p.p32[i] = w;
-    if (p.p16) p.p16[i] = to_bf16(w);
-}
+// The definition of the update, one element (optim.hpp): kernel_math's, the
+// cuda kernel's too.
+inline void update_one(const Ptrs& p, std::size_t i, const Scalars& s) { kernel_math::adamw_update(p, i, s); }
 
 }  // namespace
 
@@ -75,7 +58,7 @@ inline double add_lanes(const double a[8]) {
 inline void square_tail(const float* f32, const std::uint16_t* b16, std::size_t from, std::size_t n,
                         double acc[8]) {
     for (std::size_t i = from; i < n; ++i) {
-        const double x = f32 ? f32[i] : bf16_to_f32(b16[i]);
+        const double x = f32 ? f32[i] : kernel_math::bf16_widen(b16[i]);
         acc[i % 8] += x * x;
     }
 }

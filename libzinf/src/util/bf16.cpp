@@ -3,15 +3,14 @@
 #include <zinf/util.hpp>
 
 #include "cpu.hpp"
+#include "kernel_math.hpp"
 
 #include <cstring>
 
 namespace zinf {
 namespace {
-inline std::uint16_t round_bits(std::uint32_t u) {
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
-    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : rounded);
-}
+// kernel_math's rounding, the cuda kernels' too.
+inline std::uint16_t round_bits(std::uint32_t u) { return kernel_math::bf16_round_bits(u); }
 }  // namespace
 
 std::uint16_t to_bf16(float v) {

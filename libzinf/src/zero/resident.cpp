@@ -24,10 +24,10 @@ std::span<const float> ParamEngine::weight(const Module& m, std::size_t param) {
     return weight_of(m, param);
 }
 
-device::Weight ParamEngine::stored(const Module& m, std::size_t param) {
+device::ConstView ParamEngine::stored(const Module& m, std::size_t param) {
     check_uses(m, param, "parameter ");
-    if (const auto b = weight_bf16_of(m, param); !b.empty()) return {.bf16 = b};
-    return {.f32 = weight_of(m, param)};
+    if (const auto b = weight_bf16_of(m, param); !b.empty()) return b;
+    return weight_of(m, param);
 }
 
 std::span<float> ParamEngine::grad(const Module& m, std::size_t param) {

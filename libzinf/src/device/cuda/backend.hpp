@@ -5,8 +5,8 @@
 //               errors, and the worker that runs its host jobs
 //   gemm.cpp    GEMM through cuBLASLt (opened with dlopen, so every program
 //               starts on machines without it) and its plans
-//   launch.cpp  every other kernel: the .cu files' launchers (kernels.hpp,
-//               llama.hpp)
+//   *.cu        every kernel's body by kind of op (kernels.hpp), which the
+//               Device's do_<name> calls with the stream
 // Device's public kernels check the spans against their shapes before they
 // reach these (checks.cpp).
 //
@@ -18,7 +18,6 @@
 #pragma once
 
 #include "kernels.hpp"
-#include "llama.hpp"
 
 #include "../backends.hpp"
 #include "../kernels.hpp"
@@ -43,7 +42,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numbers>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -51,8 +49,6 @@
 #include <vector>
 
 namespace zinf::device::cuda_backend {
-
-using cuda::u64;
 
 inline std::string describe(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
@@ -126,10 +122,10 @@ public:
         return ops_;
     }
 
-    // ids (n) in rows of `T` (to name a bad one's row and position).
+    // ids (n) in rows of `T` (to name a bad one's row and position): cuda::check_ids.
     void check_ids(const std::int32_t* ids, u64 n, u64 T, u64 V, int kind) {
         const u64 t = next_ticket();
-        cuda::check_ids(stream_, ids, n, T, V, kind, t, scratch_, &mapped_dev_->rec);
+        cuda::find_bad_ids(stream_, ids, n, T, V, kind, t, scratch_, &mapped_dev_->rec);
         launched("check_ids");
     }
 
@@ -260,135 +256,24 @@ public:
 
     void zero(Stream& s, std::span<float> dst) override;
 
-    // ---- kernels -----------------------------------------------------------
-    // Row-major C (m,n) = op(A) op(B) is column-major C^T (n,m) =
-    // op(B)^T op(A)^T: cuBLASLt is handed B as its A and A as its B, each
-    // stored as it is (a row-major (r,c) matrix of row stride ld is a
-    // column-major (c,r) one of leading dimension ld), transposed as asked.
-    // fp32 in, out and compute (CUBLAS_COMPUTE_32F: no TF32); with bf16
-    // inputs, CUBLAS_COMPUTE_32F_FAST_16BF (see compute_type()).
-    void do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
-                 std::span<float> c) override;
+    // ---- kernels: each calls its body (kernels.hpp's cuda::<name>) with the
+    // stream, then checks the launch ----------------------------------------
+#define ZINF_KERNEL(name, ...)                                                    \
+    void do_##name(Stream& s, ZINF_KERNEL_PARAMS(__VA_ARGS__)) override {         \
+        cuda::name(launch(s), ZINF_KERNEL_ARGS(__VA_ARGS__));                     \
+        launched(#name);                                                          \
+    }
+#include <zinf/kernels.def>
 
-    void do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
-                      std::span<float> c) override;
-
-    void do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
-                       std::span<float> c) override;
-
-    void do_bias_add(Stream& s, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) override;
-
-    void do_bias_backward(Stream& s, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) override;
-
-    void do_embedding_forward(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
-                              std::span<const float> wte, std::span<const float> wpe, u64 B, u64 T, u64 C,
-                              u64 V) override;
-
-    void do_embedding_forward_bf16(Stream& s, std::span<float> out, std::span<const std::int32_t> tokens,
-                                   std::span<const std::uint16_t> wte, std::span<const std::uint16_t> wpe, u64 B,
-                                   u64 T, u64 C, u64 V) override;
-
-    void do_embedding_backward(Stream& s, std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
-                               std::span<const std::int32_t> tokens, u64 B, u64 T, u64 C, u64 V) override;
-
-    void do_layernorm_forward(Stream& s, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                              std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
-                              u64 C) override;
-
-    void do_layernorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                               std::span<const float> dout, std::span<const float> inp, std::span<const float> w,
-                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) override;
-
-    void do_layernorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<float> db,
-                                    std::span<const float> dout, std::span<const std::uint16_t> inp,
-                                    std::span<const float> w, std::span<const float> mean,
-                                    std::span<const float> rstd, u64 N, u64 C) override;
-
-    void do_gelu_forward(Stream& s, std::span<float> out, std::span<const float> inp) override;
-
-    void do_gelu_backward(Stream& s, std::span<float> dinp, std::span<const float> inp,
-                          std::span<const float> dout) override;
-
-    void do_gelu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> inp) override;
-
-    void do_gelu_backward_bf16(Stream& s, std::span<float> dinp, std::span<const std::uint16_t> inp,
-                               std::span<const float> dout) override;
-
-    void do_attention_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B,
-                              u64 T, u64 C, u64 NH) override;
-
-    void do_attention_backward(Stream& s, std::span<float> dqkv, std::span<float> datt, std::span<const float> dout,
-                               std::span<const float> qkv, std::span<const float> att, u64 B, u64 T, u64 C,
-                               u64 NH) override;
-
-    void do_attention_backward_bf16(Stream& s, std::span<float> dqkv, std::span<float> datt,
-                                    std::span<const float> dout, std::span<const std::uint16_t> qkv,
-                                    std::span<const std::uint16_t> att, u64 B, u64 T, u64 C, u64 NH) override;
-
-    void do_attention_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                             std::span<const float> k, std::span<const float> v, u64 T, u64 C, u64 NH) override;
-
-    // ---- the Llama family (llama.cu) ----------------------------------------
-    void do_rmsnorm_forward(Stream& s, std::span<float> out, std::span<float> rstd, std::span<float> inp,
-                            std::span<const float> add, std::span<const float> w, u64 N, u64 C, float eps) override;
-
-    void do_rmsnorm_backward(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
-                             std::span<const float> inp, std::span<const float> w, std::span<const float> rstd, u64 N,
-                             u64 C) override;
-
-    void do_rmsnorm_backward_bf16(Stream& s, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
-                                  std::span<const std::uint16_t> inp, std::span<const float> w,
-                                  std::span<const float> rstd, u64 N, u64 C) override;
-
-    void do_rope(Stream& s, std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd,
-                 u64 pos0, bool inverse) override;
-
-    void do_swiglu_forward(Stream& s, std::span<float> out, std::span<const float> gate,
-                           std::span<const float> up) override;
-
-    void do_swiglu_backward(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                            std::span<const float> gate, std::span<const float> up) override;
-
-    void do_swiglu_forward_bf16(Stream& s, std::span<std::uint16_t> out, std::span<const std::uint16_t> gate,
-                                std::span<const std::uint16_t> up) override;
-
-    void do_swiglu_backward_bf16(Stream& s, std::span<float> dgate, std::span<float> dup, std::span<const float> dout,
-                                 std::span<const std::uint16_t> gate, std::span<const std::uint16_t> up) override;
-
-    void do_gqa_forward(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                        std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
-                        u64 hd) override;
-
-    void do_gqa_backward(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                         std::span<float> datt, std::span<const float> dout, std::span<const float> q,
-                         std::span<const float> k, std::span<const float> v, std::span<const float> att, u64 B, u64 T,
-                         u64 NH, u64 KVH, u64 hd) override;
-
-    void do_gqa_backward_bf16(Stream& s, std::span<float> dq, std::span<float> dk, std::span<float> dv,
-                              std::span<float> datt, std::span<const float> dout, std::span<const std::uint16_t> q,
-                              std::span<const std::uint16_t> k, std::span<const std::uint16_t> v,
-                              std::span<const std::uint16_t> att, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) override;
-
-    void do_gqa_decode(Stream& s, std::span<float> out, std::span<float> att, std::span<const float> q,
-                       std::span<const float> k, std::span<const float> v, u64 T, u64 NH, u64 KVH, u64 hd) override;
-
-    void do_crossentropy_forward_backward(Stream& s, std::span<float> losses, std::span<float> logits,
-                                          std::span<const std::int32_t> targets, float dloss, u64 N,
-                                          u64 V) override;
-
-    void do_crossentropy_forward(Stream& s, std::span<float> losses, std::span<const float> logits,
-                                 std::span<const std::int32_t> targets, u64 N, u64 V) override;
-
-    void do_residual_forward(Stream& s, std::span<float> out, std::span<const float> a,
-                             std::span<const float> b) override;
-
-    void do_accumulate(Stream& s, std::span<float> acc, std::span<const float> x) override;
-
-    void do_cast(Stream& s, std::span<std::uint16_t> dst, std::span<const float> src) override;
-
-    void do_cast(Stream& s, std::span<float> dst, std::span<const std::uint16_t> src) override;
-
-    void do_adamw(Stream& s, const optim::Update& u, const optim::Scalars& k) override;
+    // gemm's body (cuda::gemm, gemm.cpp). Row-major C (m,n) = op(A) op(B) is
+    // column-major C^T (n,m) = op(B)^T op(A)^T: cuBLASLt is handed B as its A
+    // and A as its B, each stored as it is (a row-major (r,c) matrix of row
+    // stride ld is a column-major (c,r) one of leading dimension ld),
+    // transposed as asked. fp32 in, out and compute (CUBLAS_COMPUTE_32F: no
+    // TF32); with bf16 inputs, CUBLAS_COMPUTE_32F_FAST_16BF (see
+    // compute_type()); an operand stored bf16 with the other rounded to bf16
+    // (CUBLAS_COMPUTE_32F).
+    void multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView b, View c);
 
     void host(Stream& s, std::function<void()> fn) override;
 
@@ -406,13 +291,11 @@ private:
         check(cudaSetDevice(gpu_), "cudaSetDevice");
     }
 
-    static float gelu_scale() { return static_cast<float>(std::sqrt(2.0 / std::numbers::pi)); }
-
-    void check_tokens(CudaStream& cs, const std::int32_t* tokens, u64 B, u64 T, u64 V) {
-        cs.check_ids(tokens, B * T, T, V, 0);
-    }
-    void check_targets(CudaStream& cs, const std::int32_t* targets, u64 N, u64 V) {
-        cs.check_ids(targets, N, 1, V, 1);
+    // What a kernel's body runs with on `s`, the GPU bound.
+    cuda::Launch launch(Stream& s) {
+        bind();
+        CudaStream& cs = as_cuda(s);
+        return {cs.native(), &cs, this};
     }
 
     void synchronize_all() {
@@ -446,8 +329,13 @@ private:
 
     // True when `r` has nothing to multiply (done: C untouched, or C = beta C).
     bool no_product(CudaStream& cs, const Gemm& r, std::span<float> c);
-    // Vectors of k the bf16 staging holds (compute's alone): do_gemm_bf16's
-    // rows of A, do_gemm_bf16a's columns of B.
+    // multiply()'s mixes: an fp32 A by a bf16 B; a bf16 A by a B stored either way.
+    void multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
+                        std::span<float> c);
+    void multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b,
+                        std::span<float> c);
+    // Vectors of k the bf16 staging holds (compute's alone): the rows of an
+    // fp32 A multiplied by a bf16 B, the columns of an fp32 B by a bf16 A.
     u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);
     // A and B of `type`, C of `c_type`.
     void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
@@ -463,7 +351,7 @@ private:
     cudaStream_t fill_stream_ = nullptr;
     std::array<std::unique_ptr<CudaStream>, 4> streams_;  // by StreamKind; [0] compute
     mem::Block workspace_;
-    mem::Block bf16_staging_;  // compute's: A (do_gemm_bf16) or B (do_gemm_bf16a) rounded to bf16
+    mem::Block bf16_staging_;  // compute's: the fp32 operand of a bf16 one, rounded to bf16
     std::mutex plans_mu_;
     std::map<PlanKey, Plan> plans_;
 };

@@ -1,9 +1,11 @@
 // What the cuda kernel files share: launch sizes, the cpu backend's
 // reduction orders (device/kernels.hpp: dot and sum in eight lanes), and the
-// attention row both families' kernels run (softmax.cu, llama.cu).
+// attention row both families' kernels run (attention.cu).
 #pragma once
 
 #include "kernels.hpp"
+
+#include "../../util/kernel_math.hpp"
 
 #include <cuda_runtime.h>
 
@@ -31,17 +33,13 @@ cudaError_t load_kernels(K... kernels) {
 __device__ inline u64 global_id() { return u64{blockIdx.x} * blockDim.x + threadIdx.x; }
 __device__ inline u64 grid_threads() { return u64{gridDim.x} * blockDim.x; }
 
-// util's round_bits: to nearest even; a NaN stays a quiet NaN.
-__device__ inline std::uint16_t round_bf16(float f) {
-    const unsigned u = __float_as_uint(f);
-    const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
+// To bf16, nearest even (kernel_math's, util's to_bf16).
+__device__ inline std::uint16_t round_bf16(float f) { return kernel_math::bf16_round(f); }
 
 // An element stored fp32 or bf16 (std::uint16_t), read as fp32 (exact) and
 // written from fp32 (bf16: rounded): kernels templated on the storage.
 __device__ inline float widen(float x) { return x; }
-__device__ inline float widen(std::uint16_t x) { return __uint_as_float(unsigned{x} << 16); }
+__device__ inline float widen(std::uint16_t x) { return kernel_math::bf16_widen(x); }
 __device__ inline void put(float* p, float x) { *p = x; }
 __device__ inline void put(std::uint16_t* p, float x) { *p = round_bf16(x); }
 
@@ -81,7 +79,21 @@ __device__ inline float lanes8(F elem, u64 n) {
 // One task a warp: the attention kernels' warps per block.
 inline constexpr unsigned kWarps = kThreads / 32;
 
-inline float attention_scale(u64 head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
+// A warp's task, and a thread's lane in its warp.
+__device__ inline u64 warp_task() { return u64{blockIdx.x} * kWarps + threadIdx.x / 32; }
+__device__ inline unsigned lane_id() { return threadIdx.x & 31u; }
+
+// The attention backward's task of a warp over (b, h, t), t fastest, and
+// the thread's lane; `live` false past the last task (for the whole warp).
+struct HeadRow {
+    u64 b, h, t;
+    unsigned lane;
+    bool live;
+};
+__device__ inline HeadRow head_row(u64 B, u64 H, u64 T) {
+    const u64 task = warp_task();
+    return {task / T / H, task / T % H, task % T, lane_id(), task < B * H * T};
+}
 
 __device__ inline float minus_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 
@@ -98,7 +110,7 @@ __device__ inline float warp_max(float v) {
 // row, llama.cu's query and key-value heads apart).
 __device__ inline void attend(float* a, const float* q, const float* k, const float* v, u64 stride, u64 last, u64 len,
                        u64 hs, float scale, float* out) {
-    const unsigned lane = threadIdx.x & 31u;
+    const unsigned lane = lane_id();
     float mx = minus_inf();
     for (u64 t2 = lane; t2 <= last; t2 += 32) {
         const float x = dot8(q, k + t2 * stride, hs) * scale;
@@ -129,7 +141,7 @@ __device__ inline void attend(float* a, const float* q, const float* k, const fl
 // len. One warp, after the lanes' writes of da.
 template <class A>
 __device__ inline void softmax_row_backward(float* da, const A* a, u64 last, u64 len) {
-    const unsigned lane = threadIdx.x & 31u;
+    const unsigned lane = lane_id();
     __syncwarp();
     const float s = lanes8([&](u64 i) { return widen(a[i]) * da[i]; }, last + 1);
     __syncwarp();

@@ -5,6 +5,7 @@
 #include "../../mem/gpu.hpp"
 
 #include <cstring>
+#include <utility>
 
 namespace zinf::device {
 namespace cuda_backend {
@@ -15,10 +16,16 @@ CudaDevice::CudaDevice(const Options& opts, int gpu) : gpu_(gpu) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, gpu_), "cudaGetDeviceProperties");
     sms_ = static_cast<unsigned>(prop.multiProcessorCount);
-    check(cuda::preload_elementwise(), "loading the element-wise kernels");
-    check(cuda::preload_rows(), "loading the row kernels");
-    check(cuda::preload_softmax(), "loading the softmax kernels");
-    check(cuda::preload_llama(), "loading the Llama kernels");
+    const std::pair<cudaError_t (*)(), const char*> files[] = {
+        {cuda::preload_signals, "loading the streams' signals"},
+        {cuda::preload_linear, "loading the linear kernels"},
+        {cuda::preload_embedding, "loading the embedding kernels"},
+        {cuda::preload_norms, "loading the norms"},
+        {cuda::preload_elementwise, "loading the element-wise kernels"},
+        {cuda::preload_attention, "loading the attention kernels"},
+        {cuda::preload_loss, "loading the loss kernels"},
+        {cuda::preload_optimizer, "loading the optimizer kernel"}};
+    for (const auto& [preload, what] : files) check(preload(), what);
     const WaitValue32 wait_value = driver_wait_value();
     arena_ = std::make_unique<mem::DeviceArena>(mem::ArenaConfig{
         .bytes = opts.memory_bytes ? opts.memory_bytes : 1 * GiB, .max_block = opts.max_block, .backend = "cuda", .gpu = gpu_});

@@ -78,22 +78,20 @@ bool CudaDevice::no_product(CudaStream& cs, const Gemm& r, std::span<float> c) {
     return true;
 }
 
-void CudaDevice::do_gemm(Stream& s, const Gemm& r, std::span<const float> a, std::span<const float> b,
-                         std::span<float> c) {
-    CudaStream& cs = as_cuda(s);
-    if (no_product(cs, r, c)) return;
-    matmul(cs, r, a.data(), b.data(), c.data(), CUDA_R_32F, CUDA_R_32F);
+void CudaDevice::multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView b, View c) {
+    if (no_product(cs, r, c.span<float>())) return;
+    if (a.is_bf16()) return multiply_bf16a(cs, r, a.span<std::uint16_t>(), b, c.span<float>());
+    if (b.is_bf16()) return multiply_bf16b(cs, r, a.span<float>(), b.span<std::uint16_t>(), c.span<float>());
+    matmul(cs, r, a.data<float>(), b.data<float>(), c.data<float>(), CUDA_R_32F, CUDA_R_32F);
 }
 
-// cuBLASLt multiplies a bf16 B by a bf16 A only: op(A)'s rows (A's rows, or
-// its columns when ta) are rounded to bf16 into the compute stream's
-// staging, as many at a time as it holds, and each block of them is one
-// bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F) into its rows of C. The
-// blocks depend on the shape alone: the same bits every run.
-void CudaDevice::do_gemm_bf16(Stream& s, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
-                              std::span<float> c) {
-    CudaStream& cs = as_cuda(s);
-    if (no_product(cs, r, c)) return;
+// An fp32 A by a bf16 B: cuBLASLt multiplies a bf16 B by a bf16 A only:
+// op(A)'s rows (A's rows, or its columns when ta) are rounded to bf16 into
+// the compute stream's staging, as many at a time as it holds, and each
+// block of them is one bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F) into its
+// rows of C. The blocks depend on the shape alone: the same bits every run.
+void CudaDevice::multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const float> a,
+                                std::span<const std::uint16_t> b, std::span<float> c) {
     const u64 rows = staged_vectors(cs, r.k, "a bf16 B", "A");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
@@ -131,11 +129,9 @@ u64 CudaDevice::staged_vectors(CudaStream& cs, u64 k, const char* what, const ch
 // staging a block of C's columns at a time (B's columns, or its rows when
 // tb), each block one such GEMM into its columns of C; the blocks depend on
 // the shape alone.
-void CudaDevice::do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::uint16_t> a, const Weight& b,
-                               std::span<float> c) {
-    CudaStream& cs = as_cuda(s);
-    if (no_product(cs, r, c)) return;
-    if (b.is_bf16()) return matmul(cs, r, a.data(), b.bf16.data(), c.data(), CUDA_R_16BF, CUDA_R_32F);
+void CudaDevice::multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b,
+                                std::span<float> c) {
+    if (b.is_bf16()) return matmul(cs, r, a.data(), b.data<std::uint16_t>(), c.data(), CUDA_R_16BF, CUDA_R_32F);
     const u64 cols = staged_vectors(cs, r.k, "a bf16 A and an fp32 B", "B");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 j0 = 0; j0 < r.n; j0 += cols) {
@@ -143,10 +139,10 @@ void CudaDevice::do_gemm_bf16a(Stream& s, const Gemm& r, std::span<const std::ui
         g.n = std::min(cols, r.n - j0);
         if (r.tb) {  // B (n,k): its rows j0 .. j0+g.n, packed (g.n, k)
             g.ldb = r.k;
-            cuda::to_bf16_rows(cs.native(), staging, b.f32.data() + j0 * r.ldb, g.n, r.k, r.ldb);
+            cuda::to_bf16_rows(cs.native(), staging, b.data<float>() + j0 * r.ldb, g.n, r.k, r.ldb);
         } else {  // B (k,n): its columns j0 .. j0+g.n, packed (k, g.n)
             g.ldb = g.n;
-            cuda::to_bf16_rows(cs.native(), staging, b.f32.data() + j0, r.k, g.n, r.ldb);
+            cuda::to_bf16_rows(cs.native(), staging, b.data<float>() + j0, r.k, g.n, r.ldb);
         }
         launched("to_bf16_rows");
         matmul(cs, g, a.data(), staging, c.data() + j0, CUDA_R_16BF, CUDA_R_32F);
@@ -174,7 +170,7 @@ void CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void
         plan = &it->second;
     }
     const float alpha = g.alpha, beta = g.beta;
-    // cuBLASLt's A is our B, its B our A (see gemm()).
+    // cuBLASLt's A is our B, its B our A (see multiply()).
     lt_->check(lt_->Matmul(lt_handle_, plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c, plan->c,
                            &plan->algo, ws, ws_bytes, cs.native()),
                "cublasLtMatmul");
@@ -280,6 +276,9 @@ double CudaDevice::gemm_rate(u64 n, unsigned reps, bool bf16) {
     return ms > 0 ? 2.0 * nn * nn * nn * reps / (ms * 1e-3) : 0.0;
 }
 }  // namespace cuda_backend
+
+// gemm's body (kernels.hpp): host code, cuBLASLt's plans being the device's.
+void cuda::gemm(const Launch& l, Gemm g, ConstView a, ConstView b, View c) { l.device->multiply(*l.owner, g, a, b, c); }
 
 double cuda_gemm_flops(Device& dev, std::uint64_t n, unsigned reps, bool bf16) {
     auto* cuda = dynamic_cast<cuda_backend::CudaDevice*>(&dev);

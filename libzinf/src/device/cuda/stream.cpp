@@ -163,3 +163,11 @@ void CudaStream::run() {
     }
 }
 }  // namespace zinf::device::cuda_backend
+
+namespace zinf::device::cuda {
+
+void check_ids(const Launch& l, const std::int32_t* ids, u64 n, u64 T, u64 V, int kind) {
+    l.owner->check_ids(ids, n, T, V, kind);
+}
+
+}  // namespace zinf::device::cuda

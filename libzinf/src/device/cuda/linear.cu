@@ -1,0 +1,63 @@
+// The cuda backend's linear kernels (kernels.hpp): the bias and its
+// gradient, and GEMM's helpers (C = beta C when there is nothing to
+// multiply, operands rounded to bf16 for cuBLASLt). The bias gradient is one
+// thread per column walking the rows in order, as the cpu kernel's column
+// blocks do, so its bits are the cpu backend's (no atomics).
+#include "common.cuh"
+
+namespace zinf::device::cuda {
+
+namespace {
+
+__global__ void scale_matrix_kernel(float* c, u64 m, u64 n, u64 ldc, u64 batch, u64 stride_c, float beta) {
+    const u64 total = batch * m * n;
+    for (u64 i = global_id(); i < total; i += grid_threads()) {
+        const u64 j = i % n, r = i / n % m, e = i / n / m;
+        float& x = c[e * stride_c + r * ldc + j];
+        x = beta == 0 ? 0.0f : beta * x;
+    }
+}
+
+__global__ void bias_add_kernel(float* out, const float* bias, u64 N, u64 OC) {
+    for (u64 i = global_id(); i < N * OC; i += grid_threads()) out[i] += bias[i % OC];
+}
+
+// dbias[o] += dout[0][o] + dout[1][o] + ... in row order.
+__global__ void bias_backward_kernel(float* dbias, const float* dout, u64 N, u64 OC) {
+    const u64 o = global_id();
+    if (o >= OC) return;
+    float acc = dbias[o];
+    for (u64 r = 0; r < N; ++r) acc += dout[r * OC + o];
+    dbias[o] = acc;
+}
+
+// A (rows, cols) block of row stride ld_src into packed bf16 rows.
+__global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
+    for (u64 i = global_id(); i < rows * cols; i += grid_threads()) dst[i] = round_bf16(src[i / cols * ld_src + i % cols]);
+}
+
+}  // namespace
+
+cudaError_t preload_linear() {
+    return load_kernels(scale_matrix_kernel, bias_add_kernel, bias_backward_kernel, to_bf16_rows_kernel);
+}
+
+void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u64 stride_c, float beta) {
+    if (!m || !n || !batch) return;
+    scale_matrix_kernel<<<blocks_for(batch * m * n), kThreads, 0, s>>>(c, m, n, ldc, batch, stride_c, beta);
+}
+
+void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
+    if (rows && cols) to_bf16_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(dst, src, rows, cols, ld_src);
+}
+
+void bias_add(const Launch& l, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
+    if (!N || !OC) return;
+    bias_add_kernel<<<blocks_for(N * OC), kThreads, 0, l.stream>>>(out.data(), bias.data(), N, OC);
+}
+
+void bias_backward(const Launch& l, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) {
+    if (OC) bias_backward_kernel<<<blocks_for(OC, 128), 128, 0, l.stream>>>(dbias.data(), dout.data(), N, OC);
+}
+
+}  // namespace zinf::device::cuda
