@@ -591,6 +591,7 @@ int main(int argc, char** argv) {
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
         std::signal(SIGHUP, on_signal);
+        watch_stop_flag(&g_stop);  // a signal before a FIFO's wait began still ends it
         if (lay->parsed()) return do_layout(o);
         if (ini->parsed()) return do_init(o);
         if (ver->parsed()) return do_verify(o);

@@ -231,6 +231,7 @@ int main(int argc, char** argv) {
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
         std::signal(SIGHUP, on_signal);
+        watch_stop_flag(&g_stop);
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report
         const auto t = text::open(o.tokenizer);
         return o.decode ? decode(o, *t) : encode(o, *t);

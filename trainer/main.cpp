@@ -415,6 +415,7 @@ int main(int argc, char** argv) {
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
         std::signal(SIGHUP, on_signal);
+        watch_stop_flag(&g_stop);
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
         o.bench.check();
         const device::Precision precision = device::parse_precision(o.precision);

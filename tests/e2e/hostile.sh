@@ -209,6 +209,28 @@ for sig in TERM INT; do
     expect_rc 130 "inspect -m FIFO (no writer) ends on SIG$sig with 130"
   fi
 done
+# A SIGTERM at any instant of the start, not only once it waits: one that
+# landed after the handler was installed but before poll(2) began set the
+# flag and no EINTR ever came, so the wait never ended. 20 starts, each
+# signalled 0 to 38 ms in; each must end (143 before the handler, else 130).
+hung=0 odd=
+for ((d = 0; d < 20; d++)); do
+  "$SH" inspect -m "$W/fifo" >/dev/null 2>/dev/null &
+  pid=$!
+  ((d)) && nap "0.$(printf %03d $((2 * d)))"
+  kill -TERM $pid 2>/dev/null
+  t=0
+  while kill -0 $pid 2>/dev/null && ((t++ < 300)); do nap 0.1; done
+  if kill -0 $pid 2>/dev/null; then
+    kill -9 $pid
+    hung=$((hung + 1))
+  fi
+  wait $pid
+  rc=$?
+  [[ $rc == 130 || $rc == 143 || $rc == 137 ]] || odd+=" $rc"
+done
+check "inspect -m FIFO signalled at 20 instants of its start: none left waiting (hung: $hung)${odd:+, exit codes$odd}" \
+  test "$hung" = 0 -a -z "$odd"
 run bash -c '"$1" inspect --json -m <("$1" layout --model "$2")' _ "$SH" "$M2"
 expect_rc 0 "a manifest from a pipe (-m <(layout)) is still read"
 

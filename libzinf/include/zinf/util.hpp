@@ -9,6 +9,7 @@
 #include <bit>
 #include <chrono>
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
@@ -201,6 +202,11 @@ Fd open_beneath(const std::string& root, const std::string& rel, int flags, unsi
 // and SIGTERM are honoured even with handlers that only set a flag.
 enum class Input { regular, stream };
 Fd open_input(const std::string& path, Input kind);
+// The flag a program's signal handlers set (SIGINT, SIGTERM, SIGHUP), or
+// nullptr. open_input's wait for a stream's writer also ends (Interrupted)
+// when it is set: a signal that lands after the handler is installed but
+// before poll(2) starts sets the flag and no EINTR ever comes.
+void watch_stop_flag(const std::atomic<bool>* flag) noexcept;
 // A std::istream over open_input(path, Input::stream), for line readers.
 std::unique_ptr<std::istream> input_stream(const std::string& path);
 // The whole of a regular file (open_input(path, Input::regular): a FIFO or

@@ -215,6 +215,12 @@ private:
 
 }  // namespace
 
+namespace {
+std::atomic<const std::atomic<bool>*> g_stop_flag{nullptr};
+}  // namespace
+
+void watch_stop_flag(const std::atomic<bool>* flag) noexcept { g_stop_flag.store(flag); }
+
 Fd open_input(const std::string& path, Input kind) {
     // O_NONBLOCK: open(2) of a FIFO returns at once instead of waiting for a
     // writer, where no signal would end the wait (the handlers restart it).
@@ -229,11 +235,16 @@ Fd open_input(const std::string& path, Input kind) {
     if (kind == Input::regular || !(S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISSOCK(st.st_mode)))
         throw DataError(std::string("is ") + kind_of(st.st_mode) + ", not a regular file; give a file", {0, path, {}, -1});
     // A stream: wait until its writer has written something or gone.
+    // (In turns of 100 ms where a stop flag is watched: a signal that came
+    // before poll(2) started is seen at the next turn.)
     struct pollfd p {fd.get(), POLLIN, 0};
     for (;;) {
-        const int n = ::poll(&p, 1, -1);
+        const std::atomic<bool>* stop = g_stop_flag.load();
+        const bool stopped = stop && stop->load();
+        const int n = stopped ? -1 : ::poll(&p, 1, stop ? 100 : -1);
         if (n > 0) break;
-        if (n < 0 && errno == EINTR)
+        if (n == 0) continue;
+        if (stopped || errno == EINTR)
             throw Interrupted("interrupted while waiting for input from " + std::string(kind_of(st.st_mode)),
                               {0, path, {}, -1});
         if (n < 0) throw_errno("poll", errno, path);
