@@ -61,6 +61,10 @@ bundle_packages() {
     [[ $dev =~ ^libboost-test([0-9.]+)-dev$ ]] || die 69 "apt-cache cannot resolve libboost-test-dev (is this Debian 12?)"
     local v=${BASH_REMATCH[1]}
     echo "$dev libboost-test$v.0 libboost$v-dev"
+    # The text module (tokenizer.json): PCRE2's 8-bit library and utf8proc.
+    # libpcre2-dev's links to its 16- and 32-bit and POSIX libraries dangle
+    # in the stage; the build links -lpcre2-8 only.
+    echo libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2
     # jq, for the end-to-end suites' JSON checks: GPU hosts seldom have it.
     echo jq libjq1 libonig5
 }
