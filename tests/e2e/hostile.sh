@@ -212,11 +212,17 @@ done
 # A SIGTERM at any instant of the start, not only once it waits: one that
 # landed after the handler was installed but before poll(2) began set the
 # flag and no EINTR ever came, so the wait never ended. 20 starts, each
-# signalled 0 to 38 ms in; each must end (143 before the handler, else 130).
+# signalled 0 to 38 ms after its exec; each must end (143 before the
+# handler, else 130). (Not before the exec: the forked shell would run this
+# script's EXIT trap and remove its folders.)
 hung=0 odd=
 for ((d = 0; d < 20; d++)); do
   "$SH" inspect -m "$W/fifo" >/dev/null 2>/dev/null &
   pid=$!
+  for ((t = 0; t < 3000; t++)); do
+    [[ /proc/$pid/exe -ef $SH ]] && break
+    nap 0.001
+  done
   ((d)) && nap "0.$(printf %03d $((2 * d)))"
   kill -TERM $pid 2>/dev/null
   t=0
