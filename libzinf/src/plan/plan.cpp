@@ -174,6 +174,10 @@ BlockShape block_shape(const shard::ModelSpec& s) {
     return {C * (q + 2 * kv) + q * C + 3 * C * F, C * std::max({F, q, C}), 2 * q + 2 * kv + 3 * F};
 }
 
+std::uint64_t max_tile(const shard::ModelSpec& s) {
+    return s.llama() ? std::min(s.hidden, s.kv_heads * s.head_dim()) : s.hidden;
+}
+
 StateBytes state_bytes(const Workload& w) {
     StateBytes b;
     b.params = w.spec.parameters();

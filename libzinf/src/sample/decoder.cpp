@@ -107,7 +107,7 @@ void plan(const model::Config& c, std::uint64_t n, F&& take) {
 }  // namespace
 
 std::uint64_t Decoder::device_bytes(const model::Config& c, std::uint64_t positions) {
-    if (c.arch == shard::Arch::llama)  // the state, the token and the logits
+    if (c.spec().llama())  // the state, the token and the logits
         return model::Llama::decode_bytes(c, positions) + align_up(4, mem::kArenaAlignment) +
                align_up(c.vocab * 4, mem::kArenaAlignment);
     std::uint64_t bytes = 0;

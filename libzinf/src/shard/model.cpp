@@ -63,12 +63,12 @@ ModelSpec ModelSpec::parse(std::string_view text) {
             return s;
         }
     if (auto s = detail::llama_preset(text)) return *s;
-    if (text.starts_with("llama:")) return detail::parse_llama(text);
+    if (text.starts_with("llama:") || text.starts_with("qwen2:")) return detail::parse_llama(text);
     if (!text.starts_with("gpt:"))
         throw UsageError("model spec '" + std::string(text) +
                          "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T], "
-                         "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1] "
-                         "or a preset (" + known_presets() + ")");
+                         "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1], "
+                         "qwen2: with the same keys, or a preset (" + known_presets() + ")");
     ModelSpec s;
     s.heads = 0;
     detail::spec_items(text, text.substr(4), [&](std::string_view key, std::string_view val) {
