@@ -61,10 +61,6 @@ std::string shortest(double d) {
 
 std::span<const LlamaPreset> llama_presets() { return kLlamaPresets; }
 
-const char* arch_name(Arch a) { return a == Arch::qwen2 ? "qwen2" : a == Arch::llama ? "llama" : "gpt"; }
-
-std::string tile_name(const std::string& weight, unsigned k) { return weight + ".tile" + std::to_string(k); }
-
 namespace detail {
 
 std::optional<ModelSpec> llama_preset(std::string_view name) {
@@ -161,6 +157,17 @@ std::uint64_t llama_parameters(const ModelSpec& s) {
     return s.vocab * C * (s.tied ? 1 : 2) + s.layers * per + C;
 }
 
+std::uint64_t llama_max_tile(const ModelSpec& s) { return std::min(s.hidden, s.kv_heads * s.head_dim()); }
+
+// q, k, v, o and the MLP's three matrices, the largest the MLP's hd x ffn;
+// q, k, v (grouped: kv_heads' width), the attention output and the MLP's
+// gate, up and product a token; the recompute stops before down_proj, whose
+// output the backward does not read.
+BlockWeights llama_block(const ModelSpec& s) {
+    const std::uint64_t C = s.hidden, q = s.heads * s.head_dim(), kv = s.kv_heads * s.head_dim(), F = s.ffn;
+    return {C * (q + 2 * kv) + q * C + 3 * C * F, C * std::max({F, q, C}), 2 * q + 2 * kv + 3 * F, C * F};
+}
+
 std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile) {
     // embed, norm, the head when untied; per layer 2 norms and 7 linear weights of `tile` pieces,
     // and a Qwen2's 3 biases.
@@ -169,9 +176,9 @@ std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile) {
 
 std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
     const std::uint64_t C = s.hidden, hd = s.head_dim(), F = s.ffn;
-    if (tile == 0 || tile > std::min(C, s.kv_heads * hd))
+    if (tile == 0 || tile > llama_max_tile(s))
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the smallest linear layer's " +
-                         std::to_string(std::min(C, s.kv_heads * hd)) + " outputs");
+                         std::to_string(llama_max_tile(s)) + " outputs");
     TensorList out(tile, llama_tensor_count(s, tile));
     auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
         out.plain(std::move(name), std::move(shape), init);
