@@ -4,7 +4,8 @@
 // block in the paper's terms, its checkpoints' layout) they ask of its
 // family here, never of its architecture by name. A new family is its
 // entry in the table (shard/model.cpp), its spec's reader and tensors, its
-// modules (zinf/llama.hpp's are Llama's and Qwen2's) and its tests.
+// modules (zinf/llama.hpp's are Llama's and Qwen2's; model::make_model
+// builds the set its entry names) and its tests.
 //
 //   const auto& f = zinf::shard::family(spec.arch);
 //   auto b = f.block(spec);   // 12 hd^2 weights for a GPT
@@ -26,6 +27,10 @@ namespace zinf::shard {
 struct BlockWeights {
     std::uint64_t weights = 0, largest = 0, activations = 0, not_recomputed = 0;
 };
+
+// The modules a family is built of (model::make_model): model.hpp's GPT, or
+// llama.hpp's Llama (RMSNorm, rotary, grouped-query attention, SwiGLU).
+enum class Modules { gpt, llama };
 
 struct Family {
     Arch arch;
@@ -52,6 +57,7 @@ struct Family {
     // an index, names as its tensors') or else GPT-2's (one safetensors
     // file, or llm.c's).
     bool hugging_face;
+    Modules modules;
 };
 
 // Every family, in Arch's order; family(a) is families()[a].

@@ -1,6 +1,7 @@
 // The Llama family (zinf/llama.hpp): its modules, the model that strings
 // them together with activation checkpointing and offload as the GPT does
 // (gpt.cpp), and the one-position forward the sampler runs with a cache.
+#include <zinf/family.hpp>
 #include <zinf/llama.hpp>
 
 #include <algorithm>
@@ -19,7 +20,7 @@ using device::Gemm;
 using u64 = std::uint64_t;
 
 std::unique_ptr<LanguageModel> make_model(const Config& cfg) {
-    if (cfg.spec().llama()) return std::make_unique<Llama>(cfg);
+    if (shard::family(cfg.arch).modules == shard::Modules::llama) return std::make_unique<Llama>(cfg);
     return std::make_unique<GPT>(cfg);
 }
 
@@ -586,7 +587,8 @@ LlamaBuffers& buffers(Activations& a) {
 }  // namespace
 
 Llama::Llama(const Config& cfg) : LanguageModel("llama"), cfg_(cfg), table_(cfg) {
-    if (!cfg.spec().llama()) throw InternalError("Llama: the config is not a Llama-shaped family's");
+    if (shard::family(cfg.arch).modules != shard::Modules::llama)
+        throw InternalError("Llama: the config is not a Llama-shaped family's");
     if (!cfg.layers || !cfg.hidden || !cfg.heads || !cfg.kv_heads || !cfg.ffn || !cfg.vocab || !cfg.max_seq ||
         cfg.hidden % cfg.heads || cfg.heads % cfg.kv_heads || cfg.head_dim() % 2)
         throw UsageError("Llama: layers, hidden, heads, kv_heads, ffn, vocab and seq must be positive, hidden a "

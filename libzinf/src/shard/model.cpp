@@ -181,12 +181,13 @@ constexpr Family llama_shaped(Arch arch, const char* name) {
     return {arch, name, detail::parse_llama, detail::llama_to_string, detail::llama_parameters,
             detail::llama_tensor_count, detail::llama_tensors, detail::llama_max_tile,
             "the smallest linear layer's outputs", detail::llama_block, "4 hd ffn / tile",
-            "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true};
+            "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true, Modules::llama};
 }
 
 constexpr Family kFamilies[] = {
     {Arch::gpt, "gpt", parse_gpt, gpt_to_string, gpt_parameters, gpt_tensor_count, gpt_tensors, gpt_max_tile,
-     "the hidden size", gpt_block, "4 hd 4hd / tile", "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false},
+     "the hidden size", gpt_block, "4 hd 4hd / tile", "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false,
+     Modules::gpt},
     llama_shaped(Arch::llama, "llama"),
     llama_shaped(Arch::qwen2, "qwen2"),
 };
