@@ -58,6 +58,7 @@ struct Family {
     // file, or llm.c's).
     bool hugging_face;
     Modules modules;
+    bool qkv_bias;  // q, k and v projections with biases (a Qwen2's)
 };
 
 // Every family, in Arch's order; family(a) is families()[a].

@@ -78,10 +78,12 @@ struct ModelSpec {
     std::uint64_t parameters() const;
     // The paper's estimate, 12 * layers * hidden^2 (§3).
     std::uint64_t paper_estimate() const { return 12 * layers * hidden * hidden; }
-    // Llama-shaped: RMSNorm, rotary, grouped-query attention, SwiGLU
-    // (zinf/llama.hpp's modules, Hugging Face's names); Llama's and Qwen2's.
-    bool llama() const { return arch != Arch::gpt; }
-    bool qkv_bias() const { return arch == Arch::qwen2; }  // q, k and v projections with biases
+    // As its family declares (zinf/family.hpp): Llama-shaped (RMSNorm,
+    // rotary, grouped-query attention, SwiGLU: zinf/llama.hpp's modules,
+    // Hugging Face's names), Llama's and Qwen2's; q, k and v projections
+    // with biases, Qwen2's.
+    bool llama() const;
+    bool qkv_bias() const;
     std::uint64_t head_dim() const { return heads ? hidden / heads : 0; }
     bool operator==(const ModelSpec& o) const {
         return arch == o.arch && layers == o.layers && hidden == o.hidden && heads == o.heads && vocab == o.vocab &&

@@ -80,6 +80,8 @@ std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile) { return family
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) { return family(spec.arch).tensors(spec, tile); }
 
 const char* arch_name(Arch a) { return family(a).name; }
+bool ModelSpec::llama() const { return family(arch).modules == Modules::llama; }
+bool ModelSpec::qkv_bias() const { return family(arch).qkv_bias; }
 
 std::string tile_name(const std::string& weight, unsigned k) { return weight + ".tile" + std::to_string(k); }
 
@@ -177,19 +179,19 @@ std::vector<Tensor> gpt_tensors(const ModelSpec& spec, unsigned tile) {
 }
 
 // Llama's and Qwen2's: one reader, tensors and modules (a Qwen2's q, k and v have biases).
-constexpr Family llama_shaped(Arch arch, const char* name) {
+constexpr Family llama_shaped(Arch arch, const char* name, bool qkv_bias) {
     return {arch, name, detail::parse_llama, detail::llama_to_string, detail::llama_parameters,
             detail::llama_tensor_count, detail::llama_tensors, detail::llama_max_tile,
             "the smallest linear layer's outputs", detail::llama_block, "4 hd ffn / tile",
-            "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true, Modules::llama};
+            "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true, Modules::llama, qkv_bias};
 }
 
 constexpr Family kFamilies[] = {
     {Arch::gpt, "gpt", parse_gpt, gpt_to_string, gpt_parameters, gpt_tensor_count, gpt_tensors, gpt_max_tile,
      "the hidden size", gpt_block, "4 hd 4hd / tile", "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false,
-     Modules::gpt},
-    llama_shaped(Arch::llama, "llama"),
-    llama_shaped(Arch::qwen2, "qwen2"),
+     Modules::gpt, false},
+    llama_shaped(Arch::llama, "llama", false),
+    llama_shaped(Arch::qwen2, "qwen2", true),
 };
 
 }  // namespace
