@@ -2,6 +2,7 @@
 // and bandwidth model (§3-4), a model spec, the machine's capacities and the
 // bandwidths the bench programs measured (--bench). See man/zinf-plan.1.
 #include <zinf/cli.hpp>
+#include <zinf/family.hpp>
 #include <zinf/mem.hpp>
 #include <zinf/plan.hpp>
 
@@ -110,9 +111,9 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     row("model_state_bytes_per_rank", format_size(r.model_state_bytes_per_rank), "over dp ranks");
     row("paper_model_state_bytes", format_size(r.paper_model_state_bytes), "20 bytes a parameter (240 nl hd^2)");
     row("activation_checkpoint_bytes", format_size(r.activation_checkpoint_bytes), "2 bsz seq hd nl / ci, per device");
-    row("mswm_bytes", format_size(r.mswm_bytes), r.w.spec.llama() ? "4 hd ffn / tile" : "4 hd 4hd / tile");
-    row("awm_bytes", format_size(r.awm_bytes),
-        r.w.spec.llama() ? "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)" : "bsz seq ci (16 hd + 2 heads seq)");
+    const shard::Family& family = shard::family(r.w.spec.arch);
+    row("mswm_bytes", format_size(r.mswm_bytes), family.mswm_formula);
+    row("awm_bytes", format_size(r.awm_bytes), family.awm_formula);
     row("flat_bytes", format_size(r.flat_bytes), "NCCL's flat bucket area at dp > 1: the largest bucket");
     std::printf("#\n# bandwidth (§4): arithmetic intensity, and the bandwidth each needs for the target\n");
     char buf[64];
@@ -122,7 +123,7 @@ void human(const plan::Report& r, const plan::Hardware& h) {
     row("ait_optimizer", buf, "seq bsz / 4; needs " + gb(r.need_optimizer_bps));
     std::snprintf(buf, sizeof buf, "%.0f", r.ait_activation);
     row("ait_activation", buf,
-        std::string(r.w.spec.llama() ? "2 block-weights ci / hd" : "24 hd ci") + "; needs " + gb(r.need_activation_bps));
+        std::string(family.ait_activation_formula) + "; needs " + gb(r.need_activation_bps));
     std::printf("#\n# hardware: gpu %s per device, cpu %s and nvme %s per node\n", format_size(h.gpu_bytes).c_str(),
                 format_size(h.cpu_bytes).c_str(), format_size(h.nvme_bytes).c_str());
     auto src = [](double bps, const std::string& s) { return bps > 0 ? gb(bps) + " (" + s + ")" : "unknown"; };

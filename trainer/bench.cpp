@@ -4,6 +4,7 @@
 #include "bench.hpp"
 
 #include <zinf/device.hpp>
+#include <zinf/family.hpp>
 #include <zinf/model.hpp>
 
 #include <CLI/CLI.hpp>
@@ -88,13 +89,9 @@ struct BenchModel {
         // The blocks' forward runs twice with checkpointing: the work done, not the model's.
         const double C = static_cast<double>(spec.hidden), L = static_cast<double>(spec.layers);
         const double N = static_cast<double>(batch * seq), T = static_cast<double>(seq);
-        // A block's weights: 12 C^2 for a GPT; a Llama's q, k, v, o and three MLP matrices.
-        const double hd = static_cast<double>(spec.head_dim()), H = static_cast<double>(spec.heads);
-        const double block = spec.llama() ? C * (H + 2.0 * static_cast<double>(spec.kv_heads)) * hd + H * hd * C +
-                                                3.0 * C * static_cast<double>(spec.ffn)
-                                          : 12.0 * C * C;
-        // A Llama's recompute stops before down_proj, whose output its backward does not read.
-        const double recomputed = spec.llama() ? block - C * static_cast<double>(spec.ffn) : block;
+        // A block's GEMM weights, less those the recompute skips (shard::BlockWeights).
+        const shard::BlockWeights block = shard::family(spec.arch).block(spec);
+        const double recomputed = static_cast<double>(block.weights - block.not_recomputed);
         recompute_flops = checkpoint ? L * (2.0 * recomputed * N + 2.0 * C * T * (T + 1) * static_cast<double>(batch))
                                      : 0.0;
     }

@@ -26,6 +26,7 @@ module_of() {
   case $1 in
   kernels) REPLY=device ;;
   llama) REPLY=model ;;
+  family) REPLY=shard ;;
   options) REPLY=cli ;;
   *) REPLY=$1 ;;
   esac

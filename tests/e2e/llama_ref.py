@@ -5,7 +5,8 @@ checkpoints (safetensors, one file or shards with
 model.safetensors.index.json, in BF16, F16 or F32), reads them back, and
 computes an independent float64 forward of LlamaForCausalLM (RMSNorm, rotary
 embeddings "rotate half" with Llama 3's frequency scaling, grouped-query
-attention, SwiGLU) for the loss zinf-train reports at its first step.
+attention, SwiGLU) for the loss zinf-train reports at its first step; for a
+"qwen2:" spec, Qwen2ForCausalLM's (the same, with q, k and v biases).
 
   llama_ref.py write DIR SPEC --dtype bf16 --shards 3 [--seed S] [--bad missing|extra|shape|nan]
   llama_ref.py tokens FILE N V [--seed S]        an llm.c token file (version 1)
@@ -18,7 +19,7 @@ import numpy as np
 
 
 def parse_spec(text):
-    assert text.startswith("llama:")
+    assert text.startswith("llama:") or text.startswith("qwen2:")
     kv = dict(item.split("=") for item in text[6:].split(","))
     s = dict(layers=int(kv["layers"]), hidden=int(kv["hidden"]), heads=int(kv["heads"]),
              kv_heads=int(kv.get("kv_heads", kv["heads"])), ffn=int(kv["ffn"]), vocab=int(kv["vocab"]),
@@ -26,6 +27,7 @@ def parse_spec(text):
              eps=float(kv.get("eps", 1e-5)), scale=float(kv.get("rope_scale", 0)),
              low=float(kv.get("rope_low", 1)), high=float(kv.get("rope_high", 4)), orig=int(kv.get("rope_orig", 8192)))
     s["hd"] = s["hidden"] // s["heads"]
+    s["bias"] = text.startswith("qwen2:")  # q, k and v with biases
     return s
 
 
@@ -34,11 +36,12 @@ def shapes(s):
     out = [("model.embed_tokens.weight", [V, C])]
     for l in range(s["layers"]):
         p = f"model.layers.{l}."
-        out += [(p + "input_layernorm.weight", [C]),
-                (p + "self_attn.q_proj.weight", [s["heads"] * hd, C]),
-                (p + "self_attn.k_proj.weight", [s["kv_heads"] * hd, C]),
-                (p + "self_attn.v_proj.weight", [s["kv_heads"] * hd, C]),
-                (p + "self_attn.o_proj.weight", [C, s["heads"] * hd]),
+        out.append((p + "input_layernorm.weight", [C]))
+        for proj, rows in (("q", s["heads"] * hd), ("k", s["kv_heads"] * hd), ("v", s["kv_heads"] * hd)):
+            out.append((p + f"self_attn.{proj}_proj.weight", [rows, C]))
+            if s["bias"]:
+                out.append((p + f"self_attn.{proj}_proj.bias", [rows]))
+        out += [(p + "self_attn.o_proj.weight", [C, s["heads"] * hd]),
                 (p + "post_attention_layernorm.weight", [C]),
                 (p + "mlp.gate_proj.weight", [F, C]),
                 (p + "mlp.up_proj.weight", [F, C]),
@@ -121,7 +124,8 @@ def cmd_write(args):
     tensors = []
     for name, shape in shapes(s):
         n = int(np.prod(shape))
-        vals = 1 + 0.1 * rng.standard_normal(n) if len(shape) == 1 else 0.3 * rng.standard_normal(n)
+        norm = len(shape) == 1 and not name.endswith(".bias")
+        vals = 1 + 0.1 * rng.standard_normal(n) if norm else 0.3 * rng.standard_normal(n)
         if bad == "shape" and name.endswith("layers.1.self_attn.k_proj.weight"):
             shape = [shape[0] + 1, shape[1]]
             vals = np.concatenate([vals, vals[: shape[1]]])
@@ -197,9 +201,12 @@ def cmd_loss(args):
         for l in range(s["layers"]):
             p = f"model.layers.{l}."
             h = rms(x, W[p + "input_layernorm.weight"], s["eps"])
-            q = rope((h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd), f)
-            k = rope((h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, KV, hd), f)
-            v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, KV, hd)
+            def proj(name):  # h @ W^T (+ b, a Qwen2's)
+                y = h @ W[p + f"self_attn.{name}_proj.weight"].T
+                return y + W[p + f"self_attn.{name}_proj.bias"] if s["bias"] else y
+            q = rope(proj("q").reshape(T, H, hd), f)
+            k = rope(proj("k").reshape(T, KV, hd), f)
+            v = proj("v").reshape(T, KV, hd)
             o = np.empty((T, H, hd))
             for hh in range(H):
                 g = hh // (H // KV)                                           # query head hh reads kv head g

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end tests of Hugging Face Llama checkpoints through zinf-shard
+# End-to-end tests of Hugging Face Llama (and Qwen2) checkpoints through zinf-shard
 # import and export, against tests/e2e/llama_ref.py (numpy, none of zinf's
 # code: it writes the checkpoints and computes an independent float64
 # forward of LlamaForCausalLM). The first loss zinf-train reports on weights
@@ -63,6 +63,20 @@ want=$("${REF[@]}" loss "$W/ck-tied" "$ST" "$W/tok.bin" $B $T)
 import itied "$W/ck-tied" "$ST"
 got=$(first_loss "$W/itied/manifest.jsonl")
 check "tied, sharded BF16: the first loss $got is the reference's $want within 1e-4" close "$got" "$want"
+
+# A Qwen2: q, k and v with biases, as Qwen2ForCausalLM's checkpoint names them; the
+# first loss against the reference, and import then export byte for byte, tiled too.
+SQ=${ST/llama:/qwen2:}
+"${REF[@]}" write "$W/ck-qwen2" "$SQ" --dtype bf16 --shards 2 --seed 15
+want=$("${REF[@]}" loss "$W/ck-qwen2" "$SQ" "$W/tok.bin" $B $T)
+import iqwen2 "$W/ck-qwen2" "$SQ"
+got=$(first_loss "$W/iqwen2/manifest.jsonl")
+check "Qwen2, sharded BF16: the first loss $got is the reference's $want within 1e-4" close "$got" "$want"
+rm -rf "$W/qtiled"
+"$SH" layout --model "$SQ" --tile 3 | "$SH" import --from "$W/ck-qwen2" --dir "$W/qtiled" "${POOL[@]}" >/dev/null
+run "$SH" export -m "$W/qtiled/manifest.jsonl" --to "$W/qwen2.safetensors" --dtype bf16 "${POOL[@]}"
+run "${REF[@]}" same "$W/ck-qwen2" "$W/qwen2.safetensors"
+expect_rc 0 "Qwen2 --tile 3: import then export, biases and all, byte-identical ($out)"
 
 # --- import then export: every tensor's bytes as they were
 import round "$W/ck-bf16"

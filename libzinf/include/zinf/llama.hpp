@@ -1,8 +1,9 @@
 // zinf llama: the Llama family (Llama 2 and 3, SmolLM, TinyLlama, Mistral's
-// shape) as modules declared to the same engine as the GPT (model.hpp):
-// RMSNorm, rotary position embeddings ("rotate half", with Llama 3's
-// frequency scaling), grouped-query attention, a SwiGLU MLP, no biases, the
-// output head tied to the embedding or its own. Parameter names and shapes
+// shape, and Qwen2's) as modules declared to the same engine as the GPT
+// (model.hpp): RMSNorm, rotary position embeddings ("rotate half", with
+// Llama 3's frequency scaling), grouped-query attention, a SwiGLU MLP, no
+// biases but a Qwen2's on q, k and v, the output head tied to the embedding
+// or its own. Parameter names and shapes
 // are Hugging Face's (shard::tensors), so an imported checkpoint is used as
 // it is. Each module runs between the engine's hooks, as the GPT's do; the
 // engine (zero/) knows nothing of the architecture.
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,13 +37,15 @@ std::vector<double> rope_frequencies(const Config& cfg);
 // double and rounded once.
 std::vector<float> rope_table(const Config& cfg, std::uint64_t positions);
 
-// A linear layer without bias, its weight (out, in) as torch keeps it:
-// y (N,out) = x (N,in) @ W^T. With tiles > 1, tile k is a module of its own,
+// A linear layer, its weight (out, in) as torch keeps it: y (N,out) = x
+// (N,in) @ W^T, + b (out) with `bias` (a Qwen2's q, k and v; "<name>.bias",
+// whole, this module's). With tiles > 1, tile k is a module of its own,
 // "<name>.tile<k>", with the parameter "<name>.weight.tile<k>" holding output
 // rows [tile_first(out,k), tile_first(out,k+1)) (shard::tile_name).
 class RowLinear : public Module {
 public:
-    RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
+    RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles,
+              bool bias = false);
     ~RowLinear() override;
     // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
     void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
@@ -52,11 +56,13 @@ public:
     // Untiled, the one parameter (its weight); tiled, each tile has its own.
     bool tiled() const { return tiles_.front() != nullptr; }
     std::size_t weight_param() const { return w_whole_; }
+    bool has_bias() const { return b_.has_value(); }
 
 private:
     struct Tile;
     std::vector<std::unique_ptr<Tile>> tiles_;  // one nullptr when untiled
     std::size_t w_whole_ = 0;                  // the weight, untiled
+    std::optional<std::size_t> b_;             // the bias, if any
 };
 
 class RMSNorm : public Module {

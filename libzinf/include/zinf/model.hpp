@@ -47,6 +47,7 @@ struct Config {
     static Config from(const shard::ModelSpec& spec, unsigned tile = 1);
     shard::ModelSpec spec() const;
     std::uint64_t head_dim() const { return heads ? hidden / heads : 0; }
+    bool qkv_bias() const;  // as shard::ModelSpec::qkv_bias
 };
 
 class Module;

@@ -105,9 +105,7 @@ struct BlockShape {
 };
 BlockShape block_shape(const shard::ModelSpec& s);
 // The largest tile factor the spec's layout takes (shard::tensors).
-inline std::uint64_t max_tile(const shard::ModelSpec& s) {
-    return s.llama() ? std::min(s.hidden, s.kv_heads * s.head_dim()) : s.hidden;
-}
+std::uint64_t max_tile(const shard::ModelSpec& s);
 
 std::uint64_t activation_checkpoint_bytes(const Workload& w);  // 2 bsz seq hd nl / ci, per device
 std::uint64_t mswm_bytes(const Workload& w);                   // 4 largest / tile (GPT: 4 hd 4hd / tile)

@@ -43,9 +43,11 @@ namespace zinf::shard {
 // Face's config.json: kv_heads num_key_value_heads, ffn intermediate_size,
 // tied tie_word_embeddings; eps rms_norm_eps; Llama 3's rope_scaling as
 // rope_scale, rope_low, rope_high, rope_orig) or a preset (smollm-135m,
-// tinyllama-1.1b, llama-3.2-1b, llama-3.1-8b).
-enum class Arch { gpt, llama };
-const char* arch_name(Arch a);
+// tinyllama-1.1b, llama-3.2-1b, llama-3.1-8b); or a Qwen2, a Llama whose q,
+// k and v projections have biases: "qwen2:" with the Llama's keys, or the
+// preset qwen2.5-0.5b.
+enum class Arch { gpt, llama, qwen2 };
+const char* arch_name(Arch a);  // the spec's prefix: "gpt", "llama", "qwen2"
 
 // Llama 3's rotary frequency scaling (config.json's rope_scaling with
 // rope_type "llama3"); factor 0 is none.
@@ -71,11 +73,17 @@ struct ModelSpec {
     std::string to_string() const;
     // Exact parameter count. GPT: V*C + T*C + L*(12C^2 + 13C) + 2C (the
     // output projection is tied to wte, so it adds nothing). Llama:
-    // V*C + L*(2C + C*(H + 2*KV)*hd + H*hd*C + 3*C*F) + C, plus V*C untied.
+    // V*C + L*(2C + C*(H + 2*KV)*hd + H*hd*C + 3*C*F) + C, plus V*C untied;
+    // a Qwen2's L*(H + 2*KV)*hd biases more.
     std::uint64_t parameters() const;
     // The paper's estimate, 12 * layers * hidden^2 (§3).
     std::uint64_t paper_estimate() const { return 12 * layers * hidden * hidden; }
-    bool llama() const { return arch == Arch::llama; }
+    // As its family declares (zinf/family.hpp): Llama-shaped (RMSNorm,
+    // rotary, grouped-query attention, SwiGLU: zinf/llama.hpp's modules,
+    // Hugging Face's names), Llama's and Qwen2's; q, k and v projections
+    // with biases, Qwen2's.
+    bool llama() const;
+    bool qkv_bias() const;
     std::uint64_t head_dim() const { return heads ? hidden / heads : 0; }
     bool operator==(const ModelSpec& o) const {
         return arch == o.arch && layers == o.layers && hidden == o.hidden && heads == o.heads && vocab == o.vocab &&
@@ -91,7 +99,8 @@ struct Preset {
     const char* source;  // "GPT-2", "paper Fig. 6a", ...
 };
 std::span<const Preset> presets();
-// The Llama-family presets: each a spec with its published config.json's shape.
+// The Llama-shaped presets (Llama's, Qwen2's): each a spec with its
+// published config.json's shape.
 struct LlamaPreset {
     const char* name;
     const char* spec;    // the explicit form
@@ -110,7 +119,8 @@ std::span<const LlamaPreset> llama_presets();
 // model.layers.<l>.input_layernorm.weight, ...self_attn.{q,k,v,o}_proj.weight,
 // ...post_attention_layernorm.weight, ...mlp.{gate,up,down}_proj.weight,
 // model.norm.weight, and lm_head.weight when untied; tiled, a linear weight
-// splits along its output rows (its tile is consecutive elements of it).
+// splits along its output rows (its tile is consecutive elements of it). A
+// Qwen2's ...self_attn.{q,k,v}_proj.bias follow their weights, whole.
 enum class InitKind { normal, residual, zeros, ones };
 
 struct Tensor {
@@ -127,7 +137,7 @@ struct Tensor {
 std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile = 1);
 // How many tensors tensors(spec, tile) lists, without listing them:
 // 4 + layers * (8 + 4 * tile) for a GPT, 2 + !tied + layers * (2 + 7 * tile)
-// for a Llama. Callers check a size before they allocate it.
+// for a Llama, 3 more a layer for a Qwen2. Callers check a size before they allocate it.
 std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile = 1);
 // The name of tile k of a linear weight, for every model: "<weight>.tile<k>".
 std::string tile_name(const std::string& weight, unsigned k);

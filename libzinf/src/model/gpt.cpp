@@ -1,5 +1,6 @@
 // The block, the tied output head, and the GPT that strings them together
 // with activation checkpointing.
+#include <zinf/family.hpp>
 #include <zinf/model.hpp>
 
 #include "checkpoints.hpp"
@@ -75,7 +76,7 @@ void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dl
 
 // ---------------------------------------------------------------------------
 GPT::GPT(const Config& cfg) : LanguageModel("gpt"), cfg_(cfg), table_(cfg) {
-    if (cfg.arch != shard::Arch::gpt) throw InternalError("GPT: the config is another architecture's (make_model)");
+    if (shard::family(cfg.arch).modules != shard::Modules::gpt) throw InternalError("GPT: the config is another architecture's (make_model)");
     if (!cfg.layers || !cfg.hidden || !cfg.heads || !cfg.vocab || !cfg.max_seq || cfg.hidden % cfg.heads)
         throw UsageError("GPT: layers, hidden, heads, vocab and seq must be positive, hidden a multiple of heads");
     embed_ = std::make_unique<Embedding>(table_, cfg);

@@ -1,6 +1,7 @@
 // The Llama family (zinf/llama.hpp): its modules, the model that strings
 // them together with activation checkpointing and offload as the GPT does
 // (gpt.cpp), and the one-position forward the sampler runs with a cache.
+#include <zinf/family.hpp>
 #include <zinf/llama.hpp>
 
 #include <algorithm>
@@ -19,7 +20,7 @@ using device::Gemm;
 using u64 = std::uint64_t;
 
 std::unique_ptr<LanguageModel> make_model(const Config& cfg) {
-    if (cfg.arch == shard::Arch::llama) return std::make_unique<Llama>(cfg);
+    if (shard::family(cfg.arch).modules == shard::Modules::llama) return std::make_unique<Llama>(cfg);
     return std::make_unique<GPT>(cfg);
 }
 
@@ -70,19 +71,21 @@ struct RowLinear::Tile : Module {
     std::size_t w;
 };
 
-RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, unsigned tiles) : Module(name) {
+RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, unsigned tiles, bool bias)
+    : Module(name) {
     in = in_;
     out = out_;
     if (tiles <= 1) {
         // Untiled: the one tile is this module itself (see forward).
         tiles_.push_back(nullptr);
         w_whole_ = declare(t, name + ".weight", {out, in});
-        return;
+    } else {
+        for (unsigned k = 0; k < tiles; ++k)
+            tiles_.push_back(std::make_unique<Tile>(t, shard::tile_name(name + ".weight", k),
+                                                    shard::tile_name(name, k), in, shard::tile_first(out, k, tiles),
+                                                    shard::tile_first(out, k + 1, tiles)));
     }
-    for (unsigned k = 0; k < tiles; ++k)
-        tiles_.push_back(std::make_unique<Tile>(t, shard::tile_name(name + ".weight", k), shard::tile_name(name, k),
-                                                in, shard::tile_first(out, k, tiles),
-                                                shard::tile_first(out, k + 1, tiles)));
+    if (bias) b_ = declare(t, name + ".bias", {out});
 }
 
 RowLinear::~RowLinear() = default;
@@ -91,20 +94,22 @@ void RowLinear::forward(Context& c, std::span<float> y, const device::ConstView&
     ForwardScope scope(c.engine, *this);
     if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
         c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
-        return;
+    } else {
+        for (auto& tp : tiles_) {
+            Tile& t = *tp;
+            ForwardScope tile_scope(c.engine, t);
+            // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
+            c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
+                   c.engine.stored(t, t.w), y.subspan(t.r0));
+        }
     }
-    for (auto& tp : tiles_) {
-        Tile& t = *tp;
-        ForwardScope tile_scope(c.engine, t);
-        // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
-        c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-               c.engine.stored(t, t.w), y.subspan(t.r0));
-    }
+    if (b_) c.dev.bias_add(c.stream, y, c.engine.weight(*this, *b_), N, out);
 }
 
 void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x, u64 N,
                          bool accumulate) {
     BackwardScope scope(c.engine, *this);
+    if (b_) c.dev.bias_backward(c.stream, c.engine.grad(*this, *b_), dy, N, out);  // db += sum over rows of dy
     if (!tiles_[0]) {
         // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
         c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
@@ -214,15 +219,22 @@ private:
     std::vector<std::unique_ptr<Scope>> held_;
 };
 
-// ys[i] (N, out_i) = x (N,in) @ W_i^T. Joined (`s` given and the config
-// joins the group): one GEMM into `rows` (N, sum of outs), each y's columns
-// copied out; otherwise each part's forward.
+// Whether the group runs as one GEMM: the config's rule, for parts without
+// biases (a Qwen2's q, k and v run a GEMM and a bias each).
+bool joined(const Config& cfg, std::initializer_list<RowLinear*> parts) {
+    return joined_projections(cfg, outs(parts)) &&
+           std::none_of(parts.begin(), parts.end(), [](const RowLinear* p) { return p->has_bias(); });
+}
+
+// ys[i] (N, out_i) = x (N,in) @ W_i^T. Joined (`s` given and the group
+// `joined`): one GEMM into `rows` (N, sum of outs), each y's columns copied
+// out; otherwise each part's forward.
 void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
              std::initializer_list<std::span<float>> ys, const device::ConstView& x, u64 N, LlamaScratch* s,
              std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* y = ys.begin();
-    if (!s || !joined_projections(cfg, J)) {
+    if (!s || !joined(cfg, parts)) {
         for (RowLinear* p : parts) p->forward(c, *y++, x, N);
         return;
     }
@@ -261,7 +273,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
                       const device::ConstView& x, u64 N, LlamaScratch& s, std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* dy = dys.begin();
-    if (rows.empty() || !joined_projections(cfg, J)) {
+    if (rows.empty() || !joined(cfg, parts)) {
         bool accumulate = false;
         for (RowLinear* p : parts) {
             p->backward(c, dx, *dy++, x, N, accumulate);
@@ -327,9 +339,9 @@ void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float>
 // ---------------------------------------------------------------------------
 LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
     const u64 C = cfg.hidden, hd = cfg.head_dim();
-    q_ = std::make_unique<RowLinear>(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile);
-    k_ = std::make_unique<RowLinear>(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile);
-    v_ = std::make_unique<RowLinear>(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile);
+    q_ = std::make_unique<RowLinear>(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile, cfg.qkv_bias());
+    k_ = std::make_unique<RowLinear>(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
+    v_ = std::make_unique<RowLinear>(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
     o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
 }
 
@@ -575,7 +587,8 @@ LlamaBuffers& buffers(Activations& a) {
 }  // namespace
 
 Llama::Llama(const Config& cfg) : LanguageModel("llama"), cfg_(cfg), table_(cfg) {
-    if (cfg.arch != shard::Arch::llama) throw InternalError("Llama: the config is not a Llama's");
+    if (shard::family(cfg.arch).modules != shard::Modules::llama)
+        throw InternalError("Llama: the config is not a Llama-shaped family's");
     if (!cfg.layers || !cfg.hidden || !cfg.heads || !cfg.kv_heads || !cfg.ffn || !cfg.vocab || !cfg.max_seq ||
         cfg.hidden % cfg.heads || cfg.heads % cfg.kv_heads || cfg.head_dim() % 2)
         throw UsageError("Llama: layers, hidden, heads, kv_heads, ffn, vocab and seq must be positive, hidden a "
@@ -658,13 +671,15 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->scratch.dk = dk;
     own->scratch.dv = dv;
     own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
-    u64 joined = 0;  // gate and up kept bf16 are not joined
-    for (const u64 outs : {QC + 2 * KC, bf16 ? u64{0} : 2 * cfg_.ffn})
+    // Gate and up kept bf16 are not joined, nor a Qwen2's q, k and v (biased: `joined`).
+    const bool qkv_joined = !cfg_.qkv_bias() && joined_projections(cfg_, QC + 2 * KC);
+    u64 joined = 0;
+    for (const u64 outs : {qkv_joined ? QC + 2 * KC : u64{0}, bf16 ? u64{0} : 2 * cfg_.ffn})
         if (outs && joined_projections(cfg_, outs)) joined = std::max(joined, outs * C);
     if (joined) own->scratch.joined = f(2 * joined, "joined projections' weights, gradients");
     // bf16: also the staging of the (N,C) and (N,F) values kept bf16, and of
     // q, k and v's joined product and gradients (their array is bf16).
-    const u64 qkv_rows = bf16 && joined_projections(cfg_, QC + 2 * KC) ? QC + 2 * KC : 0;
+    const u64 qkv_rows = bf16 && qkv_joined ? QC + 2 * KC : 0;
     own->scratch.dgate_up = f(N * std::max({2 * cfg_.ffn, bf16 ? C : 0, qkv_rows}), "d gate, up");
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
     own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);

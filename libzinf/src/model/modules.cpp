@@ -1,6 +1,7 @@
 // The modules below the block: parameters, Linear and TiledLinear, LayerNorm,
 // Embedding, attention and MLP. Every forward and backward runs between the
 // engine's hooks and reaches its parameters through the engine.
+#include <zinf/family.hpp>
 #include <zinf/model.hpp>
 
 #include <algorithm>
@@ -26,6 +27,8 @@ Config Config::from(const shard::ModelSpec& spec, unsigned tile) {
     c.rope_scaling = spec.rope_scaling;
     return c;
 }
+
+bool Config::qkv_bias() const { return shard::family(arch).qkv_bias; }
 
 shard::ModelSpec Config::spec() const {
     shard::ModelSpec s;

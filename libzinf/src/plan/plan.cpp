@@ -2,6 +2,7 @@
 // intensities and efficiency, evaluated for every placement of the
 // parameters and the optimizer state, and the cheapest one that meets a target.
 #include <zinf/plan.hpp>
+#include <zinf/family.hpp>
 #include <zinf/model.hpp>
 #include <zinf/zero.hpp>
 
@@ -49,7 +50,7 @@ void Workload::validate() const {
                                                   std::to_string(spec.layers) + ")");
     if (!tile || tile > max_tile(spec))
         throw UsageError("--tile must be between 1 and " + std::to_string(max_tile(spec)) +
-                         (spec.llama() ? " (the smallest linear layer's outputs)" : " (the hidden size)"));
+                         " (" + shard::family(spec.arch).max_tile_is + ")");
     if (sequence() > spec.seq)
         throw UsageError("--seq " + std::to_string(seq) + " is longer than the model's " + std::to_string(spec.seq));
     // The byte counts below must fit 64 bits (the spec's own sizes are checked by its parser).
@@ -161,18 +162,13 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
 
 std::uint64_t paper_parameters(const shard::ModelSpec& s) { return s.paper_estimate(); }
 
-// A block's shape in the paper's terms, for any model. A GPT's block holds
-// 12 hd^2 weights, its largest operator hd x 4hd, and 8 hd activation
-// elements a token (qkv 3hd, attention output hd, fc 4hd). A Llama's: q, k,
-// v, o and the MLP's three matrices, the largest the MLP's hd x ffn, and
-// q, k, v (grouped: kv_heads' width), the attention output and the MLP's
-// gate, up and product.
+// A block's shape in the paper's terms, as its family declares it.
 BlockShape block_shape(const shard::ModelSpec& s) {
-    const std::uint64_t C = s.hidden;
-    if (!s.llama()) return {12 * C * C, 4 * C * C, 8 * C};
-    const std::uint64_t q = s.heads * s.head_dim(), kv = s.kv_heads * s.head_dim(), F = s.ffn;
-    return {C * (q + 2 * kv) + q * C + 3 * C * F, C * std::max({F, q, C}), 2 * q + 2 * kv + 3 * F};
+    const shard::BlockWeights b = shard::family(s.arch).block(s);
+    return {b.weights, b.largest, b.activations};
 }
+
+std::uint64_t max_tile(const shard::ModelSpec& s) { return shard::family(s.arch).max_tile(s); }
 
 StateBytes state_bytes(const Workload& w) {
     StateBytes b;

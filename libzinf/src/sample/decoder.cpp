@@ -2,6 +2,7 @@
 // parameters' names (zinf-shard's, which the model declares), each run
 // between the engine's hooks with the kernels the training forward uses, on
 // one row: the new position. Attention reads the layer's key-value cache.
+#include <zinf/family.hpp>
 #include <zinf/llama.hpp>
 #include <zinf/sample.hpp>
 
@@ -107,7 +108,7 @@ void plan(const model::Config& c, std::uint64_t n, F&& take) {
 }  // namespace
 
 std::uint64_t Decoder::device_bytes(const model::Config& c, std::uint64_t positions) {
-    if (c.arch == shard::Arch::llama)  // the state, the token and the logits
+    if (shard::family(c.arch).modules == shard::Modules::llama)  // the state, the token and the logits
         return model::Llama::decode_bytes(c, positions) + align_up(4, mem::kArenaAlignment) +
                align_up(c.vocab * 4, mem::kArenaAlignment);
     std::uint64_t bytes = 0;

@@ -1,7 +1,8 @@
-// The Llama family's model specs: presets with the shapes of their published
-// config.json, the explicit "llama:" form, the exact parameter count, and the
-// tensors in execution order with Hugging Face's names and (out, in) linear
-// weights, tiled along their output rows.
+// The Llama-shaped families' model specs (Llama's, and Qwen2's: a Llama with
+// q, k and v biases): presets with the shapes of their published
+// config.json, the explicit "llama:" and "qwen2:" forms, the exact parameter
+// count, and the tensors in execution order with Hugging Face's names and
+// (out, in) linear weights, tiled along their output rows.
 #include "llama.hpp"
 #include "spec.hpp"
 
@@ -32,6 +33,10 @@ constexpr LlamaPreset kLlamaPresets[] = {
      "llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=131072,rope_theta=500000,tied=0,"
      "rope_scale=8,rope_low=1,rope_high=4,rope_orig=8192",
      "8.0B", "meta-llama/Llama-3.1-8B"},
+    {"qwen2.5-0.5b",
+     "qwen2:layers=24,hidden=896,heads=14,kv_heads=2,ffn=4864,vocab=151936,seq=32768,rope_theta=1000000,tied=1,"
+     "eps=0.000001",
+     "494M", "Qwen/Qwen2.5-0.5B"},
 };
 
 constexpr const char* kKeys = "layers, hidden, heads, kv_heads, ffn, vocab, seq, rope_theta, tied, eps, rope_scale, "
@@ -56,10 +61,6 @@ std::string shortest(double d) {
 
 std::span<const LlamaPreset> llama_presets() { return kLlamaPresets; }
 
-const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt"; }
-
-std::string tile_name(const std::string& weight, unsigned k) { return weight + ".tile" + std::to_string(k); }
-
 namespace detail {
 
 std::optional<ModelSpec> llama_preset(std::string_view name) {
@@ -74,11 +75,12 @@ std::optional<ModelSpec> llama_preset(std::string_view name) {
 
 ModelSpec parse_llama(std::string_view text) {
     ModelSpec s;
-    s.arch = Arch::llama;
+    s.arch = text.starts_with("qwen2:") ? Arch::qwen2 : Arch::llama;
     s.vocab = 32000;
     s.seq = 2048;
     s.tied = false;
-    const std::vector<std::string_view> seen = spec_items(text, text.substr(6), [&](std::string_view key,
+    const std::string_view items = text.substr(std::string_view(arch_name(s.arch)).size() + 1);
+    const std::vector<std::string_view> seen = spec_items(text, items, [&](std::string_view key,
                                                                                      std::string_view val) {
         if (key == "layers") s.layers = spec_count(val, key, text);
         else if (key == "hidden") s.hidden = spec_count(val, key, text);
@@ -126,7 +128,8 @@ ModelSpec parse_llama(std::string_view text) {
         spec_error(text, "rope_high must be above rope_low");
     using u128 = unsigned __int128;
     const u128 C = s.hidden, hd = s.head_dim(),
-               per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * u128{s.ffn};
+               per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * u128{s.ffn} +
+                     (s.qkv_bias() ? (s.heads + 2 * s.kv_heads) * hd : 0);
     const u128 exact = u128{s.vocab} * C * (s.tied ? 1 : 2) + u128{s.layers} * per + C;
     if (exact >= (u128{1} << 62) || u128{12} * s.layers * C * C >= (u128{1} << 62))
         spec_error(text, "too large (more than 2^62 parameters)");
@@ -134,7 +137,7 @@ ModelSpec parse_llama(std::string_view text) {
 }
 
 std::string llama_to_string(const ModelSpec& s) {
-    std::string t = "llama:layers=" + std::to_string(s.layers) + ",hidden=" + std::to_string(s.hidden) +
+    std::string t = std::string(arch_name(s.arch)) + ":layers=" + std::to_string(s.layers) + ",hidden=" + std::to_string(s.hidden) +
                     ",heads=" + std::to_string(s.heads) + ",kv_heads=" + std::to_string(s.kv_heads) +
                     ",ffn=" + std::to_string(s.ffn) + ",vocab=" + std::to_string(s.vocab) +
                     ",seq=" + std::to_string(s.seq) + ",rope_theta=" + shortest(s.rope_theta) +
@@ -149,20 +152,33 @@ std::string llama_to_string(const ModelSpec& s) {
 
 std::uint64_t llama_parameters(const ModelSpec& s) {
     const std::uint64_t C = s.hidden, hd = s.head_dim();
-    const std::uint64_t per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * s.ffn;
+    const std::uint64_t per = 2 * C + C * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * C + 3 * C * s.ffn +
+                              (s.qkv_bias() ? (s.heads + 2 * s.kv_heads) * hd : 0);
     return s.vocab * C * (s.tied ? 1 : 2) + s.layers * per + C;
 }
 
+std::uint64_t llama_max_tile(const ModelSpec& s) { return std::min(s.hidden, s.kv_heads * s.head_dim()); }
+
+// q, k, v, o and the MLP's three matrices, the largest the MLP's hd x ffn;
+// q, k, v (grouped: kv_heads' width), the attention output and the MLP's
+// gate, up and product a token; the recompute stops before down_proj, whose
+// output the backward does not read.
+BlockWeights llama_block(const ModelSpec& s) {
+    const std::uint64_t C = s.hidden, q = s.heads * s.head_dim(), kv = s.kv_heads * s.head_dim(), F = s.ffn;
+    return {C * (q + 2 * kv) + q * C + 3 * C * F, C * std::max({F, q, C}), 2 * q + 2 * kv + 3 * F, C * F};
+}
+
 std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile) {
-    // embed, norm, the head when untied; per layer 2 norms and 7 linear weights of `tile` pieces.
-    return 2 + (s.tied ? 0 : 1) + s.layers * (2 + 7 * std::uint64_t{tile});
+    // embed, norm, the head when untied; per layer 2 norms and 7 linear weights of `tile` pieces,
+    // and a Qwen2's 3 biases.
+    return 2 + (s.tied ? 0 : 1) + s.layers * (2 + (s.qkv_bias() ? 3 : 0) + 7 * std::uint64_t{tile});
 }
 
 std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
     const std::uint64_t C = s.hidden, hd = s.head_dim(), F = s.ffn;
-    if (tile == 0 || tile > std::min(C, s.kv_heads * hd))
+    if (tile == 0 || tile > llama_max_tile(s))
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the smallest linear layer's " +
-                         std::to_string(std::min(C, s.kv_heads * hd)) + " outputs");
+                         std::to_string(llama_max_tile(s)) + " outputs");
     TensorList out(tile, llama_tensor_count(s, tile));
     auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
         out.plain(std::move(name), std::move(shape), init);
@@ -170,13 +186,18 @@ std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile) {
     auto linear = [&](const std::string& name, std::uint64_t outf, std::uint64_t in, InitKind init) {
         out.linear(name, in, outf, init, TensorList::Layout::out_in);
     };
+    // q, k and v: a Qwen2's bias after each weight (the module's order).
+    auto projection = [&](const std::string& name, std::uint64_t outf) {
+        linear(name + ".weight", outf, C, InitKind::normal);
+        if (s.qkv_bias()) plain(name + ".bias", {outf}, InitKind::zeros);
+    };
     plain("model.embed_tokens.weight", {s.vocab, C}, InitKind::normal);
     for (std::uint64_t l = 0; l < s.layers; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".";
         plain(p + "input_layernorm.weight", {C}, InitKind::ones);
-        linear(p + "self_attn.q_proj.weight", s.heads * hd, C, InitKind::normal);
-        linear(p + "self_attn.k_proj.weight", s.kv_heads * hd, C, InitKind::normal);
-        linear(p + "self_attn.v_proj.weight", s.kv_heads * hd, C, InitKind::normal);
+        projection(p + "self_attn.q_proj", s.heads * hd);
+        projection(p + "self_attn.k_proj", s.kv_heads * hd);
+        projection(p + "self_attn.v_proj", s.kv_heads * hd);
         linear(p + "self_attn.o_proj.weight", C, s.heads * hd, InitKind::residual);
         plain(p + "post_attention_layernorm.weight", {C}, InitKind::ones);
         linear(p + "mlp.gate_proj.weight", F, C, InitKind::normal);

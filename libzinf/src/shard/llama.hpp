@@ -2,6 +2,7 @@
 // its presets, its "llama:..." form, its parameter count and its tensors.
 #pragma once
 
+#include <zinf/family.hpp>
 #include <zinf/shard.hpp>
 
 #include <optional>
@@ -17,6 +18,8 @@ std::string llama_to_string(const ModelSpec& s);
 std::uint64_t llama_parameters(const ModelSpec& s);
 std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile);
 std::vector<Tensor> llama_tensors(const ModelSpec& s, unsigned tile);
+std::uint64_t llama_max_tile(const ModelSpec& s);  // the smallest linear layer's outputs
+BlockWeights llama_block(const ModelSpec& s);
 
 // Hugging Face checkpoints in and out (hf.cpp): import_weights and
 // export_weights for a Llama-family manifest.

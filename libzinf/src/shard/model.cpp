@@ -1,4 +1,6 @@
-// Model specs, presets and the GPT-2 tensor list in execution order.
+// Model specs and presets, read, printed and listed through their family's
+// declaration (zinf/family.hpp): the families' table, and GPT-2's family.
+#include <zinf/family.hpp>
 #include <zinf/shard.hpp>
 
 #include "llama.hpp"
@@ -63,12 +65,31 @@ ModelSpec ModelSpec::parse(std::string_view text) {
             return s;
         }
     if (auto s = detail::llama_preset(text)) return *s;
-    if (text.starts_with("llama:")) return detail::parse_llama(text);
-    if (!text.starts_with("gpt:"))
-        throw UsageError("model spec '" + std::string(text) +
-                         "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T], "
-                         "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1] "
-                         "or a preset (" + known_presets() + ")");
+    for (const Family& f : families())
+        if (text.starts_with(f.name) && text.substr(std::string_view(f.name).size()).starts_with(":"))
+            return f.parse(text);
+    throw UsageError("model spec '" + std::string(text) +
+                     "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T], "
+                     "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1], "
+                     "qwen2: with the same keys, or a preset (" + known_presets() + ")");
+}
+
+std::string ModelSpec::to_string() const { return family(arch).to_string(*this); }
+std::uint64_t ModelSpec::parameters() const { return family(arch).parameters(*this); }
+std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile) { return family(spec.arch).tensor_count(spec, tile); }
+std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) { return family(spec.arch).tensors(spec, tile); }
+
+const char* arch_name(Arch a) { return family(a).name; }
+bool ModelSpec::llama() const { return family(arch).modules == Modules::llama; }
+bool ModelSpec::qkv_bias() const { return family(arch).qkv_bias; }
+
+std::string tile_name(const std::string& weight, unsigned k) { return weight + ".tile" + std::to_string(k); }
+
+// ---------------------------------------------------------------------------
+// GPT-2's family.
+namespace {
+
+ModelSpec parse_gpt(std::string_view text) {
     ModelSpec s;
     s.heads = 0;
     detail::spec_items(text, text.substr(4), [&](std::string_view key, std::string_view val) {
@@ -99,31 +120,36 @@ ModelSpec ModelSpec::parse(std::string_view text) {
     return s;
 }
 
-std::string ModelSpec::to_string() const {
-    if (llama()) return detail::llama_to_string(*this);
-    return "gpt:layers=" + std::to_string(layers) + ",hidden=" + std::to_string(hidden) +
-           ",heads=" + std::to_string(heads) + ",vocab=" + std::to_string(vocab) + ",seq=" + std::to_string(seq);
+std::string gpt_to_string(const ModelSpec& s) {
+    return "gpt:layers=" + std::to_string(s.layers) + ",hidden=" + std::to_string(s.hidden) +
+           ",heads=" + std::to_string(s.heads) + ",vocab=" + std::to_string(s.vocab) + ",seq=" + std::to_string(s.seq);
 }
 
-std::uint64_t ModelSpec::parameters() const {
-    if (llama()) return detail::llama_parameters(*this);
-    const std::uint64_t C = hidden;
-    return vocab * C + seq * C + layers * (12 * C * C + 13 * C) + 2 * C;
+std::uint64_t gpt_parameters(const ModelSpec& s) {
+    const std::uint64_t C = s.hidden;
+    return s.vocab * C + s.seq * C + s.layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
-std::uint64_t tensor_count(const ModelSpec& spec, unsigned tile) {
-    if (spec.llama()) return detail::llama_tensor_count(spec, tile);
+std::uint64_t gpt_tensor_count(const ModelSpec& spec, unsigned tile) {
     // wte, wpe, ln_f's two; per layer 8 plain tensors and 4 linear weights of `tile` pieces each.
     return 4 + spec.layers * (8 + 4 * std::uint64_t{tile});
 }
 
-std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
-    if (spec.llama()) return detail::llama_tensors(spec, tile);
+std::uint64_t gpt_max_tile(const ModelSpec& s) { return s.hidden; }
+
+// 12 hd^2 weights, the largest operator hd x 4hd, 8 hd activation elements a
+// token (qkv 3hd, attention output hd, fc 4hd); the recompute runs it all.
+BlockWeights gpt_block(const ModelSpec& s) {
+    const std::uint64_t C = s.hidden;
+    return {12 * C * C, 4 * C * C, 8 * C, 0};
+}
+
+std::vector<Tensor> gpt_tensors(const ModelSpec& spec, unsigned tile) {
     const std::uint64_t C = spec.hidden;
-    if (tile == 0 || tile > C)
+    if (tile == 0 || tile > gpt_max_tile(spec))
         throw UsageError("--tile " + std::to_string(tile) + ": must be between 1 and the hidden size " +
                          std::to_string(C));
-    detail::TensorList out(tile, tensor_count(spec, tile));
+    detail::TensorList out(tile, gpt_tensor_count(spec, tile));
     auto plain = [&](std::string name, std::vector<std::uint64_t> shape, InitKind init) {
         out.plain(std::move(name), std::move(shape), init);
     };
@@ -150,6 +176,32 @@ std::vector<Tensor> tensors(const ModelSpec& spec, unsigned tile) {
     plain("ln_f.weight", {C}, InitKind::ones);
     plain("ln_f.bias", {C}, InitKind::zeros);
     return out.take();
+}
+
+// Llama's and Qwen2's: one reader, tensors and modules (a Qwen2's q, k and v have biases).
+constexpr Family llama_shaped(Arch arch, const char* name, bool qkv_bias) {
+    return {arch, name, detail::parse_llama, detail::llama_to_string, detail::llama_parameters,
+            detail::llama_tensor_count, detail::llama_tensors, detail::llama_max_tile,
+            "the smallest linear layer's outputs", detail::llama_block, "4 hd ffn / tile",
+            "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true, Modules::llama, qkv_bias};
+}
+
+constexpr Family kFamilies[] = {
+    {Arch::gpt, "gpt", parse_gpt, gpt_to_string, gpt_parameters, gpt_tensor_count, gpt_tensors, gpt_max_tile,
+     "the hidden size", gpt_block, "4 hd 4hd / tile", "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false,
+     Modules::gpt, false},
+    llama_shaped(Arch::llama, "llama", false),
+    llama_shaped(Arch::qwen2, "qwen2", true),
+};
+
+}  // namespace
+
+std::span<const Family> families() { return kFamilies; }
+
+const Family& family(Arch a) {
+    for (const Family& f : kFamilies)
+        if (f.arch == a) return f;
+    throw InternalError("no family declared for architecture " + std::to_string(static_cast<int>(a)));
 }
 
 namespace detail {

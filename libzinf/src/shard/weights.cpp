@@ -340,7 +340,7 @@ WeightFormat detect_weight_format(const std::string& path) {
 
 Written import_weights(Manifest& m, const std::string& from, const std::string& dir, io::Engine& engine,
                        mem::PinnedPool& pool, const RunOptions& opts) {
-    if (m.spec.llama()) return detail::import_hf(m, from, dir, engine, pool, opts);  // (a folder is fine there)
+    if (family(m.spec.arch).hugging_face) return detail::import_hf(m, from, dir, engine, pool, opts);  // (a folder is fine there)
     const WeightFormat format = detect_weight_format(from);  // first: it refuses a FIFO or a folder at once
     io::File file = io::File::open(from, {.access = io::Access::read, .direct = io::Direct::buffered});
     // A safetensors file starts with its header's length; a Hugging Face
@@ -620,7 +620,7 @@ ExportResult export_weights(const Manifest& m, const std::string& to, WeightForm
     // No writer beside (zinf-train committing a step, init --force): the
     // export reads one committed state.
     const Lock lock = lock_state(m, LockMode::shared);
-    if (m.spec.llama()) {
+    if (family(m.spec.arch).hugging_face) {
         if (format != WeightFormat::safetensors)
             throw UsageError("llm.c's checkpoint holds a GPT-2; a Llama-family model exports as safetensors");
         return detail::export_hf(m, to, engine, pool, opts);
