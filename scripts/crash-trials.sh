@@ -31,12 +31,14 @@
 # script's header in tests/crash/ for its checks). Then
 # the dying-rank trials (tests/crash/rank.sh): mpirun -np 2 and -np 4, one
 # rank SIGKILLed in training, in init --ranks all and inside a commit, or
-# SIGSTOPped; the others must end within --comm-timeout plus 4 s.
+# SIGSTOPped; the others must end within the deadline (--comm-timeout, or
+# twice a bare MPI job's time here where that is longer) plus a few seconds.
 #
 # Options:
 #   --seed S           trial i of each campaign has seed S+i (default: drawn)
 #   --rank-trials M    dying-rank trials (default 8: each case once; 0: none)
-#   --comm-timeout T   the dying-rank trials' --comm-timeout, seconds (default 2)
+#   --comm-timeout T   the dying-rank trials' least --comm-timeout, seconds (default
+#                      2), raised to twice a bare MPI job's time on this machine
 #   --only NAME        one campaign: shard-init, shard-reshard, shard-import,
 #                      shard-hfimport, export-llmc, export-hf, train-nvme,
 #                      train-cpu, diverge, lock, moved or rank
