@@ -1,9 +1,17 @@
 // The AdamW update and the block sum of squares for AVX2: 8 elements a step,
 // the same operations in the same order as update_one (no FMA).
+#if !defined(__clang__)
 #pragma GCC target("avx2")
+#endif
 #include "kernels.hpp"
 
 #include <immintrin.h>
+
+// clang ignores #pragma GCC target (make fuzz builds the library with it):
+// this file's own functions take the target from here on, the headers' not.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#endif
 
 namespace zinf::optim::detail {
 namespace {
@@ -72,3 +80,7 @@ double block_squares_avx2(const float* f32, const std::uint16_t* b16, std::size_
 }
 
 }  // namespace zinf::optim::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -1,12 +1,20 @@
 // The AdamW update and the block sum of squares for AVX-512 (F + BW): 16
 // elements a step, the same operations in the same order as update_one.
+#if !defined(__clang__)
 #pragma GCC target("avx512f,avx512bw,avx2")
+#endif
 // GCC 12 warns inside its own headers about _mm512_undefined_*(), the
 // deliberately undefined pass-through of unmasked intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels.hpp"
 
 #include <immintrin.h>
+
+// clang ignores #pragma GCC target (make fuzz builds the library with it):
+// this file's own functions take the target from here on, the headers' not.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx2"))), apply_to = function)
+#endif
 
 namespace zinf::optim::detail {
 namespace {
@@ -68,3 +76,7 @@ double block_squares_avx512(const float* f32, const std::uint16_t* b16, std::siz
 }
 
 }  // namespace zinf::optim::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
