@@ -389,6 +389,26 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     std::deque<std::shared_ptr<Unit>> todo;
     bool closing = false;
     std::vector<std::thread> pool;
+    // A unit's parts into its ids (by whichever thread takes it: the ids do
+    // not depend on the encoder or its cache).
+    auto encode_unit = [&](Encoder& enc, Unit& u) {
+        try {
+            u.ids.reserve(u.text.size() / 3 + 4 * u.parts.size());  // (about a token per 4 bytes)
+            for (std::size_t i = 0; i < u.parts.size(); ++i) {
+                const DocPart& p = u.parts[i];
+                const std::string_view text(u.text.data() + p.offset, p.size + p.look);
+                if (!encode_part(enc, t, o, text, p.size, p, u.ids)) u.last_unclean = true;
+                u.part_end.push_back(u.ids.size());
+            }
+        } catch (...) {
+            u.error = std::current_exception();
+        }
+        {
+            std::lock_guard lk(mu);
+            u.done = true;
+        }
+        done_cv.notify_all();
+    };
     auto worker = [&] {
         auto enc = t.encoder(cache_bytes);
         for (;;) {
@@ -400,22 +420,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
                 u = std::move(todo.front());
                 todo.pop_front();
             }
-            try {
-                u->ids.reserve(u->text.size() / 3 + 4 * u->parts.size());  // (about a token per 4 bytes)
-                for (std::size_t i = 0; i < u->parts.size(); ++i) {
-                    const DocPart& p = u->parts[i];
-                    const std::string_view text(u->text.data() + p.offset, p.size + p.look);
-                    if (!encode_part(*enc, t, o, text, p.size, p, u->ids)) u->last_unclean = true;
-                    u->part_end.push_back(u->ids.size());
-                }
-            } catch (...) {
-                u->error = std::current_exception();
-            }
-            {
-                std::lock_guard lk(mu);
-                u->done = true;
-            }
-            done_cv.notify_all();
+            encode_unit(*enc, *u);
         }
     };
     auto stop_pool = [&] {
@@ -428,10 +433,13 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
         for (auto& th : pool) th.join();
         pool.clear();
     };
-    for (unsigned i = 0; i < o.threads; ++i) pool.emplace_back(worker);
+    // --threads N encode on N threads: N - 1 workers, and this one, which
+    // reads, cuts and writes, and encodes a waiting unit whenever the one it
+    // must write next is not done (so N threads are busy on N cores, not N + 1).
+    for (unsigned i = 1; i < o.threads; ++i) pool.emplace_back(worker);
 
     try {
-        auto own = t.encoder(cache_bytes);  // for the parts encoded again
+        auto own = t.encoder(cache_bytes);  // for the units this thread takes, and the parts encoded again
         std::deque<std::shared_ptr<Unit>> inflight;
         std::vector<std::shared_ptr<Unit>> spare;
         std::size_t inflight_bytes = 0;
@@ -469,9 +477,14 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
             }
             if (inflight.empty()) break;
             std::shared_ptr<Unit> u = inflight.front();
-            {
+            for (;;) {
                 std::unique_lock lk(mu);
-                done_cv.wait(lk, [&] { return u->done; });
+                done_cv.wait(lk, [&] { return u->done || !todo.empty(); });
+                if (u->done) break;
+                std::shared_ptr<Unit> w = std::move(todo.front());
+                todo.pop_front();
+                lk.unlock();
+                encode_unit(*own, *w);
             }
             inflight.pop_front();
             inflight_bytes -= unit_cost(*u);
