@@ -18,7 +18,9 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <thread>
 
 namespace zinf::text {
@@ -359,6 +361,18 @@ private:
     std::uint64_t documents_ = 0, cut_documents_ = 0, input_bytes_ = 0;
 };
 
+// The bytes of the inputs when all are regular files, else nothing (standard
+// input, a pipe, or one that cannot be read: open_input says why later).
+std::optional<std::uint64_t> regular_size(const std::vector<std::string>& inputs) {
+    std::uint64_t total = 0;
+    for (const std::string& path : inputs) {
+        struct stat st {};
+        if (path == "-" || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+        total += static_cast<std::uint64_t>(st.st_size);
+    }
+    return total;
+}
+
 }  // namespace
 
 TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
@@ -375,8 +389,13 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     Timer timer;
     TokenizeSummary sum;
     sum.wide = t.vocab() > 65536;
-    // Units do not depend on the threads, so neither do the tokens.
-    const std::size_t unit_bytes = std::clamp<std::uint64_t>(o.memory_bytes / 128, 16 * KiB, 4 * MiB);
+    // Units do not depend on the threads, so neither do the tokens: a
+    // hundred-and-twenty-eighth of the memory, and where the inputs are
+    // files of a known size, at most a sixty-fourth of them, so that a small
+    // corpus still gives every thread units to take.
+    std::uint64_t unit_max = o.memory_bytes / 128;
+    if (const auto total = regular_size(o.inputs)) unit_max = std::min(unit_max, *total / 64);
+    const std::size_t unit_bytes = std::clamp<std::uint64_t>(unit_max, 16 * KiB, 4 * MiB);
     const std::size_t window_bytes = o.memory_bytes / 2;
     const std::size_t window_units = 4 * std::size_t{o.threads} + 4;
     const std::uint64_t cache_bytes = std::clamp<std::uint64_t>(o.memory_bytes / 8 / o.threads, 256 * KiB, 16 * MiB);
