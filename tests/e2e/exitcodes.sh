@@ -8,7 +8,6 @@
 source "$(dirname "$0")/lib.bash"
 W=$(mktemp -d /var/tmp/zinf-e2e-exitcodes-XXXXXX)
 on_exit "rm -rf '$W'"
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
 head -c 20000 "$ROOT/man/zinf-shard.1" >"$W/corpus.txt"
 TA=(--text "$W/corpus.txt" --batch 2 --seq 16 --threads 1 --json "${POOL[@]}")

@@ -7,10 +7,7 @@
 # input, the no-space rule (73), the manifest in init's space check, paths
 # spelled two ways, a data file that is a folder, and the manifest's mode.
 source "$(dirname "$0")/lib.bash"
-SH=$BIN/zinf-shard
-TR=$BIN/zinf-train
 NB=$BIN/zinf-nvmebench
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 M2=gpt:layers=1,hidden=24,heads=3,vocab=31,seq=5 # 16 tensors, odd sizes
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 # States on a disk that takes O_DIRECT, as train.sh does.

@@ -7,10 +7,6 @@
 # cat, reshard, export, zinf-sample), and the modes of what zinf creates:
 # 0666/0777 less the umask, whichever program makes them.
 source "$(dirname "$0")/lib.bash"
-SH=$BIN/zinf-shard
-TR=$BIN/zinf-train
-SA=$BIN/zinf-sample
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 M2=gpt:layers=1,hidden=24,heads=3,vocab=31,seq=5   # 16 tensors, odd sizes
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 W=$(mktemp -d /var/tmp/zinf-e2e-bounds-XXXXXX)

@@ -102,6 +102,12 @@ has_all() { # TEXT STRING...: TEXT holds every STRING
   for x; do [[ $t == *"$x"* ]] || return 1; done
 }
 empty_dir() { [[ -z $(ls -A "$1") ]]; }
+# The programs, and the small pinned pool the suites stream through (a suite
+# may set its own after sourcing this).
+SH=$BIN/zinf-shard
+TR=$BIN/zinf-train
+SA=$BIN/zinf-sample
+POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 # sums DIR: the sha256 of every file under DIR, by relative path.
 sums() { (cd "$1" && find . -type f ! -name .zinf-lock -print0 | sort -z | xargs -0r sha256sum); }
 # zs SUBCOMMAND ARGS...: zinf-shard ($SH), with the suite's pinned pool

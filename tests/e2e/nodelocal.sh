@@ -13,9 +13,6 @@
 # there), and bad --rank-dir values (64).
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
-TR=$BIN/zinf-train
-SH=$BIN/zinf-shard
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 W=$(mktemp -d /var/tmp/zinf-e2e-nodelocal-XXXXXX)
 on_exit "rm -rf '$W'"
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32

@@ -4,10 +4,6 @@
 # finding, how the probe reproduced it, and checks what must hold now; every
 # check here failed on the main branch before the fix.
 source "$(dirname "$0")/lib.bash"
-SH=$BIN/zinf-shard
-TR=$BIN/zinf-train
-SA=$BIN/zinf-sample
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 W=$(mktemp -d /var/tmp/zinf-e2e-round2-XXXXXX)
 on_exit "rm -rf '$W'"

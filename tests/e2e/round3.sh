@@ -7,10 +7,6 @@
 # 110 fail, among them every section's first; the ones that pass there are
 # the companions, such as "…while --threads 2 trains").
 source "$(dirname "$0")/lib.bash"
-SH=$BIN/zinf-shard
-TR=$BIN/zinf-train
-SA=$BIN/zinf-sample
-POOL=(--pinned 8MiB --pinned-buffer 256KiB)
 MT=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 # byte-level, trains on any text
 M2=$MT
 W=$(mktemp -d /var/tmp/zinf-e2e-round3-XXXXXX)
