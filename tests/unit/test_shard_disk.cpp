@@ -43,6 +43,12 @@ std::vector<std::byte> slurp(const std::string& path) {
     return out;
 }
 
+void write_file(const std::string& path, std::span<const std::byte> bytes) {
+    std::ofstream o(path, std::ios::binary | std::ios::trunc);
+    o.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    BOOST_REQUIRE_MESSAGE(o.good(), "cannot write " << path);
+}
+
 // Elements [first, first+n) of the tensor as the state stores them.
 std::vector<std::byte> encoded(const Manifest& m, const Tensor& t, DType dt, std::uint64_t first, std::uint64_t n) {
     const auto v = values(t, m.spec, m.opts.seed, first, n);
@@ -606,6 +612,54 @@ BOOST_AUTO_TEST_CASE(a_data_directory_has_one_writer_or_many_readers) {
         w.abandon();
     }
     BOOST_TEST(!fs::exists(d + "/new"));
+}
+
+// A GPT-2's import tells a safetensors file from a JSON index of shards by
+// its first byte and what its first 8 bytes say as a length: a header length
+// whose low byte is '{' (123) is a safetensors file still, imported value
+// for value; a JSON file, or a '{' too short to hold a length, is refused
+// (65) saying it is JSON, and nothing is written.
+BOOST_AUTO_TEST_CASE(import_tells_safetensors_whose_length_starts_with_a_brace_from_json) {
+    Rig rig;
+    TempDir dir, out, again;
+    const Manifest m = make(rig, dir.path.string(), {.dp = 1, .param_dtype = DType::fp32, .seed = seed("brace")});
+    const std::string plain = out.file("w.safetensors");
+    (void)export_weights(m, plain, WeightFormat::safetensors, rig.engine, rig.pool, {});
+    const std::vector<std::byte> file = slurp(plain);
+    BOOST_REQUIRE(file.size() > 8);
+    std::uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = len << 8 | std::to_integer<std::uint64_t>(file[static_cast<std::size_t>(i)]);
+    BOOST_REQUIRE(8 + len <= file.size());
+    // The same file with its header padded by spaces (the format allows
+    // them) to a length whose low byte is '{'.
+    std::uint64_t padded = len;
+    while ((padded & 0xff) != '{') ++padded;
+    std::vector<std::byte> brace(8);
+    for (int i = 0; i < 8; ++i) brace[static_cast<std::size_t>(i)] = std::byte(padded >> (8 * i) & 0xff);
+    brace.insert(brace.end(), file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(len));
+    brace.insert(brace.end(), padded - len, std::byte{' '});
+    brace.insert(brace.end(), file.begin() + 8 + static_cast<std::ptrdiff_t>(len), file.end());
+    BOOST_REQUIRE(std::to_integer<char>(brace[0]) == '{');
+    const std::string braced = out.file("brace.safetensors");
+    write_file(braced, brace);
+
+    Manifest n = layout(ModelSpec::parse(kDiskModel), {.dp = 1, .param_dtype = DType::fp32, .seed = seed("other")});
+    Written w = import_weights(n, braced, again.path.string(), rig.engine, rig.pool, {});
+    w.commit();
+    for (std::size_t t = 0; t < m.tensors.size(); ++t)
+        BOOST_TEST((cat_bytes(m, t, "param", rig) == cat_bytes(n, t, "param", rig)), m.tensors[t].name);
+
+    for (const std::string json : {std::string(R"({"metadata": {}, "weight_map": {"wte": "a.safetensors"}})"),
+                                   std::string("{\n}")}) {
+        const std::string index = out.file("model.safetensors.index.json");
+        write_file(index, std::as_bytes(std::span(json.data(), json.size())));
+        TempDir none;
+        Manifest k = layout(ModelSpec::parse(kDiskModel), {.dp = 1});
+        const std::string what = what_of<DataError>(
+            [&] { (void)import_weights(k, index, none.path.string(), rig.engine, rig.pool, {}); }, "import " + json);
+        BOOST_TEST(contains(what, "is JSON"), what);
+        BOOST_TEST(std::distance(fs::directory_iterator(none.path), fs::directory_iterator()) == 0);
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
