@@ -102,6 +102,29 @@ struct Rig {
     }
 };
 
+// The column sums' order (kernels.def's bias_backward), written out: for
+// each column c, chunks of R rows each summed in row order from zero, the
+// chunks' sums in order from zero, then base[c] + the total. term(r, c) is
+// each row's term (its own statement: nothing fused into the sums).
+template <class Term>
+std::vector<float> column_sum_order(const std::vector<float>& base, std::uint64_t N, std::uint64_t C,
+                                    std::uint64_t R, Term term) {
+    std::vector<float> out(C);
+    for (std::uint64_t c = 0; c < C; ++c) {
+        float total = 0;
+        for (std::uint64_t r0 = 0; r0 < N; r0 += R) {
+            float part = 0;
+            for (std::uint64_t r = r0; r < std::min(N, r0 + R); ++r) {
+                const float t = term(r, c);
+                part += t;
+            }
+            total += part;
+        }
+        out[c] = base[c] + total;
+    }
+    return out;
+}
+
 // ---------------------------------------------------------------------------
 // The attention kernels as the cpu backend ran them before their GEMM
 // decomposition (issue 43): a task per (b, t, h) of dot products against each

@@ -602,23 +602,6 @@ BOOST_AUTO_TEST_CASE(column_sums_add_chunks_of_rows_in_a_fixed_order) {
     const u64 R = kernel_math::kSumRows, N = 2 * R + 44, C = 150;  // three chunks, the last short; a column tail
     const Vf dout = randn(N * C, rng), x = randn(N * C, rng, 2), w = randn(C, rng), b = randn(C, rng);
     const Vf db0 = randn(C, rng), dw0 = randn(C, rng), dinp0 = randn(N * C, rng);
-    // The order, element by element, from the forward's mean and rstd.
-    auto ordered = [&](const Vf& base, auto term) {
-        Vf out(C);
-        for (u64 c = 0; c < C; ++c) {
-            float total = 0;
-            for (u64 r0 = 0; r0 < N; r0 += R) {
-                float part = 0;
-                for (u64 r = r0; r < std::min(N, r0 + R); ++r) {
-                    const float t = term(r, c);
-                    part += t;
-                }
-                total += part;
-            }
-            out[c] = base[c] + total;
-        }
-        return out;
-    };
     std::vector<Vf> first;
     for (unsigned threads : {1u, 2u})
         for (int run = 0; run < 2; ++run) {
@@ -631,9 +614,11 @@ BOOST_AUTO_TEST_CASE(column_sums_add_chunks_of_rows_in_a_fixed_order) {
             r->layernorm_backward(r.s(), dinp, dw, dlb, r.in(dout), r.in(x), r.in(w), mean, rstd, N, C);
             const Vf m = r.down(mean), s = r.down(rstd);
             const Vf got_db = r.down(db), got_dw = r.down(dw), got_dlb = r.down(dlb);
-            const Vf want_db = ordered(db0, [&](u64 row, u64 c) { return dout[row * C + c]; });
-            const Vf want_dw =
-                ordered(dw0, [&](u64 row, u64 c) { return (x[row * C + c] - m[row]) * s[row] * dout[row * C + c]; });
+            // The order, element by element, from the forward's mean and rstd.
+            const Vf want_db =
+                testing::column_sum_order(db0, N, C, R, [&](u64 row, u64 c) { return dout[row * C + c]; });
+            const Vf want_dw = testing::column_sum_order(
+                dw0, N, C, R, [&](u64 row, u64 c) { return (x[row * C + c] - m[row]) * s[row] * dout[row * C + c]; });
             BOOST_TEST(same_bits(got_db, want_db), threads << " threads, run " << run << ": bias");
             BOOST_TEST(same_bits(got_dlb, want_db), threads << " threads, run " << run << ": layernorm db");
             BOOST_TEST(same_bits(got_dw, want_dw), threads << " threads, run " << run << ": layernorm dw");

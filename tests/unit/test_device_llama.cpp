@@ -288,19 +288,8 @@ BOOST_AUTO_TEST_CASE(rmsnorm_dw_adds_chunks_of_rows_in_a_fixed_order) {
         auto dinp = r.up(Vf(N * C, 0.0f)), dw = r.up(dw0);
         r->rmsnorm_backward(r.s(), dinp, dw, r.in(dout), r.in(x), r.in(w), rstd, N, C);
         const Vf s = r.down(rstd), got = r.down(dw);
-        Vf want(C);
-        for (u64 c = 0; c < C; ++c) {
-            float total = 0;
-            for (u64 r0 = 0; r0 < N; r0 += R) {
-                float part = 0;
-                for (u64 row = r0; row < std::min(N, r0 + R); ++row) {
-                    const float t = x[row * C + c] * s[row] * dout[row * C + c];
-                    part += t;
-                }
-                total += part;
-            }
-            want[c] = dw0[c] + total;
-        }
+        const Vf want = testing::column_sum_order(
+            dw0, N, C, R, [&](u64 row, u64 c) { return x[row * C + c] * s[row] * dout[row * C + c]; });
         BOOST_TEST(same_bits(got, want), threads << " threads");
     }
 }

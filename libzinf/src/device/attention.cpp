@@ -33,18 +33,13 @@ namespace zinf::device::cpu {
 
 namespace {
 
-// ---------------------------------------------------------------------------
-// Decoding: one row against a key-value cache, built once per
-// instruction-set level (util/cpu.hpp): the same operations in the same order
-// at every level (dot's eight lanes, the per-element sums, libm's exp, no
-// fused multiply-add). One softmax row over keys 0..last (at k + t2 *
-// kstride) for the query q, into a (len entries, zero past last), then o (hd)
-// = sum_t2 a[t2] v[t2]: llm.c's attention_forward steps, in its order.
-[[gnu::always_inline]] inline void attend_in(float* a, const float* q, const float* k, const float* v, u64 kstride,
-                                             u64 last, u64 len, u64 hd, float scale, float* o) {
+// A row of scores in place: softmax(scale * a) over positions 0..last, zero
+// from last + 1 to len. The forward's rows and the decode's, one arithmetic
+// (libm's exp, sums in position order).
+inline void softmax_row(float* a, u64 last, u64 len, float scale) {
     float maxval = -std::numeric_limits<float>::infinity();
     for (u64 t2 = 0; t2 <= last; ++t2) {
-        a[t2] = dot(q, k + t2 * kstride, hd) * scale;
+        a[t2] *= scale;
         maxval = std::max(maxval, a[t2]);
     }
     float expsum = 0;
@@ -54,7 +49,20 @@ namespace {
     }
     const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
     for (u64 t2 = 0; t2 <= last; ++t2) a[t2] *= inv;
-    for (u64 t2 = last + 1; t2 < len; ++t2) a[t2] = 0;
+    std::fill(a + last + 1, a + len, 0.0f);
+}
+
+// ---------------------------------------------------------------------------
+// Decoding: one row against a key-value cache, built once per
+// instruction-set level (util/cpu.hpp): the same operations in the same order
+// at every level (dot's eight lanes, the per-element sums, libm's exp, no
+// fused multiply-add). The scores of the query q against keys 0..last (at k
+// + t2 * kstride), softmax_row into a (len entries, zero past last), then o
+// (hd) = sum_t2 a[t2] v[t2]: llm.c's attention_forward steps, in its order.
+[[gnu::always_inline]] inline void attend_in(float* a, const float* q, const float* k, const float* v, u64 kstride,
+                                             u64 last, u64 len, u64 hd, float scale, float* o) {
+    for (u64 t2 = 0; t2 <= last; ++t2) a[t2] = dot(q, k + t2 * kstride, hd);
+    softmax_row(a, last, len, scale);
     std::fill(o, o + hd, 0.0f);
     for (u64 t2 = 0; t2 <= last; ++t2) {
         const float* vv = v + t2 * kstride;
@@ -89,18 +97,8 @@ void attention_decode_heads(float* out, float* att, const float* q, const float*
     for (u64 h = 0; h < NH; ++h) {
         const float* qh = q + h * hs;
         float* a = att + h * T;
-        float maxval = -std::numeric_limits<float>::infinity();
-        for (u64 t2 = 0; t2 < T; ++t2) {
-            a[t2] = dot(qh, k + t2 * C + h * hs, hs) * scale;
-            maxval = std::max(maxval, a[t2]);
-        }
-        float expsum = 0;
-        for (u64 t2 = 0; t2 < T; ++t2) {
-            a[t2] = std::exp(a[t2] - maxval);
-            expsum += a[t2];
-        }
-        const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
-        for (u64 t2 = 0; t2 < T; ++t2) a[t2] *= inv;
+        for (u64 t2 = 0; t2 < T; ++t2) a[t2] = dot(qh, k + t2 * C + h * hs, hs);
+        softmax_row(a, T - 1, T, scale);
 
         float* o = out + h * hs;
         std::fill(o, o + hs, 0.0f);
@@ -122,23 +120,6 @@ void product(bool ta, bool tb, u64 m, u64 n, u64 k, float alpha, const float* a,
     gemm_serial(Gemm{.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha,
                      .beta = beta},
                 a, b, c);
-}
-
-// Row t of the scores (len T) in place: softmax(scale * a) over 0..t, zero above.
-void softmax_row(float* a, u64 t, u64 T, float scale) {
-    float maxval = -std::numeric_limits<float>::infinity();
-    for (u64 t2 = 0; t2 <= t; ++t2) {
-        a[t2] *= scale;
-        maxval = std::max(maxval, a[t2]);
-    }
-    float expsum = 0;
-    for (u64 t2 = 0; t2 <= t; ++t2) {
-        a[t2] = std::exp(a[t2] - maxval);
-        expsum += a[t2];
-    }
-    const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
-    for (u64 t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
-    std::fill(a + t + 1, a + T, 0.0f);
 }
 
 // One call's heads: q (B,T,..) of row stride qs, head h at h * hd; k and v
