@@ -1,13 +1,14 @@
 // The cuda backend's attention forward and backward (kernels.def: the GPT's
 // attention_forward/backward, the Llama family's gqa_forward/backward) as
-// strided-batched cuBLASLt GEMMs on tensor cores around two row kernels
-// (attention.cu), llm.c's decomposition without its permutes:
+// strided-batched cuBLASLt GEMMs around two row kernels (attention.cu),
+// llm.c's decomposition without its permutes:
 //   forward   S = Q K^T into att; att = softmax_causal(scale * S); out = P V
 //   backward  dP = dO V^T into datt; dS = softmax_causal_backward (in datt);
 //             dK = scale dS^T Q; dQ = scale dS K; P (causal copy) into datt;
 //             dV = P^T dO
 // Host code, as gemm.cpp: the GEMMs are CudaDevice::multiply's (one plan per
-// shape, fp32 with CUBLAS_COMPUTE_32F: no TF32).
+// shape, fp32 with CUBLAS_COMPUTE_32F: no TF32, so not yet the tensor cores;
+// docs/cuda-backend.md says what bf16 would take).
 //
 // No layout copies: q, k and v are read where they lie, a head's rows
 // (T, hd) at a row stride (3C in the GPT's packed qkv, NH*hd or KVH*hd apart),
