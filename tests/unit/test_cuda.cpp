@@ -21,6 +21,8 @@
 #define BOOST_TEST_MODULE cuda
 #include "device_testing.hpp"
 
+#include "../../libzinf/src/util/kernel_math.hpp"  // the column sums' chunk of rows
+
 #include <zinf/comm.hpp>
 #include <zinf/device.hpp>
 #include <zinf/mem.hpp>
@@ -333,6 +335,20 @@ BOOST_AUTO_TEST_CASE(bias_embedding_residual_accumulate, *utf::precondition(GpuP
     // The same order of additions as the cpu kernels (cuda/kernels.hpp): bitwise.
     expect_all(p.run(embedding), "embedding", true);
     expect_all(p.run(bias_fn), "bias", true);
+    {
+        // More chunks of rows than one pass of the stream's partials holds
+        // (CudaStream::kSumFloats): the columns in two slabs, the bits still
+        // the cpu's, and the same on two runs.
+        const u64 rows = 600 * kernel_math::kSumRows, cols = 520;
+        const Vf g = randn(rows * cols, rng), d0 = randn(cols, rng);
+        auto big = [&](Device& d) -> Outputs {
+            auto db = up(d, d0), go = up(d, g);
+            d.bias_backward(d.compute(), db, go, rows, cols);
+            return {{"dbias", down(d, db)}};
+        };
+        expect_all(p.run(big), "bias over 600 chunks of rows", true);
+        expect_same_bits(*p.gpu, big, "bias over 600 chunks of rows");
+    }
     expect_all(p.run(residual), "residual", true);
     expect_same_bits(*p.gpu, embedding, "embedding");
     expect_same_bits(*p.gpu, bias_fn, "bias");
@@ -448,7 +464,7 @@ BOOST_AUTO_TEST_CASE(layernorm_and_gelu, *utf::precondition(GpuPresent())) {
     std::mt19937_64 rng(fresh_seed("layernorm gelu"));
     Pair p;
     for (const u64 C : {u64{64}, u64{77}, u64{768}}) {  // whole groups of eight, a tail, GPT-2's width
-        const u64 N = 45;
+        const u64 N = 3 * kernel_math::kSumRows + 45;  // the column sums' chunks, the last short
         const Vf x = randn(N * C, rng, 2), w = randn(C, rng), b = randn(C, rng), dout = randn(N * C, rng);
         const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng), db0 = randn(C, rng);
         auto fn = [&](Device& d) -> Outputs {
@@ -499,7 +515,9 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPr
     struct Shape {
         u64 B, T, C, NH;
     };
-    for (const Shape s : {Shape{2, 7, 24, 3}, Shape{1, 70, 64, 2}, Shape{2, 33, 48, 4}}) {
+    // T = 1, and T off the cpu's 64-row blocks of the causal triangle.
+    for (const Shape s : {Shape{1, 1, 16, 2}, Shape{2, 7, 24, 3}, Shape{1, 70, 64, 2}, Shape{2, 33, 48, 4},
+                          Shape{1, 130, 32, 1}}) {
         const u64 B = s.B, T = s.T, C = s.C, NH = s.NH;
         const Vf qkv = randn(B * T * 3 * C, rng), dout = randn(B * T * C, rng);
         const std::string what = "attention B=" + std::to_string(B) + " T=" + std::to_string(T);
@@ -511,10 +529,11 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPr
             d.attention_backward(d.compute(), dqkv, datt, go, x, att, B, T, C, NH);
             return {{"out", down(d, out)}, {"att", down(d, att)}, {"dqkv", down(d, dqkv)}};
         };
-        expect_all(p.run(fn), what);  // expf is not glibc's: close, not bitwise
+        expect_all(p.run(fn), what);  // cuBLASLt's sums and expf: close, not bitwise
         expect_same_bits(*p.gpu, fn, what);
 
-        // The backward alone on the same att: bitwise (the same sums in the same order).
+        // The backward alone on a given att (entries above the diagonal too,
+        // which it must ignore): close (cuBLASLt's sums), the same bits twice.
         const Vf att = randn(B * NH * T * T, rng);
         auto backward = [&](Device& d) -> Outputs {
             auto dqkv = poisoned(d, B * T * 3 * C), datt = poisoned(d, B * NH * T * T);
@@ -522,9 +541,10 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPr
             d.attention_backward(d.compute(), dqkv, datt, go, x, a, B, T, C, NH);
             return {{"dqkv", down(d, dqkv)}};
         };
-        expect_all(p.run(backward), what + " backward", true);
+        expect_all(p.run(backward), what + " backward");
+        expect_same_bits(*p.gpu, backward, what + " backward");
         // And from qkv and att stored bf16 (a GPT block's kept under
-        // Shape::activations bf16): bitwise too, and two runs the same bits.
+        // Shape::activations bf16): close too, and two runs the same bits.
         const V16 qkv16 = halves(qkv), att16 = halves(att);
         auto backward16 = [&](Device& d) -> Outputs {
             auto dqkv = poisoned(d, B * T * 3 * C), datt = poisoned(d, B * NH * T * T);
@@ -534,7 +554,7 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward_decode, *utf::precondition(GpuPr
                                  std::span<const std::uint16_t>(a), B, T, C, NH);
             return {{"dqkv", down(d, dqkv)}};
         };
-        expect_all(p.run(backward16), what + " backward of bf16", true);
+        expect_all(p.run(backward16), what + " backward of bf16");
         expect_same_bits(*p.gpu, backward16, what + " backward of bf16");
 
         // Decoding the last position against (T,C) keys and values.
@@ -909,7 +929,7 @@ BOOST_AUTO_TEST_CASE(llama_rmsnorm_rope_swiglu_embedding, *utf::precondition(Gpu
     std::mt19937_64 rng(fresh_seed("llama kernels"));
     Pair p;
     for (const u64 C : {u64{64}, u64{77}, u64{576}}) {
-        const u64 N = 45;
+        const u64 N = 3 * kernel_math::kSumRows + 45;  // the column sums' chunks, the last short
         const Vf x = randn(N * C, rng, 2), w = randn(C, rng), dout = randn(N * C, rng);
         const Vf dinp0 = randn(N * C, rng), dw0 = randn(C, rng);
         auto fn = [&](Device& d) -> Outputs {
@@ -1010,7 +1030,8 @@ BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresen
     struct Shape {
         u64 B, T, NH, KVH, hd;
     };
-    for (const Shape s : {Shape{2, 7, 6, 2, 8}, Shape{1, 70, 9, 3, 64}, Shape{2, 33, 4, 4, 16}, Shape{1, 40, 8, 1, 32}}) {
+    for (const Shape s : {Shape{1, 1, 4, 2, 8}, Shape{2, 7, 6, 2, 8}, Shape{1, 70, 9, 3, 64}, Shape{2, 33, 4, 4, 16},
+                          Shape{1, 40, 8, 1, 32}, Shape{2, 65, 4, 4, 16}}) {
         const u64 B = s.B, T = s.T, NH = s.NH, KVH = s.KVH, hd = s.hd;
         const Vf q = randn(B * T * NH * hd, rng), k = randn(B * T * KVH * hd, rng), v = randn(B * T * KVH * hd, rng);
         const Vf dout = randn(q.size(), rng);
@@ -1036,9 +1057,10 @@ BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresen
             d.gqa_backward(d.compute(), dq, dk, dv, datt, go, Q, K, Vv, a, B, T, NH, KVH, hd);
             return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
         };
-        expect_all(p.run(backward), what + " backward", true);
+        expect_all(p.run(backward), what + " backward");
+        expect_same_bits(*p.gpu, backward, what + " backward");
         // And from q, k, v and att stored bf16 (a Llama block's kept under
-        // Shape::activations bf16): bitwise too, and two runs the same bits.
+        // Shape::activations bf16): close too, and two runs the same bits.
         const V16 q16 = halves(q), k16 = halves(k), v16 = halves(v), att16 = halves(att);
         auto backward16 = [&](Device& d) -> Outputs {
             auto datt = poisoned(d, B * NH * T * T);
@@ -1050,7 +1072,7 @@ BOOST_AUTO_TEST_CASE(llama_grouped_query_attention, *utf::precondition(GpuPresen
                            std::span<const std::uint16_t>(a), B, T, NH, KVH, hd);
             return {{"dq", down(d, dq)}, {"dk", down(d, dk)}, {"dv", down(d, dv)}};
         };
-        expect_all(p.run(backward16), what + " backward of bf16", true);
+        expect_all(p.run(backward16), what + " backward of bf16");
         expect_same_bits(*p.gpu, backward16, what + " backward of bf16");
 
         const Vf q1 = randn(NH * hd, rng), kc = randn(T * KVH * hd, rng), vc = randn(T * KVH * hd, rng);

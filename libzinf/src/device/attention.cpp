@@ -1,12 +1,24 @@
 // The cpu backend's attention kernels (kernels.def): the GPT's causal
-// self-attention over a packed qkv (llm.c's attention_forward/backward
-// without the pre-softmax buffer), the Llama family's grouped-query attention
-// with the query and key-value heads apart, their decoding rows against a
-// key-value cache, and the rotary embedding of q and k. The backward of
-// grouped-query attention is two passes: one task per (batch, query head,
-// position) writing its datt row and dq, then one task per (batch, kv head,
-// block of key positions) summing dk and dv over the group's query heads,
-// then the query positions, in that order.
+// self-attention over a packed qkv and the Llama family's grouped-query
+// attention with the query and key-value heads apart, both as the cuda
+// backend's decomposition into GEMMs (OpenBLAS's cblas_sgemm, one call at a
+// time on the task's thread) around row passes of the softmax; their
+// decoding rows against a key-value cache; the rotary embedding of q and k.
+//
+//   forward   S = Q K^T into att; each row softmax(scale * S) over its
+//             causal prefix, zero above; out = P V
+//   backward  dP = dO V^T into datt; dS = P (dP - sum P dP) by rows;
+//             dQ = scale dS K; dK = scale sum_group dS^T Q; dV = sum_group
+//             P^T dO
+//
+// One task per (batch row, kv head) (the GPT: per head): its GEMMs are the
+// same calls, of the same shapes, whatever the thread count or the batch,
+// so the bits are too. The causal triangle is cut in blocks of kAttnRows
+// query rows (keys 0 .. the block's last) or key columns (queries from the
+// block's first), so about half of the T x T products are skipped as the
+// scalar kernel skipped them. A group's dK and dV sum its query heads in
+// order (beta 1). q, k, v and att stored bf16 are widened into the task's
+// scratch as read: the fp32 kernel's arithmetic on their fp32 copies.
 #include "kernels.hpp"
 #include "../util/cpu.hpp"
 #include "../util/kernel_math.hpp"
@@ -21,20 +33,13 @@ namespace zinf::device::cpu {
 
 namespace {
 
-// ---------------------------------------------------------------------------
-// Attention's tasks are built once per instruction-set level (util/cpu.hpp):
-// the same operations in the same order at every level (dot's eight lanes,
-// the per-element sums, libm's exp, no fused multiply-add), so the bits are
-// the same at every level, and the same for the GPT's heads and for
-// grouped-query heads with as many kv heads as query heads.
-// One softmax row over keys 0..last (at k + t2 * kstride) for the query q,
-// into a (len entries, zero past last), then o (hd) = sum_t2 a[t2] v[t2]:
-// llm.c's attention_forward steps, in its order.
-[[gnu::always_inline]] inline void attend_in(float* a, const float* q, const float* k, const float* v, u64 kstride,
-                                             u64 last, u64 len, u64 hd, float scale, float* o) {
+// A row of scores in place: softmax(scale * a) over positions 0..last, zero
+// from last + 1 to len. The forward's rows and the decode's, one arithmetic
+// (libm's exp, sums in position order).
+inline void softmax_row(float* a, u64 last, u64 len, float scale) {
     float maxval = -std::numeric_limits<float>::infinity();
     for (u64 t2 = 0; t2 <= last; ++t2) {
-        a[t2] = dot(q, k + t2 * kstride, hd) * scale;
+        a[t2] *= scale;
         maxval = std::max(maxval, a[t2]);
     }
     float expsum = 0;
@@ -44,7 +49,20 @@ namespace {
     }
     const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
     for (u64 t2 = 0; t2 <= last; ++t2) a[t2] *= inv;
-    for (u64 t2 = last + 1; t2 < len; ++t2) a[t2] = 0;
+    std::fill(a + last + 1, a + len, 0.0f);
+}
+
+// ---------------------------------------------------------------------------
+// Decoding: one row against a key-value cache, built once per
+// instruction-set level (util/cpu.hpp): the same operations in the same order
+// at every level (dot's eight lanes, the per-element sums, libm's exp, no
+// fused multiply-add). The scores of the query q against keys 0..last (at k
+// + t2 * kstride), softmax_row into a (len entries, zero past last), then o
+// (hd) = sum_t2 a[t2] v[t2]: llm.c's attention_forward steps, in its order.
+[[gnu::always_inline]] inline void attend_in(float* a, const float* q, const float* k, const float* v, u64 kstride,
+                                             u64 last, u64 len, u64 hd, float scale, float* o) {
+    for (u64 t2 = 0; t2 <= last; ++t2) a[t2] = dot(q, k + t2 * kstride, hd);
+    softmax_row(a, last, len, scale);
     std::fill(o, o + hd, 0.0f);
     for (u64 t2 = 0; t2 <= last; ++t2) {
         const float* vv = v + t2 * kstride;
@@ -68,8 +86,9 @@ void attend(float* a, const float* q, const float* k, const float* v, u64 kstrid
 }
 
 // attention_forward's row T-1 alone, over keys and values kept (T,C) each:
-// one task per head, each step of it as attention_forward takes it, so a
-// decoded position's output is the full forward's to the bit.
+// one task per head, the softmax row in the forward's arithmetic, the dot
+// products and the sum over positions on one thread (the forward's are
+// OpenBLAS's: the same within rounding, not to the bit).
 void attention_decode_heads(float* out, float* att, const float* q, const float* k, const float* v, u64 T, u64 C,
                             u64 NH) {
     const u64 hs = C / NH;
@@ -78,18 +97,8 @@ void attention_decode_heads(float* out, float* att, const float* q, const float*
     for (u64 h = 0; h < NH; ++h) {
         const float* qh = q + h * hs;
         float* a = att + h * T;
-        float maxval = -std::numeric_limits<float>::infinity();
-        for (u64 t2 = 0; t2 < T; ++t2) {
-            a[t2] = dot(qh, k + t2 * C + h * hs, hs) * scale;
-            maxval = std::max(maxval, a[t2]);
-        }
-        float expsum = 0;
-        for (u64 t2 = 0; t2 < T; ++t2) {
-            a[t2] = std::exp(a[t2] - maxval);
-            expsum += a[t2];
-        }
-        const float inv = expsum == 0 ? 0.0f : 1.0f / expsum;
-        for (u64 t2 = 0; t2 < T; ++t2) a[t2] *= inv;
+        for (u64 t2 = 0; t2 < T; ++t2) a[t2] = dot(qh, k + t2 * C + h * hs, hs);
+        softmax_row(a, T - 1, T, scale);
 
         float* o = out + h * hs;
         std::fill(o, o + hs, 0.0f);
@@ -101,173 +110,132 @@ void attention_decode_heads(float* out, float* att, const float* q, const float*
     }
 }
 
-// One task per (b, h): it owns the q, k and v gradient columns of head h in
-// batch row b for every t, so each dqkv element is written by one thread,
-// and the k and v gradients sum over t in order. The softmax backward is
-// datt_pre[t2] = att[t2] * (datt[t2] - sum_t3 att[t3] datt[t3]), in place in
-// datt. qkv and att stored bf16 (E std::uint16_t) are widened a row at a
-// time into the task's scratch and read there: the same arithmetic on the
-// same values as the fp32 kernel on their fp32 copies.
-template <class E>
-void attention_grad(float* dqkv, float* datt, const float* dout, const E* qkv, const E* att, u64 B, u64 T, u64 C,
-                    u64 NH) {
-    const u64 hs = C / NH, C3 = 3 * C;
-    const float scale = kernel_math::attention_scale(hs);
-    constexpr bool kWiden = !std::is_same_v<E, float>;
-#pragma omp parallel if (B * T * T * C >= kParallelMin)
-    {
-        // bf16: a softmax row, q, and a v or k row, widened.
-        std::vector<float> scratch(kWiden ? T + 2 * hs : 0);
-        float* const wa = scratch.data();
-        float* const wq = wa + (kWiden ? T : 0);
-        float* const wkv = wq + (kWiden ? hs : 0);
-#pragma omp for schedule(static, 1)
-        for (u64 task = 0; task < B * NH; ++task) {
-            const u64 h = task % NH, b = task / NH;
-            for (u64 t = 0; t < T; ++t) {
-                float* d = dqkv + (b * T + t) * C3 + h * hs;
-                std::fill(d, d + hs, 0.0f);
-                std::fill(d + C, d + C + hs, 0.0f);
-                std::fill(d + 2 * C, d + 2 * C + hs, 0.0f);
-            }
-            for (u64 t = 0; t < T; ++t) {
-                const float* a = wide(att + ((b * NH + h) * T + t) * T, t + 1, wa);
-                float* da = datt + ((b * NH + h) * T + t) * T;
-                const float* go = dout + (b * T + t) * C + h * hs;
-                const float* q = wide(qkv + (b * T + t) * C3 + h * hs, hs, wq);
-                float* dq = dqkv + (b * T + t) * C3 + h * hs;
+// ---------------------------------------------------------------------------
+// The GEMM decomposition.
+constexpr u64 kAttnRows = 64;  // query rows (or key columns) per block of the causal triangle
 
-                // out = sum_t2 a[t2] v[t2]: into datt and dv.
-                for (u64 t2 = 0; t2 <= t; ++t2) {
-                    const float* v = wide(qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs, wkv);
-                    float* dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                    da[t2] = dot(v, go, hs);
-                    const float w = a[t2];
-                    for (u64 i = 0; i < hs; ++i) dv[i] += w * go[i];
-                }
-                // Through the softmax.
-                const float s = dot(a, da, t + 1);
-                for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
-                for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
-                // pre[t2] = scale * q . k[t2]: into dq and dk.
-                for (u64 t2 = 0; t2 <= t; ++t2) {
-                    const float* k = wide(qkv + (b * T + t2) * C3 + C + h * hs, hs, wkv);
-                    float* dk = dqkv + (b * T + t2) * C3 + C + h * hs;
-                    const float g = da[t2] * scale;
-                    for (u64 i = 0; i < hs; ++i) {
-                        dq[i] += g * k[i];
-                        dk[i] += g * q[i];
-                    }
-                }
-            }
-        }
-    }
+// One GEMM of the task on its thread (no batch): C (m,n) = alpha op(A) op(B) + beta C.
+void product(bool ta, bool tb, u64 m, u64 n, u64 k, float alpha, const float* a, u64 lda, const float* b, u64 ldb,
+             float beta, float* c, u64 ldc) {
+    gemm_serial(Gemm{.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha,
+                     .beta = beta},
+                a, b, c);
 }
 
-// ---------------------------------------------------------------------------
-constexpr u64 kKeyBlock = 16;  // key positions per task in the backward's second pass
-
-// E: float, or std::uint16_t for q, k, v and att stored bf16, each row
-// widened (exact) into the task's scratch w as read: the same arithmetic on
-// the same values as the fp32 kernel on their fp32 copies.
-template <class E>
-struct GqaBackward {
-    float *dq, *dk, *dv, *datt;
-    const float* dout;
-    const E *q, *k, *v, *att;
+// One call's heads: q (B,T,..) of row stride qs, head h at h * hd; k and v
+// of row stride ks, kv head g at g * hd; out and dout of row stride os.
+struct Heads {
     u64 B, T, NH, KVH, hd;
+    u64 qs, ks, os;
+    u64 group() const { return NH / KVH; }
 };
 
-// 1: task (b, h, t): datt row t through the softmax, and dq[t]. w: T + hd floats.
-template <class E>
-[[gnu::always_inline]] inline void gqa_rows_in(const GqaBackward<E>& p, u64 task, float* w) {
-    const u64 T = p.T, NH = p.NH, hd = p.hd, QC = NH * hd, KC = p.KVH * hd, group = NH / p.KVH;
+// Task (b, h): its att (T,T) and out rows.
+void forward_head(const Heads& x, const float* q, const float* k, const float* v, float* att, float* out, u64 b,
+                  u64 h) {
+    const u64 T = x.T, hd = x.hd, g = h / x.group();
     const float scale = kernel_math::attention_scale(hd);
-    const u64 t = task % T, h = task / T % NH, b = task / T / NH, g = h / group;
-    const float* a = wide(p.att + ((b * NH + h) * T + t) * T, t + 1, w);
-    float* const wkv = w ? w + T : nullptr;  // fp32: no scratch
-    float* da = p.datt + ((b * NH + h) * T + t) * T;
-    const float* go = p.dout + (b * T + t) * QC + h * hd;
-    const E* kb = p.k + b * T * KC + g * hd;
-    const E* vb = p.v + b * T * KC + g * hd;
-    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = dot(wide(vb + t2 * KC, hd, wkv), go, hd);
-    const float s = dot(a, da, t + 1);
-    for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
-    for (u64 t2 = t + 1; t2 < T; ++t2) da[t2] = 0;
-    float* d = p.dq + (b * T + t) * QC + h * hd;
-    std::fill(d, d + hd, 0.0f);
-    for (u64 t2 = 0; t2 <= t; ++t2) {
-        const float gs = da[t2] * scale;
-        const float* kk = wide(kb + t2 * KC, hd, wkv);
-        for (u64 i = 0; i < hd; ++i) d[i] += gs * kk[i];
+    const float* Q = q + b * T * x.qs + h * hd;
+    const float* K = k + b * T * x.ks + g * hd;
+    const float* V = v + b * T * x.ks + g * hd;
+    float* A = att + (b * x.NH + h) * T * T;
+    float* O = out + b * T * x.os + h * hd;
+    for (u64 r0 = 0; r0 < T; r0 += kAttnRows) {
+        const u64 r1 = std::min(T, r0 + kAttnRows), rows = r1 - r0;
+        // S[r0:r1, 0:r1] = Q[r0:r1] K[0:r1]^T; the rest of the rows is zero after the softmax.
+        product(false, true, rows, r1, hd, 1.0f, Q + r0 * x.qs, x.qs, K, x.ks, 0.0f, A + r0 * T, T);
+        for (u64 t = r0; t < r1; ++t) softmax_row(A + t * T, t, T, scale);
+        // out[r0:r1] = P[r0:r1, 0:r1] V[0:r1].
+        product(false, false, rows, hd, r1, 1.0f, A + r0 * T, T, V, x.ks, 0.0f, O + r0 * x.os, x.os);
     }
 }
 
-// 2: task (b, g, block of key positions): dk and dv summed over the group's
-// query heads, then the query positions t >= t2, in order. w: hd floats.
+void forward(const Heads& x, const float* q, const float* k, const float* v, float* att, float* out) {
+#pragma omp parallel for schedule(static, 1) if (x.B * x.T * x.T * x.NH * x.hd >= kParallelMin)
+    for (u64 task = 0; task < x.B * x.NH; ++task) forward_head(x, q, k, v, att, out, task / x.NH, task % x.NH);
+}
+
+// rows x cols from src (row stride ld) into dst packed: fp32 read in place
+// (dst unused), bf16 widened.
+const float* rows_of(const float* src, u64, u64, u64, float*) { return src; }
+const float* rows_of(const std::uint16_t* src, u64 rows, u64 cols, u64 ld, float* dst) {
+    for (u64 r = 0; r < rows; ++r)
+        for (u64 c = 0; c < cols; ++c) dst[r * cols + c] = zinf::from_bf16(src[r * ld + c]);
+    return dst;
+}
+
+// The backward's pointers: gradients dq (row stride dqs), dk and dv (dks),
+// all written; datt (B,NH,T,T) scratch.
+struct Grads {
+    float *dq, *dk, *dv, *datt;
+    u64 dqs, dks;
+};
+
+// Task (b, g): the group's query heads in order. w: the thread's scratch,
+// T*T + 3*T*hd floats (P, and q, k, v widened where bf16).
 template <class E>
-[[gnu::always_inline]] inline void gqa_keys_in(const GqaBackward<E>& p, u64 task, float* w) {
-    const u64 T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd, QC = NH * hd, KC = KVH * hd, group = NH / KVH;
+void backward_group(const Heads& x, const Grads& d, const float* dout, const E* q, const E* k, const E* v,
+                    const E* att, u64 b, u64 g, float* w) {
+    const u64 T = x.T, hd = x.hd, group = x.group(), TT = T * T;
     const float scale = kernel_math::attention_scale(hd);
-    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
-    const u64 blk = task % blocks, g = task / blocks % KVH, b = task / blocks / KVH;
-    const u64 t0 = blk * kKeyBlock, t1 = std::min(T, t0 + kKeyBlock);
-    for (u64 t2 = t0; t2 < t1; ++t2) {
-        std::fill(p.dk + (b * T + t2) * KC + g * hd, p.dk + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
-        std::fill(p.dv + (b * T + t2) * KC + g * hd, p.dv + (b * T + t2) * KC + (g + 1) * hd, 0.0f);
-    }
-    for (u64 h = g * group; h < (g + 1) * group; ++h)
-        for (u64 t = t0; t < T; ++t) {
-            const E* a = p.att + ((b * NH + h) * T + t) * T;
-            const float* da = p.datt + ((b * NH + h) * T + t) * T;
-            const float* go = p.dout + (b * T + t) * QC + h * hd;
-            const float* qq = wide(p.q + (b * T + t) * QC + h * hd, hd, w);
-            for (u64 t2 = t0; t2 < std::min(t1, t + 1); ++t2) {
-                float* dkk = p.dk + (b * T + t2) * KC + g * hd;
-                float* dvv = p.dv + (b * T + t2) * KC + g * hd;
-                const float wt = widen(a[t2]), gs = da[t2] * scale;
-                for (u64 i = 0; i < hd; ++i) {
-                    dvv[i] += wt * go[i];
-                    dkk[i] += gs * qq[i];
-                }
-            }
+    constexpr bool kWide = !std::is_same_v<E, float>;
+    float* P = w;  // (T,T): the probabilities, zero above the diagonal, fp32
+    float* wq = P + TT;
+    float* wk = wq + T * hd;
+    float* wv = wk + T * hd;
+    // k and v of kv head g (bf16: widened, packed with row stride hd).
+    const u64 lk = kWide ? hd : x.ks, lq = kWide ? hd : x.qs;
+    const float* K = rows_of(k + b * T * x.ks + g * hd, T, hd, x.ks, wk);
+    const float* V = rows_of(v + b * T * x.ks + g * hd, T, hd, x.ks, wv);
+    float* dK = d.dk + b * T * d.dks + g * hd;
+    float* dV = d.dv + b * T * d.dks + g * hd;
+    for (u64 j = 0; j < group; ++j) {
+        const u64 h = g * group + j;
+        const float* Q = rows_of(q + b * T * x.qs + h * hd, T, hd, x.qs, wq);
+        const float* dO = dout + b * T * x.os + h * hd;
+        const E* A = att + (b * x.NH + h) * TT;
+        float* dS = d.datt + (b * x.NH + h) * TT;
+        float* dQ = d.dq + b * T * d.dqs + h * hd;
+        for (u64 t = 0; t < T; ++t) {
+            for (u64 t2 = 0; t2 <= t; ++t2) P[t * T + t2] = widen(A[t * T + t2]);
+            std::fill(P + t * T + t + 1, P + (t + 1) * T, 0.0f);
         }
+        for (u64 r0 = 0; r0 < T; r0 += kAttnRows) {
+            const u64 r1 = std::min(T, r0 + kAttnRows), rows = r1 - r0;
+            // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T, then through the softmax.
+            product(false, true, rows, r1, hd, 1.0f, dO + r0 * x.os, x.os, V, lk, 0.0f, dS + r0 * T, T);
+            for (u64 t = r0; t < r1; ++t) {
+                const float* a = P + t * T;
+                float* da = dS + t * T;
+                const float s = dot(a, da, t + 1);
+                for (u64 t2 = 0; t2 <= t; ++t2) da[t2] = a[t2] * (da[t2] - s);
+                std::fill(da + t + 1, da + T, 0.0f);
+            }
+            // dQ[r0:r1] = scale dS[r0:r1, 0:r1] K[0:r1].
+            product(false, false, rows, hd, r1, scale, dS + r0 * T, T, K, lk, 0.0f, dQ + r0 * d.dqs, d.dqs);
+        }
+        // Key columns c0:c1 see the queries c0:T: dK[c0:c1] (+)= scale
+        // dS[c0:T, c0:c1]^T Q[c0:T], dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T].
+        const float beta = j ? 1.0f : 0.0f;
+        for (u64 c0 = 0; c0 < T; c0 += kAttnRows) {
+            const u64 c1 = std::min(T, c0 + kAttnRows), cols = c1 - c0;
+            product(true, false, cols, hd, T - c0, scale, dS + c0 * T + c0, T, Q + c0 * lq, lq, beta,
+                    dK + c0 * d.dks, d.dks);
+            product(true, false, cols, hd, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * x.os, x.os, beta,
+                    dV + c0 * d.dks, d.dks);
+        }
+    }
 }
 
-// A pass's task at each instruction-set level, for either storage.
-#define ZINF_GQA_LEVELS(pass)                                                                  \
-    template <class E>                                                                         \
-    ZINF_TARGET_V4 void pass##_v4(const GqaBackward<E>& p, u64 task, float* w) {               \
-        pass##_in(p, task, w);                                                                 \
-    }                                                                                          \
-    template <class E>                                                                         \
-    ZINF_TARGET_AVX2 void pass##_avx2(const GqaBackward<E>& p, u64 task, float* w) {           \
-        pass##_in(p, task, w);                                                                 \
-    }                                                                                          \
-    template <class E>                                                                         \
-    void pass##_base(const GqaBackward<E>& p, u64 task, float* w) {                            \
-        pass##_in(p, task, w);                                                                 \
-    }
-ZINF_GQA_LEVELS(gqa_rows)
-ZINF_GQA_LEVELS(gqa_keys)
-#undef ZINF_GQA_LEVELS
-
 template <class E>
-void gqa_grad(const GqaBackward<E>& p) {
-    static const auto rows = for_cpu(gqa_rows_v4<E>, gqa_rows_avx2<E>, gqa_rows_base<E>);
-    static const auto keys = for_cpu(gqa_keys_v4<E>, gqa_keys_avx2<E>, gqa_keys_base<E>);
-    const u64 B = p.B, T = p.T, NH = p.NH, KVH = p.KVH, hd = p.hd;
-    const bool parallel = B * T * T * NH * hd >= kParallelMin;
-    const u64 blocks = (T + kKeyBlock - 1) / kKeyBlock;
+void backward(const Heads& x, const Grads& d, const float* dout, const E* q, const E* k, const E* v, const E* att) {
+    const bool parallel = x.B * x.T * x.T * x.NH * x.hd >= kParallelMin;
 #pragma omp parallel if (parallel)
     {
-        // bf16: a softmax row and a k or v row, widened (the second pass: a q row).
-        std::vector<float> scratch(std::is_same_v<E, float> ? 0 : T + hd);
-        float* const w = scratch.data();
+        std::vector<float> w(x.T * x.T + 3 * x.T * x.hd);
 #pragma omp for schedule(static, 1)
-        for (u64 task = 0; task < B * NH * T; ++task) rows(p, task, w);
-#pragma omp for schedule(static, 1)
-        for (u64 task = 0; task < B * KVH * blocks; ++task) keys(p, task, w);
+        for (u64 task = 0; task < x.B * x.KVH; ++task)
+            backward_group(x, d, dout, q, k, v, att, task / x.KVH, task % x.KVH, w.data());
     }
 }
 
@@ -301,25 +269,24 @@ void rope_turn(float* x, const float* table, u64 B, u64 T, u64 H, u64 hd, u64 po
 
 // ---------------------------------------------------------------------------
 // qkv (B,T,3C) is [q | k | v] per position, head h the columns [h*hs, (h+1)*hs)
-// of each third. One task per (b, t, h): its softmax row and its output slice.
+// of each third: the grouped-query kernels' heads with as many kv heads as
+// query heads, read at a row stride of 3C.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv, u64 B, u64 T, u64 C,
                        u64 NH) {
-    const u64 hs = C / NH, C3 = 3 * C;
-    const float scale = kernel_math::attention_scale(hs);
-#pragma omp parallel for schedule(static, 1) if (B * T * T * C >= kParallelMin)
-    for (u64 task = 0; task < B * T * NH; ++task) {
-        const u64 h = task % NH, t = task / NH % T, b = task / NH / T;
-        const float* base = qkv.data() + b * T * C3 + h * hs;  // head h's q at position 0
-        attend(att.data() + ((b * NH + h) * T + t) * T, base + t * C3, base + C, base + 2 * C, C3, t, T, hs, scale,
-               out.data() + (b * T + t) * C + h * hs);
-    }
+    if (!NH) return;
+    const float* p = qkv.data();
+    forward(Heads{B, T, NH, NH, C / NH, 3 * C, 3 * C, C}, p, p + C, p + 2 * C, att.data(), out.data());
 }
 
 void attention_backward(std::span<float> dqkv, std::span<float> datt, std::span<const float> dout, ConstView qkv,
                         ConstView att, u64 B, u64 T, u64 C, u64 NH) {
+    if (!NH) return;
+    float* g = dqkv.data();
     with_dtype(qkv.dtype(), [&](auto e) {
         using E = decltype(e);
-        attention_grad(dqkv.data(), datt.data(), dout.data(), qkv.data<E>(), att.data<E>(), B, T, C, NH);
+        const E* p = qkv.data<E>();
+        backward(Heads{B, T, NH, NH, C / NH, 3 * C, 3 * C, C}, Grads{g, g + C, g + 2 * C, datt.data(), 3 * C, 3 * C},
+                 dout.data(), p, p + C, p + 2 * C, att.data<E>());
     });
 }
 
@@ -330,24 +297,20 @@ void attention_decode(std::span<float> out, std::span<float> att, std::span<cons
 
 void gqa_forward(std::span<float> out, std::span<float> att, std::span<const float> q, std::span<const float> k,
                  std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
-    const u64 QC = NH * hd, KC = KVH * hd, group = NH / KVH;
-    const float scale = kernel_math::attention_scale(hd);
-#pragma omp parallel for schedule(static, 1) if (B * T * T * QC >= kParallelMin)
-    for (u64 task = 0; task < B * T * NH; ++task) {
-        const u64 h = task % NH, t = task / NH % T, b = task / NH / T, g = h / group;
-        attend(att.data() + ((b * NH + h) * T + t) * T, q.data() + (b * T + t) * QC + h * hd,
-               k.data() + b * T * KC + g * hd, v.data() + b * T * KC + g * hd, KC, t, T, hd, scale,
-               out.data() + (b * T + t) * QC + h * hd);
-    }
+    if (!KVH) return;
+    forward(Heads{B, T, NH, KVH, hd, NH * hd, KVH * hd, NH * hd}, q.data(), k.data(), v.data(), att.data(),
+            out.data());
 }
 
 void gqa_backward(std::span<float> dq, std::span<float> dk, std::span<float> dv, std::span<float> datt,
                   std::span<const float> dout, ConstView q, ConstView k, ConstView v, ConstView att, u64 B, u64 T,
                   u64 NH, u64 KVH, u64 hd) {
+    if (!KVH) return;
     with_dtype(q.dtype(), [&](auto e) {
         using E = decltype(e);
-        gqa_grad(GqaBackward<E>{dq.data(), dk.data(), dv.data(), datt.data(), dout.data(), q.data<E>(), k.data<E>(),
-                                v.data<E>(), att.data<E>(), B, T, NH, KVH, hd});
+        backward(Heads{B, T, NH, KVH, hd, NH * hd, KVH * hd, NH * hd},
+                 Grads{dq.data(), dk.data(), dv.data(), datt.data(), NH * hd, KVH * hd}, dout.data(), q.data<E>(),
+                 k.data<E>(), v.data<E>(), att.data<E>());
     });
 }
 

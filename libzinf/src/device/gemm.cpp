@@ -241,6 +241,14 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c) {
     }
 }
 
+void gemm_serial(const Gemm& g, const float* a, const float* b, float* c) {
+#if ZINF_HAVE_OPENBLAS
+    blas(g, g.m, g.n, a, b, c);
+#else
+    gemm_portable(g, a, b, c);
+#endif
+}
+
 // An operand stored bf16 is multiplied as its bf16 values (its fp32 copy):
 // the bits of the bf16-input GEMM of two fp32 operands holding them.
 void gemm(Gemm g, ConstView a, ConstView b, View c) {
@@ -254,8 +262,9 @@ void gemm(Gemm g, ConstView a, ConstView b, View c) {
 }
 
 // ---------------------------------------------------------------------------
-// A Linear's bias: added over the rows, and its gradient summed over the rows
-// per column block, in row order whatever the thread count.
+// A Linear's bias: added over the rows, and its gradient a column sum
+// (kernels.hpp's column_sums: chunks of rows, then the chunks, in one order
+// whatever the thread count).
 namespace {
 void bias_rows(float* out, const float* bias, u64 N, u64 OC) {
 #pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
@@ -265,15 +274,10 @@ void bias_rows(float* out, const float* bias, u64 N, u64 OC) {
     }
 }
 
+// dbias[o] += the column sum of dout (kernels.hpp's column_sums order).
 void bias_grad(float* dbias, const float* dout, u64 N, u64 OC) {
-#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
-    for (u64 blk = 0; blk < column_blocks(OC); ++blk) {
-        const u64 c0 = blk * kColumnBlock, c1 = std::min(OC, c0 + kColumnBlock);
-        for (u64 r = 0; r < N; ++r) {
-            const float* row = dout + r * OC;
-            for (u64 o = c0; o < c1; ++o) dbias[o] += row[o];
-        }
-    }
+    float* const out[1] = {dbias};
+    column_sums(out, N, OC, kParallelMin, [&](u64 r, u64 o, float* v) { v[0] = dout[r * OC + o]; });
 }
 
 }  // namespace

@@ -13,8 +13,12 @@
 
 #include <zinf/device.hpp>
 
+#include "../util/kernel_math.hpp"
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace zinf::device {
 
@@ -52,6 +56,12 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c);
 void blas_threaded(const Gemm& g, const float* a, const float* b, float* c, int threads);
 #endif
 
+// One GEMM (batch 1, fp32, every leading dimension given) on the calling
+// thread: OpenBLAS's cblas_sgemm (set to one thread), or the portable loop.
+// Attention's tasks call it, each from its own thread, so that every product
+// is the same call whatever the thread count.
+void gemm_serial(const Gemm& g, const float* a, const float* b, float* c);
+
 // Row r's cols floats from src + r ld_src to dst + r ld_dst, on the calling
 // thread (a memory-bound copy: one core's memcpy).
 void copy_rows(float* dst, u64 ld_dst, const float* src, u64 ld_src, u64 rows, u64 cols);
@@ -76,6 +86,40 @@ inline constexpr u64 kLightParallelMin = u64{1} << 20;
 // Sums over rows walk column blocks of this many floats, one block per task.
 inline constexpr u64 kColumnBlock = 64;
 inline u64 column_blocks(u64 C) { return (C + kColumnBlock - 1) / kColumnBlock; }
+
+// out_k[c] += the column sum over rows r < N of term(r, c)[k], for k < K
+// outputs and c < C, in kernel_math::kSumRows's order (chunks of rows, each
+// summed in row order; the chunks' sums in chunk order): the order the cuda
+// kernels sum in, for any thread count. Tasks are (chunk, column block);
+// below parallel_min elements, on the calling thread. term(r, c, v) writes
+// v[0..K).
+template <int K, class F>
+void column_sums(float* const (&out)[K], u64 N, u64 C, [[maybe_unused]] u64 parallel_min, F term) {
+    if (!N || !C) return;
+    const u64 R = kernel_math::kSumRows, chunks = (N + R - 1) / R, blocks = column_blocks(C);
+    std::vector<float> part(K * chunks * C);  // [k][chunk][c]
+#pragma omp parallel for schedule(static) if (N * C >= parallel_min)
+    for (u64 task = 0; task < chunks * blocks; ++task) {
+        const u64 i = task / blocks, c0 = task % blocks * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+        float acc[K][kColumnBlock] = {};
+        float v[K];
+        for (u64 r = i * R; r < std::min(N, (i + 1) * R); ++r)
+            for (u64 c = c0; c < c1; ++c) {
+                term(r, c, v);
+                for (int k = 0; k < K; ++k) acc[k][c - c0] += v[k];
+            }
+        for (int k = 0; k < K; ++k)
+            for (u64 c = c0; c < c1; ++c) part[(k * chunks + i) * C + c] = acc[k][c - c0];
+    }
+#pragma omp parallel for schedule(static) if (N * C >= parallel_min)
+    for (u64 blk = 0; blk < blocks; ++blk)
+        for (int k = 0; k < K; ++k)
+            for (u64 c = blk * kColumnBlock; c < std::min(C, (blk + 1) * kColumnBlock); ++c) {
+                float total = 0;
+                for (u64 i = 0; i < chunks; ++i) total += part[(k * chunks + i) * C + c];
+                out[k][c] += total;
+            }
+}
 
 // An element stored fp32 or bf16, read as fp32 (exact): kernels templated on
 // the storage of what they read.

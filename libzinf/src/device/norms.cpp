@@ -1,7 +1,8 @@
 // The cpu backend's norms (kernels.def): LayerNorm (GPT-2, llm.c's
 // layernorm) and RMSNorm (the Llama family). A row per task forward; the
-// backward's dinp a row per task, its weight (and bias) gradients sums over
-// the rows per column block, in row order whatever the thread count. RMSNorm
+// backward's dinp a row per task, its weight (and bias) gradients column
+// sums (kernels.hpp's column_sums: chunks of rows, then the chunks, in one
+// order whatever the thread count). RMSNorm
 // is LayerNorm's code path without the mean.
 #include "kernels.hpp"
 #include "../util/kernel_math.hpp"
@@ -62,7 +63,7 @@ void residual_rmsnorm_rows(float* out, float* rstd, float* res, const float* add
 }
 
 // The norms' backward, LayerNorm's (kMean) or RMSNorm's (no mean, no bias):
-// dinp a row per task; dw (and db) sums over the rows per column block. Each
+// dinp a row per task; dw (and db) column_sums. Each
 // element's expression is its norm's own, in its order. In: float, or
 // std::uint16_t for inp stored bf16 (widened as read). Below parallel_min
 // elements, on the calling thread.
@@ -95,22 +96,17 @@ void norm_grad(float* dinp, float* dw, float* db, const float* dout, const In* i
             }
         }
     }
-#pragma omp parallel for schedule(static) if (N * C >= parallel_min)
-    for (u64 blk = 0; blk < column_blocks(C); ++blk) {
-        const u64 c0 = blk * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
-        for (u64 r = 0; r < N; ++r) {
-            const In* x = inp + r * C;
-            const float* d = dout + r * C;
-            const float m = kMean ? mean[r] : 0.0f, s = rstd[r];
-            for (u64 c = c0; c < c1; ++c) {
-                if constexpr (kMean) {
-                    dw[c] += (widen(x[c]) - m) * s * d[c];
-                    db[c] += d[c];
-                } else {
-                    dw[c] += widen(x[c]) * s * d[c];
-                }
-            }
-        }
+    if constexpr (kMean) {
+        float* const out[2] = {dw, db};
+        column_sums(out, N, C, parallel_min, [&](u64 r, u64 c, float* v) {
+            const float d = dout[r * C + c];
+            v[0] = (widen(inp[r * C + c]) - mean[r]) * rstd[r] * d;
+            v[1] = d;
+        });
+    } else {
+        float* const out[1] = {dw};
+        column_sums(out, N, C, parallel_min,
+                    [&](u64 r, u64 c, float* v) { v[0] = widen(inp[r * C + c]) * rstd[r] * dout[r * C + c]; });
     }
 }
 

@@ -28,6 +28,13 @@ inline constexpr float kLayerNormEps = 1e-5f;
 // it), and the cube's coefficient.
 inline constexpr float kGeluScale = 0x1.988454p-1f;
 inline constexpr float kGeluCube = 0.044715f;
+// Column sums (a bias's gradient, a norm's weight and bias gradients: one
+// sum over every row for each column) on both backends, in one order: the
+// rows in chunks of kSumRows, each chunk summed in row order from zero, the
+// chunks' sums added in chunk order from zero, the total then added to the
+// output. The GPU runs chunks x column tiles of blocks (a 132-SM chip full
+// at a few thousand rows) and the cpu the same sums, so the bits agree.
+inline constexpr std::uint64_t kSumRows = 128;
 
 // Internal linkage: optim's files are each compiled for their own
 // instruction set (#pragma GCC target), and one shared copy of an inline

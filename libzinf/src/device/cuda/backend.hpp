@@ -104,7 +104,13 @@ struct Mapped {
 
 class CudaStream final : public Stream {
 public:
-    CudaStream(std::string name, int gpu, mem::Block scratch, WaitValue32 wait_value);
+    // scratch: check_ids's; sums: the column sums' partials (kSumFloats).
+    CudaStream(std::string name, int gpu, mem::Block scratch, mem::Block sums, WaitValue32 wait_value);
+
+    // Floats of column-sum partials a stream keeps (1 MiB): a pass sums as
+    // many columns as fit at once (common.cuh's column_sums).
+    static constexpr u64 kSumFloats = u64{1} << 18;
+    float* sums() const { return reinterpret_cast<float*>(sums_block_.data()); }
 
     // The device drains first (CudaDevice's destructor); this stops the worker.
     ~CudaStream() override;
@@ -183,6 +189,7 @@ private:
     Mapped* mapped_dev_ = nullptr;  // device view of the same bytes
     mem::Block scratch_block_;
     cuda::IdScratch* scratch_ = nullptr;
+    mem::Block sums_block_;
 
     mutable std::mutex mu_;
     std::condition_variable work_, idle_;
@@ -295,7 +302,7 @@ private:
     cuda::Launch launch(Stream& s) {
         bind();
         CudaStream& cs = as_cuda(s);
-        return {cs.native(), &cs, this};
+        return {cs.native(), &cs, this, cs.sums(), CudaStream::kSumFloats};
     }
 
     void synchronize_all() {

@@ -9,6 +9,9 @@
 
 #include <cuda_runtime.h>
 
+#include <stdexcept>
+#include <string>
+
 namespace zinf::device::cuda {
 
 inline constexpr unsigned kThreads = 256;  // per block, every kernel
@@ -147,6 +150,68 @@ __device__ inline void softmax_row_backward(float* da, const A* a, u64 last, u64
     __syncwarp();
     for (u64 t2 = lane; t2 <= last; t2 += 32) da[t2] = widen(a[t2]) * (da[t2] - s);
     for (u64 t2 = last + 1 + lane; t2 < len; t2 += 32) da[t2] = 0;
+}
+
+// ---- column sums: kernel_math::kSumRows's order (device/kernels.hpp's
+// column_sums, the cpu backend's) ------------------------------------------
+// out.p[k][c] += sum over rows of term(r, c, v)[k]. Pass 1: a block per
+// (column tile, chunk of rows), a thread per column summing its chunk's rows
+// in order from zero into the partials; pass 2: a thread per column adds the
+// chunks' partials in order from zero, then the total to the output. No
+// atomics: the same bits every run and the cpu backend's.
+template <int K>
+struct SumOuts {
+    float* p[K];
+};
+
+inline constexpr unsigned kSumThreads = 128;  // columns per block
+
+template <int K, class F>
+__global__ void column_partials_kernel(float* part, u64 N, u64 c0, u64 cols, u64 chunks, F term) {
+    const u64 j = global_id();
+    if (j >= cols) return;
+    const u64 i = blockIdx.y, r1 = (i + 1) * kernel_math::kSumRows < N ? (i + 1) * kernel_math::kSumRows : N;
+    float acc[K] = {};
+    float v[K];
+    for (u64 r = i * kernel_math::kSumRows; r < r1; ++r) {
+        term(r, c0 + j, v);
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc[k] += v[k];
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) part[(k * chunks + i) * cols + j] = acc[k];
+}
+
+template <int K>
+__global__ void column_totals_kernel(SumOuts<K> out, const float* part, u64 c0, u64 cols, u64 chunks) {
+    const u64 j = global_id();
+    if (j >= cols) return;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        float total = 0;
+        for (u64 i = 0; i < chunks; ++i) total += part[(k * chunks + i) * cols + j];
+        out.p[k][c0 + j] += total;
+    }
+}
+
+// The two passes over C columns of N rows, as many columns at a time as the
+// stream's partials hold (l.sums: chunks x columns x K floats).
+template <int K, class F>
+void column_sums(const Launch& l, SumOuts<K> out, u64 N, u64 C, F term) {
+    if (!N || !C) return;
+    const u64 chunks = (N + kernel_math::kSumRows - 1) / kernel_math::kSumRows;
+    u64 slab = l.sums_floats / (K * chunks);
+    if (slab >= kSumThreads) slab = slab / kSumThreads * kSumThreads;
+    if (!slab || chunks > 65535)
+        throw std::length_error("cuda: a column sum over " + std::to_string(N) +
+                                " rows is past the stream's partials (" + std::to_string(l.sums_floats) + " floats)");
+    for (u64 c0 = 0; c0 < C; c0 += slab) {
+        const u64 cols = C - c0 < slab ? C - c0 : slab;
+        const dim3 grid(blocks_for(cols, kSumThreads), static_cast<unsigned>(chunks));
+        column_partials_kernel<K><<<grid, kSumThreads, 0, l.stream>>>(l.sums, N, c0, cols, chunks, term);
+        column_totals_kernel<K><<<blocks_for(cols, kSumThreads), kSumThreads, 0, l.stream>>>(out, l.sums, c0, cols,
+                                                                                              chunks);
+    }
 }
 
 }  // namespace zinf::device::cuda

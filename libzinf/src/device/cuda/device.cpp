@@ -33,6 +33,8 @@ CudaDevice::CudaDevice(const Options& opts, int gpu) : gpu_(gpu) {
         const auto kind = static_cast<StreamKind>(k);
         streams_[k] = std::make_unique<CudaStream>(stream_kind_name(kind), gpu_,
                                                    arena_->allocate(sizeof(cuda::IdScratch), "id check scratch"),
+                                                   arena_->allocate(CudaStream::kSumFloats * sizeof(float),
+                                                                    "column sums scratch"),
                                                    wait_value);
     }
     // cuBLASLt's workspace for GEMMs on compute (the other streams get

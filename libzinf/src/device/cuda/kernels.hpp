@@ -1,7 +1,8 @@
 // The cuda backend's kernels: the bodies kernels.def declares (cuda::<name>),
 // each in the .cu file of its kind of op beside this header (linear.cu,
 // embedding.cu, norms.cu, elementwise.cu, attention.cu, loss.cu,
-// optimizer.cu; gemm's in gemm.cpp, cuBLASLt being host code), called by
+// optimizer.cu; gemm's in gemm.cpp and attention's forward and backward in
+// attention_gemm.cpp, cuBLASLt being host code), called by
 // CudaDevice (backend.hpp) once checks.cpp has checked every span against the
 // shape and every element type. A body launches its kernels on l.stream;
 // CudaDevice checks the launch after it. This header includes only the
@@ -13,10 +14,10 @@
 // util/kernel_math.hpp's on both backends, and every reduction walks the cpu
 // kernel's order (kernels.hpp there: dot and sum in eight lanes, sums over
 // rows in row order), so bias, embedding, the norms, GELU, SwiGLU, RoPE,
-// residual, casts, AdamW and attention's backward give the cpu backend's bits
-// on the same inputs. Only expf (the attention softmax, cross-entropy) and the
-// cross-entropy's double sum (a tree over the block, not four lanes) differ by
-// rounding. No kernel uses atomics on data: every sum has one order.
+// residual, casts and AdamW give the cpu backend's bits on the same inputs.
+// Only expf (the attention softmax, cross-entropy), the cross-entropy's double
+// sum (a tree over the block, not four lanes) and attention (cuBLASLt's GEMMs
+// sum in their own order) differ by rounding. No kernel uses atomics on data: every sum has one order.
 #pragma once
 
 #include <zinf/kernels.hpp>
@@ -39,6 +40,8 @@ struct Launch {
     cudaStream_t stream;
     cuda_backend::CudaStream* owner;   // check_ids's ticket, scratch and record
     cuda_backend::CudaDevice* device;  // gemm's cuBLASLt plans, workspace and staging
+    float* sums;                       // the stream's column-sum partials (common.cuh's column_sums)
+    u64 sums_floats;                   // how many floats `sums` holds
 };
 
 // Every kernel's body, as kernels.def lists them.
@@ -84,6 +87,18 @@ void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u6
 // dst (rows, cols) packed = src's rows (row stride ld_src) rounded to bf16.
 void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src);
 void to_bf16(cudaStream_t s, std::uint16_t* dst, const float* src, u64 n);
+
+// ---- attention's helpers (attention.cu), for attention_gemm.cpp ---------------------
+// In place over the scores att (rows, T), row r's query position r % T: a =
+// softmax(scale * a) over positions 0..r % T, zero above (the causal mask).
+void softmax_causal(cudaStream_t s, float* att, u64 rows, u64 T, float scale);
+// In place over datt (rows, T), dP on entry: dS = a * (dP - sum a dP) over
+// positions 0..r % T, zero above; att fp32 or bf16.
+void softmax_causal_backward(cudaStream_t s, float* datt, ConstView att, u64 rows, u64 T);
+// dst (rows, T) = att (fp32 or bf16) on and below each row's diagonal, zero above.
+void causal_copy(cudaStream_t s, float* dst, ConstView att, u64 rows, u64 T);
+// dst (rows, cols) of row stride ld_dst = bf16 src of row stride ld_src, widened.
+void widen_rows(cudaStream_t s, float* dst, u64 ld_dst, const std::uint16_t* src, u64 ld_src, u64 rows, u64 cols);
 
 // Loads every kernel of each file now (cudaFuncGetAttributes), not at its
 // first launch: with CUDA's lazy loading a first launch may wait for the

@@ -1,8 +1,9 @@
 // The cuda backend's linear kernels (kernels.hpp): the bias and its
 // gradient, and GEMM's helpers (C = beta C when there is nothing to
-// multiply, operands rounded to bf16 for cuBLASLt). The bias gradient is one
-// thread per column walking the rows in order, as the cpu kernel's column
-// blocks do, so its bits are the cpu backend's (no atomics).
+// multiply, operands rounded to bf16 for cuBLASLt). The bias gradient is a
+// column sum (common.cuh's column_sums: chunks of rows over the whole chip,
+// then the chunks in order), the cpu kernel's order, so its bits are the cpu
+// backend's (no atomics).
 #include "common.cuh"
 
 namespace zinf::device::cuda {
@@ -22,14 +23,12 @@ __global__ void bias_add_kernel(float* out, const float* bias, u64 N, u64 OC) {
     for (u64 i = global_id(); i < N * OC; i += grid_threads()) out[i] += bias[i % OC];
 }
 
-// dbias[o] += dout[0][o] + dout[1][o] + ... in row order.
-__global__ void bias_backward_kernel(float* dbias, const float* dout, u64 N, u64 OC) {
-    const u64 o = global_id();
-    if (o >= OC) return;
-    float acc = dbias[o];
-    for (u64 r = 0; r < N; ++r) acc += dout[r * OC + o];
-    dbias[o] = acc;
-}
+// A term of the bias gradient's column sums: dout[r][o].
+struct BiasTerm {
+    const float* dout;
+    u64 OC;
+    __device__ void operator()(u64 r, u64 o, float* v) const { v[0] = dout[r * OC + o]; }
+};
 
 // A (rows, cols) block of row stride ld_src into packed bf16 rows.
 __global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
@@ -39,7 +38,8 @@ __global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 ro
 }  // namespace
 
 cudaError_t preload_linear() {
-    return load_kernels(scale_matrix_kernel, bias_add_kernel, bias_backward_kernel, to_bf16_rows_kernel);
+    return load_kernels(scale_matrix_kernel, bias_add_kernel, column_partials_kernel<1, BiasTerm>,
+                        column_totals_kernel<1>, to_bf16_rows_kernel);
 }
 
 void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u64 stride_c, float beta) {
@@ -57,7 +57,7 @@ void bias_add(const Launch& l, std::span<float> out, std::span<const float> bias
 }
 
 void bias_backward(const Launch& l, std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) {
-    if (OC) bias_backward_kernel<<<blocks_for(OC, 128), 128, 0, l.stream>>>(dbias.data(), dout.data(), N, OC);
+    column_sums(l, SumOuts<1>{{dbias.data()}}, N, OC, BiasTerm{dout.data(), OC});
 }
 
 }  // namespace zinf::device::cuda

@@ -1,9 +1,10 @@
 // The cuda backend's norms (kernels.hpp): LayerNorm and RMSNorm. Forward and
 // the backward's dinp are eight threads per row (32 rows per block of 256),
 // each row's sums in the cpu backend's lane order (common.cuh's lanes8); the
-// weight (and bias) gradients one thread per column walking the rows in
-// order, as the cpu kernel's column blocks do, so the bits are the cpu
-// backend's and never depend on the GPU (no atomics).
+// weight (and bias) gradients column sums (common.cuh's column_sums: chunks
+// of rows over the whole chip, then the chunks in order), the cpu kernel's
+// order, so the bits are the cpu backend's and never depend on the GPU (no
+// atomics).
 #include "common.cuh"
 
 namespace zinf::device::cuda {
@@ -53,21 +54,31 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
     }
 }
 
-// dw[c] += sum_r (x - mean) * rstd * dout, db[c] += sum_r dout, rows in order.
+// The weight and bias gradients' terms (common.cuh's column_sums): LayerNorm's
+// (x - mean) * rstd * dout and dout; RMSNorm's x * rstd * dout.
 template <class E>
-__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const E* inp,
-                                               const float* mean, const float* rstd, u64 N, u64 C) {
-    const u64 c = global_id();
-    if (c >= C) return;
-    float aw = dw[c], ab = db[c];
-    for (u64 r = 0; r < N; ++r) {
+struct LayerNormTerm {
+    const float* dout;
+    const E* inp;
+    const float *mean, *rstd;
+    u64 C;
+    __device__ void operator()(u64 r, u64 c, float* v) const {
         const float d = dout[r * C + c];
-        aw += (widen(inp[r * C + c]) - mean[r]) * rstd[r] * d;
-        ab += d;
+        v[0] = (widen(inp[r * C + c]) - mean[r]) * rstd[r] * d;
+        v[1] = d;
     }
-    dw[c] = aw;
-    db[c] = ab;
-}
+};
+
+template <class E>
+struct RmsNormTerm {
+    const float* dout;
+    const E* inp;
+    const float* rstd;
+    u64 C;
+    __device__ void operator()(u64 r, u64 c, float* v) const {
+        v[0] = widen(inp[r * C + c]) * rstd[r] * dout[r * C + c];
+    }
+};
 
 // `add` not null: the row of inp (res) += add first, each lane its columns,
 // then the norm of the sum (residual_rmsnorm_forward).
@@ -108,42 +119,34 @@ __global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, con
     }
 }
 
-template <class E>
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const E* inp, const float* rstd, u64 N,
-                                           u64 C) {
-    const u64 c = global_id();
-    if (c >= C) return;
-    float acc = dw[c];
-    for (u64 r = 0; r < N; ++r) acc += widen(inp[r * C + c]) * rstd[r] * dout[r * C + c];
-    dw[c] = acc;
-}
-
 // The backward's two launches, for inp stored either way.
 template <class E>
-void layernorm_grad(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const E* inp,
+void layernorm_grad(const Launch& l, float* dinp, float* dw, float* db, const float* dout, const E* inp,
                     const float* w, const float* mean, const float* rstd, u64 N, u64 C) {
     if (!N || !C) return;
-    layernorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                                    N, C);
-    layernorm_backward_dwdb_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dw, db, dout, inp, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, l.stream>>>(dinp, dout, inp, w, mean,
+                                                                                           rstd, N, C);
+    column_sums(l, SumOuts<2>{{dw, db}}, N, C, LayerNormTerm<E>{dout, inp, mean, rstd, C});
 }
 
 template <class E>
-void rmsnorm_grad(cudaStream_t s, float* dinp, float* dw, const float* dout, const E* inp, const float* w,
+void rmsnorm_grad(const Launch& l, float* dinp, float* dw, const float* dout, const E* inp, const float* w,
                   const float* rstd, u64 N, u64 C) {
     if (!N || !C) return;
-    rmsnorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, s>>>(dinp, dout, inp, w, rstd, N, C);
-    rmsnorm_backward_dw_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dw, dout, inp, rstd, N, C);
+    rmsnorm_backward_dinp_kernel<<<blocks_for(N, kThreads / 8), kThreads, 0, l.stream>>>(dinp, dout, inp, w, rstd, N,
+                                                                                         C);
+    column_sums(l, SumOuts<1>{{dw}}, N, C, RmsNormTerm<E>{dout, inp, rstd, C});
 }
 
 }  // namespace
 
 cudaError_t preload_norms() {
     return load_kernels(layernorm_forward_kernel, layernorm_backward_dinp_kernel<float>,
-                        layernorm_backward_dwdb_kernel<float>, layernorm_backward_dinp_kernel<std::uint16_t>,
-                        layernorm_backward_dwdb_kernel<std::uint16_t>, rmsnorm_forward_kernel,
-                        rmsnorm_backward_dinp_kernel<float>, rmsnorm_backward_dw_kernel<float>,
-                        rmsnorm_backward_dinp_kernel<std::uint16_t>, rmsnorm_backward_dw_kernel<std::uint16_t>);
+                        column_partials_kernel<2, LayerNormTerm<float>>, layernorm_backward_dinp_kernel<std::uint16_t>,
+                        column_partials_kernel<2, LayerNormTerm<std::uint16_t>>, column_totals_kernel<2>,
+                        rmsnorm_forward_kernel, rmsnorm_backward_dinp_kernel<float>,
+                        column_partials_kernel<1, RmsNormTerm<float>>, rmsnorm_backward_dinp_kernel<std::uint16_t>,
+                        column_partials_kernel<1, RmsNormTerm<std::uint16_t>>, column_totals_kernel<1>);
 }
 
 void layernorm_forward(const Launch& l, std::span<float> out, std::span<float> mean, std::span<float> rstd,
@@ -157,7 +160,7 @@ void layernorm_backward(const Launch& l, std::span<float> dinp, std::span<float>
                         std::span<const float> dout, ConstView inp, std::span<const float> w,
                         std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) {
     with_dtype(inp.dtype(), [&](auto e) {
-        layernorm_grad(l.stream, dinp.data(), dw.data(), db.data(), dout.data(), inp.data<decltype(e)>(), w.data(),
+        layernorm_grad(l, dinp.data(), dw.data(), db.data(), dout.data(), inp.data<decltype(e)>(), w.data(),
                        mean.data(), rstd.data(), N, C);
     });
 }
@@ -180,7 +183,7 @@ void residual_rmsnorm_forward(const Launch& l, std::span<float> out, std::span<f
 void rmsnorm_backward(const Launch& l, std::span<float> dinp, std::span<float> dw, std::span<const float> dout,
                       ConstView inp, std::span<const float> w, std::span<const float> rstd, u64 N, u64 C) {
     with_dtype(inp.dtype(), [&](auto e) {
-        rmsnorm_grad(l.stream, dinp.data(), dw.data(), dout.data(), inp.data<decltype(e)>(), w.data(), rstd.data(),
+        rmsnorm_grad(l, dinp.data(), dw.data(), dout.data(), inp.data<decltype(e)>(), w.data(), rstd.data(),
                      N, C);
     });
 }

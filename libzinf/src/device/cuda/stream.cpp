@@ -35,8 +35,12 @@ WaitValue32 driver_wait_value() {
     return reinterpret_cast<WaitValue32>(fn);
 }
 
-CudaStream::CudaStream(std::string name, int gpu, mem::Block scratch, WaitValue32 wait_value)
-    : name_(std::move(name)), gpu_(gpu), wait_value_(wait_value), scratch_block_(std::move(scratch)) {
+CudaStream::CudaStream(std::string name, int gpu, mem::Block scratch, mem::Block sums, WaitValue32 wait_value)
+    : name_(std::move(name)),
+      gpu_(gpu),
+      wait_value_(wait_value),
+      scratch_block_(std::move(scratch)),
+      sums_block_(std::move(sums)) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     void* p = nullptr;
     check(cudaHostAlloc(&p, sizeof(Mapped), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
