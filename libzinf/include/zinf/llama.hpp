@@ -124,6 +124,15 @@ struct LlamaScratch {
     device::Array<float> joined;
 };
 
+// The Llama's own activations (Activations::own): its blocks', their
+// scratch, the rotation table and the final RMSNorm's.
+struct LlamaBuffers : Activations::Own {
+    std::vector<LlamaBlockActivations> blocks;  // layers of them, or 1 with checkpointing
+    LlamaScratch scratch;
+    device::Array<float> rope;                  // (T, hd)
+    device::Array<float> norm, norm_rstd;       // (N,C), (N)
+};
+
 // Whether a group of projections of one input, of `outs` outputs together
 // from C inputs, runs as one GEMM (q, k and v: H*hd + 2 KV*hd; gate and up:
 // 2F): untiled, and their weights together at most 32 MiB, the scratch a
@@ -229,6 +238,8 @@ public:
     void forward(Context& c, Activations& acts, bool for_backward = true) override;
     void backward(Context& c, Activations& acts) override;
     double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
+    // Activations::own as plan() made it (InternalError for another model's).
+    static LlamaBuffers& buffers(Activations& a) { return a.own_as<LlamaBuffers>("Llama"); }
 
     // The sampler's forward of one position, through the same blocks with a
     // cache: `state` from decode_state(), `token` (1) device memory, logits (V).

@@ -380,7 +380,10 @@ std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t
 std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
                             device::Precision p = device::Precision::fp32);
 
-// Every buffer a training step needs, planned once for a Shape.
+// Every buffer a training step needs, planned once for a Shape: here what
+// every family has (the tokens, the checkpoints, the logits and losses, the
+// residual's gradient); a family's own (its blocks' activations, their
+// scratch, its final norm's) in `own`, of its own type.
 struct Activations {
     Shape shape;
     device::Array<std::int32_t> inputs, targets;   // (B,T)
@@ -391,24 +394,32 @@ struct Activations {
     std::vector<device::Array<float>> residual;
     std::vector<device::Array<std::uint16_t>> residual_bf16;
     device::Array<float> widened;
-    std::vector<BlockActivations> blocks;          // layers of them, or 1 with checkpointing
-    BlockScratch scratch;
-    device::Array<float> lnf, lnf_mean, lnf_rstd;  // (N,C), (N), (N)
     device::Array<float> logits;                   // (N,V); the logits' gradient after backward's start
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
-    // An architecture's own buffers (the Llama's blocks; none for the GPT).
+    // The family's own buffers, as its model's plan() made them (the GPT's
+    // GPTBuffers, the Llama's LlamaBuffers): each family reaches them
+    // through its one typed accessor (own_as), which refuses activations
+    // another model planned.
     struct Own {
         virtual ~Own() = default;
     };
     std::unique_ptr<Own> own;
-    std::uint64_t bytes = 0;                       // all of the above
+    std::uint64_t bytes = 0;                       // all of the above and `own`'s
     // Shape::offload: where the checkpoints go (set by whoever plans the
     // step; a forward for backward without it is refused).
     std::shared_ptr<ActivationStore> store;
     // The buffer of checkpoint j (fp32 checkpoints): its own, or one of
     // three when offloading.
     std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
+    // `own` as family type B; InternalError naming `model` when another
+    // model planned these activations.
+    template <class B>
+    B& own_as(const char* model) {
+        auto* b = dynamic_cast<B*>(own.get());
+        if (!b) throw InternalError(std::string(model) + ": activations planned by another model");
+        return *b;
+    }
 };
 
 // A decoder-only language model as the trainer and the sampler drive it:
@@ -444,6 +455,14 @@ public:
 // The model a Config describes: a GPT, or a Llama.
 std::unique_ptr<LanguageModel> make_model(const Config& cfg);
 
+// The GPT's own activations (Activations::own): its blocks', their
+// scratch, and the final LayerNorm's.
+struct GPTBuffers : Activations::Own {
+    std::vector<BlockActivations> blocks;          // layers of them, or 1 with checkpointing
+    BlockScratch scratch;
+    device::Array<float> lnf, lnf_mean, lnf_rstd;  // (N,C), (N), (N)
+};
+
 class GPT : public LanguageModel {
 public:
     explicit GPT(const Config& cfg);
@@ -456,6 +475,8 @@ public:
     void forward(Context& c, Activations& acts, bool for_backward = true) override;
     void backward(Context& c, Activations& acts) override;
     double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
+    // Activations::own as plan() made it (InternalError for another model's).
+    static GPTBuffers& buffers(Activations& a) { return a.own_as<GPTBuffers>("GPT"); }
 
 private:
     Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;

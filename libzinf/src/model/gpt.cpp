@@ -119,6 +119,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
     checkpoints::plan(a, shape, cfg_.layers, N * C, take);
+    auto own = std::make_unique<GPTBuffers>();
     const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
     for (std::uint64_t l = 0; l < sets; ++l) {
         BlockActivations b;
@@ -134,31 +135,33 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         b.ln2_rstd = f(N, "ln_2 rstd");
         b.fch = kept(N * 4 * C, "fc");
         b.fch_gelu = kept(N * 4 * C, "gelu");
-        a.blocks.push_back(std::move(b));
+        own->blocks.push_back(std::move(b));
     }
-    a.scratch.dbtc = f(N * C, "d (N,C)");
-    a.scratch.dqkv = f(N * 3 * C, "d qkv");
-    a.scratch.datt = f(B * NH * T * T, "d attention");
-    a.scratch.dbt4c = f(N * 4 * C, "d fc");
-    a.lnf = f(N * C, "ln_f");
-    a.lnf_mean = f(N, "ln_f mean");
-    a.lnf_rstd = f(N, "ln_f rstd");
+    own->scratch.dbtc = f(N * C, "d (N,C)");
+    own->scratch.dqkv = f(N * 3 * C, "d qkv");
+    own->scratch.datt = f(B * NH * T * T, "d attention");
+    own->scratch.dbt4c = f(N * 4 * C, "d fc");
+    own->lnf = f(N * C, "ln_f");
+    own->lnf_mean = f(N, "ln_f mean");
+    own->lnf_rstd = f(N, "ln_f rstd");
     a.logits = f(N * V, "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
+    a.own = std::move(own);
     return a;
 }
 
 void GPT::forward(Context& c, Activations& a, bool for_backward) {
     ForwardScope scope(c.engine, *this);
+    GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
     const std::span<const float> x = checkpoints::forward(
         c, a, cfg_, for_backward, "GPT", [&](std::span<float> out) { embed_->forward(c, out, a.inputs, B, T); },
         [&](std::uint64_t l, std::span<float> out, std::span<const float> in) {
-            blocks_[l]->forward(c, out, in, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B, T);
+            blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, B, T);
         });
-    ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, x, N);
-    head_->forward(c, a.logits, a.lnf, N);
+    ln_f_->forward(c, own.lnf, own.lnf_mean, own.lnf_rstd, x, N);
+    head_->forward(c, a.logits, own.lnf, N);
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab);
@@ -168,15 +171,16 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
 
 void GPT::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
+    GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    ln_f_->backward(c, a.dres, a.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_mean,
-                    a.lnf_rstd, N);
-    checkpoints::backward(c, a, cfg_, a.scratch.dbtc,
+    ln_f_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.lnf_mean,
+                    own.lnf_rstd, N);
+    checkpoints::backward(c, a, cfg_, own.scratch.dbtc,
                           [&](std::uint64_t l, std::span<const float> x, std::span<float> recompute_out) {
-                              blocks_[l]->backward(c, a.dres, x, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B,
-                                                   T, recompute_out);
+                              blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch,
+                                                   B, T, recompute_out);
                           });
     embed_->backward(c, a.dres, a.inputs, B, T);
 }

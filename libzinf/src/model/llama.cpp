@@ -569,23 +569,6 @@ private:
     std::size_t w_ = 0;
 };
 
-namespace {
-
-// What the Llama keeps beside the GPT's buffers in Activations.
-struct LlamaBuffers : Activations::Own {
-    std::vector<LlamaBlockActivations> blocks;  // layers of them, or 1 with checkpointing
-    LlamaScratch scratch;
-    device::Array<float> rope;                  // (T, hd)
-};
-
-LlamaBuffers& buffers(Activations& a) {
-    auto* b = dynamic_cast<LlamaBuffers*>(a.own.get());
-    if (!b) throw InternalError("Llama: activations planned by another model");
-    return *b;
-}
-
-}  // namespace
-
 Llama::Llama(const Config& cfg) : LanguageModel("llama"), cfg_(cfg), table_(cfg) {
     if (shard::family(cfg.arch).modules != shard::Modules::llama)
         throw InternalError("Llama: the config is not a Llama-shaped family's");
@@ -684,8 +667,8 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
     own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);
     own->rope = f(T * hd, "rope table");
-    a.lnf = f(N * C, "model.norm");
-    a.lnf_rstd = f(N, "model.norm rstd");
+    own->norm = f(N * C, "model.norm");
+    own->norm_rstd = f(N, "model.norm rstd");
     a.logits = f(N * V, "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
@@ -707,8 +690,8 @@ void Llama::forward(Context& c, Activations& a, bool for_backward) {
         [&](u64 l, std::span<float> out, std::span<const float> in) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T, &own.scratch);
         });
-    norm_->forward(c, a.lnf, a.lnf_rstd, x, N);
-    head_->forward(c, a.logits, a.lnf, N);
+    norm_->forward(c, own.norm, own.norm_rstd, x, N);
+    head_->forward(c, a.logits, own.norm, N);
     if (for_backward)
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab);
@@ -720,9 +703,10 @@ void Llama::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     LlamaBuffers& own = buffers(a);
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.norm, N);
     c.dev.zero(c.stream, a.dres);
-    norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_rstd, N);
+    norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.norm_rstd,
+                    N);
     checkpoints::backward(c, a, cfg_, own.scratch.dbtc, [&](u64 l, std::span<const float> x, std::span<float> rec) {
         blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, own.rope, B, T, rec);
     });
