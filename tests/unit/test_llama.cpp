@@ -15,6 +15,7 @@
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/llama.hpp>
 #include <zinf/train.hpp>
 

@@ -9,6 +9,7 @@
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 #include <zinf/train.hpp>
 

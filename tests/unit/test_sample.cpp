@@ -10,6 +10,7 @@
 #include "optimizer_fixture.hpp"
 
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 
 #include <unistd.h>

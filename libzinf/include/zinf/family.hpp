@@ -28,7 +28,7 @@ struct BlockWeights {
     std::uint64_t weights = 0, largest = 0, activations = 0, not_recomputed = 0;
 };
 
-// The modules a family is built of (model::make_model): model.hpp's GPT, or
+// The modules a family is built of (model::make_model): gpt.hpp's GPT, or
 // llama.hpp's Llama (RMSNorm, rotary, grouped-query attention, SwiGLU).
 enum class Modules { gpt, llama };
 

@@ -1,6 +1,6 @@
 // zinf llama: the Llama family (Llama 2 and 3, SmolLM, TinyLlama, Mistral's
 // shape, and Qwen2's) as modules declared to the same engine as the GPT
-// (model.hpp): RMSNorm, rotary position embeddings ("rotate half", with
+// (model.hpp, gpt.hpp): RMSNorm, rotary position embeddings ("rotate half", with
 // Llama 3's frequency scaling), grouped-query attention, a SwiGLU MLP, no
 // biases but a Qwen2's on q, k and v, the output head tied to the embedding
 // or its own. Parameter names and shapes
@@ -89,7 +89,7 @@ private:
 // LlamaScratch holds their (N, sum of outs) product or gradients, side by
 // side, while the other holds the parts. The Kept ones are what the GEMMs,
 // SwiGLU, the attention's and the second RMSNorm's backward read, the GPT's
-// (model.hpp's BlockActivations) analogues: bf16 under Shape::activations,
+// (gpt.hpp's BlockActivations) analogues: bf16 under Shape::activations,
 // made in fp32 in LlamaScratch::dgate_up (res2, q, k and v in
 // LlamaScratch::dqkv, the softmax in LlamaScratch::datt). Kept bf16, q, k
 // and v are joined in LlamaScratch::dgate_up (the forward's product and the
@@ -207,7 +207,7 @@ public:
     // `out` empty: every activation the backward reads, not the output.
     void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
                  std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
-    // As Block::backward (model.hpp): dres in, d x out, in place. With
+    // As Block::backward (gpt.hpp): dres in, d x out, in place. With
     // `recompute_out` given the forward runs again first, up to the MLP's
     // activation (recompute_out itself is not written).
     void backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,

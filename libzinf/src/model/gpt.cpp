@@ -1,7 +1,7 @@
 // The block, the tied output head, and the GPT that strings them together
 // with activation checkpointing.
 #include <zinf/family.hpp>
-#include <zinf/model.hpp>
+#include <zinf/gpt.hpp>
 
 #include "checkpoints.hpp"
 

@@ -19,12 +19,6 @@ namespace zinf::model {
 using device::Gemm;
 using u64 = std::uint64_t;
 
-std::unique_ptr<LanguageModel> make_model(const Config& cfg) {
-    if (shard::family(cfg.arch).modules == shard::Modules::llama) return std::make_unique<Llama>(cfg);
-    return std::make_unique<GPT>(cfg);
-}
-
-// ---------------------------------------------------------------------------
 std::vector<double> rope_frequencies(const Config& cfg) {
     const u64 hd = cfg.head_dim(), half = hd / 2;
     std::vector<double> f(half);

@@ -3,6 +3,7 @@
 // between the engine's hooks with the kernels the training forward uses, on
 // one row: the new position. Attention reads the layer's key-value cache.
 #include <zinf/family.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/llama.hpp>
 #include <zinf/sample.hpp>
 
