@@ -97,10 +97,24 @@ public:
     void backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens, std::uint64_t B,
                   std::uint64_t T);
     std::size_t wte() const { return wte_; }
+    // Forward of B rows of T tokens from position `first` on (the sampler's
+    // one row at its position): wpe's rows first..first+T-1.
+    void forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
+                 std::uint64_t T, std::uint64_t first);
 
 private:
     Config cfg_;
     std::size_t wte_ = 0, wpe_ = 0;
+};
+
+// What the GPT's one-position forward keeps (LanguageModel::decode): the
+// key-value cache and one position's buffers.
+struct GPTDecodeState : LanguageModel::DecodeState {
+    std::uint64_t positions = 0;
+    std::vector<device::Array<float>> k, v;             // per layer, (positions, C) each
+    device::Array<float> x, out, res2, ln, mean, rstd;  // (C), (C), (C), (C), (1), (1)
+    device::Array<float> qkv, atty, att;                // (3C), (C), (NH, positions)
+    device::Array<float> fch, fch_gelu;                 // (4C), (4C)
 };
 
 // A block's activations for one (B,T): what its backward needs. The Kept
@@ -138,6 +152,10 @@ public:
     // dinp (N,C) written.
     void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t B, std::uint64_t T);
+    // Position `pos` alone (x (C)): its key and value join the layer's cache
+    // (k, v (positions, C)), then it attends to positions 0..pos; out (C).
+    void decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st, std::span<float> k,
+                std::span<float> v, std::uint64_t pos);
 
 private:
     Config cfg_;
@@ -152,6 +170,8 @@ public:
     // dinp (N,C) written.
     void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   BlockActivations& a, BlockScratch& s, std::uint64_t N);
+    // One position: out (C) from x (C), through st's fch and fch_gelu.
+    void decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st);
 
 private:
     Config cfg_;
@@ -171,6 +191,9 @@ public:
     // first, filling `a` (and writing the output there).
     void backward(Context& c, std::span<float> dres, std::span<const float> inp, BlockActivations& a,
                   BlockScratch& s, std::uint64_t B, std::uint64_t T, std::span<float> recompute_out = {});
+    // One position through the block with the layer's cache (k, v).
+    void decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st, std::span<float> k,
+                std::span<float> v, std::uint64_t pos);
 
 private:
     Config cfg_;
@@ -216,6 +239,13 @@ public:
     double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
     // Activations::own as plan() made it (InternalError for another model's).
     static GPTBuffers& buffers(Activations& a) { return a.own_as<GPTBuffers>("GPT"); }
+
+    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const override;
+    std::uint64_t decode_bytes(std::uint64_t positions) const override;
+    void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                std::span<float> logits) override;
+    // A state as decode_state() made it (InternalError for another model's).
+    static GPTDecodeState& decode_buffers(DecodeState& s) { return family_part<GPTDecodeState>(&s, "GPT"); }
 
 private:
     Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;

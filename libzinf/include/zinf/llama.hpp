@@ -152,7 +152,7 @@ struct KVCache {
 
 // What the one-position forward keeps: the cache and one position's buffers
 // (its att (H, positions)), the rotation table for the positions.
-struct LlamaDecodeState {
+struct LlamaDecodeState : LanguageModel::DecodeState {
     KVCache cache;
     LlamaBlockActivations one;
     device::Array<float> x, out, norm, rstd, rope;
@@ -242,12 +242,13 @@ public:
     static LlamaBuffers& buffers(Activations& a) { return a.own_as<LlamaBuffers>("Llama"); }
 
     // The sampler's forward of one position, through the same blocks with a
-    // cache: `state` from decode_state(), `token` (1) device memory, logits (V).
-    using DecodeState = LlamaDecodeState;
-    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const;
-    static std::uint64_t decode_bytes(const Config& cfg, std::uint64_t positions);
+    // cache (its grouped-query heads' keys and values once per kv head).
+    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const override;
+    std::uint64_t decode_bytes(std::uint64_t positions) const override;
     void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
-                std::span<float> logits);
+                std::span<float> logits) override;
+    // A state as decode_state() made it (InternalError for another model's).
+    static LlamaDecodeState& decode_buffers(DecodeState& s) { return family_part<LlamaDecodeState>(&s, "Llama"); }
 
 private:
     Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;

@@ -213,6 +213,17 @@ std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t
 std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
                             device::Precision p = device::Precision::fp32);
 
+// A family's own part of a generic object (Activations::own, a
+// LanguageModel::DecodeState) as the family's type T: the one cast each
+// family's typed accessor makes (GPT::buffers, Llama::decode_buffers, ...);
+// InternalError naming `model` when another model made it.
+template <class T, class Base>
+T& family_part(Base* b, const char* model) {
+    auto* t = dynamic_cast<T*>(b);
+    if (!t) throw InternalError(std::string(model) + ": buffers made by another model");
+    return *t;
+}
+
 // Every buffer a training step needs, planned once for a Shape: here what
 // every family has (the tokens, the checkpoints, the logits and losses, the
 // residual's gradient); a family's own (its blocks' activations, their
@@ -245,13 +256,10 @@ struct Activations {
     // The buffer of checkpoint j (fp32 checkpoints): its own, or one of
     // three when offloading.
     std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
-    // `own` as family type B; InternalError naming `model` when another
-    // model planned these activations.
+    // `own` as family type B (family_part).
     template <class B>
     B& own_as(const char* model) {
-        auto* b = dynamic_cast<B*>(own.get());
-        if (!b) throw InternalError(std::string(model) + ": activations planned by another model");
-        return *b;
+        return family_part<B>(own.get(), model);
     }
 };
 
@@ -283,6 +291,25 @@ public:
     // embedding table), plus the causal attention's 6*C*T*(T+1) per row per
     // layer; no recomputation counted.
     virtual double flops_per_step(std::uint64_t B, std::uint64_t T) const = 0;
+
+    // The sampler's forward of one position with a key-value cache (every
+    // earlier position's keys and values kept per layer): the same modules,
+    // kernels and hooks as forward() on the one new row, so a token costs
+    // one position's forward. A family's state (its own type: its typed
+    // accessor) holds its cache and one position's buffers.
+    struct DecodeState {
+        virtual ~DecodeState() = default;
+    };
+    // A state for `positions` positions (1 to max_seq, else UsageError),
+    // its buffers taken from the device's arena now (OutOfMemory naming them).
+    virtual std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const = 0;
+    // The arena bytes decode_state(positions) takes, without allocating.
+    virtual std::uint64_t decode_bytes(std::uint64_t positions) const = 0;
+    // `token` (1, device memory) at position `pos` (below the state's
+    // positions, else UsageError): its keys and values join the cache, and
+    // logits (V, device memory) predict the next token. Enqueued on c.stream.
+    virtual void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                        std::span<float> logits) = 0;
 };
 
 // The model a Config describes: a GPT, or a Llama.

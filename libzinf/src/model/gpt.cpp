@@ -52,6 +52,17 @@ void Block::backward(Context& c, std::span<float> dres, std::span<const float> x
     ln_1_->backward(c, dres, s.dbtc, device::ConstView(x), a.ln1_mean, a.ln1_rstd, N);
 }
 
+void Block::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st,
+                   std::span<float> k, std::span<float> v, std::uint64_t pos) {
+    ForwardScope scope(c.engine, *this);
+    ln_1_->forward(c, st.ln, st.mean, st.rstd, x, 1);
+    attn_->decode(c, st.res2, st.ln, st, k, v, pos);
+    c.dev.accumulate(c.stream, st.res2, x);  // res2 = x + attn(ln_1(x))
+    ln_2_->forward(c, st.ln, st.mean, st.rstd, st.res2, 1);
+    mlp_->decode(c, out, st.ln, st);
+    c.dev.accumulate(c.stream, out, st.res2);  // out = res2 + mlp(ln_2(res2))
+}
+
 // ---------------------------------------------------------------------------
 LMHead::LMHead(ParamTable& t, std::size_t wte, const Config& cfg) : Module("lm_head"), cfg_(cfg), wte_(wte) {
     use_external(wte);
@@ -194,6 +205,71 @@ double GPT::flops_per_step(std::uint64_t B, std::uint64_t T) const {
     const double weights = static_cast<double>(table_.numel() - cfg_.max_seq * cfg_.hidden);
     return 6.0 * weights * N +
            6.0 * static_cast<double>(cfg_.layers * B * cfg_.hidden) * static_cast<double>(T) * static_cast<double>(T + 1);
+}
+
+// ---------------------------------------------------------------------------
+// The one-position forward (LanguageModel::decode): Block::forward's modules
+// and kernels on the row at position p, attention through attention_decode
+// over the layer's cache, where the row's key and value join rows 0..p-1.
+namespace {
+
+// Every buffer of a decoder of n positions, taken by f(count, what) in this
+// order (which allocates, or only counts the bytes).
+template <class F>
+void decode_plan(const Config& cfg, std::uint64_t n, GPTDecodeState& st, F&& f) {
+    const std::uint64_t C = cfg.hidden;
+    st.positions = n;
+    for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+        st.k.push_back(f(n * C, "key cache"));
+        st.v.push_back(f(n * C, "value cache"));
+    }
+    st.x = f(C, "x");
+    st.out = f(C, "block output");
+    st.res2 = f(C, "residual 2");
+    st.ln = f(C, "layernorm");
+    st.mean = f(1, "mean");
+    st.rstd = f(1, "rstd");
+    st.qkv = f(3 * C, "qkv");
+    st.atty = f(C, "attention output");
+    st.att = f(cfg.heads * n, "attention");
+    st.fch = f(4 * C, "fc");
+    st.fch_gelu = f(4 * C, "gelu");
+}
+
+}  // namespace
+
+std::uint64_t GPT::decode_bytes(std::uint64_t positions) const {
+    std::uint64_t bytes = 0;
+    GPTDecodeState none;
+    decode_plan(cfg_, positions, none, [&](std::uint64_t count, const char*) {
+        bytes += align_up(std::max<std::uint64_t>(count * 4, 1), mem::kArenaAlignment);
+        return device::Array<float>{};
+    });
+    return bytes;
+}
+
+std::unique_ptr<LanguageModel::DecodeState> GPT::decode_state(device::Device& dev, std::uint64_t positions) const {
+    if (positions == 0 || positions > cfg_.max_seq)
+        throw UsageError("the decoder's positions must be 1 to the model's " + std::to_string(cfg_.max_seq) +
+                         ", not " + std::to_string(positions));
+    auto st = std::make_unique<GPTDecodeState>();
+    decode_plan(cfg_, positions, *st, [&](std::uint64_t count, const char* what) { return dev.alloc<float>(count, what); });
+    return st;
+}
+
+void GPT::decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                 std::span<float> logits) {
+    GPTDecodeState& st = decode_buffers(state);
+    if (pos >= st.positions)
+        throw UsageError("the decoder's " + std::to_string(st.positions) + " positions are all used");
+    ForwardScope scope(c.engine, *this);
+    embed_->forward(c, st.x, token, 1, 1, pos);  // x = wte[token] + wpe[pos]
+    for (std::uint64_t l = 0; l < cfg_.layers; ++l) {
+        blocks_[l]->decode(c, st.out, st.x, st, st.k[l], st.v[l], pos);
+        std::swap(st.x, st.out);
+    }
+    ln_f_->forward(c, st.ln, st.mean, st.rstd, st.x, 1);
+    head_->forward(c, logits, st.ln, 1);
 }
 
 }  // namespace zinf::model

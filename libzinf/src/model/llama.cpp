@@ -734,20 +734,20 @@ void decode_plan(const Config& cfg, u64 n, F&& f) {
 
 }  // namespace
 
-std::uint64_t Llama::decode_bytes(const Config& cfg, u64 positions) {
+std::uint64_t Llama::decode_bytes(u64 positions) const {
     u64 bytes = 0;
-    decode_plan(cfg, positions, [&](u64 count, const char*) {
+    decode_plan(cfg_, positions, [&](u64 count, const char*) {
         bytes += align_up(std::max<u64>(count * 4, 1), mem::kArenaAlignment);
         return device::Array<float>{};
     });
     return bytes;
 }
 
-std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64 positions) const {
+std::unique_ptr<LanguageModel::DecodeState> Llama::decode_state(device::Device& dev, u64 positions) const {
     if (positions == 0 || positions > cfg_.max_seq)
         throw UsageError("the decoder's positions must be 1 to the model's " + std::to_string(cfg_.max_seq) +
                          ", not " + std::to_string(positions));
-    auto st = std::make_unique<DecodeState>();
+    auto st = std::make_unique<LlamaDecodeState>();
     auto f = [&](u64 count, const char* what) { return dev.alloc<float>(count, what); };
     st->cache.positions = positions;
     for (u64 l = 0; l < cfg_.layers; ++l) {
@@ -768,8 +768,9 @@ std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64
     return st;
 }
 
-void Llama::decode(Context& c, DecodeState& st, std::span<const std::int32_t> token, u64 pos,
+void Llama::decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, u64 pos,
                    std::span<float> logits) {
+    LlamaDecodeState& st = decode_buffers(state);
     if (pos >= st.cache.positions)
         throw UsageError("the decoder's " + std::to_string(st.cache.positions) + " positions are all used");
     ForwardScope scope(c.engine, *this);

@@ -120,9 +120,24 @@ Embedding::Embedding(ParamTable& t, const Config& cfg) : Module("embedding"), cf
 
 void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
                         std::uint64_t T) {
+    forward(c, out, tokens, B, T, 0);
+}
+
+namespace {
+
+// `v` past its first `n` elements, in its own element type.
+device::ConstView skip(const device::ConstView& v, std::size_t n) {
+    if (v.is_bf16()) return v.span<std::uint16_t>().subspan(n);
+    return v.span<float>().subspan(n);
+}
+
+}  // namespace
+
+void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
+                        std::uint64_t T, std::uint64_t first) {
     ForwardScope scope(c.engine, *this);
-    c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, wte_), c.engine.stored(*this, wpe_), B, T,
-                            cfg_.hidden, cfg_.vocab);
+    c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, wte_),
+                            skip(c.engine.stored(*this, wpe_), first * cfg_.hidden), B, T, cfg_.hidden, cfg_.vocab);
 }
 
 void Embedding::backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens,
@@ -175,6 +190,19 @@ void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<
     c_attn_->backward(c, dinp, s.dqkv, inp, N);
 }
 
+void CausalSelfAttention::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st,
+                                 std::span<float> k, std::span<float> v, std::uint64_t pos) {
+    ForwardScope scope(c.engine, *this);
+    const std::uint64_t C = cfg_.hidden, NH = cfg_.heads;
+    const std::span<float> qkv = st.qkv;
+    c_attn_->forward(c, qkv, x, 1);  // (3C)
+    c.dev.copy(c.stream, std::as_writable_bytes(k.subspan(pos * C, C)), std::as_bytes(qkv.subspan(C, C)));
+    c.dev.copy(c.stream, std::as_writable_bytes(v.subspan(pos * C, C)), std::as_bytes(qkv.subspan(2 * C, C)));
+    c.dev.attention_decode(c.stream, st.atty, st.att.span().first(NH * (pos + 1)), qkv.first(C),
+                           k.first((pos + 1) * C), v.first((pos + 1) * C), pos + 1, C, NH);
+    c_proj_->forward(c, out, st.atty, 1);  // (C)
+}
+
 // ---------------------------------------------------------------------------
 MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
     c_fc_ = make_linear(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
@@ -206,6 +234,13 @@ void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dou
     else
         c.dev.gelu_backward(c.stream, s.dbt4c, a.fch.f32.span(), s.dbt4c);
     c_fc_->backward(c, dinp, s.dbt4c, inp, N);
+}
+
+void MLP::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st) {
+    ForwardScope scope(c.engine, *this);
+    c_fc_->forward(c, st.fch, x, 1);  // (4C)
+    c.dev.gelu_forward(c.stream, st.fch_gelu.span(), st.fch.span());
+    c_proj_->forward(c, out, st.fch_gelu, 1);  // (C)
 }
 
 }  // namespace zinf::model
