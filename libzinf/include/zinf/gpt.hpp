@@ -13,8 +13,9 @@
 //
 // Parameter names, shapes and order are exactly zinf-shard's (shard::tensors):
 // wte.weight (V,C), wpe.weight (maxT,C), h.<l>.ln_1.weight (C), ... ln_f.bias,
-// with linear weights (in, out) as GPT-2's Conv1D and, with a tile factor,
-// split by output columns into "<name>.tile<k>".
+// with linear weights (in, out) as GPT-2's Conv1D (model.hpp's Linear,
+// Layout::in_out) and, with a tile factor, split by output columns into
+// "<name>.tile<k>".
 #pragma once
 
 #include <zinf/model.hpp>
@@ -26,52 +27,6 @@
 #include <vector>
 
 namespace zinf::model {
-
-// ---------------------------------------------------------------------------
-// Linear: out (N,out) = inp (N,in) @ W (in,out) [+ b (out)].
-// inp is stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-class LinearBase : public Module {
-public:
-    using Module::Module;
-    virtual void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) = 0;
-    // dinp (N,in) written; the weight's (and bias's) gradient added to.
-    virtual void backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                          const device::ConstView& inp, std::uint64_t N) = 0;
-    std::uint64_t in = 0, out = 0;
-};
-
-class Linear : public LinearBase {
-public:
-    // name "h.0.attn.c_attn": declares <name>.weight (in,out) and <name>.bias (out).
-    Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out);
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  std::uint64_t N) override;
-
-private:
-    std::size_t w_ = 0, b_ = 0;
-};
-
-// The same function as Linear computed tile by tile: tile k is its own module
-// ("<name>.tile<k>") with its own parameter <name>.weight.tile<k> (in, c1-c0)
-// holding output columns [c0, c1), so an engine can fetch one tile at a time
-// (memory-centric tiling, paper §5.1.3). The bias stays whole.
-class TiledLinear : public LinearBase {
-public:
-    TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
-    ~TiledLinear() override;
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  std::uint64_t N) override;
-
-private:
-    struct Tile;
-    std::vector<std::unique_ptr<Tile>> tiles_;
-    std::size_t b_ = 0;
-};
-
-std::unique_ptr<LinearBase> make_linear(ParamTable& t, const std::string& name, std::uint64_t in,
-                                        std::uint64_t out, unsigned tiles);
 
 class LayerNorm : public Module {
 public:
@@ -159,7 +114,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<LinearBase> c_attn_, c_proj_;
+    std::unique_ptr<Linear> c_attn_, c_proj_;
 };
 
 class MLP : public Module {
@@ -175,7 +130,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<LinearBase> c_fc_, c_proj_;
+    std::unique_ptr<Linear> c_fc_, c_proj_;
 };
 
 // Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).

@@ -37,34 +37,6 @@ std::vector<double> rope_frequencies(const Config& cfg);
 // double and rounded once.
 std::vector<float> rope_table(const Config& cfg, std::uint64_t positions);
 
-// A linear layer, its weight (out, in) as torch keeps it: y (N,out) = x
-// (N,in) @ W^T, + b (out) with `bias` (a Qwen2's q, k and v; "<name>.bias",
-// whole, this module's). With tiles > 1, tile k is a module of its own,
-// "<name>.tile<k>", with the parameter "<name>.weight.tile<k>" holding output
-// rows [tile_first(out,k), tile_first(out,k+1)) (shard::tile_name).
-class RowLinear : public Module {
-public:
-    RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles,
-              bool bias = false);
-    ~RowLinear() override;
-    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
-    // dx (N,in) written, or added to with `accumulate`; the weight's gradient added to.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                  std::uint64_t N, bool accumulate = false);
-    std::uint64_t in = 0, out = 0;
-    // Untiled, the one parameter (its weight); tiled, each tile has its own.
-    bool tiled() const { return tiles_.front() != nullptr; }
-    std::size_t weight_param() const { return w_whole_; }
-    bool has_bias() const { return b_.has_value(); }
-
-private:
-    struct Tile;
-    std::vector<std::unique_ptr<Tile>> tiles_;  // one nullptr when untiled
-    std::size_t w_whole_ = 0;                  // the weight, untiled
-    std::optional<std::size_t> b_;             // the bias, if any
-};
-
 class RMSNorm : public Module {
 public:
     RMSNorm(ParamTable& t, const std::string& name, std::uint64_t C, float eps);
@@ -179,7 +151,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<RowLinear> q_, k_, v_, o_;
+    std::unique_ptr<Linear> q_, k_, v_, o_;
 };
 
 class LlamaMLP : public Module {
@@ -196,7 +168,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<RowLinear> gate_, up_, down_;
+    std::unique_ptr<Linear> gate_, up_, down_;
 };
 
 // x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -136,6 +137,41 @@ public:
 private:
     ParamEngine& e_;
     const Module& m_;
+};
+
+// ---------------------------------------------------------------------------
+// A linear layer: y (N,out) = x (N,in) @ W (+ b (out)), its weight as its
+// family stores it: GPT-2's Conv1D, (in, out), or torch's nn.Linear, (out,
+// in) (y = x @ W^T). With tiles > 1 the weight is split along its outputs
+// (memory-centric tiling, paper §5.1.3): tile k is a module of its own,
+// "<name>.tile<k>", with its own parameter "<name>.weight.tile<k>" holding
+// outputs [tile_first(out,k), tile_first(out,k+1)) (Conv1D's columns,
+// nn.Linear's rows: shard::tile_name, as zinf-shard lays them out), so an
+// engine can fetch one tile at a time. The bias stays whole, this module's.
+class Linear : public Module {
+public:
+    enum class Layout { in_out, out_in };
+    Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles, Layout layout,
+           bool bias);
+    ~Linear() override;
+    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
+    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
+    // dx (N,in) written, or added to with `accumulate`; the weight's (and
+    // bias's) gradient added to.
+    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
+                  std::uint64_t N, bool accumulate = false);
+    std::uint64_t in = 0, out = 0;
+    bool tiled() const { return !tiles_.empty(); }
+    // The one weight of an untiled layer (InternalError when tiled: each tile has its own).
+    std::size_t weight_param() const;
+    bool has_bias() const { return b_.has_value(); }
+
+private:
+    struct Tile;
+    Layout layout_;
+    std::vector<std::unique_ptr<Tile>> tiles_;  // none when untiled
+    std::size_t w_whole_ = 0;                  // the weight, untiled
+    std::optional<std::size_t> b_;             // the bias, if any
 };
 
 // An activation a block keeps for its backward, stored fp32 or bf16

@@ -56,74 +56,6 @@ std::vector<float> rope_table(const Config& cfg, u64 positions) {
 }
 
 // ---------------------------------------------------------------------------
-struct RowLinear::Tile : Module {
-    Tile(ParamTable& t, const std::string& weight, const std::string& module, u64 in, u64 r0_, u64 r1_)
-        : Module(module), r0(r0_), r1(r1_) {
-        w = declare(t, weight, {r1 - r0, in});
-    }
-    u64 r0, r1;
-    std::size_t w;
-};
-
-RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, unsigned tiles, bool bias)
-    : Module(name) {
-    in = in_;
-    out = out_;
-    if (tiles <= 1) {
-        // Untiled: the one tile is this module itself (see forward).
-        tiles_.push_back(nullptr);
-        w_whole_ = declare(t, name + ".weight", {out, in});
-    } else {
-        for (unsigned k = 0; k < tiles; ++k)
-            tiles_.push_back(std::make_unique<Tile>(t, shard::tile_name(name + ".weight", k),
-                                                    shard::tile_name(name, k), in, shard::tile_first(out, k, tiles),
-                                                    shard::tile_first(out, k + 1, tiles)));
-    }
-    if (bias) b_ = declare(t, name + ".bias", {out});
-}
-
-RowLinear::~RowLinear() = default;
-
-void RowLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, u64 N) {
-    ForwardScope scope(c.engine, *this);
-    if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
-        c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
-    } else {
-        for (auto& tp : tiles_) {
-            Tile& t = *tp;
-            ForwardScope tile_scope(c.engine, t);
-            // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
-            c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-                   c.engine.stored(t, t.w), y.subspan(t.r0));
-        }
-    }
-    if (b_) c.dev.bias_add(c.stream, y, c.engine.weight(*this, *b_), N, out);
-}
-
-void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x, u64 N,
-                         bool accumulate) {
-    BackwardScope scope(c.engine, *this);
-    if (b_) c.dev.bias_backward(c.stream, c.engine.grad(*this, *b_), dy, N, out);  // db += sum over rows of dy
-    if (!tiles_[0]) {
-        // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
-        c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
-               c.engine.stored(*this, w_whole_), dx);
-        c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
-               c.engine.grad(*this, w_whole_));
-        return;
-    }
-    for (std::size_t k = 0; k < tiles_.size(); ++k) {
-        Tile& t = *tiles_[k];
-        BackwardScope tile_scope(c.engine, t);
-        const u64 w = t.r1 - t.r0;
-        c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
-               dy.subspan(t.r0), c.engine.stored(t, t.w), dx);
-        c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
-               c.engine.grad(t, t.w));
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Projections of one input (q, k and v; gate and up) as one GEMM each of
 // three ways: their product x @ [W_1; W_2; ...]^T, the input's gradient
 // [dy_1 dy_2 ...] @ [W_1; W_2; ...] and their weights' gradients [dy_1
@@ -151,13 +83,13 @@ struct Joined {
     std::span<float> g;
 };
 
-std::optional<Joined> adjacent(Context& c, std::initializer_list<RowLinear*> parts) {
+std::optional<Joined> adjacent(Context& c, std::initializer_list<Linear*> parts) {
     auto* resident = dynamic_cast<zero::ResidentEngine*>(&c.engine);
     if (!resident) return std::nullopt;
     const float* w_end = nullptr;
     float* g_end = nullptr;
     Joined j;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         const auto w = resident->values(p->weight_param());
         const auto g = resident->gradient(p->weight_param());
         if (!w_end) {
@@ -172,9 +104,9 @@ std::optional<Joined> adjacent(Context& c, std::initializer_list<RowLinear*> par
     return Joined{{j.w.data(), w_end}, {j.g.data(), g_end}};
 }
 
-u64 outs(std::initializer_list<RowLinear*> parts) {
+u64 outs(std::initializer_list<Linear*> parts) {
     u64 n = 0;
-    for (const RowLinear* p : parts) n += p->out;
+    for (const Linear* p : parts) n += p->out;
     return n;
 }
 
@@ -202,8 +134,8 @@ std::array<std::span<E>, 3> qkv_parts(const Config& cfg, std::span<E> qkv) {
 template <class Scope>
 class Nested {
 public:
-    Nested(ParamEngine& e, std::initializer_list<RowLinear*> parts) {
-        for (RowLinear* p : parts) held_.push_back(std::make_unique<Scope>(e, *p));
+    Nested(ParamEngine& e, std::initializer_list<Linear*> parts) {
+        for (Linear* p : parts) held_.push_back(std::make_unique<Scope>(e, *p));
     }
     ~Nested() noexcept(false) {
         while (!held_.empty()) held_.pop_back();
@@ -215,21 +147,21 @@ private:
 
 // Whether the group runs as one GEMM: the config's rule, for parts without
 // biases (a Qwen2's q, k and v run a GEMM and a bias each).
-bool joined(const Config& cfg, std::initializer_list<RowLinear*> parts) {
+bool joined(const Config& cfg, std::initializer_list<Linear*> parts) {
     return joined_projections(cfg, outs(parts)) &&
-           std::none_of(parts.begin(), parts.end(), [](const RowLinear* p) { return p->has_bias(); });
+           std::none_of(parts.begin(), parts.end(), [](const Linear* p) { return p->has_bias(); });
 }
 
 // ys[i] (N, out_i) = x (N,in) @ W_i^T. Joined (`s` given and the group
 // `joined`): one GEMM into `rows` (N, sum of outs), each y's columns copied
 // out; otherwise each part's forward.
-void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+void project(Context& c, const Config& cfg, std::initializer_list<Linear*> parts,
              std::initializer_list<std::span<float>> ys, const device::ConstView& x, u64 N, LlamaScratch* s,
              std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* y = ys.begin();
     if (!s || !joined(cfg, parts)) {
-        for (RowLinear* p : parts) p->forward(c, *y++, x, N);
+        for (Linear* p : parts) p->forward(c, *y++, x, N);
         return;
     }
     const Gemm g{.tb = true, .m = N, .n = J, .k = in};
@@ -238,7 +170,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
         c.gemm(g, x, device::ConstView(j->w), rows);
     } else {
         u64 at = 0;
-        for (RowLinear* p : parts) {
+        for (Linear* p : parts) {
             ForwardScope scope(c.engine, *p);
             const auto w = c.engine.stored(*p, p->weight_param());
             c.to_f32(s->joined.span().subspan(at * in, w.size()), w);
@@ -247,7 +179,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
         c.gemm(g, x, device::ConstView(s->joined.span().first(J * in)), rows);
     }
     u64 at = 0;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         c.dev.copy_rows(c.stream, *y++, p->out, rows.subspan(at), J, N, p->out);
         at += p->out;
     }
@@ -262,21 +194,21 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
 // from the copies. Otherwise each part's backward, dx summed over them;
 // always so without `rows` (a group kept bf16, whose forward ran a GEMM
 // each: LlamaBlockActivations).
-void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+void project_backward(Context& c, const Config& cfg, std::initializer_list<Linear*> parts,
                       std::initializer_list<std::span<const float>> dys, std::span<float> dx,
                       const device::ConstView& x, u64 N, LlamaScratch& s, std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* dy = dys.begin();
     if (rows.empty() || !joined(cfg, parts)) {
         bool accumulate = false;
-        for (RowLinear* p : parts) {
+        for (Linear* p : parts) {
             p->backward(c, dx, *dy++, x, N, accumulate);
             accumulate = true;
         }
         return;
     }
     u64 at = 0;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         c.dev.copy_rows(c.stream, rows.subspan(at), J, *dy++, p->out, N, p->out);
         at += p->out;
     }
@@ -291,7 +223,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
     c.dev.zero(c.stream, g);
     c.gemm(dw, rows, x, g);
     at = 0;
-    for (RowLinear* p : parts) {
+    for (Linear* p : parts) {
         BackwardScope scope(c.engine, *p);
         c.to_f32(w.subspan(at * in, p->out * in), c.engine.stored(*p, p->weight_param()));
         c.dev.accumulate(c.stream, c.engine.grad(*p, p->weight_param()), g.subspan(at * in, p->out * in));
@@ -331,12 +263,22 @@ void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float>
 }
 
 // ---------------------------------------------------------------------------
+namespace {
+
+// The Llama's linear layers: torch's (out, in) weight, a bias where asked (a Qwen2's q, k and v).
+std::unique_ptr<Linear> torch_linear(ParamTable& t, const std::string& name, u64 in, u64 out, unsigned tiles,
+                                     bool bias = false) {
+    return std::make_unique<Linear>(t, name, in, out, tiles, Linear::Layout::out_in, bias);
+}
+
+}  // namespace
+
 LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
     const u64 C = cfg.hidden, hd = cfg.head_dim();
-    q_ = std::make_unique<RowLinear>(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile, cfg.qkv_bias());
-    k_ = std::make_unique<RowLinear>(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
-    v_ = std::make_unique<RowLinear>(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
-    o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
+    q_ = torch_linear(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile, cfg.qkv_bias());
+    k_ = torch_linear(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
+    v_ = torch_linear(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
+    o_ = torch_linear(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
 }
 
 void LlamaAttention::forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a,
@@ -405,9 +347,9 @@ void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const fl
 
 // ---------------------------------------------------------------------------
 LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
-    gate_ = std::make_unique<RowLinear>(t, name + ".gate_proj", cfg.hidden, cfg.ffn, cfg.tile);
-    up_ = std::make_unique<RowLinear>(t, name + ".up_proj", cfg.hidden, cfg.ffn, cfg.tile);
-    down_ = std::make_unique<RowLinear>(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
+    gate_ = torch_linear(t, name + ".gate_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    up_ = torch_linear(t, name + ".up_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    down_ = torch_linear(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
 }
 
 // Kept bf16, gate and up are made a GEMM each in the staging and rounded

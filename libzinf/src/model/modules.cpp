@@ -1,95 +1,11 @@
-// GPT-2's modules below the block (gpt.hpp): Linear and TiledLinear,
-// LayerNorm, Embedding, attention and MLP. Every forward and backward runs
+// GPT-2's modules below the block (gpt.hpp): LayerNorm, Embedding,
+// attention and MLP (their linear layers model.hpp's Linear). Every forward and backward runs
 // between the engine's hooks and reaches its parameters through the engine.
 #include <zinf/gpt.hpp>
 
 namespace zinf::model {
 
 using device::Gemm;
-
-// ---------------------------------------------------------------------------
-Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_) : LinearBase(name) {
-    in = in_;
-    out = out_;
-    w_ = declare(t, name + ".weight", {in, out});
-    b_ = declare(t, name + ".bias", {out});
-}
-
-void Linear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
-    ForwardScope scope(c.engine, *this);
-    // y (N,out) = x (N,in) @ W (in,out) + b
-    c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_), y);
-    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
-}
-
-void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                      std::uint64_t N) {
-    BackwardScope scope(c.engine, *this);
-    // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
-    c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.stored(*this, w_), dx);
-    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::ConstView(dy),
-           c.engine.grad(*this, w_));
-    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
-}
-
-// One tile: a module of its own, so the engine's hooks see it alone.
-struct TiledLinear::Tile : Module {
-    Tile(ParamTable& t, const std::string& name, unsigned k, std::uint64_t in, std::uint64_t c0_, std::uint64_t c1_)
-        : Module(shard::tile_name(name, k)), c0(c0_), c1(c1_) {
-        w = declare(t, shard::tile_name(name + ".weight", k), {in, c1 - c0});
-    }
-    std::uint64_t c0, c1;
-    std::size_t w;
-};
-
-TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_,
-                         unsigned tiles)
-    : LinearBase(name) {
-    in = in_;
-    out = out_;
-    // The column split zinf-shard uses: tile k holds [out*k/tiles, out*(k+1)/tiles).
-    for (unsigned k = 0; k < tiles; ++k)
-        tiles_.push_back(std::make_unique<Tile>(t, name, k, in, shard::tile_first(out, k, tiles),
-                                                shard::tile_first(out, k + 1, tiles)));
-    b_ = declare(t, name + ".bias", {out});
-}
-
-TiledLinear::~TiledLinear() = default;
-
-void TiledLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
-    ForwardScope scope(c.engine, *this);
-    for (auto& tp : tiles_) {
-        Tile& t = *tp;
-        ForwardScope tile_scope(c.engine, t);
-        // y[:, c0:c1] (N,w) = x (N,in) @ W_k (in,w), rows of y `out` apart
-        const std::uint64_t w = t.c1 - t.c0;
-        c.gemm(Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.stored(t, t.w),
-               y.subspan(t.c0));
-    }
-    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
-}
-
-void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                           std::uint64_t N) {
-    BackwardScope scope(c.engine, *this);
-    for (std::size_t k = 0; k < tiles_.size(); ++k) {
-        Tile& t = *tiles_[k];
-        BackwardScope tile_scope(c.engine, t);
-        const std::uint64_t w = t.c1 - t.c0;
-        // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
-        c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
-               dy.subspan(t.c0), c.engine.stored(t, t.w), dx);
-        c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x,
-               device::ConstView(dy.subspan(t.c0)), c.engine.grad(t, t.w));
-    }
-    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
-}
-
-std::unique_ptr<LinearBase> make_linear(ParamTable& t, const std::string& name, std::uint64_t in,
-                                        std::uint64_t out, unsigned tiles) {
-    if (tiles <= 1) return std::make_unique<Linear>(t, name, in, out);
-    return std::make_unique<TiledLinear>(t, name, in, out, tiles);
-}
 
 // ---------------------------------------------------------------------------
 LayerNorm::LayerNorm(ParamTable& t, const std::string& name, std::uint64_t C) : Module(name), C_(C) {
@@ -148,10 +64,20 @@ void Embedding::backward(Context& c, std::span<const float> dout, std::span<cons
 }
 
 // ---------------------------------------------------------------------------
+namespace {
+
+// GPT-2's linear layers: Conv1D's (in, out) weight, a bias.
+std::unique_ptr<Linear> conv1d(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out,
+                               unsigned tiles) {
+    return std::make_unique<Linear>(t, name, in, out, tiles, Linear::Layout::in_out, true);
+}
+
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg)
     : Module(name), cfg_(cfg) {
-    c_attn_ = make_linear(t, name + ".c_attn", cfg.hidden, 3 * cfg.hidden, cfg.tile);
-    c_proj_ = make_linear(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
+    c_attn_ = conv1d(t, name + ".c_attn", cfg.hidden, 3 * cfg.hidden, cfg.tile);
+    c_proj_ = conv1d(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
 }
 
 void CausalSelfAttention::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
@@ -205,8 +131,8 @@ void CausalSelfAttention::decode(Context& c, std::span<float> out, std::span<con
 
 // ---------------------------------------------------------------------------
 MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
-    c_fc_ = make_linear(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
-    c_proj_ = make_linear(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
+    c_fc_ = conv1d(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
+    c_proj_ = conv1d(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
 }
 
 // Kept bf16, the GELU reads its input as kept (rounded) in both passes.
