@@ -25,7 +25,7 @@ layers_of() {
 module_of() {
   case $1 in
   kernels) REPLY=device ;;
-  llama) REPLY=model ;;
+  gpt | llama) REPLY=model ;;
   family) REPLY=shard ;;
   options) REPLY=cli ;;
   *) REPLY=$1 ;;

@@ -33,6 +33,7 @@
 #include <zinf/comm.hpp>
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 #include <zinf/shard.hpp>
 #include <zinf/train.hpp>

@@ -14,6 +14,7 @@
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 #include <zinf/train.hpp>
 

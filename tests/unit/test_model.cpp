@@ -1,7 +1,7 @@
 // Unit tests of libzinf model and train: the GPT against PyTorch
 // (tests/data/gpt_tiny.ref, written by scripts/gen_reference.py from weights
 // zinf-shard made): logits, loss, every gradient and ten AdamW steps; then
-// TiledLinear against Linear, activation checkpointing against keeping every
+// a tiled Linear against an untiled one, activation checkpointing against keeping every
 // activation, the engine hooks' order, and the engine's refusal of a
 // parameter a module did not register.
 #define BOOST_TEST_MODULE model
@@ -9,6 +9,7 @@
 
 #include <zinf/data.hpp>
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 #include <zinf/train.hpp>
 

@@ -10,6 +10,7 @@
 #include "optimizer_fixture.hpp"
 
 #include <zinf/device.hpp>
+#include <zinf/gpt.hpp>
 #include <zinf/model.hpp>
 
 #include <unistd.h>
@@ -98,7 +99,10 @@ BOOST_AUTO_TEST_CASE(cached_forward_equals_full_forward_at_every_position) {
             const std::uint64_t T = gpt.config().max_seq, V = gpt.config().vocab;
             const auto tokens = random_tokens(s + 1, V, T);
             const auto full = full_logits(*dev, gpt, eng, tokens);
+            const std::uint64_t arena_before = dev->arena().stats().used;
             sample::Decoder dec(gpt, *dev, T);
+            // Its buffers are the arena bytes it says it takes.
+            BOOST_TEST(dev->arena().stats().used - arena_before == sample::Decoder::device_bytes(gpt, T));
             const auto cached = cached_logits(*dev, dec, {eng, {}, {}, {}}, tokens);
             BOOST_REQUIRE_EQUAL(dec.position(), T);
             double worst = 0, spread = 0;

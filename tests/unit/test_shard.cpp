@@ -6,6 +6,8 @@
 #define BOOST_TEST_MODULE shard
 #include "shard_testing.hpp"
 
+#include <zinf/family.hpp>
+
 using namespace zinf;
 using namespace zinf::shard;
 using namespace zinf::testing;
@@ -16,23 +18,42 @@ namespace fs = std::filesystem;
 BOOST_AUTO_TEST_SUITE(model)
 
 BOOST_AUTO_TEST_CASE(presets_parse_and_count_exactly) {
+    // Every family's presets: a name reads as its entry's spec, in that family.
     std::set<std::string> names;
-    for (const Preset& p : presets()) {
-        BOOST_TEST(names.insert(p.name).second, "preset " << p.name << " twice");
-        const ModelSpec s = ModelSpec::parse(p.name);
-        BOOST_TEST(s.layers == p.layers);
-        BOOST_TEST(s.hidden == p.hidden);
-        BOOST_TEST(s.heads == p.heads);
-        BOOST_TEST(s.vocab == 50257u);
-        BOOST_TEST(s.seq == 1024u);
-        BOOST_TEST(s.preset == p.name);
-        BOOST_TEST(s.hidden % s.heads == 0u, p.name);
-        // The canonical explicit form names the same model (and no preset).
-        const ModelSpec back = ModelSpec::parse(s.to_string());
-        BOOST_TEST((back == s), p.name << ": " << s.to_string());
-        BOOST_TEST(back.preset.empty());
+    std::size_t gpt = 0;
+    for (const Family& f : families())
+        for (const Preset& p : f.presets) {
+            BOOST_TEST(names.insert(p.name).second, "preset " << p.name << " twice");
+            const ModelSpec s = ModelSpec::parse(p.name);
+            BOOST_TEST((s == ModelSpec::parse(p.spec)), p.name << ": " << p.spec);
+            BOOST_TEST((s.arch == f.arch), p.name << " is not in its family " << f.name);
+            BOOST_TEST(std::string_view(p.spec).starts_with(std::string(f.name) + ":"), p.spec);
+            BOOST_TEST(s.preset == p.name);
+            BOOST_TEST(s.hidden % s.heads == 0u, p.name);
+            // The canonical explicit form names the same model (and no preset).
+            const ModelSpec back = ModelSpec::parse(s.to_string());
+            BOOST_TEST((back == s), p.name << ": " << s.to_string());
+            BOOST_TEST(back.preset.empty());
+            if (f.arch != Arch::gpt) continue;
+            ++gpt;
+            BOOST_TEST(s.vocab == 50257u);
+            BOOST_TEST(s.seq == 1024u);
+        }
+    BOOST_TEST(gpt == 20u);
+    BOOST_TEST(names.size() == 25u);
+    // gpt2-124m is gpt:layers=12,hidden=768,heads=12; qwen2.5-0.5b a Qwen2.
+    const ModelSpec small = ModelSpec::parse("gpt2-124m");
+    BOOST_TEST(small.layers == 12u);
+    BOOST_TEST(small.hidden == 768u);
+    BOOST_TEST(small.heads == 12u);
+    BOOST_TEST((ModelSpec::parse("qwen2.5-0.5b").arch == Arch::qwen2));
+    BOOST_TEST((ModelSpec::parse("smollm-135m").arch == Arch::llama));
+    // The refusal of an unknown name lists every family's form and preset.
+    const std::string msg = what_of<UsageError>([] { (void)ModelSpec::parse("gpt3"); }, "gpt3");
+    for (const Family& f : families()) {
+        BOOST_TEST(contains(msg, std::string(f.name) + ":" + f.keys), msg);
+        for (const Preset& p : f.presets) BOOST_TEST(contains(msg, p.name), msg);
     }
-    BOOST_TEST(names.size() == 20u);
     BOOST_TEST(ModelSpec::parse("gpt2-124m").parameters() == 124439808u);
     BOOST_TEST(ModelSpec::parse("gpt2-350m").parameters() == 354823168u);
     BOOST_TEST(ModelSpec::parse("gpt2-1.5b").parameters() == 1557611200u);
@@ -134,16 +155,16 @@ BOOST_AUTO_TEST_CASE(paper_configurations_against_their_labels) {
     std::ostringstream table;
     table << "# preset        layers  hidden  label        12*L*h^2   diff\n";
     std::size_t seen = 0;
-    for (const Preset& p : presets()) {
+    for (const Preset& p : family(Arch::gpt).presets) {
         if (!std::string_view(p.name).starts_with("paper-")) continue;
         ++seen;
         const ModelSpec s = ModelSpec::parse(p.name);
         const std::uint64_t label = parse_label(p.label), est = s.paper_estimate();
-        BOOST_TEST(est == 12 * p.layers * p.hidden * p.hidden);
+        BOOST_TEST(est == 12 * s.layers * s.hidden * s.hidden);
         const double diff = (static_cast<double>(est) - static_cast<double>(label)) / static_cast<double>(label);
         char row[160];
         std::snprintf(row, sizeof row, "%-14s %7llu %7llu  %-6s %15llu %+6.2f%%\n", p.name,
-                      static_cast<unsigned long long>(p.layers), static_cast<unsigned long long>(p.hidden), p.label,
+                      static_cast<unsigned long long>(s.layers), static_cast<unsigned long long>(s.hidden), p.label,
                       static_cast<unsigned long long>(est), 100 * diff);
         table << row;
         BOOST_TEST((agree.count(p.name) + off.count(p.name) == 1u), p.name << " is in neither list (or both)");

@@ -1,8 +1,8 @@
 // zinf family: a model family, declared once. What zinf-shard, zinf-plan and
 // the trainer's bench ask of a spec beyond its sizes (how its explicit form
 // reads and prints, its parameters, its tensors, how finely it tiles, its
-// block in the paper's terms, its checkpoints' layout) they ask of its
-// family here, never of its architecture by name. A new family is its
+// block in the paper's terms, its checkpoints' layout, its presets) they ask
+// of its family here, never of its architecture by name. A new family is its
 // entry in the table (shard/model.cpp), its spec's reader and tensors, its
 // modules (zinf/llama.hpp's are Llama's and Qwen2's; model::make_model
 // builds the set its entry names) and its tests.
@@ -28,17 +28,23 @@ struct BlockWeights {
     std::uint64_t weights = 0, largest = 0, activations = 0, not_recomputed = 0;
 };
 
-// The modules a family is built of (model::make_model): model.hpp's GPT, or
+// The modules a family is built of (model::make_model): gpt.hpp's GPT, or
 // llama.hpp's Llama (RMSNorm, rotary, grouped-query attention, SwiGLU).
 enum class Modules { gpt, llama };
 
 struct Family {
     Arch arch;
     const char* name;  // the explicit spec's prefix ("llama" for "llama:..."), arch_name's
-    // The explicit form read (`text` starts "<name>:"; UsageError) and
-    // written, the exact parameter count, the tensors in execution order
-    // and how many (shard::tensors, shard::tensor_count).
-    ModelSpec (*parse)(std::string_view text);
+    const char* keys;  // its keys, as the usage message shows them: "layers=L,hidden=C,..."
+    // Its named models: ModelSpec::parse reads a preset's name as its spec
+    // (`--model gpt2-124m` is gpt:layers=12,hidden=768,heads=12).
+    std::span<const Preset> presets;
+    // The explicit form read (`text` starts "<name>:"; UsageError) as this
+    // family's (`f`: this entry; a reader several families share takes its
+    // architecture and prefix from it) and written, the exact parameter
+    // count, the tensors in execution order and how many (shard::tensors,
+    // shard::tensor_count).
+    ModelSpec (*parse)(const Family& f, std::string_view text);
     std::string (*to_string)(const ModelSpec& s);
     std::uint64_t (*parameters)(const ModelSpec& s);
     std::uint64_t (*tensor_count)(const ModelSpec& s, unsigned tile);

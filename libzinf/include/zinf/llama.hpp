@@ -1,6 +1,6 @@
 // zinf llama: the Llama family (Llama 2 and 3, SmolLM, TinyLlama, Mistral's
 // shape, and Qwen2's) as modules declared to the same engine as the GPT
-// (model.hpp): RMSNorm, rotary position embeddings ("rotate half", with
+// (model.hpp, gpt.hpp): RMSNorm, rotary position embeddings ("rotate half", with
 // Llama 3's frequency scaling), grouped-query attention, a SwiGLU MLP, no
 // biases but a Qwen2's on q, k and v, the output head tied to the embedding
 // or its own. Parameter names and shapes
@@ -37,34 +37,6 @@ std::vector<double> rope_frequencies(const Config& cfg);
 // double and rounded once.
 std::vector<float> rope_table(const Config& cfg, std::uint64_t positions);
 
-// A linear layer, its weight (out, in) as torch keeps it: y (N,out) = x
-// (N,in) @ W^T, + b (out) with `bias` (a Qwen2's q, k and v; "<name>.bias",
-// whole, this module's). With tiles > 1, tile k is a module of its own,
-// "<name>.tile<k>", with the parameter "<name>.weight.tile<k>" holding output
-// rows [tile_first(out,k), tile_first(out,k+1)) (shard::tile_name).
-class RowLinear : public Module {
-public:
-    RowLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles,
-              bool bias = false);
-    ~RowLinear() override;
-    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
-    // dx (N,in) written, or added to with `accumulate`; the weight's gradient added to.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                  std::uint64_t N, bool accumulate = false);
-    std::uint64_t in = 0, out = 0;
-    // Untiled, the one parameter (its weight); tiled, each tile has its own.
-    bool tiled() const { return tiles_.front() != nullptr; }
-    std::size_t weight_param() const { return w_whole_; }
-    bool has_bias() const { return b_.has_value(); }
-
-private:
-    struct Tile;
-    std::vector<std::unique_ptr<Tile>> tiles_;  // one nullptr when untiled
-    std::size_t w_whole_ = 0;                  // the weight, untiled
-    std::optional<std::size_t> b_;             // the bias, if any
-};
-
 class RMSNorm : public Module {
 public:
     RMSNorm(ParamTable& t, const std::string& name, std::uint64_t C, float eps);
@@ -89,7 +61,7 @@ private:
 // LlamaScratch holds their (N, sum of outs) product or gradients, side by
 // side, while the other holds the parts. The Kept ones are what the GEMMs,
 // SwiGLU, the attention's and the second RMSNorm's backward read, the GPT's
-// (model.hpp's BlockActivations) analogues: bf16 under Shape::activations,
+// (gpt.hpp's BlockActivations) analogues: bf16 under Shape::activations,
 // made in fp32 in LlamaScratch::dgate_up (res2, q, k and v in
 // LlamaScratch::dqkv, the softmax in LlamaScratch::datt). Kept bf16, q, k
 // and v are joined in LlamaScratch::dgate_up (the forward's product and the
@@ -124,6 +96,15 @@ struct LlamaScratch {
     device::Array<float> joined;
 };
 
+// The Llama's own activations (Activations::own): its blocks', their
+// scratch, the rotation table and the final RMSNorm's.
+struct LlamaBuffers : Activations::Own {
+    std::vector<LlamaBlockActivations> blocks;  // layers of them, or 1 with checkpointing
+    LlamaScratch scratch;
+    device::Array<float> rope;                  // (T, hd)
+    device::Array<float> norm, norm_rstd;       // (N,C), (N)
+};
+
 // Whether a group of projections of one input, of `outs` outputs together
 // from C inputs, runs as one GEMM (q, k and v: H*hd + 2 KV*hd; gate and up:
 // 2F): untiled, and their weights together at most 32 MiB, the scratch a
@@ -143,7 +124,7 @@ struct KVCache {
 
 // What the one-position forward keeps: the cache and one position's buffers
 // (its att (H, positions)), the rotation table for the positions.
-struct LlamaDecodeState {
+struct LlamaDecodeState : LanguageModel::DecodeState {
     KVCache cache;
     LlamaBlockActivations one;
     device::Array<float> x, out, norm, rstd, rope;
@@ -170,7 +151,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<RowLinear> q_, k_, v_, o_;
+    std::unique_ptr<Linear> q_, k_, v_, o_;
 };
 
 class LlamaMLP : public Module {
@@ -187,7 +168,7 @@ public:
 
 private:
     Config cfg_;
-    std::unique_ptr<RowLinear> gate_, up_, down_;
+    std::unique_ptr<Linear> gate_, up_, down_;
 };
 
 // x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
@@ -198,7 +179,7 @@ public:
     // `out` empty: every activation the backward reads, not the output.
     void forward(Context& c, std::span<float> out, std::span<const float> x, LlamaBlockActivations& a,
                  std::span<const float> rope, std::uint64_t B, std::uint64_t T, LlamaScratch* s = nullptr);
-    // As Block::backward (model.hpp): dres in, d x out, in place. With
+    // As Block::backward (gpt.hpp): dres in, d x out, in place. With
     // `recompute_out` given the forward runs again first, up to the MLP's
     // activation (recompute_out itself is not written).
     void backward(Context& c, std::span<float> dres, std::span<const float> x, LlamaBlockActivations& a,
@@ -229,14 +210,17 @@ public:
     void forward(Context& c, Activations& acts, bool for_backward = true) override;
     void backward(Context& c, Activations& acts) override;
     double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
+    // Activations::own as plan() made it (InternalError for another model's).
+    static LlamaBuffers& buffers(Activations& a) { return a.own_as<LlamaBuffers>("Llama"); }
 
     // The sampler's forward of one position, through the same blocks with a
-    // cache: `state` from decode_state(), `token` (1) device memory, logits (V).
-    using DecodeState = LlamaDecodeState;
-    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const;
-    static std::uint64_t decode_bytes(const Config& cfg, std::uint64_t positions);
+    // cache (its grouped-query heads' keys and values once per kv head).
+    std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const override;
+    std::uint64_t decode_bytes(std::uint64_t positions) const override;
     void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
-                std::span<float> logits);
+                std::span<float> logits) override;
+    // A state as decode_state() made it (InternalError for another model's).
+    static LlamaDecodeState& decode_buffers(DecodeState& s) { return family_part<LlamaDecodeState>(&s, "Llama"); }
 
 private:
     Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;

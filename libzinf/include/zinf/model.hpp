@@ -1,21 +1,20 @@
-// zinf model: a GPT-2 (and, in zinf/llama.hpp, the Llama family) built from
-// modules with explicit forward and backward,
-// every one of them run through a ParamEngine's hooks. A module reaches its
-// parameters only through the engine, so the engine decides where they live
-// and when they move; a model author writes no data movement.
+// zinf model: what every model family shares. Modules with explicit
+// forward and backward, every one of them run through a ParamEngine's hooks:
+// a module reaches its parameters only through the engine, so the engine
+// decides where they live and when they move; a model author writes no data
+// movement. The families' modules are declared beside it: GPT-2's in
+// zinf/gpt.hpp, the Llama family's (Llama, Qwen2) in zinf/llama.hpp;
+// make_model builds the one a Config's family names.
 //
-//   zinf::model::GPT gpt(zinf::model::Config::from(spec, tile));
-//   zinf::model::ResidentEngine engine(dev, numels(gpt.params_table()));  // every parameter on the device
-//   auto acts = gpt.plan(dev, {.batch = 4, .seq = 64});      // all buffers, once
+//   auto m = zinf::model::make_model(zinf::model::Config::from(spec, tile));
+//   zinf::model::ResidentEngine engine(dev, numels(m->params_table()));  // every parameter on the device
+//   auto acts = m->plan(dev, {.batch = 4, .seq = 64});       // all buffers, once
 //   zinf::model::Context ctx{dev, dev.compute(), engine};
 //   // copy the tokens into acts.inputs and the next tokens into acts.targets
-//   gpt.forward(ctx, acts);                                   // losses in acts.losses
-//   gpt.backward(ctx, acts);                                  // gradients through engine.grad()
+//   m->forward(ctx, acts);                                    // losses in acts.losses
+//   m->backward(ctx, acts);                                   // gradients through engine.grad()
 //
-// Parameter names, shapes and order are exactly zinf-shard's (shard::tensors):
-// wte.weight (V,C), wpe.weight (maxT,C), h.<l>.ln_1.weight (C), ... ln_f.bias,
-// with linear weights (in, out) as GPT-2's Conv1D and, with a tile factor,
-// split by output columns into "<name>.tile<k>".
+// Parameter names, shapes and order are exactly zinf-shard's (shard::tensors).
 //
 // Hooks, in order, for a module M: before_forward(M), its children's hooks,
 // after_forward(M); then in backward before_backward(M) ... after_backward(M).
@@ -29,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -140,79 +140,38 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// Linear: out (N,out) = inp (N,in) @ W (in,out) [+ b (out)].
-// inp is stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-class LinearBase : public Module {
+// A linear layer: y (N,out) = x (N,in) @ W (+ b (out)), its weight as its
+// family stores it: GPT-2's Conv1D, (in, out), or torch's nn.Linear, (out,
+// in) (y = x @ W^T). With tiles > 1 the weight is split along its outputs
+// (memory-centric tiling, paper §5.1.3): tile k is a module of its own,
+// "<name>.tile<k>", with its own parameter "<name>.weight.tile<k>" holding
+// outputs [tile_first(out,k), tile_first(out,k+1)) (Conv1D's columns,
+// nn.Linear's rows: shard::tile_name, as zinf-shard lays them out), so an
+// engine can fetch one tile at a time. The bias stays whole, this module's.
+class Linear : public Module {
 public:
-    using Module::Module;
-    virtual void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) = 0;
-    // dinp (N,in) written; the weight's (and bias's) gradient added to.
-    virtual void backward(Context& c, std::span<float> dinp, std::span<const float> dout,
-                          const device::ConstView& inp, std::uint64_t N) = 0;
+    enum class Layout { in_out, out_in };
+    Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles, Layout layout,
+           bool bias);
+    ~Linear() override;
+    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
+    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
+    // dx (N,in) written, or added to with `accumulate`; the weight's (and
+    // bias's) gradient added to.
+    void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
+                  std::uint64_t N, bool accumulate = false);
     std::uint64_t in = 0, out = 0;
-};
-
-class Linear : public LinearBase {
-public:
-    // name "h.0.attn.c_attn": declares <name>.weight (in,out) and <name>.bias (out).
-    Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out);
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  std::uint64_t N) override;
-
-private:
-    std::size_t w_ = 0, b_ = 0;
-};
-
-// The same function as Linear computed tile by tile: tile k is its own module
-// ("<name>.tile<k>") with its own parameter <name>.weight.tile<k> (in, c1-c0)
-// holding output columns [c0, c1), so an engine can fetch one tile at a time
-// (memory-centric tiling, paper §5.1.3). The bias stays whole.
-class TiledLinear : public LinearBase {
-public:
-    TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles);
-    ~TiledLinear() override;
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, std::uint64_t N) override;
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  std::uint64_t N) override;
+    bool tiled() const { return !tiles_.empty(); }
+    // The one weight of an untiled layer (InternalError when tiled: each tile has its own).
+    std::size_t weight_param() const;
+    bool has_bias() const { return b_.has_value(); }
 
 private:
     struct Tile;
-    std::vector<std::unique_ptr<Tile>> tiles_;
-    std::size_t b_ = 0;
-};
-
-std::unique_ptr<LinearBase> make_linear(ParamTable& t, const std::string& name, std::uint64_t in,
-                                        std::uint64_t out, unsigned tiles);
-
-class LayerNorm : public Module {
-public:
-    LayerNorm(ParamTable& t, const std::string& name, std::uint64_t C);
-    // out (N,C), mean (N), rstd (N) from inp (N,C).
-    void forward(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                 std::span<const float> inp, std::uint64_t N);
-    // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  std::span<const float> mean, std::span<const float> rstd, std::uint64_t N);
-
-private:
-    std::uint64_t C_;
-    std::size_t w_ = 0, b_ = 0;
-};
-
-// wte (V,C) and wpe (maxT,C): out (B,T,C) = wte[token] + wpe[t].
-class Embedding : public Module {
-public:
-    Embedding(ParamTable& t, const Config& cfg);
-    void forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
-                 std::uint64_t T);
-    void backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens, std::uint64_t B,
-                  std::uint64_t T);
-    std::size_t wte() const { return wte_; }
-
-private:
-    Config cfg_;
-    std::size_t wte_ = 0, wpe_ = 0;
+    Layout layout_;
+    std::vector<std::unique_ptr<Tile>> tiles_;  // none when untiled
+    std::size_t w_whole_ = 0;                  // the weight, untiled
+    std::optional<std::size_t> b_;             // the bias, if any
 };
 
 // An activation a block keeps for its backward, stored fp32 or bf16
@@ -240,96 +199,6 @@ struct Kept {
     device::ConstView read() const { return is_bf16() ? device::ConstView(bf16) : device::ConstView(f32); }
 };
 
-// A block's activations for one (B,T): what its backward needs. The Kept
-// ones are what its GEMMs, GELU and attention's backward read: bf16 under
-// Shape::activations.
-struct BlockActivations {
-    Kept ln1;                                      // (N,C)
-    device::Array<float> ln1_mean, ln1_rstd;       // (N), (N)
-    Kept qkv;                                      // (N,3C)
-    Kept att;                                      // (B,NH,T,T) the softmax
-    Kept atty;                                     // (N,C)
-    Kept res2;                                     // (N,C) the residual after attention
-    Kept ln2;                                      // (N,C)
-    device::Array<float> ln2_mean, ln2_rstd;       // (N), (N)
-    Kept fch, fch_gelu;                            // (N,4C)
-};
-
-// The backward's scratch, shared by all blocks. dbt4c, dqkv (q/k/v, then
-// the inner residual) and datt (the softmax) are also the forward's fp32
-// staging of the activations a block keeps bf16 (Kept::made): the backward
-// writes them only after its block's forward (or recompute) is done.
-struct BlockScratch {
-    device::Array<float> dbtc;    // (N,C)
-    device::Array<float> dqkv;    // (N,3C)
-    device::Array<float> datt;    // (B,NH,T,T)
-    device::Array<float> dbt4c;   // (N,4C)
-};
-
-class CausalSelfAttention : public Module {
-public:
-    CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg);
-    // out (N,C) = c_proj(attention(c_attn(inp))), keeping qkv, att and atty in `a`.
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
-                 BlockScratch& s, std::uint64_t B, std::uint64_t T);
-    // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  BlockActivations& a, BlockScratch& s, std::uint64_t B, std::uint64_t T);
-
-private:
-    Config cfg_;
-    std::unique_ptr<LinearBase> c_attn_, c_proj_;
-};
-
-class MLP : public Module {
-public:
-    MLP(ParamTable& t, const std::string& name, const Config& cfg);
-    void forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
-                 BlockScratch& s, std::uint64_t N);
-    // dinp (N,C) written.
-    void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
-                  BlockActivations& a, BlockScratch& s, std::uint64_t N);
-
-private:
-    Config cfg_;
-    std::unique_ptr<LinearBase> c_fc_, c_proj_;
-};
-
-// Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
-class Block : public Module {
-public:
-    Block(ParamTable& t, std::uint64_t layer, const Config& cfg);
-    // out (N,C) from inp (N,C); s.dbt4c stages what `a` keeps bf16.
-    void forward(Context& c, std::span<float> out, std::span<const float> inp, BlockActivations& a,
-                 BlockScratch& s, std::uint64_t B, std::uint64_t T);
-    // dres (N,C): the gradient of the block's output in, of its input out
-    // (in place, as the residual stream carries it). With activation
-    // checkpointing `recompute_out` (N,C) is given: the forward runs again
-    // first, filling `a` (and writing the output there).
-    void backward(Context& c, std::span<float> dres, std::span<const float> inp, BlockActivations& a,
-                  BlockScratch& s, std::uint64_t B, std::uint64_t T, std::span<float> recompute_out = {});
-
-private:
-    Config cfg_;
-    std::unique_ptr<LayerNorm> ln_1_, ln_2_;
-    std::unique_ptr<CausalSelfAttention> attn_;
-    std::unique_ptr<MLP> mlp_;
-};
-
-// The output projection, tied to wte: logits (N,V) = x (N,C) @ wte^T, then
-// softmax cross-entropy. wte is registered as its external parameter.
-class LMHead : public Module {
-public:
-    LMHead(ParamTable& t, std::size_t wte, const Config& cfg);
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N);
-    // dlogits (N,V) in, dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
-                  std::uint64_t N);
-
-private:
-    Config cfg_;
-    std::size_t wte_;
-};
 
 // Where activation checkpoints wait for the backward pass, and the store
 // the model hands them to: the engine's (zero.hpp, ActivationStore).
@@ -380,7 +249,21 @@ std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t
 std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
                             device::Precision p = device::Precision::fp32);
 
-// Every buffer a training step needs, planned once for a Shape.
+// A family's own part of a generic object (Activations::own, a
+// LanguageModel::DecodeState) as the family's type T: the one cast each
+// family's typed accessor makes (GPT::buffers, Llama::decode_buffers, ...);
+// InternalError naming `model` when another model made it.
+template <class T, class Base>
+T& family_part(Base* b, const char* model) {
+    auto* t = dynamic_cast<T*>(b);
+    if (!t) throw InternalError(std::string(model) + ": buffers made by another model");
+    return *t;
+}
+
+// Every buffer a training step needs, planned once for a Shape: here what
+// every family has (the tokens, the checkpoints, the logits and losses, the
+// residual's gradient); a family's own (its blocks' activations, their
+// scratch, its final norm's) in `own`, of its own type.
 struct Activations {
     Shape shape;
     device::Array<std::int32_t> inputs, targets;   // (B,T)
@@ -391,29 +274,34 @@ struct Activations {
     std::vector<device::Array<float>> residual;
     std::vector<device::Array<std::uint16_t>> residual_bf16;
     device::Array<float> widened;
-    std::vector<BlockActivations> blocks;          // layers of them, or 1 with checkpointing
-    BlockScratch scratch;
-    device::Array<float> lnf, lnf_mean, lnf_rstd;  // (N,C), (N), (N)
     device::Array<float> logits;                   // (N,V); the logits' gradient after backward's start
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
-    // An architecture's own buffers (the Llama's blocks; none for the GPT).
+    // The family's own buffers, as its model's plan() made them (the GPT's
+    // GPTBuffers, the Llama's LlamaBuffers): each family reaches them
+    // through its one typed accessor (own_as), which refuses activations
+    // another model planned.
     struct Own {
         virtual ~Own() = default;
     };
     std::unique_ptr<Own> own;
-    std::uint64_t bytes = 0;                       // all of the above
+    std::uint64_t bytes = 0;                       // all of the above and `own`'s
     // Shape::offload: where the checkpoints go (set by whoever plans the
     // step; a forward for backward without it is refused).
     std::shared_ptr<ActivationStore> store;
     // The buffer of checkpoint j (fp32 checkpoints): its own, or one of
     // three when offloading.
     std::span<float> res(std::uint64_t j) const { return residual[j % residual.size()]; }
+    // `own` as family type B (family_part).
+    template <class B>
+    B& own_as(const char* model) {
+        return family_part<B>(own.get(), model);
+    }
 };
 
 // A decoder-only language model as the trainer and the sampler drive it:
-// the GPT below, or the Llama family's (zinf/llama.hpp). make_model picks
-// the one a Config's architecture names.
+// GPT-2's (zinf/gpt.hpp), or the Llama family's (zinf/llama.hpp). make_model
+// picks the one a Config's family names.
 class LanguageModel : public Module {
 public:
     using Module::Module;
@@ -439,33 +327,29 @@ public:
     // embedding table), plus the causal attention's 6*C*T*(T+1) per row per
     // layer; no recomputation counted.
     virtual double flops_per_step(std::uint64_t B, std::uint64_t T) const = 0;
+
+    // The sampler's forward of one position with a key-value cache (every
+    // earlier position's keys and values kept per layer): the same modules,
+    // kernels and hooks as forward() on the one new row, so a token costs
+    // one position's forward. A family's state (its own type: its typed
+    // accessor) holds its cache and one position's buffers.
+    struct DecodeState {
+        virtual ~DecodeState() = default;
+    };
+    // A state for `positions` positions (1 to max_seq, else UsageError),
+    // its buffers taken from the device's arena now (OutOfMemory naming them).
+    virtual std::unique_ptr<DecodeState> decode_state(device::Device& dev, std::uint64_t positions) const = 0;
+    // The arena bytes decode_state(positions) takes, without allocating.
+    virtual std::uint64_t decode_bytes(std::uint64_t positions) const = 0;
+    // `token` (1, device memory) at position `pos` (below the state's
+    // positions, else UsageError): its keys and values join the cache, and
+    // logits (V, device memory) predict the next token. Enqueued on c.stream.
+    virtual void decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                        std::span<float> logits) = 0;
 };
 
 // The model a Config describes: a GPT, or a Llama.
 std::unique_ptr<LanguageModel> make_model(const Config& cfg);
-
-class GPT : public LanguageModel {
-public:
-    explicit GPT(const Config& cfg);
-    ~GPT() override;
-    const Config& config() const override { return cfg_; }
-    const ParamTable& params_table() const override { return table_; }
-
-    Activations plan(device::Device& dev, const Shape& shape) const override;
-    std::uint64_t plan_bytes(const Shape& shape) const override;
-    void forward(Context& c, Activations& acts, bool for_backward = true) override;
-    void backward(Context& c, Activations& acts) override;
-    double flops_per_step(std::uint64_t B, std::uint64_t T) const override;
-
-private:
-    Activations plan_on(device::Device* dev, const Shape& shape, std::uint64_t* arena) const;
-    Config cfg_;
-    ParamTable table_;
-    std::unique_ptr<Embedding> embed_;
-    std::vector<std::unique_ptr<Block>> blocks_;
-    std::unique_ptr<LayerNorm> ln_f_;
-    std::unique_ptr<LMHead> head_;
-};
 
 // ---------------------------------------------------------------------------
 // The reference engine (zero::ResidentEngine) for a model's parameters.

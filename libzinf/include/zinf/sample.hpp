@@ -39,19 +39,21 @@ namespace zinf::sample {
 class Decoder {
 public:
     // Buffers for `positions` positions (1 to the model's max_seq), taken
-    // from the device's arena now (OutOfMemory naming them). A Llama-family
-    // model runs its own blocks' one-position forward (Llama::decode), its
-    // grouped-query heads cached once per kv head.
+    // from the device's arena now (OutOfMemory naming them): the model's
+    // decode state (LanguageModel::decode_state), the token and the logits.
+    // Each step runs the model's own one-position forward
+    // (LanguageModel::decode), whatever its family.
     Decoder(model::LanguageModel& model, device::Device& dev, std::uint64_t positions);
     ~Decoder();
     Decoder(const Decoder&) = delete;
     Decoder& operator=(const Decoder&) = delete;
 
     // The arena bytes a Decoder of `positions` takes (for budgeting the
-    // engine beside it): the caches, 2 x layers x (positions, C) fp32 (a
-    // Llama's: (positions, kv_heads x head size)), and one position's
-    // activations.
-    static std::uint64_t device_bytes(const model::Config& c, std::uint64_t positions);
+    // engine beside it): the model's decode state (LanguageModel::
+    // decode_bytes: the caches, 2 x layers x (positions, C) fp32 for a GPT,
+    // (positions, kv_heads x head size) for a Llama, and one position's
+    // activations), the token and the logits.
+    static std::uint64_t device_bytes(const model::LanguageModel& model, std::uint64_t positions);
 
     std::uint64_t vocab() const;      // logits per step
     std::uint64_t positions() const;  // the capacity

@@ -92,22 +92,14 @@ struct ModelSpec {
     }
 };
 
+// A named model of a family (its entry's presets, family.hpp): the explicit
+// spec of the shape its source publishes.
 struct Preset {
-    const char* name;
-    std::uint64_t layers, hidden, heads;
+    const char* name;    // "gpt2-124m", "llama-3.2-1b"
+    const char* spec;    // the explicit form ("gpt:layers=12,hidden=768,heads=12")
     const char* label;   // the size its source gives it ("1.5B", "1T")
-    const char* source;  // "GPT-2", "paper Fig. 6a", ...
+    const char* source;  // "GPT-2", "paper Fig. 6a", the Hugging Face repository its config.json is from
 };
-std::span<const Preset> presets();
-// The Llama-shaped presets (Llama's, Qwen2's): each a spec with its
-// published config.json's shape.
-struct LlamaPreset {
-    const char* name;
-    const char* spec;    // the explicit form
-    const char* label;   // "135M"
-    const char* source;  // the Hugging Face repository its config.json is from
-};
-std::span<const LlamaPreset> llama_presets();
 
 // ---------------------------------------------------------------------------
 // Tensors in execution order, GPT-2 names and shapes (Conv1D weights are

@@ -1,7 +1,7 @@
 // The block, the tied output head, and the GPT that strings them together
 // with activation checkpointing.
 #include <zinf/family.hpp>
-#include <zinf/model.hpp>
+#include <zinf/gpt.hpp>
 
 #include "checkpoints.hpp"
 
@@ -50,6 +50,17 @@ void Block::backward(Context& c, std::span<float> dres, std::span<const float> x
     // ... and the attention branch its part, giving d x.
     attn_->backward(c, s.dbtc, dres, a.ln1.read(), a, s, B, T);
     ln_1_->backward(c, dres, s.dbtc, device::ConstView(x), a.ln1_mean, a.ln1_rstd, N);
+}
+
+void Block::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st,
+                   std::span<float> k, std::span<float> v, std::uint64_t pos) {
+    ForwardScope scope(c.engine, *this);
+    ln_1_->forward(c, st.ln, st.mean, st.rstd, x, 1);
+    attn_->decode(c, st.res2, st.ln, st, k, v, pos);
+    c.dev.accumulate(c.stream, st.res2, x);  // res2 = x + attn(ln_1(x))
+    ln_2_->forward(c, st.ln, st.mean, st.rstd, st.res2, 1);
+    mlp_->decode(c, out, st.ln, st);
+    c.dev.accumulate(c.stream, out, st.res2);  // out = res2 + mlp(ln_2(res2))
 }
 
 // ---------------------------------------------------------------------------
@@ -119,6 +130,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     a.inputs = take.template operator()<std::int32_t>(N, "inputs");
     a.targets = take.template operator()<std::int32_t>(N, "targets");
     checkpoints::plan(a, shape, cfg_.layers, N * C, take);
+    auto own = std::make_unique<GPTBuffers>();
     const std::uint64_t sets = shape.checkpoint ? 1 : cfg_.layers;
     for (std::uint64_t l = 0; l < sets; ++l) {
         BlockActivations b;
@@ -134,31 +146,33 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         b.ln2_rstd = f(N, "ln_2 rstd");
         b.fch = kept(N * 4 * C, "fc");
         b.fch_gelu = kept(N * 4 * C, "gelu");
-        a.blocks.push_back(std::move(b));
+        own->blocks.push_back(std::move(b));
     }
-    a.scratch.dbtc = f(N * C, "d (N,C)");
-    a.scratch.dqkv = f(N * 3 * C, "d qkv");
-    a.scratch.datt = f(B * NH * T * T, "d attention");
-    a.scratch.dbt4c = f(N * 4 * C, "d fc");
-    a.lnf = f(N * C, "ln_f");
-    a.lnf_mean = f(N, "ln_f mean");
-    a.lnf_rstd = f(N, "ln_f rstd");
+    own->scratch.dbtc = f(N * C, "d (N,C)");
+    own->scratch.dqkv = f(N * 3 * C, "d qkv");
+    own->scratch.datt = f(B * NH * T * T, "d attention");
+    own->scratch.dbt4c = f(N * 4 * C, "d fc");
+    own->lnf = f(N * C, "ln_f");
+    own->lnf_mean = f(N, "ln_f mean");
+    own->lnf_rstd = f(N, "ln_f rstd");
     a.logits = f(N * V, "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
+    a.own = std::move(own);
     return a;
 }
 
 void GPT::forward(Context& c, Activations& a, bool for_backward) {
     ForwardScope scope(c.engine, *this);
+    GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
     const std::span<const float> x = checkpoints::forward(
         c, a, cfg_, for_backward, "GPT", [&](std::span<float> out) { embed_->forward(c, out, a.inputs, B, T); },
         [&](std::uint64_t l, std::span<float> out, std::span<const float> in) {
-            blocks_[l]->forward(c, out, in, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B, T);
+            blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, B, T);
         });
-    ln_f_->forward(c, a.lnf, a.lnf_mean, a.lnf_rstd, x, N);
-    head_->forward(c, a.logits, a.lnf, N);
+    ln_f_->forward(c, own.lnf, own.lnf_mean, own.lnf_rstd, x, N);
+    head_->forward(c, a.logits, own.lnf, N);
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab);
@@ -168,15 +182,16 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
 
 void GPT::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
+    GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, a.scratch.dbtc, a.logits, a.lnf, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N);
     c.dev.zero(c.stream, a.dres);
-    ln_f_->backward(c, a.dres, a.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_mean,
-                    a.lnf_rstd, N);
-    checkpoints::backward(c, a, cfg_, a.scratch.dbtc,
+    ln_f_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.lnf_mean,
+                    own.lnf_rstd, N);
+    checkpoints::backward(c, a, cfg_, own.scratch.dbtc,
                           [&](std::uint64_t l, std::span<const float> x, std::span<float> recompute_out) {
-                              blocks_[l]->backward(c, a.dres, x, a.blocks[a.shape.checkpoint ? 0 : l], a.scratch, B,
-                                                   T, recompute_out);
+                              blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch,
+                                                   B, T, recompute_out);
                           });
     embed_->backward(c, a.dres, a.inputs, B, T);
 }
@@ -190,6 +205,71 @@ double GPT::flops_per_step(std::uint64_t B, std::uint64_t T) const {
     const double weights = static_cast<double>(table_.numel() - cfg_.max_seq * cfg_.hidden);
     return 6.0 * weights * N +
            6.0 * static_cast<double>(cfg_.layers * B * cfg_.hidden) * static_cast<double>(T) * static_cast<double>(T + 1);
+}
+
+// ---------------------------------------------------------------------------
+// The one-position forward (LanguageModel::decode): Block::forward's modules
+// and kernels on the row at position p, attention through attention_decode
+// over the layer's cache, where the row's key and value join rows 0..p-1.
+namespace {
+
+// Every buffer of a decoder of n positions, taken by f(count, what) in this
+// order (which allocates, or only counts the bytes).
+template <class F>
+void decode_plan(const Config& cfg, std::uint64_t n, GPTDecodeState& st, F&& f) {
+    const std::uint64_t C = cfg.hidden;
+    st.positions = n;
+    for (std::uint64_t l = 0; l < cfg.layers; ++l) {
+        st.k.push_back(f(n * C, "key cache"));
+        st.v.push_back(f(n * C, "value cache"));
+    }
+    st.x = f(C, "x");
+    st.out = f(C, "block output");
+    st.res2 = f(C, "residual 2");
+    st.ln = f(C, "layernorm");
+    st.mean = f(1, "mean");
+    st.rstd = f(1, "rstd");
+    st.qkv = f(3 * C, "qkv");
+    st.atty = f(C, "attention output");
+    st.att = f(cfg.heads * n, "attention");
+    st.fch = f(4 * C, "fc");
+    st.fch_gelu = f(4 * C, "gelu");
+}
+
+}  // namespace
+
+std::uint64_t GPT::decode_bytes(std::uint64_t positions) const {
+    std::uint64_t bytes = 0;
+    GPTDecodeState none;
+    decode_plan(cfg_, positions, none, [&](std::uint64_t count, const char*) {
+        bytes += align_up(std::max<std::uint64_t>(count * 4, 1), mem::kArenaAlignment);
+        return device::Array<float>{};
+    });
+    return bytes;
+}
+
+std::unique_ptr<LanguageModel::DecodeState> GPT::decode_state(device::Device& dev, std::uint64_t positions) const {
+    if (positions == 0 || positions > cfg_.max_seq)
+        throw UsageError("the decoder's positions must be 1 to the model's " + std::to_string(cfg_.max_seq) +
+                         ", not " + std::to_string(positions));
+    auto st = std::make_unique<GPTDecodeState>();
+    decode_plan(cfg_, positions, *st, [&](std::uint64_t count, const char* what) { return dev.alloc<float>(count, what); });
+    return st;
+}
+
+void GPT::decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, std::uint64_t pos,
+                 std::span<float> logits) {
+    GPTDecodeState& st = decode_buffers(state);
+    if (pos >= st.positions)
+        throw UsageError("the decoder's " + std::to_string(st.positions) + " positions are all used");
+    ForwardScope scope(c.engine, *this);
+    embed_->forward(c, st.x, token, 1, 1, pos);  // x = wte[token] + wpe[pos]
+    for (std::uint64_t l = 0; l < cfg_.layers; ++l) {
+        blocks_[l]->decode(c, st.out, st.x, st, st.k[l], st.v[l], pos);
+        std::swap(st.x, st.out);
+    }
+    ln_f_->forward(c, st.ln, st.mean, st.rstd, st.x, 1);
+    head_->forward(c, logits, st.ln, 1);
 }
 
 }  // namespace zinf::model

@@ -19,12 +19,6 @@ namespace zinf::model {
 using device::Gemm;
 using u64 = std::uint64_t;
 
-std::unique_ptr<LanguageModel> make_model(const Config& cfg) {
-    if (shard::family(cfg.arch).modules == shard::Modules::llama) return std::make_unique<Llama>(cfg);
-    return std::make_unique<GPT>(cfg);
-}
-
-// ---------------------------------------------------------------------------
 std::vector<double> rope_frequencies(const Config& cfg) {
     const u64 hd = cfg.head_dim(), half = hd / 2;
     std::vector<double> f(half);
@@ -62,74 +56,6 @@ std::vector<float> rope_table(const Config& cfg, u64 positions) {
 }
 
 // ---------------------------------------------------------------------------
-struct RowLinear::Tile : Module {
-    Tile(ParamTable& t, const std::string& weight, const std::string& module, u64 in, u64 r0_, u64 r1_)
-        : Module(module), r0(r0_), r1(r1_) {
-        w = declare(t, weight, {r1 - r0, in});
-    }
-    u64 r0, r1;
-    std::size_t w;
-};
-
-RowLinear::RowLinear(ParamTable& t, const std::string& name, u64 in_, u64 out_, unsigned tiles, bool bias)
-    : Module(name) {
-    in = in_;
-    out = out_;
-    if (tiles <= 1) {
-        // Untiled: the one tile is this module itself (see forward).
-        tiles_.push_back(nullptr);
-        w_whole_ = declare(t, name + ".weight", {out, in});
-    } else {
-        for (unsigned k = 0; k < tiles; ++k)
-            tiles_.push_back(std::make_unique<Tile>(t, shard::tile_name(name + ".weight", k),
-                                                    shard::tile_name(name, k), in, shard::tile_first(out, k, tiles),
-                                                    shard::tile_first(out, k + 1, tiles)));
-    }
-    if (bias) b_ = declare(t, name + ".bias", {out});
-}
-
-RowLinear::~RowLinear() = default;
-
-void RowLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, u64 N) {
-    ForwardScope scope(c.engine, *this);
-    if (!tiles_[0]) {  // y (N,out) = x (N,in) @ W^T, W (out,in)
-        c.gemm(Gemm{.tb = true, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
-    } else {
-        for (auto& tp : tiles_) {
-            Tile& t = *tp;
-            ForwardScope tile_scope(c.engine, t);
-            // y[:, r0:r1] = x @ W_k^T, rows of y `out` apart
-            c.gemm(Gemm{.tb = true, .m = N, .n = t.r1 - t.r0, .k = in, .ldc = out}, x,
-                   c.engine.stored(t, t.w), y.subspan(t.r0));
-        }
-    }
-    if (b_) c.dev.bias_add(c.stream, y, c.engine.weight(*this, *b_), N, out);
-}
-
-void RowLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x, u64 N,
-                         bool accumulate) {
-    BackwardScope scope(c.engine, *this);
-    if (b_) c.dev.bias_backward(c.stream, c.engine.grad(*this, *b_), dy, N, out);  // db += sum over rows of dy
-    if (!tiles_[0]) {
-        // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
-        c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = accumulate ? 1.0f : 0.0f}, dy,
-               c.engine.stored(*this, w_whole_), dx);
-        c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x,
-               c.engine.grad(*this, w_whole_));
-        return;
-    }
-    for (std::size_t k = 0; k < tiles_.size(); ++k) {
-        Tile& t = *tiles_[k];
-        BackwardScope tile_scope(c.engine, t);
-        const u64 w = t.r1 - t.r0;
-        c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = (k || accumulate) ? 1.0f : 0.0f},
-               dy.subspan(t.r0), c.engine.stored(t, t.w), dx);
-        c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dy.subspan(t.r0), x,
-               c.engine.grad(t, t.w));
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Projections of one input (q, k and v; gate and up) as one GEMM each of
 // three ways: their product x @ [W_1; W_2; ...]^T, the input's gradient
 // [dy_1 dy_2 ...] @ [W_1; W_2; ...] and their weights' gradients [dy_1
@@ -157,13 +83,13 @@ struct Joined {
     std::span<float> g;
 };
 
-std::optional<Joined> adjacent(Context& c, std::initializer_list<RowLinear*> parts) {
+std::optional<Joined> adjacent(Context& c, std::initializer_list<Linear*> parts) {
     auto* resident = dynamic_cast<zero::ResidentEngine*>(&c.engine);
     if (!resident) return std::nullopt;
     const float* w_end = nullptr;
     float* g_end = nullptr;
     Joined j;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         const auto w = resident->values(p->weight_param());
         const auto g = resident->gradient(p->weight_param());
         if (!w_end) {
@@ -178,9 +104,9 @@ std::optional<Joined> adjacent(Context& c, std::initializer_list<RowLinear*> par
     return Joined{{j.w.data(), w_end}, {j.g.data(), g_end}};
 }
 
-u64 outs(std::initializer_list<RowLinear*> parts) {
+u64 outs(std::initializer_list<Linear*> parts) {
     u64 n = 0;
-    for (const RowLinear* p : parts) n += p->out;
+    for (const Linear* p : parts) n += p->out;
     return n;
 }
 
@@ -208,8 +134,8 @@ std::array<std::span<E>, 3> qkv_parts(const Config& cfg, std::span<E> qkv) {
 template <class Scope>
 class Nested {
 public:
-    Nested(ParamEngine& e, std::initializer_list<RowLinear*> parts) {
-        for (RowLinear* p : parts) held_.push_back(std::make_unique<Scope>(e, *p));
+    Nested(ParamEngine& e, std::initializer_list<Linear*> parts) {
+        for (Linear* p : parts) held_.push_back(std::make_unique<Scope>(e, *p));
     }
     ~Nested() noexcept(false) {
         while (!held_.empty()) held_.pop_back();
@@ -221,21 +147,21 @@ private:
 
 // Whether the group runs as one GEMM: the config's rule, for parts without
 // biases (a Qwen2's q, k and v run a GEMM and a bias each).
-bool joined(const Config& cfg, std::initializer_list<RowLinear*> parts) {
+bool joined(const Config& cfg, std::initializer_list<Linear*> parts) {
     return joined_projections(cfg, outs(parts)) &&
-           std::none_of(parts.begin(), parts.end(), [](const RowLinear* p) { return p->has_bias(); });
+           std::none_of(parts.begin(), parts.end(), [](const Linear* p) { return p->has_bias(); });
 }
 
 // ys[i] (N, out_i) = x (N,in) @ W_i^T. Joined (`s` given and the group
 // `joined`): one GEMM into `rows` (N, sum of outs), each y's columns copied
 // out; otherwise each part's forward.
-void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+void project(Context& c, const Config& cfg, std::initializer_list<Linear*> parts,
              std::initializer_list<std::span<float>> ys, const device::ConstView& x, u64 N, LlamaScratch* s,
              std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* y = ys.begin();
     if (!s || !joined(cfg, parts)) {
-        for (RowLinear* p : parts) p->forward(c, *y++, x, N);
+        for (Linear* p : parts) p->forward(c, *y++, x, N);
         return;
     }
     const Gemm g{.tb = true, .m = N, .n = J, .k = in};
@@ -244,7 +170,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
         c.gemm(g, x, device::ConstView(j->w), rows);
     } else {
         u64 at = 0;
-        for (RowLinear* p : parts) {
+        for (Linear* p : parts) {
             ForwardScope scope(c.engine, *p);
             const auto w = c.engine.stored(*p, p->weight_param());
             c.to_f32(s->joined.span().subspan(at * in, w.size()), w);
@@ -253,7 +179,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
         c.gemm(g, x, device::ConstView(s->joined.span().first(J * in)), rows);
     }
     u64 at = 0;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         c.dev.copy_rows(c.stream, *y++, p->out, rows.subspan(at), J, N, p->out);
         at += p->out;
     }
@@ -268,21 +194,21 @@ void project(Context& c, const Config& cfg, std::initializer_list<RowLinear*> pa
 // from the copies. Otherwise each part's backward, dx summed over them;
 // always so without `rows` (a group kept bf16, whose forward ran a GEMM
 // each: LlamaBlockActivations).
-void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLinear*> parts,
+void project_backward(Context& c, const Config& cfg, std::initializer_list<Linear*> parts,
                       std::initializer_list<std::span<const float>> dys, std::span<float> dx,
                       const device::ConstView& x, u64 N, LlamaScratch& s, std::span<float> rows) {
     const u64 J = outs(parts), in = (*parts.begin())->in;
     const auto* dy = dys.begin();
     if (rows.empty() || !joined(cfg, parts)) {
         bool accumulate = false;
-        for (RowLinear* p : parts) {
+        for (Linear* p : parts) {
             p->backward(c, dx, *dy++, x, N, accumulate);
             accumulate = true;
         }
         return;
     }
     u64 at = 0;
-    for (const RowLinear* p : parts) {
+    for (const Linear* p : parts) {
         c.dev.copy_rows(c.stream, rows.subspan(at), J, *dy++, p->out, N, p->out);
         at += p->out;
     }
@@ -297,7 +223,7 @@ void project_backward(Context& c, const Config& cfg, std::initializer_list<RowLi
     c.dev.zero(c.stream, g);
     c.gemm(dw, rows, x, g);
     at = 0;
-    for (RowLinear* p : parts) {
+    for (Linear* p : parts) {
         BackwardScope scope(c.engine, *p);
         c.to_f32(w.subspan(at * in, p->out * in), c.engine.stored(*p, p->weight_param()));
         c.dev.accumulate(c.stream, c.engine.grad(*p, p->weight_param()), g.subspan(at * in, p->out * in));
@@ -337,12 +263,22 @@ void RMSNorm::backward(Context& c, std::span<float> dinp, std::span<const float>
 }
 
 // ---------------------------------------------------------------------------
+namespace {
+
+// The Llama's linear layers: torch's (out, in) weight, a bias where asked (a Qwen2's q, k and v).
+std::unique_ptr<Linear> torch_linear(ParamTable& t, const std::string& name, u64 in, u64 out, unsigned tiles,
+                                     bool bias = false) {
+    return std::make_unique<Linear>(t, name, in, out, tiles, Linear::Layout::out_in, bias);
+}
+
+}  // namespace
+
 LlamaAttention::LlamaAttention(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
     const u64 C = cfg.hidden, hd = cfg.head_dim();
-    q_ = std::make_unique<RowLinear>(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile, cfg.qkv_bias());
-    k_ = std::make_unique<RowLinear>(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
-    v_ = std::make_unique<RowLinear>(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
-    o_ = std::make_unique<RowLinear>(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
+    q_ = torch_linear(t, name + ".q_proj", C, cfg.heads * hd, cfg.tile, cfg.qkv_bias());
+    k_ = torch_linear(t, name + ".k_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
+    v_ = torch_linear(t, name + ".v_proj", C, cfg.kv_heads * hd, cfg.tile, cfg.qkv_bias());
+    o_ = torch_linear(t, name + ".o_proj", cfg.heads * hd, C, cfg.tile);
 }
 
 void LlamaAttention::forward(Context& c, std::span<float> out, const device::ConstView& x, LlamaBlockActivations& a,
@@ -411,9 +347,9 @@ void LlamaAttention::decode(Context& c, std::span<float> out, std::span<const fl
 
 // ---------------------------------------------------------------------------
 LlamaMLP::LlamaMLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
-    gate_ = std::make_unique<RowLinear>(t, name + ".gate_proj", cfg.hidden, cfg.ffn, cfg.tile);
-    up_ = std::make_unique<RowLinear>(t, name + ".up_proj", cfg.hidden, cfg.ffn, cfg.tile);
-    down_ = std::make_unique<RowLinear>(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
+    gate_ = torch_linear(t, name + ".gate_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    up_ = torch_linear(t, name + ".up_proj", cfg.hidden, cfg.ffn, cfg.tile);
+    down_ = torch_linear(t, name + ".down_proj", cfg.ffn, cfg.hidden, cfg.tile);
 }
 
 // Kept bf16, gate and up are made a GEMM each in the staging and rounded
@@ -569,23 +505,6 @@ private:
     std::size_t w_ = 0;
 };
 
-namespace {
-
-// What the Llama keeps beside the GPT's buffers in Activations.
-struct LlamaBuffers : Activations::Own {
-    std::vector<LlamaBlockActivations> blocks;  // layers of them, or 1 with checkpointing
-    LlamaScratch scratch;
-    device::Array<float> rope;                  // (T, hd)
-};
-
-LlamaBuffers& buffers(Activations& a) {
-    auto* b = dynamic_cast<LlamaBuffers*>(a.own.get());
-    if (!b) throw InternalError("Llama: activations planned by another model");
-    return *b;
-}
-
-}  // namespace
-
 Llama::Llama(const Config& cfg) : LanguageModel("llama"), cfg_(cfg), table_(cfg) {
     if (shard::family(cfg.arch).modules != shard::Modules::llama)
         throw InternalError("Llama: the config is not a Llama-shaped family's");
@@ -684,8 +603,8 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->scratch.dgate = own->scratch.dgate_up.span().first(N * cfg_.ffn);
     own->scratch.dup = own->scratch.dgate_up.span().subspan(N * cfg_.ffn);
     own->rope = f(T * hd, "rope table");
-    a.lnf = f(N * C, "model.norm");
-    a.lnf_rstd = f(N, "model.norm rstd");
+    own->norm = f(N * C, "model.norm");
+    own->norm_rstd = f(N, "model.norm rstd");
     a.logits = f(N * V, "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
@@ -707,8 +626,8 @@ void Llama::forward(Context& c, Activations& a, bool for_backward) {
         [&](u64 l, std::span<float> out, std::span<const float> in) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T, &own.scratch);
         });
-    norm_->forward(c, a.lnf, a.lnf_rstd, x, N);
-    head_->forward(c, a.logits, a.lnf, N);
+    norm_->forward(c, own.norm, own.norm_rstd, x, N);
+    head_->forward(c, a.logits, own.norm, N);
     if (for_backward)
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab);
@@ -720,9 +639,10 @@ void Llama::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     LlamaBuffers& own = buffers(a);
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, a.lnf, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.norm, N);
     c.dev.zero(c.stream, a.dres);
-    norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), a.lnf_rstd, N);
+    norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.norm_rstd,
+                    N);
     checkpoints::backward(c, a, cfg_, own.scratch.dbtc, [&](u64 l, std::span<const float> x, std::span<float> rec) {
         blocks_[l]->backward(c, a.dres, x, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, own.rope, B, T, rec);
     });
@@ -756,20 +676,20 @@ void decode_plan(const Config& cfg, u64 n, F&& f) {
 
 }  // namespace
 
-std::uint64_t Llama::decode_bytes(const Config& cfg, u64 positions) {
+std::uint64_t Llama::decode_bytes(u64 positions) const {
     u64 bytes = 0;
-    decode_plan(cfg, positions, [&](u64 count, const char*) {
+    decode_plan(cfg_, positions, [&](u64 count, const char*) {
         bytes += align_up(std::max<u64>(count * 4, 1), mem::kArenaAlignment);
         return device::Array<float>{};
     });
     return bytes;
 }
 
-std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64 positions) const {
+std::unique_ptr<LanguageModel::DecodeState> Llama::decode_state(device::Device& dev, u64 positions) const {
     if (positions == 0 || positions > cfg_.max_seq)
         throw UsageError("the decoder's positions must be 1 to the model's " + std::to_string(cfg_.max_seq) +
                          ", not " + std::to_string(positions));
-    auto st = std::make_unique<DecodeState>();
+    auto st = std::make_unique<LlamaDecodeState>();
     auto f = [&](u64 count, const char* what) { return dev.alloc<float>(count, what); };
     st->cache.positions = positions;
     for (u64 l = 0; l < cfg_.layers; ++l) {
@@ -790,8 +710,9 @@ std::unique_ptr<Llama::DecodeState> Llama::decode_state(device::Device& dev, u64
     return st;
 }
 
-void Llama::decode(Context& c, DecodeState& st, std::span<const std::int32_t> token, u64 pos,
+void Llama::decode(Context& c, DecodeState& state, std::span<const std::int32_t> token, u64 pos,
                    std::span<float> logits) {
+    LlamaDecodeState& st = decode_buffers(state);
     if (pos >= st.cache.positions)
         throw UsageError("the decoder's " + std::to_string(st.cache.positions) + " positions are all used");
     ForwardScope scope(c.engine, *this);

@@ -1,186 +1,11 @@
-// The modules below the block: parameters, Linear and TiledLinear, LayerNorm,
-// Embedding, attention and MLP. Every forward and backward runs between the
-// engine's hooks and reaches its parameters through the engine.
-#include <zinf/family.hpp>
-#include <zinf/model.hpp>
-
-#include <algorithm>
+// GPT-2's modules below the block (gpt.hpp): LayerNorm, Embedding,
+// attention and MLP (their linear layers model.hpp's Linear). Every forward and backward runs
+// between the engine's hooks and reaches its parameters through the engine.
+#include <zinf/gpt.hpp>
 
 namespace zinf::model {
 
 using device::Gemm;
-
-Config Config::from(const shard::ModelSpec& spec, unsigned tile) {
-    Config c;
-    c.layers = spec.layers;
-    c.hidden = spec.hidden;
-    c.heads = spec.heads;
-    c.vocab = spec.vocab;
-    c.max_seq = spec.seq;
-    c.tile = tile;
-    c.arch = spec.arch;
-    c.kv_heads = spec.kv_heads;
-    c.ffn = spec.ffn;
-    c.rope_theta = spec.rope_theta;
-    c.norm_eps = spec.norm_eps;
-    c.tied = spec.tied;
-    c.rope_scaling = spec.rope_scaling;
-    return c;
-}
-
-bool Config::qkv_bias() const { return shard::family(arch).qkv_bias; }
-
-shard::ModelSpec Config::spec() const {
-    shard::ModelSpec s;
-    s.layers = layers;
-    s.hidden = hidden;
-    s.heads = heads;
-    s.vocab = vocab;
-    s.seq = max_seq;
-    s.arch = arch;
-    s.kv_heads = kv_heads;
-    s.ffn = ffn;
-    s.rope_theta = rope_theta;
-    s.norm_eps = norm_eps;
-    s.tied = tied;
-    s.rope_scaling = rope_scaling;
-    return s;
-}
-
-// ---------------------------------------------------------------------------
-ParamTable::ParamTable(const Config& c) {
-    for (const auto& t : shard::tensors(c.spec(), c.tile)) params_.push_back(Param{t.name, t.shape, t.numel, nullptr});
-}
-
-// The model is made from the manifest's spec and tile, as its tensors are
-// (shard::tensors): another count is this code's error, not the file's.
-void ParamTable::check(const shard::Manifest& m, const std::string& source) const {
-    if (params_.size() != m.tensors.size())
-        throw InternalError("the model's parameters and the manifest's tensors differ");
-    for (std::size_t t = 0; t < params_.size(); ++t)
-        if (params_[t].name != m.tensors[t].name || params_[t].shape != m.tensors[t].shape)
-            throw DataError("manifest " + source + ": tensor " + std::to_string(t) + " is " + m.tensors[t].name +
-                            ", the model expects " + params_[t].name);
-}
-
-std::uint64_t ParamTable::numel() const {
-    std::uint64_t n = 0;
-    for (const auto& p : params_) n += p.numel;
-    return n;
-}
-
-std::size_t ParamTable::claim(const std::string& name, const std::vector<std::uint64_t>& shape, const Module* owner) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-        if (params_[i].name != name) continue;
-        if (params_[i].shape != shape)
-            throw InternalError("parameter " + name + ": declared with another shape than zinf-shard lays out");
-        if (params_[i].owner) throw InternalError("parameter " + name + " declared twice");
-        params_[i].owner = owner;
-        return i;
-    }
-    throw InternalError("parameter " + name + " is not in zinf-shard's layout");
-}
-
-void ParamTable::add_user(const Module* m) {
-    if (std::find(users_.begin(), users_.end(), m) == users_.end()) users_.push_back(m);
-}
-
-std::size_t Module::declare(ParamTable& t, const std::string& param_name, std::vector<std::uint64_t> shape) {
-    const std::size_t i = t.claim(param_name, shape, this);
-    add_param(i);
-    t.add_user(this);
-    return i;
-}
-
-std::vector<std::uint64_t> numels(const ParamTable& t) {
-    std::vector<std::uint64_t> n;
-    for (const auto& p : t.all()) n.push_back(p.numel);
-    return n;
-}
-
-// ---------------------------------------------------------------------------
-Linear::Linear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_) : LinearBase(name) {
-    in = in_;
-    out = out_;
-    w_ = declare(t, name + ".weight", {in, out});
-    b_ = declare(t, name + ".bias", {out});
-}
-
-void Linear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
-    ForwardScope scope(c.engine, *this);
-    // y (N,out) = x (N,in) @ W (in,out) + b
-    c.gemm(Gemm{.m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_), y);
-    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
-}
-
-void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                      std::uint64_t N) {
-    BackwardScope scope(c.engine, *this);
-    // dx (N,in) = dy (N,out) @ W^T; dW (in,out) += x^T @ dy; db += sum over rows of dy
-    c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out}, dy, c.engine.stored(*this, w_), dx);
-    c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::ConstView(dy),
-           c.engine.grad(*this, w_));
-    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
-}
-
-// One tile: a module of its own, so the engine's hooks see it alone.
-struct TiledLinear::Tile : Module {
-    Tile(ParamTable& t, const std::string& name, unsigned k, std::uint64_t in, std::uint64_t c0_, std::uint64_t c1_)
-        : Module(shard::tile_name(name, k)), c0(c0_), c1(c1_) {
-        w = declare(t, shard::tile_name(name + ".weight", k), {in, c1 - c0});
-    }
-    std::uint64_t c0, c1;
-    std::size_t w;
-};
-
-TiledLinear::TiledLinear(ParamTable& t, const std::string& name, std::uint64_t in_, std::uint64_t out_,
-                         unsigned tiles)
-    : LinearBase(name) {
-    in = in_;
-    out = out_;
-    // The column split zinf-shard uses: tile k holds [out*k/tiles, out*(k+1)/tiles).
-    for (unsigned k = 0; k < tiles; ++k)
-        tiles_.push_back(std::make_unique<Tile>(t, name, k, in, shard::tile_first(out, k, tiles),
-                                                shard::tile_first(out, k + 1, tiles)));
-    b_ = declare(t, name + ".bias", {out});
-}
-
-TiledLinear::~TiledLinear() = default;
-
-void TiledLinear::forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N) {
-    ForwardScope scope(c.engine, *this);
-    for (auto& tp : tiles_) {
-        Tile& t = *tp;
-        ForwardScope tile_scope(c.engine, t);
-        // y[:, c0:c1] (N,w) = x (N,in) @ W_k (in,w), rows of y `out` apart
-        const std::uint64_t w = t.c1 - t.c0;
-        c.gemm(Gemm{.m = N, .n = w, .k = in, .ldc = out}, x, c.engine.stored(t, t.w),
-               y.subspan(t.c0));
-    }
-    c.dev.bias_add(c.stream, y, c.engine.weight(*this, b_), N, out);
-}
-
-void TiledLinear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
-                           std::uint64_t N) {
-    BackwardScope scope(c.engine, *this);
-    for (std::size_t k = 0; k < tiles_.size(); ++k) {
-        Tile& t = *tiles_[k];
-        BackwardScope tile_scope(c.engine, t);
-        const std::uint64_t w = t.c1 - t.c0;
-        // dx (N,in) (+)= dy[:, c0:c1] (N,w) @ W_k^T; dW_k (in,w) += x^T @ dy[:, c0:c1]
-        c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = k ? 1.0f : 0.0f},
-               dy.subspan(t.c0), c.engine.stored(t, t.w), dx);
-        c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x,
-               device::ConstView(dy.subspan(t.c0)), c.engine.grad(t, t.w));
-    }
-    c.dev.bias_backward(c.stream, c.engine.grad(*this, b_), dy, N, out);
-}
-
-std::unique_ptr<LinearBase> make_linear(ParamTable& t, const std::string& name, std::uint64_t in,
-                                        std::uint64_t out, unsigned tiles) {
-    if (tiles <= 1) return std::make_unique<Linear>(t, name, in, out);
-    return std::make_unique<TiledLinear>(t, name, in, out, tiles);
-}
 
 // ---------------------------------------------------------------------------
 LayerNorm::LayerNorm(ParamTable& t, const std::string& name, std::uint64_t C) : Module(name), C_(C) {
@@ -211,9 +36,24 @@ Embedding::Embedding(ParamTable& t, const Config& cfg) : Module("embedding"), cf
 
 void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
                         std::uint64_t T) {
+    forward(c, out, tokens, B, T, 0);
+}
+
+namespace {
+
+// `v` past its first `n` elements, in its own element type.
+device::ConstView skip(const device::ConstView& v, std::size_t n) {
+    if (v.is_bf16()) return v.span<std::uint16_t>().subspan(n);
+    return v.span<float>().subspan(n);
+}
+
+}  // namespace
+
+void Embedding::forward(Context& c, std::span<float> out, std::span<const std::int32_t> tokens, std::uint64_t B,
+                        std::uint64_t T, std::uint64_t first) {
     ForwardScope scope(c.engine, *this);
-    c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, wte_), c.engine.stored(*this, wpe_), B, T,
-                            cfg_.hidden, cfg_.vocab);
+    c.dev.embedding_forward(c.stream, out, tokens, c.engine.stored(*this, wte_),
+                            skip(c.engine.stored(*this, wpe_), first * cfg_.hidden), B, T, cfg_.hidden, cfg_.vocab);
 }
 
 void Embedding::backward(Context& c, std::span<const float> dout, std::span<const std::int32_t> tokens,
@@ -224,10 +64,20 @@ void Embedding::backward(Context& c, std::span<const float> dout, std::span<cons
 }
 
 // ---------------------------------------------------------------------------
+namespace {
+
+// GPT-2's linear layers: Conv1D's (in, out) weight, a bias.
+std::unique_ptr<Linear> conv1d(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out,
+                               unsigned tiles) {
+    return std::make_unique<Linear>(t, name, in, out, tiles, Linear::Layout::in_out, true);
+}
+
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(ParamTable& t, const std::string& name, const Config& cfg)
     : Module(name), cfg_(cfg) {
-    c_attn_ = make_linear(t, name + ".c_attn", cfg.hidden, 3 * cfg.hidden, cfg.tile);
-    c_proj_ = make_linear(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
+    c_attn_ = conv1d(t, name + ".c_attn", cfg.hidden, 3 * cfg.hidden, cfg.tile);
+    c_proj_ = conv1d(t, name + ".c_proj", cfg.hidden, cfg.hidden, cfg.tile);
 }
 
 void CausalSelfAttention::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a,
@@ -266,10 +116,23 @@ void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<
     c_attn_->backward(c, dinp, s.dqkv, inp, N);
 }
 
+void CausalSelfAttention::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st,
+                                 std::span<float> k, std::span<float> v, std::uint64_t pos) {
+    ForwardScope scope(c.engine, *this);
+    const std::uint64_t C = cfg_.hidden, NH = cfg_.heads;
+    const std::span<float> qkv = st.qkv;
+    c_attn_->forward(c, qkv, x, 1);  // (3C)
+    c.dev.copy(c.stream, std::as_writable_bytes(k.subspan(pos * C, C)), std::as_bytes(qkv.subspan(C, C)));
+    c.dev.copy(c.stream, std::as_writable_bytes(v.subspan(pos * C, C)), std::as_bytes(qkv.subspan(2 * C, C)));
+    c.dev.attention_decode(c.stream, st.atty, st.att.span().first(NH * (pos + 1)), qkv.first(C),
+                           k.first((pos + 1) * C), v.first((pos + 1) * C), pos + 1, C, NH);
+    c_proj_->forward(c, out, st.atty, 1);  // (C)
+}
+
 // ---------------------------------------------------------------------------
 MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(name), cfg_(cfg) {
-    c_fc_ = make_linear(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
-    c_proj_ = make_linear(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
+    c_fc_ = conv1d(t, name + ".c_fc", cfg.hidden, 4 * cfg.hidden, cfg.tile);
+    c_proj_ = conv1d(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
 }
 
 // Kept bf16, the GELU reads its input as kept (rounded) in both passes.
@@ -297,6 +160,13 @@ void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dou
     else
         c.dev.gelu_backward(c.stream, s.dbt4c, a.fch.f32.span(), s.dbt4c);
     c_fc_->backward(c, dinp, s.dbt4c, inp, N);
+}
+
+void MLP::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st) {
+    ForwardScope scope(c.engine, *this);
+    c_fc_->forward(c, st.fch, x, 1);  // (4C)
+    c.dev.gelu_forward(c.stream, st.fch_gelu.span(), st.fch.span());
+    c_proj_->forward(c, out, st.fch_gelu, 1);  // (C)
 }
 
 }  // namespace zinf::model

@@ -1,6 +1,6 @@
 // The Llama-shaped families' model specs (Llama's, and Qwen2's: a Llama with
-// q, k and v biases): presets with the shapes of their published
-// config.json, the explicit "llama:" and "qwen2:" forms, the exact parameter
+// q, k and v biases; their presets are their entries' in model.cpp's table):
+// the explicit "llama:" and "qwen2:" forms, the exact parameter
 // count, and the tensors in execution order with Hugging Face's names and
 // (out, in) linear weights, tiled along their output rows.
 #include "llama.hpp"
@@ -13,31 +13,6 @@
 namespace zinf::shard {
 
 namespace {
-
-// From each repository's config.json (num_hidden_layers, hidden_size,
-// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size,
-// max_position_embeddings, rope_theta, tie_word_embeddings, rms_norm_eps,
-// rope_scaling).
-constexpr LlamaPreset kLlamaPresets[] = {
-    {"smollm-135m",
-     "llama:layers=30,hidden=576,heads=9,kv_heads=3,ffn=1536,vocab=49152,seq=2048,rope_theta=10000,tied=1", "135M",
-     "HuggingFaceTB/SmolLM-135M"},
-    {"tinyllama-1.1b",
-     "llama:layers=22,hidden=2048,heads=32,kv_heads=4,ffn=5632,vocab=32000,seq=2048,rope_theta=10000,tied=0", "1.1B",
-     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"},
-    {"llama-3.2-1b",
-     "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,seq=131072,rope_theta=500000,tied=1,"
-     "rope_scale=32,rope_low=1,rope_high=4,rope_orig=8192",
-     "1.2B", "meta-llama/Llama-3.2-1B"},
-    {"llama-3.1-8b",
-     "llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=131072,rope_theta=500000,tied=0,"
-     "rope_scale=8,rope_low=1,rope_high=4,rope_orig=8192",
-     "8.0B", "meta-llama/Llama-3.1-8B"},
-    {"qwen2.5-0.5b",
-     "qwen2:layers=24,hidden=896,heads=14,kv_heads=2,ffn=4864,vocab=151936,seq=32768,rope_theta=1000000,tied=1,"
-     "eps=0.000001",
-     "494M", "Qwen/Qwen2.5-0.5B"},
-};
 
 constexpr const char* kKeys = "layers, hidden, heads, kv_heads, ffn, vocab, seq, rope_theta, tied, eps, rope_scale, "
                               "rope_low, rope_high, rope_orig";
@@ -59,27 +34,15 @@ std::string shortest(double d) {
 
 }  // namespace
 
-std::span<const LlamaPreset> llama_presets() { return kLlamaPresets; }
-
 namespace detail {
 
-std::optional<ModelSpec> llama_preset(std::string_view name) {
-    for (const auto& p : kLlamaPresets)
-        if (name == p.name) {
-            ModelSpec s = parse_llama(p.spec);
-            s.preset = p.name;
-            return s;
-        }
-    return std::nullopt;
-}
-
-ModelSpec parse_llama(std::string_view text) {
+ModelSpec parse_llama(const Family& entry, std::string_view text) {
     ModelSpec s;
-    s.arch = text.starts_with("qwen2:") ? Arch::qwen2 : Arch::llama;
+    s.arch = entry.arch;
     s.vocab = 32000;
     s.seq = 2048;
     s.tied = false;
-    const std::string_view items = text.substr(std::string_view(arch_name(s.arch)).size() + 1);
+    const std::string_view items = text.substr(std::string_view(entry.name).size() + 1);
     const std::vector<std::string_view> seen = spec_items(text, items, [&](std::string_view key,
                                                                                      std::string_view val) {
         if (key == "layers") s.layers = spec_count(val, key, text);

@@ -1,19 +1,20 @@
-// The Llama family's side of the model spec (model.cpp dispatches here):
-// its presets, its "llama:..." form, its parameter count and its tensors.
+// The Llama-shaped families' side of the model spec (their entries in
+// model.cpp's table name these): their explicit form ("llama:...",
+// "qwen2:..."), parameter count and tensors.
 #pragma once
 
 #include <zinf/family.hpp>
 #include <zinf/shard.hpp>
 
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace zinf::shard::detail {
 
-std::optional<ModelSpec> llama_preset(std::string_view name);
-ModelSpec parse_llama(std::string_view text);  // text starts with "llama:"
+// The Llama-shaped families' reader (Family::parse): `text` starts with
+// "<entry.name>:", and the spec is that entry's architecture.
+ModelSpec parse_llama(const Family& entry, std::string_view text);
 std::string llama_to_string(const ModelSpec& s);
 std::uint64_t llama_parameters(const ModelSpec& s);
 std::uint64_t llama_tensor_count(const ModelSpec& s, unsigned tile);

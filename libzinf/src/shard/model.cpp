@@ -1,5 +1,6 @@
 // Model specs and presets, read, printed and listed through their family's
-// declaration (zinf/family.hpp): the families' table, and GPT-2's family.
+// declaration (zinf/family.hpp): the families' table with their presets,
+// and GPT-2's family.
 #include <zinf/family.hpp>
 #include <zinf/shard.hpp>
 
@@ -13,65 +14,23 @@
 
 namespace zinf::shard {
 
-namespace {
-
-// GPT-2 (Radford et al.), a 13B GPT, and the configurations of the paper's
-// appendix tables (Fig. 6a-6e). The paper gives no vocabulary or sequence
-// length; these use GPT-2's (50257, 1024). Where a label disagrees with the
-// paper's own estimate 12*L*h^2 by more than a few percent, the layers and
-// hidden size are kept as the table prints them (see man/zinf-shard.1).
-constexpr Preset kPresets[] = {
-    {"gpt2-124m", 12, 768, 12, "124M", "GPT-2"},
-    {"gpt2-350m", 24, 1024, 16, "350M", "GPT-2"},
-    {"gpt2-1.5b", 48, 1600, 25, "1.5B", "GPT-2"},
-    {"gpt-13b", 40, 5120, 40, "13B", "GPT-3 13B shape"},
-    {"paper-1.4b", 40, 1536, 16, "1.4B", "paper Fig. 6a"},
-    {"paper-10b", 50, 4096, 16, "10B", "paper Fig. 6a"},
-    {"paper-13b", 64, 4096, 16, "13B", "paper Fig. 6a"},
-    {"paper-20b", 98, 4096, 32, "20B", "paper Fig. 6a"},
-    {"paper-70b", 125, 8192, 32, "70B", "paper Fig. 6a"},
-    {"paper-1t", 128, 25600, 256, "1000B", "paper Fig. 6a"},
-    {"paper-h8k", 1, 8192, 16, "900M", "paper Fig. 6b"},
-    {"paper-h16k", 1, 16384, 16, "3B", "paper Fig. 6b"},
-    {"paper-h32k", 1, 32768, 16, "13B", "paper Fig. 6b"},
-    {"paper-h64k", 1, 65536, 32, "50B", "paper Fig. 6b"},
-    {"paper-8b", 10, 8192, 16, "8B", "paper Fig. 6c/6d"},
-    {"paper-275m", 5, 2048, 16, "275M", "paper Fig. 6e"},
-    {"paper-4b", 5, 8192, 16, "4B", "paper Fig. 6e"},
-    {"paper-16b", 5, 16384, 16, "16B", "paper Fig. 6e"},
-    {"paper-64b", 5, 32768, 16, "64B", "paper Fig. 6e"},
-    {"paper-260b", 5, 65536, 16, "260B", "paper Fig. 6e"},
-};
-
-std::string known_presets() {
-    std::string s;
-    for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
-    for (const auto& p : llama_presets()) s += ", " + std::string(p.name);
-    return s;
-}
-
-}  // namespace
-
-std::span<const Preset> presets() { return kPresets; }
-
 ModelSpec ModelSpec::parse(std::string_view text) {
-    for (const auto& p : kPresets)
-        if (text == p.name) {
-            ModelSpec s;
-            s.layers = p.layers;
-            s.hidden = p.hidden;
-            s.heads = p.heads;
-            s.preset = p.name;
-            return s;
-        }
-    if (auto s = detail::llama_preset(text)) return *s;
+    for (const Family& f : families())
+        for (const Preset& p : f.presets)
+            if (text == p.name) {
+                ModelSpec s = f.parse(f, p.spec);
+                s.preset = p.name;
+                return s;
+            }
     for (const Family& f : families())
         if (text.starts_with(f.name) && text.substr(std::string_view(f.name).size()).starts_with(":"))
-            return f.parse(text);
-    throw UsageError("model spec '" + std::string(text) +
-                     "': expected gpt:layers=L,hidden=C,heads=H[,vocab=V,seq=T], "
-                     "llama:layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1], "
-                     "qwen2: with the same keys, or a preset (" + known_presets() + ")");
+            return f.parse(f, text);
+    std::string forms, names;
+    for (const Family& f : families()) {
+        forms += std::string(f.name) + ":" + f.keys + ", ";
+        for (const Preset& p : f.presets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    }
+    throw UsageError("model spec '" + std::string(text) + "': expected " + forms + "or a preset (" + names + ")");
 }
 
 std::string ModelSpec::to_string() const { return family(arch).to_string(*this); }
@@ -89,10 +48,12 @@ std::string tile_name(const std::string& weight, unsigned k) { return weight + "
 // GPT-2's family.
 namespace {
 
-ModelSpec parse_gpt(std::string_view text) {
+ModelSpec parse_gpt(const Family& f, std::string_view text) {
     ModelSpec s;
+    s.arch = f.arch;
     s.heads = 0;
-    detail::spec_items(text, text.substr(4), [&](std::string_view key, std::string_view val) {
+    detail::spec_items(text, text.substr(std::string_view(f.name).size() + 1), [&](std::string_view key,
+                                                                                  std::string_view val) {
         const std::uint64_t v = detail::spec_count(val, key, text);
         if (key == "layers") s.layers = v;
         else if (key == "hidden") s.hidden = v;
@@ -178,20 +139,77 @@ std::vector<Tensor> gpt_tensors(const ModelSpec& spec, unsigned tile) {
     return out.take();
 }
 
+// GPT-2 (Radford et al.), a 13B GPT, and the configurations of the paper's
+// appendix tables (Fig. 6a-6e). The paper gives no vocabulary or sequence
+// length; these use GPT-2's (50257, 1024). Where a label disagrees with the
+// paper's own estimate 12*L*h^2 by more than a few percent, the layers and
+// hidden size are kept as the table prints them (see man/zinf-shard.1).
+constexpr Preset kGptPresets[] = {
+    {"gpt2-124m", "gpt:layers=12,hidden=768,heads=12", "124M", "GPT-2"},
+    {"gpt2-350m", "gpt:layers=24,hidden=1024,heads=16", "350M", "GPT-2"},
+    {"gpt2-1.5b", "gpt:layers=48,hidden=1600,heads=25", "1.5B", "GPT-2"},
+    {"gpt-13b", "gpt:layers=40,hidden=5120,heads=40", "13B", "GPT-3 13B shape"},
+    {"paper-1.4b", "gpt:layers=40,hidden=1536,heads=16", "1.4B", "paper Fig. 6a"},
+    {"paper-10b", "gpt:layers=50,hidden=4096,heads=16", "10B", "paper Fig. 6a"},
+    {"paper-13b", "gpt:layers=64,hidden=4096,heads=16", "13B", "paper Fig. 6a"},
+    {"paper-20b", "gpt:layers=98,hidden=4096,heads=32", "20B", "paper Fig. 6a"},
+    {"paper-70b", "gpt:layers=125,hidden=8192,heads=32", "70B", "paper Fig. 6a"},
+    {"paper-1t", "gpt:layers=128,hidden=25600,heads=256", "1000B", "paper Fig. 6a"},
+    {"paper-h8k", "gpt:layers=1,hidden=8192,heads=16", "900M", "paper Fig. 6b"},
+    {"paper-h16k", "gpt:layers=1,hidden=16384,heads=16", "3B", "paper Fig. 6b"},
+    {"paper-h32k", "gpt:layers=1,hidden=32768,heads=16", "13B", "paper Fig. 6b"},
+    {"paper-h64k", "gpt:layers=1,hidden=65536,heads=32", "50B", "paper Fig. 6b"},
+    {"paper-8b", "gpt:layers=10,hidden=8192,heads=16", "8B", "paper Fig. 6c/6d"},
+    {"paper-275m", "gpt:layers=5,hidden=2048,heads=16", "275M", "paper Fig. 6e"},
+    {"paper-4b", "gpt:layers=5,hidden=8192,heads=16", "4B", "paper Fig. 6e"},
+    {"paper-16b", "gpt:layers=5,hidden=16384,heads=16", "16B", "paper Fig. 6e"},
+    {"paper-64b", "gpt:layers=5,hidden=32768,heads=16", "64B", "paper Fig. 6e"},
+    {"paper-260b", "gpt:layers=5,hidden=65536,heads=16", "260B", "paper Fig. 6e"},
+};
+
+// The Llama-shaped families' presets, from each repository's config.json
+// (num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
+// intermediate_size, vocab_size, max_position_embeddings, rope_theta,
+// tie_word_embeddings, rms_norm_eps, rope_scaling).
+constexpr Preset kLlamaPresets[] = {
+    {"smollm-135m",
+     "llama:layers=30,hidden=576,heads=9,kv_heads=3,ffn=1536,vocab=49152,seq=2048,rope_theta=10000,tied=1", "135M",
+     "HuggingFaceTB/SmolLM-135M"},
+    {"tinyllama-1.1b",
+     "llama:layers=22,hidden=2048,heads=32,kv_heads=4,ffn=5632,vocab=32000,seq=2048,rope_theta=10000,tied=0", "1.1B",
+     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"},
+    {"llama-3.2-1b",
+     "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,seq=131072,rope_theta=500000,tied=1,"
+     "rope_scale=32,rope_low=1,rope_high=4,rope_orig=8192",
+     "1.2B", "meta-llama/Llama-3.2-1B"},
+    {"llama-3.1-8b",
+     "llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=131072,rope_theta=500000,tied=0,"
+     "rope_scale=8,rope_low=1,rope_high=4,rope_orig=8192",
+     "8.0B", "meta-llama/Llama-3.1-8B"},
+};
+constexpr Preset kQwen2Presets[] = {
+    {"qwen2.5-0.5b",
+     "qwen2:layers=24,hidden=896,heads=14,kv_heads=2,ffn=4864,vocab=151936,seq=32768,rope_theta=1000000,tied=1,"
+     "eps=0.000001",
+     "494M", "Qwen/Qwen2.5-0.5B"},
+};
+
 // Llama's and Qwen2's: one reader, tensors and modules (a Qwen2's q, k and v have biases).
-constexpr Family llama_shaped(Arch arch, const char* name, bool qkv_bias) {
-    return {arch, name, detail::parse_llama, detail::llama_to_string, detail::llama_parameters,
+constexpr const char* kLlamaKeys =
+    "layers=L,hidden=C,heads=H,kv_heads=K,ffn=F[,vocab=V,seq=T,rope_theta=R,tied=0|1]";
+constexpr Family llama_shaped(Arch arch, const char* name, std::span<const Preset> presets, bool qkv_bias) {
+    return {arch, name, kLlamaKeys, presets, detail::parse_llama, detail::llama_to_string, detail::llama_parameters,
             detail::llama_tensor_count, detail::llama_tensors, detail::llama_max_tile,
             "the smallest linear layer's outputs", detail::llama_block, "4 hd ffn / tile",
             "bsz seq ci (2 (2q + 2kv + 3 ffn) + 2 heads seq)", "2 block-weights ci / hd", true, Modules::llama, qkv_bias};
 }
 
 constexpr Family kFamilies[] = {
-    {Arch::gpt, "gpt", parse_gpt, gpt_to_string, gpt_parameters, gpt_tensor_count, gpt_tensors, gpt_max_tile,
-     "the hidden size", gpt_block, "4 hd 4hd / tile", "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false,
-     Modules::gpt, false},
-    llama_shaped(Arch::llama, "llama", false),
-    llama_shaped(Arch::qwen2, "qwen2", true),
+    {Arch::gpt, "gpt", "layers=L,hidden=C,heads=H[,vocab=V,seq=T]", kGptPresets, parse_gpt, gpt_to_string,
+     gpt_parameters, gpt_tensor_count, gpt_tensors, gpt_max_tile, "the hidden size", gpt_block, "4 hd 4hd / tile",
+     "bsz seq ci (16 hd + 2 heads seq)", "24 hd ci", false, Modules::gpt, false},
+    llama_shaped(Arch::llama, "llama", kLlamaPresets, false),
+    llama_shaped(Arch::qwen2, "qwen2", kQwen2Presets, true),
 };
 
 }  // namespace
