@@ -42,7 +42,7 @@ void EngineBase::begin_forward() {
 }
 
 std::uint64_t EngineBase::step_count() const {
-    if (optim) return optim->step_count();
+    if (optim) return optim->step_count() + (optim->pending() ? 1 : 0);  // a pipelined update: taken
     return m.parts.empty() ? 0 : m.parts.front().step;  // the committed step
 }
 
