@@ -412,12 +412,10 @@ void Impl::prefetch() {
         const bool grads = e.backward || trace.feeds[train][trace.pf_next];
         const std::uint64_t b = align_up(block_bytes(*e.module, grads, nullptr), mem::kArenaAlignment);
         if (fetch.ahead_bytes + b > opts.prefetch_bytes) break;
-        // One rank: a module whose parameters a pipelined update is still
-        // writing is fetched ahead once they are written (a later hook),
-        // so that the compute before it never waits for it. With more
-        // ranks every rank must fetch ahead alike, whatever its update's
-        // timing: the fetch waits for them.
-        if (dp == 1 && !module_ready(*e.module)) break;
+        // (A module whose parameters a pipelined update is still writing
+        // is fetched ahead all the same: its fetch waits for them, and
+        // what is fetched ahead, and so the ring's places, never depends
+        // on the update's timing. The compute queued before it runs on.)
         auto f = issue(*e.module, grads, trace.pf_next, true);
         if (!f) break;
         fetch.ahead_bytes += f->bytes();

@@ -316,13 +316,7 @@ struct InfinityEngine::Impl {
     void drop_parked();
     void hand_over(const Module& mod);
     bool has_params(const Module& mod) const { return !mod.params().empty() || !mod.external().empty(); }
-    // Every parameter of the module readable from the store without a wait.
-    bool module_ready(const Module& mod) const {
-        for (auto list : {mod.params(), mod.external()})
-            for (std::size_t pi : list)
-                if (!store.param_ready(pi)) return false;
-        return true;
-    }
+
     Fetch* fetch_of(const Module& mod) const;
 };
 
