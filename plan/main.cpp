@@ -155,9 +155,12 @@ void human(const plan::Report& r, const plan::Hardware& h) {
         row("efficiency_activation", pct(r.placement->efficiency_activation),
             std::string("checkpoints on ") + shard::tier_name(r.placement->activations));
         if (const plan::StepTime& st = r.placement->step; st.known) {
-            char v[160];
-            std::snprintf(v, sizeof v, "forward %.3f, backward %.3f (stall %.3f), optimizer after it %.3f; %s read ahead",
-                          st.forward, st.backward, st.stall, st.optimizer, format_size(st.readahead_bytes).c_str());
+            char v[256];
+            std::snprintf(v, sizeof v,
+                          "forward %.3f, backward %.3f (stall %.3f), optimizer after it %.3f (beside the next "
+                          "forward), disk %.3f; %s read ahead; --no-overlap %.3f",
+                          st.forward, st.backward, st.stall, st.optimizer, st.disk,
+                          format_size(st.readahead_bytes).c_str(), st.sequential());
             char t[32];
             std::snprintf(t, sizeof t, "%.3f", st.total());
             row("step_s", t, v);

@@ -13,6 +13,9 @@
 #   export-hf      zinf-shard export to a Hugging Face folder, fresh or --force
 #   train-nvme     zinf-train, every state on nvme (every step commits)
 #   train-cpu      zinf-train, the state in memory, --checkpoint-every 2
+#   train-overlap  zinf-train, every state on nvme, its writes held (--slow-writes
+#                  200): each step's update outlasts the next forward, which
+#                  waits on a module; the kills land between a norm and its commit
 #   diverge        zinf-train resumed at --lr 1e12: it diverges and goes back
 #   lock           a second program beside a zinf-train holding the lock,
 #                  refused (75); the holder SIGKILLed, the next run not blocked
@@ -41,7 +44,7 @@
 #                      2), raised to twice a bare MPI job's time on this machine
 #   --only NAME        one campaign: shard-init, shard-reshard, shard-import,
 #                      shard-hfimport, export-llmc, export-hf, train-nvme,
-#                      train-cpu, diverge, lock, moved or rank
+#                      train-cpu, train-overlap, diverge, lock, moved or rank
 #   --keep             keep the work folders (their paths are printed)
 #   -h, --help         print this help and exit
 #
@@ -79,7 +82,7 @@ done
 [[ $seed =~ ^[0-9]+$ ]] || usage_error "bad --seed '$seed'"
 [[ $rank_trials =~ ^[0-9]+$ ]] || usage_error "bad --rank-trials '$rank_trials'"
 [[ $comm_timeout =~ ^[1-9][0-9]*$ ]] || usage_error "bad --comm-timeout '$comm_timeout' (whole seconds)"
-campaigns=(shard-init shard-reshard shard-import shard-hfimport export-llmc export-hf train-nvme train-cpu diverge lock moved rank)
+campaigns=(shard-init shard-reshard shard-import shard-hfimport export-llmc export-hf train-nvme train-cpu train-overlap diverge lock moved rank)
 [[ -z $only || " ${campaigns[*]} " == *" $only "* ]] || usage_error "--only: one of ${campaigns[*]}"
 command -v jq >/dev/null || die 69 "needs jq (apt-get install jq)"
 bin=${ZINF_BIN:-$root/bin}
@@ -99,6 +102,7 @@ command_of() {  # command_of CAMPAIGN: the script and its options
         moved) echo "tests/crash/moved.sh" ;;
         train-nvme) echo "tests/crash/train.sh --tiers nvme" ;;
         train-cpu) echo "tests/crash/train.sh --tiers cpu" ;;
+        train-overlap) echo "tests/crash/train.sh --tiers nvme --slow-writes 200" ;;
         rank) echo "tests/crash/rank.sh --comm-timeout $comm_timeout" ;;
     esac
 }

@@ -14,7 +14,10 @@
 # went, bytes moved per tier, compute's stall, peak resident memory, the
 # disk's bytes and the floor they set (zinf-train's disk_floor_s, at the
 # bandwidth zinf-nvmebench --best measured, given as --config) with the
-# step's multiple of it (disk_floor_ratio); and zinf-plan's step for the same
+# step's multiple of it (disk_floor_ratio), the compute floor (forward and
+# backward with no stall), the step's multiple of the larger of the two
+# (step_floor_ratio, its median over steps 3..) and how much of each update
+# ran under the next step (update_overlap_s); and zinf-plan's step for the same
 # run (its step_s, with the run's own compute and disk, the CPU update's rate
 # from zinf-optbench and the same --optimizer-readahead) beside the measured
 # median step.
@@ -115,7 +118,7 @@ rc=0
 read_gbps=$(jq '.read_gibps * 1.073741824' "$benches")
 write_gbps=$(jq '.write_gibps * 1.073741824' "$benches")
 params=$(jq -r 'select(has("schema")) | .parameters' "$state/manifest.jsonl")
-compute_s=$(jq -s 'map(select(.step > 2)) | map(.forward_s + .backward_s - .stall_seconds) | sort | .[length / 2 | floor]' "$steps_out")
+compute_s=$(jq -s 'map(select(.step > 2)) | map(.compute_floor_s // (.forward_s + .backward_s - .stall_seconds)) | sort | .[length / 2 | floor]' "$steps_out")
 peak_tflops=$(jq -n "8 * $batch * $seq * $params / $compute_s / 1e12")
 # The dtypes zinf-train trains with: the layout's parameters, and fp32
 # gradients (its optimizer's gradient scratch: 4 bytes a parameter).
@@ -131,16 +134,17 @@ param_dtype=$(jq -r 'select(has("schema")) | .param_dtype' "$state/manifest.json
 printf '# %s (%s parameters, tile %s), batch %s x seq %s, %s steps; state %s on NVMe, memory %s\n' "$model" \
     "$params" "$tile" "$batch" "$seq" "$steps" "$(numfmt --to=iec "$state_bytes")B" "$(numfmt --to=iec $((mem_kib * 1024)))B"
 printf '# NVMe files: read %.2f GB/s, write %.2f GB/s (zinf-nvmebench)\n' "$read_gbps" "$write_gbps"
-printf '# %4s %8s %8s %7s %7s %7s %8s %7s %7s %10s %10s %10s %9s %9s %8s %6s %8s\n' step loss step_s fwd bwd opt \
-    overlap stall redo nvme_fetch opt_read opt_write disk_in disk_out floor_s ratio rss
+printf '# %4s %8s %8s %7s %7s %7s %8s %7s %7s %10s %10s %10s %9s %9s %8s %6s %8s %8s %7s %8s\n' step loss step_s fwd bwd opt \
+    overlap stall redo nvme_fetch opt_read opt_write disk_in disk_out floor_s ratio rss cfloor_s sratio upd_ov
 jq -r '[.step, .loss, .step_s, .forward_s, .backward_s, .optimizer_s, .optimizer_overlap_s, .stall_seconds,
     .optimizer_redo, .fetched_nvme_bytes, .optimizer_read_bytes, .optimizer_written_bytes, .disk_read_bytes,
-    .disk_written_bytes, (.disk_floor_s // 0), (.disk_floor_ratio // 0), .peak_rss_bytes] | @tsv' \
-    "$steps_out" | while IFS=$'\t' read -r s l st f b o ov sl rd fn orr ow di do fl ra rss; do
-    printf '  %4s %8.4f %8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7s %10s %10s %10s %9s %9s %8.2f %6.3f %8s\n' "$s" "$l" \
+    .disk_written_bytes, (.disk_floor_s // 0), (.disk_floor_ratio // 0), .peak_rss_bytes, (.compute_floor_s // 0),
+    (.step_floor_ratio // 0), (.update_overlap_s // 0)] | @tsv' \
+    "$steps_out" | while IFS=$'\t' read -r s l st f b o ov sl rd fn orr ow di do fl ra rss cf sr uo; do
+    printf '  %4s %8.4f %8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7s %10s %10s %10s %9s %9s %8.2f %6.3f %8s %8.2f %7.3f %8.2f\n' "$s" "$l" \
         "$st" "$f" "$b" "$o" "$ov" "$sl" "$rd" "$(numfmt --to=iec "$fn")" "$(numfmt --to=iec "$orr")" \
         "$(numfmt --to=iec "$ow")" "$(numfmt --to=iec "$di")" "$(numfmt --to=iec "$do")" "$fl" "$ra" \
-        "$(numfmt --to=iec "$rss")"
+        "$(numfmt --to=iec "$rss")" "$cf" "$sr" "$uo"
 done
 first=$(jq -s '.[0].loss' "$steps_out") last=$(jq -s '.[-1].loss' "$steps_out")
 rss=$(jq -s 'map(.peak_rss_bytes) | max' "$steps_out")
@@ -160,6 +164,8 @@ printf '# loss %.4f -> %.4f; peak resident memory %s (at most %s read ahead a st
 printf '# disk floor (the step'"'"'s disk bytes at the bandwidth above): median %.2f s; median step / floor %.3f\n' \
     "$(jq -s 'map(.disk_floor_s // 0) | sort | .[length / 2 | floor]' "$steps_out")" \
     "$(jq -s 'map(.disk_floor_ratio // 0) | sort | .[length / 2 | floor]' "$steps_out")"
+printf '# step / max(compute floor, disk floor) (step_floor_ratio): median over steps 3.. %.3f; update under the next step median %.2f s\n' \
+    "$(median '.step_floor_ratio // 0')" "$(median '.update_overlap_s // 0')"
 [[ $(jq -n --argjson a "$first" --argjson b "$last" '$b < $a') == true ]] || die 75 "the loss did not fall"
 # The 6 GiB bound is everything-on-NVMe's: with --param cpu the parameters
 # (and the optimizer's undo copy of them) are resident besides.

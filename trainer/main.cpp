@@ -111,6 +111,10 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
             j["disk_floor_s"] = s.disk_floor_seconds;
             j["disk_floor_ratio"] = s.disk_floor_ratio;
         }
+        j["compute_floor_s"] = s.compute_floor_seconds;
+        j["step_floor_ratio"] = s.step_floor_ratio;
+        j["update_overlap_s"] = s.update_overlap_seconds;
+        j["update_waited_s"] = s.update_waited_seconds;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the
@@ -133,6 +137,10 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         if (s.disk_floor_seconds > 0)
             line += "  disk " + format_size(s.disk_read_bytes) + " in " + format_size(s.disk_written_bytes) +
                     " out, floor " + fixed(s.disk_floor_seconds, 3) + " s (x" + fixed(s.disk_floor_ratio, 2) + ")";
+        if (s.step_floor_ratio > 0)
+            line += "  compute floor " + fixed(s.compute_floor_seconds, 3) + " s, step x" + fixed(s.step_floor_ratio, 2) +
+                    " of the larger";
+        if (s.update_overlap_seconds > 0) line += ", update " + fixed(s.update_overlap_seconds, 3) + " s under the next";
         if (s.overflow) line += "  (overflow: skipped)";
         if (s.optimizer_redo) line += "  (optimizer redone: clipped)";
         if (val) line += "  val " + fixed(*val, 4);
@@ -222,6 +230,7 @@ train::Options train_options(const Options& o, const std::string& committed, uns
     to.kernel.threads = cores;
     to.resident = o.resident;
     to.overlap = !o.no_overlap;
+    to.pipeline = !o.no_overlap;  // the next step beside this one's update (not with --resident)
     to.optimizer_readahead = o.optimizer_readahead == "auto" ? zero::OptimizerOptions::kReadaheadAuto
                                                              : cli::parse_sizes({o.optimizer_readahead}, "--optimizer-readahead")[0];
     to.offload_activations = model::parse_offload(o.offload_activations);
@@ -384,8 +393,9 @@ int main(int argc, char** argv) {
                  "Fetch a parameter several modules use (the tied wte) at each use instead of keeping it gathered "
                  "for the step");
     app.add_flag("--no-overlap", o.no_overlap,
-                 "Run the optimizer step after backward instead of updating each tensor as its gradient arrives "
-                 "(the overlapped update is exact: redone when the step is clipped)");
+                 "Run the optimizer step after backward instead of updating each tensor as its gradient arrives, "
+                 "and commit it before the next step starts instead of beside the next step's forward (the "
+                 "sequential reference: the overlapped step is the same to the bit)");
     app.add_option("--optimizer-readahead", o.optimizer_readahead,
                    "Page-locked memory for the optimizer state on NVMe: first the gradients' scratch when it fits "
                    "(else a file beside the state), then reading the master weights and moments a step after a "

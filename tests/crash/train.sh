@@ -9,8 +9,15 @@
 # on it; --resume runs to the end printing, bit for bit, the uninterrupted
 # run's losses, and commits its final state; no temporaries are left.
 #
-#   tests/crash/train.sh [--tiers nvme|cpu] [--seed S] [--trials N] [--keep]
+#   tests/crash/train.sh [--tiers nvme|cpu] [--slow-writes MS] [--seed S] [--trials N] [--keep]
 #
+# --slow-writes MS: every zinf-train run (references, killed, resumed) holds
+# the first 6 write pieces of each file it opens MS ms each (ZINF_FAULTS
+# delay): each step's update then outlasts the next step's forward, which
+# waits on a module whose new values are not written yet, and its commit
+# comes late in the next step. The kills (a seeded time, or entering the
+# update's fdatasync on its own thread) land inside that overlap, between
+# a step's norm and its commit.
 # --tiers: where the state is (default nvme); --seed S: trial i has seed
 # S+i (default: drawn, printed); --trials N (default 10); --keep: keep the
 # work folder. ZINF_CRASH_DIR: where the folder goes (default /var/tmp).
@@ -18,16 +25,25 @@ source "$(dirname "$0")/../e2e/lib.bash"
 source "$(dirname "$0")/../e2e/train_lib.bash"
 source "$(dirname "$0")/lib.bash"
 crash_options "$@"
-tiers=nvme
+tiers=nvme slow=0
 set -- "${args[@]}"
 while (($#)); do
   case $1 in
   --tiers) tiers=${2:-}; shift 2 ;;
+  --slow-writes) slow=${2:-}; shift 2 ;;
   *) echo "${0##*/}: unknown option $1 (see --help)" >&2; exit 64 ;;
   esac
 done
 [[ $tiers == nvme || $tiers == cpu ]] || { echo "${0##*/}: --tiers is nvme or cpu" >&2; exit 64; }
+[[ $slow =~ ^[0-9]+$ ]] || { echo "${0##*/}: --slow-writes takes milliseconds" >&2; exit 64; }
 name=train-$tiers
+TRC=("$TR")
+if ((slow > 0)); then
+  name=train-overlap-$tiers
+  faults=
+  for k in 1 2 3 4 5 6; do faults+=${faults:+,}write:$k:delay$slow; done
+  TRC=(env "ZINF_FAULTS=$faults" "$TR")
+fi
 crash_dir "$name"
 M=gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32
 N=4 # steps
@@ -51,13 +67,13 @@ T=$W/t
 cp -a "$T" "$W/pristine"
 restore() { rm -rf "$T" && cp -a "$W/pristine" "$T"; }
 cp "$T/manifest.jsonl" "$W/ref.0"
-timed run "$TR" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}" >"$W/ref.jsonl" 2>"$W/ref.err"
+timed run "${TRC[@]}" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}" >"$W/ref.jsonl" 2>"$W/ref.err"
 cp "$T/manifest.jsonl" "$W/ref.final"
 # The manifest of every commit, from a chain of runs that each commit once.
 restore
 ok=1
 for ((k = every; k <= N; k += every)); do
-  "$TR" --manifest "$T/manifest.jsonl" --steps $k --resume "${R[@]}" >>"$W/chain.jsonl" 2>"$W/chain.err" || ok=0
+  "${TRC[@]}" --manifest "$T/manifest.jsonl" --steps $k --resume "${R[@]}" >>"$W/chain.jsonl" 2>"$W/chain.err" || ok=0
   cp "$T/manifest.jsonl" "$W/ref.$k"
 done
 # pairs FILE: "step loss" of each complete JSON line (a kill may cut the last
@@ -71,7 +87,7 @@ if ! ((ok)) || ! cmp -s "$W/ref.pairs" <(pairs "$W/chain.jsonl") || ! same_bytes
   crash_finish "$name"
   exit 1
 fi
-reference_calls "$TR" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
+reference_calls "${TRC[@]}" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
 
 landed=()
 for ((i = 0; i < trials; i++)); do
@@ -79,7 +95,7 @@ for ((i = 0; i < trials; i++)); do
   restore
   draw_kill "$run_ms" "$W/calls"
   kill_out=$W/killed
-  killed "$TR" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
+  killed "${TRC[@]}" --manifest "$T/manifest.jsonl" --steps $N "${R[@]}"
   [[ $rc == 137 || $rc == 0 ]] || why_not "the killed run exited $rc, not 137 (or 0): $(head -c 300 "$W/killed.err")"
   # Its lines are the uninterrupted run's first n, to the bit.
   pairs "$W/killed" >"$W/killed.pairs"
@@ -103,7 +119,7 @@ for ((i = 0; i < trials; i++)); do
   fi
   expect "zinf-shard verify passes on the manifest the kill left" verifies "$T/manifest.jsonl"
   if [[ $k =~ ^[0-9]+$ ]] && ((k < N)); then
-    "$TR" --manifest "$T/manifest.jsonl" --steps $N --resume "${R[@]}" >"$W/resumed" 2>"$W/resumed.err"
+    "${TRC[@]}" --manifest "$T/manifest.jsonl" --steps $N --resume "${R[@]}" >"$W/resumed" 2>"$W/resumed.err"
     r=$?
     if ((r != 0)); then
       why_not "--resume exited $r: $(head -c 300 "$W/resumed.err")"

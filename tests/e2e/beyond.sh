@@ -69,6 +69,25 @@ for f in ov1 ov100 no1; do
   check "$f: disk bytes are the step's counted I/O; floor = bytes / bandwidth; ratio = step / floor" \
     jq -e -s "$floor_ok" "$W/$f.jsonl"
 done
+# The larger of the two floors (issue 45): compute_floor_s = forward +
+# backward - stall - the wait for the step before's update; the ratio of
+# the step to the larger floor; each update but the last (which the run
+# settles at once) partly under the next step, none without overlap.
+floors_ok='all(.[]; .compute_floor_s >= 0
+    and (.compute_floor_s - ([0, .forward_s + .backward_s - .stall_seconds - .update_waited_s] | max) | fabs) < 1e-9
+    and (([.compute_floor_s, .disk_floor_s] | max) as $f
+         | if $f > 0 then (.step_floor_ratio - .step_s / $f | fabs) < 1e-9 * .step_floor_ratio
+           else .step_floor_ratio == 0 end))'
+for f in ov1 ov100 no1; do
+  check "$f: compute floor = forward + backward - stall - waits; ratio = step / the larger floor" \
+    jq -e -s "$floors_ok" "$W/$f.jsonl"
+done
+for f in ov1 ov100; do
+  check "$f: each step's update ran under the next step (update_overlap_s > 0), the last settled at once" \
+    jq -e -s '.[:-1] | all(.[]; .update_overlap_s > 0)' "$W/$f.jsonl"
+done
+check "--no-overlap: no update under the next step, no wait for one" \
+  jq -e -s 'all(.[]; .update_overlap_s == 0 and .update_waited_s == 0)' "$W/no1.jsonl"
 # The gradients' scratch: in memory under the default budget (no file
 # read or written), in rank0/grad.bin with --optimizer-readahead 0; the
 # same bytes handed over either way, and the same bits (above).

@@ -51,5 +51,31 @@ at train fsync "$W/train/rank0/exp_avg.alt.bin" EIO
 # temporary; a Llama import whose index cannot be read commits nothing.
 at export rename "$W/export.out" EIO
 at hfimport read "$W/hfimport.hf/model.safetensors.index.json" EIO
+# The pipeline (issue 45): step 2's update writes rank0/param.bin (the
+# generation after step 1's) on its own thread beside step 3's forward;
+# that write-behind fails: exit 74 naming the file, on stdout step 1's line
+# only, the manifest at step 1 (step 2 never committed), verified; and
+# --resume runs steps 2 to 4 with the uninterrupted run's losses, bit for bit.
+source "$ROOT/tests/e2e/train_lib.bash"
+P=$W/pipe
+"$FW_SH" layout --model "$FW_MT" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$P" >/dev/null
+cp -a "$P" "$W/pipe.pristine"
+head -c 4000 "$ROOT/man/zinf-shard.1" >"$W/pipe.txt"
+PR=(--text "$W/pipe.txt" --schedule constant --batch 2 --seq 16 --threads 1 --json "${FW_POOL[@]}")
+ZINF_FAULT_TRACE=$W/pipe.trace "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$W/pipe.clean" 2>/dev/null
+site=$(grep -P '^write\t.*/rank0/param\.bin$' "$W/pipe.trace" | head -n 1 | cut -f 2)
+rm -rf "$P" && cp -a "$W/pipe.pristine" "$P"
+ZINF_FAULT_SITE="write:EIO:$site" "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$W/pipe.out" 2>"$W/pipe.err"
+rc=$?
+check "a failed write-behind of a pipelined update exits 74 naming its file" \
+  bash -c '[[ -n $1 && $2 == 74 && $(<"$3") == *"$1"* ]]' _ "$site" "$rc" "$W/pipe.err"
+check "...with step 1's line only, the manifest at step 1, verified" \
+  bash -c '[[ $(jq -r .step "$1" | tr "\n" " ") == "1 " && $2 == 1 ]] && "$3" verify "${@:5}" -m "$4/manifest.jsonl" >/dev/null' \
+  _ "$W/pipe.out" "$(manifest_step "$P/manifest.jsonl")" "$FW_SH" "$P" "${FW_POOL[@]}"
+"$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 --resume "${PR[@]}" >"$W/pipe.resumed" 2>"$W/pipe.resumed.err"
+rc=$?
+check "...and --resume runs steps 2 to 4 with the uninterrupted run's losses" \
+  bash -c '[[ $1 == 0 && $(jq -c "[.step, .loss]" "$2") == "$(jq -c "select(.step >= 2) | [.step, .loss]" "$3")" ]]' \
+  _ "$rc" "$W/pipe.resumed" "$W/pipe.clean"
 echo "# $FW_SITE_COUNT sites walked: $FW_HELD cases held, $FW_FAILED failed"
 finish

@@ -425,6 +425,65 @@ void tiers_equal_resident_at_dp(DType dt, device::Precision precision = device::
     world().barrier();  // before rank 0 removes the folder
 }
 
+// The pipeline (issue 45) at dp N: each step's update beside the next
+// step's forward, settled on every rank before the next backward, against
+// the sequential step (--no-overlap), clipped and not, on every tier: the
+// same losses, norms and committed state, to the bit.
+void pipelined_equals_sequential_at_dp(DType dt, double clip) {
+    const auto sequential = [&](device::Device&, train::Options& o) { o.overlap = o.pipeline = false; };
+    const auto pipelined = [&](device::Device&, train::Options& o) { o.overlap = o.pipeline = true; };
+    SharedDir dir;
+    const std::uint64_t s = shared_seed("pipeline at dp N");
+    const auto spec = shard::ModelSpec::parse(kGPT);
+    const auto tokens = make_tokens(s, spec.vocab, (kSteps + 3) * dp() * kB * kT + 1);
+    Rig rig;
+    const Tier tiers[] = {Tier::nvme, Tier::cpu, Tier::gpu};
+    if (!rank0_made(dir, [&] {
+            for (Tier t : tiers)
+                for (const char* run : {"seq", "pip"})
+                    make_state(dir.root + "/" + run + "-" + shard::tier_name(t), lay_out(dp(), {dt, t}, s), rig);
+        }))
+        return;
+    std::vector<Outcome> ref, got;
+    if (!every_rank_ran(
+            [&] {
+                for (Tier t : tiers) {
+                    shard::Manifest a =
+                        shard::read_manifest_file(dir.root + "/seq-" + shard::tier_name(t) + "/manifest.jsonl");
+                    ref.push_back(train_run(a, world(), rig, tokens, me(), dp(), kB, clip, false, sequential));
+                    shard::Manifest b =
+                        shard::read_manifest_file(dir.root + "/pip-" + shard::tier_name(t) + "/manifest.jsonl");
+                    got.push_back(train_run(b, world(), rig, tokens, me(), dp(), kB, clip, false, pipelined));
+                }
+            },
+            "the runs"))
+        return;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const std::string what = where() + " " + shard::dtype_name(dt) + " clip " + std::to_string(clip) +
+                                 ", pipelined vs sequential on " + shard::tier_name(tiers[i]);
+        BOOST_TEST(got[i].logs.size() == ref[i].logs.size(), what);
+        std::size_t clipped = 0;
+        for (std::size_t k = 0; k < std::min(got[i].logs.size(), ref[i].logs.size()); ++k) {
+            const auto& g = got[i].logs[k];
+            const auto& r = ref[i].logs[k];
+            BOOST_TEST(std::bit_cast<std::uint64_t>(g.loss) == std::bit_cast<std::uint64_t>(r.loss),
+                       what << " step " << k + 1 << ": loss " << g.loss << " vs " << r.loss);
+            BOOST_TEST(std::bit_cast<std::uint64_t>(g.grad_norm) == std::bit_cast<std::uint64_t>(r.grad_norm),
+                       what << " step " << k + 1 << ": norm");
+            BOOST_TEST(g.update_pending, what << " step " << k + 1 << ": the update ran beside the next step");
+            BOOST_TEST(!r.update_pending, what << " step " << k + 1);
+            clipped += clip > 0 && r.grad_norm > clip;
+        }
+        if (clip > 0) BOOST_TEST(clipped > 0u, what << ": some step was clipped");
+        if (me() == 0) try {
+                same_state(got[i].committed, ref[i].committed, rig, what);
+            } catch (const std::exception& e) {
+                BOOST_ERROR(what << ": " << e.what());
+            }
+    }
+    world().barrier();  // before rank 0 removes the folder
+}
+
 // ---------------------------------------------------------------------------
 // One collective as a backend received it.
 struct Recorded {
@@ -677,5 +736,8 @@ BOOST_AUTO_TEST_CASE(engine_fp32_cpu_tiers_unclipped) {
 BOOST_AUTO_TEST_CASE(engine_bf16_gpu_tiers_clipped) {
     dp_is_one_rank({DType::bf16, Tier::gpu}, 0.5, "engine, dp vs one rank, bf16, gpu tiers, clip 0.5", false);
 }
+
+BOOST_AUTO_TEST_CASE(pipelined_bf16_clipped) { pipelined_equals_sequential_at_dp(DType::bf16, 0.5); }
+BOOST_AUTO_TEST_CASE(pipelined_fp32_unclipped) { pipelined_equals_sequential_at_dp(DType::fp32, 0); }
 
 BOOST_AUTO_TEST_SUITE_END()

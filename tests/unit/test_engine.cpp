@@ -895,3 +895,94 @@ BOOST_AUTO_TEST_CASE(the_area_comes_from_the_device_budget) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// ===========================================================================
+// The pipeline (issue 45): each step's update runs beside the next step's
+// forward (train::Options::pipeline), whose fetches wait for each module's
+// new parameters; the step is committed before the next backward.
+BOOST_AUTO_TEST_SUITE(pipeline)
+
+namespace {
+
+// train_run's steps and evaluations (these read parameters an update is
+// still writing), pipelined: the logs as step() returned them, and the
+// finished ones (Trainer::finished) as their updates settled.
+Outcome pipelined_run(Run& run, Rig& rig, std::span<const std::uint16_t> tokens, train::Options o,
+                      std::vector<train::StepLog>& finished) {
+    Outcome out;
+    auto self = self_comm();
+    auto dev = device_of();
+    data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+    o.overlap = o.pipeline = true;
+    train::Trainer t(run.m, self, rig.engine, rig.pool, *dev, o);
+    for (std::uint64_t s = t.step_count(); s < kSteps; ++s) {
+        out.logs.push_back(t.step(loader));
+        BOOST_TEST(t.step_count() == s + 1, "a step whose update runs is a step taken");
+        if (auto f = t.finished()) finished.push_back(*f);
+        if (s % 2) out.val.push_back(t.evaluate(loader, 2));
+    }
+    t.save();
+    if (auto f = t.finished()) finished.push_back(*f);
+    BOOST_TEST(!t.finished(), "one finished log a step");
+    return out;
+}
+
+}  // namespace
+
+// Every parameter tier x optimizer tier, fp32 and bf16 parameters, every
+// step clipped (--grad-clip 0.05), some (1) and none (0): the same losses,
+// norms, validation losses (read while the update runs) and committed state,
+// byte for byte, as the sequential step (--no-overlap); each step's log
+// finished once, in order, with its floors.
+BOOST_AUTO_TEST_CASE(nine_tiers_equal_the_sequential_step) {
+    const std::uint64_t s = fresh_seed("pipeline nine tiers");
+    const auto tokens = make_tokens(s, 97, (kSteps + 2) * kB * kT + 1);
+    for (DType dt : {DType::fp32, DType::bf16})
+        for (double clip : {0.05, 1.0, 0.0})
+            for (Tier pt : kTiers)
+                for (Tier ot : kTiers) {
+                    const std::string what = std::string(shard::dtype_name(dt)) + " param " + shard::tier_name(pt) +
+                                             ", optimizer " + shard::tier_name(ot) + ", clip " + std::to_string(clip);
+                    Rig rig;
+                    Run seq_run(rig, lay(dt, pt, ot, s), kGPT), pip_run(rig, lay(dt, pt, ot, s), kGPT);
+                    train::Options so = train_options(seq_run.manifest_path());
+                    so.grad_clip = clip;
+                    so.overlap = false;
+                    const Outcome ref = train_run(seq_run, rig, tokens, so);
+                    train::Options po = train_options(pip_run.manifest_path());
+                    po.grad_clip = clip;
+                    std::vector<train::StepLog> finished;
+                    const Outcome got = pipelined_run(pip_run, rig, tokens, po, finished);
+                    same_losses(got, ref, what);
+                    same_state(shard::read_manifest_file(pip_run.manifest_path()),
+                               shard::read_manifest_file(seq_run.manifest_path()), rig, what);
+                    BOOST_TEST_REQUIRE(finished.size() == got.logs.size(), what);
+                    std::size_t clipped = 0;
+                    for (std::size_t k = 0; k < finished.size(); ++k) {
+                        const auto& f = finished[k];
+                        BOOST_TEST(got.logs[k].update_pending, what << " step " << k + 1);
+                        BOOST_TEST(!ref.logs[k].update_pending, what << " step " << k + 1);
+                        BOOST_TEST(f.step == k + 1, what);
+                        BOOST_TEST(!f.update_pending, what);
+                        BOOST_TEST(bits(f.loss) == bits(got.logs[k].loss), what);
+                        // (at this size a step's waits may take all of its
+                        // forward and backward: a floor of 0, and no ratio)
+                        BOOST_TEST(f.compute_floor_seconds >= 0, what << " step " << k + 1);
+                        BOOST_TEST(f.compute_floor_seconds ==
+                                       std::max(0.0, f.forward_seconds + f.backward_seconds - f.stall_seconds -
+                                                         f.update_waited_seconds),
+                                   what << " step " << k + 1);
+                        const double floor = std::max(f.compute_floor_seconds, f.disk_floor_seconds);
+                        BOOST_TEST((floor > 0 ? near(f.step_floor_ratio * floor, f.seconds, 1e-9)
+                                              : f.step_floor_ratio == 0),
+                                   what << " step " << k + 1);
+                        BOOST_TEST(f.update_overlap_seconds >= 0, what);
+                        BOOST_TEST(ref.logs[k].update_overlap_seconds == 0, what);
+                        clipped += clip > 0 && f.grad_norm > clip;
+                    }
+                    if (clip == 0.05) BOOST_TEST(clipped == finished.size(), what << ": every step clipped");
+                    if (clip == 0.0) BOOST_TEST(clipped == 0u, what);
+                }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

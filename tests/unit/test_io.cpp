@@ -605,8 +605,12 @@ BOOST_AUTO_TEST_CASE(fault_spec_parsing) {
     BOOST_TEST((f[0].op == Op::read && f[0].nth == 3u && f[0].err == EIO));
     BOOST_TEST((f[1].op == Op::write && f[1].err == 0 && !f[1].corrupt));
     BOOST_TEST(f[2].corrupt);
+    const auto d = parse_faults("write:4:delay250");
+    BOOST_REQUIRE(d.size() == 1u);
+    BOOST_TEST((d[0].op == Op::write && d[0].nth == 4u && d[0].delay_ms == 250u && d[0].err == 0 && !d[0].corrupt));
     for (const char* bad : {"read", "read:0:EIO", "read:x:EIO", "seek:1:EIO", "read:1:EWHAT",
-                            "write:1:corrupt"})
+                            "write:1:corrupt", "write:1:delay", "write:1:delay0", "write:1:delay-5",
+                            "write:1:delay1000000", "write:1:delayed"})
         BOOST_CHECK_THROW(parse_faults(bad), UsageError);
 }
 

@@ -759,7 +759,15 @@ BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
         BOOST_TEST(st.readahead_bytes == 0u);
         const double opt = std::max(12 * P / h.nvme_read_bps + 14 * P / h.nvme_write_bps, 28 * P / h.cpu_update_bps);
         BOOST_TEST(st.optimizer == opt, tt::tolerance(1e-12));
-        BOOST_TEST(st.total() == st.forward + st.backward + st.optimizer, tt::tolerance(1e-12));
+        BOOST_TEST(st.sequential() == st.forward + st.backward + st.optimizer, tt::tolerance(1e-12));
+        // The pipelined step: the larger of its parts, the update beside
+        // the next forward, or the disk's time for both fetches, the 12 P
+        // read and the 14 P written.
+        const double disk = 2 * fetch + 12 * P / h.nvme_read_bps + 14 * P / h.nvme_write_bps;
+        BOOST_TEST(st.disk == disk, tt::tolerance(1e-12));
+        BOOST_TEST(st.total() == std::max(st.forward + st.backward + std::max(0.0, st.optimizer - st.forward), disk),
+                   tt::tolerance(1e-12));
+        BOOST_TEST(st.total() <= st.sequential());
     }
     // A budget past the state reads, beside the backward's fetch, what the
     // disk has time for: the step is shorter, and the reads no longer bound it.

@@ -84,16 +84,21 @@ struct OpenOptions {
 // on the file fails with `err`; or, when `err` is 0, comes back short (the
 // kernel is asked for half the piece, so the engine must finish the rest); or,
 // with `corrupt`, a read succeeds but one byte of it is flipped (silent
-// corruption, which checksums must catch).
+// corruption, which checksums must catch); or, with `delay_ms`, the piece
+// is held that long before it goes to the kernel, then done whole (a slow
+// write that someone may try to read around; with the io_uring backend the
+// submissions queued behind it wait too, with the threads backend only the
+// worker that holds it).
 //
 // Programs take faults from the environment too, for end-to-end tests:
-//   ZINF_FAULTS="read:3:EIO,write:2:short,read:5:corrupt"
+//   ZINF_FAULTS="read:3:EIO,write:2:short,read:5:corrupt,write:4:delay300"
 // applies to every file the process opens (each file counts its own pieces).
 struct Fault {
     Op op = Op::read;
     std::uint64_t nth = 1;
     int err = 0;
     bool corrupt = false;
+    std::uint32_t delay_ms = 0;
 };
 
 // Parses ZINF_FAULTS syntax; UsageError naming the bad item.

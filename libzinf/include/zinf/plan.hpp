@@ -143,14 +143,23 @@ struct TierUse {
 //              (the disk's time for both, as the disk floor counts it),
 //              or the CPU's work, whichever is longer: the update, then the
 //              xxh3 of what it writes and of what it reads after backward
+//   disk       the step's disk time: both fetches of parameters on nvme and
+//              the optimizer's reads (the read-ahead's too) and writes, in turn
 // `known` is false when a bandwidth the placement uses was not measured.
 struct StepTime {
     bool known = false;
     double forward = 0, backward = 0, optimizer = 0;
+    double disk = 0;
     double compute = 0;                  // forward + backward at the peak rate
     double stall = 0;                    // of forward + backward, waiting for parameters
     std::uint64_t readahead_bytes = 0;   // optimizer state read during backward, per node
-    double total() const { return forward + backward + optimizer; }
+    // The step as zinf-train runs it by default: the update beside the next
+    // step's forward (the pipeline), so the larger of its parts: the
+    // forward and backward with what the update takes past the next
+    // forward, or the disk's time for the whole step.
+    double total() const { return std::max(forward + backward + std::max(0.0, optimizer - forward), disk); }
+    // --no-overlap: the update after the backward, committed before the next step.
+    double sequential() const { return forward + backward + optimizer; }
 };
 
 struct Placement {

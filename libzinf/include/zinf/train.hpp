@@ -65,6 +65,12 @@ struct Options {
     // speculatively, redoing the step when it is clipped (zero.hpp,
     // OptimizerOptions::overlap); false: the whole update after backward.
     bool overlap = true;
+    // With overlap and the ZeRO-Infinity engine, the next step starts while
+    // this one's update runs (OptimizerOptions::pipeline): step() returns
+    // the step's log `update_pending`, finished by the next step's forward
+    // (or settle()) and handed out then by finished(); false: each step's
+    // update is committed before step() returns.
+    bool pipeline = false;
     // With overlap, the bytes of master weights and moments a step that does
     // not speculate (after a clipped one) reads during backward, page-locked
     // for the run (OptimizerOptions::readahead); the default, kReadaheadAuto,
@@ -147,6 +153,27 @@ struct StepLog {
     std::uint64_t activation_read_bytes = 0, activation_written_bytes = 0;  // offloaded to NVMe
     double disk_read_bps = 0, disk_write_bps = 0;
     double disk_floor_seconds = 0, disk_floor_ratio = 0;
+    // The step against the larger of its two floors: compute_floor_seconds
+    // is the forward and backward with no stall (forward_seconds +
+    // backward_seconds - stall_seconds - what they waited for the step
+    // before's update, update_waited_seconds), and
+    //   step_floor_ratio = seconds / max(compute_floor_seconds, disk_floor_seconds)
+    // (1: the step took no longer than the slower of compute and disk).
+    // update_overlap_seconds: how much of this step's update ran under the
+    // next step's compute (Options::pipeline; 0 without): its time after
+    // step() returned less what the next step waited for it (for its
+    // parameters, and for its end before the commit);
+    // update_waited_seconds how long this step's forward waited for
+    // parameters the step before's update had not written yet.
+    // Pipelined, `seconds` runs from the step's start to its step() return
+    // (the update goes on beside the next step), so that the steps' seconds
+    // add up to the run's.
+    double compute_floor_seconds = 0, step_floor_ratio = 0;
+    double update_overlap_seconds = 0, update_waited_seconds = 0;
+    // Pipelined: step() returned with the update running; the update's
+    // figures (optimizer_read_bytes on, the disk floor, step_floor_ratio)
+    // are filled when it settles (Trainer::finished).
+    bool update_pending = false;
 };
 
 class Trainer {
@@ -163,6 +190,13 @@ public:
     // changed or failed under the run, data.hpp), every rank throws before
     // anything of the step runs, and input_failed() says so from then on.
     StepLog step(const data::Loader& train);
+    // Pipelined (Options::pipeline): the log of the step whose update was
+    // settled since the last call (by the next step's forward, settle() or
+    // save()), whole; nullopt when none.
+    std::optional<StepLog> finished();
+    // Waits for the update under way and commits it (every rank at once);
+    // nothing without one. Its log is then finished().
+    void settle();
     bool input_failed() const;
     // The mean loss over `batches` batches of `val` (0-based indices 0..),
     // averaged over the ranks. No gradients.
@@ -171,7 +205,8 @@ public:
     // (every rank agrees each batch): nullopt then. An interrupt is honoured
     // within one batch's forward pass, not after all of them.
     std::optional<double> evaluate(const data::Loader& val, std::uint64_t batches, const std::atomic<bool>* stop);
-    // Commits every state at step_count() into the manifest.
+    // Commits every state at step_count() into the manifest (settles the
+    // update under way first).
     void save();
     // The manifest as last committed (or as opened).
     const shard::Manifest& manifest() const;

@@ -123,6 +123,20 @@ struct OptimizerOptions {
     // master weights and moments streamed from NVMe; with them in memory the
     // update runs in step(), as without overlap.
     bool overlap = false;
+    // Pipeline: step() returns once the global norm is known and the
+    // update has started, on a thread of its own, in the order of the
+    // state files (the order the forward reads the parameters: first module
+    // first); the next step's forward runs beside it. param_source(t) waits
+    // until tensor t's new values are written (the write complete, its
+    // xxh3 known) and names them; the listener hears each piece as the
+    // update makes it, as without the pipeline. settle() waits for the rest
+    // (the writes of moments and master weights, their sync) and commits the
+    // step: callers settle it at one point on every rank, before the next
+    // step's first gradient (Engine::settle). A step never commits before
+    // the one before it, and a kill at any instant leaves the manifest at
+    // the last commit, the update's writes going to a generation it does not
+    // name. The result is bit for bit the step without the pipeline.
+    bool pipeline = false;
     // Read-ahead, with overlap: a step that does not speculate (the last one
     // was clipped or skipped, a rank's own gradients already force clipping,
     // or the step updates a generation in place) reads the master weights and
@@ -192,6 +206,16 @@ struct StepReport {
     // backward (in bytes_read), and of them the bytes the update took from
     // memory (less on a skipped step, which uses none).
     std::uint64_t readahead_bytes = 0, readahead_used_bytes = 0;
+    // Pipeline (OptimizerOptions::pipeline): step()'s report is `pending`
+    // while the update runs (its figures from update_seconds on, the bytes,
+    // the commit and `step` not known yet); settle()'s is the whole step.
+    // update_pipelined_seconds: the update's time from step()'s return to
+    // its end, under the caller's next work; of it, update_waited_seconds
+    // the caller waited in param_source for a parameter not yet written (a
+    // forward's fetch), and settle_waited_seconds in settle() for the rest:
+    // what the pipeline did not hide is the two waits.
+    bool pending = false;
+    double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
 };
 
 // The memory one rank may spare for the optimizer's read-ahead by default:
@@ -237,6 +261,11 @@ class ParamStore {
 public:
     virtual ~ParamStore() = default;
     virtual ParamSource param_source(std::size_t tensor) = 0;
+    // Whether param_source(tensor) returns now, without waiting (false
+    // while an update is still writing the tensor's new values): the
+    // engine reads ahead only what is ready, and waits only for the module
+    // that runs.
+    virtual bool param_ready(std::size_t) { return true; }
     // This rank's averaged gradient of `tensor`: its real elements.
     virtual void put_gradient(std::size_t tensor, std::span<const float> grad) = 0;
     // The one listener told of the parameters' updates (null: none), set
@@ -273,6 +302,14 @@ public:
     // and commits. loss_scale divides the gradients (fp16); a gradient that is
     // not finite on any rank skips the step on every rank (overflow).
     StepReport step(double loss_scale = 1);
+    // Pipeline: the step whose update runs (step() returned it pending)
+    // synced and committed, on every rank at once (collectives; an update
+    // that failed on any rank fails it on all: the manifest names the step
+    // before, 74 naming the file), and its whole report; nullopt when no
+    // update runs. The next step's first gradient, save() and the
+    // destructor (which commits nothing) wait for it first.
+    std::optional<StepReport> settle();
+    bool pending() const;  // an update started by step() is not settled yet
 
     // Writes the state held in memory (gpu and cpu tiers) to new space and
     // commits it with the streamed files' current generation, so the
@@ -281,9 +318,13 @@ public:
     void save();
 
     // Where this rank's current working parameters of `tensor` are (the
-    // ParamStore's contract). Valid until the next step().
+    // ParamStore's contract). Valid until the next step(). While a
+    // pipelined update runs, waits until the tensor's new values are
+    // written and names them (memory, or the generation the update writes
+    // with its new xxh3); the update's error, if it fails first.
     using ParamSource = zero::ParamSource;
     ParamSource param_source(std::size_t tensor) override;
+    bool param_ready(std::size_t tensor) override;
 
     // How the NVMe stream is cut: the bytes of one state's piece of a chunk.
     std::uint64_t chunk_bytes() const;
@@ -744,6 +785,13 @@ public:
     // where the state streams from NVMe, and the parameters every later
     // pass reads. Not taken (report.overflow) when a gradient was not finite.
     virtual StepReport step() = 0;
+    // The pipeline (OptimizerOptions::pipeline): step() returns its report
+    // pending while the update runs beside the next pass, which reads each
+    // parameter once its new values are written; settle() waits for the
+    // rest and commits, on every rank at the same point (collectives), and
+    // returns the whole report; nullopt when no update is under way (the
+    // sequential step, or settled already).
+    virtual std::optional<StepReport> settle() { return std::nullopt; }
     virtual void reset() noexcept = 0;
     // No collective of the engine's runs between a step's forward and its
     // backward (one rank, or the resident engine, whose collectives follow

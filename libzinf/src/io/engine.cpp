@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -75,6 +77,9 @@ struct Engine::Impl final : detail::Completer {
             case File::Impl::FaultAction::none: break;
             case File::Impl::FaultAction::fail: return {Submission::fail, err, 0};
             case File::Impl::FaultAction::corrupt: p.corrupt = true; break;
+            case File::Impl::FaultAction::delay:
+                std::this_thread::sleep_for(std::chrono::milliseconds(err));
+                break;
             case File::Impl::FaultAction::shorten: {
                 std::size_t half = align_down(want / 2, r.file->align);
                 if (half > 0) want = half;

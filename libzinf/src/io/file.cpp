@@ -74,6 +74,10 @@ File::Impl::FaultAction File::Impl::take_fault(Op op, int& err) {
         if (faults.empty()) has_faults = false;
         err = f.err;
         if (f.err > 0) return FaultAction::fail;
+        if (f.delay_ms > 0) {
+            err = static_cast<int>(f.delay_ms);
+            return FaultAction::delay;
+        }
         return f.corrupt ? FaultAction::corrupt : FaultAction::shorten;
     }
     return FaultAction::none;
@@ -94,7 +98,7 @@ std::vector<Fault> parse_faults(std::string_view spec) {
         if (item.empty()) continue;
         auto bad = [&] {
             return UsageError("ZINF_FAULTS: bad item '" + item +
-                              "' (want op:nth:kind, op read|write, kind short|corrupt|EIO|ENOSPC|...)");
+                              "' (want op:nth:kind, op read|write, kind short|corrupt|delay<ms>|EIO|ENOSPC|...)");
         };
         std::size_t a = item.find(':'), b = item.find(':', a == std::string::npos ? a : a + 1);
         if (a == std::string::npos || b == std::string::npos) throw bad();
@@ -112,6 +116,11 @@ std::vector<Fault> parse_faults(std::string_view spec) {
             throw bad();
         }
         if (kind == "short") {
+        } else if (kind.rfind("delay", 0) == 0) {
+            const std::string ms = kind.substr(5);
+            if (ms.empty() || ms.size() > 6 || ms.find_first_not_of("0123456789") != std::string::npos) throw bad();
+            f.delay_ms = static_cast<std::uint32_t>(std::stoul(ms));
+            if (f.delay_ms == 0) throw bad();
         } else if (kind == "corrupt") {
             if (f.op != Op::read) throw bad();
             f.corrupt = true;
@@ -315,6 +324,7 @@ void File::close() {
 void File::inject_fault(const Fault& fault) {
     if (fault.nth == 0) throw UsageError("fault injection: nth is 1-based");
     if (fault.corrupt && fault.op != Op::read) throw UsageError("fault injection: only reads corrupt");
+    if (fault.delay_ms && (fault.err || fault.corrupt)) throw UsageError("fault injection: a delay is all it does");
     Impl& i = need(impl_);
     std::lock_guard lk(i.fault_mu);
     i.faults.push_back(fault);

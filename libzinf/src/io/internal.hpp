@@ -33,7 +33,8 @@ struct File::Impl {
     std::uint64_t nth_read = 0, nth_write = 0;  // pieces submitted so far, under fault_mu
 
     // Called once per piece submission when has_faults.
-    enum class FaultAction { none, fail, shorten, corrupt };
+    enum class FaultAction { none, fail, shorten, corrupt, delay };
+    // err: the errno of fail, the milliseconds of delay.
     FaultAction take_fault(Op op, int& err);
 };
 

@@ -285,7 +285,7 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
         written += node(b.param);
         if (b.master == 0) read += node(b.param);  // fp32 parameters: the master weights themselves
     }
-    double update = 0;
+    double update = 0, ahead_read = 0;
     if (p.optim != Tier::gpu)
         update = time(2 * state + node(b.grad) + node(b.master > 0 ? b.param : 0), h.cpu_update_bps);
     if (p.optim == Tier::nvme) {
@@ -308,12 +308,14 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
         const double ahead = std::min({budget, read, h.nvme_read_bps > 0 ? spare_s * h.nvme_read_bps : 0.0});
         st.readahead_bytes = static_cast<std::uint64_t>(ahead);
         read -= ahead;
+        ahead_read = ahead;
         if (h.cpu_hash_bps > 0) update += time(read + written, h.cpu_hash_bps);
     }
     // The disk one direction after the other, as the disk floor counts it
     // (train's disk_floor_s): on the disks measured (BENCHMARKS.md, issue
     // 28) reads in flight beside writes moved no more than the two in turn.
     st.optimizer = std::max(time(read, h.nvme_read_bps) + time(written, h.nvme_write_bps), update);
+    st.disk = 2 * disk_fetch + time(read + ahead_read, h.nvme_read_bps) + time(written, h.nvme_write_bps);
     st.stall = st.forward + st.backward - st.compute;
     st.known = known;
     return st;
@@ -495,6 +497,8 @@ json::Json placement_json(const Placement& p) {
                       {"step_forward_s", seconds_json(p.step.known, p.step.forward)},
                       {"step_backward_s", seconds_json(p.step.known, p.step.backward)},
                       {"step_optimizer_s", seconds_json(p.step.known, p.step.optimizer)},
+                      {"step_disk_s", seconds_json(p.step.known, p.step.disk)},
+                      {"step_sequential_s", seconds_json(p.step.known, p.step.sequential())},
                       {"step_compute_s", seconds_json(p.step.known, p.step.compute)},
                       {"step_stall_s", seconds_json(p.step.known, p.step.stall)},
                       {"step_readahead_bytes", p.step.readahead_bytes}};

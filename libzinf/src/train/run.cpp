@@ -113,7 +113,21 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
     // Commits the current state once its weights give a finite loss (one
     // forward pass over a training batch): a run never ends with weights
     // the next run cannot use.
+    // Pipelined (Options::pipeline): a step's line goes out once its update
+    // is committed, during the next step (or when the loop must settle it:
+    // a validation, a checkpoint, a stop, the last step). A line that could
+    // not be written stops the run as below.
+    std::exception_ptr output_failed;
+    auto emit_finished = [&] {
+        if (auto done = t.finished(); done && lead) try {
+                emit(*done, std::nullopt);
+            } catch (const Error&) {
+                if (!output_failed) output_failed = std::current_exception();
+            }
+    };
     auto save_checked = [&] {
+        t.settle();
+        emit_finished();
         std::optional<shard::Manifest> before;
         if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
         const double loss = t.evaluate(train, 1);
@@ -136,7 +150,14 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
             // manifest is at the current step.
             std::optional<shard::Manifest> before;
             if (committed_step(t.manifest()) == t.step_count()) before = t.manifest();
-            const StepLog log = t.step(train);
+            StepLog log;
+            try {
+                log = t.step(train);
+            } catch (const Error&) {
+                emit_finished();  // the step before, committed by this one's forward
+                throw;
+            }
+            emit_finished();
             if (std::isfinite(log.loss) && before) good = std::move(before);
             if (log.overflow) {
                 if (lead) emit(log, std::nullopt);
@@ -151,22 +172,33 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
                                 ", the last step, whose weights gave a finite loss (lower --lr or raise --warmup)");
             }
             std::optional<double> val_loss;
+            const bool evaluating = c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps);
+            const bool checkpoint = c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps;
+            // A pipelined step's line waits for its commit, unless one of
+            // these needs it now.
+            bool held = log.update_pending;
+            if (held && (evaluating || checkpoint || log.step == c.steps)) {
+                t.settle();
+                held = false;
+            }
             // (cut short by an interrupt: no validation loss, the stop below)
-            if (c.eval_every && (log.step % c.eval_every == 0 || log.step == c.steps))
-                val_loss = t.evaluate(*val, c.eval_batches, c.stop);
-            if (c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps) {
+            if (evaluating) val_loss = t.evaluate(*val, c.eval_batches, c.stop);
+            if (checkpoint) {
                 t.save();
                 if (lead) log::info("checkpoint committed at step " + std::to_string(log.step));
             }
             // A failed write of the step line (a closed pipe, a full disk) stops
             // the run like an interrupt: every rank saves together, then rank 0
             // reports the write's error.
-            std::exception_ptr output_failed;
-            if (lead) try {
-                    emit(log, val_loss);
-                } catch (const Error&) {
-                    output_failed = std::current_exception();
-                }
+            if (!held) {
+                std::optional<StepLog> done;
+                if (log.update_pending) done = t.finished();
+                if (lead) try {
+                        emit(done ? *done : log, val_loss);
+                    } catch (const Error&) {
+                        if (!output_failed) output_failed = std::current_exception();
+                    }
+            }
             // Every rank stops at the same step: agree on the flag.
             std::uint8_t stop = output_failed ? 2 : (c.stop && c.stop->load()) ? 1 : 0;
             if (comm.size() > 1)
@@ -180,6 +212,8 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
             }
             if (stop && log.step < c.steps) {
                 t.save();
+                emit_finished();
+                if (output_failed) std::rethrow_exception(output_failed);
                 if (lead) log::warn("interrupted: checkpoint committed at step " + std::to_string(t.step_count()) +
                                     "; continue with --resume");
                 throw Interrupted("interrupted at step " + std::to_string(t.step_count()));
@@ -189,6 +223,7 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
     } catch (const Error&) {
         if (!t.input_failed()) throw;
         t.save();
+        emit_finished();
         if (lead)
             log::warn("the training data could not be read: checkpoint committed at step " +
                       std::to_string(t.step_count()) + "; continue with --resume once the data is whole again");

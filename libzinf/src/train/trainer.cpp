@@ -8,6 +8,7 @@
 #include <map>
 #include <numbers>
 #include <tuple>
+#include <utility>
 
 namespace zinf::train {
 
@@ -44,6 +45,13 @@ struct Trainer::Impl {
 
     void measure_disk(const zero::DiskNeed& need);
     void disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_t acts_out) const;
+    void floors(StepLog& log) const;
+
+    // Pipelined (Options::pipeline): the step whose update runs beside the
+    // next one's forward, and the last one settled, not handed out yet.
+    std::optional<StepLog> pending, done;
+    double waited = 0;  // what this step's forward waited for the step before's update
+    void settle();
 
     // Queued work reads the activations, the engine's device memory and the
     // host vectors below: it must be done before they go (an error thrown
@@ -166,6 +174,14 @@ void Trainer::Impl::disk_floor(StepLog& log, std::uint64_t acts_in, std::uint64_
     if (log.disk_floor_seconds > 0) log.disk_floor_ratio = log.seconds / log.disk_floor_seconds;
 }
 
+// The step against the larger of compute and disk (StepLog).
+void Trainer::Impl::floors(StepLog& log) const {
+    log.compute_floor_seconds = std::max(
+        0.0, log.forward_seconds + log.backward_seconds - log.stall_seconds - log.update_waited_seconds);
+    const double floor = std::max(log.compute_floor_seconds, log.disk_floor_seconds);
+    if (floor > 0) log.step_floor_ratio = log.seconds / floor;
+}
+
 // The engine the trainer's options ask for: the optimizer's hyperparameters
 // and overlap, the engine's placement and prefetch.
 zero::EngineOptions Trainer::Impl::engine_options() const {
@@ -180,6 +196,10 @@ zero::EngineOptions Trainer::Impl::engine_options() const {
     zo.kernel = opts.kernel;
     zo.manifest_path = opts.manifest_path;
     zo.overlap = opts.overlap;
+    // The next step beside this one's update: the ZeRO-Infinity engine's
+    // fetches wait for each parameter's new values; the resident engine
+    // gathers them all back after the step.
+    zo.pipeline = opts.overlap && opts.pipeline && !opts.resident;
     zo.readahead = opts.optimizer_readahead;
     return eo;
 }
@@ -253,7 +273,12 @@ zero::Engine& Trainer::engine() { return *impl_->engine; }
 const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
-void Trainer::save() { impl_->engine->save(); }
+void Trainer::save() {
+    impl_->settle();
+    impl_->engine->save();
+}
+void Trainer::settle() { impl_->settle(); }
+std::optional<StepLog> Trainer::finished() { return std::exchange(impl_->done, std::nullopt); }
 const shard::Manifest& Trainer::manifest() const { return impl_->m; }
 
 std::optional<std::string> Trainer::rollback(const shard::Manifest& to) {
@@ -320,12 +345,8 @@ std::optional<std::string> Trainer::nonfinite_weights() {
 
 std::uint64_t Trainer::device_need() const { return impl_->engine->device_need(); }
 
-// What the engine's update and its last pass add to a step's log.
-static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::PassStats& st) {
-    log.grad_norm = r.grad_norm;
-    log.overflow = r.overflow;
-    log.optimizer_speculated = r.speculated;
-    log.optimizer_overlap_seconds = r.overlap_seconds;
+// What the engine's update adds to a step's log (pipelined: once settled).
+static void update_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_redo = r.redo;
     log.optimizer_read_bytes = r.bytes_read;
     log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
@@ -337,11 +358,39 @@ static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::P
     log.optimizer_commit_seconds = r.commit_seconds;
     log.optimizer_readahead_bytes = r.readahead_bytes;
     log.optimizer_readahead_used_bytes = r.readahead_used_bytes;
+}
+
+// What the engine's step and its last pass add to a step's log.
+static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::PassStats& st) {
+    log.grad_norm = r.grad_norm;
+    log.overflow = r.overflow;
+    log.optimizer_speculated = r.speculated;
+    log.optimizer_overlap_seconds = r.overlap_seconds;
+    if (!r.pending) update_fields(log, r);
     std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
     log.stall_seconds = st.stall_seconds;
     log.collectives = st.collectives;
     log.device_peak_bytes = st.device_peak;
     log.trace_diverged = st.diverged;
+}
+
+// The pipelined update under way, synced and committed (every rank at
+// once), its step's log finished: how much of the update ran under this
+// step's compute, and the floors with its bytes.
+void Trainer::Impl::settle() {
+    if (!pending) return;
+    StepLog log = std::move(*pending);
+    pending.reset();
+    const std::optional<zero::StepReport> r = engine->settle();
+    if (!r) return;
+    update_fields(log, *r);
+    log.update_pending = false;
+    log.update_overlap_seconds =
+        std::max(0.0, r->update_pipelined_seconds - r->update_waited_seconds - r->settle_waited_seconds);
+    waited = r->update_waited_seconds;
+    disk_floor(log, log.activation_read_bytes, log.activation_written_bytes);
+    floors(log);
+    done = std::move(log);
 }
 
 StepLog Trainer::step(const data::Loader& train) {
@@ -365,10 +414,16 @@ StepLog Trainer::step(const data::Loader& train) {
     const bool loss_first = engine.loss_before_backward();
     Timer t;
     std::exception_ptr failed;
-    const std::string not_taken = "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
-                                  std::to_string(step_count());
+    I.waited = 0;
     try {
         I.load_batch(train, log.step - 1);
+    } catch (...) {
+        // Nothing of this step ran: the step before's update is settled
+        // (input_failed: run() commits the steps taken).
+        I.settle();
+        throw;
+    }
+    try {
         engine.begin_step(log.lr);
         I.gpt.forward(ctx, I.acts);
         dev.copy(s, std::as_writable_bytes(std::span(I.losses)), std::as_bytes(I.acts.losses.span()));
@@ -378,6 +433,18 @@ StepLog Trainer::step(const data::Loader& train) {
         failed = std::current_exception();
         engine.reset();
     }
+    // Pipelined: the step before's update ran beside this forward, which
+    // read each parameter once its new values were written; settled here,
+    // on every rank, before this step's first gradient reaches the
+    // optimizer (a failed update is every rank's: this step is not taken).
+    try {
+        I.settle();
+    } catch (...) {
+        if (!failed) failed = std::current_exception();
+    }
+    log.update_waited_seconds = I.waited;
+    const std::string not_taken = "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
+                                  std::to_string(step_count());
     if (loss_first) {
         comm::agree(I.comm, failed, not_taken);
         log.loss = I.mean_loss();
@@ -417,6 +484,12 @@ StepLog Trainer::step(const data::Loader& train) {
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
     log.tokens_per_s = static_cast<double>(log.tokens) / log.seconds;
     log.flops_per_s = flops_per_step() * I.dp / log.seconds;
+    if (r.pending) {
+        log.update_pending = true;  // the update's figures and the floors when it settles
+        I.pending = log;
+    } else {
+        I.floors(log);
+    }
     return log;
 }
 

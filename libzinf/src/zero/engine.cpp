@@ -42,7 +42,7 @@ void EngineBase::begin_forward() {
 }
 
 std::uint64_t EngineBase::step_count() const {
-    if (optim) return optim->step_count();
+    if (optim) return optim->step_count() + (optim->pending() ? 1 : 0);  // a pipelined update: taken
     return m.parts.empty() ? 0 : m.parts.front().step;  // the committed step
 }
 
@@ -112,6 +112,7 @@ public:
     ParamEngine& hooks() override { return *engine; }
     void end() override { engine->end(); }
     StepReport step() override;
+    std::optional<StepReport> settle() override;
     void reset() noexcept override { engine->reset(); }
     bool loss_before_backward() const override { return comm.size() == 1; }
     std::vector<std::string> trace(bool train) const override { return engine->trace(train); }
@@ -207,6 +208,20 @@ void InfinityRun::check_fits(const ActivationPlan& plan, const InfinityEngine::N
 }
 
 void InfinityRun::begin_pass(bool train) { engine->begin(train); }
+
+// The commit's collectives go on the communicator the engine's fetches
+// ahead use at dp > 1 (host jobs on its collectives stream, gathering the
+// backward's first modules after the forward): those are done first, so
+// that the two never interleave. Their error, if any, is the pass's (end()
+// reports it); this call goes on to the collectives every rank makes.
+std::optional<StepReport> InfinityRun::settle() {
+    if (optim && optim->pending() && comm.size() > 1) try {
+            dev.synchronize(dev.stream(device::StreamKind::collectives));
+        } catch (const std::exception& e) {
+            log::debug(std::string("engine: before the commit, a fetch's collective failed: ") + e.what());
+        }
+    return EngineBase::settle();
+}
 
 StepReport InfinityRun::step() {
     const StepReport r = optimizer().step();

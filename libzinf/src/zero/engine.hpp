@@ -20,6 +20,7 @@ public:
     void begin_forward() final;
     std::uint64_t step_count() const override;
     void save() override;
+    std::optional<StepReport> settle() override { return optim ? optim->settle() : std::nullopt; }
     PassStats stats() const final;
     const EngineOptions& options() const override { return opts; }
     std::shared_ptr<ActivationStore> activation_store() const override { return acts; }

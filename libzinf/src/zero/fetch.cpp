@@ -320,6 +320,10 @@ void InfinityEngine::Impl::read_ahead() {
             }
         const mem::PoolStats ps = pool.stats();
         if (fetch.nc_held + bytes > opts.prefetch_bytes || ps.in_use + buffers > ps.buffers / 2) return;
+        // A parameter an update is still writing: read when it is written
+        // (the next hook), never waited for here.
+        for (std::size_t pi : on_nvme)
+            if (!store.param_ready(pi)) return;
         for (std::size_t pi : on_nvme) {
             const ParamSource src = store.param_source(pi);
             auto pieces = read_partition(src, params[pi].per * params[pi].dt, true);
@@ -341,7 +345,10 @@ std::span<const std::byte> InfinityEngine::Impl::copy_in(ParamState& p, std::spa
     const std::uint64_t pbytes = p.per * p.dt;
     std::span<const std::byte> src_dev;  // this rank's partition on the device, once cg is done
     if (p.tier == shard::Tier::gpu) {
-        // The gather reads it after the optimizer's last refresh of it.
+        // The gather reads it after the optimizer's last refresh of it: a
+        // pipelined update under way has refreshed it once param_source
+        // returns (it waits for the tensor's new values).
+        (void)store.param_source(p.tensor);
         {
             std::lock_guard lk(refresh.mu);
             dev.wait(*coll, p.refreshed);

@@ -412,6 +412,10 @@ void Impl::prefetch() {
         const bool grads = e.backward || trace.feeds[train][trace.pf_next];
         const std::uint64_t b = align_up(block_bytes(*e.module, grads, nullptr), mem::kArenaAlignment);
         if (fetch.ahead_bytes + b > opts.prefetch_bytes) break;
+        // (A module whose parameters a pipelined update is still writing
+        // is fetched ahead all the same: its fetch waits for them, and
+        // what is fetched ahead, and so the ring's places, never depends
+        // on the update's timing. The compute queued before it runs on.)
         auto f = issue(*e.module, grads, trace.pf_next, true);
         if (!f) break;
         fetch.ahead_bytes += f->bytes();

@@ -316,6 +316,7 @@ struct InfinityEngine::Impl {
     void drop_parked();
     void hand_over(const Module& mod);
     bool has_params(const Module& mod) const { return !mod.params().empty() || !mod.external().empty(); }
+
     Fetch* fetch_of(const Module& mod) const;
 };
 

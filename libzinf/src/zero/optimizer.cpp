@@ -80,9 +80,6 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
         log::debug("optimizer: the master weights and moments are held in memory, so the update runs after "
                   "backward (an update overlapped with backward could not be redone exactly without a second "
                   "copy of them)");
-    if (speculative && roles[Role::param].present && !roles[Role::param].file) {
-        p_undo = pool.pin(roles[Role::param].end, "optimizer's undo copy of the parameters");
-    }
     speculated.assign(tensor_count, false);
     setup_grad();
     try {
@@ -98,6 +95,9 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
 }
 
 Optimizer::Impl::~Impl() {
+    // A pipelined update not settled: done, never committed (the manifest
+    // names the step before it).
+    if (pend_thread.joinable()) pend_thread.join();
     if (worker.joinable()) {
         {
             std::lock_guard lk(mu);
@@ -540,6 +540,10 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
         const Chunk& c = chunks[written];
         for (Role r : file_roles)
             if (r != Role::grad) note_written(roles[r].gen_f[roles[r].next], c.hi[r] - c.lo[r]);
+        // Pipelined: a tensor whose last piece is written may be fetched.
+        if (pend_marking)
+            for (const Piece& p : c.pieces)
+                if (p.e1 == per(p.tensor)) pend_mark(p.tensor);
         ++written;
         return true;
     };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -225,6 +226,30 @@ struct Optimizer::Impl {
     auto locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf);
     void check_read(const Chunk& c, Role r, const std::byte* base);
     void undo_speculation();
+
+    // Pipeline (OptimizerOptions::pipeline): the update step() started,
+    // on pend_thread, until settle(). pend_ready[t]: tensor t's chunks are
+    // written (marked by stream() while pend_marking) or were written by
+    // the speculation; pend_done once the thread is over, pend_error its
+    // failure. The caller's thread alone starts and settles it.
+    std::atomic<bool> pend{false};
+    std::thread pend_thread;
+    std::mutex pend_mu;
+    std::condition_variable pend_cv;
+    std::vector<bool> pend_ready;
+    bool pend_done = false, pend_marking = false;
+    std::exception_ptr pend_error;
+    StepReport pend_rep;
+    double pend_loss_scale = 1;
+    double pend_sync = 0;         // the thread's sync of the written files
+    double pend_waited = 0;       // the caller waiting for it in param_source
+    Timer pend_clock;             // since step() returned
+    double pend_elapsed = 0;      // the thread's run, from step()'s return
+    void pend_mark(std::size_t t);
+    void pend_wait(std::size_t t);  // param_source: until t is written (or the update failed)
+    void launch_update(StepReport& rep, double loss_scale, std::size_t ra);
+    std::optional<StepReport> settle();
+    void finish_report(StepReport& rep, double loss_scale);
 
     void put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16);
     void scalars(double grad_scale, optim::Scalars (&sc)[2]) const;

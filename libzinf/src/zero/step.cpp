@@ -24,6 +24,9 @@ void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
 }
 
 void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16) {
+    if (pend)
+        throw InternalError("put_gradient: the last step's update is still under way; settle() it first "
+                            "(Engine::settle, before the next step's backward)");
     if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
     if (t >= tensor_count)
         throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(tensor_count));
@@ -47,6 +50,18 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
             // and a redo costs a whole second pass: it runs after backward,
             // from what is read ahead now.
             spec_off = in_place || last_clipped;
+            // Parameters held in memory: what a speculative update
+            // overwrites is kept (p_undo), in memory taken by the first
+            // step that speculates and given back once one does not (a run
+            // whose steps are all clipped never holds it). Refused by the
+            // host now, this step does not speculate.
+            if (!spec_off && roles[Role::param].present && !roles[Role::param].file && !p_undo.data()) try {
+                    p_undo = pool.pin(roles[Role::param].end, "optimizer's undo copy of the parameters");
+                } catch (const std::exception& e) {
+                    log::warn(std::string("optimizer: this step's update waits for the norm (no room for the "
+                                          "undo copy of the parameters a speculative update needs): ") + e.what());
+                    spec_off = true;
+                }
             if (spec_off) start_readahead();
         }
     }
@@ -337,6 +352,7 @@ void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size
     std::vector<std::size_t> rest;
     for (std::size_t t = 0; t < tensor_count; ++t)
         if (!speculated[t]) rest.push_back(t);
+        else if (pend_marking) pend_mark(t);  // written during the backward, synced with the rest
     stream(cut(rest), sc, totals);
 }
 
@@ -386,6 +402,8 @@ void Impl::update_step(StepReport& rep, double loss_scale, std::size_t ra) {
 
 // The step is over, updated or skipped: the next one starts afresh.
 void Impl::next_step(double loss_scale) {
+    // The next step does not speculate: the undo copy goes back.
+    if (last_clipped) p_undo = mem::Pinned();
     std::lock_guard lk(mu);
     std::fill(have_grad.begin(), have_grad.end(), false);
     std::fill(speculated.begin(), speculated.end(), false);
@@ -397,24 +415,128 @@ void Impl::next_step(double loss_scale) {
     spec_loss_scale = loss_scale;  // what the next step's speculation assumes
 }
 
-StepReport Impl::run_step(double loss_scale) {
-    Timer all;
-    StepReport rep;
-    check_step(loss_scale);
-    flush_written();  // what the backward's updates wrote, beside the rest of the step
-    const double total = global_sum_squares();
-    const std::size_t ra = speculative ? stop_readahead() : 0;
-    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
-    rep.overlap_seconds = totals.speculative;
-    rep.grad_norm = std::sqrt(total) / loss_scale;
-    rep.overflow = !std::isfinite(total);
-    if (rep.overflow) {
-        skip_step(rep);
-    } else {
-        rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
-        last_clipped = rep.clip < 1;
-        update_step(rep, loss_scale, ra);
+// ---------------------------------------------------------------------------
+// The pipeline (OptimizerOptions::pipeline): the update after the norm runs
+// on a thread of its own while the caller's next step starts; the caller
+// settles it (syncs and commits) at one point on every rank.
+
+void Impl::pend_mark(std::size_t t) {
+    {
+        std::lock_guard lk(pend_mu);
+        pend_ready[t] = true;
     }
+    pend_cv.notify_all();
+}
+
+// The caller's thread, in param_source: until tensor t's new values are
+// written, or the update is over without them (it failed: its error).
+void Impl::pend_wait(std::size_t t) {
+    std::unique_lock lk(pend_mu);
+    if (!pend_ready[t] && !pend_done) {
+        Timer w;
+        pend_cv.wait(lk, [&] { return pend_ready[t] || pend_done; });
+        pend_waited += w.seconds();
+    }
+    if (pend_ready[t]) return;
+    if (pend_error) std::rethrow_exception(pend_error);
+    throw InternalError("param_source: " + m.tensors[t].name + " was not written by the step's update");
+}
+
+// The update with the step's scalars (fixed now, on the caller's thread:
+// the rate and step of this step), then the sync of what it wrote; the
+// commit waits for settle(). The gradients' hand-over is open again for
+// set_lr (the next step's), not for put_gradient until then.
+void Impl::launch_update(StepReport& rep, double loss_scale, std::size_t ra) {
+    broken = true;  // until the step is committed
+    optim::Scalars sc[2];
+    scalars(rep.clip / loss_scale, sc);
+    pend_rep = rep;
+    pend_loss_scale = loss_scale;
+    pend_ready.assign(tensor_count, false);
+    pend_done = false;
+    pend_error = nullptr;
+    pend_sync = pend_waited = pend_elapsed = 0;
+    pend_marking = true;
+    {
+        std::lock_guard lk(mu);
+        std::fill(have_grad.begin(), have_grad.end(), false);
+    }
+    pend = true;
+    pend_clock.reset();
+    pend_thread = std::thread([this, sc0 = sc[0], sc1 = sc[1], ra] {
+        const optim::Scalars s[2] = {sc0, sc1};
+        std::exception_ptr failed;
+        try {
+            if (worker_error) std::rethrow_exception(worker_error);
+            update_rest(s, pend_rep, ra);
+            Timer c;
+            stop_flushing();
+            for (Role r : file_roles)
+                if (r != Role::grad) engine.sync(roles[r].gen_f[roles[r].next]);
+            pend_sync = c.seconds();
+        } catch (...) {
+            failed = std::current_exception();
+            try {
+                stop_flushing();  // the step's error is the one to report
+            } catch (...) {
+            }
+        }
+        {
+            std::lock_guard lk(pend_mu);
+            pend_error = failed;
+            pend_done = true;
+            pend_elapsed = pend_clock.seconds();
+        }
+        pend_cv.notify_all();
+    });
+}
+
+// Every rank at the same point: the update done and synced on all of them,
+// or (an error on any) on none; then the commit, in step order (the step
+// before was settled before this one started).
+std::optional<StepReport> Impl::settle() {
+    if (!pend) return std::nullopt;
+    double settle_waited = 0;
+    {
+        std::unique_lock lk(pend_mu);
+        if (!pend_done) {
+            Timer w;
+            pend_cv.wait(lk, [&] { return pend_done; });
+            settle_waited = w.seconds();
+        }
+    }
+    pend_thread.join();
+    pend_marking = false;
+    pend = false;
+    StepReport rep = pend_rep;
+    Timer c;
+    comm::agree(comm, pend_error, "the step was not committed; the manifest names the state before it");
+    std::vector<Role> written;
+    for (Role r : file_roles)
+        if (r != Role::grad) written.push_back(r);
+    if (commit_steps) {
+        std::vector<std::pair<Role, int>> changed;
+        for (Role r : written) changed.emplace_back(r, roles[r].next);
+        commit(changed, step + 1);
+    } else {
+        for (Role r : written) {
+            roles[r].cur = roles[r].next;
+            roles[r].cur_hash = roles[r].new_hash;
+        }
+        ++step;
+    }
+    broken = false;
+    rep.commit_seconds = pend_sync + c.seconds();
+    rep.update_pipelined_seconds = pend_elapsed;
+    rep.update_waited_seconds = pend_waited;
+    rep.settle_waited_seconds = settle_waited;
+    rep.pending = false;
+    finish_report(rep, pend_loss_scale);
+    return rep;
+}
+
+// The step's figures from its streams; the next step starts afresh.
+void Impl::finish_report(StepReport& rep, double loss_scale) {
     rep.update_seconds = totals.update;
     rep.wait_seconds = totals.wait;
     rep.bytes_read = totals.read;
@@ -428,6 +550,39 @@ StepReport Impl::run_step(double loss_scale) {
     rep.readahead_used_bytes = totals.readahead_used;
     next_step(loss_scale);
     rep.step = step;
+}
+
+StepReport Impl::run_step(double loss_scale) {
+    Timer all;
+    StepReport rep;
+    if (pend) {
+        std::exception_ptr refused = std::make_exception_ptr(
+            InternalError("step: the last step's update is still under way; settle() it first"));
+        check_entry("the optimizer step", refused);
+    }
+    check_step(loss_scale);
+    flush_written();  // what the backward's updates wrote, beside the rest of the step
+    const double total = global_sum_squares();
+    const std::size_t ra = speculative ? stop_readahead() : 0;
+    for (std::size_t t = 0; t < tensor_count; ++t) rep.speculated += speculated[t];
+    rep.overlap_seconds = totals.speculative;
+    rep.grad_norm = std::sqrt(total) / loss_scale;
+    rep.overflow = !std::isfinite(total);
+    if (rep.overflow) {
+        skip_step(rep);
+    } else {
+        rep.clip = optim::clip_coefficient(rep.grad_norm, opts.grad_clip);
+        last_clipped = rep.clip < 1;
+        if (opts.pipeline) {
+            rep.pending = true;
+            launch_update(rep, loss_scale, ra);
+            rep.step = step;
+            rep.seconds = all.seconds();
+            return rep;
+        }
+        update_step(rep, loss_scale, ra);
+    }
+    finish_report(rep, loss_scale);
     rep.seconds = all.seconds();
     return rep;
 }
@@ -534,6 +689,8 @@ void Impl::save() {
         if (!refused && std::any_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; }))
             refused = std::make_exception_ptr(InternalError("save: a step is under way (gradients handed over)"));
     }
+    if (!refused && pend)
+        refused = std::make_exception_ptr(InternalError("save: the last step's update is not settled"));
     check_entry("save", refused);
     std::vector<std::pair<Role, int>> changed;
     std::exception_ptr failed;
@@ -603,12 +760,28 @@ void Optimizer::set_lr(double lr) {
 }
 
 void Optimizer::put_gradient(std::size_t tensor, std::span<const float> grad) { impl_->put(tensor, grad, {}); }
-void Optimizer::listen(ParamListener* l) { impl_->listener = l; }
+void Optimizer::listen(ParamListener* l) {
+    // A pipelined update tells the listener of every piece until it is
+    // over: a listener that goes waits for it.
+    if (impl_->pend) {
+        std::unique_lock lk(impl_->pend_mu);
+        impl_->pend_cv.wait(lk, [&] { return impl_->pend_done; });
+    }
+    impl_->listener = l;
+}
 void Optimizer::put_gradient(std::size_t tensor, std::span<const std::uint16_t> grad_bf16) {
     impl_->put(tensor, {}, grad_bf16);
 }
 
 StepReport Optimizer::step(double loss_scale) { return impl_->run_step(loss_scale); }
+std::optional<StepReport> Optimizer::settle() { return impl_->settle(); }
+bool Optimizer::pending() const { return impl_->pend; }
+bool Optimizer::param_ready(std::size_t tensor) {
+    Impl& I = *impl_;
+    if (!I.pend) return true;
+    std::lock_guard lk(I.pend_mu);
+    return I.pend_done || I.pend_ready.at(tensor);
+}
 void Optimizer::save() { impl_->save(); }
 
 Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
@@ -618,12 +791,20 @@ Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     ParamSource src;
     src.bytes = I.per(tensor) * rs.dt;
     src.where = I.m.tensors[tensor].name + " rank " + std::to_string(I.rank) + " " + rs.state;
+    // A pipelined update under way: its new values once written.
+    const bool updating = I.pend;
+    if (updating) I.pend_wait(tensor);
     if (!rs.file) {
         src.memory = rs.image.bytes().subspan(rs.offset[tensor], src.bytes);
         return src;
     }
-    src.file = &I.gen_file(rs, rs.cur, false);
     src.offset = rs.offset[tensor];
+    if (updating) {
+        src.file = &I.gen_file(rs, rs.next, false);
+        src.xxh3 = rs.new_hash[tensor];
+        return src;
+    }
+    src.file = &I.gen_file(rs, rs.cur, false);
     // The manifest's hash while the current generation is the committed one;
     // else the one the step that wrote it computed.
     src.xxh3 = rs.cur_hash[tensor];
