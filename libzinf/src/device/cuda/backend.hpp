@@ -277,6 +277,12 @@ public:
 
     void host(Stream& s, std::function<void()> fn) override;
 
+    // A timing event recorded on the stream; read with cudaEventElapsedTime
+    // once both are done (after the step's synchronize: the wait here is
+    // then a query).
+    Stamp stamp(Stream& s) override;
+    double seconds_between(const Stamp& a, const Stamp& b) override;
+
     // ---- for measure_gemm_flops ---------------------------------------------
     // `reps` GEMMs of n x n on compute, timed with events after a warm-up:
     // FLOP/s. bf16: A, B and C in bf16, fp32 accumulation.
