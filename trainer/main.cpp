@@ -340,7 +340,7 @@ int run(Options& o) {
         prof->stage("optimizer", log.optimizer_seconds);
         prof->stage("fetch wait (compute stalled)", log.stall_seconds);
         prof->stage("optimizer: AdamW", log.optimizer_update_seconds);
-        prof->stage("optimizer: waiting on reads/writes", log.optimizer_wait_seconds);
+        prof->stage("optimizer: read/write wait", log.optimizer_wait_seconds);
         prof->stage("optimizer: commit", log.optimizer_commit_seconds);
         prof->stage("optimizer: during backward", log.optimizer_overlap_seconds);
         prof->collect(log.seconds);
