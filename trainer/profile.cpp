@@ -1,6 +1,7 @@
 // zinf-train --profile's report (profile.hpp).
 #include "profile.hpp"
 
+#include <zinf/mem.hpp>
 #include <zinf/util.hpp>
 
 #include <nlohmann/json.hpp>
@@ -27,9 +28,30 @@ const char* kind_of(const std::string& name) { return name.rfind("copy", 0) == 0
 
 }  // namespace
 
-void report_profile(const device::Profile& p, const device::Peaks& peaks, const device::Device& dev,
-                    const ProfileRun& run, bool json) {
+void report_profile(const device::Profile& p, const device::Peaks& peaks, device::Device& dev, const ProfileRun& run,
+                    bool json, unsigned gemm_shapes) {
     const double step = p.step_seconds();
+    // The costliest GEMM shapes, each beside the device's rate at its shape
+    // alone (a few GEMMs of it, timed now: the profile is off).
+    struct Shape {
+        device::Profile::Row row;
+        double alone = 0;  // FLOP/s
+    };
+    std::vector<Shape> shapes;
+    std::string no_memory;  // why a shape could not be timed alone
+    for (const auto& r : p.details()) {
+        if (shapes.size() >= gemm_shapes || r.name.rfind("gemm ", 0) != 0) continue;
+        const auto sh = device::gemm_of_detail(std::string_view(r.name).substr(5));
+        if (!sh) continue;
+        double alone = 0;
+        if (no_memory.empty()) try {
+                alone = device::measure_gemm(dev, *sh, dev.backend() == "cuda" ? 10 : 1);
+            } catch (const mem::OutOfMemory& e) {
+                // The engine of a training run keeps its budget to the end.
+                no_memory = e.what();
+            }
+        shapes.push_back({r, alone});
+    }
     const double other = step - p.compute_seconds();
     std::vector<Line> lines;
     for (auto& r : p.rows()) lines.push_back({kind_of(r.name), r});
@@ -75,6 +97,20 @@ void report_profile(const device::Profile& p, const device::Peaks& peaks, const 
                          per_s(r.flops, r.seconds) / 1e9, per_s(r.bytes, r.seconds) / 1e9, fl,
                          fl > 0 ? r.seconds / fl : 0.0);
         }
+        if (!shapes.empty())
+            std::fprintf(f, "# the costliest GEMM shapes (m x n x k, op(A) op(B), batch, inputs, A and B stored), "
+                            "each beside the device's GEMM of that shape alone\n"
+                            "# %-50s %7s %10s %6s %9s %13s %6s\n",
+                         "gemm", "calls", "seconds", "share", "GFLOP/s", "alone_GFLOP/s", "of");
+        if (!no_memory.empty())
+            std::fprintf(f, "# (not timed alone: %s)\n", no_memory.c_str());
+        for (const Shape& sh : shapes) {
+            const auto& r = sh.row;
+            const double rate = per_s(r.flops, r.seconds);
+            std::fprintf(f, "  %-50s %7llu %10.6f %5.1f%% %9.2f %13.2f %5.0f%%\n", r.name.c_str() + 5,
+                         static_cast<unsigned long long>(r.calls), r.seconds, step > 0 ? 100 * r.seconds / step : 0.0,
+                         rate / 1e9, sh.alone / 1e9, sh.alone > 0 ? 100 * rate / sh.alone : 0.0);
+        }
         if (p.uncollected())
             std::fprintf(f, "# %zu calls on other streams had not run when the last step was read: not counted\n",
                          p.uncollected());
@@ -115,6 +151,24 @@ void report_profile(const device::Profile& p, const device::Peaks& peaks, const 
         j["flops_per_s"] = per_s(r.flops, r.seconds);
         j["bytes_per_s"] = per_s(r.bytes, r.seconds);
         j["floor_s"] = device::floor_seconds(r, peaks);
+        std::cout << j.dump() << '\n';
+    }
+    for (const Shape& sh : shapes) {
+        const auto& r = sh.row;
+        nlohmann::json j;
+        j["schema"] = "zinf.profile/1";
+        j["kind"] = "gemm_shape";
+        j["name"] = r.name;
+        j["stream"] = r.stream;
+        j["calls"] = r.calls;
+        j["seconds"] = r.seconds;
+        j["share"] = step > 0 ? r.seconds / step : 0.0;
+        j["flops"] = r.flops;
+        j["bytes"] = r.bytes;
+        j["flops_per_s"] = per_s(r.flops, r.seconds);
+        j["bytes_per_s"] = per_s(r.bytes, r.seconds);
+        j["floor_s"] = device::floor_seconds(r, peaks);
+        if (sh.alone > 0) j["alone_flops_per_s"] = sh.alone;  // absent: not timed (no device memory left)
         std::cout << j.dump() << '\n';
     }
     std::cout.flush();

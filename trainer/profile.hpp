@@ -18,8 +18,11 @@ struct ProfileRun {
     double model_flops = 0;  // LanguageModel::flops_per_step, one step of this rank
 };
 
-// The table on stderr; the records on stdout when `json`.
-void report_profile(const device::Profile& p, const device::Peaks& peaks, const device::Device& dev,
-                    const ProfileRun& run, bool json);
+// The table on stderr; the records on stdout when `json`. With the profile
+// off, times the device's own GEMM at each of the step's `gemm_shapes`
+// costliest GEMM shapes (device::measure_gemm), so that a GEMM row is held
+// to the rate of its own shape as well as to the square GEMM's.
+void report_profile(const device::Profile& p, const device::Peaks& peaks, device::Device& dev, const ProfileRun& run,
+                    bool json, unsigned gemm_shapes = 6);
 
 }  // namespace zinf::trainer

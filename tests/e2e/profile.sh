@@ -26,6 +26,7 @@ check_records() {
 import json, sys
 path, steps, L, C, V, B, T, recompute = sys.argv[1], *map(int, sys.argv[2:8]), sys.argv[8] == "1"
 stages = sys.argv[9:]
+alone = "forward" in stages and "fetch wait (compute stalled)" not in stages  # --bench: shapes timed alone
 recs = [json.loads(l) for l in open(path) if '"zinf.profile/1"' in l]
 def fail(msg):
     print("profile records: " + msg); sys.exit(1)
@@ -43,7 +44,7 @@ rows = recs[1:]
 keys = ["kind", "name", "stream", "calls", "seconds", "share", "flops", "bytes", "flops_per_s", "bytes_per_s", "floor_s"]
 for r in rows:
     if r.get("schema") != "zinf.profile/1" or any(k not in r for k in keys): fail(f"row {r} lacks a key")
-    if r["kind"] not in ("kernel", "copy", "other", "stage"): fail(f"kind {r['kind']}")
+    if r["kind"] not in ("kernel", "copy", "other", "stage", "gemm_shape"): fail(f"kind {r['kind']}")
     if r["seconds"] < 0 and r["kind"] != "other": fail(f"{r['name']}: negative seconds")
     if r["kind"] in ("kernel", "copy") and (r["calls"] < 1 or r["bytes"] <= 0): fail(f"{r['name']}: no calls/bytes")
     if abs(r["share"] - r["seconds"] / h["seconds"]) > 1e-9: fail(f"{r['name']}: share")
@@ -54,6 +55,15 @@ total = sum(r["seconds"] for r in compute) + other[0]["seconds"]
 if abs(total - h["seconds"]) > 1e-9 * max(1, h["seconds"]): fail(f"compute rows + other = {total}, step {h['seconds']}")
 if other[0]["seconds"] < 0: fail(f"other is negative ({other[0]['seconds']}): time counted twice")
 if abs(sum(r["seconds"] for r in compute) - h["compute_s"]) > 1e-9: fail("compute_s")
+# The costliest GEMM shapes: at most 6, each a part of the gemm row, timed
+# alone too (--bench; a training run's engine keeps the device budget).
+shapes = [r for r in rows if r["kind"] == "gemm_shape"]
+gemm = [r for r in rows if r["name"] == "gemm"][0]
+if not 1 <= len(shapes) <= 6: fail(f"{len(shapes)} gemm_shape rows")
+for r in shapes:
+    if not r["name"].startswith("gemm ") or (alone and not r.get("alone_flops_per_s", 0) > 0): fail(f"shape row {r}")
+if sum(r["calls"] for r in shapes) > gemm["calls"] or sum(r["flops"] for r in shapes) > gemm["flops"] * (1 + 1e-12):
+    fail("the shapes hold more than the gemm row")
 names = {r["name"] for r in rows}
 # (AdamW is a device kernel in --bench; the engine's optimizer runs it on the host.)
 for k in ["gemm", "attention_forward", "attention_backward", "layernorm_forward", "crossentropy_forward_backward"]:

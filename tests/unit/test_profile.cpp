@@ -19,7 +19,6 @@
 
 using namespace zinf;
 using namespace zinf::device;
-using u64 = std::uint64_t;
 using testing::Rig;
 
 namespace {
@@ -187,4 +186,46 @@ BOOST_AUTO_TEST_CASE(peaks_are_measured) {
     BOOST_TEST(p.flops_peer == "sgemm");
     // bf16 on cpu has no bf16 GEMM: held to sgemm.
     BOOST_TEST(measure_peaks(*r.dev, Precision::bf16, 256, 1 * MiB, 1).flops_peer == "sgemm");
+}
+
+BOOST_AUTO_TEST_CASE(gemm_rows_name_their_shape) {
+    const Gemm g{.ta = true, .m = 4096, .n = 2304, .k = 768, .batch = 3, .inputs = Precision::bf16};
+    const std::string d = gemm_detail(g, DType::bf16, DType::f32);
+    BOOST_TEST(d == "4096x2304x768 T N x3 bf16 bf16 fp32");
+    const auto back = gemm_of_detail(d);
+    BOOST_TEST_REQUIRE(back.has_value());
+    BOOST_TEST(back->g.ta);
+    BOOST_TEST(!back->g.tb);
+    BOOST_TEST(back->g.m == 4096u);
+    BOOST_TEST(back->g.n == 2304u);
+    BOOST_TEST(back->g.k == 768u);
+    BOOST_TEST(back->g.batch == 3u);
+    BOOST_TEST((back->g.inputs == Precision::bf16));
+    BOOST_TEST((back->a == DType::bf16 && back->b == DType::f32));
+    for (const char* bad : {"", "4096x2304x768 T N x3 bf16 bf16", "4096x2304x768 T N x3 bf16 bf16 fp32 extra",
+                            "4096x2304x768 Q N x3 bf16 bf16 fp32", "0x1x1 N N x1 fp32 fp32 fp32",
+                            "1x1x1 N N x1 fp16 fp32 fp32"})
+        BOOST_TEST(!gemm_of_detail(bad).has_value(), "'" << bad << "' read as a GEMM");
+    // A profiled GEMM's finer row carries its shape, and measure_gemm times that shape.
+    Rig r(2);
+    std::mt19937_64 rng(testing::fresh_seed("gemm detail"));
+    const u64 m = 32, n = 24, k = 40;
+    auto a = r.up(testing::randn(k * m, rng));
+    auto b = r.up(testing::randn(k * n, rng));
+    auto c = r->alloc<float>(m * n, "c");
+    Profile prof(*r.dev);
+    r->set_profile(&prof);
+    r->gemm(r.s(), Gemm{.ta = true, .m = m, .n = n, .k = k}, a, b, c);
+    r->set_profile(nullptr);
+    r->synchronize(r.s());
+    prof.collect(1);
+    const auto details = prof.details();
+    BOOST_TEST_REQUIRE(details.size() == 1u);
+    BOOST_TEST(details[0].name == "gemm 32x24x40 T N x1 fp32 fp32 fp32");
+    BOOST_TEST(details[0].calls == 1u);
+    const auto shape = gemm_of_detail(details[0].name.substr(5));
+    BOOST_TEST_REQUIRE(shape.has_value());
+    BOOST_TEST(measure_gemm(*r.dev, *shape, 3) > 0);
+    BOOST_TEST(measure_gemm(*r.dev, {.g = Gemm{.m = 16, .n = 16, .k = 16, .inputs = Precision::bf16},
+                                     .a = DType::bf16, .b = DType::f32}, 2) > 0);
 }

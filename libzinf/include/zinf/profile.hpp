@@ -37,17 +37,36 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace zinf::device {
 
-// What one call of a kernel costs at the least.
+// What one call of a kernel costs at the least. `detail` names a finer row
+// within the kernel's where the cost depends on more than the kernel (a
+// GEMM's shape and element types: gemm_detail); empty for the rest.
 struct Cost {
     double flops = 0;
     double bytes = 0;
+    std::string detail;
 };
+
+// A GEMM as a profile row names it, and back: "MxNxK TA TB xBATCH INPUTS
+// A-DTYPE B-DTYPE" ("4096x2304x768 N T x1 fp32 fp32 fp32": m, n, k, op(A)
+// and op(B) transposed or not, the batch, Gemm::inputs, A's and B's
+// storage). gemm_of_detail gives nullopt for any other text.
+struct GemmShape {
+    Gemm g;
+    DType a = DType::f32, b = DType::f32;
+};
+std::string gemm_detail(const Gemm& g, DType a, DType b);
+std::optional<GemmShape> gemm_of_detail(std::string_view detail);
+// FLOP/s of `reps` GEMMs of that shape on compute (packed operands of
+// random values, beta 0), timed by stamps after a warm-up: the device's own
+// rate at a step's shape (cuBLASLt's on cuda, the device's sgemm on cpu).
+double measure_gemm(Device& dev, const GemmShape& shape, unsigned reps);
 
 namespace cost {
 #define ZINF_KERNEL(name, ...) Cost name(ZINF_KERNEL_PARAMS(__VA_ARGS__));
@@ -105,6 +124,9 @@ public:
     // work; the other streams' overlap it.
     std::vector<Row> rows() const;
     std::vector<Row> stages() const;  // by seconds, most first
+    // The kernels' finer rows (Cost::detail), named "<kernel> <detail>", by
+    // seconds; their kernel's row holds them too.
+    std::vector<Row> details() const;
     std::size_t uncollected() const;  // calls whose stamps were never passed
     std::uint64_t steps() const { return steps_; }
     double step_seconds() const { return step_seconds_; }  // summed over the collected steps
@@ -125,7 +147,7 @@ private:
     const Stream* compute_;
     mutable std::mutex mu_;
     std::vector<Pending> pending_;
-    std::map<std::string, Row> rows_, stages_;
+    std::map<std::string, Row> rows_, stages_, details_;
     std::uint64_t steps_ = 0;
     double step_seconds_ = 0;
 };

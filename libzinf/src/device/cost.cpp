@@ -5,6 +5,8 @@
 #include <zinf/profile.hpp>
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace zinf::device::cost {
 
@@ -25,7 +27,7 @@ Cost gemm(Gemm g, ConstView a, ConstView b, View) {
     const double per = 2.0 * d(g.m) * d(g.n) * d(g.k);
     const double c_bytes = 4.0 * d(g.m) * d(g.n) * (g.beta != 0 ? 2 : 1);
     const double bytes = d(g.m) * d(g.k) * width(a) + d(g.k) * d(g.n) * width(b) + c_bytes;
-    return {.flops = per * d(g.batch), .bytes = bytes * d(g.batch)};
+    return {.flops = per * d(g.batch), .bytes = bytes * d(g.batch), .detail = gemm_detail(g, a.dtype(), b.dtype())};
 }
 Cost bias_add(std::span<float>, std::span<const float>, u64 N, u64 OC) {
     return {.flops = d(N) * d(OC), .bytes = 4.0 * (2.0 * d(N) * d(OC) + d(OC))};
@@ -179,3 +181,43 @@ Cost adamw(const optim::Update& u, const optim::Scalars&) {
 }
 
 }  // namespace zinf::device::cost
+
+namespace zinf::device {
+
+std::string gemm_detail(const Gemm& g, DType a, DType b) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%llux%llux%llu %c %c x%llu %s %s %s", static_cast<unsigned long long>(g.m),
+                  static_cast<unsigned long long>(g.n), static_cast<unsigned long long>(g.k), g.ta ? 'T' : 'N',
+                  g.tb ? 'T' : 'N', static_cast<unsigned long long>(g.batch), precision_name(g.inputs),
+                  dtype_name(a), dtype_name(b));
+    return buf;
+}
+
+std::optional<GemmShape> gemm_of_detail(std::string_view detail) {
+    unsigned long long m = 0, n = 0, k = 0, batch = 0;
+    char ta = 0, tb = 0, inputs[8] = {}, da[8] = {}, db[8] = {};
+    int used = 0;
+    const std::string text(detail);
+    if (std::sscanf(text.c_str(), "%llux%llux%llu %c %c x%llu %7s %7s %7s%n", &m, &n, &k, &ta, &tb, &batch, inputs,
+                    da, db, &used) != 9 ||
+        static_cast<std::size_t>(used) != text.size())
+        return std::nullopt;
+    auto dtype = [](std::string_view t) -> std::optional<DType> {
+        if (t == "fp32") return DType::f32;
+        if (t == "bf16") return DType::bf16;
+        return std::nullopt;
+    };
+    const auto a = dtype(da), b = dtype(db);
+    const std::string_view in(inputs);
+    if (!a || !b || (ta != 'N' && ta != 'T') || (tb != 'N' && tb != 'T') || (in != "fp32" && in != "bf16") ||
+        !m || !n || !k || !batch)
+        return std::nullopt;
+    GemmShape s;
+    s.g = Gemm{.ta = ta == 'T', .tb = tb == 'T', .m = m, .n = n, .k = k, .batch = batch,
+               .inputs = in == "bf16" ? Precision::bf16 : Precision::fp32};
+    s.a = *a;
+    s.b = *b;
+    return s;
+}
+
+}  // namespace zinf::device

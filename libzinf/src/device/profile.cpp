@@ -2,9 +2,13 @@
 // step's synchronize and summed per name.
 #include <zinf/profile.hpp>
 
+#include "kernels.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <random>
+#include <vector>
 #include <utility>
 
 namespace zinf::device {
@@ -58,6 +62,17 @@ void Profile::collect(double step_seconds) {
         r.seconds += sec;
         r.flops += p.cost.flops;
         r.bytes += p.cost.bytes;
+        if (!p.cost.detail.empty()) {
+            Row& d = details_[key + " " + p.cost.detail];
+            if (d.name.empty()) {
+                d.name = key + " " + p.cost.detail;
+                d.stream = p.stream->name();
+            }
+            ++d.calls;
+            d.seconds += sec;
+            d.flops += p.cost.flops;
+            d.bytes += p.cost.bytes;
+        }
     }
     std::lock_guard lk(mu_);
     pending_.insert(pending_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
@@ -84,6 +99,11 @@ std::vector<Profile::Row> Profile::stages() const {
     return by_seconds(stages_);
 }
 
+std::vector<Profile::Row> Profile::details() const {
+    std::lock_guard lk(mu_);
+    return by_seconds(details_);
+}
+
 std::size_t Profile::uncollected() const {
     std::lock_guard lk(mu_);
     return pending_.size();
@@ -101,6 +121,53 @@ double floor_seconds(const Profile::Row& r, const Peaks& peaks) {
     const double f = peaks.flops > 0 ? r.flops / peaks.flops : 0.0;
     const double b = peaks.bytes > 0 ? r.bytes / peaks.bytes : 0.0;
     return std::max(f, b);
+}
+
+double measure_gemm(Device& dev, const GemmShape& shape, unsigned reps) {
+    if (reps == 0) throw UsageError("measure_gemm: reps must be positive");
+    Gemm g = shape.g;
+    g.lda = g.ldb = g.ldc = 0;  // packed
+    g.stride_a = g.stride_b = g.stride_c = 0;
+    g.beta = 0;
+    g.alpha = 1;
+    const Gemm r = cpu::resolve(g);
+    const u64 na = cpu::gemm_extent_a(r), nb = cpu::gemm_extent_b(r), nc = cpu::gemm_extent_c(r);
+    Stream& s = dev.compute();
+    std::mt19937 rng(4321);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    std::vector<float> host(std::max(na, nb));
+    for (auto& v : host) v = dist(rng);
+    std::vector<std::uint16_t> half(host.size());
+    for (std::size_t i = 0; i < host.size(); ++i) half[i] = to_bf16(host[i]);
+    // An operand stored as the step stored it: fp32, or bf16.
+    struct Operand {
+        Array<float> f;
+        Array<std::uint16_t> h;
+        ConstView view() const { return f ? ConstView(f) : ConstView(h); }
+    };
+    auto operand = [&](DType t, u64 n, const char* what) {
+        Operand o;
+        if (t == DType::bf16) {
+            o.h = dev.alloc<std::uint16_t>(n, what);
+            dev.copy(s, std::as_writable_bytes(o.h.span()), std::as_bytes(std::span<const std::uint16_t>(half).first(n)));
+        } else {
+            o.f = dev.alloc<float>(n, what);
+            dev.copy(s, std::as_writable_bytes(o.f.span()), std::as_bytes(std::span<const float>(host).first(n)));
+        }
+        return o;
+    };
+    const Operand a = operand(shape.a, na, "gemm rate A"), b = operand(shape.b, nb, "gemm rate B");
+    auto c = dev.alloc<float>(nc, "gemm rate C");
+    dev.synchronize(s);  // the host vectors go with this function
+    dev.gemm(s, g, a.view(), b.view(), c);  // warm-up: plans, workspace
+    Stamp t0 = dev.stamp(s);
+    for (unsigned i = 0; i < reps; ++i) dev.gemm(s, g, a.view(), b.view(), c);
+    Stamp t1 = dev.stamp(s);
+    dev.synchronize(s);
+    const double sec = dev.seconds_between(t0, t1);
+    return sec > 0 ? 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
+                         static_cast<double>(g.batch) * reps / sec
+                   : 0.0;
 }
 
 Peaks measure_peaks(Device& dev, Precision precision, std::uint64_t gemm_n, std::uint64_t copy_bytes,
