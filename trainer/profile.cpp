@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -45,7 +47,13 @@ void report_profile(const device::Profile& p, const device::Peaks& peaks, device
         if (!sh) continue;
         double alone = 0;
         if (no_memory.empty()) try {
-                alone = device::measure_gemm(dev, *sh, dev.backend() == "cuda" ? 10 : 1);
+                // Enough GEMMs for 10 GFLOP (a launch's or a stamp's cost
+                // small beside them), 3 to 100 on cuda, 1 to 100 on cpu.
+                const double per_call = r.flops / static_cast<double>(std::max<std::uint64_t>(1, r.calls));
+                const double want = per_call > 0 ? std::ceil(1e10 / per_call) : 1.0;
+                const unsigned reps = static_cast<unsigned>(
+                    std::clamp(want, dev.backend() == "cuda" ? 3.0 : 1.0, 100.0));
+                alone = device::measure_gemm(dev, *sh, reps);
             } catch (const mem::OutOfMemory& e) {
                 // The engine of a training run keeps its budget to the end.
                 no_memory = e.what();

@@ -104,6 +104,11 @@ check "records well formed, rows sum to the steps, FLOPs the model's (no checkpo
 check "AdamW's row: one call a step, 16 FLOPs a parameter (120576 of them)" \
   jq -e -s '[.[] | select(.name == "adamw")] | length == 1 and .[0].calls == 2 and .[0].flops == 16 * 120576 * 2' \
   "$W/bench.jsonl"
+# scripts/gpu-check.sh's summary line of a profile, from these records.
+line=$(jq -r -s -f "$ROOT/scripts/profile-summary.jq" "$W/bench.jsonl" 2>&1)
+check "gpu-check's summary line: step, share of sgemm, the top four rows, GEMM against its shapes alone" \
+  bash -c '[[ $1 =~ ^[0-9.]+\ s/step,\ [0-9.]+\ TFLOP/s\ =\ [0-9]+%\ of\ sgemm\ \([0-9.]+\ TFLOP/s\)\ \|\ ([a-z_@]+\ -?[0-9]+%,\ ){3}[a-z_@]+\ -?[0-9]+%\ \|\ gemm:\ [0-9]+%\ of\ its\ [1-6]\ costliest\ shapes\ alone$ ]]' _ "$line"
+check "... and none from records without a profile" bash -c '! jq -r -s -f "$1" <<<"{\"schema\": \"zinf.train-bench/1\"}" 2>/dev/null' _ "$ROOT/scripts/profile-summary.jq"
 check "the table goes to stderr" has_all "$err" "# zinf-train --profile:" "# peaks in this run: sgemm" "gemm" "other"
 run "$TR" "${BENCH[@]}" --profile --json
 printf '%s\n' "$out" >"$W/bench-ck.jsonl"
