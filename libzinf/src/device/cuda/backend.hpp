@@ -277,9 +277,8 @@ public:
 
     void host(Stream& s, std::function<void()> fn) override;
 
-    // A timing event recorded on the stream; read with cudaEventElapsedTime
-    // once both are done (after the step's synchronize: the wait here is
-    // then a query).
+    // A timing event recorded on the stream; read with cudaEventElapsedTime,
+    // which answers not-ready (NaN here) until both are done: never a wait.
     Stamp stamp(Stream& s) override;
     double seconds_between(const Stamp& a, const Stamp& b) override;
 
