@@ -13,14 +13,20 @@
 #       says what the host has, builds with every core against it (with the
 #       host's Open MPI if any, else NO_MPI=1),
 #       then runs the GPU tests (build/tests/test_cuda, tests/e2e/cuda.sh), a
-#       quick set of CPU unit suites and, unless --quick, compute-sanitizer's
-#       memcheck and racecheck over test_cuda and the GPU benchmarks that the
-#       programs offer (zinf-train --bench, zinf-pinstress, zinf-commbench
-#       --backend nccl). Writes RESULTS/log.txt (everything),
-#       RESULTS/results.jsonl (one record per step: name, status
-#       pass|fail|skip, seconds, reason, figures) and RESULTS/summary.txt.
-#       Every step has its own time limit inside the budget (420 s, --quick
-#       240 s); a step that cannot run is skipped with the reason.
+#       quick set of CPU unit suites and, unless --quick, the step profiles at
+#       the sizes people train at (zinf-train --bench --profile: GPT-2 124M at
+#       T 1024, B 4 and 16, fp32 and bf16; smollm-135m and llama-3.2-1b bf16
+#       at T 1024), compute-sanitizer's memcheck and racecheck over test_cuda
+#       and the other GPU benchmarks that the programs offer (zinf-pinstress,
+#       zinf-commbench --backend nccl). Writes RESULTS/log.txt (everything,
+#       each profile's whole table), RESULTS/results.jsonl (one record per
+#       step: name, status pass|fail|skip, seconds, reason, figures: a
+#       profile's zinf.train-bench/1 and zinf.profile/1 records) and
+#       RESULTS/summary.txt (a profile's line: model FLOP/s as a share of the
+#       GEMM rate of the same run, its top rows, its GEMM against its own
+#       shapes alone). Every step has its own time limit inside the budget
+#       (480 s, --quick 240 s); a step that cannot run is skipped with the
+#       reason.
 #   scripts/gpu-check.sh --help
 #
 # Options of --from: --quick (tests only), --budget SECONDS (the whole run;
@@ -223,7 +229,7 @@ json_str() {  # a JSON string of $1
 }
 
 n_pass=0 n_fail=0 n_skip=0 gpu_ran=0 summary_written=0
-summary_rows=()
+summary_rows=() profile_notes=()
 # record NAME STATUS SECONDS REASON [FIGURES]: one line of results.jsonl and of
 # the summary; FIGURES is a JSON object.
 record() {
@@ -237,7 +243,7 @@ record() {
     case $status in
     pass)
         n_pass=$((n_pass + 1))
-        [[ $name == gpu/* || $name == bench/* ]] && gpu_ran=1
+        [[ $name == gpu/* || $name == bench/* || $name == profile/* ]] && gpu_ran=1
         ;;
     fail) n_fail=$((n_fail + 1)) ;;
     skip) n_skip=$((n_skip + 1)) ;;
@@ -373,6 +379,55 @@ run_bench() {
     else
         record "$name" fail "$secs" "exit $rc: $(tail -n 2 "$f" | tr '\n' ' ')" "$fig"
     fi
+}
+
+# run_profile NAME CAP ARGS...: zinf-train --device cuda --bench --profile
+# --json ARGS as a benchmark step (run_bench), and its line for the summary
+# (scripts/profile-summary.jq over its records).
+run_profile() {
+    local name=$1 cap=$2
+    shift 2
+    run_bench "$name" "$cap" "$root/bin/zinf-train" --device cuda --bench --profile --json "$@"
+    local f=$tmp/${name//\//-}.out line
+    [[ $rc == 0 && -s $f ]] || return 0
+    if line=$(grep '^{' "$f" | jq -r -s -f "$root/scripts/profile-summary.jq" 2>&1); then
+        profile_notes+=("$(printf '%-22s %s' "${name#profile/}" "$line")")
+    else
+        profile_notes+=("$(printf '%-22s %s' "${name#profile/}" "(no summary: $line)")")
+    fi
+}
+
+# The step profiles at the sizes people train at, before everything else
+# that is optional (the sanitizers, the other benchmarks): each is a short
+# --bench (a warm-up and two timed steps) with the device's peaks, every
+# kernel timed, and its costliest GEMM shapes timed alone. Sized from the
+# first H200 run (2026-11-26: GPT-2 124M fp32 at B 4, T 1024 took 0.50 s a
+# step): a run is about 5 s of start-up (CUDA, cuBLASLt, 124M parameters
+# made on the host, the peaks) and three steps, GPT-2 at B 16 about 2 s a
+# step today, llama-3.2-1b (1.24 B parameters, 16 layers) about 6 s a step
+# and 10 s to make its parameters: the caps below (190 s in all) leave each
+# run twice that, and a faster backend only shortens them.
+profile_names="profile/gpt2-fp32-b4 profile/gpt2-fp32-b16 profile/gpt2-bf16-b4 profile/gpt2-bf16-b16 profile/smollm-bf16 profile/llama1b-bf16"
+run_profiles() {
+    local s
+    if [[ -z $gpu ]]; then
+        for s in $profile_names; do record "$s" skip 0 "$no_gpu"; done
+        return 0
+    fi
+    if ! have_option "$root/bin/zinf-train" --profile; then
+        for s in $profile_names; do record "$s" skip 0 "zinf-train has no --profile option (its --help names none)"; done
+        return 0
+    fi
+    if ! command -v jq >/dev/null; then
+        say "no jq: the profiles run, but summary.txt gets no line of theirs"
+    fi
+    local t=(--seq 1024 --bench-steps 2)
+    run_profile profile/gpt2-fp32-b4 30 --bench-model gpt2-124m --batch 4 "${t[@]}"
+    run_profile profile/gpt2-fp32-b16 35 --bench-model gpt2-124m --batch 16 "${t[@]}"
+    run_profile profile/gpt2-bf16-b4 25 --bench-model gpt2-124m --batch 4 --precision bf16 "${t[@]}"
+    run_profile profile/gpt2-bf16-b16 30 --bench-model gpt2-124m --batch 16 --precision bf16 "${t[@]}"
+    run_profile profile/smollm-bf16 25 --bench-model smollm-135m --batch 4 --precision bf16 "${t[@]}"
+    run_profile profile/llama1b-bf16 45 --bench-model llama-3.2-1b --batch 4 --precision bf16 "${t[@]}"
 }
 
 # compute-sanitizer TOOL over test_cuda.
@@ -633,6 +688,12 @@ finish_run() {
         echo "# host: ${gpu:-${no_gpu:-GPU not surveyed}}"
         printf '# %-20s %-4s %6s  %s\n' step stat sec note
         printf '%s\n' "${summary_rows[@]}"
+        if ((${#profile_notes[@]})); then
+            echo "# step profiles (zinf-train --bench --profile; the tables in log.txt): time a step, model FLOP/s"
+            echo "# as a share of the GEMM rate measured in the same run | the rows that took most of the step"
+            echo "# | the GEMM's rate over its costliest shapes' timed alone"
+            printf '%s\n' "${profile_notes[@]}"
+        fi
         echo "# $n_pass passed, $n_fail failed, $n_skip skipped in $SECONDS s (budget $budget s): $verdict"
     } >"$out/summary.txt"
     echo
@@ -741,10 +802,11 @@ do_from() {
 
     if ((quick)); then
         local s
-        for s in gpu/memcheck gpu/racecheck bench/train bench/train-bf16 bench/pinstress bench/commbench-nccl; do
+        for s in $profile_names gpu/memcheck gpu/racecheck bench/pinstress bench/commbench-nccl; do
             record "$s" skip 0 "--quick runs the tests only"
         done
     else
+        run_profiles
         if [[ -f $root/tests/unit/test_cuda.cpp ]]; then
             run_sanitizer memcheck 75
             run_sanitizer racecheck 75
@@ -752,23 +814,13 @@ do_from() {
             record gpu/memcheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
             record gpu/racecheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
         fi
-        local train=$root/bin/zinf-train pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
+        local pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
+        # (zinf-train --bench's fp32 and bf16 records, with activation_bytes
+        # and device_peak_bytes, are the profiles' now, at T 1024.)
         if [[ -z $gpu ]]; then
-            record bench/train skip 0 "$no_gpu"
-            record bench/train-bf16 skip 0 "$no_gpu"
             record bench/pinstress skip 0 "$no_gpu"
             record bench/commbench-nccl skip 0 "$no_gpu"
         else
-            if ! have_option "$train" --device; then
-                record bench/train skip 0 "zinf-train has no --device option (its --help names none)"
-                record bench/train-bf16 skip 0 "zinf-train has no --device option (its --help names none)"
-            else
-                run_bench bench/train 60 "$train" --device cuda --bench --json
-                # bf16 arithmetic and bf16 activation checkpoints: the step
-                # against the bf16 GEMM, its activation_bytes and
-                # device_peak_bytes beside fp32's.
-                run_bench bench/train-bf16 60 "$train" --device cuda --bench --precision bf16 --json
-            fi
             if ! have_option "$pin" --device; then
                 record bench/pinstress skip 0 "zinf-pinstress has no --device option (its --help names none)"
             else
@@ -811,7 +863,9 @@ bundle)
     ;;
 from)
     [[ -n $out ]] || usage_error "--from needs --out RESULTS"
-    default_budget=$((quick ? 240 : 420))
+    # 420 s of tests, sanitizers and benchmarks before the profiles came;
+    # they add 190 s of caps and replace the two 60 s --bench rows: 480.
+    default_budget=$((quick ? 240 : 480))
     budget=${budget:-$default_budget}
     [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds"
     [[ $jobs =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs takes a positive number"

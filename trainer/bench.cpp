@@ -2,6 +2,7 @@
 // backward with recomputation, AdamW) of a GPT held in device memory,
 // against the sgemm rate of the same device measured in the same run.
 #include "bench.hpp"
+#include "profile.hpp"
 
 #include <zinf/device.hpp>
 #include <zinf/family.hpp>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -50,6 +52,14 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads) {
     const unsigned all = std::max(1u, std::thread::hardware_concurrency());
     const unsigned share = std::max(1u, all / static_cast<unsigned>(std::max(1, comm.local_size())));
     return std::min(affinity_cpus(), share);
+}
+
+std::uint64_t profile_copy_bytes(device::Device& dev) {
+    // Past every cache: 256 MiB on a GPU (an H200's L2 is 60 MiB), 64 MiB on
+    // cpu; a quarter of what the budget has free at most (source and
+    // destination), so that a small budget is not refused for it.
+    const std::uint64_t want = dev.backend() == "cuda" ? 256 * MiB : 64 * MiB;
+    return std::max<std::uint64_t>(1 * MiB, std::min(want, dev.arena().stats().largest_free / 4));
 }
 
 namespace {
@@ -96,18 +106,34 @@ struct BenchModel {
                                      : 0.0;
     }
 
-    // Step i (0 the warm-up), timed, the device waited for.
-    double step(unsigned i) {
+    // Step i (0 the warm-up), timed, the device waited for. With a profile,
+    // its kernels are timed into it (the device's set_profile) and its
+    // stages by stamps on compute between them.
+    double step(unsigned i, device::Profile* prof = nullptr) {
         auto& s = dev.compute();
+        auto mark = [&] { return prof ? dev.stamp(s) : device::Stamp{}; };
         Timer t;
+        device::Stamp t0 = mark();
         eng.zero_grad(s);
+        device::Stamp t1 = mark();
         model->forward(ctx, acts);
+        device::Stamp t2 = mark();
         model->backward(ctx, acts);
+        device::Stamp t3 = mark();
         optim::Update u{.master = eng.all_values(), .exp_avg = m1.span(), .exp_avg_sq = m2.span(),
                         .grad_f32 = eng.all_gradients()};
         dev.adamw(s, u, optim::Scalars::make(kAdamW, i + 1));
+        device::Stamp t4 = mark();
         dev.synchronize(s);
-        return t.seconds();
+        const double seconds = t.seconds();
+        if (prof) {
+            prof->stage("zero_grad", t0, t1);
+            prof->stage("forward", t1, t2);
+            prof->stage("backward", t2, t3);
+            prof->stage("optimizer", t3, t4);
+            prof->collect(seconds);
+        }
+        return seconds;
     }
 
     static constexpr optim::AdamW kAdamW{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -128,9 +154,19 @@ struct BenchModel {
 }  // namespace
 
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
-              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop) {
+              device::Precision precision, bool json, bool checkpoint, bool profile, const std::atomic<bool>& stop) {
+    if (profile && !o.against.empty()) throw UsageError("--profile profiles one model: not with --bench-against");
     if (!device.threads) device.threads = affinity_cpus();
     auto dev = device::open(device);
+    // The peaks a profile's rows are held to, measured first, while the
+    // arena is empty.
+    std::optional<device::Peaks> peaks;
+    std::optional<device::Profile> prof;
+    if (profile) {
+        log::info("--profile: the device's GEMM and copy peaks");
+        peaks = device::measure_peaks(*dev, precision, o.gemm_n, profile_copy_bytes(*dev), 3);
+        prof.emplace(*dev);
+    }
 
     std::vector<std::unique_ptr<BenchModel>> models;
     models.push_back(std::make_unique<BenchModel>(*dev, o.model, batch, seq, precision, checkpoint));
@@ -157,7 +193,11 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
         BenchModel& b = *models[0];
         for (unsigned i = 0; i <= o.steps; ++i) {
             if (stop.load()) throw Interrupted("interrupted after " + std::to_string(b.times.size()) + " timed steps");
-            const double t = b.step(i);
+            // The warm-up is not profiled: its first calls plan GEMMs and fault pages in.
+            device::Profile* p = prof && i ? &*prof : nullptr;
+            dev->set_profile(p);
+            const double t = b.step(i, p);
+            dev->set_profile(nullptr);
             if (i) b.times.push_back(t);
         }
         log::info("sgemm " + std::to_string(o.gemm_n) + " x " + std::to_string(o.gemm_n));
@@ -258,6 +298,15 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     if (paired && !json) std::printf("# ratio over the against model's: %.3f (median of %zu rounds)\n", quotient,
                                      quotients.size());
     std::cout.flush();
+    if (prof)
+        report_profile(*prof, *peaks, *dev,
+                       {.model = models[0]->spec.to_string(),
+                        .precision = device::precision_name(precision),
+                        .batch = batch,
+                        .seq = seq,
+                        .rank = 0,
+                        .model_flops = models[0]->model_flops},
+                       json);
     const double ratio = models[0]->ratio;
     if (o.min_ratio > 0 && ratio < o.min_ratio) {
         char buf[160];

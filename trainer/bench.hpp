@@ -34,7 +34,12 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
 // Stops (Interrupted) between steps once `stop` is set. `precision` is the
 // step's GEMM inputs (--precision); a bf16 step is held to the bf16 GEMM rate
 // where the device has one (cuda), else to sgemm's.
+// `profile`: the timed steps under a device::Profile, reported after the
+// result (profile.hpp).
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
-              device::Precision precision, bool json, bool checkpoint, const std::atomic<bool>& stop);
+              device::Precision precision, bool json, bool checkpoint, bool profile, const std::atomic<bool>& stop);
+
+// The bytes of the copy a profile's byte peak is measured with.
+std::uint64_t profile_copy_bytes(device::Device& dev);
 
 }  // namespace zinf::trainer

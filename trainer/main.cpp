@@ -4,6 +4,7 @@
 // with --json), progress on stderr, checkpoints committed by the manifest.
 // See man/zinf-train.1.
 #include "bench.hpp"
+#include "profile.hpp"
 
 #include <zinf/data.hpp>
 #include <zinf/options.hpp>
@@ -34,7 +35,7 @@ struct Options {
     std::string schedule = "cosine";
     std::uint64_t seed = 0;
     bool shuffle = false, no_checkpoint = false, resume = false, json = false, resident = false;
-    bool no_persist_shared = false, no_overlap = false;
+    bool no_persist_shared = false, no_overlap = false, profile = false;
     std::string disk_probe = "64MiB";
     std::string optimizer_readahead = "auto";
     std::string offload_activations = "none";
@@ -302,6 +303,19 @@ int run(Options& o) {
     const unsigned cores = trainer::cores_per_rank(comm, o.threads);
     Data d = load_data(o, m.spec.vocab, comm, cores);
     auto dev = device::open(o.device.resolve(cores));
+    // --profile: rank 0's device, its peaks measured before anything takes
+    // the budget. Validation would run its kernels inside a step's profile.
+    const bool lead = comm.rank() == 0;
+    if (o.profile && o.eval_every)
+        throw UsageError("--profile times the training steps alone: not with --eval-every");
+    std::optional<device::Peaks> peaks;
+    std::optional<device::Profile> prof;
+    if (o.profile && lead) {
+        log::info("--profile: the device's GEMM and copy peaks");
+        peaks = device::measure_peaks(*dev, device::parse_precision(o.precision), 2048,
+                                      trainer::profile_copy_bytes(*dev), 3);
+        prof.emplace(*dev);
+    }
     io::Engine engine(o.engine.resolve());
     mem::PinnedPool pool(o.pool.resolve(), &engine);
 
@@ -317,7 +331,6 @@ int run(Options& o) {
     train::Options to = train_options(o, committed, cores);
 
     train::Trainer t(m, comm, engine, pool, *dev, to);
-    const bool lead = rank == 0;
     if (lead) describe_run(o, checkpoint, comm, t, to, *dev, d, at);
 
     const train::Cadence cadence{.steps = o.steps,
@@ -325,8 +338,39 @@ int run(Options& o) {
                                  .eval_batches = o.eval_batches,
                                  .checkpoint_every = o.checkpoint_every,
                                  .stop = &g_stop};
+    // The profile reads each step's stamps as its line is written (after the
+    // step's synchronize), with the engine's own timings as its stages; the
+    // last step's line ends it, before the final commit's check runs a
+    // forward pass of its own.
+    auto profile_step = [&](const train::StepLog& log) {
+        if (!prof) return;
+        prof->stage("forward", log.forward_seconds);
+        prof->stage("backward", log.backward_seconds);
+        prof->stage("optimizer", log.optimizer_seconds);
+        prof->stage("fetch wait (compute stalled)", log.stall_seconds);
+        prof->stage("optimizer: AdamW", log.optimizer_update_seconds);
+        prof->stage("optimizer: read/write wait", log.optimizer_wait_seconds);
+        prof->stage("optimizer: commit", log.optimizer_commit_seconds);
+        prof->stage("optimizer: during backward", log.optimizer_overlap_seconds);
+        prof->collect(log.seconds);
+        if (log.step >= o.steps) dev->set_profile(nullptr);
+    };
+    if (prof) dev->set_profile(&*prof);
     train::run(t, comm, train_loader, val_loader ? &*val_loader : nullptr, cadence,
-               [&](const train::StepLog& log, std::optional<double> val) { emit(o, log, o.steps, val); });
+               [&](const train::StepLog& log, std::optional<double> val) {
+                   profile_step(log);
+                   emit(o, log, o.steps, val);
+               });
+    dev->set_profile(nullptr);
+    if (prof)
+        trainer::report_profile(*prof, *peaks, *dev,
+                                {.model = m.spec.to_string(),
+                                 .precision = o.precision,
+                                 .batch = o.batch,
+                                 .seq = o.seq,
+                                 .rank = 0,
+                                 .model_flops = t.flops_per_step()},
+                                o.json);
     if (lead) log::info("done: " + committed + " is committed at step " + std::to_string(t.step_count()));
     return 0;
 }
@@ -386,6 +430,9 @@ int main(int argc, char** argv) {
     app.add_option("--threads", o.threads, "Kernel threads per rank (0: the cores shared out over the node's ranks)")
         ->capture_default_str();
     app.add_flag("--json", o.json, "JSON Lines (zinf.train/1) instead of the human lines");
+    app.add_flag("--profile", o.profile,
+                 "Time every device kernel and copy (and the engine's stages) over the steps: a table on stderr "
+                 "after the run, zinf.profile/1 records with --json (with --bench: its timed steps)");
     app.add_flag("--resident", o.resident,
                  "The reference engine: every parameter resident on every rank (plain data parallel)");
     o.zero.add(app, false);
@@ -431,7 +478,7 @@ int main(int argc, char** argv) {
         const device::Precision precision = device::parse_precision(o.precision);
         if (o.bench.enabled)
             return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.threads),
-                                      precision, o.json, !o.no_checkpoint, g_stop);
+                                      precision, o.json, !o.no_checkpoint, o.profile, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);
     });

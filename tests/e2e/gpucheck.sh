@@ -48,6 +48,34 @@ expect_rc 3 "--quick on a host without a GPU: exit 3, not 0, so gpu-check.sh && 
 check "…and the summary's verdict says NO GPU, with why" bash -c \
   'tail -n 1 "$1/summary.txt" | grep -q "0 failed.*: NO GPU (no GPU: nvidia-smi answers: NVIDIA-SMI has failed"' _ "$TMP/r1"
 check "…no step failed" bash -c 'test "$(jq -s "[.[] | select(.status == \"fail\")] | length" "$1/results.jsonl")" = 0' _ "$TMP/r1"
+# Without --quick and without a GPU: the step profiles are skipped, each
+# with the reason, and the verdict is still NO GPU.
+PATH="$G/fakebin:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$TMP/r3" \
+  --cpu-suites none --jobs 1 >"$TMP/gc3.out" 2>&1
+rc=$?
+expect_rc 3 "the whole check on a host without a GPU: exit 3"
+check "…the six step profiles skipped for want of a GPU" bash -c \
+  'test "$(jq -s "[.[] | select((.name | startswith(\"profile/\")) and .status == \"skip\" and (.reason | startswith(\"no GPU\")))] | length" "$1/results.jsonl")" = 6' _ "$TMP/r3"
+# A host whose nvidia-smi names a GPU, with a zinf-train that prints what a
+# cpu run of --bench --profile --json printed (a tiny model, made here):
+# each profile step passes with its records as figures and puts its line in
+# summary.txt under the profiles' head; the verdict is PASS.
+mkdir -p "$G/bin" "$TMP/gpu"
+cp "$ROOT/scripts/profile-summary.jq" "$G/scripts/"
+"$BIN/zinf-train" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=64,seq=32 -B 2 -T 16 --bench-steps 1 \
+  --threads 1 --profile --json >"$TMP/records.jsonl" 2>/dev/null
+printf '#!/bin/sh\ncase " $* " in *" --help "*) echo "  --profile  Time every device kernel"; exit 0 ;; esac\ncat "%s"\n' \
+  "$TMP/records.jsonl" >"$G/bin/zinf-train"
+printf '#!/bin/sh\necho "NVIDIA H200, 575.57.08, 143771 MiB"\n' >"$TMP/gpu/nvidia-smi"
+chmod +x "$G/bin/zinf-train" "$TMP/gpu/nvidia-smi"
+PATH="$TMP/gpu:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$TMP/r4" \
+  --cpu-suites none --jobs 1 >"$TMP/gc4.out" 2>&1
+rc=$?
+expect_rc 0 "a host with a GPU whose profiles pass: exit 0 (PASS)"
+check "…six profile steps passed, each with the records as figures" bash -c \
+  'test "$(jq -s "[.[] | select((.name | startswith(\"profile/\")) and .status == \"pass\" and (.figures.records | length) > 3)] | length" "$1/results.jsonl")" = 6' _ "$TMP/r4"
+check "…and six lines in summary.txt under the profiles' head" bash -c \
+  'grep -q "^# step profiles" "$1/summary.txt" && test "$(grep -cE "^(gpt2-(fp32|bf16)-b(4|16)|smollm-bf16|llama1b-bf16) +[0-9.]+ s/step, .* of sgemm \([0-9.]+ TFLOP/s\) [|] [a-z_@]+ -?[0-9]+%, " "$1/summary.txt")" = 6' _ "$TMP/r4"
 # A command of the script that fails under set -e (sha256sum, here): the
 # run ends as a failed step, and the summary is there all the same.
 cat >"$G/fakebin/sha256sum" <<'EOF'

@@ -24,7 +24,7 @@ layers_of() {
 # subshell: it runs for every include).
 module_of() {
   case $1 in
-  kernels) REPLY=device ;;
+  kernels | profile) REPLY=device ;;
   gpt | llama) REPLY=model ;;
   family) REPLY=shard ;;
   options) REPLY=cli ;;

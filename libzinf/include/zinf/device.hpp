@@ -90,6 +90,15 @@ struct Event {
     std::shared_ptr<void> handle;
 };
 
+// When a stream reached a point, for the profile (profile.hpp): the steady
+// clock read by the stream's worker on cpu, a timing cudaEvent_t on cuda.
+// Read with Device::seconds_between once the stream has passed it.
+struct Stamp {
+    std::shared_ptr<void> handle;
+};
+
+class Profile;  // profile.hpp
+
 // Device memory holding `count` elements of T: a mem::Block seen as a span.
 template <class T>
 class Array {
@@ -181,6 +190,18 @@ public:
     // wait for them, e.g. a collective over their output on the cpu backend).
     virtual void host(Stream& s, std::function<void()> fn) = 0;
 
+    // ---- profile (profile.hpp) -------------------------------------------------
+    // From here every kernel and copy is timed into `p` (nullptr: none, the
+    // default; one pointer test a call). Set between steps, with nothing
+    // in flight.
+    void set_profile(Profile* p) { profile_ = p; }
+    // A stamp on `s`: taken when the stream gets there; the host does not wait.
+    virtual Stamp stamp(Stream& s) = 0;
+    // Seconds from `a` to `b`, two stamps of one stream; NaN while the
+    // stream has not passed both (never, once dropped behind an error). Reads,
+    // never waits.
+    virtual double seconds_between(const Stamp& a, const Stamp& b) = 0;
+
 protected:
     // The backends' copies and kernels, each called by the public call of its
     // name once that has checked the spans (checks.cpp, the one place for
@@ -192,6 +213,7 @@ protected:
 #include <zinf/kernels.def>
 
     std::unique_ptr<mem::DeviceArena> arena_;
+    Profile* profile_ = nullptr;
 };
 
 // UsageError for an unknown backend, or for "cuda" where it cannot run

@@ -4,6 +4,7 @@
 // element type the kernel does not take, is an InternalError at once, naming
 // the kernel, its dimensions and the span (shape.hpp).
 #include <zinf/device.hpp>
+#include <zinf/profile.hpp>
 
 #include "kernels.hpp"
 #include "shape.hpp"
@@ -313,6 +314,13 @@ void check_adamw(const optim::Update& u, const optim::Scalars&) {
 
 void Device::copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) {
     Shape{"copy", {}}.need("dst", dst.size(), src.size());
+    if (profile_) [[unlikely]] {
+        Stamp a = profile_->begin(s);
+        do_copy(s, dst, src);
+        // Read once, written once.
+        profile_->end(s, "copy", {.bytes = 2.0 * static_cast<double>(src.size())}, std::move(a));
+        return;
+    }
     do_copy(s, dst, src);
 }
 
@@ -323,14 +331,27 @@ void Device::copy_rows(Stream& s, std::span<float> dst, u64 ld_dst, std::span<co
     if (!rows || !cols) return;
     sh.need("dst", dst.size(), (rows - 1) * ld_dst + cols);
     sh.need("src", src.size(), (rows - 1) * ld_src + cols);
+    if (profile_) [[unlikely]] {
+        Stamp a = profile_->begin(s);
+        do_copy_rows(s, dst, ld_dst, src, ld_src, rows, cols);
+        profile_->end(s, "copy_rows", {.bytes = 2.0 * 4.0 * static_cast<double>(rows * cols)}, std::move(a));
+        return;
+    }
     do_copy_rows(s, dst, ld_dst, src, ld_src, rows, cols);
 }
 
-// Every kernel's public call: its check, then the backend's.
-#define ZINF_KERNEL(name, ...)                                    \
-    void Device::name(Stream& s, ZINF_KERNEL_PARAMS(__VA_ARGS__)) { \
-        check_##name(ZINF_KERNEL_ARGS(__VA_ARGS__));              \
-        do_##name(s, ZINF_KERNEL_ARGS(__VA_ARGS__));              \
+// Every kernel's public call: its check, then the backend's; under a
+// profile, between two stamps on its stream, with its cost (cost.cpp).
+#define ZINF_KERNEL(name, ...)                                                           \
+    void Device::name(Stream& s, ZINF_KERNEL_PARAMS(__VA_ARGS__)) {                        \
+        check_##name(ZINF_KERNEL_ARGS(__VA_ARGS__));                                     \
+        if (profile_) [[unlikely]] {                                                     \
+            Stamp zinf_before_ = profile_->begin(s);                                     \
+            do_##name(s, ZINF_KERNEL_ARGS(__VA_ARGS__));                                 \
+            profile_->end(s, #name, cost::name(ZINF_KERNEL_ARGS(__VA_ARGS__)), std::move(zinf_before_)); \
+            return;                                                                      \
+        }                                                                                \
+        do_##name(s, ZINF_KERNEL_ARGS(__VA_ARGS__));                                     \
     }
 #include <zinf/kernels.def>
 

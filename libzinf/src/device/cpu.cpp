@@ -10,10 +10,12 @@
 #include <omp.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <exception>
 #include <mutex>
 #include <random>
@@ -245,6 +247,28 @@ public:
 #include <zinf/kernels.def>
 
     void host(Stream& s, std::function<void()> fn) override { as_cpu(s).enqueue(std::move(fn)); }
+
+    // The steady clock read by the stream's worker as it gets there, between
+    // the jobs before and after: where the kernels run. -1 until then (and
+    // for good when the job is dropped behind an error).
+    Stamp stamp(Stream& s) override {
+        auto ns = std::make_shared<std::atomic<std::int64_t>>(-1);
+        as_cpu(s).enqueue([ns] {
+            ns->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count(),
+                      std::memory_order_relaxed);
+        });
+        return {std::move(ns)};
+    }
+    double seconds_between(const Stamp& a, const Stamp& b) override {
+        auto read = [](const Stamp& st) {
+            return st.handle ? static_cast<const std::atomic<std::int64_t>*>(st.handle.get())->load() : -1;
+        };
+        const std::int64_t t0 = read(a), t1 = read(b);
+        if (t0 < 0 || t1 < 0) return std::numeric_limits<double>::quiet_NaN();
+        return static_cast<double>(t1 - t0) * 1e-9;
+    }
 
 private:
     const unsigned threads_;

@@ -284,6 +284,11 @@ public:
 
     void host(Stream& s, std::function<void()> fn) override;
 
+    // A timing event recorded on the stream; read with cudaEventElapsedTime,
+    // which answers not-ready (NaN here) until both are done: never a wait.
+    Stamp stamp(Stream& s) override;
+    double seconds_between(const Stamp& a, const Stamp& b) override;
+
     // ---- for measure_gemm_flops ---------------------------------------------
     // `reps` GEMMs of n x n on compute, timed with events after a warm-up:
     // FLOP/s. bf16: A, B and C in bf16, fp32 accumulation.

@@ -5,6 +5,7 @@
 #include "../../mem/gpu.hpp"
 
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace zinf::device {
@@ -185,6 +186,31 @@ void CudaDevice::zero(Stream& s, std::span<float> dst) {
 void CudaDevice::host(Stream& s, std::function<void()> fn) {
     bind();
     as_cuda(s).host(std::move(fn));
+}
+
+Stamp CudaDevice::stamp(Stream& s) {
+    bind();
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreate(&ev), "cudaEventCreate");
+    std::shared_ptr<void> handle(ev, [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+    check(cudaEventRecord(ev, as_cuda(s).native()), "cudaEventRecord");
+    return {std::move(handle)};
+}
+
+double CudaDevice::seconds_between(const Stamp& a, const Stamp& b) {
+    constexpr double not_yet = std::numeric_limits<double>::quiet_NaN();
+    if (!a.handle || !b.handle) return not_yet;
+    bind();
+    auto* ea = static_cast<cudaEvent_t>(a.handle.get());
+    auto* eb = static_cast<cudaEvent_t>(b.handle.get());
+    float ms = 0;
+    // cudaErrorNotReady until both are done; a stream's own error is its
+    // synchronize's to report, not the profile's.
+    if (cudaEventElapsedTime(&ms, ea, eb) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return not_yet;
+    }
+    return static_cast<double>(ms) * 1e-3;
 }
 }  // namespace cuda_backend
 
