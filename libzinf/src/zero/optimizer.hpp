@@ -262,6 +262,8 @@ struct Optimizer::Impl {
     void update_step(StepReport& rep, double loss_scale, std::size_t ra);
     void update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra);
     void next_step(double loss_scale);
+    // The roles a step wrote become the current generations, at step + 1.
+    void advance(const std::vector<Role>& written);
     // Each (role, generation) becomes what the manifest names, at new_step.
     void commit(const std::vector<std::pair<Role, int>>& changed, std::uint64_t new_step);
     void save();

@@ -383,19 +383,7 @@ void Impl::update_step(StepReport& rep, double loss_scale, std::size_t ra) {
         }
     }
     comm::agree(comm, failed, "the step was not committed; the manifest names the state before it");
-    if (commit_steps) {
-        std::vector<std::pair<Role, int>> changed;
-        for (Role r : written) changed.emplace_back(r, roles[r].next);
-        commit(changed, step + 1);
-    } else {
-        // State held in memory reaches the disk only by save(): the manifest
-        // stays at the last save, and the streamed files rotate around it.
-        for (Role r : written) {
-            roles[r].cur = roles[r].next;
-            roles[r].cur_hash = roles[r].new_hash;
-        }
-        ++step;
-    }
+    advance(written);
     broken = false;
     rep.commit_seconds = c.seconds();
 }
@@ -514,17 +502,7 @@ std::optional<StepReport> Impl::settle() {
     std::vector<Role> written;
     for (Role r : file_roles)
         if (r != Role::grad) written.push_back(r);
-    if (commit_steps) {
-        std::vector<std::pair<Role, int>> changed;
-        for (Role r : written) changed.emplace_back(r, roles[r].next);
-        commit(changed, step + 1);
-    } else {
-        for (Role r : written) {
-            roles[r].cur = roles[r].next;
-            roles[r].cur_hash = roles[r].new_hash;
-        }
-        ++step;
-    }
+    advance(written);
     broken = false;
     rep.commit_seconds = pend_sync + c.seconds();
     rep.update_pipelined_seconds = pend_elapsed;
@@ -585,6 +563,24 @@ StepReport Impl::run_step(double loss_scale) {
     finish_report(rep, loss_scale);
     rep.seconds = all.seconds();
     return rep;
+}
+
+// The roles a step wrote become the current ones, at the next step:
+// committed (every state on nvme), or, for state held in memory, which
+// reaches the disk only by save(), rotated around the manifest's files (the
+// manifest stays at the last save).
+void Impl::advance(const std::vector<Role>& written) {
+    if (commit_steps) {
+        std::vector<std::pair<Role, int>> changed;
+        for (Role r : written) changed.emplace_back(r, roles[r].next);
+        commit(changed, step + 1);
+        return;
+    }
+    for (Role r : written) {
+        roles[r].cur = roles[r].next;
+        roles[r].cur_hash = roles[r].new_hash;
+    }
+    ++step;
 }
 
 // Every rank's new xxh3s to every rank; rank 0 writes the manifest naming
