@@ -144,11 +144,11 @@ void report_profile(const device::Profile& p, const device::Peaks& peaks, device
     head["peak_bytes_per_s"] = peaks.bytes;
     head["uncollected"] = p.uncollected();
     std::cout << head.dump() << '\n';
-    for (const Line& l : lines) {
-        const auto& r = l.row;
+    // A row's record: its kind ("kernel", "copy", "other", "stage" or "gemm_shape") and its figures.
+    auto record = [&](const std::string& kind, const auto& r) {
         nlohmann::json j;
         j["schema"] = "zinf.profile/1";
-        j["kind"] = l.kind;
+        j["kind"] = kind;
         j["name"] = r.name;
         j["stream"] = r.stream;
         j["calls"] = r.calls;
@@ -159,23 +159,11 @@ void report_profile(const device::Profile& p, const device::Peaks& peaks, device
         j["flops_per_s"] = per_s(r.flops, r.seconds);
         j["bytes_per_s"] = per_s(r.bytes, r.seconds);
         j["floor_s"] = device::floor_seconds(r, peaks);
-        std::cout << j.dump() << '\n';
-    }
+        return j;
+    };
+    for (const Line& l : lines) std::cout << record(l.kind, l.row).dump() << '\n';
     for (const Shape& sh : shapes) {
-        const auto& r = sh.row;
-        nlohmann::json j;
-        j["schema"] = "zinf.profile/1";
-        j["kind"] = "gemm_shape";
-        j["name"] = r.name;
-        j["stream"] = r.stream;
-        j["calls"] = r.calls;
-        j["seconds"] = r.seconds;
-        j["share"] = step > 0 ? r.seconds / step : 0.0;
-        j["flops"] = r.flops;
-        j["bytes"] = r.bytes;
-        j["flops_per_s"] = per_s(r.flops, r.seconds);
-        j["bytes_per_s"] = per_s(r.bytes, r.seconds);
-        j["floor_s"] = device::floor_seconds(r, peaks);
+        nlohmann::json j = record("gemm_shape", sh.row);
         if (sh.alone > 0) j["alone_flops_per_s"] = sh.alone;  // absent: not timed (no device memory left)
         std::cout << j.dump() << '\n';
     }
