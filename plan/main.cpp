@@ -72,7 +72,7 @@ void read_bench_file(const std::string& name, plan::Hardware& h) {
         in = file.get();
     }
     const std::size_t used = plan::read_bench_lines(*in, label, h);
-    if (!used) log::warn(label + ": no zinf-nvmebench, -pinstress, -commbench or -optbench record in it");
+    if (!used) log::warn(label + ": no zinf-nvmebench, -pinstress, -commbench or -optbench record in it, nor a zinf-train --profile step");
 }
 
 std::string gb(double bps) {
@@ -187,9 +187,13 @@ int run(Options& o) {
 
     plan::Hardware h;
     h.peak_flops = o.peak_tflops * 1e12;
-    h.source_peak = o.peak_given ? "--peak-tflops" : "default: the paper's V100 figure";
+    h.source_peak = "default: the paper's V100 figure";
     for (const auto& f : o.bench) read_bench_file(f, h);
     // Flags win over the bench files.
+    if (o.peak_given) {
+        h.peak_flops = o.peak_tflops * 1e12;
+        h.source_peak = "--peak-tflops";
+    }
     auto flag = [](const std::optional<double>& given, double& dst, std::string& src, const char* name) {
         if (!given) return;
         const double v = *given;

@@ -110,6 +110,19 @@ check "gpu-check's summary line: step, share of sgemm, the top four rows, GEMM a
   bash -c '[[ $1 =~ ^[0-9.]+\ s/step,\ [0-9.]+\ TFLOP/s\ =\ [0-9]+%\ of\ sgemm\ \([0-9.]+\ TFLOP/s\)\ \|\ ([a-z_@]+\ -?[0-9]+%,\ ){3}[a-z_@]+\ -?[0-9]+%\ \|\ gemm:\ [0-9]+%\ of\ its\ [1-6]\ costliest\ shapes\ alone$ ]]' _ "$line"
 check "... and none from records without a profile" bash -c '! jq -r -s -f "$1" <<<"{\"schema\": \"zinf.train-bench/1\"}" 2>/dev/null' _ "$ROOT/scripts/profile-summary.jq"
 check "the table goes to stderr" has_all "$err" "# zinf-train --profile:" "# peaks in this run: sgemm" "gemm" "other"
+# zinf-plan takes the step record's GEMM rate for the device's peak (the
+# same bench file may hold the train-bench record and the rows: skipped),
+# unless --peak-tflops is given.
+peak=$(jq -r 'select(.kind == "step") | .peak_flops_per_s' "$W/bench.jsonl")
+PL=(--model "$M" --gpu-mem 8GiB --cpu-mem 8GiB --nvme 8GiB)
+run "$BIN/zinf-plan" "${PL[@]}" --bench "$W/bench.jsonl" --json -q
+check "zinf-plan --bench: the profile's measured GEMM rate is the peak ($peak FLOP/s)" \
+  jq -e --argjson p "$peak" '(.peak_tflops - $p / 1e12 | fabs) <= 1e-12 * .peak_tflops' <<<"$out"
+run "$BIN/zinf-plan" "${PL[@]}" --bench "$W/bench.jsonl" --peak-tflops 123 --json -q
+check "... and --peak-tflops wins over it" jq -e '.peak_tflops == 123' <<<"$out"
+run "$BIN/zinf-plan" "${PL[@]}" --bench "$W/bench.jsonl"
+check "... the report names where the peak came from" contains "$out$err" "zinf-train --profile"
+
 run "$TR" "${BENCH[@]}" --profile --json
 printf '%s\n' "$out" >"$W/bench-ck.jsonl"
 check "with checkpoints: the recomputed forward's FLOPs too" \

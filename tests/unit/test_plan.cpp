@@ -560,6 +560,25 @@ BOOST_AUTO_TEST_CASE(read_bench_records) {
     BOOST_TEST(h.source_cpu_hash == "opt3");
     BOOST_TEST(h.cpu_update_bps == 61.0 * kGiBd);
 
+    // zinf-train --profile: the step record's GEMM rate, FLOP/s, replaces the
+    // default peak even when lower (it was measured); then the best kept.
+    // The kernel rows are skipped.
+    BOOST_TEST(!h.peak_measured);
+    BOOST_TEST(h.peak_flops == 70e12);
+    BOOST_TEST(read_bench({{"schema", "zinf.profile/1"}, {"kind", "kernel"}, {"name", "gemm"}, {"flops_per_s", 9e15}},
+                          "prof-row", h));
+    BOOST_TEST(h.peak_flops == 70e12);
+    BOOST_TEST(read_bench({{"schema", "zinf.profile/1"}, {"kind", "step"}, {"peak_flops_per_s", 5.5e13},
+                           {"peak_flops_peer", "sgemm"}}, "prof.jsonl:1", h));
+    BOOST_TEST(h.peak_measured);
+    BOOST_TEST(h.peak_flops == 5.5e13);
+    BOOST_TEST(h.source_peak == "prof.jsonl:1 (sgemm, zinf-train --profile)");
+    BOOST_TEST(read_bench({{"schema", "zinf.profile/1"}, {"kind", "step"}, {"peak_flops_per_s", 5.84e14},
+                           {"peak_flops_peer", "bf16_gemm"}}, "prof.jsonl:9", h));
+    BOOST_TEST(read_bench({{"schema", "zinf.profile/1"}, {"kind", "step"}, {"peak_flops_per_s", 4e14}}, "p3", h));
+    BOOST_TEST(h.peak_flops == 5.84e14);
+    BOOST_TEST(h.source_peak == "prof.jsonl:9 (bf16_gemm, zinf-train --profile)");
+
     // Another schema: false, nothing changed.
     const Hardware before = h;
     BOOST_TEST(!read_bench({{"schema", "zinf.plan/1"}, {"gibps", 100.0}}, "x", h));
@@ -593,6 +612,9 @@ BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
         {"pinstress gibps 1e300",
          {{"schema", "zinf.pinstress/1"}, {"copies", json::Json::array({{{"copy", "h2d"}, {"pinned_gibps", 1e300}}})}}},
         {"optbench traffic 1e300", {{"schema", "zinf.optbench/1"}, {"kind", "update"}, {"traffic_gibps", 1e300}}},
+        {"profile step without its peak", {{"schema", "zinf.profile/1"}, {"kind", "step"}, {"seconds", 1.0}}},
+        {"profile step peak 0", {{"schema", "zinf.profile/1"}, {"kind", "step"}, {"peak_flops_per_s", 0.0}}},
+        {"profile step peak a string", {{"schema", "zinf.profile/1"}, {"kind", "step"}, {"peak_flops_per_s", "fast"}}},
     };
     for (const auto& item : bad) {
         const std::string& what = item.first;  // (not a structured binding: clang 14's lambdas cannot take one)
@@ -604,6 +626,8 @@ BOOST_AUTO_TEST_CASE(read_bench_bad_records) {
         BOOST_TEST(h.cpu_gpu_bps == 0.0);
         BOOST_TEST(h.gpu_gpu_bps == 0.0);
         BOOST_TEST(h.cpu_update_bps == 0.0);
+        BOOST_TEST(!h.peak_measured);
+        BOOST_TEST(h.peak_flops == 70e12);
     }
     // The largest rate that stays finite in bytes/s is still taken.
     Hardware big;

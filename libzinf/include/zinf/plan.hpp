@@ -49,7 +49,11 @@ struct Workload {
 // Capacities per device (gpu) or per node (cpu, nvme), and bandwidths, each
 // with where it came from ("flag", "bench FILE", "machine", "default").
 struct Hardware {
-    double peak_flops = 70e12;           // achievable per device (the paper's V100 figure)
+    // Achievable per device: the paper's V100 figure, or the GEMM rate a
+    // zinf-train --profile run measured on the device (its zinf.profile/1
+    // step record's peak_flops_per_s, the best of them; peak_measured).
+    double peak_flops = 70e12;
+    bool peak_measured = false;
     std::uint64_t gpu_bytes = 0;         // per device
     std::uint64_t gpu_max_block = 0;     // largest contiguous allocation; 0: gpu_bytes
     std::uint64_t cpu_bytes = 0;         // per node
@@ -68,7 +72,8 @@ struct Hardware {
 };
 
 // A bench program's JSON record (one line of zinf-nvmebench, -pinstress,
-// -commbench or -optbench --json) folded into `h`: the best figure of each
+// -commbench or -optbench --json, or zinf-train --profile --json's step
+// record, for the device's GEMM rate) folded into `h`: the best figure of each
 // kind wins. Returns false for a record of another schema (ignored);
 // DataError naming `source` for a record that is not what its schema says.
 bool read_bench(const json::Json& record, const std::string& source, Hardware& h);

@@ -139,6 +139,20 @@ bool read_bench_record(const json::Json& j, const std::string& source, Hardware&
         }
         return true;
     }
+    if (schema == "zinf.profile/1") {
+        // zinf-train --profile --json: the step record holds the GEMM rate
+        // measured on the device in the same run, at the run's precision
+        // (what the step's FLOPs can reach); the other records are its rows.
+        if (j.value("kind", std::string()) != "step") return true;
+        const double f = positive(j, "peak_flops_per_s", source, schema);
+        if (!(f > 0)) throw DataError(source + ": a zinf.profile/1 step record whose peak_flops_per_s is 0");
+        if (!h.peak_measured || f > h.peak_flops) {
+            h.peak_flops = f;
+            h.peak_measured = true;
+            h.source_peak = source + " (" + j.value("peak_flops_peer", std::string("GEMM")) + ", zinf-train --profile)";
+        }
+        return true;
+    }
     if (schema == "zinf.optbench/1") {
         if (j.value("kind", std::string()) != "update") return true;
         const double bps = positive(j, "traffic_gibps", source, schema) * kGiB;
