@@ -437,7 +437,10 @@ void pipelined_equals_sequential_at_dp(DType dt, double clip) {
     const auto spec = shard::ModelSpec::parse(kGPT);
     const auto tokens = make_tokens(s, spec.vocab, (kSteps + 3) * dp() * kB * kT + 1);
     Rig rig;
-    const Tier tiers[] = {Tier::nvme, Tier::cpu, Tier::gpu};
+    // Every tier at dp 2; at dp 4 (make test's second mpirun, on the same
+    // two cores) the nvme tier alone, whose commit is the one ranks agree on.
+    std::vector<Tier> tiers = {Tier::nvme, Tier::cpu, Tier::gpu};
+    if (dp() > 2) tiers.resize(1);
     if (!rank0_made(dir, [&] {
             for (Tier t : tiers)
                 for (const char* run : {"seq", "pip"})
