@@ -52,27 +52,21 @@ void Profile::collect(double step_seconds) {
         }
         std::string key = p.name;
         if (p.stream != compute_ && !p.stage) key += "@" + p.stream->name();
-        std::lock_guard lk(mu_);
-        Row& r = (p.stage ? stages_ : rows_)[key];
-        if (r.name.empty()) {
-            r.name = key;
-            r.stream = p.stream->name();
-        }
-        ++r.calls;
-        r.seconds += sec;
-        r.flops += p.cost.flops;
-        r.bytes += p.cost.bytes;
-        if (!p.cost.detail.empty()) {
-            Row& d = details_[key + " " + p.cost.detail];
-            if (d.name.empty()) {
-                d.name = key + " " + p.cost.detail;
-                d.stream = p.stream->name();
+        // The call counted in the row of `name` in `rows`.
+        auto tally = [&](std::map<std::string, Row>& rows, const std::string& name) {
+            Row& r = rows[name];
+            if (r.name.empty()) {
+                r.name = name;
+                r.stream = p.stream->name();
             }
-            ++d.calls;
-            d.seconds += sec;
-            d.flops += p.cost.flops;
-            d.bytes += p.cost.bytes;
-        }
+            ++r.calls;
+            r.seconds += sec;
+            r.flops += p.cost.flops;
+            r.bytes += p.cost.bytes;
+        };
+        std::lock_guard lk(mu_);
+        tally(p.stage ? stages_ : rows_, key);
+        if (!p.cost.detail.empty()) tally(details_, key + " " + p.cost.detail);
     }
     std::lock_guard lk(mu_);
     pending_.insert(pending_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
