@@ -62,7 +62,7 @@ check "…the six step profiles skipped for want of a GPU" bash -c \
 # summary.txt under the profiles' head; the verdict is PASS.
 mkdir -p "$G/bin" "$TMP/gpu"
 cp "$ROOT/scripts/profile-summary.jq" "$G/scripts/"
-"$BIN/zinf-train" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=64,seq=32 -B 2 -T 16 --bench-steps 1 \
+"$BIN/zinf-train" --bench --bench-model gpt:layers=1,hidden=32,heads=2,vocab=64,seq=32 -B 2 -T 16 --bench-steps 1 --bench-gemm 128 \
   --threads 1 --profile --json >"$TMP/records.jsonl" 2>/dev/null
 printf '#!/bin/sh\ncase " $* " in *" --help "*) echo "  --profile  Time every device kernel"; exit 0 ;; esac\ncat "%s"\n' \
   "$TMP/records.jsonl" >"$G/bin/zinf-train"

@@ -89,7 +89,7 @@ EOF
 }
 
 M=gpt:layers=2,hidden=64,heads=4,vocab=256,seq=64
-BENCH=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2)
+BENCH=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2 --bench-gemm 256)
 
 # --- --bench --profile --json, without and with checkpoints
 run "$TR" "${BENCH[@]}" --no-checkpoint --profile --json
