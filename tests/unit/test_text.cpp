@@ -11,6 +11,7 @@
 #define BOOST_TEST_MODULE text
 #include "testing.hpp"
 
+#include "../../libzinf/src/text/hf.hpp"
 #include "../../libzinf/src/text/internal.hpp"
 
 #include <zinf/data.hpp>
@@ -213,6 +214,31 @@ BOOST_AUTO_TEST_CASE(open_end_stops_before_what_more_text_may_change) {
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(hf)
+
+// The word cache grows its table as words come and empties at its budget:
+// every lookup returns the ids put for that word or nothing, never another's.
+BOOST_AUTO_TEST_CASE(word_cache_grows_and_empties_at_its_budget) {
+    text::hf::BpeCache c(64 * KiB);  // at most 1024 slots: a clear every 512 words
+    std::vector<std::string> words;
+    for (int i = 0; i < 5000; ++i) words.push_back("w" + std::to_string(i * 7919));
+    auto ids_of = [](int i) { return std::vector<text::Id>{static_cast<text::Id>(i), static_cast<text::Id>(i + 1)}; };
+    std::size_t held = 0, wrong = 0;
+    for (int i = 0; i < 5000; ++i) {
+        const auto h = text::hf::BpeCache::hash(words[i]);
+        BOOST_TEST(c.get(words[i], h).empty());
+        c.put(words[i], h, ids_of(i));
+        const auto got = c.get(words[i], h);
+        BOOST_TEST((std::vector<text::Id>(got.begin(), got.end()) == ids_of(i)), "word " << i);
+        for (int j = std::max(0, i - 600); j < i; ++j) {
+            const auto g = c.get(words[j], text::hf::BpeCache::hash(words[j]));
+            if (g.empty()) continue;
+            ++held;
+            if (std::vector<text::Id>(g.begin(), g.end()) != ids_of(j)) ++wrong;
+        }
+    }
+    BOOST_TEST(wrong == 0u);
+    BOOST_TEST(held > 0u);
+}
 
 BOOST_AUTO_TEST_CASE(merges_lowest_rank_first_then_leftmost) {
     // Ranks: "b c" first, then "a b", then "a bc".

@@ -11,10 +11,27 @@
 namespace zinf::text::hf {
 
 BpeCache::BpeCache(std::size_t max_bytes) : max_bytes_(max_bytes) {
-    // A slot per 64 bytes of the budget: about half full when the arenas are.
-    std::size_t n = 1024;
-    while (n * 64 < max_bytes_) n <<= 1;
-    slots_.resize(n);
+    // At most a slot per 64 bytes of the budget (about half full when the
+    // arenas are), but grown as words come: a table sized for the budget
+    // (6 MiB of slots at 16 MiB) was probed at random by every lookup, and two
+    // threads' tables crowded each other out of the shared cache (a second
+    // thread cost 39% more time in the lookups; the words of a text are
+    // usually far fewer than the budget holds).
+    max_slots_ = 1024;
+    while (max_slots_ * 64 < max_bytes_) max_slots_ <<= 1;
+    slots_.resize(std::min<std::size_t>(max_slots_, 4096));
+}
+
+void BpeCache::grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    const std::size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+        if (s.key_len == 0) continue;
+        std::size_t i = s.hash & mask;
+        while (slots_[i].key_len != 0) i = (i + 1) & mask;
+        slots_[i] = s;
+    }
 }
 
 std::uint64_t BpeCache::hash(std::string_view word) {
@@ -40,6 +57,7 @@ std::span<const Id> BpeCache::get(std::string_view word, std::uint64_t h) const 
 
 void BpeCache::put(std::string_view word, std::uint64_t h, std::span<const Id> ids) {
     if (word.empty() || word.size() > max_bytes_ / 64) return;  // (a huge piece is not worth keeping)
+    while ((used_ + 1) * 2 > slots_.size() && slots_.size() < max_slots_) grow();
     if ((used_ + 1) * 2 > slots_.size() || keys_.size() + word.size() + (ids_.size() + ids.size()) * sizeof(Id) > max_bytes_)
         clear();
     const std::size_t mask = slots_.size() - 1;

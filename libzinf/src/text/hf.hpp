@@ -129,10 +129,11 @@ private:
         std::uint32_t key = 0, key_len = 0, ids = 0, ids_len = 0;  // into the arenas; key_len 0: empty
     };
     void clear();
+    void grow();  // twice the slots, every word held again
     std::vector<Slot> slots_;
     std::string keys_;
     std::vector<Id> ids_;
-    std::size_t used_ = 0, max_bytes_;
+    std::size_t used_ = 0, max_bytes_, max_slots_ = 0;
 };
 
 // Appends the ids of one piece (a pre-tokenizer's output) to `out`.
