@@ -110,6 +110,7 @@ cudaError_t preload_embedding();
 cudaError_t preload_norms();
 cudaError_t preload_elementwise();
 cudaError_t preload_attention();
+cudaError_t preload_flash();
 cudaError_t preload_loss();
 cudaError_t preload_optimizer();
 
