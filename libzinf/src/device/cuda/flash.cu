@@ -17,9 +17,11 @@
 //            query tiles in order, lane i query i0 + i. No atomics: every
 //            sum has one order, so two runs give the same bits.
 //
-// K (forward, dQ) or Q and dO (dK/dV) rows are read a lane a row: padded to
-// hd + 1 floats so that the 32 lanes fall in 32 banks. Head dims up to 128
-// (4 per lane); index math inside a head's rows in 32 bits.
+// K (forward, dQ) or Q and dO (dK/dV) rows are read a lane a row: padded
+// (pitch()) so that the lanes fall in distinct banks; where hd % 4 == 0 a
+// dot product reads both rows 16 bytes at a time (the broadcast row and the
+// lane's, rows hd + 4 apart: 8 lanes a phase on 32 banks). Head dims up to
+// 128 (4 per lane); index math inside a head's rows in 32 bits.
 #include "common.cuh"
 
 #include <type_traits>
@@ -61,9 +63,23 @@ __device__ inline void load_rows(float* s, unsigned pitch, const E* src, unsigne
     }
 }
 
+// The pitch of rows a lane each reads: hd + 4 (float4 reads) or hd + 1.
+__host__ __device__ inline unsigned pitch(unsigned hd) { return hd % 4 ? hd + 1 : hd + 4; }
+
+// a . b over hd, both rows in shared memory, 16-byte aligned where hd % 4 == 0.
 __device__ inline float dot_rows(const float* a, const float* b, unsigned hd) {
     float s = 0;
-    for (unsigned d = 0; d < hd; ++d) s += a[d] * b[d];
+    if (hd % 4 == 0) {
+        for (unsigned d = 0; d < hd; d += 4) {
+            const float4 x = *reinterpret_cast<const float4*>(a + d), y = *reinterpret_cast<const float4*>(b + d);
+            s += x.x * y.x;
+            s += x.y * y.y;
+            s += x.z * y.z;
+            s += x.w * y.w;
+        }
+    } else {
+        for (unsigned d = 0; d < hd; ++d) s += a[d] * b[d];
+    }
     return s;
 }
 
@@ -71,10 +87,11 @@ __device__ inline float dot_rows(const float* a, const float* b, unsigned hd) {
 template <int D>
 __global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, Heads x,
                                      float scale) {
-    extern __shared__ float sm[];
-    const unsigned hd = x.hd, kp = hd + 1, T = x.T;
+    extern __shared__ float4 flash_smem[];  // float4: 16-byte aligned rows
+    float* const sm = reinterpret_cast<float*>(flash_smem);
+    const unsigned hd = x.hd, kp = pitch(hd), T = x.T;
     float* sq = sm;                // (kRows, hd)
-    float* sk = sq + kRows * hd;   // (kKeys, hd + 1)
+    float* sk = sq + kRows * hd;   // (kKeys, pitch)
     float* sv = sk + kKeys * kp;   // (kKeys, hd)
     const unsigned i0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z, g = h / (x.NH / x.KVH);
     const unsigned warp = threadIdx.x / 32, lane = lane_id(), i1 = min(T, i0 + kRows);
@@ -148,12 +165,13 @@ __global__ void flash_delta_kernel(float* delta, const float* dout, const E* out
 template <int D, class E>
 __global__ void flash_dq_kernel(float* dq, const float* dout, const E* q, const E* k, const E* v, const float* lse,
                                 const float* delta, Heads x, float scale) {
-    extern __shared__ float sm[];
-    const unsigned hd = x.hd, kp = hd + 1, T = x.T;
+    extern __shared__ float4 flash_smem[];  // float4: 16-byte aligned rows
+    float* const sm = reinterpret_cast<float*>(flash_smem);
+    const unsigned hd = x.hd, kp = pitch(hd), T = x.T;
     float* sq = sm;                 // (kRows, hd)
     float* sdo = sq + kRows * hd;   // (kRows, hd)
-    float* sk = sdo + kRows * hd;   // (kKeys, hd + 1)
-    float* sv = sk + kKeys * kp;    // (kKeys, hd + 1)
+    float* sk = sdo + kRows * hd;   // (kKeys, pitch)
+    float* sv = sk + kKeys * kp;    // (kKeys, pitch)
     const unsigned i0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z, g = h / (x.NH / x.KVH);
     const unsigned warp = threadIdx.x / 32, lane = lane_id(), i1 = min(T, i0 + kRows);
     load_rows(sq, hd, q, b, T, i0, x.qs, h, hd);
@@ -212,12 +230,13 @@ __global__ void flash_dq_kernel(float* dq, const float* dout, const E* q, const 
 template <int D, class E>
 __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const E* q, const E* k, const E* v,
                                  const float* lse, const float* delta, Heads x, float scale) {
-    extern __shared__ float sm[];
-    const unsigned hd = x.hd, kp = hd + 1, T = x.T;
+    extern __shared__ float4 flash_smem[];  // float4: 16-byte aligned rows
+    float* const sm = reinterpret_cast<float*>(flash_smem);
+    const unsigned hd = x.hd, kp = pitch(hd), T = x.T;
     float* sk = sm;                 // (kRows, hd): the block's keys
     float* sv = sk + kRows * hd;    // (kRows, hd)
-    float* sq = sv + kRows * hd;    // (kKeys, hd + 1): a tile of queries
-    float* sdo = sq + kKeys * kp;   // (kKeys, hd + 1)
+    float* sq = sv + kRows * hd;    // (kKeys, pitch): a tile of queries
+    float* sdo = sq + kKeys * kp;   // (kKeys, pitch)
     float* slse = sdo + kKeys * kp; // (kKeys)
     float* sdl = slse + kKeys;      // (kKeys)
     const unsigned j0 = blockIdx.x * kRows, g = blockIdx.y, b = blockIdx.z, group = x.NH / x.KVH;
@@ -282,9 +301,9 @@ __global__ void flash_dkv_kernel(float* dk, float* dv, const float* dout, const 
 }
 
 // Shared memory of each kernel for head dim hd (bytes).
-u64 forward_smem(u64 hd) { return 4 * (kRows * hd + kKeys * (hd + 1) + kKeys * hd); }
-u64 dq_smem(u64 hd) { return 4 * (2 * kRows * hd + 2 * kKeys * (hd + 1)); }
-u64 dkv_smem(u64 hd) { return 4 * (2 * kRows * hd + 2 * kKeys * (hd + 1) + 2 * kKeys); }
+u64 forward_smem(unsigned hd) { return 4 * (kRows * hd + kKeys * pitch(hd) + kKeys * hd); }
+u64 dq_smem(unsigned hd) { return 4 * (2 * kRows * hd + 2 * kKeys * pitch(hd)); }
+u64 dkv_smem(unsigned hd) { return 4 * (2 * kRows * hd + 2 * kKeys * pitch(hd) + 2 * kKeys); }
 
 // f(std::integral_constant<int, D>) for the D = ceil(hd / 32) the kernels
 // are built for.
