@@ -68,11 +68,12 @@ namespace {
 // --bench times, for --bench-model and for --bench-against.
 struct BenchModel {
     BenchModel(device::Device& dev, const std::string& text, std::uint64_t batch, std::uint64_t seq,
-               device::Precision precision, bool checkpoint)
+               device::Precision precision, bool checkpoint, bool flash)
         : dev(dev), spec(shard::ModelSpec::parse(text)), model(model::make_model(model::Config::from(spec))),
           eng(dev, model::numels(model->params_table())),
           acts(model->plan(dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision,
-                                 .activations = precision})),
+                                 .activations = precision,
+                                 .attention = flash ? model::Attention::flash : model::Attention::gemm})),
           m1(dev.alloc<float>(eng.all_values().size(), "exp_avg")),
           m2(dev.alloc<float>(eng.all_values().size(), "exp_avg_sq")), ctx{dev, dev.compute(), eng, precision} {
         auto& s = dev.compute();
@@ -169,12 +170,14 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
     }
 
     std::vector<std::unique_ptr<BenchModel>> models;
-    models.push_back(std::make_unique<BenchModel>(*dev, o.model, batch, seq, precision, checkpoint));
+    models.push_back(std::make_unique<BenchModel>(*dev, o.model, batch, seq, precision, checkpoint, o.flash_attention));
     if (!o.against.empty())
-        models.push_back(std::make_unique<BenchModel>(*dev, o.against, batch, seq, precision, checkpoint));
+        models.push_back(
+            std::make_unique<BenchModel>(*dev, o.against, batch, seq, precision, checkpoint, o.flash_attention));
     const bool paired = models.size() > 1;
     for (const auto& b : models)
-        log::info(b->spec.to_string() + ", " + device::precision_name(precision) + ", batch " + std::to_string(batch) +
+        log::info(b->spec.to_string() + ", " + device::precision_name(precision) +
+                  (o.flash_attention ? ", flash attention" : "") + ", batch " + std::to_string(batch) +
                   " x " + std::to_string(seq) + ", " + std::to_string(dev->threads()) +
                   (dev->backend() == "cuda" ? " SMs: " : " threads: ") + std::to_string(o.steps) +
                   " steps after a warm-up");

@@ -20,6 +20,7 @@ struct BenchOptions {
     unsigned steps = 5;        // timed, after one warm-up; the median is reported
     std::uint64_t gemm_n = 2048;
     double min_ratio = 0;      // exit 75 below it
+    bool flash_attention = false;  // --attention flash: the step's blocks on the flash kernels
     std::vector<CLI::Option*> options;  // all but --bench itself
     void add(CLI::App& app);
     void check() const;  // UsageError: a --bench-* option without --bench

@@ -236,6 +236,7 @@ train::Options train_options(const Options& o, const std::string& committed, uns
                                                              : cli::parse_sizes({o.optimizer_readahead}, "--optimizer-readahead")[0];
     to.offload_activations = model::parse_offload(o.offload_activations);
     to.precision = device::parse_precision(o.precision);
+    to.attention = o.device.flash_attention() ? model::Attention::flash : model::Attention::gemm;
     to.infinity = o.zero.resolve().infinity;
     to.infinity.persist_shared = !o.no_persist_shared;
     to.gpu = o.device.gpu;
@@ -261,7 +262,8 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
     log::info(m.spec.to_string() + ": " + std::to_string(t.model().params_table().numel()) + " parameters, batch " +
               std::to_string(o.batch) + " x " + std::to_string(o.seq) + " x " + std::to_string(ranks) +
               " ranks, " + std::to_string(dev.threads()) + " threads per rank, " +
-              device::precision_name(to.precision) + " GEMM inputs; activations " +
+              device::precision_name(to.precision) + " GEMM inputs" +
+              (to.attention == model::Attention::flash ? ", flash attention" : "") + "; activations " +
               format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
     if (o.resident)
         log::info("engine: resident (every parameter on every rank's device, the reference)");
@@ -476,6 +478,7 @@ int main(int argc, char** argv) {
         std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error to report, after a commit
         o.bench.check();
         const device::Precision precision = device::parse_precision(o.precision);
+        o.bench.flash_attention = o.device.flash_attention();
         if (o.bench.enabled)
             return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.threads),
                                       precision, o.json, !o.no_checkpoint, o.profile, g_stop);

@@ -96,7 +96,9 @@ if [[ $rc == 64 && $err == *"device backend 'cuda'"* ]]; then
     "zinf-sample at dp 2 on cuda (NCCL) gives cpu's greedy text" \
     "10 bf16 steps on cuda within 1e-2 of cpu's bf16" "two cuda bf16 runs give the same losses to the bit" \
     "bf16 checkpoints on cuda: offloaded to cpu and nvme, the losses of none to the bit" \
-    "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's"; do
+    "bf16 checkpoints on cuda: half the bytes offloaded to nvme of fp32's" \
+    "10 fp32 steps on cuda with --attention flash within 1e-4 of cpu" \
+    "two cuda runs with --attention flash give the same losses to the bit"; do
     skip "$t" "$why"
   done
   finish
@@ -154,6 +156,26 @@ if [[ $(losses "$W/bcuda1.jsonl" | wc -l) == 10 && $(losses "$W/bcuda1.jsonl") =
   pass "two cuda bf16 runs give the same losses to the bit"
 else
   fail "two cuda bf16 runs give the same losses to the bit" "$(losses "$W/bcuda1.jsonl" | tr '\n' ' ')/ $(losses "$W/bcuda2.jsonl" | tr '\n' ' ')"
+fi
+
+# --- --attention flash on cuda (flash.cu): against the cpu's GEMM-path run
+# above, and twice the same bits
+for r in fcuda1 fcuda2; do
+  state "$r" --param-dtype fp32
+  run "$TR" --manifest "$(mf $r)" "${RUN[@]}" --steps 10 --device cuda --attention flash
+  expect_rc 0 "10 steps on cuda with --attention flash ($r)"
+  printf '%s\n' "$out" >"$W/$r.jsonl"
+done
+if close_losses "$W/cpu.jsonl" "$W/fcuda1.jsonl"; then pass "10 fp32 steps on cuda with --attention flash within 1e-4 of cpu"
+else
+  fail "10 fp32 steps on cuda with --attention flash within 1e-4 of cpu" \
+    "cpu $(losses "$W/cpu.jsonl" | tr '\n' ' ')/ flash $(losses "$W/fcuda1.jsonl" | tr '\n' ' ')"
+fi
+if [[ $(losses "$W/fcuda1.jsonl" | wc -l) == 10 && $(losses "$W/fcuda1.jsonl") == "$(losses "$W/fcuda2.jsonl")" ]]; then
+  pass "two cuda runs with --attention flash give the same losses to the bit"
+else
+  fail "two cuda runs with --attention flash give the same losses to the bit" \
+    "$(losses "$W/fcuda1.jsonl" | tr '\n' ' ')/ $(losses "$W/fcuda2.jsonl" | tr '\n' ' ')"
 fi
 
 # --- bf16 activation checkpoints on cuda: a four-block GPT (blocks 0 and 1's

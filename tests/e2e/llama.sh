@@ -133,6 +133,20 @@ expect_rc 65 "a token past a vocabulary of 60000 exits 65"
 check "…naming the file, the token, its offset and its byte" \
   has_all "$err" "$W/wide.bin" "at token offset" "(byte " "not below the model's vocabulary 60000"
 
+# --- --attention flash: three steps through the engine within 1e-5 of the
+# GEMM path's losses, from copies of one init; a bad value is a usage error
+for r in agemm aflash; do state "$r" --param-dtype fp32; done
+run "$TR" --manifest "$(mf agemm)" --text "$CORPUS" --steps 3 --json "${RUN[@]}"
+printf '%s\n' "$out" >"$W/agemm.jsonl"
+run "$TR" --manifest "$(mf aflash)" --text "$CORPUS" --steps 3 --json "${RUN[@]}" --attention flash
+expect_rc 0 "--attention flash trains a Llama"
+printf '%s\n' "$out" >"$W/aflash.jsonl"
+check "…its losses within 1e-5 of the GEMM path's" jq -e -n --slurpfile a "$W/aflash.jsonl" --slurpfile b "$W/agemm.jsonl" \
+  '($a | length) == 3 and ($b | length) == 3 and all(range(3); (($a[.].loss - $b[.].loss) | fabs) <= 1e-5 * $b[.].loss)'
+check "…and the log says flash" contains "$err" "flash attention"
+run "$TR" --manifest "$(mf aflash)" --text "$CORPUS" --steps 1 "${RUN[@]}" --attention fast
+expect_rc 64 "--attention fast is a usage error (64)"
+
 # --- zinf-sample: a periodic text memorised, continued through the Llama's
 # own blocks with a key-value cache (grouped heads cached once per kv head)
 SA=$BIN/zinf-sample

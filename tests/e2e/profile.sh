@@ -9,7 +9,8 @@
 # of attention; plus the recomputed forward with checkpoints); the step
 # record's model_flops is LanguageModel::flops_per_step's count (the biases
 # and norms too); stdout holds records only, the table goes to stderr; the
-# refusals. Every model is tiny.
+# refusals; --attention flash: flash's kernels under their own names, the
+# same FLOPs, no GEMM-path attention row. Every model is tiny.
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/train_lib.bash"
 TR=$BIN/zinf-train
@@ -23,7 +24,8 @@ PY=${ZINF_PYTHON:-python3}
 # the profile records of FILE (other lines ignored) against the model.
 check_records() {
   "$PY" - "$@" <<'EOF'
-import json, sys
+import json, os, sys
+att = os.environ.get("ATT", "") + "attention"  # ATT=flash_: --attention flash's kernels
 path, steps, L, C, V, B, T, recompute = sys.argv[1], *map(int, sys.argv[2:8]), sys.argv[8] == "1"
 stages = sys.argv[9:]
 alone = "forward" in stages and "fetch wait (compute stalled)" not in stages  # --bench: shapes timed alone
@@ -66,7 +68,7 @@ if sum(r["calls"] for r in shapes) > gemm["calls"] or sum(r["flops"] for r in sh
     fail("the shapes hold more than the gemm row")
 names = {r["name"] for r in rows}
 # (AdamW is a device kernel in --bench; the engine's optimizer runs it on the host.)
-for k in ["gemm", "attention_forward", "attention_backward", "layernorm_forward", "crossentropy_forward_backward"]:
+for k in ["gemm", att + "_forward", att + "_backward", "layernorm_forward", "crossentropy_forward_backward"]:
     if k not in names: fail(f"no {k} row")
 for s in stages:
     if not any(r["kind"] == "stage" and r["name"] == s for r in rows): fail(f"no stage {s}")
@@ -77,7 +79,7 @@ for s in stages:
 N = B * T
 mm = 6 * N * (L * 12 * C * C + V * C) + 6 * L * B * C * T * (T + 1)
 if recompute: mm += L * (2 * N * 12 * C * C + 2 * B * C * T * (T + 1))
-got = sum(r["flops"] for r in rows if r["name"] in ("gemm", "attention_forward", "attention_backward"))
+got = sum(r["flops"] for r in rows if r["name"] in ("gemm", att + "_forward", att + "_backward"))
 if abs(got - steps * mm) > 1e-9 * steps * mm: fail(f"GEMM and attention FLOPs {got}, the model's {steps * mm}")
 # The model's count (flops_per_step): every weight but the position table,
 # 6 a token (the biases and norms too), and attention's.
@@ -127,6 +129,18 @@ run "$TR" "${BENCH[@]}" --profile --json
 printf '%s\n' "$out" >"$W/bench-ck.jsonl"
 check "with checkpoints: the recomputed forward's FLOPs too" \
   check_records "$W/bench-ck.jsonl" 2 2 64 256 2 32 1 forward backward
+
+# --- --attention flash: its kernels' rows, the model's FLOPs, no GEMM-path attention
+run "$TR" "${BENCH[@]}" --no-checkpoint --profile --json --attention flash
+expect_rc 0 "--bench --profile --json --attention flash exits 0"
+printf '%s\n' "$out" >"$W/flash.jsonl"
+flash_records() { ATT=flash_ check_records "$@"; }
+check "flash: records well formed, rows sum to the steps, FLOPs the model's" \
+  flash_records "$W/flash.jsonl" 2 2 64 256 2 32 0 zero_grad forward backward optimizer
+check "... and no row of the GEMM path's attention" \
+  jq -e -s '[.[] | select(.name == "attention_forward" or .name == "attention_backward")] | length == 0' \
+  "$W/flash.jsonl"
+check "... and the bench says it ran flash" contains "$err" "flash attention"
 
 # --- without --json: stdout is the bench's table alone
 run "$TR" "${BENCH[@]}" --profile

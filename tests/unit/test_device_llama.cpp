@@ -754,3 +754,153 @@ BOOST_AUTO_TEST_CASE(short_spans_are_internal_errors_at_the_call) {
     BOOST_CHECK_THROW(r->swiglu_forward(r.s(), a, b, a), InternalError);
     BOOST_CHECK_THROW(r->gqa_backward(r.s(), a, a, a, a, a, a, a, a, b, 1, 4, 2, 1, 4), InternalError);
 }
+
+// ---------------------------------------------------------------------------
+// Flash attention (kernels.def's flash_*, --attention flash) against the
+// GEMM path, forward and backward, within 1e-5: the GPT's packed qkv and
+// grouped-query heads (as many kv heads as query heads, fewer, one), T = 1,
+// 7, 33, 65 and 128 (the causal mask at a tile's edges: the cpu's 64-row
+// tiles and the cuda kernels' 32); its log-sum-exp against a double
+// reference; the same bits on 1 and 2 threads; the backward from q, k, v and
+// out stored bf16 the fp32 kernel's on their widened copies, to the bit.
+namespace {
+
+// lse (B,NH,T) in double: log sum_{j <= i} exp(scale q_i . k_j).
+Vd lse_ref(const Vf& q, const Vf& k, const Gqa& s, u64 qs, u64 ks) {
+    Vd lse(s.B * s.NH * s.T);
+    const double scale = 1 / std::sqrt(double(s.hd));
+    for (u64 b = 0; b < s.B; ++b)
+        for (u64 h = 0; h < s.NH; ++h)
+            for (u64 i = 0; i < s.T; ++i) {
+                Vd x(i + 1);
+                double mx = -INFINITY, sum = 0;
+                for (u64 j = 0; j <= i; ++j) {
+                    double d = 0;
+                    for (u64 e = 0; e < s.hd; ++e)
+                        d += double(q[(b * s.T + i) * qs + h * s.hd + e]) *
+                             k[(b * s.T + j) * ks + h / (s.NH / s.KVH) * s.hd + e];
+                    mx = std::max(mx, x[j] = d * scale);
+                }
+                for (double v : x) sum += std::exp(v - mx);
+                lse[(b * s.NH + h) * s.T + i] = mx + std::log(sum);
+            }
+    return lse;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(flash_attention_matches_the_gemm_path) {
+    std::mt19937_64 rng(fresh_seed("flash attention"));
+    struct Gpt {
+        u64 B, T, C, NH;
+    };
+    for (const Gpt s : {Gpt{1, 1, 16, 2}, Gpt{2, 7, 24, 3}, Gpt{1, 33, 64, 2}, Gpt{2, 65, 48, 4}, Gpt{1, 128, 32, 1}}) {
+        BOOST_TEST_CONTEXT("attention B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH) {
+            const u64 B = s.B, T = s.T, C = s.C, NH = s.NH;
+            const Vf qkv = randn(B * T * 3 * C, rng), dout = randn(B * T * C, rng);
+            Vf want_out, want_d;
+            {
+                Rig r;
+                auto out = r.up(Vf(B * T * C, kNaN)), att = r.up(Vf(B * NH * T * T, kNaN));
+                auto dqkv = r.up(Vf(qkv.size(), kNaN)), datt = r.up(Vf(att.size(), kNaN));
+                r->attention_forward(r.s(), out, att, r.in(qkv), B, T, C, NH);
+                r->attention_backward(r.s(), dqkv, datt, r.in(dout), r.in(qkv), att, B, T, C, NH);
+                want_out = r.down(out);
+                want_d = r.down(dqkv);
+            }
+            std::vector<Vf> runs;
+            for (unsigned threads : {1u, 2u}) {
+                Rig r(threads);
+                auto out = r.up(Vf(B * T * C, kNaN)), lse = r.up(Vf(B * NH * T, kNaN));
+                auto dqkv = r.up(Vf(qkv.size(), kNaN)), delta = r.up(Vf(B * NH * T, kNaN));
+                const auto X = r.in(qkv);
+                r->flash_attention_forward(r.s(), out, lse, X, B, T, C, NH);
+                r->flash_attention_backward(r.s(), dqkv, delta, r.in(dout), X, out, lse, B, T, C, NH);
+                const Vf got_out = r.down(out), got_lse = r.down(lse), got_d = r.down(dqkv);
+                BOOST_TEST(max_err(got_out, dbl(want_out)) < 1e-5, threads << " threads: out");
+                BOOST_TEST(max_err(got_d, dbl(want_d)) < 1e-5, threads << " threads: dqkv");
+                const Gqa g{B, T, NH, NH, C / NH};
+                BOOST_TEST(max_err(got_lse, lse_ref(Vf(qkv.begin(), qkv.end()), Vf(qkv.begin() + C, qkv.end()), g,
+                                                    3 * C, 3 * C)) < 1e-6,
+                           threads << " threads: lse");
+                runs.push_back(got_out), runs.push_back(got_lse), runs.push_back(got_d);
+            }
+            for (std::size_t i = 0; i < 3; ++i) BOOST_TEST(same_bits(runs[i], runs[i + 3]), "1 and 2 threads: " << i);
+        }
+    }
+    for (const Gqa s : {Gqa{1, 1, 4, 2, 8}, Gqa{2, 7, 6, 2, 8}, Gqa{1, 33, 9, 3, 64}, Gqa{2, 65, 4, 4, 16},
+                        Gqa{1, 128, 8, 1, 32}}) {
+        BOOST_TEST_CONTEXT("gqa B " << s.B << " T " << s.T << " NH " << s.NH << " KVH " << s.KVH << " hd " << s.hd) {
+            const u64 B = s.B, T = s.T, NH = s.NH, KVH = s.KVH, hd = s.hd;
+            const Vf q = randn(B * T * s.QC(), rng), k = randn(B * T * s.KC(), rng), v = randn(B * T * s.KC(), rng),
+                     dout = randn(q.size(), rng);
+            Vf wo, wq, wk, wv;
+            {
+                Rig r;
+                auto out = r.up(Vf(q.size(), kNaN)), att = r.up(Vf(B * NH * T * T, kNaN));
+                auto dq = r.up(Vf(q.size(), kNaN)), dk = r.up(Vf(k.size(), kNaN)), dv = r.up(Vf(v.size(), kNaN));
+                auto datt = r.up(Vf(att.size(), kNaN));
+                const auto Q = r.in(q), K = r.in(k), Vv = r.in(v);
+                r->gqa_forward(r.s(), out, att, Q, K, Vv, B, T, NH, KVH, hd);
+                r->gqa_backward(r.s(), dq, dk, dv, datt, r.in(dout), Q, K, Vv, att, B, T, NH, KVH, hd);
+                wo = r.down(out), wq = r.down(dq), wk = r.down(dk), wv = r.down(dv);
+            }
+            std::vector<Vf> runs;
+            for (unsigned threads : {1u, 2u}) {
+                Rig r(threads);
+                auto out = r.up(Vf(q.size(), kNaN)), lse = r.up(Vf(B * NH * T, kNaN));
+                auto dq = r.up(Vf(q.size(), kNaN)), dk = r.up(Vf(k.size(), kNaN)), dv = r.up(Vf(v.size(), kNaN));
+                auto delta = r.up(Vf(B * NH * T, kNaN));
+                const auto Q = r.in(q), K = r.in(k), Vv = r.in(v);
+                r->flash_gqa_forward(r.s(), out, lse, Q, K, Vv, B, T, NH, KVH, hd);
+                r->flash_gqa_backward(r.s(), dq, dk, dv, delta, r.in(dout), Q, K, Vv, out, lse, B, T, NH, KVH, hd);
+                runs.push_back(r.down(out)), runs.push_back(r.down(lse));
+                runs.push_back(r.down(dq)), runs.push_back(r.down(dk)), runs.push_back(r.down(dv));
+                BOOST_TEST(max_err(runs[runs.size() - 5], dbl(wo)) < 1e-5, threads << " threads: out");
+                BOOST_TEST(max_err(runs[runs.size() - 4], lse_ref(q, k, s, s.QC(), s.KC())) < 1e-6,
+                           threads << " threads: lse");
+                BOOST_TEST(max_err(runs[runs.size() - 3], dbl(wq)) < 1e-5, threads << " threads: dq");
+                BOOST_TEST(max_err(runs[runs.size() - 2], dbl(wk)) < 1e-5, threads << " threads: dk");
+                BOOST_TEST(max_err(runs[runs.size() - 1], dbl(wv)) < 1e-5, threads << " threads: dv");
+            }
+            for (std::size_t i = 0; i < 5; ++i) BOOST_TEST(same_bits(runs[i], runs[i + 5]), "1 and 2 threads: " << i);
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(flash_backward_of_bf16_is_the_fp32_kernel_on_the_widened_inputs) {
+    std::mt19937_64 rng(fresh_seed("flash bf16"));
+    const Gqa s{2, 37, 6, 2, 16};
+    const auto q16 = halves(randn(s.B * s.T * s.QC(), rng)), k16 = halves(randn(s.B * s.T * s.KC(), rng)),
+               v16 = halves(randn(s.B * s.T * s.KC(), rng));
+    const Vf dout = randn(s.B * s.T * s.QC(), rng);
+    Rig r;
+    auto out = r.up(Vf(q16.size(), kNaN)), lse = r.up(Vf(s.B * s.NH * s.T, kNaN));
+    r->flash_gqa_forward(r.s(), out, lse, r.in(widened(q16)), r.in(widened(k16)), r.in(widened(v16)), s.B, s.T, s.NH,
+                         s.KVH, s.hd);
+    const auto o16 = halves(r.down(out));
+    auto dq32 = r.up(Vf(q16.size(), kNaN)), dk32 = r.up(Vf(k16.size(), kNaN)), dv32 = r.up(Vf(v16.size(), kNaN));
+    auto dq16 = r.up(Vf(q16.size(), kNaN)), dk16 = r.up(Vf(k16.size(), kNaN)), dv16 = r.up(Vf(v16.size(), kNaN));
+    auto delta = r.up(Vf(s.B * s.NH * s.T, kNaN));
+    const auto D = r.in(dout);
+    const auto Q = r.in(q16), K = r.in(k16), V = r.in(v16), O = r.in(o16);
+    r->flash_gqa_backward(r.s(), dq32, dk32, dv32, delta, D, r.in(widened(q16)), r.in(widened(k16)),
+                          r.in(widened(v16)), r.in(widened(o16)), lse, s.B, s.T, s.NH, s.KVH, s.hd);
+    r->flash_gqa_backward(r.s(), dq16, dk16, dv16, delta, D, Q, K, V, O, lse, s.B, s.T, s.NH, s.KVH, s.hd);
+    const Vf wq = r.down(dq32);
+    BOOST_TEST(same_bits(r.down(dq16), wq));
+    BOOST_TEST(same_bits(r.down(dk16), r.down(dk32)));
+    BOOST_TEST(same_bits(r.down(dv16), r.down(dv32)));
+    BOOST_TEST(std::all_of(wq.begin(), wq.end(), [](float x) { return std::isfinite(x); }));
+    const std::span<const float> L = lse;
+    const std::string what = testing::what_of<InternalError>(
+        [&] {
+            r->flash_gqa_backward(r.s(), dq16, dk16, dv16, delta, D, Q, K, V, O, L.first(L.size() - 1), s.B, s.T,
+                                  s.NH, s.KVH, s.hd);
+        },
+        "a short lse");
+    BOOST_TEST(testing::contains(what, "lse"), what);
+    BOOST_CHECK_THROW(r->flash_gqa_backward(r.s(), dq16, dk16, dv16, delta, D, Q, K, r.in(widened(v16)), O, L, s.B,
+                                            s.T, s.NH, s.KVH, s.hd),
+                      InternalError);  // v fp32 beside a bf16 q, k and out
+}

@@ -393,6 +393,48 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
     BOOST_TEST(keep.acts.bytes + cfg.layers * (15 * NC + A) * 2 == Net(cfg, t.shape(false, bf16)).acts.bytes);
 }
 
+// --attention flash (Shape::attention flash: the flash_* kernels): a GPT
+// step against the GEMM path's, the loss and every gradient within 1e-5 in
+// fp32, and within bf16's tolerance with bf16 activations kept (the output
+// the flash backward reads for its delta is rounded there); with
+// checkpointing and without the same bits; the plan keeps a (B,NH,T)
+// log-sum-exp, fp32, a block set in place of the (B,NH,T,T) softmax, and
+// the backward's scratch shrinks the same way.
+BOOST_AUTO_TEST_CASE(flash_attention_step_matches_the_gemm_path) {
+    const Tiny t("flash_attention_step_matches_the_gemm_path");
+    const auto& cfg = t.cfg;
+    const auto bf16 = device::Precision::bf16;
+    auto flash = [](model::Shape s) {
+        s.attention = model::Attention::flash;
+        return s;
+    };
+    Net gemm(cfg, t.shape(true)), fl(cfg, flash(t.shape(true))), fl_keep(cfg, flash(t.shape(false)));
+    Net gemm16(cfg, t.shape(true, bf16, bf16)), fl16(cfg, flash(t.shape(true, bf16, bf16)));
+    for (Net* n : {&gemm16, &fl16}) n->precision = bf16;
+    for (Net* n : {&gemm, &fl, &fl_keep, &gemm16, &fl16}) t.run(*n);
+    BOOST_TEST(std::abs(fl.loss() - gemm.loss()) < 1e-5 * gemm.loss(), fl.loss() << " vs " << gemm.loss());
+    const auto g = gemm.all_gradients(), f = fl.all_gradients(), k = fl_keep.all_gradients();
+    BOOST_TEST(rel_error(f, g) < 1e-5, "gradients' relative error " << rel_error(f, g));
+    BOOST_TEST(std::memcmp(f.data(), k.data(), f.size() * sizeof(float)) == 0);
+    BOOST_TEST(std::bit_cast<std::uint64_t>(fl.loss()) == std::bit_cast<std::uint64_t>(fl_keep.loss()));
+    BOOST_TEST(std::abs(fl16.loss() - gemm16.loss()) < 1e-2 * gemm16.loss(), fl16.loss() << " vs " << gemm16.loss());
+    const double e16 = rel_error(fl16.all_gradients(), gemm16.all_gradients());
+    BOOST_TEST(e16 < 2e-2, "bf16 activations: gradients' relative error " << e16);
+    const std::uint64_t B = t.B, T = t.T, A = B * cfg.heads * T * T, L = B * cfg.heads * T;
+    auto unit = [](std::uint64_t bytes) { return align_up(bytes, mem::kArenaAlignment); };
+    for (const bool checkpoint : {true, false}) {
+        const std::uint64_t sets = checkpoint ? 1 : cfg.layers;
+        BOOST_TEST(gemm.gpt.plan_bytes(t.shape(checkpoint)) - gemm.gpt.plan_bytes(flash(t.shape(checkpoint))) ==
+                       (sets + 1) * (unit(A * 4) - unit(L * 4)),
+                   "checkpoint " << checkpoint);
+        // bf16 activations: the softmax was kept at 2 bytes, the lse stays at 4.
+        BOOST_TEST(gemm.gpt.plan_bytes(t.shape(checkpoint, bf16, bf16)) -
+                           gemm.gpt.plan_bytes(flash(t.shape(checkpoint, bf16, bf16))) ==
+                       sets * (unit(A * 2) - unit(L * 4)) + unit(A * 4) - unit(L * 4),
+                   "bf16, checkpoint " << checkpoint);
+    }
+}
+
 // Offloaded activation checkpoints live in page-locked memory the pinned
 // pool hands out (PinnedPool::pin: registered with CUDA and the io engine,
 // counted in the pool's stats) while the store lives, and come back from it

@@ -79,7 +79,8 @@ struct BlockActivations {
     Kept ln1;                                      // (N,C)
     device::Array<float> ln1_mean, ln1_rstd;       // (N), (N)
     Kept qkv;                                      // (N,3C)
-    Kept att;                                      // (B,NH,T,T) the softmax
+    Kept att;                                      // (B,NH,T,T) the softmax; flash: (B,NH,T) lse, fp32
+    bool flash = false;                            // Shape::attention flash
     Kept atty;                                     // (N,C)
     Kept res2;                                     // (N,C) the residual after attention
     Kept ln2;                                      // (N,C)
@@ -94,7 +95,7 @@ struct BlockActivations {
 struct BlockScratch {
     device::Array<float> dbtc;    // (N,C)
     device::Array<float> dqkv;    // (N,3C)
-    device::Array<float> datt;    // (B,NH,T,T)
+    device::Array<float> datt;    // (B,NH,T,T); flash: (B,NH,T), its backward's delta
     device::Array<float> dbt4c;   // (N,4C)
 };
 

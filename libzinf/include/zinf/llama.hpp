@@ -71,7 +71,8 @@ struct LlamaBlockActivations {
     Kept norm1;                          // (N,C)
     device::Array<float> rstd1;          // (N)
     Kept qkv;                            // q, k, v: (N,H*hd), (N,KV*hd), (N,KV*hd)
-    Kept att;                            // (B,H,T,T) the softmax
+    Kept att;                            // (B,H,T,T) the softmax; flash: (B,H,T) lse, fp32
+    bool flash = false;                  // Shape::attention flash
     Kept atty;                           // (N,H*hd)
     Kept res2;                           // (N,C), made in LlamaScratch::dqkv when bf16
     Kept norm2;                          // (N,C)
@@ -84,7 +85,7 @@ struct LlamaScratch {
     device::Array<float> dbtc;           // (N,C)
     device::Array<float> dqkv;           // dq, dk, dv
     std::span<float> dq, dk, dv;         // as q, k, v, in dqkv
-    device::Array<float> datt;           // (B,H,T,T)
+    device::Array<float> datt;           // (B,H,T,T); flash: (B,H,T), its backward's delta
     // dgate, dup; in the forward, under Shape::activations bf16, the fp32
     // staging of what the block keeps bf16 (Kept::made), and of q, k and v's
     // joined product and gradients: (N, max(2F, C, H*hd + 2 KV*hd joined)).

@@ -207,6 +207,13 @@ using zero::offload_name;
 using zero::parse_offload;
 using ActivationStore = zero::ActivationStore;
 
+// Which attention kernels a block runs (zinf-train --attention): the GEMM
+// path (attention_forward, gqa_forward: the (B,NH,T,T) softmax kept for the
+// backward) or flash (flash_*: an online softmax, a (B,NH,T) log-sum-exp
+// kept instead, fp32 whatever Shape::activations says, and the softmax
+// recomputed a tile at a time by the backward). Decoding is the same for both.
+enum class Attention : std::uint8_t { gemm, flash };
+
 struct Shape {
     std::uint64_t batch = 0, seq = 0;  // B rows of T tokens, T <= max_seq
     bool checkpoint = true;            // keep block inputs only, recompute in backward
@@ -239,6 +246,7 @@ struct Shape {
     // inner residual rounded too (widened back into scratch, as the
     // checkpoints are). The norms' statistics stay fp32.
     device::Precision activations = device::Precision::fp32;
+    Attention attention = Attention::gemm;
 };
 
 // The checkpoints an offloading step stores (the inputs of blocks 0 ..

@@ -62,10 +62,17 @@ struct DeviceOptions {
     std::string device = "cpu";
     int gpu = -1;
     std::string memory = "auto";
+    // --attention gemm|flash|auto: the attention kernels a training step's
+    // blocks run (model::Shape::attention); auto is gemm until flash wins
+    // the profile on a GPU (docs/cuda-backend.md). Decoding is the same
+    // for all three.
+    std::string attention = "auto";
 
     void add(CLI::App& app);
     // The backend auto stands for here: "cuda" or "cpu".
     std::string backend() const;
+    // After parsing: whether --attention asks for the flash kernels.
+    bool flash_attention() const { return attention == "flash"; }
     // After parsing: the device to open, its budget from --device-memory
     // (auto: of the GPU's memory on cuda), `threads` for the cpu backend.
     device::Options resolve(unsigned threads) const;

@@ -81,6 +81,8 @@ struct Options {
     // backward pass: in device memory, or offloaded to pinned host memory or
     // to NVMe (the rank's folder) and prefetched back before it is needed.
     model::Offload offload_activations = model::Offload::none;
+    // The blocks' attention kernels (model::Shape::attention: --attention).
+    model::Attention attention = model::Attention::gemm;
     zero::InfinityOptions infinity;
     // The device's GPU (device::Options::gpu), for the communicator of the
     // engine's collectives at dp > 1 on cuda (zero::EngineOptions::gpu).

@@ -30,6 +30,13 @@ void DeviceOptions::add(CLI::App& app) {
     app.add_option("--device-memory", memory,
                    "Device memory budget (4GiB); auto: 3/4 of the memory available (the cpu backend takes pages as used)")
         ->capture_default_str();
+    app.add_option("--attention", attention,
+                   "Attention kernels of a training step: gemm (GEMMs around a softmax, the (B,heads,T,T) "
+                   "probabilities kept for backward), flash (an online softmax over tiles of keys: a log-sum-exp "
+                   "per row kept, the probabilities recomputed in backward), auto (gemm, until flash wins the "
+                   "profile); decoding is the same for all")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "gemm", "flash"}));
 }
 
 std::string DeviceOptions::backend() const {

@@ -274,6 +274,53 @@ void need_rope(const char* kernel, std::size_t x, std::size_t table, u64 B, u64 
     sh.need("table", table, (pos0 + T) * hd);
 }
 
+// ---- flash attention (kernels.def: flash_*) ---------------------------------------
+void check_flash_attention_forward(std::span<float> out, std::span<float> lse, std::span<const float> qkv, u64 B,
+                                   u64 T, u64 C, u64 NH) {
+    const Shape sh{"flash_attention_forward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
+    check_heads(sh, C, NH);
+    sh.need("out", out.size(), B * T * C);
+    sh.need("lse", lse.size(), B * NH * T);
+    sh.need("qkv", qkv.size(), B * T * 3 * C);
+}
+
+void check_flash_attention_backward(std::span<float> dqkv, std::span<float> delta, std::span<const float> dout,
+                                    ConstView qkv, ConstView out, std::span<const float> lse, u64 B, u64 T, u64 C,
+                                    u64 NH) {
+    const Shape sh{"flash_attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}};
+    same_dtype(sh, {{"qkv", qkv}, {"out", out}});
+    check_heads(sh, C, NH);
+    sh.need("dqkv", dqkv.size(), B * T * 3 * C);
+    sh.need("delta", delta.size(), B * NH * T);
+    sh.need("dout", dout.size(), B * T * C);
+    sh.need("qkv", qkv.size(), B * T * 3 * C);
+    sh.need("out", out.size(), B * T * C);
+    sh.need("lse", lse.size(), B * NH * T);
+}
+
+void check_flash_gqa_forward(std::span<float> out, std::span<float> lse, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v, u64 B, u64 T, u64 NH, u64 KVH,
+                             u64 hd) {
+    const Shape sh{"flash_gqa_forward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+    need_gqa(sh, false, q.size(), k.size(), v.size(), B * NH * T * T, B, T, NH, KVH, hd);
+    sh.need("out", out.size(), B * T * NH * hd);
+    sh.need("lse", lse.size(), B * NH * T);
+}
+
+void check_flash_gqa_backward(std::span<float> dq, std::span<float> dk, std::span<float> dv, std::span<float> delta,
+                              std::span<const float> dout, ConstView q, ConstView k, ConstView v, ConstView out,
+                              std::span<const float> lse, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    const Shape sh{"flash_gqa_backward", {{"B", B}, {"T", T}, {"NH", NH}, {"KVH", KVH}, {"hd", hd}}};
+    same_dtype(sh, {{"q", q}, {"k", k}, {"v", v}, {"out", out}});
+    // need_gqa's att/datt: not this kernel's (given what they need, so never short).
+    need_gqa(sh, true, dq.size(), dk.size(), dv.size(), B * NH * T * T, B, T, NH, KVH, hd);
+    need_gqa(sh, false, q.size(), k.size(), v.size(), B * NH * T * T, B, T, NH, KVH, hd);
+    sh.need("delta", delta.size(), B * NH * T);
+    sh.need("dout", dout.size(), B * T * NH * hd);
+    sh.need("out", out.size(), B * T * NH * hd);
+    sh.need("lse", lse.size(), B * NH * T);
+}
+
 void check_rope_forward(std::span<float> x, std::span<const float> table, u64 B, u64 T, u64 H, u64 hd, u64 pos0) {
     need_rope("rope_forward", x.size(), table.size(), B, T, H, hd, pos0);
 }

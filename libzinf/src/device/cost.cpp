@@ -148,6 +148,38 @@ Cost gqa_decode(std::span<float>, std::span<float>, std::span<const float>, std:
     return {.flops = 4.0 * d(NH) * d(hd) * d(T),
             .bytes = 4.0 * (2.0 * d(NH) * d(hd) + 2.0 * d(T) * d(KVH) * d(hd) + d(NH) * d(T))};
 }
+// ---- flash attention ------------------------------------------------------------------
+// The model's FLOPs, as the GEMM path's (4 hd a causal pair forward, 8 hd
+// backward): the backward's recomputation of S and dP (in both its dQ and
+// its dK/dV pass: 6 hd more a pair) is not counted, so that the profile's
+// FLOP/s of the two paths compare. Bytes: q, k, v and out once, lse; the
+// backward dO, out, delta and the gradients. Nothing T x T.
+Cost flash_attention_forward(std::span<float>, std::span<float>, std::span<const float>, u64 B, u64 T, u64 C,
+                             u64 NH) {
+    const double hd = d(C) / d(NH), BT = d(B * T);
+    return {.flops = 4.0 * hd * causal_pairs(T) * d(B) * d(NH),
+            .bytes = 4.0 * (BT * 3.0 * d(C) + BT * d(C) + d(B) * d(NH) * d(T))};
+}
+Cost flash_attention_backward(std::span<float>, std::span<float>, std::span<const float>, ConstView qkv,
+                              ConstView out, std::span<const float>, u64 B, u64 T, u64 C, u64 NH) {
+    const double hd = d(C) / d(NH), BT = d(B * T), rows = d(B) * d(NH) * d(T);
+    return {.flops = 8.0 * hd * causal_pairs(T) * d(B) * d(NH),
+            .bytes = BT * 3.0 * d(C) * width(qkv) + BT * d(C) * width(out) + 4.0 * BT * d(C) + 12.0 * rows +
+                     4.0 * BT * 3.0 * d(C)};
+}
+Cost flash_gqa_forward(std::span<float>, std::span<float>, std::span<const float>, std::span<const float>,
+                       std::span<const float>, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    const double BT = d(B * T), q = BT * d(NH) * d(hd), kv = BT * d(KVH) * d(hd);
+    return {.flops = 4.0 * d(hd) * causal_pairs(T) * d(B) * d(NH),
+            .bytes = 4.0 * (2.0 * q + 2.0 * kv + d(B) * d(NH) * d(T))};
+}
+Cost flash_gqa_backward(std::span<float>, std::span<float>, std::span<float>, std::span<float>,
+                        std::span<const float>, ConstView q, ConstView k, ConstView v, ConstView out,
+                        std::span<const float>, u64 B, u64 T, u64 NH, u64 KVH, u64 hd) {
+    const double BT = d(B * T), nq = BT * d(NH) * d(hd), nkv = BT * d(KVH) * d(hd), rows = d(B) * d(NH) * d(T);
+    return {.flops = 8.0 * d(hd) * causal_pairs(T) * d(B) * d(NH),
+            .bytes = 8.0 * nq + 8.0 * nkv + nq * (width(q) + width(out)) + nkv * (width(k) + width(v)) + 12.0 * rows};
+}
 // A pair turned: two multiplies and an add an element; x read and written,
 // the table's rows of the T positions read.
 Cost rope_forward(std::span<float>, std::span<const float>, u64 B, u64 T, u64 H, u64 hd, u64) {

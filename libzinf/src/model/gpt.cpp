@@ -138,7 +138,8 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
         b.ln1_mean = f(N, "ln_1 mean");
         b.ln1_rstd = f(N, "ln_1 rstd");
         b.qkv = kept(N * 3 * C, "qkv");
-        b.att = kept(B * NH * T * T, "attention");
+        b.flash = shape.attention == Attention::flash;
+        b.att = b.flash ? Kept{.f32 = f(B * NH * T, "attention log-sum-exp")} : kept(B * NH * T * T, "attention");
         b.atty = kept(N * C, "attention output");
         b.res2 = kept(N * C, "residual 2");
         b.ln2 = kept(N * C, "ln_2");
@@ -150,7 +151,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     }
     own->scratch.dbtc = f(N * C, "d (N,C)");
     own->scratch.dqkv = f(N * 3 * C, "d qkv");
-    own->scratch.datt = f(B * NH * T * T, "d attention");
+    own->scratch.datt = f(B * NH * T * (shape.attention == Attention::flash ? 1 : T), "d attention");
     own->scratch.dbt4c = f(N * 4 * C, "d fc");
     own->lnf = f(N * C, "ln_f");
     own->lnf_mean = f(N, "ln_f mean");

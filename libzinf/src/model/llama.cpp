@@ -297,7 +297,10 @@ void LlamaAttention::forward(Context& c, std::span<float> out, const device::Con
     c.dev.rope_forward(c.stream, k, rope, B, T, KV, hd, 0);
     a.qkv.keep_widened(c, qkv);
     const std::span<float> att = a.att.made(s ? s->datt.span() : std::span<float>{}), atty = a.atty.made(staging(s));
-    c.dev.gqa_forward(c.stream, atty, att, q, k, v, B, T, H, KV, hd);
+    if (a.flash)  // att: the rows' log-sum-exp, fp32
+        c.dev.flash_gqa_forward(c.stream, atty, att, q, k, v, B, T, H, KV, hd);
+    else
+        c.dev.gqa_forward(c.stream, atty, att, q, k, v, B, T, H, KV, hd);
     a.att.keep(c, att);
     a.atty.keep(c, atty);
     o_->forward(c, out, a.atty.read(), N);
@@ -310,16 +313,23 @@ void LlamaAttention::backward(Context& c, std::span<float> dx, std::span<const f
     // d atty lives in s.dbtc until attention's backward has read it; then
     // q_proj's backward writes dx, which may be the same buffer.
     o_->backward(c, s.dbtc, dout, a.atty.read(), N);
-    if (a.qkv.is_bf16() != a.att.is_bf16())
-        throw InternalError("LlamaAttention: q/k/v and the softmax kept in two precisions");
+    // Flash: `att` is the log-sum-exp (fp32) and the output as kept is read
+    // for its rows' dO . O (s.datt their delta).
+    const Kept& second = a.flash ? a.atty : a.att;
+    if (a.qkv.is_bf16() != second.is_bf16())
+        throw InternalError("LlamaAttention: q/k/v and the softmax (or output) kept in two precisions");
     auto attention = [&]<class E>(std::span<const E> qkv, std::span<const E> att) {
         const auto [q, k, v] = qkv_parts(cfg_, qkv);
-        c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, q, k, v, att, B, T, H, KV, hd);
+        if (a.flash)
+            c.dev.flash_gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, q, k, v, att, a.att.f32.span(), B,
+                                     T, H, KV, hd);
+        else
+            c.dev.gqa_backward(c.stream, s.dq, s.dk, s.dv, s.datt, s.dbtc, q, k, v, att, B, T, H, KV, hd);
     };
     if (a.qkv.is_bf16())
-        attention(std::span<const std::uint16_t>(a.qkv.bf16), std::span<const std::uint16_t>(a.att.bf16));
+        attention(std::span<const std::uint16_t>(a.qkv.bf16), std::span<const std::uint16_t>(second.bf16));
     else
-        attention(std::span<const float>(a.qkv.f32), std::span<const float>(a.att.f32));
+        attention(std::span<const float>(a.qkv.f32), std::span<const float>(second.f32));
     c.dev.rope_backward(c.stream, s.dq, rope, B, T, H, hd, 0);
     c.dev.rope_backward(c.stream, s.dk, rope, B, T, KV, hd, 0);
     // q, k and v are spent: kept fp32, their array takes dq, dk and dv side
@@ -535,13 +545,14 @@ namespace {
 // One block's buffers for N rows of B x T, taken by `f` (fp32) and `kept`
 // (what the block keeps as Shape::activations says: Kept).
 template <class F, class K>
-LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f, K&& kept) {
+LlamaBlockActivations block_buffers(const Config& cfg, u64 B, u64 T, F&& f, K&& kept, bool flash = false) {
     const u64 N = B * T, C = cfg.hidden, hd = cfg.head_dim(), QC = cfg.heads * hd, KC = cfg.kv_heads * hd;
     LlamaBlockActivations b;
     b.norm1 = kept(N * C, "input_layernorm");
     b.rstd1 = f(N, "input_layernorm rstd");
     b.qkv = kept(N * (QC + 2 * KC), "q, k, v");
-    b.att = kept(B * cfg.heads * T * T, "attention");
+    b.flash = flash;
+    b.att = flash ? Kept{.f32 = f(B * cfg.heads * T, "attention log-sum-exp")} : kept(B * cfg.heads * T * T, "attention");
     b.atty = kept(N * QC, "attention output");
     b.res2 = kept(N * C, "residual 2");
     b.norm2 = kept(N * C, "post_attention_layernorm");
@@ -581,7 +592,8 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     const u64 sets = shape.checkpoint ? 1 : cfg_.layers;
     const bool bf16 = shape.activations == device::Precision::bf16;
     auto kept = [&](u64 n, const char* what) { return checkpoints::kept(take, bf16, n, what); };
-    for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f, kept));
+    const bool flash = shape.attention == Attention::flash;
+    for (u64 l = 0; l < sets; ++l) own->blocks.push_back(block_buffers(cfg_, B, T, f, kept, flash));
     const u64 QC = cfg_.heads * hd, KC = cfg_.kv_heads * hd;
     own->scratch.dbtc = f(N * C, "d (N,C)");
     own->scratch.dqkv = f(N * (QC + 2 * KC), "d q, k, v");
@@ -589,7 +601,7 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->scratch.dq = dq;
     own->scratch.dk = dk;
     own->scratch.dv = dv;
-    own->scratch.datt = f(B * cfg_.heads * T * T, "d attention");
+    own->scratch.datt = f(B * cfg_.heads * T * (flash ? 1 : T), "d attention");
     // Gate and up kept bf16 are not joined, nor a Qwen2's q, k and v (biased: `joined`).
     const bool qkv_joined = !cfg_.qkv_bias() && joined_projections(cfg_, QC + 2 * KC);
     u64 joined = 0;

@@ -91,7 +91,10 @@ void CausalSelfAttention::forward(Context& c, std::span<float> out, const device
     c_attn_->forward(c, qkv, inp, N);  // (N,3C)
     a.qkv.keep_widened(c, qkv);
     const std::span<float> att = a.att.made(s.datt), atty = a.atty.made(s.dbt4c);
-    c.dev.attention_forward(c.stream, atty, att, qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    if (a.flash)  // att: the rows' log-sum-exp, fp32
+        c.dev.flash_attention_forward(c.stream, atty, att, qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
+    else
+        c.dev.attention_forward(c.stream, atty, att, qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
     a.att.keep(c, att);
     a.atty.keep(c, atty);
     c_proj_->forward(c, out, a.atty.read(), N);  // (N,C)
@@ -105,9 +108,12 @@ void CausalSelfAttention::backward(Context& c, std::span<float> dinp, std::span<
     // datty lives in s.dbtc until attention's backward has read it; then
     // c_attn's backward writes dinp, which may be the same buffer.
     c_proj_->backward(c, s.dbtc, dout, a.atty.read(), N);
-    if (a.qkv.is_bf16() != a.att.is_bf16())
+    if (a.flash)  // the output as kept (its rows' dO . O); s.datt their delta
+        c.dev.flash_attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, a.qkv.read(), a.atty.read(), a.att.f32.span(), B,
+                                       T, cfg_.hidden, cfg_.heads);
+    else if (a.qkv.is_bf16() != a.att.is_bf16())
         throw InternalError("CausalSelfAttention: q/k/v and the softmax kept in two precisions");
-    if (a.qkv.is_bf16())
+    else if (a.qkv.is_bf16())
         c.dev.attention_backward(c.stream, s.dqkv, s.datt, s.dbtc, std::span<const std::uint16_t>(a.qkv.bf16),
                                  std::span<const std::uint16_t>(a.att.bf16), B, T, cfg_.hidden, cfg_.heads);
     else

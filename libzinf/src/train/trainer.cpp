@@ -71,7 +71,8 @@ struct Trainer::Impl {
     // block keeps, the arithmetic's (bf16 arithmetic keeps them bf16).
     model::Shape shape() const {
         return {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
-                .offload = opts.offload_activations, .checkpoints = opts.precision, .activations = opts.precision};
+                .offload = opts.offload_activations, .checkpoints = opts.precision, .activations = opts.precision,
+                .attention = opts.attention};
     }
     zero::EngineOptions engine_options() const;
     zero::ActivationPlan activation_plan();

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -77,6 +79,95 @@ __device__ inline float lanes8(F elem, u64 n) {
     float tail = 0;
     for (u64 i = full; i < n; ++i) tail += elem(i);
     return acc + tail;
+}
+
+// ---- 128-bit loads and stores (norms.cu, elementwise.cu) -------------------------
+// W consecutive elements (W 1, 4 or 8), stored fp32 or bf16, as fp32:
+// float4 loads and stores for fp32 (two for W 8), one 64-bit (W 4) or
+// 128-bit (W 8) load or store for bf16, widened exactly or rounded to
+// nearest even as widen() and put() do. The caller has checked the
+// alignment (aligned16).
+template <int W>
+struct Pack {
+    float v[W];
+};
+template <int W>
+__device__ inline Pack<W> load(const float* p) {
+    Pack<W> a;
+    if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 4) {
+            const float4 t = *reinterpret_cast<const float4*>(p + k);
+            a.v[k] = t.x, a.v[k + 1] = t.y, a.v[k + 2] = t.z, a.v[k + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) a.v[k] = p[k];
+    }
+    return a;
+}
+// Two bf16 in a 32-bit word, the first in the low half (little-endian).
+__device__ inline void widen2(unsigned u, float* two) {
+    two[0] = __uint_as_float(u << 16);
+    two[1] = __uint_as_float(u & 0xffff0000u);
+}
+__device__ inline unsigned round2(float a, float b) {
+    return unsigned{round_bf16(a)} | (unsigned{round_bf16(b)} << 16);
+}
+template <int W>
+__device__ inline Pack<W> load(const std::uint16_t* p) {
+    Pack<W> a;
+    if constexpr (W % 8 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 8) {
+            const uint4 t = *reinterpret_cast<const uint4*>(p + k);
+            widen2(t.x, a.v + k), widen2(t.y, a.v + k + 2), widen2(t.z, a.v + k + 4), widen2(t.w, a.v + k + 6);
+        }
+    } else if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 4) {
+            const uint2 t = *reinterpret_cast<const uint2*>(p + k);
+            widen2(t.x, a.v + k), widen2(t.y, a.v + k + 2);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) a.v[k] = widen(p[k]);
+    }
+    return a;
+}
+template <int W>
+__device__ inline void store(float* p, const Pack<W>& a) {
+    if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 4)
+            *reinterpret_cast<float4*>(p + k) = make_float4(a.v[k], a.v[k + 1], a.v[k + 2], a.v[k + 3]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) p[k] = a.v[k];
+    }
+}
+template <int W>
+__device__ inline void store(std::uint16_t* p, const Pack<W>& a) {
+    if constexpr (W % 8 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 8)
+            *reinterpret_cast<uint4*>(p + k) = make_uint4(round2(a.v[k], a.v[k + 1]), round2(a.v[k + 2], a.v[k + 3]),
+                                                          round2(a.v[k + 4], a.v[k + 5]), round2(a.v[k + 6], a.v[k + 7]));
+    } else if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < W; k += 4)
+            *reinterpret_cast<uint2*>(p + k) = make_uint2(round2(a.v[k], a.v[k + 1]), round2(a.v[k + 2], a.v[k + 3]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) put(p + k, a.v[k]);
+    }
+}
+
+// Every pointer given (null ones skipped) 16-byte aligned.
+inline bool aligned16(std::initializer_list<const void*> ps) {
+    for (const void* p : ps)
+        if (p && reinterpret_cast<std::uintptr_t>(p) % 16) return false;
+    return true;
 }
 
 // One task a warp: the attention kernels' warps per block.

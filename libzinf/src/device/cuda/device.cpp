@@ -24,6 +24,7 @@ CudaDevice::CudaDevice(const Options& opts, int gpu) : gpu_(gpu) {
         {cuda::preload_norms, "loading the norms"},
         {cuda::preload_elementwise, "loading the element-wise kernels"},
         {cuda::preload_attention, "loading the attention kernels"},
+        {cuda::preload_flash, "loading the flash attention kernels"},
         {cuda::preload_loss, "loading the loss kernels"},
         {cuda::preload_optimizer, "loading the optimizer kernel"}};
     for (const auto& [preload, what] : files) check(preload(), what);

@@ -9,15 +9,19 @@
 // runtime API's types and the light kernels.hpp, so that nvcc reads no other
 // zinf header (optimizer.cu alone reads optim.hpp).
 //
-// Bits: the .cu files are built with -fmad=false (no fused multiply-add), as
-// the cpu kernels are built with -ffp-contract=off, the element formulas are
-// util/kernel_math.hpp's on both backends, and every reduction walks the cpu
-// kernel's order (kernels.hpp there: dot and sum in eight lanes, sums over
-// rows in row order), so bias, embedding, the norms, GELU, SwiGLU, RoPE,
-// residual, casts and AdamW give the cpu backend's bits on the same inputs.
-// Only expf (the attention softmax, cross-entropy), the cross-entropy's double
-// sum (a tree over the block, not four lanes) and attention (cuBLASLt's GEMMs
-// sum in their own order) differ by rounding. No kernel uses atomics on data: every sum has one order.
+// Bits: the .cu files a test pins to the cpu's bits are built with
+// -fmad=false (no fused multiply-add), as the cpu kernels are built with
+// -ffp-contract=off (the Makefile's NVCC_FMAD_FILES are the others:
+// attention.cu, flash.cu); the element formulas are util/kernel_math.hpp's
+// on both backends, and the reductions a test pins walk the cpu kernel's
+// order (kernels.hpp there: dot and sum in eight lanes, sums over rows in
+// row order), so bias, embedding, the norms' weight gradients, GELU,
+// SwiGLU, RoPE, residual, casts and AdamW give the cpu backend's bits on the
+// same inputs. The norms' rows (a warp's shuffle tree), expf (the attention
+// softmax, cross-entropy), the cross-entropy's double sum (a tree over the
+// block, not four lanes), attention (cuBLASLt's GEMMs sum in their own
+// order) and flash attention differ by rounding. No kernel uses atomics on
+// data: every sum has one order.
 #pragma once
 
 #include <zinf/kernels.hpp>
@@ -110,6 +114,7 @@ cudaError_t preload_embedding();
 cudaError_t preload_norms();
 cudaError_t preload_elementwise();
 cudaError_t preload_attention();
+cudaError_t preload_flash();
 cudaError_t preload_loss();
 cudaError_t preload_optimizer();
 
