@@ -392,6 +392,31 @@ BOOST_AUTO_TEST_CASE(padded_logits_change_no_bit) {
     }
 }
 
+// --checkpoint's rule (train.hpp's choose_checkpointing): all and none as
+// asked; auto keeps every block's activations exactly when they fit beside
+// the engine, recomputes with offloaded checkpoints; none with an offload is
+// refused.
+BOOST_AUTO_TEST_CASE(checkpoint_auto_decides_from_the_budget) {
+    using train::Checkpointing;
+    const auto none = model::Offload::none, cpu_off = model::Offload::cpu;
+    BOOST_TEST(train::choose_checkpointing(Checkpointing::all, none, 10, 10, 1000).recompute);
+    BOOST_TEST(!train::choose_checkpointing(Checkpointing::none, none, 10, 10, 5).recompute);
+    const auto fits = train::choose_checkpointing(Checkpointing::automatic, none, 600, 400, 1000);
+    BOOST_TEST(!fits.recompute);
+    BOOST_TEST(fits.why.find("fit the device's") != std::string::npos, fits.why);
+    const auto over = train::choose_checkpointing(Checkpointing::automatic, none, 601, 400, 1000);
+    BOOST_TEST(over.recompute);
+    BOOST_TEST(over.why.find("would pass the device's") != std::string::npos, over.why);
+    BOOST_TEST(train::choose_checkpointing(Checkpointing::automatic, cpu_off, 1, 1, 1000).recompute);
+    BOOST_CHECK_THROW(train::choose_checkpointing(Checkpointing::none, cpu_off, 1, 1, 1000), UsageError);
+    BOOST_TEST((train::parse_checkpointing("auto") == Checkpointing::automatic));
+    BOOST_TEST((train::parse_checkpointing("all") == Checkpointing::all));
+    BOOST_TEST((train::parse_checkpointing("none") == Checkpointing::none));
+    BOOST_CHECK_THROW(train::parse_checkpointing("some"), UsageError);
+    for (auto c : {Checkpointing::automatic, Checkpointing::all, Checkpointing::none})
+        BOOST_TEST((train::parse_checkpointing(train::checkpointing_name(c)) == c));
+}
+
 // bf16 checkpoints (Shape::checkpoints; fp32 arithmetic, to see them
 // alone): with checkpointing (the backward widens the stored bf16 again and
 // recomputes from it) and without (each block keeps its activations) the
