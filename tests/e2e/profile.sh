@@ -202,6 +202,25 @@ run "$TR" --manifest "$(mf ck-small)" --text "$W/text.txt" --steps 3 --batch 2 -
 expect_rc 0 "auto in a small budget: the run exits 0"
 check "... recomputing, saying why" grep -q "checkpointed, --checkpoint auto: every block's .* would pass the device's" <<<"$err"
 check "... the same losses" cmp "$W/ck-all.losses" <(losses <(printf '%s\n' "$out"))
+# At dp 2 the ranks decide alike (a recomputed forward gathers again): rank
+# 1's small budget asks for the recompute, rank 0's plenty follows it.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  D2=(--text "$W/text.txt" --steps 3 --batch 2 --seq 16 --threads 1 "${POOL[@]}" --prefetch-bytes 1MiB --json)
+  state ck-dp2all --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32 --dp 2
+  run mpirun -np 2 "$TR" --manifest "$(mf ck-dp2all)" "${D2[@]}" --checkpoint all
+  expect_rc 0 "dp 2, --checkpoint all: exits 0"
+  losses <(printf '%s\n' "$out") >"$W/ck-dp2all.losses"
+  state ck-dp2 --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32 --dp 2
+  run mpirun -np 1 "$TR" --manifest "$(mf ck-dp2)" "${D2[@]}" : -np 1 "$TR" --manifest "$(mf ck-dp2)" "${D2[@]}" \
+    --device-memory 1MiB
+  expect_rc 0 "dp 2, auto with one rank's budget small: exits 0"
+  check "... every rank recomputes, rank 0 saying why" contains "$err" "but another rank's do not: every rank recomputes"
+  check "... the losses of --checkpoint all" cmp "$W/ck-dp2all.losses" <(losses <(printf '%s\n' "$out"))
+  check "... three of them" test "$(wc -l <"$W/ck-dp2all.losses")" -eq 3
+else
+  skip "--checkpoint auto at dp 2" "no mpirun"
+fi
 run "$TR" --manifest "$(mf ck-small)" --resume --text "$W/text.txt" --steps 4 --batch 2 --seq 16 --threads 1 \
   "${POOL[@]}" --offload-activations cpu --checkpoint none
 expect_rc 64 "--checkpoint none with --offload-activations is a usage error (64)"

@@ -136,6 +136,17 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         const bool weigh = opts.checkpoint == Checkpointing::automatic && opts.offload_activations == model::Offload::none;
         ckpt = choose_checkpointing(opts.checkpoint, opts.offload_activations, weigh ? gpt.plan_bytes(shape(false)) : 0,
                                     weigh ? engine_bytes() : 0, a.bytes > a.used ? a.bytes - a.used : 0);
+        // Every rank alike (a recomputed forward fetches, and at dp > 1
+        // gathers, again): one rank's budget that asks for the recompute
+        // (--device-memory auto reads each rank's free memory) asks it of all.
+        if (weigh && comm.size() > 1) {
+            const double mine = ckpt.recompute ? 1 : 0;
+            double any = 0;
+            comm.allreduce(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(&any, 1)),
+                           comm::DType::f64, comm::Reduce::max);
+            if (any > 0 && !ckpt.recompute)
+                ckpt = {true, ckpt.why + ", but another rank's do not: every rank recomputes"};
+        }
     }
     engine = zero::Engine::open(m, gpt.modules(), comm, e, p, dev, engine_options(), activation_plan());
     acts.store = engine->activation_store();
