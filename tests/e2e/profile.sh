@@ -89,7 +89,7 @@ EOF
 }
 
 M=gpt:layers=2,hidden=64,heads=4,vocab=256,seq=64
-BENCH=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2)
+BENCH=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2 --bench-gemm 256)
 
 # --- --bench --profile --json, without and with checkpoints
 run "$TR" "${BENCH[@]}" --checkpoint none --profile --json
@@ -146,7 +146,8 @@ ckpt=$(jq -s '[.[] | select(.schema == "zinf.train-bench/1")][0].activation_byte
 # and the checkpointed activations, not every block's: halfway between. An
 # sgemm of 64 leaves the budget to them.
 small=$(( 16 * 120576 + ckpt + (keep - ckpt) / 2 ))
-run "$TR" "${BENCH[@]}" --bench-gemm 64 --profile --json --device-memory "$small"
+SMALL=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2 --bench-gemm 64)
+run "$TR" "${SMALL[@]}" --profile --json --device-memory "$small"
 printf '%s\n' "$out" >"$W/bench-small.jsonl"
 # (The stages named without "forward": a budget this small leaves none to
 # time the GEMM shapes alone, which the check then does not ask for.)
