@@ -899,14 +899,16 @@ namespace {
 template <class T>
 std::vector<T> pad_rows(const std::vector<T>& x, u64 N, u64 V, u64 ld, T fill) {
     std::vector<T> p(N * ld, fill);
-    for (u64 i = 0; i < N; ++i) std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(i * V), V, p.begin() + static_cast<std::ptrdiff_t>(i * ld));
+    for (u64 i = 0; i < N; ++i)
+        std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(i * V), V, p.begin() + static_cast<std::ptrdiff_t>(i * ld));
     return p;
 }
 template <class T>
 std::vector<T> unpad_rows(const std::vector<T>& p, u64 N, u64 V, u64 ld) {
     std::vector<T> x;
     for (u64 i = 0; i < N; ++i)
-        x.insert(x.end(), p.begin() + static_cast<std::ptrdiff_t>(i * ld), p.begin() + static_cast<std::ptrdiff_t>(i * ld + V));
+        x.insert(x.end(), p.begin() + static_cast<std::ptrdiff_t>(i * ld),
+                 p.begin() + static_cast<std::ptrdiff_t>(i * ld + V));
     return x;
 }
 template <class T>

@@ -326,7 +326,8 @@ BOOST_AUTO_TEST_CASE(padded_logits_change_no_bit) {
     BOOST_TEST(model::padded_vocab(64) == 64u);
     BOOST_TEST(model::padded_vocab(1) == 64u);
     BOOST_TEST(model::padded_vocab(128256) == 128256u);
-    for (const char* spec : {"gpt:layers=1,hidden=32,heads=2,vocab=41,seq=16", "gpt:layers=1,hidden=32,heads=2,vocab=1,seq=16",
+    for (const char* spec : {"gpt:layers=1,hidden=32,heads=2,vocab=41,seq=16",
+                             "gpt:layers=1,hidden=32,heads=2,vocab=1,seq=16",
                              "gpt:layers=1,hidden=32,heads=2,vocab=128,seq=16"}) {
         const model::Config cfg = model::Config::from(shard::ModelSpec::parse(spec));
         const std::uint64_t N = 24, C = cfg.hidden, V = cfg.vocab, ld = model::padded_vocab(V);

@@ -133,7 +133,8 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     // always recomputed from.)
     {
         const mem::ArenaStats a = dev.arena().stats();
-        const bool weigh = opts.checkpoint == Checkpointing::automatic && opts.offload_activations == model::Offload::none;
+        const bool weigh =
+            opts.checkpoint == Checkpointing::automatic && opts.offload_activations == model::Offload::none;
         ckpt = choose_checkpointing(opts.checkpoint, opts.offload_activations, weigh ? gpt.plan_bytes(shape(false)) : 0,
                                     weigh ? engine_bytes() : 0, a.bytes > a.used ? a.bytes - a.used : 0);
         // Every rank alike (a recomputed forward fetches, and at dp > 1
