@@ -68,11 +68,15 @@ namespace {
 // --bench times, for --bench-model and for --bench-against.
 struct BenchModel {
     BenchModel(device::Device& dev, const std::string& text, std::uint64_t batch, std::uint64_t seq,
-               device::Precision precision, bool checkpoint, bool flash)
+               device::Precision precision, train::Checkpointing mode, bool flash)
         : dev(dev), spec(shard::ModelSpec::parse(text)), model(model::make_model(model::Config::from(spec))),
           eng(dev, model::numels(model->params_table())),
-          acts(model->plan(dev, {.batch = batch, .seq = seq, .checkpoint = checkpoint, .checkpoints = precision,
-                                 .activations = precision,
+          choice(choose(dev, *model, eng, {.batch = batch, .seq = seq, .checkpoint = false, .checkpoints = precision,
+                                           .activations = precision,
+                                           .attention = flash ? model::Attention::flash : model::Attention::gemm},
+                        mode)),
+          acts(model->plan(dev, {.batch = batch, .seq = seq, .checkpoint = choice.recompute,
+                                 .checkpoints = precision, .activations = precision,
                                  .attention = flash ? model::Attention::flash : model::Attention::gemm})),
           m1(dev.alloc<float>(eng.all_values().size(), "exp_avg")),
           m2(dev.alloc<float>(eng.all_values().size(), "exp_avg_sq")), ctx{dev, dev.compute(), eng, precision} {
@@ -103,7 +107,7 @@ struct BenchModel {
         // A block's GEMM weights, less those the recompute skips (shard::BlockWeights).
         const shard::BlockWeights block = shard::family(spec.arch).block(spec);
         const double recomputed = static_cast<double>(block.weights - block.not_recomputed);
-        recompute_flops = checkpoint ? L * (2.0 * recomputed * N + 2.0 * C * T * (T + 1) * static_cast<double>(batch))
+        recompute_flops = choice.recompute ? L * (2.0 * recomputed * N + 2.0 * C * T * (T + 1) * static_cast<double>(batch))
                                      : 0.0;
     }
 
@@ -137,11 +141,23 @@ struct BenchModel {
         return seconds;
     }
 
+    // --checkpoint for this model: every block's activations (`keep`)
+    // against what the device has left once the parameters and gradients
+    // are in, less the AdamW moments still to come (as many bytes again).
+    static train::CheckpointChoice choose(device::Device& dev, const model::LanguageModel& m,
+                                          model::ResidentEngine& e, const model::Shape& keep,
+                                          train::Checkpointing mode) {
+        const mem::ArenaStats a = dev.arena().stats();
+        return train::choose_checkpointing(mode, model::Offload::none, m.plan_bytes(keep),
+                                           2 * e.all_values().size_bytes(), a.bytes > a.used ? a.bytes - a.used : 0);
+    }
+
     static constexpr optim::AdamW kAdamW{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     device::Device& dev;
     shard::ModelSpec spec;
     std::unique_ptr<model::LanguageModel> model;
     model::ResidentEngine eng;
+    train::CheckpointChoice choice;
     model::Activations acts;
     device::Array<float> m1, m2;
     model::Context ctx;
@@ -155,7 +171,8 @@ struct BenchModel {
 }  // namespace
 
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
-              device::Precision precision, bool json, bool checkpoint, bool profile, const std::atomic<bool>& stop) {
+              device::Precision precision, bool json, train::Checkpointing checkpoint, bool profile,
+              const std::atomic<bool>& stop) {
     if (profile && !o.against.empty()) throw UsageError("--profile profiles one model: not with --bench-against");
     if (!device.threads) device.threads = affinity_cpus();
     auto dev = device::open(device);
@@ -180,7 +197,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
                   (o.flash_attention ? ", flash attention" : "") + ", batch " + std::to_string(batch) +
                   " x " + std::to_string(seq) + ", " + std::to_string(dev->threads()) +
                   (dev->backend() == "cuda" ? " SMs: " : " threads: ") + std::to_string(o.steps) +
-                  " steps after a warm-up");
+                  " steps after a warm-up; activations " + format_size(b->acts.bytes) + " (" +
+                  (b->choice.recompute ? "checkpointed" : "every block's kept") + ", " + b->choice.why + ")");
     // On a GPU, the rate a bf16 step is held to (fp32 is the step's own).
     const double gemm_bf16 = device::measure_gemm_bf16_flops(*dev, o.gemm_n, 3);
     const bool against_bf16 = precision == device::Precision::bf16 && gemm_bf16 > 0;
@@ -256,7 +274,8 @@ int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, dev
             j["batch"] = batch;
             j["seq"] = seq;
             j["threads"] = dev->threads();
-            j["checkpoint"] = checkpoint;
+            j["checkpoint"] = b.choice.recompute;
+            j["checkpoint_mode"] = train::checkpointing_name(checkpoint);
             j["steps"] = o.steps;
             j["step_s"] = b.step_s;
             j["flops_per_step"] = b.model_flops;

@@ -5,6 +5,7 @@
 #include <zinf/comm.hpp>
 #include <zinf/device.hpp>
 #include <zinf/shard.hpp>
+#include <zinf/train.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -36,9 +37,12 @@ unsigned cores_per_rank(const comm::Communicator& comm, unsigned threads);
 // step's GEMM inputs (--precision); a bf16 step is held to the bf16 GEMM rate
 // where the device has one (cuda), else to sgemm's.
 // `profile`: the timed steps under a device::Profile, reported after the
-// result (profile.hpp).
+// result (profile.hpp). `checkpoint`: --checkpoint; auto weighs every
+// block's activations against the device memory the model, its gradients
+// and AdamW moments leave (train::choose_checkpointing).
 int run_bench(const BenchOptions& o, std::uint64_t batch, std::uint64_t seq, device::Options device,
-              device::Precision precision, bool json, bool checkpoint, bool profile, const std::atomic<bool>& stop);
+              device::Precision precision, bool json, train::Checkpointing checkpoint, bool profile,
+              const std::atomic<bool>& stop);
 
 // The bytes of the copy a profile's byte peak is measured with.
 std::uint64_t profile_copy_bytes(device::Device& dev);

@@ -40,6 +40,7 @@ struct Options {
     std::string optimizer_readahead = "auto";
     std::string offload_activations = "none";
     std::string precision = "fp32";
+    std::string checkpoint = "auto";  // --checkpoint; --no-checkpoint is "none"
     std::uint64_t eval_every = 0, eval_batches = 4, checkpoint_every = 0;
     unsigned threads = 0;
     cli::DeviceOptions device;
@@ -216,12 +217,17 @@ Data load_data(const Options& o, std::uint64_t vocab, comm::Communicator& comm, 
     return d;
 }
 
+// --checkpoint, or --no-checkpoint (its "none" of old).
+train::Checkpointing checkpointing(const Options& o) {
+    return o.no_checkpoint ? train::Checkpointing::none : train::parse_checkpointing(o.checkpoint);
+}
+
 // The trainer's options from the command line's; commits go to `committed`.
 train::Options train_options(const Options& o, const std::string& committed, unsigned cores) {
     train::Options to;
     to.batch = o.batch;
     to.seq = o.seq;
-    to.checkpoint = !o.no_checkpoint;
+    to.checkpoint = checkpointing(o);
     to.schedule = {.lr = o.lr, .min_ratio = o.min_lr_ratio, .warmup = o.warmup, .total = o.steps,
                    .cosine = o.schedule == "cosine"};
     to.adamw = {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
@@ -264,7 +270,9 @@ void describe_run(const Options& o, const shard::Committed& checkpoint, const co
               " ranks, " + std::to_string(dev.threads()) + " threads per rank, " +
               device::precision_name(to.precision) + " GEMM inputs" +
               (to.attention == model::Attention::flash ? ", flash attention" : "") + "; activations " +
-              format_size(t.activations().bytes) + (o.no_checkpoint ? "" : " (checkpointed)"));
+              format_size(t.activations().bytes) + " (" +
+              (t.checkpointing().recompute ? "checkpointed" : "every block's kept") + ", " + t.checkpointing().why +
+              ")");
     if (o.resident)
         log::info("engine: resident (every parameter on every rank's device, the reference)");
     else
@@ -421,7 +429,14 @@ int main(int argc, char** argv) {
         ->check(cli::non_negative());
     app.add_option("--seed", o.seed, "Seed of --shuffle's window offsets")->capture_default_str();
     app.add_flag("--shuffle", o.shuffle, "Draw each batch's window from the seed instead of reading in order");
-    app.add_flag("--no-checkpoint", o.no_checkpoint, "Keep every block's activations (no recomputation)");
+    CLI::Option* ckpt =
+        app.add_option("--checkpoint", o.checkpoint,
+                       "Recompute each block's forward in the backward: all (keep the blocks' inputs alone), none "
+                       "(keep every block's activations), auto (none when every block's activations fit the device "
+                       "budget beside the engine, else all; all with --offload-activations). The same bits either way")
+            ->capture_default_str()
+            ->check(CLI::IsMember({"auto", "all", "none"}));
+    app.add_flag("--no-checkpoint", o.no_checkpoint, "The same as --checkpoint none")->excludes(ckpt);
     app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: never)")->capture_default_str();
     app.add_option("--eval-batches", o.eval_batches, "Batches per validation")
         ->capture_default_str()
@@ -481,7 +496,7 @@ int main(int argc, char** argv) {
         o.bench.flash_attention = o.device.flash_attention();
         if (o.bench.enabled)
             return trainer::run_bench(o.bench, o.batch, o.seq, o.device.resolve(o.threads),
-                                      precision, o.json, !o.no_checkpoint, o.profile, g_stop);
+                                      precision, o.json, checkpointing(o), o.profile, g_stop);
         if (o.manifest.empty()) throw UsageError("--manifest is required (or --bench)");
         return run(o);
     });

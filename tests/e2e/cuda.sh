@@ -62,8 +62,9 @@ else
   fail "--precision bf16 on cpu: losses within 1e-2 of fp32's, not equal to them" \
     "fp32 $(losses "$W/pfp32.jsonl" | tr '\n' ' ')/ bf16 $(losses "$W/pbf16.jsonl" | tr '\n' ' ')"
 fi
+# (--checkpoint all: the checkpointed block's activations, counted below.)
 BM=(--bench --bench-model gpt:layers=3,hidden=32,heads=2,vocab=256,seq=16 -B 2 -T 16 --bench-steps 1 --bench-gemm 64
-  --threads 1 --device cpu --json -q)
+  --threads 1 --device cpu --json -q --checkpoint all)
 run "$TR" "${BM[@]}" --precision bf16
 expect_rc 0 "--bench --precision bf16 on cpu"
 check "…its record names the precision and the sgemm it is held to" \

@@ -94,7 +94,7 @@ M=gpt:layers=2,hidden=64,heads=4,vocab=256,seq=64
 BENCH=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2 --bench-gemm 256)
 
 # --- --bench --profile --json, without and with checkpoints
-run "$TR" "${BENCH[@]}" --no-checkpoint --profile --json
+run "$TR" "${BENCH[@]}" --checkpoint none --profile --json
 expect_rc 0 "--bench --profile --json exits 0"
 printf '%s\n' "$out" >"$W/bench.jsonl"
 check "stdout: JSON objects only (the bench's record, then the profile's)" \
@@ -125,10 +125,37 @@ check "... and --peak-tflops wins over it" jq -e '.peak_tflops == 123' <<<"$out"
 run "$BIN/zinf-plan" "${PL[@]}" --bench "$W/bench.jsonl"
 check "... the report names where the peak came from" contains "$out$err" "zinf-train --profile"
 
-run "$TR" "${BENCH[@]}" --profile --json
+run "$TR" "${BENCH[@]}" --checkpoint all --profile --json
 printf '%s\n' "$out" >"$W/bench-ck.jsonl"
 check "with checkpoints: the recomputed forward's FLOPs too" \
   check_records "$W/bench-ck.jsonl" 2 2 64 256 2 32 1 forward backward
+# --checkpoint auto (the default): every block's activations kept when the
+# budget holds them (the FLOPs drop by the recompute's, and the GEMM calls
+# by its forward's), recomputed when a small budget forces it.
+gemm_calls() { jq -s '[.[] | select(.schema == "zinf.profile/1" and .name == "gemm")][0].calls' "$1"; }
+run "$TR" "${BENCH[@]}" --profile --json
+printf '%s\n' "$out" >"$W/bench-auto.jsonl"
+check "auto with a budget to spare: no recompute (FLOPs the model's)" \
+  check_records "$W/bench-auto.jsonl" 2 2 64 256 2 32 0 forward backward
+check "... the bench record says so" jq -e -s '.[0].checkpoint == false and .[0].checkpoint_mode == "auto"' \
+  "$W/bench-auto.jsonl"
+# A block's forward is 4 GEMMs (qkv, proj, fc, fc proj) and the attention's own: 2 steps x 2 layers x 4 fewer.
+fewer_gemms() { (($(gemm_calls "$2") + $1 == $(gemm_calls "$3"))); }
+check "... 16 GEMM calls fewer than --checkpoint all" fewer_gemms 16 "$W/bench-auto.jsonl" "$W/bench-ck.jsonl"
+keep=$(jq -s '[.[] | select(.schema == "zinf.train-bench/1")][0].activation_bytes' "$W/bench.jsonl")
+ckpt=$(jq -s '[.[] | select(.schema == "zinf.train-bench/1")][0].activation_bytes' "$W/bench-ck.jsonl")
+# A budget for the model, its gradients and moments (16 bytes a parameter)
+# and the checkpointed activations, not every block's: halfway between. An
+# sgemm of 64 leaves the budget to them.
+small=$(( 16 * 120576 + ckpt + (keep - ckpt) / 2 ))
+SMALL=(--bench --bench-model "$M" --bench-steps 2 --batch 2 --seq 32 --threads 2 --bench-gemm 64)
+run "$TR" "${SMALL[@]}" --profile --json --device-memory "$small"
+printf '%s\n' "$out" >"$W/bench-small.jsonl"
+# (The stages named without "forward": a budget this small leaves none to
+# time the GEMM shapes alone, which the check then does not ask for.)
+check "auto in a budget too small for every block's: recomputed" \
+  check_records "$W/bench-small.jsonl" 2 2 64 256 2 32 1 backward zero_grad
+check "... the header line says why" contains "$err" "--checkpoint auto"
 
 # --- --attention flash: its kernels' rows, the model's FLOPs, no GEMM-path attention
 run "$TR" "${BENCH[@]}" --no-checkpoint --profile --json --attention flash
@@ -152,13 +179,67 @@ check "stderr has the profile's table" has_all "$err" "attention_backward" "engi
 state run --model gpt:layers=1,hidden=32,heads=2,vocab=256,seq=32 --param-dtype fp32
 echo "some text to train on, long enough for a few windows of sixteen bytes and then some more" >"$W/text.txt"
 run "$TR" --manifest "$(mf run)" --text "$W/text.txt" --steps 3 --batch 2 --seq 16 --threads 1 "${POOL[@]}" \
-  --profile --json
+  --profile --json --checkpoint all
 expect_rc 0 "a 3-step --profile --json run exits 0"
 printf '%s\n' "$out" >"$W/run.jsonl"
 check "three zinf.train/1 records, then the profile" \
   jq -e -s '[.[] | select(.schema == "zinf.train/1")] | length == 3' "$W/run.jsonl"
 check "records well formed, rows sum to the steps, FLOPs the model's (with checkpoints)" \
   check_records "$W/run.jsonl" 3 1 32 256 2 16 1 forward backward optimizer "fetch wait (compute stalled)"
+
+# --- --checkpoint all, none and auto through the engine: the same losses
+# and state, to the bit; the run's second line says what auto chose and why
+# (none when the budget is plenty; all in a budget that holds the
+# checkpointed activations and the engine but not every block's); none
+# with offloaded activations is refused.
+for mode in all none auto; do
+  state "ck-$mode" --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32
+  run "$TR" --manifest "$(mf "ck-$mode")" --text "$W/text.txt" --steps 3 --batch 2 --seq 16 --threads 1 "${POOL[@]}" \
+    --checkpoint "$mode" --json
+  expect_rc 0 "--checkpoint $mode: a 3-step run exits 0"
+  losses <(printf '%s\n' "$out") >"$W/ck-$mode.losses"
+  printf '%s\n' "$err" >"$W/ck-$mode.err"
+done
+check "--checkpoint none: the losses of --checkpoint all, to the bit" cmp "$W/ck-all.losses" "$W/ck-none.losses"
+check "--checkpoint auto: the same" cmp "$W/ck-all.losses" "$W/ck-auto.losses"
+check "... and three of them" test "$(wc -l <"$W/ck-all.losses")" -eq 3
+same_state() { diff <(state_sums "$1") <(state_sums "$2"); }
+check "... and the same state" same_state "$W/ck-all" "$W/ck-auto"
+check "all: the header says checkpointed" contains "$(<"$W/ck-all.err")" "(checkpointed, --checkpoint all)"
+check "auto with a budget to spare keeps every block's, saying why" \
+  grep -q "every block's kept, --checkpoint auto: every block's .* fit the device's .* free" "$W/ck-auto.err"
+state ck-small --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32
+# Every block's activations (227 KiB) and the engine's need with 1 MiB of
+# fetches ahead (1.2 MiB) pass a 1 MiB budget; the checkpointed ones and the
+# engine's need (324 KiB) fit it.
+run "$TR" --manifest "$(mf ck-small)" --text "$W/text.txt" --steps 3 --batch 2 --seq 16 --threads 1 "${POOL[@]}" \
+  --device-memory 1MiB --prefetch-bytes 1MiB --json
+expect_rc 0 "auto in a small budget: the run exits 0"
+check "... recomputing, saying why" grep -q "checkpointed, --checkpoint auto: every block's .* would pass the device's" <<<"$err"
+check "... the same losses" cmp "$W/ck-all.losses" <(losses <(printf '%s\n' "$out"))
+# At dp 2 the ranks decide alike (a recomputed forward gathers again): rank
+# 1's small budget asks for the recompute, rank 0's plenty follows it.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  D2=(--text "$W/text.txt" --steps 3 --batch 2 --seq 16 --threads 1 "${POOL[@]}" --prefetch-bytes 1MiB --json)
+  state ck-dp2all --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32 --dp 2
+  run mpirun -np 2 "$TR" --manifest "$(mf ck-dp2all)" "${D2[@]}" --checkpoint all
+  expect_rc 0 "dp 2, --checkpoint all: exits 0"
+  losses <(printf '%s\n' "$out") >"$W/ck-dp2all.losses"
+  state ck-dp2 --model gpt:layers=2,hidden=32,heads=2,vocab=300,seq=32 --param-dtype fp32 --dp 2
+  run mpirun -np 1 "$TR" --manifest "$(mf ck-dp2)" "${D2[@]}" : -np 1 "$TR" --manifest "$(mf ck-dp2)" "${D2[@]}" \
+    --device-memory 1MiB
+  expect_rc 0 "dp 2, auto with one rank's budget small: exits 0"
+  check "... every rank recomputes, rank 0 saying why" contains "$err" "but another rank's do not: every rank recomputes"
+  check "... the losses of --checkpoint all" cmp "$W/ck-dp2all.losses" <(losses <(printf '%s\n' "$out"))
+  check "... three of them" test "$(wc -l <"$W/ck-dp2all.losses")" -eq 3
+else
+  skip "--checkpoint auto at dp 2" "no mpirun"
+fi
+run "$TR" --manifest "$(mf ck-small)" --resume --text "$W/text.txt" --steps 4 --batch 2 --seq 16 --threads 1 \
+  "${POOL[@]}" --offload-activations cpu --checkpoint none
+expect_rc 64 "--checkpoint none with --offload-activations is a usage error (64)"
+check "... saying why" contains "$err" "--checkpoint none"
 
 # --- refusals
 run "$TR" "${BENCH[@]}" --profile --bench-against "$M"

@@ -876,15 +876,131 @@ BOOST_AUTO_TEST_CASE(crossentropy_matches_reference_and_finite_differences) {
     auto dt = r.up(tgt);
     auto losses = r->alloc<float>(N, "losses");
     auto losses_only = r->alloc<float>(N, "losses only");
-    r->crossentropy_forward(r.s(), losses_only, logits, dt, N, V);
+    r->crossentropy_forward(r.s(), losses_only, logits, dt, N, V, 0);
     const Vf untouched = r.down(logits);
     BOOST_TEST(same_bits(untouched, x));
-    r->crossentropy_forward_backward(r.s(), losses, logits, dt, dloss, N, V);
+    r->crossentropy_forward_backward(r.s(), losses, logits, dt, dloss, N, V, 0);
     const Vd want = ce_losses(dbl(x), tgt, N, V);
     const Vf got = r.down(losses);
     BOOST_TEST(max_err(got, want) < 1e-6);
     BOOST_TEST(same_bits(r.down(losses_only), got));  // one loss, with or without the gradient
     BOOST_TEST(max_err(r.down(logits), ce_grad(dbl(x), tgt, dloss, N, V)) < 1e-5);
+}
+
+// ---------------------------------------------------------------------------
+// The fused classifier over padded rows (issue 43): rows `ld` apart, the pad
+// poisoned with NaN before the call. The padded call gives the packed call's
+// bits (losses and gradient), never reads the pad and writes it 0; the
+// targets at 0 and V-1; bf16 logits give the fp32 kernel's bits on their
+// widened copy, the gradient rounded once; V = 1; the refusals.
+namespace {
+
+// x (N,V) packed -> (N,ld) with `fill` in the pad, and back.
+template <class T>
+std::vector<T> pad_rows(const std::vector<T>& x, u64 N, u64 V, u64 ld, T fill) {
+    std::vector<T> p(N * ld, fill);
+    for (u64 i = 0; i < N; ++i)
+        std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(i * V), V, p.begin() + static_cast<std::ptrdiff_t>(i * ld));
+    return p;
+}
+template <class T>
+std::vector<T> unpad_rows(const std::vector<T>& p, u64 N, u64 V, u64 ld) {
+    std::vector<T> x;
+    for (u64 i = 0; i < N; ++i)
+        x.insert(x.end(), p.begin() + static_cast<std::ptrdiff_t>(i * ld),
+                 p.begin() + static_cast<std::ptrdiff_t>(i * ld + V));
+    return x;
+}
+template <class T>
+bool pad_is_zero(const std::vector<T>& p, u64 N, u64 V, u64 ld) {
+    for (u64 i = 0; i < N; ++i)
+        for (u64 j = V; j < ld; ++j)
+            if (std::bit_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>>(p[i * ld + j]) != 0)
+                return false;
+    return true;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(classifier_padded_rows_give_the_packed_bits) {
+    std::mt19937_64 rng(fresh_seed("classifier padded"));
+    Rig r;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const u64 V : {u64{1001}, u64{1024}, u64{1}, u64{70}}) {
+        const u64 N = 9, ld = (V + 63) / 64 * 64;
+        const float dloss = 1.0f / N;
+        const Vf x = randn(N * V, rng, 3);
+        Vi tgt = random_tokens(N, V, rng);
+        tgt[0] = 0, tgt[1] = static_cast<std::int32_t>(V - 1);
+        auto dt = r.up(tgt);
+        // Packed (today's layout), then padded with NaN in the pad.
+        auto packed = r.up(x);
+        auto lp = r->alloc<float>(N, "losses packed"), lp_only = r->alloc<float>(N, "losses packed only");
+        r->crossentropy_forward(r.s(), lp_only, packed, dt, N, V, 0);
+        r->crossentropy_forward_backward(r.s(), lp, packed, dt, dloss, N, V, 0);
+        auto padded = r.up(pad_rows(x, N, V, ld, nan));
+        auto lq = r->alloc<float>(N, "losses padded"), lq_only = r->alloc<float>(N, "losses padded only");
+        r->crossentropy_forward(r.s(), lq_only, padded, dt, N, V, ld);
+        const Vf before = r.down(padded);
+        BOOST_TEST(same_bits(before, pad_rows(x, N, V, ld, nan)), "the forward leaves the logits, V " << V);
+        r->crossentropy_forward_backward(r.s(), lq, padded, dt, dloss, N, V, ld);
+        const Vf got = r.down(padded);
+        BOOST_TEST(same_bits(r.down(lq), r.down(lp)), "losses, V " << V);
+        BOOST_TEST(same_bits(r.down(lq_only), r.down(lp_only)), "forward losses, V " << V);
+        BOOST_TEST(same_bits(unpad_rows(got, N, V, ld), r.down(packed)), "gradient, V " << V);
+        BOOST_TEST(pad_is_zero(got, N, V, ld), "pad written 0, V " << V);
+        // Against float64.
+        BOOST_TEST(max_err(r.down(lq), ce_losses(dbl(x), tgt, N, V)) < 1e-6);
+        BOOST_TEST(max_err(unpad_rows(got, N, V, ld), ce_grad(dbl(x), tgt, dloss, N, V)) < 1e-6);
+        if (V == 1) {  // one class: no loss, no gradient
+            for (float l : r.down(lq)) BOOST_TEST(l == 0.0f);
+            for (float g : got) BOOST_TEST(g == 0.0f);
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(classifier_bf16_logits_round_once) {
+    std::mt19937_64 rng(fresh_seed("classifier bf16"));
+    Rig r;
+    const u64 N = 11, V = 777, ld = 832;
+    const float dloss = 0.125f;
+    const std::vector<std::uint16_t> xb = halves(randn(N * V, rng, 3));
+    Vi tgt = random_tokens(N, V, rng);
+    tgt[0] = 0, tgt[N - 1] = static_cast<std::int32_t>(V - 1);
+    auto dt = r.up(tgt);
+    // The fp32 kernel on the widened copy, packed: what bf16 must give, rounded.
+    auto wide = r.up(widened(xb));
+    auto lw = r->alloc<float>(N, "losses fp32");
+    r->crossentropy_forward_backward(r.s(), lw, wide, dt, dloss, N, V, 0);
+    const Vf want_grad = r.down(wide);
+    auto half = r.up(pad_rows(xb, N, V, ld, std::uint16_t{0x7fc1}));  // the pad a NaN
+    auto lb = r->alloc<float>(N, "losses bf16"), lb_only = r->alloc<float>(N, "losses bf16 only");
+    r->crossentropy_forward(r.s(), lb_only, View(half), dt, N, V, ld);
+    r->crossentropy_forward_backward(r.s(), lb, View(half), dt, dloss, N, V, ld);
+    const auto got = r.down(half);
+    BOOST_TEST(same_bits(r.down(lb), r.down(lw)));
+    BOOST_TEST(same_bits(r.down(lb_only), r.down(lw)));
+    BOOST_TEST(same_bits(unpad_rows(got, N, V, ld), halves(want_grad)));
+    BOOST_TEST(pad_is_zero(got, N, V, ld));
+    // Against float64 on the widened logits, within bf16's rounding of the
+    // gradient (half a unit in the last of its 8 bits: 2^-9 of an element,
+    // here of the largest).
+    const Vd ref = ce_grad(dbl(widened(xb)), tgt, dloss, N, V);
+    BOOST_TEST(max_err(widened(unpad_rows(got, N, V, ld)), ref) < 1.0 / 512 + 1e-6);
+    BOOST_TEST(max_err(r.down(lb), ce_losses(dbl(widened(xb)), tgt, N, V)) < 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(classifier_refuses_a_short_stride_or_span) {
+    Rig r;
+    auto logits = r.up(Vf(4 * 64, 0.5f));
+    auto losses = r->alloc<float>(4, "losses");
+    auto tgt = r.up(Vi{0, 1, 2, 3});
+    const std::string short_stride = testing::what_of<InternalError>(
+        [&] { r->crossentropy_forward_backward(r.s(), losses, logits, tgt, 1, 4, 50, 40); }, "ldl 40 < V 50");
+    BOOST_TEST(short_stride.find("ldl is less than V") != std::string::npos, short_stride);
+    const std::string short_span = testing::what_of<InternalError>(
+        [&] { r->crossentropy_forward(r.s(), losses, logits, tgt, 4, 50, 128); }, "4 rows of 128");
+    BOOST_TEST(short_span.find("logits has 256 elements, the shape needs 512") != std::string::npos, short_span);
 }
 
 // ---------------------------------------------------------------------------
@@ -982,8 +1098,8 @@ BOOST_AUTO_TEST_CASE(kernels_bitwise_same_for_1_and_2_threads) {
             auto logits = r.up(randn(n * V, rng, 3));
             auto tgt = r.up(random_tokens(n, V, rng));
             auto l1 = r->alloc<float>(n, "l1"), l2 = r->alloc<float>(n, "l2");
-            r->crossentropy_forward(r.s(), l1, logits, tgt, n, V);
-            r->crossentropy_forward_backward(r.s(), l2, logits, tgt, 0.03f, n, V);
+            r->crossentropy_forward(r.s(), l1, logits, tgt, n, V, 0);
+            r->crossentropy_forward_backward(r.s(), l2, logits, tgt, 0.03f, n, V, 0);
             keep(l1), keep(l2), keep(logits);
         }
         return outs;
@@ -1085,10 +1201,10 @@ BOOST_AUTO_TEST_CASE(tokens_and_targets_past_vocabulary_are_data_errors) {
     auto logits = r.up(randn(B * T * V, rng));
     auto losses = r->alloc<float>(B * T, "losses");
     auto dtgt = r.up(tgt);
-    r->crossentropy_forward_backward(r.s(), losses, logits, dtgt, 1, B * T, V);
+    r->crossentropy_forward_backward(r.s(), losses, logits, dtgt, 1, B * T, V, 0);
     what = testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "target > V");
     BOOST_TEST(testing::contains(what, "target 51 at row 7 is not below the vocabulary size 50"), what);
-    r->crossentropy_forward(r.s(), losses, logits, dtgt, B * T, V);
+    r->crossentropy_forward(r.s(), losses, logits, dtgt, B * T, V, 0);
     testing::what_of<DataError>([&] { r->synchronize(r.s()); }, "target > V, loss only");
 }
 

@@ -444,7 +444,7 @@ BOOST_AUTO_TEST_CASE(prefetch_persistence_and_checkpointing_change_nothing) {
         Run ref_run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
         train::Options ro = train_options(ref_run.manifest_path());
         ro.resident = true;
-        ro.checkpoint = checkpoint;
+        ro.checkpoint = checkpoint ? train::Checkpointing::all : train::Checkpointing::none;
         const Outcome ref = train_run(ref_run, rig, tokens, ro);
         struct Case {
             const char* name;
@@ -457,7 +457,7 @@ BOOST_AUTO_TEST_CASE(prefetch_persistence_and_checkpointing_change_nothing) {
                              Case{"tied wte fetched at each use, on demand", 0, 0, false}}) {
             Run run(rig, lay(DType::bf16, Tier::nvme, Tier::nvme, s), kGPT);
             train::Options o = train_options(run.manifest_path());
-            o.checkpoint = checkpoint;
+            o.checkpoint = checkpoint ? train::Checkpointing::all : train::Checkpointing::none;
             o.infinity.prefetch_bytes = c.prefetch;
             o.infinity.persist_below = c.persist;
             o.infinity.persist_shared = c.persist_shared;

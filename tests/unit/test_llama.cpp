@@ -333,7 +333,9 @@ void check_cache(const shard::ModelSpec& s, const Ref& ref, const std::vector<st
         full.dev->copy(c.stream, std::as_writable_bytes(tok.span()), std::as_bytes(std::span(row).subspan(p, 1)));
         full.m.decode(c, *st, tok, p, logits);
         const auto got = full.read(logits.span());
-        for (u64 j = 0; j < s.vocab; ++j) worst = std::max(worst, double(std::abs(got[j] - want[p * s.vocab + j])));
+        // The full forward's rows are padded_vocab(V) apart (model.hpp); the decoder's one row is not padded.
+        const u64 ld = model::padded_vocab(s.vocab);
+        for (u64 j = 0; j < s.vocab; ++j) worst = std::max(worst, double(std::abs(got[j] - want[p * ld + j])));
     }
     BOOST_TEST(worst < 1e-5, "cached logits differ from the full forward's by " << worst);
     BOOST_CHECK_THROW(full.m.decode(c, *st, tok, T, logits), UsageError);

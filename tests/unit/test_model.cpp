@@ -220,9 +220,16 @@ BOOST_AUTO_TEST_CASE(matches_pytorch) {
     net.set_batch(r.inputs, r.targets);
     auto c = net.ctx();
     net.gpt.forward(c, net.acts, false);  // logits kept
-    std::vector<float> logits(net.acts.logits.size());
-    net.dev->copy(c.stream, std::as_writable_bytes(std::span(logits)), std::as_bytes(net.acts.logits.span()));
+    std::vector<float> padded(net.acts.logits.size());
+    net.dev->copy(c.stream, std::as_writable_bytes(std::span(padded)), std::as_bytes(net.acts.logits.span()));
     const double loss = net.loss();
+    // Rows padded_vocab(V) apart (model.hpp): their first V columns.
+    const std::uint64_t V = static_cast<std::uint64_t>(r.V), ld = model::padded_vocab(V);
+    BOOST_REQUIRE_EQUAL(padded.size(), r.B * r.T * ld);
+    std::vector<float> logits;
+    for (std::uint64_t i = 0; i < r.B * r.T; ++i)
+        logits.insert(logits.end(), padded.begin() + static_cast<std::ptrdiff_t>(i * ld),
+                      padded.begin() + static_cast<std::ptrdiff_t>(i * ld + V));
     const double e_logits = rel_error(logits, r.logits);
     BOOST_TEST_MESSAGE("logits: relative error " << e_logits);
     BOOST_TEST(e_logits < 1e-4);
@@ -306,6 +313,109 @@ BOOST_AUTO_TEST_CASE(checkpointing_changes_no_bit) {
     double sq = 0;
     for (float g : a) sq += double(g) * g;
     BOOST_TEST(sq > 0);
+}
+
+// The padded vocabulary (issue 43, model.hpp's padded_vocab): the output
+// head's logits rows padded to a multiple of 64, the parameter not. The
+// head and the loss at the padded row stride give the packed head's bits:
+// every logit, the loss, the gradient of the head's input (which all the
+// rest of the backward starts from) and of the tied wte; a vocabulary
+// already a multiple of 64 has no pad; V = 1 pads to 64.
+BOOST_AUTO_TEST_CASE(padded_logits_change_no_bit) {
+    BOOST_TEST(model::padded_vocab(50257) == 50304u);
+    BOOST_TEST(model::padded_vocab(64) == 64u);
+    BOOST_TEST(model::padded_vocab(1) == 64u);
+    BOOST_TEST(model::padded_vocab(128256) == 128256u);
+    for (const char* spec : {"gpt:layers=1,hidden=32,heads=2,vocab=41,seq=16",
+                             "gpt:layers=1,hidden=32,heads=2,vocab=1,seq=16",
+                             "gpt:layers=1,hidden=32,heads=2,vocab=128,seq=16"}) {
+        const model::Config cfg = model::Config::from(shard::ModelSpec::parse(spec));
+        const std::uint64_t N = 24, C = cfg.hidden, V = cfg.vocab, ld = model::padded_vocab(V);
+        std::mt19937_64 rng(fresh_seed(spec));
+        auto dev = cpu(2);
+        model::ParamTable table(cfg);
+        model::Embedding embed(table, cfg);
+        model::LMHead head(table, embed.wte(), cfg);
+        model::ResidentEngine eng(*dev, model::numels(table));
+        auto& s = dev->compute();
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> w(V * C), x(N * C);
+        for (auto& v : w) v = nd(rng);
+        for (auto& v : x) v = nd(rng);
+        const auto tg = random_tokens(rng, N, V);
+        dev->copy(s, std::as_writable_bytes(eng.values(embed.wte())), std::as_bytes(std::span(w)));
+        auto dx = dev->alloc<float>(x.size(), "x");
+        dev->copy(s, std::as_writable_bytes(dx.span()), std::as_bytes(std::span(x)));
+        auto dtg = dev->alloc<std::int32_t>(N, "targets");
+        dev->copy(s, std::as_writable_bytes(dtg.span()), std::as_bytes(std::span(tg)));
+        struct Out {
+            std::vector<float> logits, losses, dx, dwte;
+        };
+        auto run = [&](std::uint64_t stride) {
+            model::Context c{*dev, s, eng};
+            eng.zero_grad(s);
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            std::vector<float> poison(N * stride, nan);
+            auto logits = dev->alloc<float>(N * stride, "logits");
+            dev->copy(s, std::as_writable_bytes(logits.span()), std::as_bytes(std::span(poison)));
+            auto losses = dev->alloc<float>(N, "losses"), dxo = dev->alloc<float>(N * C, "dx");
+            head.forward(c, logits, dx, N, stride);
+            Out o;
+            o.logits.resize(N * stride);
+            dev->copy(s, std::as_writable_bytes(std::span(o.logits)), std::as_bytes(logits.span()));
+            dev->crossentropy_forward_backward(s, losses, logits, dtg, 1.0f / N, N, V, stride);
+            head.backward(c, dxo, logits, dx, N, stride);
+            o.losses.resize(N), o.dx.resize(N * C), o.dwte.resize(V * C);
+            dev->copy(s, std::as_writable_bytes(std::span(o.losses)), std::as_bytes(losses.span()));
+            dev->copy(s, std::as_writable_bytes(std::span(o.dx)), std::as_bytes(dxo.span()));
+            dev->copy(s, std::as_writable_bytes(std::span(o.dwte)), std::as_bytes(eng.gradient(embed.wte())));
+            dev->synchronize(s);
+            return o;
+        };
+        const Out packed = run(V), padded = run(ld);
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        std::vector<float> rows;
+        for (std::uint64_t i = 0; i < N; ++i)
+            rows.insert(rows.end(), padded.logits.begin() + i * ld, padded.logits.begin() + i * ld + V);
+        BOOST_TEST(same(rows, packed.logits), spec << ": logits");
+        BOOST_TEST(same(padded.losses, packed.losses), spec << ": losses");
+        BOOST_TEST(same(padded.dx, packed.dx), spec << ": the head's input gradient");
+        BOOST_TEST(same(padded.dwte, packed.dwte), spec << ": wte's gradient");
+        double sq = 0;
+        for (float g : padded.dx) sq += double(g) * g;
+        BOOST_TEST((V == 1 ? sq == 0 : sq > 0), spec << ": gradient " << sq);  // V = 1: no gradient at all
+        // The model's own activations: the logits padded, the parameter not.
+        Net net(cfg, {.batch = 2, .seq = 12, .checkpoint = true});
+        BOOST_TEST(net.acts.logits.size() == 24 * ld);
+        BOOST_TEST(net.gpt.params_table()[0].shape == (std::vector<std::uint64_t>{V, C}));
+    }
+}
+
+// --checkpoint's rule (train.hpp's choose_checkpointing): all and none as
+// asked; auto keeps every block's activations exactly when they fit beside
+// the engine, recomputes with offloaded checkpoints; none with an offload is
+// refused.
+BOOST_AUTO_TEST_CASE(checkpoint_auto_decides_from_the_budget) {
+    using train::Checkpointing;
+    const auto none = model::Offload::none, cpu_off = model::Offload::cpu;
+    BOOST_TEST(train::choose_checkpointing(Checkpointing::all, none, 10, 10, 1000).recompute);
+    BOOST_TEST(!train::choose_checkpointing(Checkpointing::none, none, 10, 10, 5).recompute);
+    const auto fits = train::choose_checkpointing(Checkpointing::automatic, none, 600, 400, 1000);
+    BOOST_TEST(!fits.recompute);
+    BOOST_TEST(fits.why.find("fit the device's") != std::string::npos, fits.why);
+    const auto over = train::choose_checkpointing(Checkpointing::automatic, none, 601, 400, 1000);
+    BOOST_TEST(over.recompute);
+    BOOST_TEST(over.why.find("would pass the device's") != std::string::npos, over.why);
+    BOOST_TEST(train::choose_checkpointing(Checkpointing::automatic, cpu_off, 1, 1, 1000).recompute);
+    BOOST_CHECK_THROW(train::choose_checkpointing(Checkpointing::none, cpu_off, 1, 1, 1000), UsageError);
+    BOOST_TEST((train::parse_checkpointing("auto") == Checkpointing::automatic));
+    BOOST_TEST((train::parse_checkpointing("all") == Checkpointing::all));
+    BOOST_TEST((train::parse_checkpointing("none") == Checkpointing::none));
+    BOOST_CHECK_THROW(train::parse_checkpointing("some"), UsageError);
+    for (auto c : {Checkpointing::automatic, Checkpointing::all, Checkpointing::none})
+        BOOST_TEST((train::parse_checkpointing(train::checkpointing_name(c)) == c));
 }
 
 // bf16 checkpoints (Shape::checkpoints; fp32 arithmetic, to see them

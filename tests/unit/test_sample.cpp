@@ -56,9 +56,14 @@ std::vector<float> full_logits(device::Device& dev, model::GPT& gpt, zero::Param
     dev.copy(s, std::as_writable_bytes(acts.targets.span()), std::as_bytes(std::span(tokens)));
     model::Context ctx{dev, s, eng};
     gpt.forward(ctx, acts, false);
-    std::vector<float> logits(T * V);
-    dev.copy(s, std::as_writable_bytes(std::span(logits)), std::as_bytes(acts.logits.span()));
+    // Rows padded_vocab(V) apart (model.hpp): their first V columns.
+    const std::uint64_t ld = model::padded_vocab(V);
+    std::vector<float> padded(T * ld), logits;
+    dev.copy(s, std::as_writable_bytes(std::span(padded)), std::as_bytes(acts.logits.span()));
     dev.synchronize(s);
+    for (std::uint64_t t = 0; t < T; ++t)
+        logits.insert(logits.end(), padded.begin() + static_cast<std::ptrdiff_t>(t * ld),
+                      padded.begin() + static_cast<std::ptrdiff_t>(t * ld + V));
     return logits;
 }
 

@@ -158,15 +158,16 @@ private:
     std::unique_ptr<MLP> mlp_;
 };
 
-// The output projection, tied to wte: logits (N,V) = x (N,C) @ wte^T, then
-// softmax cross-entropy. wte is registered as its external parameter.
+// The output projection, tied to wte: logits (N,V) = x (N,C) @ wte^T, rows
+// `ld` apart (padded_vocab(V) in training, V for the decoder's one row),
+// then softmax cross-entropy. wte is registered as its external parameter.
 class LMHead : public Module {
 public:
     LMHead(ParamTable& t, std::size_t wte, const Config& cfg);
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N);
-    // dlogits (N,V) in, dx (N,C) written.
+    void forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N, std::uint64_t ld);
+    // dlogits (N,V) at row stride ld in (the pad not read), dx (N,C) written.
     void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
-                  std::uint64_t N);
+                  std::uint64_t N, std::uint64_t ld);
 
 private:
     Config cfg_;

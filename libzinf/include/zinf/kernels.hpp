@@ -163,6 +163,9 @@ struct Gemm {
     Precision inputs = Precision::fp32;            // A's and B's arithmetic (see Precision)
 };
 
+// The cross-entropy's row stride (kernels.def): ldl, or V where 0 (packed).
+constexpr u64 logits_stride(u64 ldl, u64 V) noexcept { return ldl ? ldl : V; }
+
 }  // namespace zinf::device
 
 // kernels.def's entries, ZINF_KERNEL(name, (type, argument)...), read by a

@@ -257,6 +257,17 @@ std::uint64_t checkpoint_bytes(const Config& cfg, std::uint64_t B, std::uint64_t
 std::uint64_t offload_bytes(const Config& cfg, std::uint64_t B, std::uint64_t T,
                             device::Precision p = device::Precision::fp32);
 
+// The output head's logits rows, padded (the vocabulary rounded up to a
+// multiple of kLogitsAlign: GPT-2's 50257 to 50304) so that every row starts
+// 16-byte aligned whatever the element type (the fused classifier's 128-bit
+// loads on cuda). The padding is the logits' row stride alone (the head's
+// GEMM writes V columns at ldc = padded_vocab(V), its backward reads them at
+// that lda): no parameter, manifest, checkpoint, import or export is
+// padded, the pad is never read, the classifier writes it 0 (no probability
+// mass, no gradient), and the decoder's one row of logits (V) has none.
+inline constexpr std::uint64_t kLogitsAlign = 64;
+constexpr std::uint64_t padded_vocab(std::uint64_t V) { return (V + kLogitsAlign - 1) / kLogitsAlign * kLogitsAlign; }
+
 // A family's own part of a generic object (Activations::own, a
 // LanguageModel::DecodeState) as the family's type T: the one cast each
 // family's typed accessor makes (GPT::buffers, Llama::decode_buffers, ...);
@@ -282,7 +293,9 @@ struct Activations {
     std::vector<device::Array<float>> residual;
     std::vector<device::Array<std::uint16_t>> residual_bf16;
     device::Array<float> widened;
-    device::Array<float> logits;                   // (N,V); the logits' gradient after backward's start
+    // (N, padded_vocab(V)): row i's V logits then the pad (never read);
+    // the logits' gradient (the pad 0) after a forward for backward.
+    device::Array<float> logits;
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
     // The family's own buffers, as its model's plan() made them (the GPT's

@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace zinf::train {
 
@@ -45,9 +46,36 @@ struct Schedule {
     double at(std::uint64_t step) const;
 };
 
+// Activation checkpointing (zinf-train --checkpoint): `all` keeps each
+// block's input alone and runs every block's forward again inside its
+// backward; `none` keeps every block's activations; `automatic` keeps them
+// when they fit the device memory left beside the engine's need, else
+// recomputes (choose_checkpointing); offloaded checkpoints are recomputed
+// from, always. The same bits whichever (the recompute is the forward).
+enum class Checkpointing { all, none, automatic };
+Checkpointing parse_checkpointing(std::string_view text);  // "auto", "all", "none"; else UsageError naming them
+const char* checkpointing_name(Checkpointing c);           // "auto", "all", "none"
+
+// A run's choice (model::Shape::checkpoint) and why, for its account of
+// itself (zinf-train's second line).
+struct CheckpointChoice {
+    bool recompute = true;
+    std::string why;
+};
+// The rule, once (the Trainer's, zinf-train --bench's): `keep_bytes` the
+// activations with every block's kept (LanguageModel::plan_bytes),
+// `engine_bytes` what the engine takes of the device beside them,
+// `free_bytes` what the device has left before either. `automatic` keeps
+// every block's when keep_bytes + engine_bytes <= free_bytes and nothing is
+// offloaded. `none` with an offload is refused (UsageError, 64).
+CheckpointChoice choose_checkpointing(Checkpointing mode, model::Offload offload, std::uint64_t keep_bytes,
+                                      std::uint64_t engine_bytes, std::uint64_t free_bytes);
+
 struct Options {
     std::uint64_t batch = 4, seq = 64;  // per rank: B rows of T tokens
-    bool checkpoint = true;             // activation checkpointing per block
+    // Activation checkpointing per block: the library's default is the
+    // recompute (`all`); zinf-train's is `automatic`.
+    Checkpointing checkpoint = Checkpointing::all;
     Schedule schedule;
     optim::AdamW adamw{.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     double grad_clip = 1.0;             // 0: none
@@ -225,6 +253,8 @@ public:
     model::LanguageModel& model();  // the GPT or the Llama the manifest's spec names
     zero::Engine& engine();           // the run's engine: its hooks, its last pass's figures
     model::Activations& activations();
+    // Whether the blocks are recomputed (Options::checkpoint resolved), and why.
+    const CheckpointChoice& checkpointing() const;
     // What the run needs of the device budget at the least: the activations
     // and the engine's reserved memory plus its largest fetch.
     std::uint64_t device_need() const;

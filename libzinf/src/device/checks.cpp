@@ -330,23 +330,26 @@ void check_rope_backward(std::span<float> dx, std::span<const float> table, u64 
 }
 
 // ---- loss ----------------------------------------------------------------------
-// Both cross-entropies: losses (N), logits (N,V), targets (N).
-void need_crossentropy(const char* kernel, std::size_t losses, std::size_t logits, std::size_t targets, u64 N,
-                       u64 V) {
-    const Shape sh{kernel, {{"N", N}, {"V", V}}};
+// Both cross-entropies: losses (N), logits (N, ldl) with ldl >= V (0: V),
+// targets (N).
+void need_crossentropy(const char* kernel, std::size_t losses, ConstView logits, std::size_t targets, u64 N, u64 V,
+                       u64 ldl) {
+    const Shape sh{kernel, {{"N", N}, {"V", V}, {"ldl", ldl}}};
+    const u64 ld = logits_stride(ldl, V);
+    if (ld < V) sh.fail("the logits' row stride ldl is less than V");
     sh.need("losses", losses, N);
-    sh.need("logits", logits, N * V);
+    sh.need("logits", logits.size(), N * ld);
     sh.need("targets", targets, N);
 }
 
-void check_crossentropy_forward_backward(std::span<float> losses, std::span<float> logits,
-                                         std::span<const std::int32_t> targets, float, u64 N, u64 V) {
-    need_crossentropy("crossentropy_forward_backward", losses.size(), logits.size(), targets.size(), N, V);
+void check_crossentropy_forward_backward(std::span<float> losses, View logits, std::span<const std::int32_t> targets,
+                                         float, u64 N, u64 V, u64 ldl) {
+    need_crossentropy("crossentropy_forward_backward", losses.size(), logits, targets.size(), N, V, ldl);
 }
 
-void check_crossentropy_forward(std::span<float> losses, std::span<const float> logits,
-                                std::span<const std::int32_t> targets, u64 N, u64 V) {
-    need_crossentropy("crossentropy_forward", losses.size(), logits.size(), targets.size(), N, V);
+void check_crossentropy_forward(std::span<float> losses, ConstView logits, std::span<const std::int32_t> targets,
+                                u64 N, u64 V, u64 ldl) {
+    need_crossentropy("crossentropy_forward", losses.size(), logits, targets.size(), N, V, ldl);
 }
 
 // ---- optimizer -------------------------------------------------------------------

@@ -191,14 +191,20 @@ Cost rope_backward(std::span<float> dx, std::span<const float> table, u64 B, u64
 }
 
 // ---- loss -------------------------------------------------------------------------------------
-// The row max, the shifted exponential and its sum (4), then the gradient
-// (normalise, subtract the one-hot, scale: 2): logits read and written once.
-Cost crossentropy_forward_backward(std::span<float>, std::span<float>, std::span<const std::int32_t>, float, u64 N,
-                                   u64 V) {
-    return {.flops = 6.0 * d(N) * d(V), .bytes = 8.0 * d(N) * d(V) + 8.0 * d(N)};
+// The fused classifier (loss.cpp): a pass for the row's max and the sum of
+// its shifted exponentials (4 an element), a pass that writes the gradient
+// (exponential, normalise, subtract the one-hot, scale: 4; fp32 keeps the
+// exponentials in the row between the two, bf16 recomputes them). Bytes:
+// the V logits read twice at their width and the gradient written over
+// them, the pad written (zeros); the targets read, the losses written. The
+// forward alone reads the logits once.
+Cost crossentropy_forward_backward(std::span<float>, View logits, std::span<const std::int32_t>, float, u64 N, u64 V,
+                                   u64 ldl) {
+    const double w = width(logits), pad = d(logits_stride(ldl, V) - V);
+    return {.flops = 8.0 * d(N) * d(V), .bytes = d(N) * (3.0 * d(V) * w + pad * w) + 8.0 * d(N)};
 }
-Cost crossentropy_forward(std::span<float>, std::span<const float>, std::span<const std::int32_t>, u64 N, u64 V) {
-    return {.flops = 4.0 * d(N) * d(V), .bytes = 4.0 * d(N) * d(V) + 8.0 * d(N)};
+Cost crossentropy_forward(std::span<float>, ConstView logits, std::span<const std::int32_t>, u64 N, u64 V, u64) {
+    return {.flops = 4.0 * d(N) * d(V), .bytes = d(N) * d(V) * width(logits) + 8.0 * d(N)};
 }
 
 // ---- optimizer ------------------------------------------------------------------------------------

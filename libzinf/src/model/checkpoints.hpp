@@ -26,7 +26,7 @@ namespace zinf::model::checkpoints {
 template <class Take>
 void plan(Activations& a, const Shape& shape, std::uint64_t layers, std::uint64_t NC, Take&& take) {
     if (shape.offload != Offload::none && !shape.checkpoint)
-        throw UsageError("offloading activation checkpoints needs activation checkpointing (leave out --no-checkpoint)");
+        throw UsageError("offloading activation checkpoints needs activation checkpointing (not --checkpoint none)");
     // Offloading, checkpoint j lives in buffer j % 3: blocks l and l+1's
     // inputs and outputs, with one buffer coming back or going out.
     const std::uint64_t n = shape.offload != Offload::none ? std::min<std::uint64_t>(3, layers + 1) : layers + 1;

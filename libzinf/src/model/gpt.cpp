@@ -69,19 +69,20 @@ LMHead::LMHead(ParamTable& t, std::size_t wte, const Config& cfg) : Module("lm_h
     t.add_user(this);
 }
 
-void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N) {
+void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N,
+                     std::uint64_t ld) {
     ForwardScope scope(c.engine, *this);
-    // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C)
-    c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x,
-           c.engine.stored(*this, wte_), logits);
+    // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C), rows ld apart
+    c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden, .ldc = ld}, x, c.engine.stored(*this, wte_),
+           logits);
 }
 
 void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
-                      std::uint64_t N) {
+                      std::uint64_t N, std::uint64_t ld) {
     BackwardScope scope(c.engine, *this);
-    // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x
-    c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.stored(*this, wte_), dx);
-    c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
+    // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x; dlogits' rows ld apart
+    c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab, .lda = ld}, dlogits, c.engine.stored(*this, wte_), dx);
+    c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .lda = ld, .beta = 1}, dlogits, x,
            c.engine.grad(*this, wte_));
 }
 
@@ -156,7 +157,7 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     own->lnf = f(N * C, "ln_f");
     own->lnf_mean = f(N, "ln_f mean");
     own->lnf_rstd = f(N, "ln_f rstd");
-    a.logits = f(N * V, "logits");
+    a.logits = f(N * padded_vocab(V), "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
     a.own = std::move(own);
@@ -173,19 +174,19 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, B, T);
         });
     ln_f_->forward(c, own.lnf, own.lnf_mean, own.lnf_rstd, x, N);
-    head_->forward(c, a.logits, own.lnf, N);
+    head_->forward(c, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
-                                            cfg_.vocab);
+                                            cfg_.vocab, padded_vocab(cfg_.vocab));
     else
-        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab);
+        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
 }
 
 void GPT::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
     c.dev.zero(c.stream, a.dres);
     ln_f_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.lnf_mean,
                     own.lnf_rstd, N);
@@ -270,7 +271,7 @@ void GPT::decode(Context& c, DecodeState& state, std::span<const std::int32_t> t
         std::swap(st.x, st.out);
     }
     ln_f_->forward(c, st.ln, st.mean, st.rstd, st.x, 1);
-    head_->forward(c, logits, st.ln, 1);
+    head_->forward(c, logits, st.ln, 1, cfg_.vocab);  // one row: no pad
 }
 
 }  // namespace zinf::model

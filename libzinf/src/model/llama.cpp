@@ -498,15 +498,18 @@ public:
             w_ = declare(t, "lm_head.weight", {cfg.vocab, cfg.hidden});
         }
     }
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N) {
+    // Rows of the logits (and of their gradient) `ld` apart: padded_vocab(V)
+    // in training, V for the decoder's one row.
+    void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N, u64 ld) {
         ForwardScope scope(c.engine, *this);
-        c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden}, x, c.engine.stored(*this, w_),
+        c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden, .ldc = ld}, x, c.engine.stored(*this, w_),
                logits);
     }
-    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N) {
+    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N,
+                  u64 ld) {
         BackwardScope scope(c.engine, *this);
-        c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab}, dlogits, c.engine.stored(*this, w_), dx);
-        c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .beta = 1}, dlogits, x,
+        c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab, .lda = ld}, dlogits, c.engine.stored(*this, w_), dx);
+        c.gemm(Gemm{.ta = true, .m = cfg_.vocab, .n = cfg_.hidden, .k = N, .lda = ld, .beta = 1}, dlogits, x,
                c.engine.grad(*this, w_));
     }
 
@@ -617,7 +620,7 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->rope = f(T * hd, "rope table");
     own->norm = f(N * C, "model.norm");
     own->norm_rstd = f(N, "model.norm rstd");
-    a.logits = f(N * V, "logits");
+    a.logits = f(N * padded_vocab(V), "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
     if (dev) {
@@ -639,19 +642,19 @@ void Llama::forward(Context& c, Activations& a, bool for_backward) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T, &own.scratch);
         });
     norm_->forward(c, own.norm, own.norm_rstd, x, N);
-    head_->forward(c, a.logits, own.norm, N);
+    head_->forward(c, a.logits, own.norm, N, padded_vocab(cfg_.vocab));
     if (for_backward)
         c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
-                                            cfg_.vocab);
+                                            cfg_.vocab, padded_vocab(cfg_.vocab));
     else
-        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab);
+        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
 }
 
 void Llama::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     LlamaBuffers& own = buffers(a);
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, own.norm, N);
+    head_->backward(c, own.scratch.dbtc, a.logits, own.norm, N, padded_vocab(cfg_.vocab));
     c.dev.zero(c.stream, a.dres);
     norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.norm_rstd,
                     N);
@@ -734,7 +737,7 @@ void Llama::decode(Context& c, DecodeState& state, std::span<const std::int32_t>
         std::swap(st.x, st.out);
     }
     norm_->forward(c, st.norm, st.rstd, st.x, 1);
-    head_->forward(c, logits, st.norm, 1);
+    head_->forward(c, logits, st.norm, 1, cfg_.vocab);  // one row: no pad
 }
 
 }  // namespace zinf::model

@@ -41,6 +41,7 @@ struct Trainer::Impl {
     // failed under the run): nothing of that step or evaluation was taken.
     bool input_failed = false;
     std::vector<float> losses;
+    CheckpointChoice ckpt;  // Options::checkpoint resolved, before the engine opens
     io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
 
     void measure_disk(const zero::DiskNeed& need);
@@ -69,11 +70,13 @@ struct Trainer::Impl {
     // The activations' shape: the batch, checkpointing, where the
     // checkpoints wait, and the precision of the checkpoints and of what a
     // block keeps, the arithmetic's (bf16 arithmetic keeps them bf16).
-    model::Shape shape() const {
-        return {.batch = opts.batch, .seq = opts.seq, .checkpoint = opts.checkpoint,
+    model::Shape shape(bool recompute) const {
+        return {.batch = opts.batch, .seq = opts.seq, .checkpoint = recompute,
                 .offload = opts.offload_activations, .checkpoints = opts.precision, .activations = opts.precision,
                 .attention = opts.attention};
     }
+    model::Shape shape() const { return shape(ckpt.recompute); }
+    std::uint64_t engine_bytes() const;
     zero::EngineOptions engine_options() const;
     zero::ActivationPlan activation_plan();
     double mean_loss();
@@ -125,6 +128,27 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
             short_disk = std::current_exception();
         }
         comm::agree(comm, short_disk, "the run did not start; nothing was written");
+    }
+    // Recompute the blocks or keep them: from what the device has left.
+    // (Only auto without an offload weighs them: offloaded checkpoints are
+    // always recomputed from.)
+    {
+        const mem::ArenaStats a = dev.arena().stats();
+        const bool weigh =
+            opts.checkpoint == Checkpointing::automatic && opts.offload_activations == model::Offload::none;
+        ckpt = choose_checkpointing(opts.checkpoint, opts.offload_activations, weigh ? gpt.plan_bytes(shape(false)) : 0,
+                                    weigh ? engine_bytes() : 0, a.bytes > a.used ? a.bytes - a.used : 0);
+        // Every rank alike (a recomputed forward fetches, and at dp > 1
+        // gathers, again): one rank's budget that asks for the recompute
+        // (--device-memory auto reads each rank's free memory) asks it of all.
+        if (weigh && comm.size() > 1) {
+            const double mine = ckpt.recompute ? 1 : 0;
+            double any = 0;
+            comm.allreduce(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(&any, 1)),
+                           comm::DType::f64, comm::Reduce::max);
+            if (any > 0 && !ckpt.recompute)
+                ckpt = {true, ckpt.why + ", but another rank's do not: every rank recomputes"};
+        }
     }
     engine = zero::Engine::open(m, gpt.modules(), comm, e, p, dev, engine_options(), activation_plan());
     acts.store = engine->activation_store();
@@ -183,6 +207,21 @@ void Trainer::Impl::floors(StepLog& log) const {
     if (floor > 0) log.step_floor_ratio = log.seconds / floor;
 }
 
+// What the engine takes of the device beside the activations, as
+// choose_checkpointing weighs it: the resident engine's copy of every
+// parameter and its gradient (fp32, each tensor at a 64-byte aligned start,
+// as ResidentEngine lays them); ZeRO-Infinity's reserve and largest fetch
+// (InfinityEngine::need) and its fetches ahead (--prefetch-bytes), which
+// keeping every block's activations must not starve.
+std::uint64_t Trainer::Impl::engine_bytes() const {
+    if (opts.resident) {
+        std::uint64_t floats = 0;
+        for (const auto& t : m.tensors) floats += (t.numel + 15) / 16 * 16;
+        return 2 * floats * sizeof(float);
+    }
+    return zero::InfinityEngine::need(m, gpt.modules(), opts.infinity).total() + opts.infinity.prefetch_bytes;
+}
+
 // The engine the trainer's options ask for: the optimizer's hyperparameters
 // and overlap, the engine's placement and prefetch.
 zero::EngineOptions Trainer::Impl::engine_options() const {
@@ -214,7 +253,7 @@ zero::ActivationPlan Trainer::Impl::activation_plan() {
     ap.seq = opts.seq;
     ap.bytes = gpt.plan_bytes(shape());
     ap.take = [this] { acts = gpt.plan(dev, shape()); };
-    ap.recompute = opts.checkpoint;
+    ap.recompute = ckpt.recompute;
     ap.offload = opts.offload_activations;
     if (ap.offload != model::Offload::none) {
         ap.checkpoints = model::offloaded_checkpoints(gpt.config());
@@ -273,6 +312,45 @@ model::LanguageModel& Trainer::model() { return impl_->gpt; }
 zero::Engine& Trainer::engine() { return *impl_->engine; }
 const Options& Trainer::options() const { return impl_->opts; }
 model::Activations& Trainer::activations() { return impl_->acts; }
+const CheckpointChoice& Trainer::checkpointing() const { return impl_->ckpt; }
+
+Checkpointing parse_checkpointing(std::string_view text) {
+    if (text == "auto") return Checkpointing::automatic;
+    if (text == "all") return Checkpointing::all;
+    if (text == "none") return Checkpointing::none;
+    throw UsageError("--checkpoint " + std::string(text) + ": expected auto, all or none");
+}
+
+const char* checkpointing_name(Checkpointing c) {
+    switch (c) {
+        case Checkpointing::automatic: return "auto";
+        case Checkpointing::none: return "none";
+        case Checkpointing::all: break;
+    }
+    return "all";
+}
+
+CheckpointChoice choose_checkpointing(Checkpointing mode, model::Offload offload, std::uint64_t keep_bytes,
+                                      std::uint64_t engine_bytes, std::uint64_t free_bytes) {
+    const bool offloaded = offload != model::Offload::none;
+    switch (mode) {
+        case Checkpointing::all: return {true, "--checkpoint all"};
+        case Checkpointing::none:
+            if (offloaded)
+                throw UsageError("--offload-activations " + std::string(model::offload_name(offload)) +
+                                 " needs activation checkpointing: not with --checkpoint none");
+            return {false, "--checkpoint none"};
+        case Checkpointing::automatic: break;
+    }
+    if (offloaded)
+        return {true, "--checkpoint auto: the checkpoints are offloaded (--offload-activations " +
+                          std::string(model::offload_name(offload)) + ")"};
+    const std::string sizes = "every block's " + format_size(keep_bytes) + " and the engine's " +
+                              format_size(engine_bytes);
+    if (keep_bytes + engine_bytes <= free_bytes)
+        return {false, "--checkpoint auto: " + sizes + " fit the device's " + format_size(free_bytes) + " free"};
+    return {true, "--checkpoint auto: " + sizes + " would pass the device's " + format_size(free_bytes) + " free"};
+}
 double Trainer::flops_per_step() const { return impl_->gpt.flops_per_step(impl_->opts.batch, impl_->opts.seq); }
 void Trainer::save() {
     impl_->settle();
