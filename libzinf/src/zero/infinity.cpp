@@ -209,7 +209,7 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
             // run, filled from the optimizer's copy and refreshed by on_param.
             ps.resident = dev.arena().allocate(ps.per * ps.dt, "gpu-tier parameter partition");
             const ParamSource src = store.param_source(ps.tensor);
-            dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.memory);
+            dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.device.empty() ? src.memory : src.device);
         }
         if (ps.persistent) ps.persist = dev.arena().allocate(detail::values_layout(ps, dp, bf16).bytes, "persistent parameter");
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
@@ -659,6 +659,26 @@ void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span
     Impl& I = *impl_;
     auto& p = I.params.at(tensor);
     if (p.tier == shard::Tier::gpu) I.refresh_param(p, first, values);
+}
+
+// The device's AdamW wrote the new values (the optimizer's copy on the
+// device): copied into the resident partition on the device, on the
+// optimizer's stream `s` after its kernels and after the last gather that
+// read the old values; the next gather waits for it.
+void InfinityEngine::updated_on_device(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values,
+                                       device::Stream& s) {
+    Impl& I = *impl_;
+    auto& p = I.params.at(tensor);
+    if (p.tier != shard::Tier::gpu) return;
+    const std::uint64_t at0 = first * p.dt;
+    if (at0 + values.size() > p.resident.size())
+        throw InternalError("engine: a refresh of " + I.m.tensors[p.tensor].name + " writes bytes [" +
+                            std::to_string(at0) + ", " + std::to_string(at0 + values.size()) + ") of a " +
+                            std::to_string(p.resident.size()) + "-byte partition");
+    std::lock_guard lk(I.refresh.mu);
+    I.dev.wait(s, p.last_read);
+    I.dev.copy(s, {p.resident.data() + at0, values.size()}, values);
+    p.refreshed = I.dev.record(s);
 }
 
 void InfinityEngine::after_step() { ++impl_->version; }
