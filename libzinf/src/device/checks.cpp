@@ -314,6 +314,8 @@ void check_adamw(const optim::Update& u, const optim::Scalars&) {
 
 void Device::copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) {
     Shape{"copy", {}}.need("dst", dst.size(), src.size());
+    const auto pageable = [&](const void* p) { return !arena_->contains(p) && !mem::from_pool(p); };
+    if (!src.empty() && (pageable(dst.data()) || pageable(src.data()))) pageable_.fetch_add(1);
     if (profile_) [[unlikely]] {
         Stamp a = profile_->begin(s);
         do_copy(s, dst, src);

@@ -36,11 +36,14 @@ struct Trainer::Impl {
     model::LanguageModel& gpt;  // *model
     model::Activations acts;
     std::unique_ptr<zero::Engine> engine;
-    std::vector<std::int32_t> inputs, targets;
+    // The batch in and the per-token losses out, in page-locked memory from
+    // the pool (io_mem): their copies are asynchronous, none staged.
+    mem::Pinned io_mem;
+    std::span<std::int32_t> inputs, targets;
     // A batch could not be read on some rank (the token file changed or
     // failed under the run): nothing of that step or evaluation was taken.
     bool input_failed = false;
-    std::vector<float> losses;
+    std::span<float> losses;
     io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
 
     void measure_disk(const zero::DiskNeed& need);
@@ -127,9 +130,11 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     }
     engine = zero::Engine::open(m, gpt.modules(), comm, e, p, dev, engine_options(), activation_plan());
     acts.store = engine->activation_store();
-    inputs.resize(o.batch * o.seq);
-    targets.resize(o.batch * o.seq);
-    losses.resize(o.batch * o.seq);
+    const std::size_t n = o.batch * o.seq;
+    io_mem = p.pin(3 * n * 4, "trainer's batch and losses");
+    inputs = {reinterpret_cast<std::int32_t*>(io_mem.data()), n};
+    targets = {inputs.data() + n, n};
+    losses = {reinterpret_cast<float*>(io_mem.data() + 2 * n * 4), n};
 }
 
 // The bandwidth of this rank's share of its disk, for runs that use one:

@@ -215,7 +215,9 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
-    gradients.staging = pool.pin(largest_count * 4, "engine's gradient staging");
+    gradients.slot = align_up(largest_count * 4, 4096);
+    gradients.staging = pool.pin(GradientStage::kStaging * gradients.slot, "engine's gradient staging ring");
+    gradients.worker = std::thread([this] { handover_loop(); });
     if (largest_resident) {
         refresh.piece = std::min<std::uint64_t>(largest_resident, pool.buffer_bytes());
         refresh.staging = pool.pin(RefreshStage::kPieces * refresh.piece, "engine's gpu-tier refresh staging");
@@ -230,6 +232,12 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
 
 Impl::~Impl() {
     reset_streams();
+    {
+        std::lock_guard lk(gradients.mu);
+        gradients.quit = true;
+    }
+    gradients.cv.notify_all();
+    if (gradients.worker.joinable()) gradients.worker.join();
     if (flat) try {
             coll_comm->set_flat_area({});
         } catch (const std::exception& e) {
@@ -254,6 +262,11 @@ void Impl::reset_streams() noexcept {
     fetch.prefetched.clear();
     fetch.parked.clear();
     fetch.parked_bytes = 0;
+    drain_handovers();
+    {
+        std::lock_guard lk(gradients.mu);
+        gradients.error = nullptr;
+    }
     gradients.handovers.clear();
     gradients.handover_bytes = 0;
     fetch.pre_read.clear();
@@ -465,13 +478,69 @@ void Impl::hand_over(const Module& mod) {
         ++st.collectives;
     }
     dev.wait(*d2h, dev.record(*coll));
+    auto& G = gradients;
     for (const Out& o : outs) {
-        const auto host = gradients.staging.bytes().first(o.count * 4);
+        const std::size_t i = G.next;
+        G.next = (G.next + 1) % GradientStage::kStaging;
+        {
+            std::unique_lock lk(G.mu);
+            if (G.busy[i]) {
+                const auto t0 = std::chrono::steady_clock::now();
+                G.cv.wait(lk, [&] { return !G.busy[i]; });
+                G.staging_wait_ns += static_cast<std::uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                        .count());
+            }
+            G.busy[i] = true;
+        }
+        const auto host = G.staging.bytes().subspan(i * G.slot, o.count * 4);
         dev.copy(*d2h, host, o.src);
-        dev.host(*d2h, [this, o, host] {
-            store.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
-        });
+        GradientStage::Job job{dev.record(*d2h), i, o.tensor, o.count};
+        {
+            std::lock_guard lk(G.mu);
+            G.jobs.push_back(std::move(job));
+        }
+        G.cv.notify_all();
     }
+}
+
+// The engine's hand-over worker (GradientStage): each copy waited for, its
+// partition handed to the store, its buffer freed, in queue order.
+void Impl::handover_loop() {
+    auto& G = gradients;
+    std::unique_lock lk(G.mu);
+    for (;;) {
+        G.cv.wait(lk, [&] { return G.quit || !G.jobs.empty(); });
+        if (G.jobs.empty()) return;  // quit, with nothing left
+        GradientStage::Job job = std::move(G.jobs.front());
+        G.jobs.pop_front();
+        G.working = true;
+        const bool failed = G.error != nullptr;
+        lk.unlock();
+        std::exception_ptr e;
+        try {
+            dev.synchronize(job.copied);
+            if (!failed) {
+                const auto host = G.staging.bytes().subspan(job.buffer * G.slot, job.count * 4);
+                store.put_gradient(job.tensor,
+                                   std::span<const float>(reinterpret_cast<const float*>(host.data()), job.count));
+            }
+        } catch (...) {
+            e = std::current_exception();
+        }
+        lk.lock();
+        if (e && !G.error) G.error = e;
+        G.busy[job.buffer] = false;
+        G.working = false;
+        ++G.handed;
+        G.cv.notify_all();
+    }
+}
+
+void Impl::drain_handovers() noexcept {
+    auto& G = gradients;
+    std::unique_lock lk(G.mu);
+    G.cv.wait(lk, [&] { return G.jobs.empty() && !G.working; });
 }
 
 // See RefreshStage. A piece's last copy is waited for by polling, not by
@@ -623,6 +692,7 @@ void InfinityEngine::begin(bool train) {
     I.trace.pos = I.trace.pf_next = 0;
     I.fetch.ahead_bytes = 0;
     I.fetch.stall_ns = 0;
+    I.gradients.staging_wait_ns = 0;
     I.st = {};
     I.ring.places.reset_peak();
     I.trace.replay = !I.trace.order[train].empty();
@@ -642,6 +712,14 @@ void InfinityEngine::end() {
         } catch (...) {
             if (!failed) failed = std::current_exception();
         }
+    // Every gradient handed over (or the first hand-over's error).
+    I.drain_handovers();
+    {
+        std::lock_guard lk(I.gradients.mu);
+        if (!failed && I.gradients.error) failed = I.gradients.error;
+        I.gradients.error = nullptr;
+    }
+    I.st.staging_wait_seconds = static_cast<double>(I.gradients.staging_wait_ns) / 1e9;
     if (!failed && (!I.fetch.current.empty()))
         failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
     if (!failed && (I.trace.order[I.train].empty() || I.trace.diverged))
