@@ -770,6 +770,47 @@ BOOST_AUTO_TEST_CASE(a_step_copies_no_pageable_memory) {
     BOOST_TEST(dev->pageable_copies() == before + 1);
 }
 
+// The step record's traffic: every byte fetched from the cpu tier and
+// the batch went host to device, every gradient partition and the losses
+// device to host; the gpu tier fetches nothing from the host, and its
+// update runs on the device (optimizer_host_s 0), the cpu tier's on the
+// host.
+BOOST_AUTO_TEST_CASE(the_step_record_counts_host_device_traffic) {
+    const std::uint64_t s = fresh_seed("h2d d2h");
+    const auto tokens = make_tokens(s, 97, 4 * kB * kT + 1);
+    Rig rig;
+    for (Tier t : {Tier::gpu, Tier::cpu}) {
+        const std::string what = shard::tier_name(t);
+        Run run(rig, lay(DType::fp32, t, t, s), kGPT);
+        auto self = self_comm();
+        auto dev = device_of();
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        train::Trainer tr(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        tr.step(loader);
+        const train::StepLog log = tr.step(loader);
+        std::uint64_t params = 0;
+        for (const auto& x : run.m.tensors) params += x.numel;
+        const std::uint64_t batch = 2 * kB * kT * 4;  // inputs and targets, int32
+        BOOST_TEST(log.fetched_bytes[1] == (t == Tier::cpu ? log.fetched_bytes[1] : 0u), what);
+        // Gradients out (fp32, every element), the losses (fp32 a token).
+        BOOST_TEST(log.d2h_bytes == params * 4 + kB * kT * 4, what << ": d2h " << log.d2h_bytes);
+        if (t == Tier::cpu) {
+            BOOST_TEST(log.fetched_bytes[1] > 0u, what);
+            BOOST_TEST(log.h2d_bytes == log.fetched_bytes[1] + batch, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.optimizer_host_seconds > 0, what);
+        } else {
+            // The batch, and the gradients (fp32) put on the host, copied to
+            // the device's AdamW in one span (with the layout's alignment gaps).
+            const std::uint64_t gaps = run.m.tensors.size() * run.m.opts.alignment;
+            BOOST_TEST(log.h2d_bytes >= batch + params * 4, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.h2d_bytes <= batch + params * 4 + gaps, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.optimizer_host_seconds == 0, what);
+            BOOST_TEST(log.optimizer_update_seconds > 0, what);
+        }
+        BOOST_TEST(log.d2h_stall_seconds >= 0, what);
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================

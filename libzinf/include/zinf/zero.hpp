@@ -229,6 +229,7 @@ struct StepReport {
     // what the pipeline did not hide is the two waits.
     bool pending = false;
     double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
+    bool device_update = false;      // the update ran on the device (OptimizerOptions::device), not the host
 };
 
 // The memory one rank may spare for the optimizer's read-ahead by default:

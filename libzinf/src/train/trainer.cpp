@@ -185,6 +185,7 @@ void Trainer::Impl::floors(StepLog& log) const {
         0.0, log.forward_seconds + log.backward_seconds - log.stall_seconds - log.update_waited_seconds);
     const double floor = std::max(log.compute_floor_seconds, log.disk_floor_seconds);
     if (floor > 0) log.step_floor_ratio = log.seconds / floor;
+    log.optimizer_hidden_seconds = log.optimizer_overlap_seconds + log.update_overlap_seconds;
 }
 
 // The engine the trainer's options ask for: the optimizer's hyperparameters
@@ -353,6 +354,7 @@ std::uint64_t Trainer::device_need() const { return impl_->engine->device_need()
 // What the engine's update adds to a step's log (pipelined: once settled).
 static void update_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_redo = r.redo;
+    log.optimizer_host_seconds = r.device_update ? 0.0 : r.update_seconds;
     log.optimizer_read_bytes = r.bytes_read;
     log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
     log.grad_scratch_read_bytes = r.grad_bytes_read;
@@ -374,6 +376,7 @@ static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::P
     if (!r.pending) update_fields(log, r);
     std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
     log.stall_seconds = st.stall_seconds;
+    log.d2h_stall_seconds = st.staging_wait_seconds;
     log.collectives = st.collectives;
     log.device_peak_bytes = st.device_peak;
     log.trace_diverged = st.diverged;
@@ -408,6 +411,7 @@ StepLog Trainer::step(const data::Loader& train) {
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
     Timer total;
+    const std::uint64_t h2d0 = dev.h2d_bytes(), d2h0 = dev.d2h_bytes();
 
     // Forward: the batch in, the per-token losses and the logits' gradient
     // out; backward, the engine handing every gradient to the optimizer.
@@ -485,6 +489,8 @@ StepLog Trainer::step(const data::Loader& train) {
     log.peak_rss_bytes = peak_resident_bytes();
 
     log.seconds = total.seconds();
+    log.h2d_bytes = dev.h2d_bytes() - h2d0;
+    log.d2h_bytes = dev.d2h_bytes() - d2h0;
     I.disk_floor(log, st.activation_read_bytes, st.activation_written_bytes);
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
     log.tokens_per_s = static_cast<double>(log.tokens) / log.seconds;

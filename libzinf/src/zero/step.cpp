@@ -526,6 +526,7 @@ void Impl::finish_report(StepReport& rep, double loss_scale) {
     rep.chunk_bytes = piece_bytes;
     rep.readahead_bytes = totals.readahead;
     rep.readahead_used_bytes = totals.readahead_used;
+    rep.device_update = on_device;
     next_step(loss_scale);
     rep.step = step;
 }
