@@ -118,7 +118,7 @@ struct StepLog {
     // over the step's seconds as GB/s (h2d_gbps, d2h_gbps: the rate the
     // step kept up, not the link's); the compute's wait on each: h2d_stall
     // is stall_seconds (parameters not there yet), d2h_stall_seconds the
-    // backward waiting for a free buffer of the gradients' staging ring.
+    // gradients' copies waiting for a free buffer of their staging ring.
     std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
     double d2h_stall_seconds = 0;
     // The optimizer's work on the host's cores (its AdamW, 0 when the

@@ -573,9 +573,9 @@ struct InfinityStats {
     // reduce-scatters of gradients (0 at dp 1).
     std::uint64_t collectives = 0;
     double stall_seconds = 0;          // compute waiting for parameters
-    // The backward's caller waiting for a free buffer of the gradients'
-    // staging ring (every one still on its way to the optimizer): the
-    // hand-over's stall.
+    // The d2h stream waiting for a free buffer of the gradients' staging
+    // ring (every one still on its way to the optimizer): the hand-over's
+    // stall.
     double staging_wait_seconds = 0;
     std::uint64_t device_peak = 0;     // the arena's peak use (bytes)
     bool diverged = false;             // a module ran out of trace order

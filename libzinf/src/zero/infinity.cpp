@@ -480,27 +480,36 @@ void Impl::hand_over(const Module& mod) {
     dev.wait(*d2h, dev.record(*coll));
     auto& G = gradients;
     for (const Out& o : outs) {
-        const std::size_t i = G.next;
-        G.next = (G.next + 1) % GradientStage::kStaging;
-        {
-            std::unique_lock lk(G.mu);
-            if (G.busy[i]) {
+        const std::uint64_t n = G.tickets++;
+        const std::size_t i = n % GradientStage::kStaging;
+        if (n >= GradientStage::kStaging)
+            dev.host(*d2h, [&G, need = n - GradientStage::kStaging + 1] {
+                std::unique_lock lk(G.mu);
+                if (G.handed >= need) return;
                 const auto t0 = std::chrono::steady_clock::now();
-                G.cv.wait(lk, [&] { return !G.busy[i]; });
+                G.cv.wait(lk, [&] { return G.handed >= need; });
                 G.staging_wait_ns += static_cast<std::uint64_t>(
-                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-                        .count());
-            }
-            G.busy[i] = true;
-        }
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+            });
         const auto host = G.staging.bytes().subspan(i * G.slot, o.count * 4);
-        dev.copy(*d2h, host, o.src);
-        GradientStage::Job job{dev.record(*d2h), i, o.tensor, o.count};
-        {
-            std::lock_guard lk(G.mu);
-            G.jobs.push_back(std::move(job));
+        GradientStage::Job job{{}, i, o.tensor, o.count};
+        // Every ticket reaches the worker, or the stream's later waits for it never end.
+        auto queue = [&] {
+            {
+                std::lock_guard lk(G.mu);
+                G.jobs.push_back(std::move(job));
+            }
+            G.cv.notify_all();
+        };
+        try {
+            dev.copy(*d2h, host, o.src);
+            job.copied = dev.record(*d2h);
+        } catch (...) {
+            job.dropped = true;
+            queue();
+            throw;
         }
-        G.cv.notify_all();
+        queue();
     }
 }
 
@@ -519,8 +528,8 @@ void Impl::handover_loop() {
         lk.unlock();
         std::exception_ptr e;
         try {
-            dev.synchronize(job.copied);
-            if (!failed) {
+            if (!job.dropped) dev.synchronize(job.copied);
+            if (!failed && !job.dropped) {
                 const auto host = G.staging.bytes().subspan(job.buffer * G.slot, job.count * 4);
                 store.put_gradient(job.tensor,
                                    std::span<const float>(reinterpret_cast<const float*>(host.data()), job.count));
@@ -530,7 +539,6 @@ void Impl::handover_loop() {
         }
         lk.lock();
         if (e && !G.error) G.error = e;
-        G.busy[job.buffer] = false;
         G.working = false;
         ++G.handed;
         G.cv.notify_all();
@@ -719,7 +727,7 @@ void InfinityEngine::end() {
         if (!failed && I.gradients.error) failed = I.gradients.error;
         I.gradients.error = nullptr;
     }
-    I.st.staging_wait_seconds = static_cast<double>(I.gradients.staging_wait_ns) / 1e9;
+    I.st.staging_wait_seconds = static_cast<double>(I.gradients.staging_wait_ns.load()) / 1e9;
     if (!failed && (!I.fetch.current.empty()))
         failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
     if (!failed && (I.trace.order[I.train].empty() || I.trace.diverged))

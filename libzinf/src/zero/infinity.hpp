@@ -292,34 +292,36 @@ struct InfinityEngine::Impl {
     // copy goes on the d2h stream into the next buffer, and a host worker of
     // the engine's own (not a stream: put_gradient blocks, writes files and
     // may throw) waits for the copy's event and hands it to the store, in
-    // the order they were queued, then frees the buffer. The next copy into
-    // a buffer is queued only once its last hand-over is done: the caller
-    // waits (`staging_wait_ns`) when every buffer is still on its way. So a
-    // slow hand-over holds up neither the d2h stream nor the next copies
-    // while a buffer is free, and never sees its bytes overwritten. The
-    // worker's first error is the pass's (end()); what is queued after it
-    // is dropped, its buffers freed.
+    // the order they were queued, then frees the buffer. The copies are
+    // numbered (tickets, in queue order; buffer = ticket mod kStaging): the
+    // d2h stream waits, before the copy of ticket n, until the hand-overs
+    // before n - kStaging + 1 are done (a wait of its own, timed in
+    // `staging_wait_ns`; the backward's caller never waits, so the launches
+    // stay ahead of the device). So a slow hand-over holds up neither the
+    // d2h stream nor the next copies while a buffer is free, and never sees
+    // its bytes overwritten. The worker's first error is the pass's
+    // (end()); what is queued after it is dropped, its buffers freed.
     struct GradientStage {
         static constexpr std::size_t kStaging = 3;
         mem::Pinned staging;  // host: kStaging buffers of `slot` bytes
         std::uint64_t slot = 0;
-        std::size_t next = 0;  // the buffer the next copy takes
         struct Job {
             device::Event copied;
             std::size_t buffer;
             std::size_t tensor;
             std::uint64_t count;
+            bool dropped = false;  // its copy was never queued: only counted
         };
         std::thread worker;
         std::mutex mu;
         std::condition_variable cv;
         std::deque<Job> jobs;          // queued, not yet handed over
-        bool busy[kStaging] = {};      // a copy or hand-over holds it
+        std::uint64_t tickets = 0;     // copies queued, this run
+        std::uint64_t handed = 0;      // hand-overs done (or dropped), in ticket order
         bool working = false;          // the worker is handing one over
         bool quit = false;
         std::exception_ptr error;      // the first hand-over that failed
-        std::uint64_t staging_wait_ns = 0;  // the caller waiting for a free buffer, this pass
-        std::uint64_t handed = 0;           // hand-overs done, this run (tests)
+        std::atomic<std::uint64_t> staging_wait_ns{0};  // the d2h stream waiting for a free buffer, this pass
         std::deque<std::pair<device::Event, std::uint64_t>> handovers;
         std::uint64_t handover_bytes = 0;
         std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
