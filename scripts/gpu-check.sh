@@ -549,7 +549,7 @@ infinity_model() {
         retier "$state/manifest.jsonl" "${tiers[0]}" "${tiers[1]}"
         step=$((step + 3))
         local args=(--device "$infinity_device" --manifest "$state/manifest.jsonl" --text "$text" --resume --steps "$step"
-            --batch "$b" --seq 1024 --precision bf16 --lr 1e-4 --pinned 4GiB --json "${cfg[@]}")
+            --batch "$b" --seq 1024 --precision bf16 --lr 1e-4 --pinned 2GiB --json "${cfg[@]}")
         if [[ $p == cpu ]]; then
             # What the run needs at least, from its refusal of a budget too small.
             local need
