@@ -33,6 +33,11 @@
 #
 # Options of --from: --quick (tests only), --budget SECONDS (the whole run;
 # each step's limit scales with it, for slower machines),
+# --infinity with|none|only (the ZeRO-Infinity runs with the rest, the
+# default; none of them; or only them, with the llama1b profile and
+# zinf-pinstress their plan reads: the check in two commands where one
+# command may not run 12 minutes, e.g. --infinity none --budget 420, then
+# --infinity only --budget 330, 13 minutes with the lease's start),
 # --cpu-suites "test_util test_io ..." (the CPU unit suites; "none" for none),
 # --jobs N (make -j; every core by default).
 # Exit: 0 every step passed or was skipped and a GPU step ran; 1 a step
@@ -424,6 +429,11 @@ run_profiles() {
         say "no jq: the profiles run, but summary.txt gets no line of theirs"
     fi
     local t=(--seq 1024 --bench-steps 2)
+    if [[ $infinity == only ]]; then  # the GEMM rate the ZeRO-Infinity plan reads
+        for s in $profile_names; do [[ $s == profile/llama1b-bf16 ]] || record "$s" skip 0 "--infinity only"; done
+        run_profile profile/llama1b-bf16 45 --bench-model llama-3.2-1b --batch 4 --precision bf16 "${t[@]}"
+        return 0
+    fi
     run_profile profile/gpt2-fp32-b4 30 --bench-model gpt2-124m --batch 4 "${t[@]}"
     run_profile profile/gpt2-fp32-b16 35 --bench-model gpt2-124m --batch 16 "${t[@]}"
     run_profile profile/gpt2-bf16-b4 25 --bench-model gpt2-124m --batch 4 --precision bf16 "${t[@]}"
@@ -928,7 +938,9 @@ do_from() {
 
     # The GPU tests.
     local cuda_test=$root/build/tests/test_cuda ran_cuda_test=0
-    if [[ ! -f $root/tests/unit/test_cuda.cpp ]]; then
+    if [[ $infinity == only ]]; then
+        record gpu/test_cuda skip 0 "--infinity only"
+    elif [[ ! -f $root/tests/unit/test_cuda.cpp ]]; then
         record gpu/test_cuda skip 0 "no tests/unit/test_cuda.cpp in this tree"
     elif [[ ! -x $cuda_test ]]; then
         record gpu/test_cuda fail 0 "tests/unit/test_cuda.cpp exists but the build made no build/tests/test_cuda"
@@ -938,7 +950,9 @@ do_from() {
         run_boost gpu/test_cuda 120 "$cuda_test"
         ran_cuda_test=1
     fi
-    if [[ ! -f $root/tests/e2e/cuda.sh ]]; then
+    if [[ $infinity == only ]]; then
+        record gpu/e2e-cuda skip 0 "--infinity only"
+    elif [[ ! -f $root/tests/e2e/cuda.sh ]]; then
         record gpu/e2e-cuda skip 0 "no tests/e2e/cuda.sh in this tree"
     elif [[ -z $gpu ]]; then
         record gpu/e2e-cuda skip 0 "$no_gpu"
@@ -966,8 +980,8 @@ do_from() {
     fi
 
     # The CPU suites: a quick set, so a broken host build shows.
-    if [[ $cpu_suites == none ]]; then
-        record cpu/unit skip 0 "--cpu-suites none"
+    if [[ $cpu_suites == none || $infinity == only ]]; then
+        record cpu/unit skip 0 "--cpu-suites none or --infinity only"
     else
         local suites=() s
         for s in $cpu_suites $( ((ran_cuda_test)) || echo test_cuda); do
@@ -998,15 +1012,25 @@ do_from() {
         else
             run_bench bench/pinstress 30 "$pin" --device cuda --seconds 5s --json
         fi
-        run_infinity
-        if [[ -f $root/tests/unit/test_cuda.cpp ]]; then
+        if [[ $infinity == none ]]; then
+            local s
+            for s in $(infinity_names); do record "$s" skip 0 "--infinity none"; done
+        else
+            run_infinity
+        fi
+        if [[ $infinity == only ]]; then
+            record gpu/memcheck skip 0 "--infinity only"
+            record gpu/racecheck skip 0 "--infinity only"
+        elif [[ -f $root/tests/unit/test_cuda.cpp ]]; then
             run_sanitizer memcheck 75
             run_sanitizer racecheck 75
         else
             record gpu/memcheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
             record gpu/racecheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
         fi
-        if [[ -z $gpu ]]; then
+        if [[ $infinity == only ]]; then
+            record bench/commbench-nccl skip 0 "--infinity only"
+        elif [[ -z $gpu ]]; then
             record bench/commbench-nccl skip 0 "$no_gpu"
         else
             if ! have_option "$cb" nccl; then
@@ -1024,7 +1048,7 @@ do_from() {
 }
 
 # --- options ------------------------------------------------------------------
-mode='' dir='' out='' quick=0 budget='' cpu_suites=$default_cpu_suites jobs=$(nproc)
+mode='' dir='' out='' quick=0 budget='' cpu_suites=$default_cpu_suites jobs=$(nproc) infinity=with
 while (($#)); do
     case $1 in
     -h | --help) usage; exit 0 ;;
@@ -1035,6 +1059,7 @@ while (($#)); do
     --budget) need_value "$@"; budget=$2; shift ;;
     --cpu-suites) need_value "$@"; cpu_suites=$2; shift ;;
     --jobs) need_value "$@"; jobs=$2; shift ;;
+    --infinity) need_value "$@"; infinity=$2; shift ;;
     *) usage_error "unknown argument '$1'" ;;
     esac
     shift
@@ -1052,6 +1077,7 @@ from)
     budget=${budget:-$default_budget}
     [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds"
     [[ $jobs =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs takes a positive number"
+    [[ $infinity =~ ^(with|none|only)$ ]] || usage_error "--infinity takes with, none or only"
     do_from "$dir" "$out"
     ;;
 *) usage_error "say --bundle DIR or --from DIR --out RESULTS" ;;
