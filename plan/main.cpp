@@ -169,6 +169,12 @@ void human(const plan::Report& r, const plan::Hardware& h) {
         }
         row("batch_for_target", r.batch_for_target ? std::to_string(r.batch_for_target) : "none",
             "per device, for both parameter and optimizer efficiency");
+        char v[160] = "the step's time is unknown";
+        if (r.placement->offload_ratio > 0)
+            std::snprintf(v, sizeof v, "per device: its step within %.0f%% of all on the GPU's (now %.2fx at batch %llu)",
+                          plan::kOffloadOverhead * 100, r.placement->offload_ratio,
+                          static_cast<unsigned long long>(w.batch));
+        row("offload_batch", r.placement->offload_batch ? std::to_string(r.placement->offload_batch) : "none", v);
     }
     row("tile", r.tile ? std::to_string(r.tile) : "none",
         h.gpu_bytes ? "the smallest factor whose MSWM fits the largest device block" : "no GPU memory given");

@@ -16,21 +16,28 @@
 #       quick set of CPU unit suites and, unless --quick, the step profiles at
 #       the sizes people train at (zinf-train --bench --profile: GPT-2 124M at
 #       T 1024, B 4 and 16, fp32 and bf16; smollm-135m and llama-3.2-1b bf16
-#       at T 1024), compute-sanitizer's memcheck and racecheck over test_cuda
-#       and the other GPU benchmarks that the programs offer (zinf-pinstress,
-#       zinf-commbench --backend nccl). Writes RESULTS/log.txt (everything,
+#       at T 1024), zinf-pinstress --device cuda, ZeRO-Infinity at a real
+#       size (llama-3.2-1b and gpt2-1.5b in four placements at the batch
+#       zinf-plan names: run_infinity), compute-sanitizer's memcheck and
+#       racecheck over test_cuda and zinf-commbench --backend nccl. Writes RESULTS/log.txt (everything,
 #       each profile's whole table), RESULTS/results.jsonl (one record per
 #       step: name, status pass|fail|skip, seconds, reason, figures: a
 #       profile's zinf.train-bench/1 and zinf.profile/1 records) and
 #       RESULTS/summary.txt (a profile's line: model FLOP/s as a share of the
 #       GEMM rate of the same run, its top rows, its GEMM against its own
-#       shapes alone). Every step has its own time limit inside the budget
-#       (480 s, --quick 240 s); a step that cannot run is skipped with the
+#       shapes alone; a ZeRO-Infinity run's: tokens/s against all on the
+#       GPU, the plan's step, the stalls). Every step has its own time limit inside the budget
+#       (720 s, --quick 240 s); a step that cannot run is skipped with the
 #       reason.
 #   scripts/gpu-check.sh --help
 #
 # Options of --from: --quick (tests only), --budget SECONDS (the whole run;
 # each step's limit scales with it, for slower machines),
+# --infinity with|none|only (the ZeRO-Infinity runs with the rest, the
+# default; none of them; or only them, with the llama1b profile and
+# zinf-pinstress their plan reads: the check in two commands where one
+# command may not run 12 minutes, e.g. --infinity none --budget 420, then
+# --infinity only --budget 330, 13 minutes with the lease's start),
 # --cpu-suites "test_util test_io ..." (the CPU unit suites; "none" for none),
 # --jobs N (make -j; every core by default).
 # Exit: 0 every step passed or was skipped and a GPU step ran; 1 a step
@@ -229,7 +236,7 @@ json_str() {  # a JSON string of $1
 }
 
 n_pass=0 n_fail=0 n_skip=0 gpu_ran=0 summary_written=0
-summary_rows=() profile_notes=()
+summary_rows=() profile_notes=() infinity_notes=()
 # record NAME STATUS SECONDS REASON [FIGURES]: one line of results.jsonl and of
 # the summary; FIGURES is a JSON object.
 record() {
@@ -422,12 +429,190 @@ run_profiles() {
         say "no jq: the profiles run, but summary.txt gets no line of theirs"
     fi
     local t=(--seq 1024 --bench-steps 2)
+    if [[ $infinity == only ]]; then  # the GEMM rate the ZeRO-Infinity plan reads
+        for s in $profile_names; do [[ $s == profile/llama1b-bf16 ]] || record "$s" skip 0 "--infinity only"; done
+        run_profile profile/llama1b-bf16 45 --bench-model llama-3.2-1b --batch 4 --precision bf16 "${t[@]}"
+        return 0
+    fi
     run_profile profile/gpt2-fp32-b4 30 --bench-model gpt2-124m --batch 4 "${t[@]}"
     run_profile profile/gpt2-fp32-b16 35 --bench-model gpt2-124m --batch 16 "${t[@]}"
     run_profile profile/gpt2-bf16-b4 25 --bench-model gpt2-124m --batch 4 --precision bf16 "${t[@]}"
     run_profile profile/gpt2-bf16-b16 30 --bench-model gpt2-124m --batch 16 --precision bf16 "${t[@]}"
     run_profile profile/smollm-bf16 25 --bench-model smollm-135m --batch 4 --precision bf16 "${t[@]}"
     run_profile profile/llama1b-bf16 45 --bench-model llama-3.2-1b --batch 4 --precision bf16 "${t[@]}"
+}
+
+# ZeRO-Infinity at a real size (issue 44): llama-3.2-1b and gpt2-1.5b,
+# bf16, T 1024, at the batch zinf-plan names (the offload_batch of
+# param=cpu,optim=cpu: the first batch at which its predicted step is within
+# 10% of all on the GPU's, from this run's own figures: the llama1b
+# profile's GEMM rate, bench/pinstress's host <-> device copies and
+# bench/nvmebench's disk), kept within 4..16 so that a step stays a few
+# seconds; in four placements, each run training on from the one before on
+# the same state:
+#   gpu       parameters and optimizer state on the GPU (the device's AdamW)
+#   optim-cpu parameters on the GPU, the optimizer state on the CPU
+#   cpu       both on the CPU, --device-memory 1 GiB past what the run needs
+#             at least (zinf-train's refusal names it: far below the model)
+#   nvme      both on NVMe, the state in two generations on this disk
+# Each run: 3 steps (the first records the fetch order; the medians of the
+# other two are the figures), its tokens/s beside the gpu run's, zinf-plan's
+# step for the placement at that batch, and the step record's stalls
+# (h2d_stall_s, d2h_stall_s) and the optimizer's host and hidden seconds,
+# one line each in summary.txt.
+# Time: the state is made once per model (zinf-shard init: 17 GB for
+# llama-3.2-1b, 22 GB for gpt2-1.5b, about 15 s on the first H200 host's
+# disk) and re-tiered for the next placement by rewriting the manifest's
+# tiers with jq (the layout's offsets and files do not depend on the tier:
+# tests/e2e/gpucheck.sh checks it), not written again; it is removed
+# before the next model so that two generations of the larger one fit the
+# 64 GiB disk. A step at B 8 is about 1-3 s of compute on the H200 and the
+# nvme step about 40 GB of disk traffic (10-15 s): caps of 40 s a state and
+# 45 s a run (the nvme run 75 s), 430 s at most for both models, 250 s
+# expected. With the budget's 720 s (startup and the copies to and from the
+# host take 1-2 minutes more: 15 minutes of device time in all) the steps
+# after these (the sanitizers, commbench) get what is left and are skipped
+# with the reason when nothing is; --budget 900 runs them too.
+# (ZINF_GPU_CHECK_MODELS and ZINF_GPU_CHECK_DEVICE replace the models and
+# --device cuda, to try these steps' host side with tiny models on the cpu
+# backend.)
+infinity_models=${ZINF_GPU_CHECK_MODELS:-llama-3.2-1b gpt2-1.5b}
+infinity_device=${ZINF_GPU_CHECK_DEVICE:-cuda}
+infinity_placements="gpu optim-cpu cpu nvme"
+infinity_names() {
+    local m p
+    for m in $infinity_models; do for p in $infinity_placements; do echo "infinity/$m-$p"; done; done
+}
+# retier MANIFEST PARAM OPTIM: the same state under other tiers.
+retier() {
+    jq -c --arg p "$2" --arg o "$3" \
+        'if has("schema") then .param_tier = $p | .optim_tier = $o | .grad_tier = $o
+         else .tier = (if .state == "param" then $p else $o end) end' "$1" >"$1.new" && mv "$1.new" "$1"
+}
+tiers_of() { # PLACEMENT -> "PARAM OPTIM"
+    case $1 in gpu) echo "gpu gpu" ;; optim-cpu) echo "gpu cpu" ;; cpu) echo "cpu cpu" ;; nvme) echo "nvme nvme" ;; esac
+}
+run_infinity() {
+    local s m
+    if [[ -z $gpu ]]; then
+        for s in $(infinity_names); do record "$s" skip 0 "$no_gpu"; done
+        return 0
+    fi
+    local why=
+    [[ -x $root/bin/zinf-shard && -x $root/bin/zinf-plan && -x $root/bin/zinf-nvmebench ]] ||
+        why="zinf-shard, zinf-plan or zinf-nvmebench was not built"
+    [[ -z $why ]] && ! have_option "$root/bin/zinf-train" --device-memory && why="zinf-train's --help names no --device-memory"
+    [[ -z $why ]] && ! command -v jq >/dev/null && why="no jq (the runs' records are read with it)"
+    if [[ -n $why ]]; then
+        for s in $(infinity_names); do record "$s" skip 0 "$why"; done
+        return 0
+    fi
+    local work=$root/build/gpu-check-state
+    rm -rf -- "$work"
+    mkdir -p "$work"
+    # The plan's inputs: the GEMM rate (the llama profile's step record),
+    # the host <-> device copies (bench/pinstress), the disk.
+    run_bench bench/nvmebench 30 "$root/bin/zinf-nvmebench" --dir "$work" --size 1GiB -b 1MiB -d 32 -Q 2 --best -q
+    local best=$tmp/bench-nvmebench.out records=$work/gpu-records.jsonl
+    grep -h '^{' "$tmp/profile-llama1b-bf16.out" "$tmp/bench-pinstress.out" 2>/dev/null >"$records" || true
+    local rd wr
+    rd=$(grep '^{' "$best" 2>/dev/null | jq -s '.[-1].read_gibps * 1.073741824 // empty' 2>/dev/null || true)
+    wr=$(grep '^{' "$best" 2>/dev/null | jq -s '.[-1].write_gibps * 1.073741824 // empty' 2>/dev/null || true)
+    local cfg=() disk=()
+    if [[ -n $rd && -n $wr ]]; then
+        grep '^{' "$best" | tail -n 1 >"$work/best.json"
+        cfg=(--config "$work/best.json")
+        disk=(--bw-nvme-read "$rd" --bw-nvme-write "$wr")
+    fi
+    local text=$work/text.txt
+    cat "$root"/docs/*.md "$root"/README.md >"$text"
+    for m in $infinity_models; do infinity_model "$m"; done
+    rm -rf -- "$work"
+}
+# infinity_model MODEL: its state, its batch from the plan, the four runs.
+infinity_model() {
+    local m=$1 state=$work/$1 p
+    local names=()
+    for p in $infinity_placements; do names+=("infinity/$m-$p"); done
+    step_limit 40 || { for s in "${names[@]}"; do record "$s" skip 0 "$no_time"; done; return 0; }
+    banner "infinity/$m state" "$limit"
+    run_timed "$limit" "$tmp/init-$m.out" bash -c '"$1" layout --model "$2" --param gpu --optim gpu | "$3" init --dir "$4" >/dev/null' \
+        _ "$root/bin/zinf-shard" "$m" "$root/bin/zinf-shard" "$state"
+    if ((rc != 0)); then
+        for s in "${names[@]}"; do record "$s" fail "$secs" "zinf-shard init of $m: exit $rc: $(tail -n 1 "$tmp/init-$m.out")"; done
+        rm -rf -- "$state"
+        return 0
+    fi
+    local plan=(--model "$m" --seq 1024 --param-dtype bf16 --grad-dtype fp32 --bench "$records" "${disk[@]}" --json)
+    local b
+    b=$("$root/bin/zinf-plan" "${plan[@]}" --batch 1 2>/dev/null |
+        jq -r '.placements[] | select(.placement == "param=cpu,optim=cpu") | .offload_batch // empty' || true)
+    local named=${b:-none}
+    [[ $b =~ ^[0-9]+$ ]] || b=8
+    ((b < 4)) && b=4
+    ((b > 16)) && b=16
+    "$root/bin/zinf-plan" "${plan[@]}" --batch "$b" >"$work/plan-$m.json" 2>/dev/null || true
+    local gpu_tps='' step=0
+    for p in $infinity_placements; do
+        local name=infinity/$m-$p tiers
+        read -r -a tiers <<<"$(tiers_of "$p")"
+        retier "$state/manifest.jsonl" "${tiers[0]}" "${tiers[1]}"
+        step=$((step + 3))
+        local args=(--device "$infinity_device" --manifest "$state/manifest.jsonl" --text "$text" --resume --steps "$step"
+            --batch "$b" --seq 1024 --precision bf16 --lr 1e-4 --pinned 2GiB --json "${cfg[@]}")
+        if [[ $p == cpu ]]; then
+            # What the run needs at least, from its refusal of a budget too small.
+            local need
+            need=$("$root/bin/zinf-train" "${args[@]}" --device-memory 64MiB 2>&1 >/dev/null |
+                grep -o 'at least [0-9]* bytes' | head -n 1 | grep -o '[0-9]*' || true)
+            if [[ -z $need ]]; then
+                record "$name" fail 0 "zinf-train did not name the device memory it needs at least"
+                step=$((step - 3))
+                continue
+            fi
+            args+=(--device-memory "$((need + 1073741824))")
+        fi
+        local cap=45
+        [[ $p == nvme ]] && cap=75
+        step_limit "$cap" || { record "$name" skip 0 "$no_time"; step=$((step - 3)); continue; }
+        banner "$name" "$limit"
+        local f=$tmp/${name//\//-}.out
+        run_timed "$limit" "$f" "$root/bin/zinf-train" "${args[@]}"
+        if timed_out || ((rc != 0)); then
+            record "$name" fail "$secs" "$(timed_out && echo "timed out after $limit s" || echo "exit $rc"): $(grep -v '^{' "$f" | tail -n 1)"
+            # The state is where the failed run left it: the next placement starts from its manifest.
+            step=$(jq -r 'select(has("schema") | not) | .step' "$state/manifest.jsonl" 2>/dev/null | head -n 1 || echo "$step")
+            continue
+        fi
+        local fig
+        fig=$(grep '^{' "$f" | jq -s -c --arg p "$p" --argjson b "$b" --slurpfile plan "$work/plan-$m.json" \
+            --arg tiers "param=${tiers[0]},optim=${tiers[1]}" '
+            def med(k): map(k) | sort | .[length / 2 | floor];
+            (map(select(.schema == "zinf.train/1")) | sort_by(.step)) as $all
+            | (if ($all | length) > 1 then $all[1:] else $all end) as $t
+            | {placement: $p, batch: $b, steps: ($t | length),
+               tokens_per_s: ($t | med(.tokens_per_s)), step_s: ($t | med(.step_s)),
+               h2d_stall_s: ($t | med(.h2d_stall_s // 0)), d2h_stall_s: ($t | med(.d2h_stall_s // 0)),
+               h2d_gbps: ($t | med(.h2d_gbps // 0)), d2h_gbps: ($t | med(.d2h_gbps // 0)),
+               optimizer_host_s: ($t | med(.optimizer_host_s // 0)), optimizer_hidden_s: ($t | med(.optimizer_hidden_s // 0)),
+               step_floor_ratio: ($t | med(.step_floor_ratio // 0)),
+               plan_step_s: (($plan[0].placements // [])[] | select(.placement == $tiers) | .step_s)}' 2>/dev/null || true)
+        if [[ -z $fig ]]; then
+            record "$name" fail "$secs" "no step records in its output"
+            continue
+        fi
+        local tps
+        tps=$(jq -r '.tokens_per_s' <<<"$fig")
+        [[ $p == gpu ]] && gpu_tps=$tps
+        record "$name" pass "$secs" "batch $b (plan: $named), $(printf '%.0f' "$tps") tokens/s" "$fig"
+        infinity_notes+=("$(jq -r --arg n "$m $p" --arg g "${gpu_tps:-}" '
+            def r(d): . * d | round / d;
+            "\($n | .[0:22] | . + " " * (22 - length)) B \(.batch) \(.tokens_per_s | round) tok/s"
+            + (if $g != "" then " (\(.tokens_per_s / ($g | tonumber) | r(100))x gpu)" else "" end)
+            + " step \(.step_s | r(1000)) s, plan \(if .plan_step_s == null then "unknown" else (.plan_step_s | r(1000) | tostring) + " s" end)"
+            + " | stall h2d \(.h2d_stall_s | r(1000)) d2h \(.d2h_stall_s | r(1000)) s | optimizer host \(.optimizer_host_s | r(1000)) hidden \(.optimizer_hidden_s | r(1000)) s"' <<<"$fig")")
+    done
+    rm -rf -- "$state"
 }
 
 # compute-sanitizer TOOL over test_cuda.
@@ -694,6 +879,11 @@ finish_run() {
             echo "# | the GEMM's rate over its costliest shapes' timed alone"
             printf '%s\n' "${profile_notes[@]}"
         fi
+        if ((${#infinity_notes[@]})); then
+            echo "# ZeRO-Infinity (zinf-train --device cuda, bf16, T 1024, the medians of steps 2-3): tokens/s and"
+            echo "# against all on the GPU | zinf-plan's step for the placement | the step record's stalls"
+            printf '%s\n' "${infinity_notes[@]}"
+        fi
         echo "# $n_pass passed, $n_fail failed, $n_skip skipped in $SECONDS s (budget $budget s): $verdict"
     } >"$out/summary.txt"
     echo
@@ -748,7 +938,9 @@ do_from() {
 
     # The GPU tests.
     local cuda_test=$root/build/tests/test_cuda ran_cuda_test=0
-    if [[ ! -f $root/tests/unit/test_cuda.cpp ]]; then
+    if [[ $infinity == only ]]; then
+        record gpu/test_cuda skip 0 "--infinity only"
+    elif [[ ! -f $root/tests/unit/test_cuda.cpp ]]; then
         record gpu/test_cuda skip 0 "no tests/unit/test_cuda.cpp in this tree"
     elif [[ ! -x $cuda_test ]]; then
         record gpu/test_cuda fail 0 "tests/unit/test_cuda.cpp exists but the build made no build/tests/test_cuda"
@@ -758,7 +950,9 @@ do_from() {
         run_boost gpu/test_cuda 120 "$cuda_test"
         ran_cuda_test=1
     fi
-    if [[ ! -f $root/tests/e2e/cuda.sh ]]; then
+    if [[ $infinity == only ]]; then
+        record gpu/e2e-cuda skip 0 "--infinity only"
+    elif [[ ! -f $root/tests/e2e/cuda.sh ]]; then
         record gpu/e2e-cuda skip 0 "no tests/e2e/cuda.sh in this tree"
     elif [[ -z $gpu ]]; then
         record gpu/e2e-cuda skip 0 "$no_gpu"
@@ -786,8 +980,8 @@ do_from() {
     fi
 
     # The CPU suites: a quick set, so a broken host build shows.
-    if [[ $cpu_suites == none ]]; then
-        record cpu/unit skip 0 "--cpu-suites none"
+    if [[ $cpu_suites == none || $infinity == only ]]; then
+        record cpu/unit skip 0 "--cpu-suites none or --infinity only"
     else
         local suites=() s
         for s in $cpu_suites $( ((ran_cuda_test)) || echo test_cuda); do
@@ -802,30 +996,43 @@ do_from() {
 
     if ((quick)); then
         local s
-        for s in $profile_names gpu/memcheck gpu/racecheck bench/pinstress bench/commbench-nccl; do
+        for s in $profile_names $(infinity_names) gpu/memcheck gpu/racecheck bench/pinstress bench/commbench-nccl; do
             record "$s" skip 0 "--quick runs the tests only"
         done
     else
         run_profiles
-        if [[ -f $root/tests/unit/test_cuda.cpp ]]; then
+        local pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
+        # (zinf-train --bench's fp32 and bf16 records, with activation_bytes
+        # and device_peak_bytes, are the profiles' now, at T 1024.)
+        # The host <-> device copies before ZeRO-Infinity, whose plan reads them.
+        if [[ -z $gpu ]]; then
+            record bench/pinstress skip 0 "$no_gpu"
+        elif ! have_option "$pin" --device; then
+            record bench/pinstress skip 0 "zinf-pinstress has no --device option (its --help names none)"
+        else
+            run_bench bench/pinstress 30 "$pin" --device cuda --seconds 5s --json
+        fi
+        if [[ $infinity == none ]]; then
+            local s
+            for s in $(infinity_names); do record "$s" skip 0 "--infinity none"; done
+        else
+            run_infinity
+        fi
+        if [[ $infinity == only ]]; then
+            record gpu/memcheck skip 0 "--infinity only"
+            record gpu/racecheck skip 0 "--infinity only"
+        elif [[ -f $root/tests/unit/test_cuda.cpp ]]; then
             run_sanitizer memcheck 75
             run_sanitizer racecheck 75
         else
             record gpu/memcheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
             record gpu/racecheck skip 0 "no tests/unit/test_cuda.cpp in this tree"
         fi
-        local pin=$root/bin/zinf-pinstress cb=$root/bin/zinf-commbench
-        # (zinf-train --bench's fp32 and bf16 records, with activation_bytes
-        # and device_peak_bytes, are the profiles' now, at T 1024.)
-        if [[ -z $gpu ]]; then
-            record bench/pinstress skip 0 "$no_gpu"
+        if [[ $infinity == only ]]; then
+            record bench/commbench-nccl skip 0 "--infinity only"
+        elif [[ -z $gpu ]]; then
             record bench/commbench-nccl skip 0 "$no_gpu"
         else
-            if ! have_option "$pin" --device; then
-                record bench/pinstress skip 0 "zinf-pinstress has no --device option (its --help names none)"
-            else
-                run_bench bench/pinstress 30 "$pin" --device cuda --seconds 5s --json
-            fi
             if ! have_option "$cb" nccl; then
                 record bench/commbench-nccl skip 0 "zinf-commbench's --help names no nccl backend"
             else
@@ -841,7 +1048,7 @@ do_from() {
 }
 
 # --- options ------------------------------------------------------------------
-mode='' dir='' out='' quick=0 budget='' cpu_suites=$default_cpu_suites jobs=$(nproc)
+mode='' dir='' out='' quick=0 budget='' cpu_suites=$default_cpu_suites jobs=$(nproc) infinity=with
 while (($#)); do
     case $1 in
     -h | --help) usage; exit 0 ;;
@@ -852,6 +1059,7 @@ while (($#)); do
     --budget) need_value "$@"; budget=$2; shift ;;
     --cpu-suites) need_value "$@"; cpu_suites=$2; shift ;;
     --jobs) need_value "$@"; jobs=$2; shift ;;
+    --infinity) need_value "$@"; infinity=$2; shift ;;
     *) usage_error "unknown argument '$1'" ;;
     esac
     shift
@@ -865,10 +1073,11 @@ from)
     [[ -n $out ]] || usage_error "--from needs --out RESULTS"
     # 420 s of tests, sanitizers and benchmarks before the profiles came;
     # they add 190 s of caps and replace the two 60 s --bench rows: 480.
-    default_budget=$((quick ? 240 : 480))
+    default_budget=$((quick ? 240 : 720))
     budget=${budget:-$default_budget}
     [[ $budget =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds"
     [[ $jobs =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs takes a positive number"
+    [[ $infinity =~ ^(with|none|only)$ ]] || usage_error "--infinity takes with, none or only"
     do_from "$dir" "$out"
     ;;
 *) usage_error "say --bundle DIR or --from DIR --out RESULTS" ;;

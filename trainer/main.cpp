@@ -85,6 +85,14 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["fetched_cpu_bytes"] = s.fetched_bytes[1];
         j["fetched_nvme_bytes"] = s.fetched_bytes[2];
         j["stall_seconds"] = s.stall_seconds;
+        j["h2d_bytes"] = s.h2d_bytes;
+        j["d2h_bytes"] = s.d2h_bytes;
+        j["h2d_gbps"] = s.seconds > 0 ? static_cast<double>(s.h2d_bytes) / s.seconds / 1e9 : 0.0;
+        j["d2h_gbps"] = s.seconds > 0 ? static_cast<double>(s.d2h_bytes) / s.seconds / 1e9 : 0.0;
+        j["h2d_stall_s"] = s.stall_seconds;
+        j["d2h_stall_s"] = s.d2h_stall_seconds;
+        j["optimizer_host_s"] = s.optimizer_host_seconds;
+        j["optimizer_hidden_s"] = s.optimizer_hidden_seconds;
         j["collectives"] = s.collectives;
         j["device_peak_bytes"] = s.device_peak_bytes;
         j["peak_rss_bytes"] = s.peak_rss_bytes;

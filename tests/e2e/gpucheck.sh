@@ -56,6 +56,13 @@ rc=$?
 expect_rc 3 "the whole check on a host without a GPU: exit 3"
 check "…the six step profiles skipped for want of a GPU" bash -c \
   'test "$(jq -s "[.[] | select((.name | startswith(\"profile/\")) and .status == \"skip\" and (.reason | startswith(\"no GPU\")))] | length" "$1/results.jsonl")" = 6' _ "$TMP/r3"
+check "…the eight ZeRO-Infinity runs skipped for want of a GPU" bash -c \
+  'test "$(jq -s "[.[] | select((.name | startswith(\"infinity/\")) and .status == \"skip\" and (.reason | startswith(\"no GPU\")))] | length" "$1/results.jsonl")" = 8' _ "$TMP/r3"
+# Those runs re-tier one state with jq instead of writing it again per
+# placement: the layout's files and offsets do not depend on the tiers.
+untiered() { "$BIN/zinf-shard" layout --model gpt2-124m --param "$1" --optim "$2" | jq -c 'del(.tier, .param_tier, .optim_tier, .grad_tier)'; }
+check "the layout's files and offsets are the same on every tier" bash -c \
+  'test "$1" = "$2" && test "$1" = "$3" && test -n "$1"' _ "$(untiered gpu gpu)" "$(untiered cpu cpu)" "$(untiered nvme nvme)"
 # A host whose nvidia-smi names a GPU, with a zinf-train that prints what a
 # cpu run of --bench --profile --json printed (a tiny model, made here):
 # each profile step passes with its records as figures and puts its line in

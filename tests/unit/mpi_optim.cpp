@@ -473,4 +473,75 @@ BOOST_AUTO_TEST_CASE(write_error_on_one_rank_fails_every_rank) {
     world().barrier();
 }
 
+// The gpu tier updated on the device (OptimizerOptions::device, the cpu
+// backend here) over every rank: through kPhases (clipped, unclipped,
+// skipped for overflow, the norm summed over the ranks), pipelined, each
+// step's norm, clip and overflow and the saved state equal the cpu tier's
+// without the pipeline, to the byte.
+BOOST_AUTO_TEST_CASE(device_update_equals_cpu_tier_over_ranks) {
+    SharedDir dir;
+    const std::uint64_t s = shared_seed("device update over ranks");
+    Rig rig;
+    shard::LayoutOptions lg = lay(dp(), DType::bf16, s), lc = lg;
+    lg.param_tier = lg.optim_tier = Tier::gpu;
+    lc.param_tier = lc.optim_tier = Tier::cpu;
+    shard::Manifest g, c;
+    const bool made = make_state(dir.root + "/gpu", lg, rig, g);
+    if (!make_state(dir.root + "/cpu", lc, rig, c) || !made) {
+        world().barrier();
+        return;
+    }
+    bool ok = true;
+    try {
+        auto dev = device::open({.backend = "cpu", .memory_bytes = 16 * MiB, .threads = 1});
+        zero::OptimizerOptions oo = options();
+        oo.grad_clip = 1;
+        zero::OptimizerOptions go = oo;
+        go.device = dev.get();
+        go.overlap = go.pipeline = true;
+        zero::Optimizer a(g, world(), rig.engine, rig.pool, go);
+        zero::Optimizer b(c, world(), rig.engine, rig.pool, oo);
+        BOOST_TEST(a.updates_on_device(), where());
+        for (const Phase& ph : kPhases) {
+            const unsigned k = static_cast<unsigned>(b.step_count()) + 1;
+            const std::string at = where() + ", step " + std::to_string(k);
+            const double f = ph.norm / full_norm(c, s, k);
+            auto edit = [&](std::size_t t, std::vector<float>& gr) {
+                for (float& x : gr) x = static_cast<float>(x * f);
+                // In the last rank's slice only.
+                if (ph.overflow && t + 1 == c.tensors.size()) {
+                    const shard::Owned o = shard::owned(gr.size(), dp(), dp() - 1);
+                    gr[o.first] = std::numeric_limits<float>::infinity();
+                }
+            };
+            put_all(a, g, s, k, true, edit);
+            put_all(b, c, s, k, true, edit);
+            zero::StepReport ra = a.step();
+            const zero::StepReport rb = b.step();
+            BOOST_TEST(ra.pending == !ph.overflow, at);
+            if (const auto done = a.settle()) ra = *done;
+            BOOST_TEST(std::bit_cast<std::uint64_t>(ra.grad_norm) == std::bit_cast<std::uint64_t>(rb.grad_norm),
+                       at << ": norm " << ra.grad_norm << " vs " << rb.grad_norm);
+            BOOST_TEST(ra.clip == rb.clip, at);
+            BOOST_TEST(ra.overflow == ph.overflow, at);
+            BOOST_TEST(rb.overflow == ph.overflow, at);
+            BOOST_TEST(ra.step == rb.step, at);
+        }
+        a.save();
+        b.save();
+    } catch (const std::exception& e) {
+        BOOST_ERROR(where() << ": " << e.what());
+        ok = false;
+    }
+    if (all_ranks(ok) && me() == 0) {
+        try {
+            compare_states(g, c, rig, 0, "device update vs the cpu tier over ranks");
+            shard::verify(g, rig.engine, rig.pool, {});
+        } catch (const std::exception& e) {
+            BOOST_ERROR("rank 0: " << e.what());
+        }
+    }
+    world().barrier();
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -676,6 +676,141 @@ BOOST_AUTO_TEST_CASE(divergence_fetches_on_demand_with_the_same_losses) {
                    "step " << k + 1 << ": resident " << losses[0][k] << ", engine " << losses[1][k]);
 }
 
+// The gradients leave through a ring of staging buffers, handed over by
+// the engine's own worker: with every hand-over slowed (a store that
+// sleeps in put_gradient), the backward's caller waits for a free buffer
+// (the ring's stall is reported), and each gradient the store receives is,
+// byte for byte and in the same order, what a store that never sleeps
+// receives: no buffer is written again before its hand-over is done.
+struct RecordingStore final : zero::ParamStore {
+    zero::ParamStore& inner;
+    std::chrono::milliseconds delay;
+    std::vector<std::size_t> order;
+    std::vector<Bytes> got;
+    RecordingStore(zero::ParamStore& s, std::size_t tensors, std::chrono::milliseconds d)
+        : inner(s), delay(d), got(tensors) {}
+    zero::ParamSource param_source(std::size_t t) override { return inner.param_source(t); }
+    void put_gradient(std::size_t t, std::span<const float> g) override {
+        std::this_thread::sleep_for(delay);
+        const auto b = std::as_bytes(g);
+        got.at(t).assign(b.begin(), b.end());
+        order.push_back(t);
+    }
+};
+
+BOOST_AUTO_TEST_CASE(a_slow_handover_never_sees_its_buffer_overwritten) {
+    const std::uint64_t s = fresh_seed("staging ring");
+    const auto tokens = make_tokens(s, 97, kB * kT + 1);
+    Rig rig;
+    Run run(rig, lay(DType::fp32, Tier::cpu, Tier::cpu, s), kGPT);
+    std::vector<std::size_t> order[2];
+    std::vector<Bytes> got[2];
+    double waited[2] = {};
+    for (int slow : {0, 1}) {
+        auto self = self_comm();
+        auto dev = device_of();
+        model::GPT gpt(model::Config::from(run.m.spec));
+        model::Activations a = gpt.plan(*dev, {.batch = kB, .seq = kT, .checkpoint = false});
+        zero::CommittedParams committed(run.m, 0, rig.engine, rig.pool);
+        RecordingStore store(committed, run.m.tensors.size(), std::chrono::milliseconds(slow ? 15 : 0));
+        zero::InfinityEngine inf(run.m, gpt.modules(), self, rig.engine, rig.pool, *dev, store, {});
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        std::vector<std::int32_t> in(kB * kT), tg(kB * kT);
+        loader.batch(0, in, tg);
+        auto& st = dev->compute();
+        dev->copy(st, std::as_writable_bytes(a.inputs.span()), std::as_bytes(std::span(in)));
+        dev->copy(st, std::as_writable_bytes(a.targets.span()), std::as_bytes(std::span(tg)));
+        model::Context ctx{*dev, st, inf};
+        inf.begin(true);
+        gpt.forward(ctx, a);
+        gpt.backward(ctx, a);
+        inf.end();
+        order[slow] = store.order;
+        got[slow] = store.got;
+        waited[slow] = inf.stats().staging_wait_seconds;
+    }
+    BOOST_TEST(order[0].size() == run.m.tensors.size());
+    BOOST_TEST((order[0] == order[1]), "the hand-overs' order");
+    BOOST_TEST(waited[1] > 0.01, "the backward waited " << waited[1] << " s for a free staging buffer");
+    for (std::size_t t = 0; t < run.m.tensors.size(); ++t) {
+        BOOST_TEST(!got[0][t].empty(), run.m.tensors[t].name);
+        same_bytes(got[1][t], got[0][t], "the gradient of " + run.m.tensors[t].name + " handed over slowly");
+    }
+}
+
+// No copy in a step has a pageable host side (Device::pageable_copies):
+// the batch, the losses, the parameters fetched from the cpu tier or read
+// from NVMe, the gradients out and the optimizer's state on the device all
+// go through the pool's memory or stay in the arena; steps 2 and 3 of every
+// placement count none (step 1 records the trace, as the others would).
+BOOST_AUTO_TEST_CASE(a_step_copies_no_pageable_memory) {
+    const std::uint64_t s = fresh_seed("pageable copies");
+    const auto tokens = make_tokens(s, 97, 4 * kB * kT + 1);
+    Rig rig;
+    for (Tier t : kTiers) {
+        Run run(rig, lay(DType::bf16, t, t, s), kGPT);
+        auto self = self_comm();
+        auto dev = device_of();
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        train::Trainer tr(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        tr.step(loader);
+        const std::uint64_t before = dev->pageable_copies();
+        tr.step(loader);
+        tr.step(loader);
+        BOOST_TEST(dev->pageable_copies() == before,
+                   shard::tier_name(t) << ": " << dev->pageable_copies() - before << " pageable copies in two steps");
+    }
+    // And the counter counts: a copy from a vector is one.
+    auto dev = device_of();
+    auto a = dev->alloc<float>(16, "x");
+    std::vector<float> v(16, 1.0f);
+    const std::uint64_t before = dev->pageable_copies();
+    dev->copy(dev->compute(), std::as_writable_bytes(a.span()), std::as_bytes(std::span(v)));
+    dev->synchronize(dev->compute());
+    BOOST_TEST(dev->pageable_copies() == before + 1);
+}
+
+// The step record's traffic: every byte fetched from the cpu tier and
+// the batch went host to device, every gradient partition and the losses
+// device to host; the gpu tier fetches nothing from the host, and its
+// update runs on the device (optimizer_host_s 0), the cpu tier's on the
+// host.
+BOOST_AUTO_TEST_CASE(the_step_record_counts_host_device_traffic) {
+    const std::uint64_t s = fresh_seed("h2d d2h");
+    const auto tokens = make_tokens(s, 97, 4 * kB * kT + 1);
+    Rig rig;
+    for (Tier t : {Tier::gpu, Tier::cpu}) {
+        const std::string what = shard::tier_name(t);
+        Run run(rig, lay(DType::fp32, t, t, s), kGPT);
+        auto self = self_comm();
+        auto dev = device_of();
+        data::Loader loader(tokens, "tokens", {.batch = kB, .seq = kT});
+        train::Trainer tr(run.m, self, rig.engine, rig.pool, *dev, train_options(run.manifest_path()));
+        tr.step(loader);
+        const train::StepLog log = tr.step(loader);
+        std::uint64_t params = 0;
+        for (const auto& x : run.m.tensors) params += x.numel;
+        const std::uint64_t batch = 2 * kB * kT * 4;  // inputs and targets, int32
+        BOOST_TEST(log.fetched_bytes[1] == (t == Tier::cpu ? log.fetched_bytes[1] : 0u), what);
+        // Gradients out (fp32, every element), the losses (fp32 a token).
+        BOOST_TEST(log.d2h_bytes == params * 4 + kB * kT * 4, what << ": d2h " << log.d2h_bytes);
+        if (t == Tier::cpu) {
+            BOOST_TEST(log.fetched_bytes[1] > 0u, what);
+            BOOST_TEST(log.h2d_bytes == log.fetched_bytes[1] + batch, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.optimizer_host_seconds > 0, what);
+        } else {
+            // The batch, and the gradients (fp32) put on the host, copied to
+            // the device's AdamW in one span (with the layout's alignment gaps).
+            const std::uint64_t gaps = run.m.tensors.size() * run.m.opts.alignment;
+            BOOST_TEST(log.h2d_bytes >= batch + params * 4, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.h2d_bytes <= batch + params * 4 + gaps, what << ": h2d " << log.h2d_bytes);
+            BOOST_TEST(log.optimizer_host_seconds == 0, what);
+            BOOST_TEST(log.optimizer_update_seconds > 0, what);
+        }
+        BOOST_TEST(log.d2h_stall_seconds >= 0, what);
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ===========================================================================

@@ -337,6 +337,125 @@ BOOST_AUTO_TEST_CASE(pipelined_update_is_read_after_its_writes) {
         }
 }
 
+// 6a. The gpu tier updated on the device (OptimizerOptions::device; the
+// cpu backend here, whose device memory is host memory and whose adamw is
+// the CPU kernel's element formula): the master weights, moments and
+// working parameters live in the device's arena, not the pool; every path
+// of kPhases (clipped, unclipped, skipped for overflow), with and without
+// the pipeline, gives the cpu tier's norms, clip coefficients, working
+// parameters as fetched after each step, and saved state files, to the
+// byte.
+std::vector<Bytes> device_sources(zero::Optimizer& opt, const shard::Manifest& m, device::Device& dev,
+                                  const std::string& what) {
+    std::vector<Bytes> out;
+    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+        const zero::ParamSource src = opt.param_source(t);
+        BOOST_TEST_REQUIRE((src.memory.empty() && !src.file), what << ": " << src.where << " is not on the device");
+        BOOST_TEST_REQUIRE(src.device.size() == src.bytes, what << ": " << src.where);
+        Bytes b(src.bytes);
+        auto& s = dev.stream(device::StreamKind::d2h);
+        dev.copy(s, b, src.device);
+        dev.synchronize(s);
+        out.push_back(std::move(b));
+    }
+    return out;
+}
+
+std::map<std::string, Bytes> state_files(const std::string& dir) {
+    std::map<std::string, Bytes> out;
+    for (auto& [name, bytes] : snapshot(dir))
+        if (name.ends_with(".bin")) out[name] = std::move(bytes);
+    return out;
+}
+
+BOOST_AUTO_TEST_CASE(device_update_equals_cpu_tier) {
+    const std::uint64_t s = fresh_seed("device update");
+    for (DType pd : {DType::fp32, DType::bf16})
+        for (bool pipelined : {false, true}) {
+            const std::string what = std::string("param ") + shard::dtype_name(pd) + (pipelined ? ", pipelined" : "");
+            Rig rig;
+            Run gp(rig, lay(pd, Tier::gpu, Tier::gpu, s)), cp(rig, lay(pd, Tier::cpu, Tier::cpu, s));
+            auto c = self_comm();
+            auto dev = device::open({.backend = "cpu", .memory_bytes = 16 * MiB});
+            zero::OptimizerOptions oo = options();
+            oo.grad_clip = 1;
+            zero::OptimizerOptions go = oo;
+            go.device = dev.get();
+            go.overlap = go.pipeline = pipelined;
+            zero::Optimizer b(cp.m, c, rig.engine, rig.pool, oo);
+            const std::size_t pinned_cpu = rig.pool.stats().pinned;
+            zero::Optimizer a(gp.m, c, rig.engine, rig.pool, go);
+            BOOST_TEST(a.updates_on_device(), what);
+            BOOST_TEST(!b.updates_on_device(), what);
+            // Of the pool, only the gradients' host copy (handed over there).
+            BOOST_TEST(rig.pool.stats().pinned == pinned_cpu + 1, what);
+            std::uint64_t states = 0;
+            for (const auto& part : gp.m.parts) states += part.bytes;
+            const std::uint64_t used = dev->arena().stats().used;
+            BOOST_TEST(used >= states, what << ": " << used << " bytes of the arena for " << states << " of state");
+            BOOST_TEST(used <= zero::Optimizer::device_bytes(gp.m, 0, go), what);
+            BOOST_TEST(zero::Optimizer::device_bytes(gp.m, 0, oo) == 0u, what << ": no device, no device memory");
+            BOOST_TEST_REQUIRE(!kPhases[0].overflow);
+            for (const Phase& ph : kPhases) {
+                const unsigned k = static_cast<unsigned>(b.step_count()) + 1;
+                const std::string at = what + ", step " + std::to_string(k);
+                const double f = ph.norm / full_norm(cp.m, s, k);
+                auto edit = [&](std::size_t t, std::vector<float>& g) {
+                    for (float& x : g) x = static_cast<float>(x * f);
+                    if (ph.overflow && t + 1 == cp.m.tensors.size()) g[0] = std::numeric_limits<float>::infinity();
+                };
+                put_all(a, gp.m, s, k, true, edit);
+                put_all(b, cp.m, s, k, true, edit);
+                zero::StepReport ra = a.step();
+                const zero::StepReport rb = b.step();
+                BOOST_TEST(ra.pending == (pipelined && !ph.overflow), at);
+                // While a pipelined update runs, what it wrote is what the cpu tier made.
+                const std::vector<Bytes> got = device_sources(a, gp.m, *dev, at);
+                if (const auto done = a.settle()) ra = *done;
+                BOOST_TEST(std::bit_cast<std::uint64_t>(ra.grad_norm) == std::bit_cast<std::uint64_t>(rb.grad_norm),
+                           at << ": norm " << ra.grad_norm << " vs " << rb.grad_norm);
+                BOOST_TEST(ra.clip == rb.clip, at);
+                BOOST_TEST((ra.clip < 1) == (ph.norm > 1 && !ph.overflow), at << ": clip " << ra.clip);
+                BOOST_TEST(ra.overflow == ph.overflow, at);
+                BOOST_TEST(rb.overflow == ph.overflow, at);
+                BOOST_TEST(ra.step == rb.step, at);
+                BOOST_TEST(ra.chunks == 0u, at);
+                BOOST_TEST((ra.update_seconds > 0) == !ph.overflow, at << ": update " << ra.update_seconds << " s");
+                for (std::size_t t = 0; t < got.size(); ++t) {
+                    const auto want = b.param_source(t).memory;
+                    if (!same_bytes(got[t], Bytes(want.begin(), want.end()), at + ": " + gp.m.tensors[t].name))
+                        break;
+                }
+            }
+            a.save();
+            b.save();
+            same_state(gp.m, cp.m, rig, what);
+            const auto fa = state_files(gp.m.dir), fb = state_files(cp.m.dir);
+            BOOST_TEST(fa.size() == fb.size(), what);
+            BOOST_TEST(fa.size() >= 3u, what);
+            for (const auto& [name, bytes] : fb) {
+                const auto it = fa.find(name);
+                BOOST_TEST_REQUIRE((it != fa.end()), what << ": no " << name << " beside the cpu tier's");
+                same_bytes(it->second, bytes, what + ": " + name);
+            }
+            verify_from_disk(gp.manifest_path(), rig, 7, what);
+            // Reopened from the save, on the device again: one more step as the cpu tier's.
+            shard::Manifest back = shard::read_manifest_file(gp.manifest_path());
+            zero::Optimizer again(back, c, rig.engine, rig.pool, go);
+            put_all(again, back, s, 8);
+            put_all(b, cp.m, s, 8);
+            again.step();
+            again.settle();
+            b.step();
+            const std::vector<Bytes> got = device_sources(again, back, *dev, what + ", resumed");
+            for (std::size_t t = 0; t < got.size(); ++t) {
+                const auto want = b.param_source(t).memory;
+                if (!same_bytes(got[t], Bytes(want.begin(), want.end()), what + ", resumed: " + back.tensors[t].name))
+                    break;
+            }
+        }
+}
+
 // 6b. Read-ahead: a step that does not speculate (after a clipped or
 // skipped one, or clipped for certain half-way) reads the master weights and
 // moments during backward and updates from them: every path of kPhases

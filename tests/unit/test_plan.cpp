@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -921,4 +922,71 @@ BOOST_AUTO_TEST_CASE(device_need_counts_the_engines_nccl_flat_area) {
                                        what << " " << p.name());
                 }
     BOOST_TEST(seen > 0u);
+}
+
+// A GPU's plan from a record file made here, as zinf-plan --bench reads
+// it: zinf-train --profile's step record (the GEMM rate), zinf-pinstress
+// --device cuda's copies (host <-> device), zinf-nvmebench's disk. Each
+// offloaded placement's step is set beside all-on-the-GPU's at the same
+// batch (offload_ratio), and offload_batch is the smallest batch at which
+// it is within 10% of it: within there, not one batch below; all on the
+// GPU is itself at 1, and a placement whose bandwidth is not measured has
+// no ratio.
+BOOST_AUTO_TEST_CASE(offload_batch_is_the_first_within_ten_percent) {
+    testing::TempDir tmp;
+    const std::string path = tmp.file("gpu.jsonl");
+    {
+        std::ofstream f(path);
+        f << R"({"schema":"zinf.profile/1","kind":"step","peak_flops_per_s":4.0e14,"peak_flops_peer":"bf16_gemm"})"
+          << "\n# a comment line\n"
+          << R"({"schema":"zinf.pinstress/1","copies":[{"copy":"h2d","bytes":67108864,"pinned_gibps":40.0},)"
+          << R"({"copy":"d2h","bytes":67108864,"pinned_gibps":42.0}]})" << "\n"
+          << R"({"schema":"zinf.nvmebench/1","op":"read","gibps":6.0})" << "\n"
+          << R"({"schema":"zinf.nvmebench/1","op":"write","gibps":3.0})" << "\n"
+          << R"({"schema":"zinf.optbench/1","kind":"update","traffic_gibps":40.0})" << "\n";
+    }
+    Hardware h;
+    h.gpu_bytes = 140 * GiB;
+    h.cpu_bytes = 128 * GiB;
+    h.nvme_bytes = 64 * GiB;
+    std::ifstream in(path);
+    BOOST_TEST_REQUIRE(read_bench_lines(in, "gpu.jsonl", h) == 5u);
+    BOOST_TEST(h.peak_flops == 4.0e14);
+    BOOST_TEST(h.cpu_gpu_bps == 40.0 * 1024 * 1024 * 1024);
+    Workload w;
+    w.spec = shard::ModelSpec::parse("gpt2-1.5b");
+    w.seq = 1024;
+    w.batch = 1;
+    const Report r = plan::plan(w, h, 0.9);
+    const Placement& gg = placement_of(r.all, Tier::gpu, Tier::gpu);
+    BOOST_TEST(gg.offload_ratio == 1.0);
+    BOOST_TEST(gg.offload_batch == 1u);
+    for (const auto& tiers : {std::pair{Tier::gpu, Tier::cpu}, {Tier::cpu, Tier::cpu}, {Tier::nvme, Tier::nvme}}) {
+        const Tier pt = tiers.first, ot = tiers.second;
+        const Placement& p = placement_of(r.all, pt, ot);
+        const std::string what = p.name();
+        BOOST_TEST(p.offload_ratio == p.step.total() / gg.step.total(), what);
+        BOOST_TEST(p.offload_ratio > 1.1, what << ": at batch 1 offloading costs " << p.offload_ratio);
+        const std::uint64_t b = p.offload_batch;
+        BOOST_TEST_REQUIRE(b > 1u, what);
+        auto ratio_at = [&](std::uint64_t batch) {
+            Workload wb = w;
+            wb.batch = batch;
+            return placement_of(plan::plan(wb, h, 0.9).all, pt, ot).offload_ratio;
+        };
+        const double r_at = ratio_at(b), r_below = ratio_at(b - 1);
+        BOOST_TEST(r_at <= 1.1, what << ": batch " << b << " gives " << r_at);
+        BOOST_TEST(r_below > 1.1, what << ": batch " << b - 1 << " gives " << r_below);
+        BOOST_TEST_MESSAGE(what << ": offload_batch " << b << " (" << r_below << " -> " << r_at << ")");
+    }
+    // The JSON carries both, and the recommendation's batch.
+    const json::Json j = to_json(r);
+    BOOST_TEST(j["placements"][0]["offload_batch"].get<std::uint64_t>() == 1u);
+    BOOST_TEST(j.contains("offload_batch"));
+    // Without the disk's figures, the nvme placement's step, and so its ratio, is unknown.
+    Hardware no_disk = h;
+    no_disk.nvme_read_bps = no_disk.nvme_write_bps = 0;
+    const Placement nn = placement_of(plan::plan(w, no_disk, 0.9).all, Tier::nvme, Tier::nvme);
+    BOOST_TEST(nn.offload_ratio == 0.0);
+    BOOST_TEST(nn.offload_batch == 0u);
 }

@@ -169,6 +169,16 @@ public:
     // Asynchronous copies: host <-> device <-> device. `dst` and `src` must
     // stay alive and untouched until the stream passes this point.
     void copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src);
+    // Copies so far whose host side (dst or src outside the arena) is not
+    // memory from a PinnedPool (mem::from_pool): on cuda each is staged by
+    // the driver or run as a host job with a synchronous cudaMemcpy. A step
+    // should issue none (test_engine counts them).
+    std::uint64_t pageable_copies() const { return pageable_.load(); }
+    // Bytes copied so far from the host into the arena, and out of it to
+    // the host (copy(); a copy within the arena, or between host buffers,
+    // is neither): the step record's h2d_bytes and d2h_bytes.
+    std::uint64_t h2d_bytes() const { return h2d_.load(); }
+    std::uint64_t d2h_bytes() const { return d2h_.load(); }
     // A device-to-device copy of a (rows, cols) block of floats between
     // row-major matrices of row strides ld_dst and ld_src (>= cols): row r's
     // cols elements from src + r ld_src to dst + r ld_dst, the rest of dst
@@ -214,6 +224,8 @@ protected:
 
     std::unique_ptr<mem::DeviceArena> arena_;
     Profile* profile_ = nullptr;
+    std::atomic<std::uint64_t> pageable_{0};
+    std::atomic<std::uint64_t> h2d_{0}, d2h_{0};
 };
 
 // UsageError for an unknown backend, or for "cuda" where it cannot run

@@ -300,6 +300,11 @@ private:
     std::uint64_t offset_ = 0;
 };
 
+// Whether `p` lies in memory a PinnedPool owns now (its buffers, or a
+// region pin() gave): what a host<->device copy should use (the device
+// counts the copies that do not: Device::pageable_copies).
+bool from_pool(const void* p) noexcept;
+
 class DeviceArena {
 public:
     explicit DeviceArena(const ArenaConfig& cfg);
@@ -313,6 +318,7 @@ public:
 
     bool on_gpu() const;
     const std::string& backend() const;  // "cuda" or "host"
+    bool contains(const void* p) const noexcept;  // p lies in the arena's memory
     ArenaStats stats() const;
 
     // Synchronous copies between host memory and a block (cudaMemcpy on the

@@ -179,6 +179,12 @@ struct Placement {
     double param_bps = 0, optim_bps = 0, activation_bps = 0;  // effective per device (inf: in device memory)
     double efficiency_param = 1, efficiency_optimizer = 1, efficiency_activation = 1;
     StepTime step;                         // predicted, per rank
+    // Against all on the GPU (param=gpu,optim=gpu) at the same batch:
+    // offload_ratio = step.total() / its step.total() (0: a step unknown),
+    // and offload_batch the smallest batch per device at which the ratio is
+    // at most 1 + kOffloadOverhead (0: none up to 2^20, or unknown).
+    double offload_ratio = 0;
+    std::uint64_t offload_batch = 0;
     double min_efficiency() const;
     std::string name() const;              // "param=nvme,optim=cpu"
 };
@@ -188,6 +194,15 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p);
 
 // Every (param, optim) tier pair, evaluated.
 std::vector<Placement> placements(const Workload& w, const Hardware& h);
+
+// What offloading may cost: a step at most 10% longer than all on the GPU's.
+inline constexpr double kOffloadOverhead = 0.10;
+// The (param, optim) placement's step over all on the GPU's at w's batch
+// (0 when either is unknown), and the smallest batch at which it is within
+// 1 + overhead (0: none up to 2^20 per device, or unknown). The ratio falls
+// with the batch: the fetches, the update and the disk do not grow with it.
+double offload_ratio(const Workload& w, const Hardware& h, Tier param, Tier optim);
+std::uint64_t offload_batch(const Workload& w, const Hardware& h, Tier param, Tier optim, double overhead);
 
 struct Report {
     Workload w;

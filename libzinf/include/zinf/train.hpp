@@ -143,6 +143,19 @@ struct StepLog {
     std::uint64_t fetched_bytes[3] = {};
     std::uint64_t collectives = 0;      // the engine's allgathers and reduce-scatters (dp > 1)
     double stall_seconds = 0;
+    // Host <-> device over the step (Device::h2d_bytes, d2h_bytes: the
+    // parameters fetched, the batch, the gradients out, the losses), each
+    // over the step's seconds as GB/s (h2d_gbps, d2h_gbps: the rate the
+    // step kept up, not the link's); the compute's wait on each: h2d_stall
+    // is stall_seconds (parameters not there yet), d2h_stall_seconds the
+    // gradients' copies waiting for a free buffer of their staging ring.
+    std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
+    double d2h_stall_seconds = 0;
+    // The optimizer's work on the host's cores (its AdamW, 0 when the
+    // device updates), and how much of the update ran beside the device's
+    // compute: during backward (optimizer_overlap_seconds) and, pipelined,
+    // beside the next forward (update_overlap_seconds), their sum.
+    double optimizer_host_seconds = 0, optimizer_hidden_seconds = 0;
     std::uint64_t device_peak_bytes = 0, peak_rss_bytes = 0;
     bool trace_diverged = false;
     // The optimizer: tensors updated during backward, the seconds its

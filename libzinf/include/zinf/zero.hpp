@@ -76,10 +76,17 @@ std::uint64_t laid_flat_bytes(comm::Kind kind, std::span<const std::uint64_t> nu
 // partitions zinf-shard laid out for it, with the CPU AdamW of optim.hpp,
 // wherever the manifest says each state lives.
 //
-//   gpu, cpu  the rank's state sits in host memory for the whole run, loaded
-//             (and checked against its xxh3) when the optimizer opens; gpu
-//             runs the CPU update too (the optimizer does not call the
-//             device's AdamW, Device::adamw, yet).
+//   gpu       with OptimizerOptions::device: the master weights and
+//             moments (and the bf16 working parameters, when their tier is
+//             gpu too) sit in the device's arena for the whole run, loaded
+//             and checked when the optimizer opens; the update is the
+//             device's AdamW (Device::adamw: kernels.def), one launch per
+//             partition, which writes the working copy in the same pass.
+//             The gradients are handed over on the host (their norm, and so
+//             the clipping and the overflow skip, decided as for cpu) and
+//             copied to the device by the update. Without a device, as cpu.
+//   cpu       the rank's state sits in host memory for the whole run, loaded
+//             (and checked against its xxh3) when the optimizer opens.
 //   nvme      the state stays in its files and streams through the pinned
 //             pool in chunks: chunk i+1 is read (master, moments, gradient)
 //             while chunk i is updated while chunk i-1 is written, the
@@ -174,6 +181,12 @@ struct OptimizerOptions {
     io::Bandwidth disk;
     optim::Kernel kernel;
     std::string manifest_path;       // where commits go; "" = <dir>/manifest.jsonl
+    // The device that holds and updates gpu-tier optimizer state (above);
+    // null: gpu-tier state is held on the host and updated by the CPU, as
+    // cpu's. Used only when the optimizer state's tier is gpu and the
+    // working parameters' (when there are any beside the master weights)
+    // too; must outlive the optimizer. Its h2d stream runs the update.
+    device::Device* device = nullptr;
 };
 
 struct StepReport {
@@ -216,6 +229,7 @@ struct StepReport {
     // what the pipeline did not hide is the two waits.
     bool pending = false;
     double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
+    bool device_update = false;      // the update ran on the device (OptimizerOptions::device), not the host
 };
 
 // The memory one rank may spare for the optimizer's read-ahead by default:
@@ -236,6 +250,10 @@ struct ParamSource {
     io::File* file = nullptr;
     std::uint64_t offset = 0;
     std::span<const std::byte> memory;
+    // Device memory instead (the optimizer's gpu-tier working parameters,
+    // updated there: OptimizerOptions::device), in the order of the
+    // device's h2d stream.
+    std::span<const std::byte> device;
     std::uint64_t bytes = 0;
     std::optional<std::uint64_t> xxh3;
     std::string where;  // "h.0.attn.c_attn.weight rank 0 param", for messages
@@ -252,6 +270,12 @@ class ParamListener {
 public:
     virtual ~ParamListener() = default;
     virtual void updated(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) = 0;
+    // The same, the values in device memory (an optimizer whose update runs
+    // on the device): valid in the order of stream `s`, where the listener
+    // queues what it takes of them. InternalError from a listener that
+    // cannot take device memory.
+    virtual void updated_on_device(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values,
+                                   device::Stream& s);
 };
 
 // What the ZeRO-Infinity engine reads parameters from and hands gradients
@@ -343,6 +367,12 @@ public:
     // gradients live with a state held in memory.
     std::uint64_t gradient_scratch_bytes() const;
     bool gradient_scratch_in_memory() const;
+    // The device memory the optimizer takes from `opts.device`'s arena when
+    // it opens m for `rank` (its gpu-tier state and the gradients' copy on
+    // the device); 0 when its update runs on the host. The engine counts it
+    // in its budget before the optimizer opens.
+    static std::uint64_t device_bytes(const shard::Manifest& m, unsigned rank, const OptimizerOptions& opts);
+    bool updates_on_device() const;
 
     struct Impl;
 
@@ -543,6 +573,10 @@ struct InfinityStats {
     // reduce-scatters of gradients (0 at dp 1).
     std::uint64_t collectives = 0;
     double stall_seconds = 0;          // compute waiting for parameters
+    // The d2h stream waiting for a free buffer of the gradients' staging
+    // ring (every one still on its way to the optimizer): the hand-over's
+    // stall.
+    double staging_wait_seconds = 0;
     std::uint64_t device_peak = 0;     // the arena's peak use (bytes)
     bool diverged = false;             // a module ran out of trace order
 };
@@ -639,6 +673,9 @@ private:
     void updated(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values) override {
         on_param(tensor, first, values);
     }
+    // The device's AdamW wrote them: copied on the device, in `s`'s order.
+    void updated_on_device(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values,
+                           device::Stream& s) override;
     std::unique_ptr<Impl> impl_;
 };
 

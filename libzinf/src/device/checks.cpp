@@ -364,6 +364,13 @@ void check_adamw(const optim::Update& u, const optim::Scalars&) {
 
 void Device::copy(Stream& s, std::span<std::byte> dst, std::span<const std::byte> src) {
     Shape{"copy", {}}.need("dst", dst.size(), src.size());
+    const bool dst_dev = arena_->contains(dst.data()), src_dev = arena_->contains(src.data());
+    if (!src.empty()) {
+        if ((!dst_dev && !mem::from_pool(dst.data())) || (!src_dev && !mem::from_pool(src.data())))
+            pageable_.fetch_add(1);
+        if (dst_dev && !src_dev) h2d_.fetch_add(src.size());
+        if (src_dev && !dst_dev) d2h_.fetch_add(src.size());
+    }
     if (profile_) [[unlikely]] {
         Stamp a = profile_->begin(s);
         do_copy(s, dst, src);

@@ -147,6 +147,10 @@ void DeviceArena::free(Block& b) noexcept {
 
 bool DeviceArena::on_gpu() const { return impl_->gpu; }
 const std::string& DeviceArena::backend() const { return impl_->backend; }
+bool DeviceArena::contains(const void* p) const noexcept {
+    const auto* b = static_cast<const std::byte*>(p);
+    return impl_->base && b >= impl_->base && b < impl_->base + impl_->cfg.bytes;
+}
 
 ArenaStats DeviceArena::stats() const {
     const Impl& m = *impl_;

@@ -105,6 +105,36 @@ json::Json PoolStats::to_json() const {
 }
 
 // ---------------------------------------------------------------------------
+// Every live region a pool owns (its buffers, pin()'s regions), for
+// from_pool(): start -> end.
+namespace {
+std::mutex regions_mu;
+std::map<std::uintptr_t, std::uintptr_t>& regions() {
+    static std::map<std::uintptr_t, std::uintptr_t> r;
+    return r;
+}
+void note_region(const std::byte* p, std::uint64_t bytes) {
+    if (!p) return;
+    std::lock_guard lk(regions_mu);
+    regions()[reinterpret_cast<std::uintptr_t>(p)] = reinterpret_cast<std::uintptr_t>(p) + bytes;
+}
+void forget_region(const std::byte* p) noexcept {
+    if (!p) return;
+    std::lock_guard lk(regions_mu);
+    regions().erase(reinterpret_cast<std::uintptr_t>(p));
+}
+}  // namespace
+
+bool from_pool(const void* p) noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lk(regions_mu);
+    auto it = regions().upper_bound(a);
+    if (it == regions().begin()) return false;
+    --it;
+    return a < it->second;
+}
+
+// ---------------------------------------------------------------------------
 // Shared state: the memory and the book-keeping. Leases hold it too, so a
 // lease that outlives its pool never points at freed memory.
 
@@ -145,6 +175,7 @@ struct Lease::State {
     std::atomic<std::uint64_t> moved{0};
 
     ~State() {
+        forget_region(base);
         if (cuda_mem) gpu::host_free(cuda_mem);  // regs were dropped by ~PinnedPool
     }
 
@@ -282,6 +313,7 @@ PinnedPool::PinnedPool(const PoolConfig& cfg, io::Engine* engine) : state_(std::
         s.allocator = "mmap";
     }
 
+    note_region(s.base, total);
     s.slots.resize(s.count);
     for (auto& slot : s.slots) slot.who.reserve(kWhoMax);
     s.free_list.reserve(s.count);
@@ -448,6 +480,7 @@ Pinned PinnedPool::pin(std::uint64_t bytes, std::string_view who) {
     p.pool_ = state_;
     ++s.pinned;
     s.pinned_bytes += len;
+    note_region(p.data_, len);
     return p;
 }
 
@@ -472,6 +505,7 @@ Pinned::~Pinned() { reset(); }
 
 void Pinned::reset() noexcept {
     regs_.clear();  // before the memory goes
+    forget_region(data_);
     if (cuda_) gpu::host_free(cuda_);
     cuda_ = nullptr;
     map_ = Mmap();

@@ -335,7 +335,22 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
     return st;
 }
 
+namespace {
+// One (param, optim) placement evaluated; `disk` false leaves
+// nvme_bytes_needed 0 (the disk's need takes the whole layout: offload_ratio
+// needs only the steps).
+Placement evaluate(const Workload& w, const Hardware& h, Tier pt, Tier ot, bool disk);
+}  // namespace
+
 std::vector<Placement> placements(const Workload& w, const Hardware& h) {
+    std::vector<Placement> out;
+    for (Tier pt : {Tier::gpu, Tier::cpu, Tier::nvme})
+        for (Tier ot : {Tier::gpu, Tier::cpu, Tier::nvme}) out.push_back(evaluate(w, h, pt, ot, true));
+    return out;
+}
+
+namespace {
+Placement evaluate(const Workload& w, const Hardware& h, Tier pt, Tier ot, bool disk) {
     const StateBytes b = state_bytes(w);
     const std::uint64_t rpn = w.ranks_per_node();
     // Every state is partitioned over all dp ranks; a node holds its ranks' share.
@@ -346,9 +361,8 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
     // The parameters reach every device by allgather once there is more than one rank.
     const double gather = w.dp > 1 ? h.gpu_gpu_bps : kInf;
 
-    std::vector<Placement> out;
-    for (Tier pt : {Tier::gpu, Tier::cpu, Tier::nvme})
-        for (Tier ot : {Tier::gpu, Tier::cpu, Tier::nvme}) {
+    {
+        {
             Placement p;
             p.param = pt;
             p.optim = ot;
@@ -369,7 +383,7 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
             lo.param_dtype = w.param_dtype;
             lo.param_tier = pt;
             lo.optim_tier = ot;
-            p.nvme_bytes_needed = zero::disk_need(w.spec, lo).total() * rpn;
+            if (disk) p.nvme_bytes_needed = zero::disk_need(w.spec, lo).total() * rpn;
             p.gpu.need += working;
             // Checkpoints stay on the device when they fit beside the rest, else go to CPU memory.
             if (p.gpu.need + ckpt <= p.gpu.capacity) {
@@ -399,9 +413,49 @@ std::vector<Placement> placements(const Workload& w, const Hardware& h) {
             p.efficiency_optimizer = efficiency(ait_optimizer(w), p.optim_bps, h.peak_flops);
             p.efficiency_activation = efficiency(ait_activation(w), p.activation_bps, h.peak_flops);
             p.step = step_time(w, h, p);
-            out.push_back(p);
+            return p;
         }
-    return out;
+    }
+}
+}  // namespace
+
+double offload_ratio(const Workload& w, const Hardware& h, Tier param, Tier optim) {
+    const Placement p = evaluate(w, h, param, optim, false), g = evaluate(w, h, Tier::gpu, Tier::gpu, false);
+    if (!p.step.known || !g.step.known || !(g.step.total() > 0)) return 0;
+    return p.step.total() / g.step.total();
+}
+
+// The offloaded step's part that does not grow with the batch (fetches,
+// the update, the disk) shrinks against the compute, which does: the ratio
+// falls with the batch, so the first batch within the bound is found by
+// doubling, then halving the interval.
+std::uint64_t offload_batch(const Workload& w, const Hardware& h, Tier param, Tier optim, double overhead) {
+    constexpr std::uint64_t kMost = std::uint64_t{1} << 20;
+    auto within = [&](std::uint64_t b, bool& valid) {
+        Workload wb = w;
+        wb.batch = b;
+        try {
+            wb.validate();
+        } catch (const UsageError&) {
+            valid = false;
+            return false;
+        }
+        const double r = offload_ratio(wb, h, param, optim);
+        valid = r > 0;
+        return valid && r <= 1 + overhead;
+    };
+    std::uint64_t hi = 1;
+    bool valid = true;
+    while (!within(hi, valid)) {
+        if (!valid || hi >= kMost) return 0;
+        hi *= 2;
+    }
+    std::uint64_t lo = hi / 2;  // not within (or 0)
+    while (hi - lo > 1) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        (within(mid, valid) ? hi : lo) = mid;
+    }
+    return hi;
 }
 
 Report plan(const Workload& w, const Hardware& h, double target) {
@@ -427,6 +481,10 @@ Report plan(const Workload& w, const Hardware& h, double target) {
     r.need_optimizer_bps = bandwidth_for(target, r.ait_optimizer, h.peak_flops);
     r.need_activation_bps = bandwidth_for(target, r.ait_activation, h.peak_flops);
     r.all = placements(w, h);
+    for (auto& p : r.all) {
+        p.offload_ratio = offload_ratio(w, h, p.param, p.optim);
+        p.offload_batch = offload_batch(w, h, p.param, p.optim, kOffloadOverhead);
+    }
 
     // Cheapest: the fewest bytes on expensive memory (GPU 2, CPU 1, NVMe 0 a byte).
     const StateBytes& b = r.states;
@@ -515,7 +573,9 @@ json::Json placement_json(const Placement& p) {
                       {"step_sequential_s", seconds_json(p.step.known, p.step.sequential())},
                       {"step_compute_s", seconds_json(p.step.known, p.step.compute)},
                       {"step_stall_s", seconds_json(p.step.known, p.step.stall)},
-                      {"step_readahead_bytes", p.step.readahead_bytes}};
+                      {"step_readahead_bytes", p.step.readahead_bytes},
+                      {"offload_ratio", p.offload_ratio > 0 ? json::Json(p.offload_ratio) : json::Json(nullptr)},
+                      {"offload_batch", p.offload_batch ? json::Json(p.offload_batch) : json::Json(nullptr)}};
 }
 
 }  // namespace
@@ -576,9 +636,11 @@ json::Json to_json(const Report& r) {
         j["efficiency_param"] = r.placement->efficiency_param;
         j["efficiency_optimizer"] = r.placement->efficiency_optimizer;
         j["efficiency_activation"] = r.placement->efficiency_activation;
+        j["offload_batch"] = r.placement->offload_batch ? json::Json(r.placement->offload_batch) : json::Json(nullptr);
     } else {
         j["placement"] = nullptr;
         j["efficiency_param"] = j["efficiency_optimizer"] = j["efficiency_activation"] = nullptr;
+        j["offload_batch"] = nullptr;
     }
     j["tile"] = r.tile ? json::Json(r.tile) : json::Json(nullptr);
     j["batch_for_target"] = r.batch_for_target ? json::Json(r.batch_for_target) : json::Json(nullptr);

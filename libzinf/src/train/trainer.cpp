@@ -36,11 +36,14 @@ struct Trainer::Impl {
     model::LanguageModel& gpt;  // *model
     model::Activations acts;
     std::unique_ptr<zero::Engine> engine;
-    std::vector<std::int32_t> inputs, targets;
+    // The batch in and the per-token losses out, in page-locked memory from
+    // the pool (io_mem): their copies are asynchronous, none staged.
+    mem::Pinned io_mem;
+    std::span<std::int32_t> inputs, targets;
     // A batch could not be read on some rank (the token file changed or
     // failed under the run): nothing of that step or evaluation was taken.
     bool input_failed = false;
-    std::vector<float> losses;
+    std::span<float> losses;
     CheckpointChoice ckpt;  // Options::checkpoint resolved, before the engine opens
     io::Bandwidth disk;  // this rank's share of its disk (Options::disk); zeros: no floor
 
@@ -152,9 +155,11 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
     }
     engine = zero::Engine::open(m, gpt.modules(), comm, e, p, dev, engine_options(), activation_plan());
     acts.store = engine->activation_store();
-    inputs.resize(o.batch * o.seq);
-    targets.resize(o.batch * o.seq);
-    losses.resize(o.batch * o.seq);
+    const std::size_t n = o.batch * o.seq;
+    io_mem = p.pin(3 * n * 4, "trainer's batch and losses");
+    inputs = {reinterpret_cast<std::int32_t*>(io_mem.data()), n};
+    targets = {inputs.data() + n, n};
+    losses = {reinterpret_cast<float*>(io_mem.data() + 2 * n * 4), n};
 }
 
 // The bandwidth of this rank's share of its disk, for runs that use one:
@@ -205,6 +210,7 @@ void Trainer::Impl::floors(StepLog& log) const {
         0.0, log.forward_seconds + log.backward_seconds - log.stall_seconds - log.update_waited_seconds);
     const double floor = std::max(log.compute_floor_seconds, log.disk_floor_seconds);
     if (floor > 0) log.step_floor_ratio = log.seconds / floor;
+    log.optimizer_hidden_seconds = log.optimizer_overlap_seconds + log.update_overlap_seconds;
 }
 
 // What the engine takes of the device beside the activations, as
@@ -427,6 +433,7 @@ std::uint64_t Trainer::device_need() const { return impl_->engine->device_need()
 // What the engine's update adds to a step's log (pipelined: once settled).
 static void update_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_redo = r.redo;
+    log.optimizer_host_seconds = r.device_update ? 0.0 : r.update_seconds;
     log.optimizer_read_bytes = r.bytes_read;
     log.optimizer_written_bytes = r.bytes_written + r.grad_bytes_written;
     log.grad_scratch_read_bytes = r.grad_bytes_read;
@@ -448,6 +455,7 @@ static void engine_fields(StepLog& log, const zero::StepReport& r, const zero::P
     if (!r.pending) update_fields(log, r);
     std::copy(std::begin(st.fetched_bytes), std::end(st.fetched_bytes), log.fetched_bytes);
     log.stall_seconds = st.stall_seconds;
+    log.d2h_stall_seconds = st.staging_wait_seconds;
     log.collectives = st.collectives;
     log.device_peak_bytes = st.device_peak;
     log.trace_diverged = st.diverged;
@@ -482,6 +490,7 @@ StepLog Trainer::step(const data::Loader& train) {
     log.step = step_count() + 1;
     log.lr = I.opts.schedule.at(log.step);
     Timer total;
+    const std::uint64_t h2d0 = dev.h2d_bytes(), d2h0 = dev.d2h_bytes();
 
     // Forward: the batch in, the per-token losses and the logits' gradient
     // out; backward, the engine handing every gradient to the optimizer.
@@ -559,6 +568,8 @@ StepLog Trainer::step(const data::Loader& train) {
     log.peak_rss_bytes = peak_resident_bytes();
 
     log.seconds = total.seconds();
+    log.h2d_bytes = dev.h2d_bytes() - h2d0;
+    log.d2h_bytes = dev.d2h_bytes() - d2h0;
     I.disk_floor(log, st.activation_read_bytes, st.activation_written_bytes);
     log.tokens = I.opts.batch * I.opts.seq * I.dp;
     log.tokens_per_s = static_cast<double>(log.tokens) / log.seconds;

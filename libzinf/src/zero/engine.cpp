@@ -62,10 +62,14 @@ PassStats EngineBase::stats() const {
 // depths (OptimizerOptions::disk): the deeper read/write split they would
 // give, in smaller pieces, was measured no faster than the default 3 slots
 // (BENCHMARKS.md, issue 28); zinf-optbench --config measures it still.
-void EngineBase::open_optimizer(std::uint64_t device_more) {
+void EngineBase::open_optimizer(std::uint64_t device_more, bool on_device) {
     OptimizerOptions zo = *opts.optimizer;
     if (!dev.arena().on_gpu()) zo.readahead_reserve = device_more;
+    if (on_device) zo.device = &dev;
     optim = std::make_unique<Optimizer>(m, comm, io, pool, zo);
+    if (rank == 0 && optim->updates_on_device())
+        log::info("optimizer: the gpu-tier state (" + format_size(Optimizer::device_bytes(m, rank, zo)) +
+                  " with the gradients' copy) is held and updated on the device");
     const std::uint64_t state = optim->update_read_bytes(), ra = optim->readahead_bytes();
     const auto budget = [&] {
         return zo.readahead == OptimizerOptions::kReadaheadAuto ? std::string("(free memory)")
@@ -122,7 +126,7 @@ private:
     void begin_pass(bool train) override;
     InfinityStats pass_stats() const override { return engine->stats(); }
     void take_activations(std::span<const Module* const> modules, const ActivationPlan& plan);
-    void check_fits(const ActivationPlan& plan, const InfinityEngine::Need& n) const;
+    void check_fits(const ActivationPlan& plan, const InfinityEngine::Need& n, std::uint64_t optimizer_bytes) const;
 
     std::unique_ptr<CommittedParams> committed;  // forward passes only
     std::unique_ptr<InfinityEngine> engine;
@@ -148,12 +152,18 @@ InfinityRun::InfinityRun(shard::Manifest& m_, std::span<const Module* const> mod
         // The budget checked before the optimizer opens (it prepares the
         // files its first step writes): a refused run leaves the state as it
         // was.
-        check_fits(plan, n);
+        // The optimizer's gpu-tier state, when the device updates it, is
+        // taken from the arena before the engine's memory.
+        OptimizerOptions with_dev = *opts.optimizer;
+        with_dev.device = &dev;
+        const std::uint64_t od = Optimizer::device_bytes(m, rank, with_dev);
+        check_fits(plan, n, od);
         // What this device's memory may hold at most beside the activations:
         // the engine's reserve and largest fetch, the fetches ahead, and a
         // checkpointed block's fetches kept for its backward.
         const std::uint64_t kept = plan.recompute && opts.infinity.prefetch_bytes ? n.block : 0;
-        open_optimizer(acts_used + n.total() + opts.infinity.prefetch_bytes + kept);
+        open_optimizer(acts_used + od + n.total() + opts.infinity.prefetch_bytes + kept, true);
+        need += od;
         store = optim.get();
     } else {
         committed = std::make_unique<CommittedParams>(m, rank, io, pool);
@@ -184,27 +194,29 @@ void InfinityRun::take_activations(std::span<const Module* const> modules, const
 
 // A budget too small for the largest module is refused now, with the tile
 // factor that would fit.
-void InfinityRun::check_fits(const ActivationPlan& plan, const InfinityEngine::Need& n) const {
+void InfinityRun::check_fits(const ActivationPlan& plan, const InfinityEngine::Need& n, std::uint64_t od) const {
     const std::uint64_t left = dev.arena().stats().largest_free;
-    if (n.total() <= left) return;
+    if (n.total() + od <= left) return;
     std::string msg = n.module + " needs " + format_size(n.largest) + " of device memory for its parameters and " +
                       "their gradients, beside " + format_size(n.reserved + n.flat) +
                       " the engine keeps for the whole run (parameters on the gpu tier, persistent ones, the "
-                      "tied embedding's gradient" + (n.flat ? ", " + n.flat_what() : std::string()) +
-                      "); the device budget has " + format_size(left) + " left after the activations (" +
+                      "tied embedding's gradient" + (n.flat ? ", " + n.flat_what() : std::string()) + ")" +
+                      (od ? " and " + format_size(od) + " of optimizer state on the gpu tier" : std::string()) +
+                      "; the device budget has " + format_size(left) + " left after the activations (" +
                       format_size(acts_used) + "). The run needs a device budget of at least " +
-                      std::to_string(acts_used + n.total()) + " bytes (" + format_size(acts_used + n.total()) +
-                      "; --device-memory, now " + format_size(dev.arena().stats().bytes) + ")";
+                      std::to_string(acts_used + od + n.total()) + " bytes (" +
+                      format_size(acts_used + od + n.total()) + "; --device-memory, now " +
+                      format_size(dev.arena().stats().bytes) + ")";
     for (unsigned k = std::max(2u, m.opts.tile * 2); plan.retiled && k <= 64; k *= 2) {
         const auto nk = plan.retiled(k, opts.infinity);
-        if (nk.total() <= left) {
+        if (nk.total() + od <= left) {
             msg += ", or a layout with --tile " + std::to_string(k) + " (zinf-shard layout --tile " +
                    std::to_string(k) + "; its largest module, " + nk.module + ", needs " + format_size(nk.largest) +
                    ")";
             break;
         }
     }
-    throw DoesNotFit(msg, n.module, acts_used + n.total(), dev.arena().stats().bytes);
+    throw DoesNotFit(msg, n.module, acts_used + od + n.total(), dev.arena().stats().bytes);
 }
 
 void InfinityRun::begin_pass(bool train) { engine->begin(train); }

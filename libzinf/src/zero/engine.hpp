@@ -33,8 +33,9 @@ protected:
     Optimizer& optimizer() const;
     // Opens it, its read-ahead said once. A default budget leaves room for
     // what a host-memory device (the cpu backend, whose pages are taken as
-    // used) will still touch: `device_more` bytes.
-    void open_optimizer(std::uint64_t device_more);
+    // used) will still touch: `device_more` bytes. `on_device`: gpu-tier
+    // state is held and updated on the device (OptimizerOptions::device).
+    void open_optimizer(std::uint64_t device_more, bool on_device = false);
     // Where offloaded activation checkpoints go: page-locked host memory, or
     // a scratch file in the rank's folder beside its state.
     void open_activations(const ActivationPlan& plan);

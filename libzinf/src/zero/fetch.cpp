@@ -278,14 +278,35 @@ std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_parti
         piece->future = piece->done.get_future().share();
         pieces.push_back(std::move(piece));
     }
+    std::shared_ptr<detail::ReadCheck> check;
+    if (src.xxh3) {
+        check = std::make_shared<detail::ReadCheck>();
+        check->pieces = pieces;
+        check->in.assign(pieces.size(), false);
+        for (std::size_t k = 0; k < pieces.size(); ++k) {
+            const std::uint64_t at = k * B;
+            check->real.push_back(at < pbytes ? std::min(B, pbytes - at) : 0);
+            pieces[k]->check = check;
+        }
+        check->want = *src.xxh3;
+        check->where = src.where;
+        check->path = src.file->path();
+        check->offset = src.offset;
+        check->rank = static_cast<int>(rank);
+        check->verified = check->done.get_future().share();
+    }
     std::erase_if(fetch.reads_out, [](const std::shared_future<void>& f) {
         return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     });
     for (auto& piece : pieces) fetch.reads_out.push_back(piece->future);
+    if (check) fetch.reads_out.push_back(check->verified);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
         auto& piece = pieces[k];
         const std::uint64_t at = k * B, n = std::min(B, total - at);
-        io.read_then(*src.file, src.offset + at, piece->lease.bytes().first(n), [piece](const IoError* e) {
+        io.read_then(*src.file, src.offset + at, piece->lease.bytes().first(n), [piece, check, k](const IoError* e) {
+            // The hash first: the copy that waits for this piece finds the
+            // partition's check under way, never a stream held while it runs.
+            if (check) check->arrived(k, e);
             if (e)
                 piece->done.set_exception(std::make_exception_ptr(*e));
             else
@@ -293,6 +314,35 @@ std::vector<std::shared_ptr<detail::ReadPiece>> InfinityEngine::Impl::read_parti
         });
     }
     return pieces;
+}
+
+void detail::ReadCheck::arrived(std::size_t k, const IoError* e) {
+    std::lock_guard lk(mu);
+    if (settled) return;
+    if (e) {
+        settled = true;
+        pieces.clear();
+        done.set_exception(std::make_exception_ptr(*e));
+        return;
+    }
+    in[k] = true;
+    while (next < in.size() && in[next]) {
+        hash.update(pieces[next]->lease.bytes().first(real[next]));
+        pieces[next].reset();  // its lease goes back once its copy is done too
+        ++next;
+    }
+    if (next < in.size()) return;
+    settled = true;
+    pieces.clear();
+    const std::uint64_t got = hash.digest();
+    if (got == want) {
+        done.set_value();
+        return;
+    }
+    done.set_exception(std::make_exception_ptr(
+        DataError(where + ": xxh3 " + hex64(got) + " of the bytes read, the state says " + hex64(want) +
+                      " (the file changed under the run, or the disk returned other bytes)",
+                  {.path = path, .offset = offset, .rank = rank})));
 }
 
 // The nc stage runs further ahead than gg: past the fetches in flight, the
@@ -374,30 +424,20 @@ std::span<const std::byte> InfinityEngine::Impl::copy_in(ParamState& p, std::spa
                 pieces = read_partition(src, pbytes, false);
             }
             const std::uint64_t B = pool.buffer_bytes();
-            auto hash = std::make_shared<Xxh3Stream>();
+            std::shared_ptr<detail::ReadCheck> check = pieces.empty() ? nullptr : pieces.front()->check;
             for (std::size_t k = 0; k < pieces.size(); ++k) {
                 auto piece = pieces[k];
                 const std::uint64_t at = k * B;
-                // cg: once the read is in, hash what belongs to the partition
-                // and copy it to the device; the lease goes back after the copy.
+                // cg: once the read is in, copy what belongs to the partition
+                // to the device (its hash runs on the io thread meanwhile:
+                // ReadCheck); the lease goes back after the copy.
                 const std::uint64_t real = at < pbytes ? std::min(B, pbytes - at) : 0;
-                dev.host(*h2d, [piece, hash, real] {
-                    piece->future.get();
-                    hash->update(piece->lease.bytes().first(real));
-                });
+                dev.host(*h2d, [piece] { piece->future.get(); });
                 if (real) dev.copy(*h2d, own.subspan(at, real), piece->lease.bytes().first(real));
                 dev.host(*h2d, [piece]() mutable { piece.reset(); });
             }
-            if (src.xxh3)
-                dev.host(*h2d, [hash, want = *src.xxh3, where = src.where, path = src.file->path(),
-                                offset = src.offset, rank = rank] {
-                    const std::uint64_t got = hash->digest();
-                    if (got != want)
-                        throw DataError(where + ": xxh3 " + hex64(got) + " of the bytes read, the state says " +
-                                            hex64(want) + " (the file changed under the run, or the disk returned "
-                                                          "other bytes)",
-                                        {.path = path, .offset = offset, .rank = static_cast<int>(rank)});
-                });
+            // Before anything gathers it: the partition is what the record says.
+            if (check) dev.host(*h2d, [check] { check->verified.get(); });
             st.fetched_bytes[2] += pbytes;
         }
         src_dev = own;

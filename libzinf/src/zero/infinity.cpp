@@ -209,13 +209,15 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
             // run, filled from the optimizer's copy and refreshed by on_param.
             ps.resident = dev.arena().allocate(ps.per * ps.dt, "gpu-tier parameter partition");
             const ParamSource src = store.param_source(ps.tensor);
-            dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.memory);
+            dev.copy(*h2d, {ps.resident.data(), ps.resident.size()}, src.device.empty() ? src.memory : src.device);
         }
         if (ps.persistent) ps.persist = dev.arena().allocate(detail::values_layout(ps, dp, bf16).bytes, "persistent parameter");
         if (ps.shared_grad) ps.shared = dev.arena().allocate(ps.numel * 4, "shared gradient");
     }
     dev.synchronize(*h2d);
-    gradients.staging = pool.pin(largest_count * 4, "engine's gradient staging");
+    gradients.slot = align_up(largest_count * 4, 4096);
+    gradients.staging = pool.pin(GradientStage::kStaging * gradients.slot, "engine's gradient staging ring");
+    gradients.worker = std::thread([this] { handover_loop(); });
     if (largest_resident) {
         refresh.piece = std::min<std::uint64_t>(largest_resident, pool.buffer_bytes());
         refresh.staging = pool.pin(RefreshStage::kPieces * refresh.piece, "engine's gpu-tier refresh staging");
@@ -230,6 +232,12 @@ Impl::Impl(const shard::Manifest& m_, std::span<const Module* const> mods, comm:
 
 Impl::~Impl() {
     reset_streams();
+    {
+        std::lock_guard lk(gradients.mu);
+        gradients.quit = true;
+    }
+    gradients.cv.notify_all();
+    if (gradients.worker.joinable()) gradients.worker.join();
     if (flat) try {
             coll_comm->set_flat_area({});
         } catch (const std::exception& e) {
@@ -254,6 +262,11 @@ void Impl::reset_streams() noexcept {
     fetch.prefetched.clear();
     fetch.parked.clear();
     fetch.parked_bytes = 0;
+    drain_handovers();
+    {
+        std::lock_guard lk(gradients.mu);
+        gradients.error = nullptr;
+    }
     gradients.handovers.clear();
     gradients.handover_bytes = 0;
     fetch.pre_read.clear();
@@ -465,13 +478,77 @@ void Impl::hand_over(const Module& mod) {
         ++st.collectives;
     }
     dev.wait(*d2h, dev.record(*coll));
+    auto& G = gradients;
     for (const Out& o : outs) {
-        const auto host = gradients.staging.bytes().first(o.count * 4);
-        dev.copy(*d2h, host, o.src);
-        dev.host(*d2h, [this, o, host] {
-            store.put_gradient(o.tensor, std::span<const float>(reinterpret_cast<const float*>(host.data()), o.count));
-        });
+        const std::uint64_t n = G.tickets++;
+        const std::size_t i = n % GradientStage::kStaging;
+        if (n >= GradientStage::kStaging)
+            dev.host(*d2h, [&G, need = n - GradientStage::kStaging + 1] {
+                std::unique_lock lk(G.mu);
+                if (G.handed >= need) return;
+                const auto t0 = std::chrono::steady_clock::now();
+                G.cv.wait(lk, [&] { return G.handed >= need; });
+                G.staging_wait_ns += static_cast<std::uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+            });
+        const auto host = G.staging.bytes().subspan(i * G.slot, o.count * 4);
+        GradientStage::Job job{{}, i, o.tensor, o.count};
+        // Every ticket reaches the worker, or the stream's later waits for it never end.
+        auto queue = [&] {
+            {
+                std::lock_guard lk(G.mu);
+                G.jobs.push_back(std::move(job));
+            }
+            G.cv.notify_all();
+        };
+        try {
+            dev.copy(*d2h, host, o.src);
+            job.copied = dev.record(*d2h);
+        } catch (...) {
+            job.dropped = true;
+            queue();
+            throw;
+        }
+        queue();
     }
+}
+
+// The engine's hand-over worker (GradientStage): each copy waited for, its
+// partition handed to the store, its buffer freed, in queue order.
+void Impl::handover_loop() {
+    auto& G = gradients;
+    std::unique_lock lk(G.mu);
+    for (;;) {
+        G.cv.wait(lk, [&] { return G.quit || !G.jobs.empty(); });
+        if (G.jobs.empty()) return;  // quit, with nothing left
+        GradientStage::Job job = std::move(G.jobs.front());
+        G.jobs.pop_front();
+        G.working = true;
+        const bool failed = G.error != nullptr;
+        lk.unlock();
+        std::exception_ptr e;
+        try {
+            if (!job.dropped) dev.synchronize(job.copied);
+            if (!failed && !job.dropped) {
+                const auto host = G.staging.bytes().subspan(job.buffer * G.slot, job.count * 4);
+                store.put_gradient(job.tensor,
+                                   std::span<const float>(reinterpret_cast<const float*>(host.data()), job.count));
+            }
+        } catch (...) {
+            e = std::current_exception();
+        }
+        lk.lock();
+        if (e && !G.error) G.error = e;
+        G.working = false;
+        ++G.handed;
+        G.cv.notify_all();
+    }
+}
+
+void Impl::drain_handovers() noexcept {
+    auto& G = gradients;
+    std::unique_lock lk(G.mu);
+    G.cv.wait(lk, [&] { return G.jobs.empty() && !G.working; });
 }
 
 // See RefreshStage. A piece's last copy is waited for by polling, not by
@@ -623,6 +700,7 @@ void InfinityEngine::begin(bool train) {
     I.trace.pos = I.trace.pf_next = 0;
     I.fetch.ahead_bytes = 0;
     I.fetch.stall_ns = 0;
+    I.gradients.staging_wait_ns = 0;
     I.st = {};
     I.ring.places.reset_peak();
     I.trace.replay = !I.trace.order[train].empty();
@@ -642,6 +720,14 @@ void InfinityEngine::end() {
         } catch (...) {
             if (!failed) failed = std::current_exception();
         }
+    // Every gradient handed over (or the first hand-over's error).
+    I.drain_handovers();
+    {
+        std::lock_guard lk(I.gradients.mu);
+        if (!failed && I.gradients.error) failed = I.gradients.error;
+        I.gradients.error = nullptr;
+    }
+    I.st.staging_wait_seconds = static_cast<double>(I.gradients.staging_wait_ns.load()) / 1e9;
     if (!failed && (!I.fetch.current.empty()))
         failed = std::make_exception_ptr(InternalError("engine: a pass ended inside a module's hooks"));
     if (!failed && (I.trace.order[I.train].empty() || I.trace.diverged))
@@ -659,6 +745,26 @@ void InfinityEngine::on_param(std::size_t tensor, std::uint64_t first, std::span
     Impl& I = *impl_;
     auto& p = I.params.at(tensor);
     if (p.tier == shard::Tier::gpu) I.refresh_param(p, first, values);
+}
+
+// The device's AdamW wrote the new values (the optimizer's copy on the
+// device): copied into the resident partition on the device, on the
+// optimizer's stream `s` after its kernels and after the last gather that
+// read the old values; the next gather waits for it.
+void InfinityEngine::updated_on_device(std::size_t tensor, std::uint64_t first, std::span<const std::byte> values,
+                                       device::Stream& s) {
+    Impl& I = *impl_;
+    auto& p = I.params.at(tensor);
+    if (p.tier != shard::Tier::gpu) return;
+    const std::uint64_t at0 = first * p.dt;
+    if (at0 + values.size() > p.resident.size())
+        throw InternalError("engine: a refresh of " + I.m.tensors[p.tensor].name + " writes bytes [" +
+                            std::to_string(at0) + ", " + std::to_string(at0 + values.size()) + ") of a " +
+                            std::to_string(p.resident.size()) + "-byte partition");
+    std::lock_guard lk(I.refresh.mu);
+    I.dev.wait(s, p.last_read);
+    I.dev.copy(s, {p.resident.data() + at0, values.size()}, values);
+    p.refreshed = I.dev.record(s);
 }
 
 void InfinityEngine::after_step() { ++impl_->version; }

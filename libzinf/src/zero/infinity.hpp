@@ -14,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <condition_variable>
 #include <string>
 #include <vector>
 
@@ -130,10 +132,37 @@ struct Fetch {
 // stream's jobs, so the lease goes back to the pool only when both are done
 // with it (a read still in flight never writes into a buffer someone else
 // holds).
+struct ReadCheck;
 struct ReadPiece {
     mem::Lease lease;
     std::promise<void> done;
     std::shared_future<void> future;
+    std::shared_ptr<ReadCheck> check;  // the partition's xxh3 (none without one to check)
+};
+
+// The xxh3 of a partition's pieces as their reads complete, on the io
+// engine's completion thread (a host worker, not a device stream): each
+// piece hashed once it and every piece before it are in, the digest checked
+// against the record's when the last is. `verified` is set then: ready, or
+// the DataError (65, naming file, offset and rank) of a mismatch, or the
+// read's IoError. The copies to the device wait only for their reads; the
+// stream waits for `verified` once, after them, before anything gathers the
+// partition.
+struct ReadCheck {
+    std::mutex mu;
+    Xxh3Stream hash;
+    std::vector<std::shared_ptr<ReadPiece>> pieces;  // until hashed
+    std::vector<std::uint64_t> real;                  // each piece's bytes of the partition
+    std::vector<bool> in;                             // read
+    std::size_t next = 0;                             // the next piece to hash
+    bool settled = false;
+    std::uint64_t want = 0;
+    std::string where, path;
+    std::uint64_t offset = 0;
+    int rank = 0;
+    std::promise<void> done;
+    std::shared_future<void> verified;
+    void arrived(std::size_t k, const IoError* e);  // the io callback of piece k
 };
 
 // A hook in the recorded order: a module fetched, for forward or with gradients.
@@ -257,12 +286,48 @@ struct InfinityEngine::Impl {
     // budget (and two of the largest modules), so backward cannot run
     // arbitrarily far ahead of the hand-over and spread its buffers over the
     // whole ring.
+    //
+    // The partitions leave through a ring of kStaging page-locked buffers
+    // (one region from the pool, each the largest partition): a partition's
+    // copy goes on the d2h stream into the next buffer, and a host worker of
+    // the engine's own (not a stream: put_gradient blocks, writes files and
+    // may throw) waits for the copy's event and hands it to the store, in
+    // the order they were queued, then frees the buffer. The copies are
+    // numbered (tickets, in queue order; buffer = ticket mod kStaging): the
+    // d2h stream waits, before the copy of ticket n, until the hand-overs
+    // before n - kStaging + 1 are done (a wait of its own, timed in
+    // `staging_wait_ns`; the backward's caller never waits, so the launches
+    // stay ahead of the device). So a slow hand-over holds up neither the
+    // d2h stream nor the next copies while a buffer is free, and never sees
+    // its bytes overwritten. The worker's first error is the pass's
+    // (end()); what is queued after it is dropped, its buffers freed.
     struct GradientStage {
-        mem::Pinned staging;  // host: the largest gradient partition, for the hand-over
+        static constexpr std::size_t kStaging = 3;
+        mem::Pinned staging;  // host: kStaging buffers of `slot` bytes
+        std::uint64_t slot = 0;
+        struct Job {
+            device::Event copied;
+            std::size_t buffer;
+            std::size_t tensor;
+            std::uint64_t count;
+            bool dropped = false;  // its copy was never queued: only counted
+        };
+        std::thread worker;
+        std::mutex mu;
+        std::condition_variable cv;
+        std::deque<Job> jobs;          // queued, not yet handed over
+        std::uint64_t tickets = 0;     // copies queued, this run
+        std::uint64_t handed = 0;      // hand-overs done (or dropped), in ticket order
+        bool working = false;          // the worker is handing one over
+        bool quit = false;
+        std::exception_ptr error;      // the first hand-over that failed
+        std::atomic<std::uint64_t> staging_wait_ns{0};  // the d2h stream waiting for a free buffer, this pass
         std::deque<std::pair<device::Event, std::uint64_t>> handovers;
         std::uint64_t handover_bytes = 0;
         std::uint64_t largest_block = 0;  // the largest module's fetch, gradients included
     } gradients;
+    void handover_loop();
+    void drain_handovers() noexcept;  // waits until every queued hand-over is done (or dropped)
 
     // The gpu tier's refresh after the optimizer (on_param, called on the
     // optimizer's thread, during backward when its update overlaps it): the

@@ -27,7 +27,38 @@ namespace {
 std::string where_of(const shard::Manifest& m, std::size_t t, unsigned rank, const std::string& state) {
     return m.tensors[t].name + " rank " + std::to_string(rank) + " " + state;
 }
+
+bool has_master(const shard::Manifest& m) {
+    return std::find(m.states.begin(), m.states.end(), "master") != m.states.end();
+}
+
+// The update runs on the device (zero.hpp, OptimizerOptions::device): a
+// device given, the optimizer state on the gpu tier, and the working
+// parameters there too (the update writes them; fp32 ones are the master
+// weights themselves).
+bool device_update(const shard::Manifest& m, const OptimizerOptions& o) {
+    return o.device && m.opts.optim_tier == shard::Tier::gpu && m.opts.param_tier == shard::Tier::gpu;
+}
+
+// The bytes of `rank`'s file of `state` its partitions reach, aligned (RoleState::end).
+std::uint64_t state_end(const shard::Manifest& m, unsigned rank, const std::string& state) {
+    std::uint64_t end = 0;
+    for (const auto& part : m.parts)
+        if (part.rank == rank && part.state == state)
+            end = std::max(end, align_up(part.offset + part.bytes, m.opts.alignment));
+    return end;
+}
 }  // namespace
+
+std::uint64_t Optimizer::device_bytes(const shard::Manifest& m, unsigned rank, const OptimizerOptions& opts) {
+    if (!device_update(m, opts)) return 0;
+    const auto block = [](std::uint64_t b) { return align_up(std::max<std::uint64_t>(b, 1), mem::kArenaAlignment); };
+    std::uint64_t bytes = block(detail::packed_layout(m.tensors, m.opts, opts.grad_dtype).bytes);
+    for (const char* state : {"exp_avg", "exp_avg_sq"}) bytes += block(state_end(m, rank, state));
+    bytes += block(state_end(m, rank, has_master(m) ? "master" : "param"));
+    if (has_master(m)) bytes += block(state_end(m, rank, "param"));
+    return bytes;
+}
 
 // ---------------------------------------------------------------------------
 Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& eng, mem::PinnedPool& p,
@@ -45,6 +76,13 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
         throw UsageError("the manifest is laid out for dp " + std::to_string(m.opts.dp) + ", but " +
                          std::to_string(comm.size()) + " rank(s) run the optimizer");
     rank = static_cast<unsigned>(comm.rank());
+    on_device = device_update(m, opts);
+    if (on_device) dev = opts.device;
+    else if (m.opts.optim_tier == shard::Tier::gpu)
+        log::warn_once("optim-gpu-tier", std::string("gpu-tier optimizer state is held in host memory and updated "
+                                                     "by the CPU AdamW: ") +
+                                             (opts.device ? "the working parameters are not on the gpu tier"
+                                                          : "no device was given to the optimizer"));
     path = opts.manifest_path.empty() ? m.dir + "/manifest.jsonl" : opts.manifest_path;
     alignment = m.opts.alignment;
     tensor_count = m.tensors.size();
@@ -62,11 +100,11 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
                             "assembled from two runs?)");
 
     index_records();
-    const bool has_master = std::find(m.states.begin(), m.states.end(), "master") != m.states.end();
-    setup_role(Role::master, has_master ? "master" : "param");
+    const bool masters = has_master(m);
+    setup_role(Role::master, masters ? "master" : "param");
     setup_role(Role::exp_avg, "exp_avg");
     setup_role(Role::exp_avg_sq, "exp_avg_sq");
-    if (has_master) setup_role(Role::param, "param");
+    if (masters) setup_role(Role::param, "param");
     for (Role r : {Role::master, Role::exp_avg, Role::exp_avg_sq, Role::param})
         if (roles[r].present && !roles[r].file) commit_steps = false;
     // Speculation needs the previous generation of everything the update
@@ -198,9 +236,6 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
         return;
     }
     // Held in memory for the run: read now, every partition checked.
-    if ((state == "param" ? m.opts.param_tier : m.opts.optim_tier) == shard::Tier::gpu)
-        log::warn_once("optim-gpu-tier", "gpu-tier state is held in host memory and updated by the CPU AdamW: "
-                                         "the optimizer does not run the device's kernel yet");
     rs.image = pool.pin(rs.end, "optimizer's " + state + " in memory");
     io::File f = open_file(rs.name(rs.cur), false, rs.end);
     engine.wait(engine.read(f, 0, rs.image.bytes()));
@@ -212,6 +247,14 @@ void Optimizer::Impl::setup_role(Role r, const std::string& state) {
                                 hex64(*part.xxh3),
                             {.path = m.path_of(part.file), .offset = part.offset, .rank = static_cast<int>(rank)});
     }
+    if (!on_device) return;
+    // On the device for the run: the checked bytes copied there, the host's
+    // image given back.
+    rs.dev = dev->arena().allocate(std::max<std::uint64_t>(rs.end, 1), "optimizer's gpu-tier " + state);
+    device::Stream& s = dev->h2d();
+    dev->copy(s, {rs.dev.data(), rs.end}, rs.image.bytes().first(rs.end));
+    dev->synchronize(s);
+    rs.image = mem::Pinned();
 }
 
 void Optimizer::Impl::setup_grad() {
@@ -249,6 +292,9 @@ void Optimizer::Impl::setup_grad() {
     }
     if (!g.file) {
         if (!g.image) g.image = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients in memory");
+        // Handed over on the host (their norm is the host's), copied to the
+        // device by the update.
+        if (on_device) g.dev = dev->arena().allocate(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients");
         return;
     }
     // Past the budget, a file through the page cache, unlike every state
@@ -696,6 +742,10 @@ auto Optimizer::Impl::locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf
 template <class PieceBuf>
 void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2],
                              Totals& tot, bool on_worker) {
+    if (on_device) {
+        update_on_device(c, sc, tot);
+        return;
+    }
     const auto at = locator(c, i, piece_buf);
 
     std::vector<optim::Update> us;
@@ -739,6 +789,58 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf,
         const Role out = roles[Role::param].present ? Role::param : Role::master;
         for (const Piece& p : c.pieces) listener->updated(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt});
     }
+}
+
+// The same update as the host's, element for element (kernel_math's
+// adamw_update, no fused multiply-add on either backend), with the same
+// scalars: the clipping coefficient and the loss scale are in grad_scale,
+// decided on the host from the norm of the gradients as handed over, and a
+// skipped step never gets here. The gradients the host holds go to the
+// device first, in one copy (the pieces are in file order, and so is the
+// gradients' layout). All on the h2d stream, in order: the copy, the
+// kernels, what the listener queues; the host then waits for the stream to
+// get there, so that the next step's hand-over may write the gradients'
+// host copy and the update's time is the device's.
+void Optimizer::Impl::update_on_device(const Chunk& c, const optim::Scalars (&sc)[2], Totals& tot) {
+    if (c.pieces.empty()) return;
+    device::Device& d = *dev;
+    device::Stream& s = d.h2d();
+    Timer t;
+    RoleState& g = roles[Role::grad];
+    const Piece &a = c.pieces.front(), &z = c.pieces.back();
+    const std::uint64_t lo = g.offset[a.tensor] + a.e0 * g.dt, hi = g.offset[z.tensor] + z.e1 * g.dt;
+    d.copy(s, {g.dev.data() + lo, hi - lo}, g.image.bytes().subspan(lo, hi - lo));
+    const auto at = [&](Role r, const Piece& p) {
+        return roles[r].dev.data() + roles[r].offset[p.tensor] + p.e0 * roles[r].dt;
+    };
+    for (const Piece& p : c.pieces) {
+        const std::size_t n = p.e1 - p.e0;
+        optim::Update u;
+        u.master = {reinterpret_cast<float*>(at(Role::master, p)), n};
+        u.exp_avg = {reinterpret_cast<float*>(at(Role::exp_avg, p)), n};
+        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::exp_avg_sq, p)), n};
+        if (g.dtype == shard::DType::fp32)
+            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::grad, p)), n};
+        else
+            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::grad, p)), n};
+        if (roles[Role::param].present) u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::param, p)), n};
+        d.adamw(s, u, sc[decays(p.tensor) ? 0 : 1]);
+    }
+    if (listener) {
+        const Role out = roles[Role::param].present ? Role::param : Role::master;
+        for (const Piece& p : c.pieces)
+            listener->updated_on_device(p.tensor, p.e0, {at(out, p), (p.e1 - p.e0) * roles[out].dt}, s);
+    }
+    d.synchronize(d.record(s));
+    tot.update += t.seconds();
+}
+
+std::span<const std::byte> Optimizer::Impl::host_copy(RoleState& rs, mem::Pinned& out) {
+    out = pool.pin(std::max<std::uint64_t>(rs.end, 1), "optimizer's " + rs.state + " from the device");
+    device::Stream& s = dev->stream(device::StreamKind::d2h);
+    dev->copy(s, out.bytes().first(rs.end), {rs.dev.data(), rs.end});
+    dev->synchronize(s);
+    return out.bytes().first(rs.end);
 }
 
 // Piece by piece in order, each written file partition's new xxh3.

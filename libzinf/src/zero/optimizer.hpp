@@ -42,6 +42,10 @@ struct RoleState {
     io::File gen_f[3];      // opened when first used
     std::string name(int g) const;
     mem::Pinned image;      // memory roles: the file's first `end` bytes
+    // Device roles (Optimizer::Impl::on_device): the same bytes in the
+    // device's arena instead of `image`; for the gradients, the device's
+    // copy of `image`, which put_gradient fills on the host.
+    mem::Block dev;
     std::vector<std::unique_ptr<Xxh3Stream>> hash;  // per tensor, while a step writes it
     std::vector<std::uint64_t> new_hash;            // per tensor, when written whole
     // Streamed roles read back: the xxh3 the `cur` generation must have (the
@@ -88,6 +92,11 @@ struct Optimizer::Impl {
     mem::PinnedPool& pool;
     OptimizerOptions opts;
     ParamListener* listener = nullptr;  // told of every piece updated (Optimizer::listen)
+    // The update on the device (OptimizerOptions::device, gpu tier): every
+    // state the update reads or writes is held in the device's arena, no
+    // file role; the update is Device::adamw on its h2d stream.
+    device::Device* dev = nullptr;
+    bool on_device = false;
     double lr = 0;
     unsigned rank = 0;
     std::string path;            // the manifest commits go to
@@ -217,6 +226,12 @@ struct Optimizer::Impl {
     template <class PieceBuf>
     void update(const Chunk& c, std::size_t i, PieceBuf& piece_buf, const optim::Scalars (&sc)[2], Totals& tot,
                 bool worker);
+    // update() of a chunk on the device (on_device): the gradients of its
+    // pieces copied to the device, one Device::adamw per piece, the
+    // listener told, and the host waits for the stream to get there.
+    void update_on_device(const Chunk& c, const optim::Scalars (&sc)[2], Totals& tot);
+    // A device role's bytes [0, end) on the host, in `out` (pinned here).
+    std::span<const std::byte> host_copy(detail::RoleState& rs, mem::Pinned& out);
     // The new xxh3 of chunk i's written file partitions (after update()).
     template <class PieceBuf>
     void hash_written(const Chunk& c, std::size_t i, PieceBuf& piece_buf, Totals& tot, bool worker);

@@ -526,6 +526,7 @@ void Impl::finish_report(StepReport& rep, double loss_scale) {
     rep.chunk_bytes = piece_bytes;
     rep.readahead_bytes = totals.readahead;
     rep.readahead_used_bytes = totals.readahead_used;
+    rep.device_update = on_device;
     next_step(loss_scale);
     rep.step = step;
 }
@@ -704,11 +705,14 @@ void Impl::save() {
             }
             const int g = rs.committed == 0 ? 1 : 0;
             io::File f = open_file(rs.name(g), true, rs.end);
-            engine.wait(engine.write(f, 0, rs.image.bytes().first(rs.end)));
+            // On the device: its bytes through page-locked memory, for the save only.
+            mem::Pinned held;
+            const std::span<const std::byte> bytes = rs.dev ? host_copy(rs, held) : rs.image.bytes().first(rs.end);
+            engine.wait(engine.write(f, 0, bytes));
             engine.sync(f);
             f.close();
             for (std::size_t t = 0; t < tensor_count; ++t)
-                rs.new_hash[t] = xxh3(rs.image.bytes().subspan(rs.part[t]->offset, rs.part[t]->bytes));
+                rs.new_hash[t] = xxh3(bytes.subspan(rs.part[t]->offset, rs.part[t]->bytes));
             changed.emplace_back(r, g);
         }
     } catch (...) {
@@ -716,6 +720,11 @@ void Impl::save() {
     }
     comm::agree(comm, failed, "nothing was saved; the manifest names the state before");
     commit(changed, step);
+}
+
+void ParamListener::updated_on_device(std::size_t tensor, std::uint64_t, std::span<const std::byte>, device::Stream&) {
+    throw InternalError("the optimizer updated tensor " + std::to_string(tensor) +
+                        " on the device, but its listener takes host memory only");
 }
 
 // ---------------------------------------------------------------------------
@@ -744,6 +753,7 @@ std::uint64_t Optimizer::gradient_scratch_bytes() const {
     return impl_->grad_scratch ? impl_->roles[Role::grad].end : 0;
 }
 bool Optimizer::gradient_scratch_in_memory() const { return impl_->grad_scratch && !impl_->roles[Role::grad].file; }
+bool Optimizer::updates_on_device() const { return impl_->on_device; }
 
 void Optimizer::set_lr(double lr) {
     optim::AdamW h = impl_->opts.adamw;
@@ -790,6 +800,10 @@ Optimizer::ParamSource Optimizer::param_source(std::size_t tensor) {
     // A pipelined update under way: its new values once written.
     const bool updating = I.pend;
     if (updating) I.pend_wait(tensor);
+    if (rs.dev) {
+        src.device = {rs.dev.data() + rs.offset[tensor], src.bytes};
+        return src;
+    }
     if (!rs.file) {
         src.memory = rs.image.bytes().subspan(rs.offset[tensor], src.bytes);
         return src;
