@@ -48,6 +48,24 @@ std::uint64_t state_end(const shard::Manifest& m, unsigned rank, const std::stri
             end = std::max(end, align_up(part.offset + part.bytes, m.opts.alignment));
     return end;
 }
+
+// One piece's AdamW views, where `at(role, piece)` says its bytes are (host
+// memory and file buffers, or the device arena): the master weights, the
+// moments, the gradient in its dtype, and the bf16 working copy when there is one.
+template <class At>
+optim::Update piece_update(const At& at, const Piece& p, shard::DType grad, bool param) {
+    const std::size_t n = p.e1 - p.e0;
+    optim::Update u;
+    u.master = {reinterpret_cast<float*>(at(Role::master, p)), n};
+    u.exp_avg = {reinterpret_cast<float*>(at(Role::exp_avg, p)), n};
+    u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::exp_avg_sq, p)), n};
+    if (grad == shard::DType::fp32)
+        u.grad_f32 = {reinterpret_cast<const float*>(at(Role::grad, p)), n};
+    else
+        u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::grad, p)), n};
+    if (param) u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::param, p)), n};
+    return u;
+}
 }  // namespace
 
 std::uint64_t Optimizer::device_bytes(const shard::Manifest& m, unsigned rank, const OptimizerOptions& opts) {
@@ -754,16 +772,8 @@ void Optimizer::Impl::update(const Chunk& c, std::size_t i, PieceBuf& piece_buf,
     ss.reserve(c.pieces.size());
     for (const Piece& p : c.pieces) {
         const std::size_t n = p.e1 - p.e0;
-        optim::Update u;
-        u.master = {reinterpret_cast<float*>(at(Role::master, p)), n};
-        u.exp_avg = {reinterpret_cast<float*>(at(Role::exp_avg, p)), n};
-        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::exp_avg_sq, p)), n};
-        if (roles[Role::grad].dtype == shard::DType::fp32)
-            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::grad, p)), n};
-        else
-            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::grad, p)), n};
+        const optim::Update u = piece_update(at, p, roles[Role::grad].dtype, roles[Role::param].present);
         if (roles[Role::param].present) {
-            u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::param, p)), n};
             // A speculative update of parameters held in memory keeps what
             // it overwrites: a skipped step puts them back.
             if (on_worker && !roles[Role::param].file)
@@ -813,19 +823,8 @@ void Optimizer::Impl::update_on_device(const Chunk& c, const optim::Scalars (&sc
     const auto at = [&](Role r, const Piece& p) {
         return roles[r].dev.data() + roles[r].offset[p.tensor] + p.e0 * roles[r].dt;
     };
-    for (const Piece& p : c.pieces) {
-        const std::size_t n = p.e1 - p.e0;
-        optim::Update u;
-        u.master = {reinterpret_cast<float*>(at(Role::master, p)), n};
-        u.exp_avg = {reinterpret_cast<float*>(at(Role::exp_avg, p)), n};
-        u.exp_avg_sq = {reinterpret_cast<float*>(at(Role::exp_avg_sq, p)), n};
-        if (g.dtype == shard::DType::fp32)
-            u.grad_f32 = {reinterpret_cast<const float*>(at(Role::grad, p)), n};
-        else
-            u.grad_bf16 = {reinterpret_cast<const std::uint16_t*>(at(Role::grad, p)), n};
-        if (roles[Role::param].present) u.param_bf16 = {reinterpret_cast<std::uint16_t*>(at(Role::param, p)), n};
-        d.adamw(s, u, sc[decays(p.tensor) ? 0 : 1]);
-    }
+    for (const Piece& p : c.pieces)
+        d.adamw(s, piece_update(at, p, g.dtype, roles[Role::param].present), sc[decays(p.tensor) ? 0 : 1]);
     if (listener) {
         const Role out = roles[Role::param].present ? Role::param : Role::master;
         for (const Piece& p : c.pieces)
