@@ -30,11 +30,22 @@ manifest() { # the bundle's MANIFEST with the package lines given
     echo "archive deps.tar.xz $(stat -c %s "$TMP/bundle/deps.tar.xz") $(sha256sum "$TMP/bundle/deps.tar.xz" | cut -d' ' -f1)"
   } >"$TMP/bundle/MANIFEST"
 }
-gpu_check() { # OUT [PATH prefix]: gpu-check --from the bundle, its status in $rc
-  PATH="$G/fakebin:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$1" --quick \
-    --cpu-suites none --jobs 1 >"$TMP/gc.out" 2>&1
+# run_check OUT BINDIR [OPTION...]: gpu-check --from the bundle with BINDIR
+# first on PATH, its status in $rc and its last lines in $err.
+run_check() {
+  local out=$1 bin=$2
+  shift 2
+  PATH="$bin:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$out" \
+    --cpu-suites none --jobs 1 "$@" >"$out.log" 2>&1
   rc=$?
-  err=$(tail -n 5 "$TMP/gc.out")
+  err=$(tail -n 5 "$out.log")
+}
+gpu_check() { run_check "$1" "$G/fakebin" --quick; } # OUT: the tests only, no driver
+# steps DIR PREFIX STATUS [REASON]: how many steps of DIR/results.jsonl are
+# named PREFIX..., ended STATUS, with a reason that starts REASON.
+steps() {
+  jq -s --arg p "$2" --arg s "$3" --arg r "${4:-}" \
+    '[.[] | select((.name | startswith($p)) and .status == $s and ((.reason // "") | startswith($r)))] | length' "$1/results.jsonl"
 }
 three_files() { [[ -s $1/log.txt && -s $1/results.jsonl && -s $1/summary.txt ]]; }
 
@@ -47,17 +58,13 @@ gpu_check "$TMP/r1"
 expect_rc 3 "--quick on a host without a GPU: exit 3, not 0, so gpu-check.sh && deploy does not deploy"
 check "…and the summary's verdict says NO GPU, with why" bash -c \
   'tail -n 1 "$1/summary.txt" | grep -q "0 failed.*: NO GPU (no GPU: nvidia-smi answers: NVIDIA-SMI has failed"' _ "$TMP/r1"
-check "…no step failed" bash -c 'test "$(jq -s "[.[] | select(.status == \"fail\")] | length" "$1/results.jsonl")" = 0' _ "$TMP/r1"
+check "…no step failed" test "$(steps "$TMP/r1" "" fail)" = 0
 # Without --quick and without a GPU: the step profiles are skipped, each
 # with the reason, and the verdict is still NO GPU.
-PATH="$G/fakebin:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$TMP/r3" \
-  --cpu-suites none --jobs 1 >"$TMP/gc3.out" 2>&1
-rc=$?
+run_check "$TMP/r3" "$G/fakebin"
 expect_rc 3 "the whole check on a host without a GPU: exit 3"
-check "…the six step profiles skipped for want of a GPU" bash -c \
-  'test "$(jq -s "[.[] | select((.name | startswith(\"profile/\")) and .status == \"skip\" and (.reason | startswith(\"no GPU\")))] | length" "$1/results.jsonl")" = 6' _ "$TMP/r3"
-check "…the eight ZeRO-Infinity runs skipped for want of a GPU" bash -c \
-  'test "$(jq -s "[.[] | select((.name | startswith(\"infinity/\")) and .status == \"skip\" and (.reason | startswith(\"no GPU\")))] | length" "$1/results.jsonl")" = 8' _ "$TMP/r3"
+check "…the six step profiles skipped for want of a GPU" test "$(steps "$TMP/r3" profile/ skip "no GPU")" = 6
+check "…the eight ZeRO-Infinity runs skipped for want of a GPU" test "$(steps "$TMP/r3" infinity/ skip "no GPU")" = 8
 # Those runs re-tier one state with jq instead of writing it again per
 # placement: the layout's files and offsets do not depend on the tiers.
 untiered() { "$BIN/zinf-shard" layout --model gpt2-124m --param "$1" --optim "$2" | jq -c 'del(.tier, .param_tier, .optim_tier, .grad_tier)'; }
@@ -75,9 +82,7 @@ printf '#!/bin/sh\ncase " $* " in *" --help "*) echo "  --profile  Time every de
   "$TMP/records.jsonl" >"$G/bin/zinf-train"
 printf '#!/bin/sh\necho "NVIDIA H200, 575.57.08, 143771 MiB"\n' >"$TMP/gpu/nvidia-smi"
 chmod +x "$G/bin/zinf-train" "$TMP/gpu/nvidia-smi"
-PATH="$TMP/gpu:$PATH" timeout 300 bash "$G/scripts/gpu-check.sh" --from "$TMP/bundle" --out "$TMP/r4" \
-  --cpu-suites none --jobs 1 >"$TMP/gc4.out" 2>&1
-rc=$?
+run_check "$TMP/r4" "$TMP/gpu"
 expect_rc 0 "a host with a GPU whose profiles pass: exit 0 (PASS)"
 check "…six profile steps passed, each with the records as figures" bash -c \
   'test "$(jq -s "[.[] | select((.name | startswith(\"profile/\")) and .status == \"pass\" and (.figures.records | length) > 3)] | length" "$1/results.jsonl")" = 6' _ "$TMP/r4"
