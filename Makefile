@@ -607,7 +607,7 @@ demo: deps-check
 demo-run: all
 	@scripts/demo.sh
 
-# The reliability campaigns beyond `make test` (which runs 6 crash trials of
+# The reliability campaigns beyond `make test` (which runs 4 crash trials of
 # each kind and the 8 dying-rank cases): N SIGKILL trials of each, and a soak
 # of MINUTES minutes (nice'd: kills and resumes beside zinf-pinstress).
 CRASH_TRIALS ?= 100

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Crash trials (tests/crash/): 6 of each of zinf-shard init, reshard and
+# Crash trials (tests/crash/): 4 of each of zinf-shard init, reshard and
 # import (llm.c weights), and zinf-train with every state on nvme and with
 # the state in memory and --checkpoint-every, each SIGKILLed at a seeded moment and
 # checked (the manifest the last committed one or absent, verify, re-run or
@@ -12,7 +12,7 @@
 source "$(dirname "$0")/lib.bash"
 CRASH=$ROOT/tests/crash
 seed=${ZINF_CRASH_SEED:-$((RANDOM * 32768 + RANDOM))}
-trials=${ZINF_CRASH_TRIALS:-6}
+trials=${ZINF_CRASH_TRIALS:-4}
 echo "# crash trials: seed $seed, $trials trials each"
 for suite in "shard.sh --op init" "shard.sh --op reshard" "shard.sh --op import" "train.sh --tiers nvme" "train.sh --tiers cpu"; do
   read -r -a s <<<"$suite"
