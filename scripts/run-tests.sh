@@ -84,6 +84,11 @@ export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 # mpirun refuses root unless told, and a small machine has fewer cores than ranks.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Open MPI yields an idle rank's core only when it sees more ranks than
+# cores; at -np 2 on two cores its ranks spin in their waits, on the cores the
+# suites beside them need. Yielding changes no value: mpi_train at -np 2 beside
+# two busy loops took 7-9 CPU-s yielding against 12 spinning, in the same wall time.
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 # The e2e suites' python3, resolved once past any version manager's shim
 # (tests/e2e/lib.bash says why).
 if [[ -z ${ZINF_PYTHON-} ]] && command -v python3 >/dev/null; then
