@@ -23,6 +23,7 @@
 #include <fstream>
 #include <future>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 #if ZINF_HAVE_SENTENCEPIECE
@@ -238,6 +239,56 @@ BOOST_AUTO_TEST_CASE(word_cache_grows_and_empties_at_its_budget) {
     }
     BOOST_TEST(wrong == 0u);
     BOOST_TEST(held > 0u);
+}
+
+// The cache the threads share: four threads put and read the same words
+// at once while its table doubles (from 4096 slots) until its arena is
+// full; every word read back holds the ids put for it, never another's or
+// a half-written entry; once full it keeps nothing more and says so.
+BOOST_AUTO_TEST_CASE(shared_word_cache_under_four_threads) {
+    text::hf::SharedBpeCache c(1 * MiB);
+    constexpr int kWords = 40000;  // 32768 slots at 1 MiB: full at 16,384 words
+    std::vector<std::string> words;
+    for (int i = 0; i < kWords; ++i) words.push_back("word" + std::to_string(i * 7919));
+    auto ids_of = [](int i) {
+        std::vector<text::Id> v(1 + i % 3);
+        for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<text::Id>(i * 4 + k);
+        return v;
+    };
+    std::atomic<std::size_t> wrong{0}, held{0};
+    auto run = [&](int t) {
+        for (int n = 0; n < kWords; ++n) {
+            const int i = (n * 4 + t * 9973) % kWords;  // each thread its own order over the same words
+            const auto h = text::hf::BpeCache::hash(words[i]);
+            if (const auto g = c.get(words[i], h); !g.empty()) {
+                ++held;
+                if (std::vector<text::Id>(g.begin(), g.end()) != ids_of(i)) ++wrong;
+                continue;
+            }
+            if (c.put(words[i], h, ids_of(i))) {
+                const auto g = c.get(words[i], h);
+                if (std::vector<text::Id>(g.begin(), g.end()) != ids_of(i)) ++wrong;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 4; ++t) pool.emplace_back(run, t);
+    for (auto& th : pool) th.join();
+    BOOST_TEST(wrong.load() == 0u);
+    BOOST_TEST(held.load() > 0u);
+    BOOST_TEST(c.full());
+    BOOST_TEST(c.words() > 10000u);  // the table grew past its first 4096 slots
+    BOOST_TEST(c.words() < std::size_t{kWords});
+    std::size_t found = 0;
+    for (int i = 0; i < kWords; ++i) {
+        const auto g = c.get(words[i], text::hf::BpeCache::hash(words[i]));
+        if (g.empty()) continue;
+        ++found;
+        BOOST_TEST((std::vector<text::Id>(g.begin(), g.end()) == ids_of(i)), "word " << i);
+    }
+    BOOST_TEST(found > 10000u);
+    BOOST_TEST(!c.put("another", text::hf::BpeCache::hash("another"), ids_of(1)));
+    BOOST_TEST(c.get("another", text::hf::BpeCache::hash("another")).empty());
 }
 
 BOOST_AUTO_TEST_CASE(merges_lowest_rank_first_then_leftmost) {

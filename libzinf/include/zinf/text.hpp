@@ -68,6 +68,14 @@ public:
 // same text for valid UTF-8 only, or nothing promised (a normalizer, an
 // unknown token, a prefix space the decoder keeps).
 enum class RoundTrip { bytes, utf8, none };
+
+// What the encoders of one job share (words seen and their ids, written by
+// every thread, read by all), where the tokenizer keeps such a thing: the
+// second thread then does not work out again what the first already did.
+class SharedCache {
+public:
+    virtual ~SharedCache() = default;
+};
 const char* round_trip_name(RoundTrip r);
 
 class Tokenizer {
@@ -86,9 +94,14 @@ public:
     // tokenizer's own rules span such cuts (SentencePiece's dummy prefix, a
     // normalizer's regex, a special token holding a newline).
     virtual bool cuts_lines() const { return false; }
-    // A new encoder (one per thread), whose caches take at most about
-    // `cache_bytes`. UsageError when !can_encode().
-    virtual std::unique_ptr<Encoder> encoder(std::uint64_t cache_bytes = 16 * MiB) const = 0;
+    // A new encoder (one per thread), whose own caches take at most about
+    // `cache_bytes`, beside `shared` when given (from shared_cache(), for
+    // encoders on several threads). UsageError when !can_encode().
+    virtual std::unique_ptr<Encoder> encoder(std::uint64_t cache_bytes = 16 * MiB,
+                                             std::shared_ptr<SharedCache> shared = {}) const = 0;
+    // A cache for encoders on several threads to share, of about `bytes`,
+    // or nullptr where the tokenizer keeps none (what it holds changes no id).
+    virtual std::shared_ptr<SharedCache> shared_cache(std::uint64_t /*bytes*/) const { return nullptr; }
     // Appends the text of `ids`; DataError for an id past the vocabulary.
     // part.starts: the ids begin the text (a decoder's first-token rules).
     virtual void decode(std::span<const Id> ids, Part part, std::string& out) const = 0;

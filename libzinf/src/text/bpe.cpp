@@ -70,6 +70,109 @@ void BpeCache::put(std::string_view word, std::uint64_t h, std::span<const Id> i
     ++used_;
 }
 
+// --- the shared cache ---------------------------------------------------------
+// A slot: the hash's high 32 bits, and the entry's offset in the arena in
+// 8-byte units plus one (0: empty), so an arena of up to 32 GiB.
+namespace {
+constexpr std::size_t kEntryAlign = 8;
+std::uint64_t slot_of(std::uint64_t hash, std::size_t offset) {
+    return (hash & 0xffffffff00000000ull) | (offset / kEntryAlign + 1);
+}
+}  // namespace
+
+SharedBpeCache::SharedBpeCache(std::size_t max_bytes) {
+    // A quarter of the budget for the table at its largest (half full at
+    // 48 bytes of entries a word: an entry takes 24 or more), three for the
+    // arena. The table grows as words come, from one that stays in a core's
+    // cache while the words are few (BpeCache's constructor says why); the
+    // arena's pages are taken as entries are written into them (new[] of
+    // bytes leaves them untouched).
+    max_bytes = std::clamp<std::size_t>(max_bytes, 256 * KiB, 32 * GiB);
+    max_slots_ = 4096;
+    while (max_slots_ * 2 * 8 <= max_bytes / 4) max_slots_ <<= 1;
+    arena_bytes_ = max_bytes - max_bytes / 4;
+    arena_.reset(new std::byte[arena_bytes_]);
+    auto t = std::make_unique<Table>(Table{4095, std::make_unique<std::atomic<std::uint64_t>[]>(4096)});
+    table_.store(t.get(), std::memory_order_release);
+    tables_.push_back(std::move(t));
+}
+
+SharedBpeCache::~SharedBpeCache() = default;
+
+const SharedBpeCache::Entry* SharedBpeCache::entry(std::uint64_t slot) const {
+    return reinterpret_cast<const Entry*>(arena_.get() + ((slot & 0xffffffffu) - 1) * kEntryAlign);
+}
+
+std::span<const Id> SharedBpeCache::get(std::string_view word, std::uint64_t h) const {
+    const Table& t = *table_.load(std::memory_order_acquire);
+    for (std::size_t i = h & t.mask;; i = (i + 1) & t.mask) {
+        const std::uint64_t s = t.slots[i].load(std::memory_order_acquire);
+        if (s == 0) return {};
+        if ((s ^ h) >> 32 != 0) continue;
+        const Entry* e = entry(s);
+        if (e->hash != h || e->key_len != word.size()) continue;
+        const auto* ids = reinterpret_cast<const Id*>(e + 1);
+        if (std::memcmp(ids + e->ids_len, word.data(), word.size()) == 0) return {ids, e->ids_len};
+    }
+}
+
+// Puts `slot` into the first empty slot from the hash's (false: the table
+// is more than half full, or `slot` is there already).
+bool SharedBpeCache::place(Table& t, std::uint64_t h, std::uint64_t slot) {
+    for (std::size_t i = h & t.mask, probes = 0; probes <= t.mask / 2; i = (i + 1) & t.mask, ++probes) {
+        std::uint64_t seen = 0;
+        if (t.slots[i].compare_exchange_strong(seen, slot, std::memory_order_release, std::memory_order_acquire))
+            return true;
+        if (seen == slot) return false;
+    }
+    return false;
+}
+
+void SharedBpeCache::grow(Table* from) {
+    std::lock_guard lk(grow_mu_);
+    if (table_.load(std::memory_order_acquire) != from) return;  // another thread grew it
+    const std::size_t n = (from->mask + 1) * 2;
+    auto t = std::make_unique<Table>(Table{n - 1, std::make_unique<std::atomic<std::uint64_t>[]>(n)});
+    for (std::size_t i = 0; i <= from->mask; ++i)
+        if (const std::uint64_t s = from->slots[i].load(std::memory_order_acquire))
+            place(*t, entry(s)->hash, s);
+    table_.store(t.get(), std::memory_order_release);
+    tables_.push_back(std::move(t));
+}
+
+bool SharedBpeCache::put(std::string_view word, std::uint64_t h, std::span<const Id> ids) {
+    if (word.empty() || word.size() > arena_bytes_ / 64 || full()) return false;
+    const std::size_t need =
+        (sizeof(Entry) + ids.size() * sizeof(Id) + word.size() + kEntryAlign - 1) / kEntryAlign * kEntryAlign;
+    const std::size_t at = arena_used_.fetch_add(need, std::memory_order_relaxed);
+    if (at + need > arena_bytes_) {
+        full_.store(true, std::memory_order_relaxed);
+        return false;
+    }
+    auto* e = reinterpret_cast<Entry*>(arena_.get() + at);
+    e->hash = h;
+    e->key_len = static_cast<std::uint32_t>(word.size());
+    e->ids_len = static_cast<std::uint32_t>(ids.size());
+    auto* id = reinterpret_cast<Id*>(e + 1);
+    std::copy(ids.begin(), ids.end(), id);
+    std::memcpy(id + ids.size(), word.data(), word.size());
+    const std::uint64_t slot = slot_of(h, at);
+    for (;;) {
+        Table* t = table_.load(std::memory_order_acquire);
+        if ((words_.load(std::memory_order_relaxed) + 1) * 2 > t->mask + 1) {
+            if (t->mask + 1 >= max_slots_) {
+                full_.store(true, std::memory_order_relaxed);
+                return false;
+            }
+            grow(t);
+            continue;
+        }
+        if (!place(*t, h, slot)) return false;  // (another thread's word filled the probe run)
+        words_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+}
+
 namespace {
 
 constexpr std::uint32_t kNoMerge = ~std::uint32_t{0};
@@ -170,7 +273,8 @@ void merge_long(const Bpe& m, std::vector<Id>& sym) {
 
 }  // namespace
 
-void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vector<Id>& out, std::vector<Id>& sym) {
+void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, SharedBpeCache* shared, std::vector<Id>& out,
+                std::vector<Id>& sym) {
     if (piece.empty()) return;
     if (m.ignore_merges) {
         if (const auto it = m.units.find(piece); it != m.units.end()) {
@@ -179,9 +283,17 @@ void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vect
         }
     }
     const std::uint64_t h = BpeCache::hash(piece);
-    if (const auto hit = cache.get(piece, h); !hit.empty()) {
-        out.insert(out.end(), hit.begin(), hit.end());
-        return;
+    if (shared) {
+        if (const auto hit = shared->get(piece, h); !hit.empty()) {
+            out.insert(out.end(), hit.begin(), hit.end());
+            return;
+        }
+    }
+    if (!shared || shared->full()) {
+        if (const auto hit = cache.get(piece, h); !hit.empty()) {
+            out.insert(out.end(), hit.begin(), hit.end());
+            return;
+        }
     }
     sym.clear();
     // Units not in the vocabulary, as Hugging Face's merge_word: their bytes'
@@ -238,7 +350,7 @@ void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vect
     if (sym.size() <= 128) merge_short(m, sym);
     else merge_long(m, sym);
     out.insert(out.end(), sym.begin(), sym.end());
-    cache.put(piece, h, sym);
+    if (!shared || !shared->put(piece, h, sym)) cache.put(piece, h, sym);
 }
 
 }  // namespace zinf::text::hf

@@ -121,7 +121,10 @@ public:
     std::uint64_t vocab() const override { return p_->vocab; }
     RoundTrip round_trip() const override { return p_->round_trip; }
     bool cuts_lines() const override { return p_->cuts_lines; }
-    std::unique_ptr<Encoder> encoder(std::uint64_t cache_bytes) const override;
+    std::unique_ptr<Encoder> encoder(std::uint64_t cache_bytes, std::shared_ptr<SharedCache> shared) const override;
+    std::shared_ptr<SharedCache> shared_cache(std::uint64_t bytes) const override {
+        return std::make_shared<SharedBpeCache>(bytes);
+    }
     void decode(std::span<const Id> ids, Part part, std::string& out) const override;
     std::size_t decode_cut(std::span<const Id> ids) const override;
     std::optional<Id> end_of_text() const override { return p_->end_of_text; }
@@ -152,10 +155,12 @@ private:
     StringMap by_text_;
 };
 
-// One thread's encoding state: the BPE cache and the buffers each call reuses.
+// One thread's encoding state: the BPE caches (its own, and the one it
+// shares where given) and the buffers each call reuses.
 class HfEncoder final : public Encoder {
 public:
-    HfEncoder(const Pipeline& p, std::uint64_t cache_bytes) : p_(p), cache_(cache_bytes) {
+    HfEncoder(const Pipeline& p, std::uint64_t cache_bytes, std::shared_ptr<SharedBpeCache> shared)
+        : p_(p), cache_(cache_bytes), shared_(std::move(shared)) {
         // One Split that isolates (GPT-2's ByteLevel, Llama 3's and Qwen2's
         // Split): its pieces go to the model as the regex finds them.
         if (p_.steps.size() == 1)
@@ -188,6 +193,7 @@ private:
     };
     const Pipeline& p_;
     BpeCache cache_;
+    std::shared_ptr<SharedBpeCache> shared_;
     std::vector<El> els_, out_;  // a split's elements, kept or joined
     const Split* one_split_ = nullptr;
     Regex::Scratch scratch_;
@@ -198,8 +204,9 @@ private:
     std::vector<Id> sym_;
 };
 
-std::unique_ptr<Encoder> HfTokenizer::encoder(std::uint64_t cache_bytes) const {
-    return std::make_unique<HfEncoder>(*p_, cache_bytes);
+std::unique_ptr<Encoder> HfTokenizer::encoder(std::uint64_t cache_bytes, std::shared_ptr<SharedCache> shared) const {
+    auto bpe_shared = std::dynamic_pointer_cast<SharedBpeCache>(std::move(shared));
+    return std::make_unique<HfEncoder>(*p_, cache_bytes, std::move(bpe_shared));
 }
 
 void HfEncoder::normalize_into(std::string_view text, bool segment_start) {
@@ -360,7 +367,7 @@ void HfEncoder::piece(std::string_view piece, std::vector<Id>& ids) {
         }
         piece = piece_text_;
     }
-    bpe_encode(p_.bpe, piece, cache_, ids, sym_);
+    bpe_encode(p_.bpe, piece, cache_, shared_.get(), ids, sym_);
 }
 
 void HfEncoder::model(std::vector<Id>& ids) {

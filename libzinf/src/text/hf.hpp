@@ -6,6 +6,9 @@
 
 #include "internal.hpp"
 
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <variant>
@@ -136,11 +139,55 @@ private:
     std::size_t used_ = 0, max_bytes_, max_slots_ = 0;
 };
 
+// The words seen by every thread of one job and their ids: one open
+// addressing table of 64-bit slots (a tag of the word's hash and where its
+// entry lies) over one arena of entries (the hash, the lengths, the word's
+// bytes and its ids), written by any thread and read by all without a lock.
+// An entry is written whole before a compare-and-swap publishes its slot
+// (release), and read only after its slot was loaded (acquire); entries are
+// never changed or removed. The table doubles while the arena has room (a
+// new table published whole; a word put into the old one meanwhile may be
+// missed, which only costs its merges again); when the arena is full, the
+// cache takes no more words and says so (full()), and each thread keeps the
+// later ones in its own BpeCache. What it holds changes no id.
+class SharedBpeCache final : public SharedCache {
+public:
+    explicit SharedBpeCache(std::size_t max_bytes);
+    ~SharedBpeCache() override;
+    std::span<const Id> get(std::string_view word, std::uint64_t hash) const;
+    // False when the word was not kept (the arena or table full, or too long).
+    bool put(std::string_view word, std::uint64_t hash, std::span<const Id> ids);
+    bool full() const { return full_.load(std::memory_order_relaxed); }
+    std::size_t words() const { return words_.load(std::memory_order_relaxed); }
+
+private:
+    struct Table {
+        std::size_t mask;
+        std::unique_ptr<std::atomic<std::uint64_t>[]> slots;
+    };
+    struct Entry {
+        std::uint64_t hash;
+        std::uint32_t key_len, ids_len;  // then the ids, then the word's bytes
+    };
+    const Entry* entry(std::uint64_t slot) const;
+    static bool place(Table& t, std::uint64_t hash, std::uint64_t slot);
+    void grow(Table* from);
+    std::unique_ptr<std::byte[]> arena_;
+    std::size_t arena_bytes_, max_slots_;
+    std::atomic<std::size_t> arena_used_{0}, words_{0};
+    std::atomic<Table*> table_;
+    std::atomic<bool> full_{false};
+    std::mutex grow_mu_;
+    std::vector<std::unique_ptr<Table>> tables_;  // every table made (readers may hold an old one)
+};
+
 // Appends the ids of one piece (a pre-tokenizer's output) to `out`.
 // DataError (message only) when a unit is not in the vocabulary and there is
 // neither byte fallback nor an unknown token, in a byte-level model or for a
 // byte that is not UTF-8.
-void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, std::vector<Id>& out,
+// `shared`, where given, is looked in first and kept in while it has room;
+// `cache` after it is full.
+void bpe_encode(const Bpe& m, std::string_view piece, BpeCache& cache, SharedBpeCache* shared, std::vector<Id>& out,
                 std::vector<Id>& scratch);
 
 // --- the whole ----------------------------------------------------------------

@@ -28,7 +28,7 @@ public:
     std::uint64_t vocab() const override { return offsets_.size(); }
     bool can_encode() const override { return false; }
     RoundTrip round_trip() const override { return RoundTrip::none; }
-    std::unique_ptr<Encoder> encoder(std::uint64_t) const override {
+    std::unique_ptr<Encoder> encoder(std::uint64_t, std::shared_ptr<SharedCache>) const override {
         throw UsageError(path_ + " is llm.c's tokenizer file: it has no merges, so it decodes tokens but cannot "
                                  "encode text; give the model's tokenizer.json");
     }

@@ -34,7 +34,7 @@ public:
     // Its normalization (NFKC, spaces) and the dummy prefix before a text's
     // first word: not the same bytes back.
     RoundTrip round_trip() const override { return RoundTrip::none; }
-    std::unique_ptr<Encoder> encoder(std::uint64_t) const override;
+    std::unique_ptr<Encoder> encoder(std::uint64_t, std::shared_ptr<SharedCache>) const override;
     void decode(std::span<const Id> ids, Part part, std::string& out) const override {
         std::vector<int> v;
         v.reserve(ids.size() + 1);
@@ -88,7 +88,7 @@ private:
     const SentencePiece& t_;
 };
 
-std::unique_ptr<Encoder> SentencePiece::encoder(std::uint64_t) const { return std::make_unique<SentencePieceEncoder>(*this); }
+std::unique_ptr<Encoder> SentencePiece::encoder(std::uint64_t, std::shared_ptr<SharedCache>) const { return std::make_unique<SentencePieceEncoder>(*this); }
 
 }  // namespace
 

@@ -398,7 +398,15 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     const std::size_t unit_bytes = std::clamp<std::uint64_t>(unit_max, 16 * KiB, 4 * MiB);
     const std::size_t window_bytes = o.memory_bytes / 2;
     const std::size_t window_units = 4 * std::size_t{o.threads} + 4;
-    const std::uint64_t cache_bytes = std::clamp<std::uint64_t>(o.memory_bytes / 8 / o.threads, 256 * KiB, 16 * MiB);
+    // An eighth of the memory for the encoders' caches: one thread's own;
+    // on more, half of it for the cache they share (a word's merges worked
+    // out once for all of them, the table in the cores' shared cache once),
+    // half for their own, which take the words that come once it is full.
+    const std::uint64_t cache_share = o.threads > 1 ? o.memory_bytes / 16 : 0;
+    const std::uint64_t cache_bytes =
+        std::clamp<std::uint64_t>((o.memory_bytes / 8 - cache_share) / o.threads, 256 * KiB, 16 * MiB);
+    const std::shared_ptr<SharedCache> shared_cache =
+        cache_share ? t.shared_cache(std::clamp<std::uint64_t>(cache_share, 256 * KiB, 64 * MiB)) : nullptr;
 
     data::TokenFileWriter out(o.output, sum.wide);
     Reader reader(t, o, unit_bytes);
@@ -429,7 +437,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
         done_cv.notify_all();
     };
     auto worker = [&] {
-        auto enc = t.encoder(cache_bytes);
+        auto enc = t.encoder(cache_bytes, shared_cache);
         for (;;) {
             std::shared_ptr<Unit> u;
             {
@@ -458,7 +466,7 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     for (unsigned i = 1; i < o.threads; ++i) pool.emplace_back(worker);
 
     try {
-        auto own = t.encoder(cache_bytes);  // for the units this thread takes, and the parts encoded again
+        auto own = t.encoder(cache_bytes, shared_cache);  // for the units this thread takes, and the parts encoded again
         std::deque<std::shared_ptr<Unit>> inflight;
         std::vector<std::shared_ptr<Unit>> spare;
         std::size_t inflight_bytes = 0;

@@ -47,7 +47,7 @@ public:
     std::uint64_t vocab() const override { return 256; }
     RoundTrip round_trip() const override { return RoundTrip::bytes; }
     bool cuts_lines() const override { return true; }
-    std::unique_ptr<Encoder> encoder(std::uint64_t) const override {
+    std::unique_ptr<Encoder> encoder(std::uint64_t, std::shared_ptr<SharedCache>) const override {
         struct E final : Encoder {
             std::size_t encode(std::string_view text, std::size_t end, Part, std::vector<Id>& ids) override {
                 for (std::size_t i = 0; i < end; ++i) ids.push_back(static_cast<unsigned char>(text[i]));
