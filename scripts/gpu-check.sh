@@ -225,14 +225,24 @@ EOF
 # --- --from -----------------------------------------------------------------
 now() { echo "${EPOCHREALTIME:-$SECONDS}"; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-json_str() {  # a JSON string of $1
-    local s=$1
+# json_string VAR TEXT: VAR set to TEXT as a JSON string, in the shell (no
+# fork: a command substitution and a pipe through tr for each string were
+# most of the CPU of a --quick run); json_str TEXT prints it.
+json_string() {
+    local -n _json=$1
+    local s=$2
     s=${s//\\/\\\\}
     s=${s//\"/\\\"}
     s=${s//$'\n'/\\n}
     s=${s//$'\t'/\\t}
     s=${s//$'\r'/}
-    printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\010\013\014\016-\037')"
+    s=${s//[$'\001'-$'\010'$'\013'$'\014'$'\016'-$'\037']/}  # (a bash string holds no NUL)
+    _json="\"$s\""
+}
+json_str() {
+    local j
+    json_string j "$1"
+    printf '%s' "$j"
 }
 
 n_pass=0 n_fail=0 n_skip=0 gpu_ran=0 summary_written=0
@@ -240,10 +250,12 @@ summary_rows=() profile_notes=() infinity_notes=()
 # record NAME STATUS SECONDS REASON [FIGURES]: one line of results.jsonl and of
 # the summary; FIGURES is a JSON object.
 record() {
-    local name=$1 status=$2 secs=$3 reason=$4 figures=${5:-}
+    local name=$1 status=$2 secs=$3 reason=$4 figures=${5:-} jname jreason
+    json_string jname "$name"
+    json_string jreason "$reason"
     {
         printf '{"schema":"zinf.gpu-check/1","name":%s,"status":"%s","seconds":%s,"reason":%s' \
-            "$(json_str "$name")" "$status" "$secs" "$(json_str "$reason")"
+            "$jname" "$status" "$secs" "$jreason"
         [[ -n $figures ]] && printf ',"figures":%s' "$figures"
         printf '}\n'
     } >>"$out/results.jsonl"
