@@ -164,9 +164,11 @@ private:
 class LMHead : public Module {
 public:
     LMHead(ParamTable& t, std::size_t wte, const Config& cfg);
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N, std::uint64_t ld);
-    // dlogits (N,V) at row stride ld in (the pad not read), dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
+    // logits fp32, or bf16 (Activations::logits_bf16).
+    void forward(Context& c, const device::View& logits, std::span<const float> x, std::uint64_t N,
+                 std::uint64_t ld);
+    // dlogits (N,V) at row stride ld in (the pad not read; fp32 or bf16), dx (N,C) written.
+    void backward(Context& c, std::span<float> dx, const device::ConstView& dlogits, std::span<const float> x,
                   std::uint64_t N, std::uint64_t ld);
 
 private:

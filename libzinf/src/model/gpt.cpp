@@ -69,7 +69,7 @@ LMHead::LMHead(ParamTable& t, std::size_t wte, const Config& cfg) : Module("lm_h
     t.add_user(this);
 }
 
-void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N,
+void LMHead::forward(Context& c, const device::View& logits, std::span<const float> x, std::uint64_t N,
                      std::uint64_t ld) {
     ForwardScope scope(c.engine, *this);
     // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C), rows ld apart
@@ -77,7 +77,7 @@ void LMHead::forward(Context& c, std::span<float> logits, std::span<const float>
            logits);
 }
 
-void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
+void LMHead::backward(Context& c, std::span<float> dx, const device::ConstView& dlogits, std::span<const float> x,
                       std::uint64_t N, std::uint64_t ld) {
     BackwardScope scope(c.engine, *this);
     // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x; dlogits' rows ld apart
@@ -157,7 +157,10 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     own->lnf = f(N * C, "ln_f");
     own->lnf_mean = f(N, "ln_f mean");
     own->lnf_rstd = f(N, "ln_f rstd");
-    a.logits = f(N * padded_vocab(V), "logits");
+    if (bf16)
+        a.logits_bf16 = take.template operator()<std::uint16_t>(N * padded_vocab(V), "logits");
+    else
+        a.logits = f(N * padded_vocab(V), "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
     a.own = std::move(own);
@@ -174,19 +177,20 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, B, T);
         });
     ln_f_->forward(c, own.lnf, own.lnf_mean, own.lnf_rstd, x, N);
-    head_->forward(c, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
+    const device::View logits = a.logits_view();
+    head_->forward(c, logits, own.lnf, N, padded_vocab(cfg_.vocab));
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
-        c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
+        c.dev.crossentropy_forward_backward(c.stream, a.losses, logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab, padded_vocab(cfg_.vocab));
     else
-        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
+        c.dev.crossentropy_forward(c.stream, a.losses, logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
 }
 
 void GPT::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
+    head_->backward(c, own.scratch.dbtc, a.logits_view(), own.lnf, N, padded_vocab(cfg_.vocab));
     c.dev.zero(c.stream, a.dres);
     ln_f_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.lnf_mean,
                     own.lnf_rstd, N);
