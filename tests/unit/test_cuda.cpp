@@ -471,6 +471,35 @@ BOOST_AUTO_TEST_CASE(bf16_activations_in_gemm_and_gelu, *utf::precondition(GpuPr
     expect_all(p.run(gelu), "gelu of bf16", true);
 }
 
+// The residual add fused into LayerNorm (one warp a row): res and the kept
+// bf16 copy the cpu's bits (one add, one rounding), the norm's rows within
+// 1e-5 as layernorm_forward's; C = 7 (scalar rows) and 768 (float4); two
+// runs the same bits.
+BOOST_AUTO_TEST_CASE(residual_layernorm_against_cpu, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("residual layernorm"));
+    Pair p;
+    for (const u64 C : {u64{7}, u64{768}})
+        for (const bool kept : {false, true}) {
+            const u64 N = 300;
+            const Vf res0 = randn(N * C, rng, 2), add = randn(N * C, rng), w = randn(C, rng), b = randn(C, rng);
+            auto fn = [&](Device& d) -> Outputs {
+                auto out = poisoned(d, N * C), mean = poisoned(d, N), rstd = poisoned(d, N);
+                auto res = up(d, res0), da = up(d, add), dw = up(d, w), db = up(d, b);
+                auto k16 = up(d, V16(N * C, 0x7fc0));
+                d.residual_layernorm_forward(d.compute(), out, mean, rstd, res, da, kept ? View(k16) : View(), dw, db,
+                                             N, C);
+                Vf k(N * C);
+                const V16 h = down(d, k16);
+                for (u64 i = 0; i < N * C; ++i) k[i] = kept ? from_bf16(h[i]) : 0.0f;
+                return {{"out", down(d, out)}, {"mean", down(d, mean)}, {"rstd", down(d, rstd)}, {"res", down(d, res)},
+                        {"kept", k}};
+            };
+            const std::string what = "residual_layernorm C " + std::to_string(C) + (kept ? " kept bf16" : "");
+            expect_split(p.run(fn), what, {"res", "kept"});
+            expect_same_bits(*p.gpu, fn, what);
+        }
+}
+
 // A GEMM writing bf16 (cuBLASLt's bf16 D) and the epilogues (issue 43's
 // bf16 part): gemm_bias (CUBLASLT_EPILOGUE_BIAS), gemm_bias_gelu
 // (GELU_AUX_BIAS: the pre-activation its aux output), gemm_dbias (BGRADA or

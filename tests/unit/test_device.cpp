@@ -849,6 +849,55 @@ BOOST_AUTO_TEST_CASE(layernorm_matches_reference_and_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------
+// The residual add fused into the LayerNorm after it (GPT's second norm):
+// res += add, kept (bf16: rounded into it, res widened back), then the norm
+// of res; against the double reference of the norm of (res + add) (and of
+// its bf16 rounding), and bit for bit accumulate, the two casts and
+// layernorm_forward in turn, on 1 and 2 threads.
+BOOST_AUTO_TEST_CASE(residual_layernorm_is_accumulate_then_layernorm) {
+    std::mt19937_64 rng(fresh_seed("residual layernorm"));
+    const u64 N = 130, C = 150;
+    const Vf res0 = randn(N * C, rng, 2), add = randn(N * C, rng), w = randn(C, rng), b = randn(C, rng);
+    for (const bool kept : {false, true})
+        for (const unsigned threads : {1u, 2u}) {
+            Rig r(threads);
+            auto out = r->alloc<float>(N * C, "out"), mean = r->alloc<float>(N, "mean"),
+                 rstd = r->alloc<float>(N, "rstd");
+            auto res = r.up(res0);
+            auto k16 = r.up(std::vector<std::uint16_t>(N * C, 0x7fc0));
+            const auto da = r.in(add), dw = r.in(w), db = r.in(b);
+            r->residual_layernorm_forward(r.s(), out, mean, rstd, res, da, kept ? View(k16) : View(), dw, db, N, C);
+            // The kernels in turn.
+            auto out2 = r->alloc<float>(N * C, "out"), mean2 = r->alloc<float>(N, "mean"),
+                 rstd2 = r->alloc<float>(N, "rstd");
+            auto res2 = r.up(res0);
+            auto k2 = r.up(std::vector<std::uint16_t>(N * C, 0x7fc0));
+            r->accumulate(r.s(), res2, da);
+            if (kept) {
+                r->cast(r.s(), k2.span(), std::span<const float>(res2.span()));
+                r->cast(r.s(), res2.span(), std::span<const std::uint16_t>(k2.span()));
+            }
+            r->layernorm_forward(r.s(), out2, mean2, rstd2, res2, dw, db, N, C);
+            BOOST_TEST_CONTEXT("kept " << kept << ", threads " << threads) {
+                BOOST_TEST(same_bits(r.down(res), r.down(res2)));
+                BOOST_TEST(same_bits(r.down(out), r.down(out2)));
+                BOOST_TEST(same_bits(r.down(mean), r.down(mean2)));
+                BOOST_TEST(same_bits(r.down(rstd), r.down(rstd2)));
+                if (kept) BOOST_TEST(r.down(k16) == r.down(k2));
+                Vd sum(N * C);
+                for (u64 i = 0; i < N * C; ++i) {
+                    const float f = res0[i] + add[i];
+                    sum[i] = kept ? from_bf16(to_bf16(f)) : double(res0[i]) + add[i];
+                }
+                const LayerNorm want = ln_forward(sum, dbl(w), dbl(b), N, C);
+                BOOST_TEST(max_err(r.down(res), sum) < 1e-6);
+                BOOST_TEST(max_err(r.down(out), want.out) < 1e-5);
+                BOOST_TEST(max_err(r.down(mean), want.mean) < 1e-5);
+                BOOST_TEST(max_err(r.down(rstd), want.rstd) < 1e-5);
+            }
+        }
+}
+
 BOOST_AUTO_TEST_CASE(gelu_matches_reference_and_finite_differences) {
     std::mt19937_64 rng(fresh_seed("gelu"));
     {

@@ -169,6 +169,23 @@ void check_layernorm_forward(std::span<float> out, std::span<float> mean, std::s
     sh.need("b", b.size(), C);
 }
 
+void check_residual_layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                      std::span<float> res, std::span<const float> add, View kept,
+                                      std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
+    const Shape sh{"residual_layernorm_forward", {{"N", N}, {"C", C}}};
+    sh.need("out", out.size(), N * C);
+    sh.need("mean", mean.size(), N);
+    sh.need("rstd", rstd.size(), N);
+    sh.need("res", res.size(), N * C);
+    sh.need("add", add.size(), N * C);
+    if (!kept.empty()) {
+        if (!kept.is_bf16()) sh.fail("kept is fp32; the kernel keeps the residual bf16 or not at all");
+        sh.need("kept", kept.size(), N * C);
+    }
+    sh.need("w", w.size(), C);
+    sh.need("b", b.size(), C);
+}
+
 void check_layernorm_backward(std::span<float> dinp, std::span<float> dw, std::span<float> db,
                               std::span<const float> dout, ConstView inp, std::span<const float> w,
                               std::span<const float> mean, std::span<const float> rstd, u64 N, u64 C) {

@@ -80,6 +80,14 @@ Cost layernorm_forward(std::span<float>, std::span<float>, std::span<float>, std
                        std::span<const float>, std::span<const float>, u64 N, u64 C) {
     return {.flops = 7.0 * d(N) * d(C), .bytes = 4.0 * (2.0 * d(N) * d(C) + 2.0 * d(C) + 2.0 * d(N))};
 }
+// The residual's add first: 8; res read and written, add read, the kept
+// copy written where there is one.
+Cost residual_layernorm_forward(std::span<float>, std::span<float>, std::span<float>, std::span<float>,
+                                std::span<const float>, View kept, std::span<const float>, std::span<const float>,
+                                u64 N, u64 C) {
+    const double NC = d(N) * d(C);
+    return {.flops = 8.0 * NC, .bytes = 4.0 * (4.0 * NC + 2.0 * d(C) + 2.0 * d(N)) + 2.0 * d(kept.size())};
+}
 // Backward: x-hat (2), dout w (1), the two row sums (3), dw and db (3), dinp
 // (4 and its +=): 14 an element; dinp, dw and db accumulate.
 Cost layernorm_backward(std::span<float>, std::span<float>, std::span<float>, std::span<const float>, ConstView inp,

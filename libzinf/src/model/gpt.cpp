@@ -30,10 +30,11 @@ void Block::forward(Context& c, std::span<float> out, std::span<const float> x, 
     // widened there by the rest of the forward, as its backward reads it.
     const std::span<float> res2 = a.res2.made(s.dqkv);
     attn_->forward(c, res2, a.ln1.read(), a, s, B, T);
-    c.dev.accumulate(c.stream, res2, x);   // res2 = x + attn(ln_1(x))
-    a.res2.keep_widened(c, res2);
+    // res2 = x + attn(ln_1(x)), kept (bf16: rounded, widened back), and
+    // ln_2 of it: one pass (residual_layernorm_forward).
     const std::span<float> ln2 = a.ln2.made(s.dbt4c);
-    ln_2_->forward(c, ln2, a.ln2_mean, a.ln2_rstd, res2, N);
+    ln_2_->forward_residual(c, ln2, a.ln2_mean, a.ln2_rstd, res2, x,
+                            a.res2.is_bf16() ? device::View(a.res2.bf16) : device::View(), N);
     a.ln2.keep(c, ln2);
     mlp_->forward(c, out, a.ln2.read(), a, s, N);
     c.dev.accumulate(c.stream, out, res2);  // out = res2 + mlp(ln_2(res2))
@@ -57,8 +58,8 @@ void Block::decode(Context& c, std::span<float> out, std::span<const float> x, G
     ForwardScope scope(c.engine, *this);
     ln_1_->forward(c, st.ln, st.mean, st.rstd, x, 1);
     attn_->decode(c, st.res2, st.ln, st, k, v, pos);
-    c.dev.accumulate(c.stream, st.res2, x);  // res2 = x + attn(ln_1(x))
-    ln_2_->forward(c, st.ln, st.mean, st.rstd, st.res2, 1);
+    // res2 = x + attn(ln_1(x)), and ln_2 of it
+    ln_2_->forward_residual(c, st.ln, st.mean, st.rstd, st.res2, x, {}, 1);
     mlp_->decode(c, out, st.ln, st);
     c.dev.accumulate(c.stream, out, st.res2);  // out = res2 + mlp(ln_2(res2))
 }

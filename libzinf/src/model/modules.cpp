@@ -20,6 +20,14 @@ void LayerNorm::forward(Context& c, std::span<float> out, std::span<float> mean,
                             N, C_);
 }
 
+void LayerNorm::forward_residual(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                 std::span<float> res, std::span<const float> add, const device::View& kept,
+                                 std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.residual_layernorm_forward(c.stream, out, mean, rstd, res, add, kept, c.engine.weight(*this, w_),
+                                     c.engine.weight(*this, b_), N, C_);
+}
+
 void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                          std::span<const float> mean, std::span<const float> rstd, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
