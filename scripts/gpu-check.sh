@@ -410,6 +410,11 @@ run_profile() {
     local f=$tmp/${name//\//-}.out line
     [[ $rc == 0 && -s $f ]] || return 0
     if line=$(grep '^{' "$f" | jq -r -s -f "$root/scripts/profile-summary.jq" 2>&1); then
+        # The cuBLASLt epilogues it could not use (the GEMM and a separate
+        # kernel ran instead: said once a shape on stderr, in log.txt).
+        local stand_ins
+        stand_ins=$(grep -c 'epilogue for a GEMM of' "$f" || true)
+        ((stand_ins > 0)) && line+=" | $stand_ins epilogue stand-ins (log.txt)"
         profile_notes+=("$(printf '%-22s %s' "${name#profile/}" "$line")")
     else
         profile_notes+=("$(printf '%-22s %s' "${name#profile/}" "(no summary: $line)")")

@@ -70,7 +70,7 @@ struct BenchModel {
     BenchModel(device::Device& dev, const std::string& text, std::uint64_t batch, std::uint64_t seq,
                device::Precision precision, train::Checkpointing mode, bool flash)
         : dev(dev), spec(shard::ModelSpec::parse(text)), model(model::make_model(model::Config::from(spec))),
-          eng(dev, model::numels(model->params_table())),
+          eng(dev, model::numels(model->params_table()), kept_bf16(spec, precision)),
           choice(choose(dev, *model, eng, {.batch = batch, .seq = seq, .checkpoint = false, .checkpoints = precision,
                                            .activations = precision,
                                            .attention = flash ? model::Attention::flash : model::Attention::gemm},
@@ -78,18 +78,35 @@ struct BenchModel {
           acts(model->plan(dev, {.batch = batch, .seq = seq, .checkpoint = choice.recompute,
                                  .checkpoints = precision, .activations = precision,
                                  .attention = flash ? model::Attention::flash : model::Attention::gemm})),
-          m1(dev.alloc<float>(eng.all_values().size(), "exp_avg")),
-          m2(dev.alloc<float>(eng.all_values().size(), "exp_avg_sq")), ctx{dev, dev.compute(), eng, precision} {
+          m1(dev.alloc<float>(eng.all_gradients().size(), "exp_avg")),
+          m2(dev.alloc<float>(eng.all_gradients().size(), "exp_avg_sq")), ctx{dev, dev.compute(), eng, precision} {
         auto& s = dev.compute();
         const auto tensors = shard::tensors(spec);
+        // Working parameters kept bf16 (--precision bf16, as the trainer's
+        // engines keep them): their fp32 master beside them, as the
+        // optimizer's, laid out as the gradients.
+        for (std::size_t t = 0; t < tensors.size(); ++t) bf16_working = bf16_working || eng.kept_bf16(t);
+        if (bf16_working) master = dev.alloc<float>(eng.all_gradients().size(), "master parameters");
         {  // filled on the host, copied in: device memory is not the host's on every backend
             std::vector<float> host;
-            for (std::size_t t = 0; t < tensors.size(); ++t) {
-                host.resize(eng.values(t).size());
-                shard::fill_fp32(tensors[t], spec, 0x5eed, 0, host);
-                dev.copy(s, std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span<const float>(host)));
+            std::vector<std::uint16_t> half;
+            auto in = [&](auto dst, const auto& src) {
+                dev.copy(s, std::as_writable_bytes(dst), std::as_bytes(std::span(src)));
                 dev.synchronize(s);
+            };
+            for (std::size_t t = 0; t < tensors.size(); ++t) {
+                host.resize(tensors[t].numel);
+                shard::fill_fp32(tensors[t], spec, 0x5eed, 0, host);
+                if (bf16_working) in(master.span().subspan(eng.offset(t), host.size()), host);
+                if (eng.kept_bf16(t)) {
+                    half.resize(host.size());
+                    to_bf16(std::span<const float>(host), std::span(half));
+                    in(eng.values_bf16(t), half);
+                } else {
+                    in(eng.values(t), host);
+                }
             }
+            if (bf16_working) updates(tensors.size());
         }
         std::mt19937 rng(1234);
         std::vector<std::int32_t> tokens(batch * seq);
@@ -125,9 +142,13 @@ struct BenchModel {
         device::Stamp t2 = mark();
         model->backward(ctx, acts);
         device::Stamp t3 = mark();
-        optim::Update u{.master = eng.all_values(), .exp_avg = m1.span(), .exp_avg_sq = m2.span(),
-                        .grad_f32 = eng.all_gradients()};
-        dev.adamw(s, u, optim::Scalars::make(kAdamW, i + 1));
+        if (bf16_working) {  // a launch per parameter: the working copy bf16 or fp32 as it is kept
+            for (const optim::Update& u : per_param) dev.adamw(s, u, optim::Scalars::make(kAdamW, i + 1));
+        } else {
+            optim::Update u{.master = eng.all_values(), .exp_avg = m1.span(), .exp_avg_sq = m2.span(),
+                            .grad_f32 = eng.all_gradients()};
+            dev.adamw(s, u, optim::Scalars::make(kAdamW, i + 1));
+        }
         device::Stamp t4 = mark();
         dev.synchronize(s);
         const double seconds = t.seconds();
@@ -149,7 +170,31 @@ struct BenchModel {
                                           train::Checkpointing mode) {
         const mem::ArenaStats a = dev.arena().stats();
         return train::choose_checkpointing(mode, model::Offload::none, m.plan_bytes(keep),
-                                           2 * e.all_values().size_bytes(), a.bytes > a.used ? a.bytes - a.used : 0);
+                                           2 * e.all_gradients().size_bytes(), a.bytes > a.used ? a.bytes - a.used : 0);
+    }
+
+    // The parameters the engine keeps bf16 under `p`: the trainer's rule
+    // (zero.hpp's InfinityOptions::bf16_weights), the matrices and tables.
+    static std::vector<bool> kept_bf16(const shard::ModelSpec& spec, device::Precision p) {
+        std::vector<bool> keep;
+        for (const auto& t : shard::tensors(spec)) keep.push_back(p == device::Precision::bf16 && t.shape.size() >= 2);
+        return keep;
+    }
+
+    // One AdamW update per parameter over the master copy, the moments and
+    // the gradient at its offset, writing its working copy as kept.
+    void updates(std::size_t count) {
+        for (std::size_t t = 0; t < count; ++t) {
+            const std::uint64_t at = eng.offset(t);
+            const std::size_t n = eng.gradient(t).size();
+            optim::Update u{.master = master.span().subspan(at, n), .exp_avg = m1.span().subspan(at, n),
+                            .exp_avg_sq = m2.span().subspan(at, n), .grad_f32 = eng.gradient(t)};
+            if (eng.kept_bf16(t))
+                u.param_bf16 = eng.values_bf16(t);
+            else
+                u.param_f32 = eng.values(t);
+            per_param.push_back(u);
+        }
     }
 
     static constexpr optim::AdamW kAdamW{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -161,6 +206,9 @@ struct BenchModel {
     model::Activations acts;
     device::Array<float> m1, m2;
     model::Context ctx;
+    bool bf16_working = false;
+    device::Array<float> master;            // (bf16_working) every parameter's fp32 master
+    std::vector<optim::Update> per_param;  // (bf16_working) AdamW's launches
     double model_flops = 0, recompute_flops = 0;
 
     // Results: the median step, the peer it is held to and the ratio.

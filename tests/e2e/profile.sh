@@ -68,7 +68,8 @@ if sum(r["calls"] for r in shapes) > gemm["calls"] or sum(r["flops"] for r in sh
     fail("the shapes hold more than the gemm row")
 names = {r["name"] for r in rows}
 # (AdamW is a device kernel in --bench; the engine's optimizer runs it on the host.)
-for k in ["gemm", att + "_forward", att + "_backward", "layernorm_forward", "crossentropy_forward_backward"]:
+for k in ["gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dbias", att + "_forward", att + "_backward",
+          "layernorm_forward", "crossentropy_forward_backward"]:
     if k not in names: fail(f"no {k} row")
 for s in stages:
     if not any(r["kind"] == "stage" and r["name"] == s for r in rows): fail(f"no stage {s}")
@@ -79,7 +80,10 @@ for s in stages:
 N = B * T
 mm = 6 * N * (L * 12 * C * C + V * C) + 6 * L * B * C * T * (T + 1)
 if recompute: mm += L * (2 * N * 12 * C * C + 2 * B * C * T * (T + 1))
-got = sum(r["flops"] for r in rows if r["name"] in ("gemm", att + "_forward", att + "_backward"))
+# The GEMMs with an epilogue (gemm_bias, gemm_bias_gelu, gemm_dbias) count
+# their matrix FLOPs alone.
+gemms = ("gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dbias")
+got = sum(r["flops"] for r in rows if r["kind"] == "kernel" and r["name"] in gemms + (att + "_forward", att + "_backward"))
 if abs(got - steps * mm) > 1e-9 * steps * mm: fail(f"GEMM and attention FLOPs {got}, the model's {steps * mm}")
 # The model's count (flops_per_step): every weight but the position table,
 # 6 a token (the biases and norms too), and attention's.
@@ -132,14 +136,18 @@ check "with checkpoints: the recomputed forward's FLOPs too" \
 # --checkpoint auto (the default): every block's activations kept when the
 # budget holds them (the FLOPs drop by the recompute's, and the GEMM calls
 # by its forward's), recomputed when a small budget forces it.
-gemm_calls() { jq -s '[.[] | select(.schema == "zinf.profile/1" and .name == "gemm")][0].calls' "$1"; }
+gemm_calls() {
+  jq -s '[.[] | select(.schema == "zinf.profile/1" and .kind == "kernel" and (.name | startswith("gemm")))
+          | .calls] | add' "$1"
+}
 run "$TR" "${BENCH[@]}" --profile --json
 printf '%s\n' "$out" >"$W/bench-auto.jsonl"
 check "auto with a budget to spare: no recompute (FLOPs the model's)" \
   check_records "$W/bench-auto.jsonl" 2 2 64 256 2 32 0 forward backward
 check "... the bench record says so" jq -e -s '.[0].checkpoint == false and .[0].checkpoint_mode == "auto"' \
   "$W/bench-auto.jsonl"
-# A block's forward is 4 GEMMs (qkv, proj, fc, fc proj) and the attention's own: 2 steps x 2 layers x 4 fewer.
+# A block's forward is 4 GEMMs (qkv, proj and fc proj with their bias, fc
+# with bias and GELU) and the attention's own: 2 steps x 2 layers x 4 fewer.
 fewer_gemms() { (($(gemm_calls "$2") + $1 == $(gemm_calls "$3"))); }
 check "... 16 GEMM calls fewer than --checkpoint all" fewer_gemms 16 "$W/bench-auto.jsonl" "$W/bench-ck.jsonl"
 keep=$(jq -s '[.[] | select(.schema == "zinf.train-bench/1")][0].activation_bytes' "$W/bench.jsonl")

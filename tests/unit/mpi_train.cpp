@@ -174,11 +174,21 @@ Outcome train_run(shard::Manifest& m, comm::Communicator& c, Rig& rig, std::span
     }
     // The resident copy, read back through a copy (the engine keeps none:
     // its runs are compared by what they committed).
+    // A parameter the engine keeps bf16 (--precision bf16 over bf16
+    // parameters) is read back bf16 and widened: the values its fp32 copy held.
     for (std::size_t i = 0; resident && i < m.tensors.size(); ++i) {
-        const auto v = dynamic_cast<zero::ResidentEngine&>(t.engine().hooks()).values(i);
-        std::vector<float> host(v.size());
-        dev->copy(dev->compute(), std::as_writable_bytes(std::span(host)), std::as_bytes(v));
-        dev->synchronize(dev->compute());
+        auto& e = dynamic_cast<zero::ResidentEngine&>(t.engine().hooks());
+        std::vector<float> host(m.tensors[i].numel);
+        if (const auto kept = e.values_bf16(i); !kept.empty()) {
+            std::vector<std::uint16_t> h(kept.size());
+            dev->copy(dev->compute(), std::as_writable_bytes(std::span(h)), std::as_bytes(kept));
+            dev->synchronize(dev->compute());
+            from_bf16(std::span<const std::uint16_t>(h), std::span(host));
+        } else {
+            const auto v = e.values(i);
+            dev->copy(dev->compute(), std::as_writable_bytes(std::span(host)), std::as_bytes(v));
+            dev->synchronize(dev->compute());
+        }
         out.values.push_back(std::move(host));
     }
     t.save();

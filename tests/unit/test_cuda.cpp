@@ -471,6 +471,117 @@ BOOST_AUTO_TEST_CASE(bf16_activations_in_gemm_and_gelu, *utf::precondition(GpuPr
     expect_all(p.run(gelu), "gelu of bf16", true);
 }
 
+// The residual add fused into LayerNorm (one warp a row): res and the kept
+// bf16 copy the cpu's bits (one add, one rounding), the norm's rows within
+// 1e-5 as layernorm_forward's; C = 7 (scalar rows) and 768 (float4); two
+// runs the same bits.
+BOOST_AUTO_TEST_CASE(residual_layernorm_against_cpu, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("residual layernorm"));
+    Pair p;
+    for (const u64 C : {u64{7}, u64{768}})
+        for (const bool kept : {false, true}) {
+            const u64 N = 300;
+            const Vf res0 = randn(N * C, rng, 2), add = randn(N * C, rng), w = randn(C, rng), b = randn(C, rng);
+            auto fn = [&](Device& d) -> Outputs {
+                auto out = poisoned(d, N * C), mean = poisoned(d, N), rstd = poisoned(d, N);
+                auto res = up(d, res0), da = up(d, add), dw = up(d, w), db = up(d, b);
+                auto k16 = up(d, V16(N * C, 0x7fc0));
+                d.residual_layernorm_forward(d.compute(), out, mean, rstd, res, da, kept ? View(k16) : View(), dw, db,
+                                             N, C);
+                Vf k(N * C);
+                const V16 h = down(d, k16);
+                for (u64 i = 0; i < N * C; ++i) k[i] = kept ? from_bf16(h[i]) : 0.0f;
+                return {{"out", down(d, out)}, {"mean", down(d, mean)}, {"rstd", down(d, rstd)}, {"res", down(d, res)},
+                        {"kept", k}};
+            };
+            const std::string what = "residual_layernorm C " + std::to_string(C) + (kept ? " kept bf16" : "");
+            expect_split(p.run(fn), what, {"res", "kept"});
+            expect_same_bits(*p.gpu, fn, what);
+        }
+}
+
+// A GEMM writing bf16 (cuBLASLt's bf16 D) and the epilogues (issue 43's
+// bf16 part): gemm_bias (CUBLASLT_EPILOGUE_BIAS), gemm_bias_gelu
+// (GELU_AUX_BIAS: the pre-activation its aux output), gemm_dbias (BGRADA or
+// BGRADB into the stream's partials, added to dbias; its column sums the
+// cpu's where a stand-in runs), fp32 and bf16, a tile's columns (ldc past
+// n), the bias's gradient from B and from A: against the cpu backend,
+// fp32 within 1e-5 and bf16 within 1e-2 (cuBLASLt's GELU takes the unrounded
+// sum); two runs the same bits.
+BOOST_AUTO_TEST_CASE(bf16_c_and_gemm_epilogues, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("gemm epilogues"));
+    Pair p;
+    for (const bool bf16 : {false, true})
+        for (const Gemm& g0 : {Gemm{.m = 256, .n = 768, .k = 192}, Gemm{.tb = true, .m = 64, .n = 96, .k = 128, .ldc = 104},
+                               Gemm{.m = 37, .n = 53, .k = 29}}) {
+            Gemm g = g0;
+            if (bf16) g.inputs = Precision::bf16;
+            const u64 ldc = g.ldc ? g.ldc : g.n, nc = (g.m - 1) * ldc + g.n;
+            const V16 a16 = halves(randn(g.m * g.k, rng)), b16 = halves(randn(g.n * g.k, rng));
+            const Vf a = randn(g.m * g.k, rng), b = randn(g.n * g.k, rng), bias = randn(g.n, rng);
+            auto fn = [&](Device& d) -> Outputs {
+                auto da = up(d, a), db = up(d, b);
+                auto da16 = up(d, a16), db16 = up(d, b16);
+                auto dbias = up(d, bias);
+                const ConstView A = bf16 ? ConstView(da16) : ConstView(da), B = bf16 ? ConstView(db16) : ConstView(db);
+                Outputs o;
+                auto read = [&](const View& v) {
+                    Vf out(nc);
+                    if (v.is_bf16()) {
+                        V16 h(nc);
+                        d.synchronize(d.compute());
+                        d.copy(d.compute(), std::as_writable_bytes(std::span(h)), v.bytes());
+                        d.synchronize(d.compute());
+                        for (u64 i = 0; i < nc; ++i) out[i] = i % ldc < g.n ? from_bf16(h[i]) : 0.0f;
+                    } else {
+                        d.synchronize(d.compute());
+                        d.copy(d.compute(), std::as_writable_bytes(std::span(out)), v.bytes());
+                        d.synchronize(d.compute());
+                        for (u64 i = 0; i < nc; ++i)
+                            if (i % ldc >= g.n) out[i] = 0;
+                    }
+                    return out;
+                };
+                auto c32 = poisoned(d, nc), pre32 = poisoned(d, nc), out32 = poisoned(d, nc);
+                auto c16 = up(d, V16(nc, 0x7fc0)), pre16 = up(d, V16(nc, 0x7fc0)), out16 = up(d, V16(nc, 0x7fc0));
+                const View c = bf16 ? View(c16) : View(c32), pre = bf16 ? View(pre16) : View(pre32),
+                           out = bf16 ? View(out16) : View(out32);
+                d.gemm(d.compute(), g, A, B, c);
+                o["gemm"] = read(c);
+                d.gemm_bias(d.compute(), g, A, B, dbias, c);
+                o["gemm_bias"] = read(c);
+                d.gemm_bias_gelu(d.compute(), g, A, B, dbias, pre, out);
+                o["pre"] = read(pre);
+                o["gelu"] = read(out);
+                return o;
+            };
+            const std::string what = std::string(bf16 ? "bf16" : "fp32") + " m " + std::to_string(g.m) + " ldc " +
+                                     std::to_string(ldc);
+            expect_all(p.run(fn), what, false, bf16 ? 1e-2 : 1e-5);
+            expect_same_bits(*p.gpu, fn, what);
+        }
+    for (const bool bf16 : {false, true})
+        for (const bool of_a : {false, true}) {
+            const u64 N = 1000, in = 96, out = 64;
+            const Vf x = randn(N * in, rng), dy = randn(N * out, rng), w0 = randn(in * out, rng), db0 = randn(out, rng);
+            const V16 x16 = halves(x);
+            Gemm g = of_a ? Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}
+                          : Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1};
+            if (bf16) g.inputs = Precision::bf16;
+            auto fn = [&](Device& d) -> Outputs {
+                auto dx = up(d, x), ddy = up(d, dy), dw = up(d, w0), ddb = up(d, db0);
+                auto dx16 = up(d, x16);
+                // bf16: the activation kept bf16, dy fp32 (the staged mix: the stand-in's column sums).
+                const ConstView X = bf16 ? ConstView(dx16) : ConstView(dx), DY = ConstView(ddy);
+                d.gemm_dbias(d.compute(), g, of_a ? DY : X, of_a ? X : DY, dw, ddb, of_a);
+                return {{"dw", down(d, dw)}, {"dbias", down(d, ddb)}};
+            };
+            const std::string what = std::string("gemm_dbias ") + (bf16 ? "bf16" : "fp32") + " from " + (of_a ? "A" : "B");
+            expect_all(p.run(fn), what, false, bf16 ? 1e-2 : 1e-5);
+            expect_same_bits(*p.gpu, fn, what);
+        }
+}
+
 // LayerNorm: its rows (one warp each: float4 where C % 4 == 0, scalar
 // otherwise) within 1e-5 of the cpu's, its weight and bias gradients (column
 // sums, the cpu's order) bitwise; GELU bitwise.

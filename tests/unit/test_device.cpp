@@ -534,6 +534,186 @@ BOOST_AUTO_TEST_CASE(bf16_activations_read_as_their_fp32_copies) {
         "a short bf16 input");
 }
 
+// A GEMM writing bf16 (what the next op reads bf16: kept activations, the
+// logits): the fp32 GEMM's result rounded once, bit for bit, and within
+// bf16's rounding of the double reference; padding between rows untouched;
+// k 0 writes zeros.
+BOOST_AUTO_TEST_CASE(gemm_writes_bf16_c_as_its_fp32_result_rounded) {
+    std::mt19937_64 rng(fresh_seed("gemm bf16 C"));
+    Rig r;
+    for (const Gemm& g0 : {Gemm{.m = 37, .n = 53, .k = 29}, Gemm{.ta = true, .tb = true, .m = 20, .n = 30, .k = 40},
+                           Gemm{.m = 24, .n = 40, .k = 72, .ldc = 48, .alpha = 0.5f}}) {
+        for (const Precision p : {Precision::fp32, Precision::bf16}) {
+            Gemm g = g0;
+            g.inputs = p;
+            const GemmShape s = shape_of(g);
+            const Vf a = randn(((g.ta ? g.k : g.m) - 1) * s.lda + (g.ta ? g.m : g.k), rng);
+            const Vf b = randn(((g.tb ? g.n : g.k) - 1) * s.ldb + (g.tb ? g.k : g.n), rng);
+            const u64 nc = (g.m - 1) * s.ldc + g.n;
+            auto da = r.up(a), db = r.up(b);
+            auto c32 = r.up(Vf(nc, 0.0f));
+            auto c16 = r.up(std::vector<std::uint16_t>(nc, 0x7fc0));  // NaN: the padding must stay so
+            r->gemm(r.s(), g, da, db, c32);
+            r->gemm(r.s(), g, da, db, c16);
+            const Vf f = r.down(c32);
+            const auto h = r.down(c16);
+            const Vd want = gemm_ref(g, p == Precision::bf16 ? widened(halves(a)) : a,
+                                     p == Precision::bf16 ? widened(halves(b)) : b, Vf(nc, 0.0f));
+            std::size_t wrong = 0, pad = 0;
+            double worst = 0;
+            for (u64 i = 0; i < nc; ++i) {
+                if (i % s.ldc >= g.n) {
+                    pad += h[i] != 0x7fc0;
+                    continue;
+                }
+                wrong += h[i] != to_bf16(f[i]);
+                worst = std::max(worst, std::abs(from_bf16(h[i]) - want[i]) / (std::abs(want[i]) + 1));
+            }
+            BOOST_TEST_CONTEXT("ta " << g.ta << " tb " << g.tb << " ldc " << s.ldc << " " << precision_name(p)) {
+                BOOST_TEST(wrong == 0u);
+                BOOST_TEST(pad == 0u);
+                BOOST_TEST(worst < 1.0 / 256);  // bf16 keeps 8 bits
+            }
+        }
+    }
+    auto zero = r.up(std::vector<std::uint16_t>(12, 0x7fc0));
+    r->gemm(r.s(), Gemm{.m = 3, .n = 4, .k = 0}, r.in(Vf(1)), r.in(Vf(1)), zero);
+    BOOST_TEST(r.down(zero) == std::vector<std::uint16_t>(12, 0));
+}
+
+// The epilogues' GEMMs (gemm_bias, gemm_bias_gelu, gemm_dbias): against
+// double references, and bit for bit what the GEMM and the separate kernel
+// give one after the other (gemm then bias_add; then gelu_forward of pre as
+// stored; bias_backward then gemm): the cpu backend's bits are the same as
+// before the fusion. A tile's columns (ldc past n, a bias of the tile's
+// columns), fp32 and bf16 outputs, the bias's gradient from B (Conv1D's x^T
+// dy) and from A (nn.Linear's dy^T x) at a row stride past its columns.
+BOOST_AUTO_TEST_CASE(gemm_epilogues_match_reference_and_the_separate_kernels) {
+    std::mt19937_64 rng(fresh_seed("gemm epilogues"));
+    Rig r;
+    const Vf nan_c(1, std::numeric_limits<float>::quiet_NaN());
+    for (const bool bf16 : {false, true})
+        for (const Gemm& g0 : {Gemm{.m = 67, .n = 96, .k = 48}, Gemm{.tb = true, .m = 33, .n = 40, .k = 72, .ldc = 56},
+                               Gemm{.m = 300, .n = 130, .k = 129}}) {
+            Gemm g = g0;
+            if (bf16) g.inputs = Precision::bf16;
+            const GemmShape s = shape_of(g);
+            const Vf a = randn((g.m - 1) * s.lda + g.k, rng);
+            const Vf b = randn(((g.tb ? g.n : g.k) - 1) * s.ldb + (g.tb ? g.k : g.n), rng), bias = randn(g.n, rng);
+            const u64 nc = (g.m - 1) * s.ldc + g.n;
+            auto da = r.up(a), db = r.up(b);
+            const auto dbias = r.in(bias);
+            // The outputs of both ways, fp32 and bf16 (one of each pair used).
+            auto ref_c32 = r->alloc<float>(nc, "ref C");
+            auto ref_c16 = r->alloc<std::uint16_t>(nc, "ref C");
+            auto ref_out32 = r->alloc<float>(nc, "ref out");
+            auto ref_out16 = r->alloc<std::uint16_t>(nc, "ref out");
+            auto fc32 = r->alloc<float>(nc, "c"), fpre32 = r->alloc<float>(nc, "pre"), fout32 = r->alloc<float>(nc, "out");
+            auto fc16 = r->alloc<std::uint16_t>(nc, "c"), fpre16 = r->alloc<std::uint16_t>(nc, "pre"),
+                 fout16 = r->alloc<std::uint16_t>(nc, "out");
+            const View rc = bf16 ? View(ref_c16) : View(ref_c32),
+                       rout = bf16 ? View(ref_out16) : View(ref_out32), fc = bf16 ? View(fc16) : View(fc32),
+                       fpre = bf16 ? View(fpre16) : View(fpre32), fout = bf16 ? View(fout16) : View(fout32);
+            // The separate kernels: the GEMM in fp32, the bias, rounded (bf16) once.
+            auto sep = r->alloc<float>(nc, "separate");
+            r->gemm(r.s(), g, da, db, sep);
+            // bias_add takes packed rows: add row by row.
+            for (u64 i = 0; i < g.m; ++i)
+                r->bias_add(r.s(), sep.span().subspan(i * s.ldc, g.n), dbias, 1, g.n);
+            for (u64 i = 0; i < g.m; ++i) {
+                if (bf16) {
+                    r->cast(r.s(), ref_c16.span().subspan(i * s.ldc, g.n),
+                            std::span<const float>(sep.span().subspan(i * s.ldc, g.n)));
+                    r->gelu_forward(r.s(), ref_out16.span().subspan(i * s.ldc, g.n),
+                                    std::span<const std::uint16_t>(ref_c16.span().subspan(i * s.ldc, g.n)));
+                } else {
+                    r->copy(r.s(), std::as_writable_bytes(ref_c32.span().subspan(i * s.ldc, g.n)),
+                            std::as_bytes(sep.span().subspan(i * s.ldc, g.n)));
+                    r->gelu_forward(r.s(), ref_out32.span().subspan(i * s.ldc, g.n),
+                                    std::span<const float>(sep.span().subspan(i * s.ldc, g.n)));
+                }
+            }
+            r->gemm_bias(r.s(), g, da, db, dbias, fc);
+            r->gemm_bias_gelu(r.s(), g, da, db, dbias, fpre, fout);
+            r->synchronize(r.s());
+            auto bits = [&](const View& v) {
+                std::vector<std::uint16_t> h;
+                std::vector<std::uint32_t> w;
+                if (v.is_bf16()) {
+                    h.resize(nc);
+                    r->copy(r.s(), std::as_writable_bytes(std::span(h)), v.bytes());
+                } else {
+                    w.resize(nc);
+                    r->copy(r.s(), std::as_writable_bytes(std::span(w)), v.bytes());
+                }
+                r->synchronize(r.s());
+                std::vector<double> out(nc);
+                for (u64 i = 0; i < nc; ++i)
+                    out[i] = v.is_bf16() ? double(h[i]) : double(w[i]);  // the bits, exactly
+                return out;
+            };
+            auto values = [&](const View& v) {
+                const std::vector<double> b = bits(v);
+                Vd x(nc);
+                for (u64 i = 0; i < nc; ++i)
+                    x[i] = v.is_bf16() ? from_bf16(static_cast<std::uint16_t>(b[i]))
+                                       : std::bit_cast<float>(static_cast<std::uint32_t>(b[i]));
+                return x;
+            };
+            auto in_c = [&](const Vd& x) {
+                Vd o;
+                for (u64 i = 0; i < nc; ++i)
+                    if (i % s.ldc < g.n) o.push_back(x[i]);
+                return o;
+            };
+            BOOST_TEST_CONTEXT((bf16 ? "bf16" : "fp32") << " m " << g.m << " n " << g.n << " k " << g.k << " ldc "
+                                                        << s.ldc) {
+                BOOST_TEST((in_c(bits(fc)) == in_c(bits(rc))), "gemm_bias: the GEMM and bias_add's bits");
+                BOOST_TEST((in_c(bits(fpre)) == in_c(bits(rc))), "gemm_bias_gelu's pre: gemm_bias's bits");
+                BOOST_TEST((in_c(bits(fout)) == in_c(bits(rout))), "gemm_bias_gelu's out: gelu_forward's bits");
+                // Against double: the product (of the bf16 values under
+                // bf16), + bias, GELU.
+                const Vd prod = gemm_ref(g, bf16 ? widened(halves(a)) : a, bf16 ? widened(halves(b)) : b, Vf(nc, 0));
+                Vd want(nc), want_g(nc);
+                for (u64 i = 0; i < nc; ++i) {
+                    want[i] = prod[i] + (i % s.ldc < g.n ? bias[i % s.ldc] : 0.0);
+                    want_g[i] = gelu(want[i]);
+                }
+                const double tol = bf16 ? 1.0 / 128 : 1e-5;
+                BOOST_TEST(max_err(in_c(values(fc)), in_c(want)) < tol);
+                BOOST_TEST(max_err(in_c(values(fout)), in_c(want_g)) < tol);
+            }
+        }
+    // gemm_dbias: Conv1D's dW (in,out) += x^T dy, db += colsum dy (B); nn.Linear's
+    // dW (out,in) += dy^T x, db += colsum dy (A); dy at a row stride past its columns.
+    for (const bool of_a : {false, true}) {
+        const u64 N = 300, in = 72, out = 40, ld = 56;
+        const Vf x = randn(N * in, rng), dy = randn(N * ld, rng), w0 = randn(in * out, rng), db0 = randn(out, rng);
+        const Gemm g = of_a ? Gemm{.ta = true, .m = out, .n = in, .k = N, .lda = ld, .beta = 1}
+                            : Gemm{.ta = true, .m = in, .n = out, .k = N, .ldb = ld, .beta = 1};
+        const auto dx = r.in(x), ddy = r.in(dy);
+        auto dw = r.up(w0), ddb = r.up(db0), sw = r.up(w0), sdb = r.up(db0);
+        const ConstView a = of_a ? ConstView(ddy) : ConstView(dx), b = of_a ? ConstView(dx) : ConstView(ddy);
+        r->gemm_dbias(r.s(), g, a, b, dw, ddb, of_a);
+        // The separate kernels: bias_backward over dy's packed copy, then the GEMM.
+        Vf packed(N * out);
+        for (u64 i = 0; i < N; ++i)
+            for (u64 o = 0; o < out; ++o) packed[i * out + o] = dy[i * ld + o];
+        r->bias_backward(r.s(), sdb, r.in(packed), N, out);
+        r->gemm(r.s(), g, a, b, sw);
+        Vd want_db = dbl(db0);
+        for (u64 i = 0; i < N; ++i)
+            for (u64 o = 0; o < out; ++o) want_db[o] += dy[i * ld + o];
+        const Vd want_w = of_a ? gemm_ref(g, dy, x, w0) : gemm_ref(g, x, dy, w0);
+        BOOST_TEST_CONTEXT("gemm_dbias, the bias from " << (of_a ? "A" : "B")) {
+            BOOST_TEST(same_bits(r.down(ddb), r.down(sdb)));
+            BOOST_TEST(same_bits(r.down(dw), r.down(sw)));
+            BOOST_TEST(max_err(r.down(ddb), want_db) < 1e-5);
+            BOOST_TEST(max_err(r.down(dw), want_w) < 1e-5);
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(precision_names_parse_and_a_bad_one_says_the_choices) {
     for (Precision p : {Precision::fp32, Precision::bf16})
         BOOST_TEST((parse_precision(precision_name(p)) == p), precision_name(p));
@@ -669,6 +849,55 @@ BOOST_AUTO_TEST_CASE(layernorm_matches_reference_and_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------
+// The residual add fused into the LayerNorm after it (GPT's second norm):
+// res += add, kept (bf16: rounded into it, res widened back), then the norm
+// of res; against the double reference of the norm of (res + add) (and of
+// its bf16 rounding), and bit for bit accumulate, the two casts and
+// layernorm_forward in turn, on 1 and 2 threads.
+BOOST_AUTO_TEST_CASE(residual_layernorm_is_accumulate_then_layernorm) {
+    std::mt19937_64 rng(fresh_seed("residual layernorm"));
+    const u64 N = 130, C = 150;
+    const Vf res0 = randn(N * C, rng, 2), add = randn(N * C, rng), w = randn(C, rng), b = randn(C, rng);
+    for (const bool kept : {false, true})
+        for (const unsigned threads : {1u, 2u}) {
+            Rig r(threads);
+            auto out = r->alloc<float>(N * C, "out"), mean = r->alloc<float>(N, "mean"),
+                 rstd = r->alloc<float>(N, "rstd");
+            auto res = r.up(res0);
+            auto k16 = r.up(std::vector<std::uint16_t>(N * C, 0x7fc0));
+            const auto da = r.in(add), dw = r.in(w), db = r.in(b);
+            r->residual_layernorm_forward(r.s(), out, mean, rstd, res, da, kept ? View(k16) : View(), dw, db, N, C);
+            // The kernels in turn.
+            auto out2 = r->alloc<float>(N * C, "out"), mean2 = r->alloc<float>(N, "mean"),
+                 rstd2 = r->alloc<float>(N, "rstd");
+            auto res2 = r.up(res0);
+            auto k2 = r.up(std::vector<std::uint16_t>(N * C, 0x7fc0));
+            r->accumulate(r.s(), res2, da);
+            if (kept) {
+                r->cast(r.s(), k2.span(), std::span<const float>(res2.span()));
+                r->cast(r.s(), res2.span(), std::span<const std::uint16_t>(k2.span()));
+            }
+            r->layernorm_forward(r.s(), out2, mean2, rstd2, res2, dw, db, N, C);
+            BOOST_TEST_CONTEXT("kept " << kept << ", threads " << threads) {
+                BOOST_TEST(same_bits(r.down(res), r.down(res2)));
+                BOOST_TEST(same_bits(r.down(out), r.down(out2)));
+                BOOST_TEST(same_bits(r.down(mean), r.down(mean2)));
+                BOOST_TEST(same_bits(r.down(rstd), r.down(rstd2)));
+                if (kept) BOOST_TEST(r.down(k16) == r.down(k2));
+                Vd sum(N * C);
+                for (u64 i = 0; i < N * C; ++i) {
+                    const float f = res0[i] + add[i];
+                    sum[i] = kept ? from_bf16(to_bf16(f)) : double(res0[i]) + add[i];
+                }
+                const LayerNorm want = ln_forward(sum, dbl(w), dbl(b), N, C);
+                BOOST_TEST(max_err(r.down(res), sum) < 1e-6);
+                BOOST_TEST(max_err(r.down(out), want.out) < 1e-5);
+                BOOST_TEST(max_err(r.down(mean), want.mean) < 1e-5);
+                BOOST_TEST(max_err(r.down(rstd), want.rstd) < 1e-5);
+            }
+        }
+}
+
 BOOST_AUTO_TEST_CASE(gelu_matches_reference_and_finite_differences) {
     std::mt19937_64 rng(fresh_seed("gelu"));
     {
@@ -1236,8 +1465,18 @@ BOOST_AUTO_TEST_CASE(element_types_a_kernel_does_not_take_are_internal_errors_at
         const std::string msg = testing::what_of<InternalError>(fn, what);
         for (const char* p : parts) BOOST_TEST(testing::contains(msg, p), what << ": " << msg);
     };
-    check("gemm C", [&] { r->gemm(r.s(), {.m = 4, .n = 4, .k = 4, .inputs = Precision::bf16}, f, g, h); },
-          {"gemm", "C is bf16"});
+    check("gemm bf16 C", [&] { r->gemm(r.s(), {.m = 4, .n = 4, .k = 4, .beta = 1, .inputs = Precision::bf16}, f, g, h); },
+          {"gemm", "bf16 C takes beta 0"});
+    check("gemm_bias_gelu pre and out",
+          [&] { r->gemm_bias_gelu(r.s(), {.m = 4, .n = 4, .k = 4}, f, g, f.span().first(4), f, h); },
+          {"gemm_bias_gelu", "out is bf16 and pre fp32"});
+    check("gemm_dbias from B transposed",
+          [&] { r->gemm_dbias(r.s(), {.tb = true, .m = 4, .n = 4, .k = 4}, f, g, f, g.span().first(4), false); },
+          {"gemm_dbias", "not tb"});
+    check("gemm_dbias of a bf16 B",
+          [&] { r->gemm_dbias(r.s(), {.m = 4, .n = 4, .k = 4, .inputs = Precision::bf16}, f, h, g, f.span().first(4),
+                              false); },
+          {"gemm_dbias", "B is bf16"});
     check("gelu out and inp", [&] { r->gelu_forward(r.s(), h, f); }, {"gelu_forward", "inp is fp32 and out bf16"});
     check("cast to its own type", [&] { r->cast(r.s(), f, g); }, {"cast from bf16", "both fp32"});
     check("gqa q and k", [&] { r->gqa_backward(r.s(), f, f, f, f, f, h, f, f, f, 1, 2, 2, 2, 2); },

@@ -665,11 +665,12 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_llama_block_keeps) {
     // The plan: per block set (one with checkpointing, one a layer without)
     // norm1, atty, res2 and norm2 (N,C) (atty is (N, heads*hd): C), q, k and
     // v (N, C + 2 KV*hd), the softmax (B,H,T,T), gate and up (N,2F) and
-    // their product (N,F) at 2 bytes a value; and the scratch of
+    // their product (N,F) at 2 bytes a value, the logits once; and the scratch of
     // joined weights and gradients sized for q, k, v alone (2F outputs were
     // the largest group: 320 > 64 + 2*32).
     const u64 N = B * T, NC = N * cfg.hidden, NF = N * cfg.ffn, C = cfg.hidden, KC = cfg.kv_heads * cfg.head_dim();
-    const u64 NJ = N * (C + 2 * KC), A = B * cfg.heads * T * T;
+    // And the logits (N, padded V), once: the head's GEMM writes them bf16.
+    const u64 NJ = N * (C + 2 * KC), A = B * cfg.heads * T * T, NV = N * model::padded_vocab(cfg.vocab);
     auto unit = [](u64 bytes) { return align_up(bytes, mem::kArenaAlignment); };
     auto halved = [&](u64 n) { return unit(n * 4) - unit(n * 2); };
     BOOST_REQUIRE(2 * cfg.ffn > C + 2 * KC && 2 * cfg.ffn > C && model::joined_projections(cfg, C + 2 * KC));
@@ -678,12 +679,13 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_llama_block_keeps) {
     for (const bool checkpoint : {true, false}) {
         const u64 sets = checkpoint ? 1 : cfg.layers;
         BOOST_TEST(ckpt.m.plan_bytes(shape(checkpoint, fp32)) - ckpt.m.plan_bytes(shape(checkpoint, bf16)) ==
-                       sets * saved + joined,
+                       sets * saved + joined + halved(NV),
                    "checkpoint " << checkpoint);
     }
-    BOOST_TEST(ckpt.acts.bytes + (4 * NC + NJ + A + 3 * NF) * 2 + 2 * (2 * cfg.ffn - C - 2 * KC) * C * 4 ==
+    BOOST_TEST(ckpt.acts.bytes + (4 * NC + NJ + A + 3 * NF) * 2 + NV * 2 + 2 * (2 * cfg.ffn - C - 2 * KC) * C * 4 ==
                kept32.acts.bytes);
-    BOOST_TEST(keep.acts.bytes + cfg.layers * (4 * NC + NJ + A + 3 * NF) * 2 + 2 * (2 * cfg.ffn - C - 2 * KC) * C * 4 ==
+    BOOST_TEST(keep.acts.bytes + cfg.layers * (4 * NC + NJ + A + 3 * NF) * 2 + NV * 2 +
+                   2 * (2 * cfg.ffn - C - 2 * KC) * C * 4 ==
                Net(cfg, shape(false, fp32)).acts.bytes);
 }
 

@@ -104,9 +104,13 @@ struct Net {
     model::GPT gpt;
     model::ResidentEngine eng;
     model::Activations acts;
-    Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2)
-        : dev(cpu(threads)), gpt(cfg), eng(*dev, model::numels(gpt.params_table())), acts(gpt.plan(*dev, shape)) {}
+    Net(const model::Config& cfg, model::Shape shape, unsigned threads = 2, const std::vector<bool>& bf16 = {})
+        : dev(cpu(threads)), gpt(cfg), eng(*dev, model::numels(gpt.params_table()), bf16),
+          acts(gpt.plan(*dev, shape)) {}
     device::Precision precision = device::Precision::fp32;  // the GEMMs' inputs (Context::precision)
+    // fill() rounds the matrices and tables (every parameter of two or more
+    // dimensions) to bf16 values: what an engine keeping them bf16 holds.
+    bool round_matrices = false;
     model::Context ctx() { return {*dev, dev->compute(), eng, precision}; }
     void set_batch(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
         auto& s = dev->compute();
@@ -115,7 +119,20 @@ struct Net {
     }
     // Device memory is reached through copies only (a GPU's is not the host's).
     void set_values(std::size_t t, std::span<const float> v) {
-        dev->copy(dev->compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(v));
+        // The host side lives until the copy is done (synchronized here).
+        std::vector<std::uint16_t> h;
+        std::vector<float> w;
+        if (eng.kept_bf16(t)) {
+            h.resize(v.size());
+            to_bf16(v, std::span(h));
+            dev->copy(dev->compute(), std::as_writable_bytes(eng.values_bf16(t)), std::as_bytes(std::span(h)));
+        } else if (round_matrices && gpt.params_table()[t].shape.size() >= 2) {
+            w.resize(v.size());
+            for (std::size_t i = 0; i < v.size(); ++i) w[i] = from_bf16(to_bf16(v[i]));
+            dev->copy(dev->compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(std::span(w)));
+        } else {
+            dev->copy(dev->compute(), std::as_writable_bytes(eng.values(t)), std::as_bytes(v));
+        }
         dev->synchronize(dev->compute());
     }
     std::vector<float> gradient(std::size_t t) {
@@ -460,7 +477,7 @@ BOOST_AUTO_TEST_CASE(bf16_checkpoints_recompute_what_the_forward_saw) {
 // the forward kept), and a second run the same bits; a loss and gradients
 // near those of fp32 activations under the same arithmetic and near fp32's,
 // but not theirs; the arena bytes planned: each block's 15 (N,C) kept values
-// a token and its softmax at 2 bytes, not 4.
+// a token and its softmax at 2 bytes, not 4, and the logits too.
 BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
     const Tiny t("bf16_activations_halve_what_a_block_keeps");
     const auto& cfg = t.cfg;
@@ -488,7 +505,9 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
     // The plan: 4 (N,C) (the inner residual among them), one (N,3C)
     // (q/k/v), 2 (N,4C) and the (B,NH,T,T) softmax kept a block set (one
     // set with checkpointing, one a layer without), each at 2 bytes a value.
-    const std::uint64_t NC = B * T * cfg.hidden, A = B * cfg.heads * T * T;
+    // The logits (N, padded V) are bf16 too (the head's GEMM writes them so), once.
+    const std::uint64_t NC = B * T * cfg.hidden, A = B * cfg.heads * T * T,
+                        NV = B * T * model::padded_vocab(cfg.vocab);
     auto unit = [](std::uint64_t bytes) { return align_up(bytes, mem::kArenaAlignment); };
     auto halved = [&](std::uint64_t n) { return unit(n * 4) - unit(n * 2); };
     const std::uint64_t saved = 4 * halved(NC) + halved(3 * NC) + 2 * halved(4 * NC) + halved(A);
@@ -497,10 +516,49 @@ BOOST_AUTO_TEST_CASE(bf16_activations_halve_what_a_block_keeps) {
         model::Shape h = f;
         h.activations = bf16;
         const std::uint64_t sets = checkpoint ? 1 : cfg.layers;
-        BOOST_TEST(ckpt.gpt.plan_bytes(f) - ckpt.gpt.plan_bytes(h) == sets * saved, "checkpoint " << checkpoint);
+        BOOST_TEST(ckpt.gpt.plan_bytes(f) - ckpt.gpt.plan_bytes(h) == sets * saved + halved(NV),
+                   "checkpoint " << checkpoint);
     }
-    BOOST_TEST(ckpt.acts.bytes + (15 * NC + A) * 2 == kept32.acts.bytes);
-    BOOST_TEST(keep.acts.bytes + cfg.layers * (15 * NC + A) * 2 == Net(cfg, t.shape(false, bf16)).acts.bytes);
+    BOOST_TEST(ckpt.acts.bytes + (15 * NC + A) * 2 + NV * 2 == kept32.acts.bytes);
+    BOOST_TEST(keep.acts.bytes + cfg.layers * (15 * NC + A) * 2 + NV * 2 ==
+               Net(cfg, t.shape(false, bf16)).acts.bytes);
+}
+
+// The resident engine keeping the matrices and embedding tables bf16 (the
+// trainer's --precision bf16 over bf16 parameters): the GEMMs and the
+// embedding read them bf16, never widened nor staged, and a step gives the
+// bits of an engine holding their fp32 copies (a bf16 GEMM rounds its
+// inputs to the same values), tiled or not, checkpointing or not; the fp32
+// values it holds are the vectors' alone, the matrices' at 2 bytes.
+BOOST_AUTO_TEST_CASE(resident_bf16_weights_give_the_bits_of_their_fp32_copies) {
+    const Tiny t("resident_bf16_weights_give_the_bits_of_their_fp32_copies");
+    const auto bf16 = device::Precision::bf16;
+    for (const unsigned tile : {1u, 3u})
+        for (const bool checkpoint : {true, false}) {
+            const model::Config cfg = model::Config::from(t.spec, tile);
+            std::vector<bool> mask;
+            std::uint64_t matrices = 0, all = 0;
+            for (const auto& p : model::GPT(cfg).params_table().all()) {
+                mask.push_back(p.shape.size() >= 2);
+                if (p.shape.size() >= 2) matrices += p.numel;
+                all += p.numel;
+            }
+            Net wide(cfg, t.shape(checkpoint, bf16, bf16)), kept(cfg, t.shape(checkpoint, bf16, bf16), 2, mask);
+            wide.round_matrices = true;
+            for (Net* n : {&wide, &kept}) {
+                n->precision = bf16;
+                t.run(*n);
+            }
+            BOOST_TEST_CONTEXT("tile " << tile << ", checkpoint " << checkpoint) {
+                BOOST_TEST(std::bit_cast<std::uint64_t>(kept.loss()) == std::bit_cast<std::uint64_t>(wide.loss()));
+                const auto a = kept.all_gradients(), b = wide.all_gradients();
+                BOOST_TEST_REQUIRE(a.size() == b.size());
+                BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+                BOOST_TEST(kept.eng.all_values().size() < all - matrices + 16 * mask.size());
+                BOOST_TEST(wide.eng.all_values().size() >= all);
+                BOOST_TEST(std::isfinite(kept.loss()));
+            }
+        }
 }
 
 // --attention flash (Shape::attention flash: the flash_* kernels): a GPT

@@ -34,6 +34,11 @@ public:
     // out (N,C), mean (N), rstd (N) from inp (N,C).
     void forward(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
                  std::span<const float> inp, std::uint64_t N);
+    // res (N,C) += add, then out, mean, rstd from res, in one pass over the
+    // rows (residual_layernorm_forward); kept (empty, or bf16 (N,C)): res
+    // rounded into it and widened back first (Kept::keep_widened).
+    void forward_residual(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                          std::span<float> res, std::span<const float> add, const device::View& kept, std::uint64_t N);
     // dinp (N,C) +=; inp as kept (fp32, or bf16: a block's inner residual, Kept).
     void backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                   std::span<const float> mean, std::span<const float> rstd, std::uint64_t N);
@@ -164,9 +169,11 @@ private:
 class LMHead : public Module {
 public:
     LMHead(ParamTable& t, std::size_t wte, const Config& cfg);
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N, std::uint64_t ld);
-    // dlogits (N,V) at row stride ld in (the pad not read), dx (N,C) written.
-    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
+    // logits fp32, or bf16 (Activations::logits_bf16).
+    void forward(Context& c, const device::View& logits, std::span<const float> x, std::uint64_t N,
+                 std::uint64_t ld);
+    // dlogits (N,V) at row stride ld in (the pad not read; fp32 or bf16), dx (N,C) written.
+    void backward(Context& c, std::span<float> dx, const device::ConstView& dlogits, std::span<const float> x,
                   std::uint64_t N, std::uint64_t ld);
 
 private:

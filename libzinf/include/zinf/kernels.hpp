@@ -125,10 +125,14 @@ using ConstView = BasicView<false>;
 // converted inside the kernel), and a bf16 operand with the other rounded to
 // bf16 as bf16 x bf16 -> fp32 (CUBLAS_COMPUTE_32F). zinf-train --precision
 // bf16 runs every GEMM of the model so, and where the manifest's working
-// parameters are bf16 (zinf-shard layout's default) the engine keeps the
-// matrices and embedding tables bf16 on the device too (a bf16 ConstView
-// from zero.hpp's stored()): gathered and held as bf16, read as bf16 by the
-// GEMMs and the embedding, never widened. The activation checkpoints (the
+// parameters are bf16 (zinf-shard layout's default) every engine
+// (ZeRO-Infinity, and the resident reference) keeps the matrices and
+// embedding tables bf16 on the device too (a bf16 ConstView from zero.hpp's
+// stored()): gathered or installed and held as bf16, read as bf16 by the
+// GEMMs and the embedding, never widened nor staged. A GEMM writes bf16
+// where the next op reads bf16 (kernels.def's gemm: a GPT's q/k/v, its
+// MLP's pre-activation and GELU, the logits under bf16 activations, which
+// the loss is then taken from, as llm.c's). The activation checkpoints (the
 // residual stream at each block boundary, model.hpp's Shape::checkpoints)
 // are rounded to bf16 as they are made and kept, offloaded and read back
 // bf16, widened to fp32 for the block that reads them: half the bytes on the

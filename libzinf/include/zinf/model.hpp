@@ -110,9 +110,27 @@ struct Context {
     // dev.gemm on `stream` with `precision`'s inputs: how a module multiplies,
     // A and B each as stored (a parameter as the engine stores it,
     // ParamEngine::stored; an activation a block keeps, Kept).
-    void gemm(device::Gemm g, device::ConstView a, device::ConstView b, std::span<float> c) {
+    // C fp32, or bf16 (what the next op reads bf16: kernels.def's gemm).
+    void gemm(device::Gemm g, device::ConstView a, device::ConstView b, device::View c) {
         g.inputs = precision;
         dev.gemm(stream, g, a, b, c);
+    }
+    // The same with an epilogue (kernels.def): + bias; + bias and GELU; the
+    // bias's gradient from the operand that carries it.
+    void gemm_bias(device::Gemm g, device::ConstView a, device::ConstView b, std::span<const float> bias,
+                   device::View c) {
+        g.inputs = precision;
+        dev.gemm_bias(stream, g, a, b, bias, c);
+    }
+    void gemm_bias_gelu(device::Gemm g, device::ConstView a, device::ConstView b, std::span<const float> bias,
+                        device::View pre, device::View out) {
+        g.inputs = precision;
+        dev.gemm_bias_gelu(stream, g, a, b, bias, pre, out);
+    }
+    void gemm_dbias(device::Gemm g, device::ConstView a, device::ConstView b, std::span<float> c,
+                    std::span<float> dbias, bool of_a) {
+        g.inputs = precision;
+        dev.gemm_dbias(stream, g, a, b, c, dbias, of_a);
     }
     // dst (w.size()) = w widened to fp32 where it is stored bf16, else copied.
     void to_f32(std::span<float> dst, device::ConstView w) {
@@ -154,10 +172,17 @@ public:
     Linear(ParamTable& t, const std::string& name, std::uint64_t in, std::uint64_t out, unsigned tiles, Layout layout,
            bool bias);
     ~Linear() override;
-    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept).
-    void forward(Context& c, std::span<float> y, const device::ConstView& x, std::uint64_t N);
+    // x stored fp32, or bf16 (an activation the block keeps bf16: Kept); y
+    // fp32, or bf16 (kept so: the sum rounded once). The bias in the GEMM's
+    // epilogue (gemm_bias).
+    void forward(Context& c, const device::View& y, const device::ConstView& x, std::uint64_t N);
+    // pre (N,out) = x W + b and out (N,out) = GELU(pre) in one GEMM's
+    // epilogue (gemm_bias_gelu): GPT's c_fc. pre and out both fp32 or both
+    // bf16; a layer with a bias.
+    void forward_gelu(Context& c, const device::View& pre, const device::View& out, const device::ConstView& x,
+                      std::uint64_t N);
     // dx (N,in) written, or added to with `accumulate`; the weight's (and
-    // bias's) gradient added to.
+    // bias's, in the weight gradient's GEMM: gemm_dbias) gradient added to.
     void backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x,
                   std::uint64_t N, bool accumulate = false);
     std::uint64_t in = 0, out = 0;
@@ -294,8 +319,16 @@ struct Activations {
     std::vector<device::Array<std::uint16_t>> residual_bf16;
     device::Array<float> widened;
     // (N, padded_vocab(V)): row i's V logits then the pad (never read);
-    // the logits' gradient (the pad 0) after a forward for backward.
+    // the logits' gradient (the pad 0) after a forward for backward. fp32
+    // in `logits`, or bf16 in `logits_bf16` (a GPT under Shape::activations
+    // bf16, as llm.c: the head's GEMM writes them bf16, the fused
+    // classifier reads and rewrites them so, and the head's backward GEMMs
+    // read the gradient bf16, in one GEMM each, nothing staged).
     device::Array<float> logits;
+    device::Array<std::uint16_t> logits_bf16;
+    device::View logits_view() const {
+        return logits_bf16 ? device::View(logits_bf16) : device::View(logits);
+    }
     device::Array<float> losses;                   // (N)
     device::Array<float> dres;                     // (N,C)
     // The family's own buffers, as its model's plan() made them (the GPT's

@@ -469,15 +469,25 @@ protected:
 // memory, one Array each for all values and all gradients (fp32). Records
 // the hooks it sees when tracing. The trainer loads it and refreshes it
 // after each step through copies (--resident).
+//
+// A parameter marked in `bf16` keeps its working values bf16 instead
+// (--precision bf16 over bf16 parameters, InfinityOptions::bf16_weights's
+// rule: the matrices and embedding tables), in a second Array of their own,
+// read through stored() as bf16 by the GEMMs and the embedding, never
+// widened or staged; values() of it is an InternalError. Gradients stay fp32
+// for every parameter, laid out as without `bf16`.
 class ResidentEngine : public ParamEngine {
 public:
-    ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels);
+    ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels, const std::vector<bool>& bf16 = {});
 
-    std::span<float> values(std::size_t param);   // device memory
+    std::span<float> values(std::size_t param);   // device memory, fp32 (InternalError when kept bf16)
+    std::span<std::uint16_t> values_bf16(std::size_t param);  // device memory; empty unless kept bf16
+    bool kept_bf16(std::size_t param) const { return bf16_offsets_.at(param) != kNone; }
     std::span<float> gradient(std::size_t param); // device memory
+    // Every fp32 value (the parameters not kept bf16), every gradient.
     std::span<float> all_values() { return values_.span(); }
     std::span<float> all_gradients() { return grads_.span(); }
-    std::uint64_t offset(std::size_t param) const { return offsets_[param]; }  // elements
+    std::uint64_t offset(std::size_t param) const { return offsets_[param]; }  // elements, into all_gradients()
     void zero_grad(device::Stream& s);
 
     struct Hook {
@@ -495,11 +505,19 @@ public:
 protected:
     std::span<const float> weight_of(const Module&, std::size_t param) override { return values(param); }
     std::span<float> grad_of(const Module&, std::size_t param) override { return gradient(param); }
+    std::span<const std::uint16_t> weight_bf16_of(const Module&, std::size_t param) override {
+        return values_bf16(param);
+    }
 
 private:
+    static constexpr std::uint64_t kNone = ~std::uint64_t{0};
     device::Device& dev_;
-    std::vector<std::uint64_t> offsets_, sizes_;
+    // offsets_: every parameter's, into the gradients; f32_offsets_ and
+    // bf16_offsets_ into values_ and values_bf16_, kNone where it is kept
+    // in the other.
+    std::vector<std::uint64_t> offsets_, sizes_, f32_offsets_, bf16_offsets_;
     device::Array<float> values_, grads_;
+    device::Array<std::uint16_t> values_bf16_;
 };
 
 // ---------------------------------------------------------------------------

@@ -68,19 +68,59 @@ void need_rmsnorm(const Shape& sh, std::size_t out, std::size_t rstd, const char
 
 // ---- linear ------------------------------------------------------------------
 // Resolves g in place (the backends get every stride filled in). An operand
-// stored bf16 needs bf16 inputs and one product.
-void check_gemm(Gemm& g, ConstView a, ConstView b, View c) {
+// stored bf16 needs bf16 inputs and one product; a bf16 C beta 0 and one
+// product.
+void need_gemm(const char* kernel, Gemm& g, ConstView a, ConstView b, ConstView c) {
     g = cpu::resolve(g);
-    const Shape sh{"gemm", {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}}};
-    need_f32(sh, {"C", c});
+    const Shape sh{kernel, {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}}};
     if (a.is_bf16() || b.is_bf16()) {
         const std::string which = a.is_bf16() ? "A" : "B";
         if (g.inputs != Precision::bf16) sh.fail("a bf16 " + which + " needs bf16 inputs");
         if (g.batch != 1) sh.fail("a bf16 " + which + " takes one product");
     }
+    if (c.is_bf16() && (g.beta != 0 || g.batch != 1)) sh.fail("a bf16 C takes beta 0 and one product");
     sh.need("A", a.size(), cpu::gemm_extent_a(g));
     sh.need("B", b.size(), cpu::gemm_extent_b(g));
     sh.need("C", c.size(), cpu::gemm_extent_c(g));
+}
+
+void check_gemm(Gemm& g, ConstView a, ConstView b, View c) { need_gemm("gemm", g, a, b, c); }
+
+// The epilogues' GEMMs: one product.
+void need_one_product(const char* kernel, const Gemm& g) {
+    if (g.batch != 1) Shape{kernel, {{"batch", g.batch}}}.fail("an epilogue's GEMM takes one product");
+}
+
+void check_gemm_bias(Gemm& g, ConstView a, ConstView b, std::span<const float> bias, View c) {
+    need_one_product("gemm_bias", g);
+    need_gemm("gemm_bias", g, a, b, c);
+    Shape{"gemm_bias", {{"n", g.n}}}.need("bias", bias.size(), g.n);
+}
+
+void check_gemm_bias_gelu(Gemm& g, ConstView a, ConstView b, std::span<const float> bias, View pre, View out) {
+    need_one_product("gemm_bias_gelu", g);
+    need_gemm("gemm_bias_gelu", g, a, b, pre);
+    const Shape sh{"gemm_bias_gelu", {{"m", g.m}, {"n", g.n}}};
+    if (g.alpha != 1 || g.beta != 0) sh.fail("alpha 1 and beta 0 only");
+    same_dtype(sh, {{"pre", pre}, {"out", out}});
+    sh.need("bias", bias.size(), g.n);
+    sh.need("out", out.size(), cpu::gemm_extent_c(g));
+}
+
+void check_gemm_dbias(Gemm& g, ConstView a, ConstView b, View c, std::span<float> dbias, bool of_a) {
+    need_one_product("gemm_dbias", g);
+    need_gemm("gemm_dbias", g, a, b, c);
+    const Shape sh{"gemm_dbias", {{"m", g.m}, {"n", g.n}, {"k", g.k}}};
+    need_f32(sh, {"C", c});
+    if (of_a) {
+        if (!g.ta) sh.fail("the bias's gradient from A needs A stored (k,m) (ta)");
+        need_f32(sh, {"A", a});
+        sh.need("dbias", dbias.size(), g.m);
+    } else {
+        if (g.tb) sh.fail("the bias's gradient from B needs B stored (k,n) (not tb)");
+        need_f32(sh, {"B", b});
+        sh.need("dbias", dbias.size(), g.n);
+    }
 }
 
 void check_bias_add(std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
@@ -125,6 +165,23 @@ void check_layernorm_forward(std::span<float> out, std::span<float> mean, std::s
     sh.need("mean", mean.size(), N);
     sh.need("rstd", rstd.size(), N);
     sh.need("inp", inp.size(), N * C);
+    sh.need("w", w.size(), C);
+    sh.need("b", b.size(), C);
+}
+
+void check_residual_layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                      std::span<float> res, std::span<const float> add, View kept,
+                                      std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
+    const Shape sh{"residual_layernorm_forward", {{"N", N}, {"C", C}}};
+    sh.need("out", out.size(), N * C);
+    sh.need("mean", mean.size(), N);
+    sh.need("rstd", rstd.size(), N);
+    sh.need("res", res.size(), N * C);
+    sh.need("add", add.size(), N * C);
+    if (!kept.empty()) {
+        if (!kept.is_bf16()) sh.fail("kept is fp32; the kernel keeps the residual bf16 or not at all");
+        sh.need("kept", kept.size(), N * C);
+    }
     sh.need("w", w.size(), C);
     sh.need("b", b.size(), C);
 }

@@ -23,11 +23,31 @@ double causal_pairs(u64 T) { return d(T) * d(T + 1) / 2; }
 // ---- linear -------------------------------------------------------------------
 // 2 m n k a matrix; A and B read once at their width, C written (and read
 // when beta != 0: C += ...).
-Cost gemm(Gemm g, ConstView a, ConstView b, View) {
+Cost gemm(Gemm g, ConstView a, ConstView b, View c) {
     const double per = 2.0 * d(g.m) * d(g.n) * d(g.k);
-    const double c_bytes = 4.0 * d(g.m) * d(g.n) * (g.beta != 0 ? 2 : 1);
+    const double c_bytes = width(ConstView(c)) * d(g.m) * d(g.n) * (g.beta != 0 ? 2 : 1);
     const double bytes = d(g.m) * d(g.k) * width(a) + d(g.k) * d(g.n) * width(b) + c_bytes;
     return {.flops = per * d(g.batch), .bytes = bytes * d(g.batch), .detail = gemm_detail(g, a.dtype(), b.dtype())};
+}
+// The epilogues' GEMMs: the GEMM's matrix FLOPs alone (the epilogue's
+// element work, 1 to 10 FLOPs an element of C beside the GEMM's 2k, is
+// left out, so that the GEMM rows' FLOPs are the model's matrix FLOPs),
+// and the bytes the epilogue moves beside the GEMM's: the bias read; pre
+// and out written; dbias read and written.
+Cost gemm_bias(Gemm g, ConstView a, ConstView b, std::span<const float>, View c) {
+    Cost k = gemm(g, a, b, c);
+    k.bytes += 4.0 * d(g.n);
+    return k;
+}
+Cost gemm_bias_gelu(Gemm g, ConstView a, ConstView b, std::span<const float>, View pre, View out) {
+    Cost k = gemm(g, a, b, pre);
+    k.bytes += 4.0 * d(g.n) + width(ConstView(out)) * d(g.m) * d(g.n);
+    return k;
+}
+Cost gemm_dbias(Gemm g, ConstView a, ConstView b, View c, std::span<float> dbias, bool) {
+    Cost k = gemm(g, a, b, c);
+    k.bytes += 8.0 * d(dbias.size());
+    return k;
 }
 Cost bias_add(std::span<float>, std::span<const float>, u64 N, u64 OC) {
     return {.flops = d(N) * d(OC), .bytes = 4.0 * (2.0 * d(N) * d(OC) + d(OC))};
@@ -59,6 +79,14 @@ Cost embedding_backward(std::span<float>, std::span<float> dwpe, std::span<const
 Cost layernorm_forward(std::span<float>, std::span<float>, std::span<float>, std::span<const float>,
                        std::span<const float>, std::span<const float>, u64 N, u64 C) {
     return {.flops = 7.0 * d(N) * d(C), .bytes = 4.0 * (2.0 * d(N) * d(C) + 2.0 * d(C) + 2.0 * d(N))};
+}
+// The residual's add first: 8; res read and written, add read, the kept
+// copy written where there is one.
+Cost residual_layernorm_forward(std::span<float>, std::span<float>, std::span<float>, std::span<float>,
+                                std::span<const float>, View kept, std::span<const float>, std::span<const float>,
+                                u64 N, u64 C) {
+    const double NC = d(N) * d(C);
+    return {.flops = 8.0 * NC, .bytes = 4.0 * (4.0 * NC + 2.0 * d(C) + 2.0 * d(N)) + 2.0 * d(kept.size())};
 }
 // Backward: x-hat (2), dout w (1), the two row sums (3), dw and db (3), dinp
 // (4 and its +=): 14 an element; dinp, dw and db accumulate.

@@ -249,45 +249,105 @@ void gemm_serial(const Gemm& g, const float* a, const float* b, float* c) {
 #endif
 }
 
+namespace {
 // An operand stored bf16 is multiplied as its bf16 values (its fp32 copy):
-// the bits of the bf16-input GEMM of two fp32 operands holding them.
-void gemm(Gemm g, ConstView a, ConstView b, View c) {
-    float* const cc = c.data<float>();
-    if (!a.is_bf16() && !b.is_bf16()) return gemm(g, a.data<float>(), b.data<float>(), cc);
+// the bits of the bf16-input GEMM of two fp32 operands holding them. C fp32.
+void gemm_into(const Gemm& g, ConstView a, ConstView b, float* c) {
+    if (!a.is_bf16() && !b.is_bf16()) return gemm(g, a.data<float>(), b.data<float>(), c);
     with_dtype(a.dtype(), [&](auto ea) {
         with_dtype(b.dtype(), [&](auto eb) {
-            gemm_bf16_values(g, a.data<decltype(ea)>(), b.data<decltype(eb)>(), cc);
+            gemm_bf16_values(g, a.data<decltype(ea)>(), b.data<decltype(eb)>(), c);
         });
     });
+}
+
+// Where a GEMM's fp32 result lies: C itself, or for a bf16 C (beta 0, one
+// product: checks.cpp) the stream worker's scratch, (m,n) packed.
+struct Result {
+    float* p;
+    u64 ld;
+};
+
+Result product(const Gemm& g, ConstView a, ConstView b, View c) {
+    if (!c.is_bf16()) {
+        gemm_into(g, a, b, c.data<float>());
+        return {c.data<float>(), g.ldc};
+    }
+    thread_local std::vector<float> scratch;
+    scratch.resize(g.m * g.n);
+    Gemm f = g;
+    f.ldc = g.n;
+    f.stride_c = g.m * g.n;
+    gemm_into(f, a, b, scratch.data());
+    return {scratch.data(), g.n};
+}
+
+// A bf16 C: the result's rows rounded into it (nearest even); an fp32 C holds it already.
+void store(const Result& r, const Gemm& g, View c) {
+    if (!c.is_bf16()) return;
+    std::uint16_t* out = c.data<std::uint16_t>();
+#pragma omp parallel for schedule(static) if (g.m * g.n >= kParallelMin)
+    for (u64 i = 0; i < g.m; ++i)
+        for (u64 j = 0; j < g.n; ++j) out[i * g.ldc + j] = zinf::to_bf16(r.p[i * r.ld + j]);
 }
 
 // ---------------------------------------------------------------------------
 // A Linear's bias: added over the rows, and its gradient a column sum
 // (kernels.hpp's column_sums: chunks of rows, then the chunks, in one order
 // whatever the thread count).
-namespace {
-void bias_rows(float* out, const float* bias, u64 N, u64 OC) {
+void bias_rows(float* out, u64 ld, const float* bias, u64 N, u64 OC) {
 #pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
     for (u64 r = 0; r < N; ++r) {
-        float* row = out + r * OC;
+        float* row = out + r * ld;
         for (u64 o = 0; o < OC; ++o) row[o] += bias[o];
     }
 }
 
-// dbias[o] += the column sum of dout (kernels.hpp's column_sums order).
-void bias_grad(float* dbias, const float* dout, u64 N, u64 OC) {
+// dbias[o] += the column sum of x (N, OC) of row stride ld (kernels.hpp's
+// column_sums order: a column's sum is the same whatever the other columns).
+void bias_grad(float* dbias, const float* x, u64 ld, u64 N, u64 OC) {
     float* const out[1] = {dbias};
-    column_sums(out, N, OC, kParallelMin, [&](u64 r, u64 o, float* v) { v[0] = dout[r * OC + o]; });
+    column_sums(out, N, OC, kParallelMin, [&](u64 r, u64 o, float* v) { v[0] = x[r * ld + o]; });
 }
 
 }  // namespace
 
+void gemm(Gemm g, ConstView a, ConstView b, View c) { store(product(g, a, b, c), g, c); }
+
+// The epilogues' references: the GEMM, then bias_add's loop; GELU as
+// gelu_forward computes it from pre as stored; the bias's column sums as
+// bias_backward's, then the GEMM (independent outputs: the order is not in
+// the bits).
+void gemm_bias(Gemm g, ConstView a, ConstView b, std::span<const float> bias, View c) {
+    const Result r = product(g, a, b, c);
+    bias_rows(r.p, r.ld, bias.data(), g.m, g.n);
+    store(r, g, c);
+}
+
+void gemm_bias_gelu(Gemm g, ConstView a, ConstView b, std::span<const float> bias, View pre, View out) {
+    gemm_bias(g, a, b, bias, pre);
+    with_dtype(pre.dtype(), [&](auto e) {
+        using E = decltype(e);
+        if (g.ldc == g.n) return gelu_forward(View(out.data<E>(), g.m * g.n), ConstView(pre.data<E>(), g.m * g.n));
+        for (u64 i = 0; i < g.m; ++i)
+            gelu_forward(View(out.data<E>() + i * g.ldc, g.n), ConstView(pre.data<E>() + i * g.ldc, g.n));
+    });
+}
+
+void gemm_dbias(Gemm g, ConstView a, ConstView b, View c, std::span<float> dbias, bool of_a) {
+    if (of_a)
+        bias_grad(dbias.data(), a.data<float>(), g.lda, g.k, g.m);
+    else
+        bias_grad(dbias.data(), b.data<float>(), g.ldb, g.k, g.n);
+    gemm(g, a, b, c);
+}
+
 void bias_add(std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
-    bias_rows(out.data(), bias.data(), N, OC);
+    bias_rows(out.data(), OC, bias.data(), N, OC);
 }
 
 void bias_backward(std::span<float> dbias, std::span<const float> dout, u64 N, u64 OC) {
-    bias_grad(dbias.data(), dout.data(), N, OC);
+    bias_grad(dbias.data(), dout.data(), OC, N, OC);
 }
 
 }  // namespace zinf::device::cpu

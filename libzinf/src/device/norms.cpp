@@ -15,21 +15,46 @@ namespace zinf::device::cpu {
 
 namespace {
 
+// Row r of LayerNorm's forward.
+inline void layernorm_row(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                          u64 r, u64 C) {
+    const float inv_c = 1.0f / static_cast<float>(C);
+    const float* x = inp + r * C;
+    float* o = out + r * C;
+    const float m = sum(x, C) * inv_c;
+    // The centred values go through `o` first: a two-pass variance.
+    for (u64 c = 0; c < C; ++c) o[c] = x[c] - m;
+    const float var = dot(o, o, C) * inv_c;  // biased, as torch
+    const float s = 1.0f / std::sqrt(var + kernel_math::kLayerNormEps);
+    for (u64 c = 0; c < C; ++c) o[c] = o[c] * s * w[c] + b[c];
+    mean[r] = m;
+    rstd[r] = s;
+}
+
 void layernorm_rows(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, u64 N,
                     u64 C) {
-    const float inv_c = 1.0f / static_cast<float>(C);
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
+    for (u64 r = 0; r < N; ++r) layernorm_row(out, mean, rstd, inp, w, b, r, C);
+}
+
+// The residual add (accumulate's), the row rounded into `kept` and widened
+// back where it is given (cast's, both ways), then the norm: a row at a
+// time, the bits of the kernels in turn.
+void residual_layernorm_rows(float* out, float* mean, float* rstd, float* res, const float* add, std::uint16_t* kept,
+                             const float* w, const float* b, u64 N, u64 C) {
 #pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
     for (u64 r = 0; r < N; ++r) {
-        const float* x = inp + r * C;
-        float* o = out + r * C;
-        const float m = sum(x, C) * inv_c;
-        // The centred values go through `o` first: a two-pass variance.
-        for (u64 c = 0; c < C; ++c) o[c] = x[c] - m;
-        const float var = dot(o, o, C) * inv_c;  // biased, as torch
-        const float s = 1.0f / std::sqrt(var + kernel_math::kLayerNormEps);
-        for (u64 c = 0; c < C; ++c) o[c] = o[c] * s * w[c] + b[c];
-        mean[r] = m;
-        rstd[r] = s;
+        float* h = res + r * C;
+        const float* a = add + r * C;
+        for (u64 c = 0; c < C; ++c) h[c] += a[c];
+        if (kept) {
+            std::uint16_t* k = kept + r * C;
+            for (u64 c = 0; c < C; ++c) {
+                k[c] = zinf::to_bf16(h[c]);
+                h[c] = zinf::from_bf16(k[c]);
+            }
+        }
+        layernorm_row(out, mean, rstd, res, w, b, r, C);
     }
 }
 
@@ -115,6 +140,13 @@ void norm_grad(float* dinp, float* dw, float* db, const float* dout, const In* i
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
     layernorm_rows(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+}
+
+void residual_layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                std::span<float> res, std::span<const float> add, View kept, std::span<const float> w,
+                                std::span<const float> b, u64 N, u64 C) {
+    residual_layernorm_rows(out.data(), mean.data(), rstd.data(), res.data(), add.data(),
+                            kept.empty() ? nullptr : kept.data<std::uint16_t>(), w.data(), b.data(), N, C);
 }
 
 void layernorm_backward(std::span<float> dinp, std::span<float> dw, std::span<float> db, std::span<const float> dout,

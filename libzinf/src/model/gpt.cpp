@@ -30,10 +30,11 @@ void Block::forward(Context& c, std::span<float> out, std::span<const float> x, 
     // widened there by the rest of the forward, as its backward reads it.
     const std::span<float> res2 = a.res2.made(s.dqkv);
     attn_->forward(c, res2, a.ln1.read(), a, s, B, T);
-    c.dev.accumulate(c.stream, res2, x);   // res2 = x + attn(ln_1(x))
-    a.res2.keep_widened(c, res2);
+    // res2 = x + attn(ln_1(x)), kept (bf16: rounded, widened back), and
+    // ln_2 of it: one pass (residual_layernorm_forward).
     const std::span<float> ln2 = a.ln2.made(s.dbt4c);
-    ln_2_->forward(c, ln2, a.ln2_mean, a.ln2_rstd, res2, N);
+    ln_2_->forward_residual(c, ln2, a.ln2_mean, a.ln2_rstd, res2, x,
+                            a.res2.is_bf16() ? device::View(a.res2.bf16) : device::View(), N);
     a.ln2.keep(c, ln2);
     mlp_->forward(c, out, a.ln2.read(), a, s, N);
     c.dev.accumulate(c.stream, out, res2);  // out = res2 + mlp(ln_2(res2))
@@ -57,8 +58,8 @@ void Block::decode(Context& c, std::span<float> out, std::span<const float> x, G
     ForwardScope scope(c.engine, *this);
     ln_1_->forward(c, st.ln, st.mean, st.rstd, x, 1);
     attn_->decode(c, st.res2, st.ln, st, k, v, pos);
-    c.dev.accumulate(c.stream, st.res2, x);  // res2 = x + attn(ln_1(x))
-    ln_2_->forward(c, st.ln, st.mean, st.rstd, st.res2, 1);
+    // res2 = x + attn(ln_1(x)), and ln_2 of it
+    ln_2_->forward_residual(c, st.ln, st.mean, st.rstd, st.res2, x, {}, 1);
     mlp_->decode(c, out, st.ln, st);
     c.dev.accumulate(c.stream, out, st.res2);  // out = res2 + mlp(ln_2(res2))
 }
@@ -69,7 +70,7 @@ LMHead::LMHead(ParamTable& t, std::size_t wte, const Config& cfg) : Module("lm_h
     t.add_user(this);
 }
 
-void LMHead::forward(Context& c, std::span<float> logits, std::span<const float> x, std::uint64_t N,
+void LMHead::forward(Context& c, const device::View& logits, std::span<const float> x, std::uint64_t N,
                      std::uint64_t ld) {
     ForwardScope scope(c.engine, *this);
     // logits (N,V) = x (N,C) @ wte^T, wte stored (V,C), rows ld apart
@@ -77,7 +78,7 @@ void LMHead::forward(Context& c, std::span<float> logits, std::span<const float>
            logits);
 }
 
-void LMHead::backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x,
+void LMHead::backward(Context& c, std::span<float> dx, const device::ConstView& dlogits, std::span<const float> x,
                       std::uint64_t N, std::uint64_t ld) {
     BackwardScope scope(c.engine, *this);
     // dx (N,C) = dlogits (N,V) @ wte (V,C); dwte (V,C) += dlogits^T @ x; dlogits' rows ld apart
@@ -157,7 +158,10 @@ Activations GPT::plan_on(device::Device* dev, const Shape& shape, std::uint64_t*
     own->lnf = f(N * C, "ln_f");
     own->lnf_mean = f(N, "ln_f mean");
     own->lnf_rstd = f(N, "ln_f rstd");
-    a.logits = f(N * padded_vocab(V), "logits");
+    if (bf16)
+        a.logits_bf16 = take.template operator()<std::uint16_t>(N * padded_vocab(V), "logits");
+    else
+        a.logits = f(N * padded_vocab(V), "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
     a.own = std::move(own);
@@ -174,19 +178,20 @@ void GPT::forward(Context& c, Activations& a, bool for_backward) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.scratch, B, T);
         });
     ln_f_->forward(c, own.lnf, own.lnf_mean, own.lnf_rstd, x, N);
-    head_->forward(c, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
+    const device::View logits = a.logits_view();
+    head_->forward(c, logits, own.lnf, N, padded_vocab(cfg_.vocab));
     if (for_backward)  // the mean loss: each token's gradient scaled by 1/N
-        c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
+        c.dev.crossentropy_forward_backward(c.stream, a.losses, logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab, padded_vocab(cfg_.vocab));
     else
-        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
+        c.dev.crossentropy_forward(c.stream, a.losses, logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
 }
 
 void GPT::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     GPTBuffers& own = buffers(a);
     const std::uint64_t B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, own.lnf, N, padded_vocab(cfg_.vocab));
+    head_->backward(c, own.scratch.dbtc, a.logits_view(), own.lnf, N, padded_vocab(cfg_.vocab));
     c.dev.zero(c.stream, a.dres);
     ln_f_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.lnf_mean,
                     own.lnf_rstd, N);

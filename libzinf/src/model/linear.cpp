@@ -47,38 +47,84 @@ std::size_t Linear::weight_param() const {
     return w_whole_;
 }
 
-void Linear::forward(Context& c, std::span<float> y, const device::ConstView& x, u64 N) {
+namespace {
+
+// `v` past its first `n` elements, in its own element type.
+device::View skip(const device::View& v, std::size_t n) {
+    if (v.is_bf16()) return v.span<std::uint16_t>().subspan(n);
+    return v.span<float>().subspan(n);
+}
+
+}  // namespace
+
+void Linear::forward(Context& c, const device::View& y, const device::ConstView& x, u64 N) {
     ForwardScope scope(c.engine, *this);
-    // y (N,out) = x (N,in) @ W (in,out), or x @ W^T for W (out,in)
+    // y (N,out) = x (N,in) @ W (in,out) (+ b), or x @ W^T for W (out,in)
     const bool rows = layout_ == Layout::out_in;
+    const std::span<const float> bias = b_ ? c.engine.weight(*this, *b_) : std::span<const float>{};
     if (tiles_.empty()) {
-        c.gemm(Gemm{.tb = rows, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), y);
-    } else {
-        for (auto& tp : tiles_) {
-            Tile& t = *tp;
-            ForwardScope tile_scope(c.engine, t);
-            // y[:, f0:f1] (N, f1-f0) = x @ W_k (or W_k^T), rows of y `out` apart
-            c.gemm(Gemm{.tb = rows, .m = N, .n = t.f1 - t.f0, .k = in, .ldc = out}, x, c.engine.stored(t, t.w),
-                   y.subspan(t.f0));
-        }
+        const Gemm g{.tb = rows, .m = N, .n = out, .k = in};
+        if (b_)
+            c.gemm_bias(g, x, c.engine.stored(*this, w_whole_), bias, y);
+        else
+            c.gemm(g, x, c.engine.stored(*this, w_whole_), y);
+        return;
     }
-    if (b_) c.dev.bias_add(c.stream, y, c.engine.weight(*this, *b_), N, out);
+    for (auto& tp : tiles_) {
+        Tile& t = *tp;
+        ForwardScope tile_scope(c.engine, t);
+        // y[:, f0:f1] (N, f1-f0) = x @ W_k (or W_k^T) (+ b[f0:f1]), rows of y `out` apart
+        const Gemm g{.tb = rows, .m = N, .n = t.f1 - t.f0, .k = in, .ldc = out};
+        if (b_)
+            c.gemm_bias(g, x, c.engine.stored(t, t.w), bias.subspan(t.f0, t.f1 - t.f0), skip(y, t.f0));
+        else
+            c.gemm(g, x, c.engine.stored(t, t.w), skip(y, t.f0));
+    }
+}
+
+void Linear::forward_gelu(Context& c, const device::View& pre, const device::View& act, const device::ConstView& x,
+                          u64 N) {
+    if (!b_) throw InternalError("Linear " + name() + ": forward_gelu needs a bias");
+    ForwardScope scope(c.engine, *this);
+    const bool rows = layout_ == Layout::out_in;
+    const std::span<const float> bias = c.engine.weight(*this, *b_);
+    if (tiles_.empty()) {
+        c.gemm_bias_gelu(Gemm{.tb = rows, .m = N, .n = out, .k = in}, x, c.engine.stored(*this, w_whole_), bias, pre,
+                         act);
+        return;
+    }
+    for (auto& tp : tiles_) {
+        Tile& t = *tp;
+        ForwardScope tile_scope(c.engine, t);
+        c.gemm_bias_gelu(Gemm{.tb = rows, .m = N, .n = t.f1 - t.f0, .k = in, .ldc = out}, x, c.engine.stored(t, t.w),
+                         bias.subspan(t.f0, t.f1 - t.f0), skip(pre, t.f0), skip(act, t.f0));
+    }
 }
 
 void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy, const device::ConstView& x, u64 N,
                       bool accumulate) {
     BackwardScope scope(c.engine, *this);
-    if (b_) c.dev.bias_backward(c.stream, c.engine.grad(*this, *b_), dy, N, out);  // db += sum over rows of dy
     const bool rows = layout_ == Layout::out_in;
+    const std::span<float> db = b_ ? c.engine.grad(*this, *b_) : std::span<float>{};
+    // dW += ..., and with a bias db += the sum over rows of dy (in the GEMM's
+    // epilogue: gemm_dbias, dy being nn.Linear's A or Conv1D's B).
+    auto weight_grad = [&](const Gemm& g, const device::ConstView& a, const device::ConstView& b, std::span<float> dw,
+                           std::span<float> dbias) {
+        if (b_)
+            c.gemm_dbias(g, a, b, dw, dbias, rows);
+        else
+            c.gemm(g, a, b, dw);
+    };
     if (tiles_.empty()) {
         const float beta = accumulate ? 1.0f : 0.0f;
         if (rows) {  // dx (N,in) (+)= dy (N,out) @ W (out,in); dW (out,in) += dy^T @ x
             c.gemm(Gemm{.m = N, .n = in, .k = out, .beta = beta}, dy, c.engine.stored(*this, w_whole_), dx);
-            c.gemm(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x, c.engine.grad(*this, w_whole_));
+            weight_grad(Gemm{.ta = true, .m = out, .n = in, .k = N, .beta = 1}, dy, x, c.engine.grad(*this, w_whole_),
+                        db);
         } else {  // dx (N,in) (+)= dy (N,out) @ W^T; dW (in,out) += x^T @ dy
             c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = out, .beta = beta}, dy, c.engine.stored(*this, w_whole_), dx);
-            c.gemm(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::ConstView(dy),
-                   c.engine.grad(*this, w_whole_));
+            weight_grad(Gemm{.ta = true, .m = in, .n = out, .k = N, .beta = 1}, x, device::ConstView(dy),
+                        c.engine.grad(*this, w_whole_), db);
         }
         return;
     }
@@ -88,14 +134,16 @@ void Linear::backward(Context& c, std::span<float> dx, std::span<const float> dy
         const u64 w = t.f1 - t.f0;
         const float beta = (k || accumulate) ? 1.0f : 0.0f;
         const std::span<const float> dyk = dy.subspan(t.f0);  // (N, w), rows `out` apart
+        const std::span<float> dbk = b_ ? db.subspan(t.f0, w) : std::span<float>{};
         if (rows) {  // dx (+)= dy_k @ W_k (w,in); dW_k (w,in) += dy_k^T @ x
             c.gemm(Gemm{.m = N, .n = in, .k = w, .lda = out, .beta = beta}, dyk, c.engine.stored(t, t.w), dx);
-            c.gemm(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dyk, x, c.engine.grad(t, t.w));
+            weight_grad(Gemm{.ta = true, .m = w, .n = in, .k = N, .lda = out, .beta = 1}, dyk, x, c.engine.grad(t, t.w),
+                        dbk);
         } else {  // dx (+)= dy_k @ W_k^T, W_k (in,w); dW_k (in,w) += x^T @ dy_k
             c.gemm(Gemm{.tb = true, .m = N, .n = in, .k = w, .lda = out, .beta = beta}, dyk, c.engine.stored(t, t.w),
                    dx);
-            c.gemm(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, device::ConstView(dyk),
-                   c.engine.grad(t, t.w));
+            weight_grad(Gemm{.ta = true, .m = in, .n = w, .k = N, .ldb = out, .beta = 1}, x, device::ConstView(dyk),
+                        c.engine.grad(t, t.w), dbk);
         }
     }
 }

@@ -77,31 +77,50 @@ namespace {
 constexpr u64 kJoinedMaxBytes = u64{32} << 20;
 
 // The parts' weights and gradients as one (sum of outs, in) matrix each,
-// where the resident engine holds them so; none otherwise.
+// where the resident engine holds them so (the weights all fp32 or all kept
+// bf16, one after another); none otherwise.
 struct Joined {
-    std::span<const float> w;
+    device::ConstView w;
     std::span<float> g;
 };
 
 std::optional<Joined> adjacent(Context& c, std::initializer_list<Linear*> parts) {
     auto* resident = dynamic_cast<zero::ResidentEngine*>(&c.engine);
     if (!resident) return std::nullopt;
-    const float* w_end = nullptr;
+    const bool bf16 = resident->kept_bf16((*parts.begin())->weight_param());
+    const void* w_end = nullptr;
     float* g_end = nullptr;
-    Joined j;
+    const void* w_first = nullptr;
+    float* g_first = nullptr;
+    std::size_t count = 0;
     for (const Linear* p : parts) {
-        const auto w = resident->values(p->weight_param());
-        const auto g = resident->gradient(p->weight_param());
+        const std::size_t param = p->weight_param();
+        if (resident->kept_bf16(param) != bf16) return std::nullopt;
+        const auto g = resident->gradient(param);
+        const void* w = nullptr;
+        const void* end = nullptr;
+        if (bf16) {
+            const auto v = resident->values_bf16(param);
+            w = v.data();
+            end = v.data() + v.size();
+        } else {
+            const auto v = resident->values(param);
+            w = v.data();
+            end = v.data() + v.size();
+        }
         if (!w_end) {
-            j.w = w;
-            j.g = g;
-        } else if (w.data() != w_end || g.data() != g_end) {
+            w_first = w;
+            g_first = g.data();
+        } else if (w != w_end || g.data() != g_end) {
             return std::nullopt;
         }
-        w_end = w.data() + w.size();
+        w_end = end;
         g_end = g.data() + g.size();
+        count += g.size();
     }
-    return Joined{{j.w.data(), w_end}, {j.g.data(), g_end}};
+    const device::ConstView w = bf16 ? device::ConstView(static_cast<const std::uint16_t*>(w_first), count)
+                                     : device::ConstView(static_cast<const float*>(w_first), count);
+    return Joined{w, {g_first, g_end}};
 }
 
 u64 outs(std::initializer_list<Linear*> parts) {
@@ -167,7 +186,7 @@ void project(Context& c, const Config& cfg, std::initializer_list<Linear*> parts
     const Gemm g{.tb = true, .m = N, .n = J, .k = in};
     if (const auto j = adjacent(c, parts)) {
         const Nested<ForwardScope> scopes(c.engine, parts);
-        c.gemm(g, x, device::ConstView(j->w), rows);
+        c.gemm(g, x, j->w, rows);
     } else {
         u64 at = 0;
         for (Linear* p : parts) {
@@ -500,12 +519,13 @@ public:
     }
     // Rows of the logits (and of their gradient) `ld` apart: padded_vocab(V)
     // in training, V for the decoder's one row.
-    void forward(Context& c, std::span<float> logits, std::span<const float> x, u64 N, u64 ld) {
+    // logits fp32, or bf16 (Activations::logits_bf16).
+    void forward(Context& c, const device::View& logits, std::span<const float> x, u64 N, u64 ld) {
         ForwardScope scope(c.engine, *this);
         c.gemm(Gemm{.tb = true, .m = N, .n = cfg_.vocab, .k = cfg_.hidden, .ldc = ld}, x, c.engine.stored(*this, w_),
                logits);
     }
-    void backward(Context& c, std::span<float> dx, std::span<const float> dlogits, std::span<const float> x, u64 N,
+    void backward(Context& c, std::span<float> dx, const device::ConstView& dlogits, std::span<const float> x, u64 N,
                   u64 ld) {
         BackwardScope scope(c.engine, *this);
         c.gemm(Gemm{.m = N, .n = cfg_.hidden, .k = cfg_.vocab, .lda = ld}, dlogits, c.engine.stored(*this, w_), dx);
@@ -620,7 +640,10 @@ Activations Llama::plan_on(device::Device* dev, const Shape& shape, std::uint64_
     own->rope = f(T * hd, "rope table");
     own->norm = f(N * C, "model.norm");
     own->norm_rstd = f(N, "model.norm rstd");
-    a.logits = f(N * padded_vocab(V), "logits");
+    if (bf16)
+        a.logits_bf16 = take.template operator()<std::uint16_t>(N * padded_vocab(V), "logits");
+    else
+        a.logits = f(N * padded_vocab(V), "logits");
     a.losses = f(N, "losses");
     a.dres = f(N * C, "d residual");
     if (dev) {
@@ -642,19 +665,20 @@ void Llama::forward(Context& c, Activations& a, bool for_backward) {
             blocks_[l]->forward(c, out, in, own.blocks[a.shape.checkpoint ? 0 : l], own.rope, B, T, &own.scratch);
         });
     norm_->forward(c, own.norm, own.norm_rstd, x, N);
-    head_->forward(c, a.logits, own.norm, N, padded_vocab(cfg_.vocab));
+    const device::View logits = a.logits_view();
+    head_->forward(c, logits, own.norm, N, padded_vocab(cfg_.vocab));
     if (for_backward)
-        c.dev.crossentropy_forward_backward(c.stream, a.losses, a.logits, a.targets, 1.0f / static_cast<float>(N), N,
+        c.dev.crossentropy_forward_backward(c.stream, a.losses, logits, a.targets, 1.0f / static_cast<float>(N), N,
                                             cfg_.vocab, padded_vocab(cfg_.vocab));
     else
-        c.dev.crossentropy_forward(c.stream, a.losses, a.logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
+        c.dev.crossentropy_forward(c.stream, a.losses, logits, a.targets, N, cfg_.vocab, padded_vocab(cfg_.vocab));
 }
 
 void Llama::backward(Context& c, Activations& a) {
     BackwardScope scope(c.engine, *this);
     LlamaBuffers& own = buffers(a);
     const u64 B = a.shape.batch, T = a.shape.seq, N = B * T;
-    head_->backward(c, own.scratch.dbtc, a.logits, own.norm, N, padded_vocab(cfg_.vocab));
+    head_->backward(c, own.scratch.dbtc, a.logits_view(), own.norm, N, padded_vocab(cfg_.vocab));
     c.dev.zero(c.stream, a.dres);
     norm_->backward(c, a.dres, own.scratch.dbtc, device::ConstView(checkpoints::last(c, a, cfg_)), own.norm_rstd,
                     N);

@@ -20,6 +20,14 @@ void LayerNorm::forward(Context& c, std::span<float> out, std::span<float> mean,
                             N, C_);
 }
 
+void LayerNorm::forward_residual(Context& c, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                 std::span<float> res, std::span<const float> add, const device::View& kept,
+                                 std::uint64_t N) {
+    ForwardScope scope(c.engine, *this);
+    c.dev.residual_layernorm_forward(c.stream, out, mean, rstd, res, add, kept, c.engine.weight(*this, w_),
+                                     c.engine.weight(*this, b_), N, C_);
+}
+
 void LayerNorm::backward(Context& c, std::span<float> dinp, std::span<const float> dout, const device::ConstView& inp,
                          std::span<const float> mean, std::span<const float> rstd, std::uint64_t N) {
     BackwardScope scope(c.engine, *this);
@@ -84,12 +92,16 @@ void CausalSelfAttention::forward(Context& c, std::span<float> out, const device
                                   BlockScratch& s, std::uint64_t B, std::uint64_t T) {
     ForwardScope scope(c.engine, *this);
     const std::uint64_t N = B * T;
-    // Kept bf16, q/k/v are made in s.dqkv, rounded, and read back widened
-    // there by the attention (as its backward reads them); the softmax is
-    // made in s.datt and rounded.
+    // Kept bf16, q/k/v are written bf16 by c_attn's GEMM (rounded once)
+    // and widened into s.dqkv for the attention (as its backward reads
+    // them); the softmax is made in s.datt and rounded.
     const std::span<float> qkv = a.qkv.made(s.dqkv);
-    c_attn_->forward(c, qkv, inp, N);  // (N,3C)
-    a.qkv.keep_widened(c, qkv);
+    if (a.qkv.is_bf16()) {
+        c_attn_->forward(c, a.qkv.bf16.span(), inp, N);  // (N,3C)
+        c.dev.cast(c.stream, qkv, std::span<const std::uint16_t>(a.qkv.bf16.span()));
+    } else {
+        c_attn_->forward(c, qkv, inp, N);  // (N,3C)
+    }
     const std::span<float> att = a.att.made(s.datt), atty = a.atty.made(s.dbt4c);
     if (a.flash)  // att: the rows' log-sum-exp, fp32
         c.dev.flash_attention_forward(c.stream, atty, att, qkv, B, T, cfg_.hidden, cfg_.heads);  // (N,C)
@@ -141,19 +153,18 @@ MLP::MLP(ParamTable& t, const std::string& name, const Config& cfg) : Module(nam
     c_proj_ = conv1d(t, name + ".c_proj", 4 * cfg.hidden, cfg.hidden, cfg.tile);
 }
 
-// Kept bf16, the GELU reads its input as kept (rounded) in both passes.
-void MLP::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a, BlockScratch& s,
+// c_fc's GEMM writes the pre-activation and its GELU (gemm_bias_gelu's
+// epilogue) as kept, bf16 or fp32; the reference takes GELU of pre as kept
+// (rounded), as the backward reads it.
+void MLP::forward(Context& c, std::span<float> out, const device::ConstView& inp, BlockActivations& a, BlockScratch&,
                   std::uint64_t N) {
     ForwardScope scope(c.engine, *this);
-    const std::span<float> fch = a.fch.made(s.dbt4c);
-    c_fc_->forward(c, fch, inp, N);  // (N,4C)
-    a.fch.keep(c, fch);
-    if (a.fch.is_bf16() && a.fch_gelu.is_bf16())
-        c.dev.gelu_forward(c.stream, a.fch_gelu.bf16.span(), a.fch.bf16.span());  // (N,4C)
-    else if (!a.fch.is_bf16() && !a.fch_gelu.is_bf16())
-        c.dev.gelu_forward(c.stream, a.fch_gelu.f32.span(), a.fch.f32.span());
-    else
+    if (a.fch.is_bf16() != a.fch_gelu.is_bf16())
         throw InternalError("MLP: its GELU's input and output kept in two precisions");
+    if (a.fch.is_bf16())
+        c_fc_->forward_gelu(c, a.fch.bf16.span(), a.fch_gelu.bf16.span(), inp, N);  // (N,4C) twice
+    else
+        c_fc_->forward_gelu(c, a.fch.f32.span(), a.fch_gelu.f32.span(), inp, N);
     c_proj_->forward(c, out, a.fch_gelu.read(), N);  // (N,C)
 }
 
@@ -170,8 +181,7 @@ void MLP::backward(Context& c, std::span<float> dinp, std::span<const float> dou
 
 void MLP::decode(Context& c, std::span<float> out, std::span<const float> x, GPTDecodeState& st) {
     ForwardScope scope(c.engine, *this);
-    c_fc_->forward(c, st.fch, x, 1);  // (4C)
-    c.dev.gelu_forward(c.stream, st.fch_gelu.span(), st.fch.span());
+    c_fc_->forward_gelu(c, st.fch.span(), st.fch_gelu.span(), x, 1);  // (4C) twice
     c_proj_->forward(c, out, st.fch_gelu, 1);  // (C)
 }
 

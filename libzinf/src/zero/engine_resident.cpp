@@ -43,7 +43,8 @@ private:
         std::memcpy(own_param[t].data() + first * pbytes, v.data(), v.size());
     }
     void load_weights();
-    void install(std::size_t t, std::span<const std::byte> full);  // param dtype -> device fp32
+    // param dtype -> device fp32, or bf16 as it is where the engine keeps it so
+    void install(std::size_t t, std::span<const std::byte> full);
     void open_buckets();
 
     ResidentEngine engine;
@@ -66,12 +67,22 @@ std::vector<std::uint64_t> numels_of(const shard::Manifest& m) {
     return n;
 }
 
+// The parameters kept bf16 on the device: InfinityOptions::bf16_weights's
+// rule (infinity.cpp's keep_bf16), the matrices and embedding tables of a
+// manifest whose working parameters are bf16.
+std::vector<bool> kept_bf16(const shard::Manifest& m, const EngineOptions& o) {
+    std::vector<bool> keep;
+    for (const auto& t : m.tensors)
+        keep.push_back(o.infinity.bf16_weights && m.opts.param_dtype == shard::DType::bf16 && t.shape.size() >= 2);
+    return keep;
+}
+
 // Every rank reads every tensor whole into its resident copy, which is
 // taken before the activations.
 ResidentRun::ResidentRun(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, mem::PinnedPool& p,
                          device::Device& d, const EngineOptions& o, const ActivationPlan& plan)
     : EngineBase(m_, c, e, p, d, o),
-      engine(d, numels_of(m_)),
+      engine(d, numels_of(m_), kept_bf16(m_, o)),
       param_dtype(m_.opts.param_dtype),
       pbytes(shard::dtype_bytes(m_.opts.param_dtype)) {
     if (plan.take) plan.take();
@@ -100,15 +111,22 @@ void ResidentRun::open_buckets() {
         const std::uint64_t n = m.tensors[t].numel;
         largest = std::max(largest, n);
         grad_bucket.push_back({std::as_bytes(engine.gradient(t)), std::as_writable_bytes(std::span(own_grad[t])), n});
-        param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(engine.values(t)), n});
+        if (param_dtype == shard::DType::fp32)  // bf16 goes through the staging (step())
+            param_bucket.push_back({own_param[t].bytes(), std::as_writable_bytes(engine.values(t)), n});
     }
     staging.resize(largest);
 }
 
-// Through a copy: device memory is not the host's to write.
+// Through a copy: device memory is not the host's to write. A parameter
+// kept bf16 takes its bytes as they are.
 void ResidentRun::install(std::size_t t, std::span<const std::byte> full) {
-    auto dst = engine.values(t);
     auto& s = dev.stream(device::StreamKind::h2d);
+    if (const auto kept = engine.values_bf16(t); !kept.empty()) {
+        dev.copy(s, std::as_writable_bytes(kept), full.first(kept.size_bytes()));
+        dev.synchronize(s);
+        return;
+    }
+    auto dst = engine.values(t);
     if (param_dtype == shard::DType::fp32) {
         dev.copy(s, std::as_writable_bytes(dst), full.first(dst.size_bytes()));
         dev.synchronize(s);

@@ -36,19 +36,43 @@ std::span<float> ParamEngine::grad(const Module& m, std::size_t param) {
 }
 
 // ---------------------------------------------------------------------------
-ResidentEngine::ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels) : dev_(dev) {
-    std::uint64_t at = 0;
-    for (const std::uint64_t n : numels) {
+ResidentEngine::ResidentEngine(device::Device& dev, std::span<const std::uint64_t> numels,
+                               const std::vector<bool>& bf16)
+    : dev_(dev) {
+    if (!bf16.empty() && bf16.size() != numels.size())
+        throw InternalError("ResidentEngine: " + std::to_string(bf16.size()) + " bf16 marks for " +
+                            std::to_string(numels.size()) + " parameters");
+    std::uint64_t at = 0, at_f32 = 0, at_bf16 = 0;
+    for (std::size_t i = 0; i < numels.size(); ++i) {
+        const std::uint64_t n = numels[i];
+        const bool keep = !bf16.empty() && bf16[i];
         offsets_.push_back(at);
         sizes_.push_back(n);
+        f32_offsets_.push_back(keep ? kNone : at_f32);
+        bf16_offsets_.push_back(keep ? at_bf16 : kNone);
         at += (n + 15) / 16 * 16;  // 64-byte aligned starts
+        if (keep)
+            at_bf16 += (n + 31) / 32 * 32;
+        else
+            at_f32 += (n + 15) / 16 * 16;
     }
-    values_ = dev.alloc<float>(at, "parameters");
+    values_ = dev.alloc<float>(at_f32, "parameters");
+    if (at_bf16) values_bf16_ = dev.alloc<std::uint16_t>(at_bf16, "bf16 parameters");
     grads_ = dev.alloc<float>(at, "gradients");
 }
 
 std::span<float> ResidentEngine::values(std::size_t param) {
-    return values_.span().subspan(offsets_.at(param), sizes_[param]);
+    const std::uint64_t at = f32_offsets_.at(param);
+    if (at == kNone)
+        throw InternalError("ResidentEngine: parameter " + std::to_string(param) +
+                            " is kept bf16; its values are read through stored()");
+    return values_.span().subspan(at, sizes_[param]);
+}
+
+std::span<std::uint16_t> ResidentEngine::values_bf16(std::size_t param) {
+    const std::uint64_t at = bf16_offsets_.at(param);
+    if (at == kNone) return {};
+    return values_bf16_.span().subspan(at, sizes_[param]);
 }
 
 std::span<float> ResidentEngine::gradient(std::size_t param) {

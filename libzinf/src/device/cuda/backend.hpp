@@ -212,6 +212,14 @@ inline CudaStream& as_cuda(const Stream& s) {
 
 inline cudaEvent_t event_of(const Event& e) { return static_cast<cudaEvent_t>(e.handle.get()); }
 
+// What cuBLASLt does after a GEMM's product (DEFAULT: nothing): gemm.cpp.
+struct Epilogue {
+    cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+    const void* bias = nullptr;  // fp32: the bias read (BIAS), or its gradient written (BGRADA/B)
+    void* aux = nullptr;         // GELU_AUX: the pre-activation written, of C's type, rows aux_ld apart
+    u64 aux_ld = 0;
+};
+
 // ---------------------------------------------------------------------------
 class CudaDevice final : public Device {
 public:
@@ -281,6 +289,18 @@ public:
     // compute_type()); an operand stored bf16 with the other rounded to bf16
     // (CUBLAS_COMPUTE_32F).
     void multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView b, View c);
+    // The epilogues' bodies (gemm_bias, gemm_bias_gelu, gemm_dbias): one
+    // cuBLASLt call with CUBLASLT_EPILOGUE_BIAS, GELU_AUX_BIAS (the
+    // pre-activation as its aux output), or BGRADA / BGRADB (the bias's
+    // gradient into the stream's column-sum partials, then added to
+    // dbias), where A and B are stored alike (no staging) and cuBLASLt has
+    // an algorithm for it; otherwise, said once, multiply() and the
+    // separate kernels (bias_rows, gelu_forward, bias_grad_rows).
+    void multiply_bias(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, const float* bias, View c);
+    void multiply_bias_gelu(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, const float* bias,
+                            View pre, View out);
+    void multiply_dbias(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, View c, float* dbias,
+                        bool of_a);
 
     void host(Stream& s, std::function<void()> fn) override;
 
@@ -317,8 +337,12 @@ private:
     // One cuBLASLt plan (descriptors and the heuristic's algorithm) per shape,
     // operand alignment and stream workspace: the same shape always runs the
     // same algorithm, so the same bits.
+    // ... and per epilogue: its kind, aux's row stride, the alignments of
+    // the bias (or its gradient) and aux.
     using PlanKey = std::tuple<bool, bool, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, std::uint32_t,
-                               std::uint32_t, std::uint32_t, int, int, int, bool>;
+                               std::uint32_t, std::uint32_t, int, int, int, bool, int, u64, std::uint32_t,
+                               std::uint32_t>;
+
     // fp32 spans: exact fp32 (no TF32), or with bf16 inputs (device.hpp's
     // Precision) on bf16 tensor cores, the inputs rounded inside the kernel
     // and the products accumulated in fp32. (cublas_api.h allows FAST_16BF to
@@ -332,6 +356,7 @@ private:
         cublasLtMatmulDesc_t op = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
         cublasLtMatmulAlgo_t algo{};
+        bool ok = true;  // false: an epilogue cuBLASLt has no algorithm for (the stand-ins run)
         void destroy(const Lt& lt) {
             if (op) (void)lt.MatmulDescDestroy(op);
             for (auto* l : {a, b, c})
@@ -339,22 +364,25 @@ private:
         }
     };
 
-    // True when `r` has nothing to multiply (done: C untouched, or C = beta C).
-    bool no_product(CudaStream& cs, const Gemm& r, std::span<float> c);
-    // multiply()'s mixes: an fp32 A by a bf16 B; a bf16 A by a B stored either way.
+    // True when `r` has nothing to multiply (done: C untouched, or C = beta
+    // C, a bf16 C (beta 0) zeroed).
+    bool no_product(CudaStream& cs, const Gemm& r, View c);
+    // multiply()'s mixes: an fp32 A by a bf16 B; a bf16 A by a B stored
+    // either way; C fp32 or bf16 (c_type).
     void multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const float> a, std::span<const std::uint16_t> b,
-                        std::span<float> c);
-    void multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b,
-                        std::span<float> c);
+                        void* c, cudaDataType_t c_type);
+    void multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b, void* c,
+                        cudaDataType_t c_type);
     // Vectors of k the bf16 staging holds (compute's alone): the rows of an
     // fp32 A multiplied by a bf16 B, the columns of an fp32 B by a bf16 A.
     u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);
-    // A and B of `type`, C of `c_type`.
-    void matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
-                cudaDataType_t c_type);
+    // A and B of `type`, C of `c_type`; with an epilogue, false (nothing
+    // enqueued) where cuBLASLt has no algorithm for it or refuses the call.
+    bool matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
+                cudaDataType_t c_type, const Epilogue& ep = {});
 
     Plan make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c, cudaDataType_t type,
-                   cudaDataType_t c_type, std::size_t ws_bytes);
+                   cudaDataType_t c_type, std::size_t ws_bytes, const Epilogue& ep);
 
     const int gpu_;
     unsigned sms_ = 0;

@@ -65,33 +65,54 @@ std::uint32_t alignment(const void* p, std::uint64_t stride_bytes = 0) {
     return al;
 }
 
+cudaDataType_t type_of(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+u64 bytes_of(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+    switch (e) {
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_BGRADA: return "BGRADA";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    default: return "DEFAULT";
+    }
+}
+
 }  // namespace
 
 // A GEMM with nothing to multiply: C empty, or k 0 (op(A) op(B) is all
-// zeros: C = beta C, enqueued). Otherwise binds the device for the product.
-bool CudaDevice::no_product(CudaStream& cs, const Gemm& r, std::span<float> c) {
+// zeros: C = beta C, enqueued; a bf16 C, beta 0, zeroed). Otherwise binds
+// the device for the product.
+bool CudaDevice::no_product(CudaStream& cs, const Gemm& r, View c) {
     if (!r.batch || !r.m || !r.n) return true;
     bind();
     if (r.k) return false;
-    cuda::scale_matrix(cs.native(), c.data(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
+    if (c.is_bf16()) {
+        check(cudaMemset2DAsync(c.data<void>(), r.ldc * 2, 0, r.n * 2, r.m, cs.native()), "cudaMemset2DAsync");
+        return true;
+    }
+    cuda::scale_matrix(cs.native(), c.data<float>(), r.m, r.n, r.ldc, r.batch, r.stride_c, r.beta);
     launched("scale_matrix");
     return true;
 }
 
 void CudaDevice::multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView b, View c) {
-    if (no_product(cs, r, c.span<float>())) return;
-    if (a.is_bf16()) return multiply_bf16a(cs, r, a.span<std::uint16_t>(), b, c.span<float>());
-    if (b.is_bf16()) return multiply_bf16b(cs, r, a.span<float>(), b.span<std::uint16_t>(), c.span<float>());
-    matmul(cs, r, a.data<float>(), b.data<float>(), c.data<float>(), CUDA_R_32F, CUDA_R_32F);
+    if (no_product(cs, r, c)) return;
+    const cudaDataType_t ct = type_of(c.dtype());
+    if (a.is_bf16() && !b.is_bf16()) return multiply_bf16a(cs, r, a.span<std::uint16_t>(), b, c.data<void>(), ct);
+    if (b.is_bf16() && !a.is_bf16())
+        return multiply_bf16b(cs, r, a.span<float>(), b.span<std::uint16_t>(), c.data<void>(), ct);
+    matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), ct);
 }
 
 // An fp32 A by a bf16 B: cuBLASLt multiplies a bf16 B by a bf16 A only:
 // op(A)'s rows (A's rows, or its columns when ta) are rounded to bf16 into
 // the compute stream's staging, as many at a time as it holds, and each
-// block of them is one bf16 x bf16 -> fp32 GEMM (CUBLAS_COMPUTE_32F) into its
-// rows of C. The blocks depend on the shape alone: the same bits every run.
+// block of them is one bf16 x bf16 -> fp32 (or bf16) GEMM (CUBLAS_COMPUTE_32F)
+// into its rows of C. The blocks depend on the shape alone: the same bits
+// every run.
 void CudaDevice::multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const float> a,
-                                std::span<const std::uint16_t> b, std::span<float> c) {
+                                std::span<const std::uint16_t> b, void* c, cudaDataType_t c_type) {
     const u64 rows = staged_vectors(cs, r.k, "a bf16 B", "A");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
@@ -105,7 +126,8 @@ void CudaDevice::multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const f
             cuda::to_bf16_rows(cs.native(), staging, a.data() + i0 * r.lda, g.m, r.k, r.lda);
         }
         launched("to_bf16_rows");
-        matmul(cs, g, staging, b.data(), c.data() + i0 * r.ldc, CUDA_R_16BF, CUDA_R_32F);
+        matmul(cs, g, staging, b.data(), static_cast<char*>(c) + i0 * r.ldc * bytes_of(c_type), CUDA_R_16BF,
+               c_type);
     }
 }
 
@@ -129,9 +151,12 @@ u64 CudaDevice::staged_vectors(CudaStream& cs, u64 k, const char* what, const ch
 // staging a block of C's columns at a time (B's columns, or its rows when
 // tb), each block one such GEMM into its columns of C; the blocks depend on
 // the shape alone.
-void CudaDevice::multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b,
-                                std::span<float> c) {
-    if (b.is_bf16()) return matmul(cs, r, a.data(), b.data<std::uint16_t>(), c.data(), CUDA_R_16BF, CUDA_R_32F);
+void CudaDevice::multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b, void* c,
+                                cudaDataType_t c_type) {
+    if (b.is_bf16()) {
+        matmul(cs, r, a.data(), b.data<std::uint16_t>(), c, CUDA_R_16BF, c_type);
+        return;
+    }
     const u64 cols = staged_vectors(cs, r.k, "a bf16 A and an fp32 B", "B");
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 j0 = 0; j0 < r.n; j0 += cols) {
@@ -145,39 +170,146 @@ void CudaDevice::multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const s
             cuda::to_bf16_rows(cs.native(), staging, b.data<float>() + j0, r.k, g.n, r.ldb);
         }
         launched("to_bf16_rows");
-        matmul(cs, g, a.data(), staging, c.data() + j0, CUDA_R_16BF, CUDA_R_32F);
+        matmul(cs, g, a.data(), staging, static_cast<char*>(c) + j0 * bytes_of(c_type), CUDA_R_16BF, c_type);
     }
 }
 
-void CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
-                        cudaDataType_t c_type) {
+// ---- the epilogues ------------------------------------------------------------------
+// Said once per shape and epilogue: cuBLASLt has no algorithm for it, so
+// the GEMM and the separate kernel run instead.
+namespace {
+void stand_in(const Gemm& g, cublasLtEpilogue_t e, const std::string& why) {
+    const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
+    log::warn_once(std::string("cuda epilogue ") + epilogue_name(e) + " " + shape,
+                   std::string("cuda: cuBLASLt's ") + epilogue_name(e) + " epilogue for a GEMM of " + shape + ": " +
+                       why + "; the GEMM and a separate kernel instead");
+}
+}  // namespace
+
+void CudaDevice::multiply_bias(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, const float* bias,
+                               View c) {
+    CudaStream& cs = *l.owner;
+    if (!r.m || !r.n) return;
+    if (r.k && a.dtype() == b.dtype()) {
+        const Epilogue ep{.kind = CUBLASLT_EPILOGUE_BIAS, .bias = bias};
+        if (matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), type_of(c.dtype()), ep))
+            return;
+    }
+    multiply(cs, r, a, b, c);
+    cuda::bias_rows(cs.native(), c.data<void>(), c.is_bf16(), r.ldc, bias, r.m, r.n);
+    launched("bias_rows");
+}
+
+void CudaDevice::multiply_bias_gelu(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, const float* bias,
+                                    View pre, View out) {
+    CudaStream& cs = *l.owner;
+    if (!r.m || !r.n) return;
+    // cuBLASLt wants aux's row stride a multiple of 8.
+    if (r.k && a.dtype() == b.dtype() && r.ldc % 8 == 0) {
+        const Epilogue ep{.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, .bias = bias, .aux = pre.data<void>(), .aux_ld = r.ldc};
+        if (matmul(cs, r, a.data<void>(), b.data<void>(), out.data<void>(), type_of(a.dtype()), type_of(out.dtype()),
+                   ep))
+            return;
+    }
+    multiply_bias(l, r, a, b, bias, pre);
+    with_dtype(pre.dtype(), [&](auto e) {
+        using E = decltype(e);
+        if (r.ldc == r.n) {
+            cuda::gelu_forward(l, View(out.data<E>(), r.m * r.n), ConstView(pre.data<E>(), r.m * r.n));
+            launched("gelu_forward");
+            return;
+        }
+        for (u64 i = 0; i < r.m; ++i) {
+            cuda::gelu_forward(l, View(out.data<E>() + i * r.ldc, r.n), ConstView(pre.data<E>() + i * r.ldc, r.n));
+            launched("gelu_forward");
+        }
+    });
+}
+
+void CudaDevice::multiply_dbias(const cuda::Launch& l, const Gemm& r, ConstView a, ConstView b, View c, float* dbias,
+                                bool of_a) {
+    CudaStream& cs = *l.owner;
+    const u64 cols = of_a ? r.m : r.n;
+    const float* x = of_a ? a.data<float>() : b.data<float>();
+    if (r.k && r.m && r.n && a.dtype() == b.dtype() && cols <= l.sums_floats) {
+        // The epilogue writes the gradient (no +=): into the stream's
+        // partials, then added (our B is cuBLASLt's A: BGRADA; our A its B).
+        const Epilogue ep{.kind = of_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA, .bias = l.sums};
+        if (matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), CUDA_R_32F, ep)) {
+            cuda::accumulate(l, std::span<float>(dbias, cols), std::span<const float>(l.sums, cols));
+            launched("accumulate");
+            return;
+        }
+    }
+    bind();
+    cuda::bias_grad_rows(l, dbias, x, of_a ? r.lda : r.ldb, r.k, cols);
+    launched("bias_grad_rows");
+    multiply(cs, r, a, b, c);
+}
+
+bool CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,
+                        cudaDataType_t c_type, const Epilogue& ep) {
     const bool on_compute = &cs == streams_[0].get();
     void* ws = on_compute && workspace_ ? workspace_.data() : nullptr;
     const std::size_t ws_bytes = ws ? workspace_.size() : 0;
-    const u64 elem = type == CUDA_R_16BF ? 2 : 4, c_elem = c_type == CUDA_R_16BF ? 2 : 4, batched = g.batch > 1;
+    const u64 elem = bytes_of(type), c_elem = bytes_of(c_type), batched = g.batch > 1;
     const std::uint32_t al_a = alignment(a, batched * g.stride_a * elem),
                         al_b = alignment(b, batched * g.stride_b * elem),
                         al_c = alignment(c, batched * g.stride_c * c_elem);
+    const bool epilogue = ep.kind != CUBLASLT_EPILOGUE_DEFAULT;
+    const std::uint32_t al_bias = epilogue ? alignment(ep.bias) : 0, al_aux = epilogue ? alignment(ep.aux) : 0;
     const PlanKey key{g.ta,  g.tb,    g.m,        g.n,        g.k,        g.lda, g.ldb, g.ldc, g.batch,
                       g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c, static_cast<int>(type),
-                      static_cast<int>(c_type), static_cast<int>(compute_type(g, type)), ws != nullptr};
-    const Plan* plan = nullptr;
-    {
-        std::lock_guard lk(plans_mu_);
-        auto it = plans_.find(key);
-        if (it == plans_.end())
-            it = plans_.emplace(key, make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes)).first;
-        plan = &it->second;
-    }
+                      static_cast<int>(c_type), static_cast<int>(compute_type(g, type)), ws != nullptr,
+                      static_cast<int>(ep.kind), ep.aux_ld, al_bias, al_aux};
     const float alpha = g.alpha, beta = g.beta;
-    // cuBLASLt's A is our B, its B our A (see multiply()).
-    lt_->check(lt_->Matmul(lt_handle_, plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c, plan->c,
-                           &plan->algo, ws, ws_bytes, cs.native()),
-               "cublasLtMatmul");
+    std::unique_lock lk(plans_mu_);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+        Plan p;
+        if (!epilogue) {
+            p = make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes, ep);
+        } else {
+            try {
+                p = make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes, ep);
+            } catch (const InternalError& e) {
+                p = Plan{};
+                p.ok = false;
+                stand_in(g, ep.kind, e.what());
+            }
+        }
+        it = plans_.emplace(key, p).first;
+    }
+    Plan& plan = it->second;
+    if (!plan.ok) return false;
+    if (!epilogue) {
+        lk.unlock();
+        // cuBLASLt's A is our B, its B our A (see multiply()).
+        lt_->check(lt_->Matmul(lt_handle_, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
+                               &plan.algo, ws, ws_bytes, cs.native()),
+                   "cublasLtMatmul");
+        return true;
+    }
+    // The plan's descriptor carries this call's pointers: set and used
+    // under the lock, so that no other call's come between.
+    lt_->check(lt_->MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias),
+               "set BIAS_POINTER");
+    if (ep.aux)
+        lt_->check(lt_->MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
+                                               sizeof ep.aux),
+                   "set EPILOGUE_AUX_POINTER");
+    const cublasStatus_t st = lt_->Matmul(lt_handle_, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c,
+                                          plan.c, &plan.algo, ws, ws_bytes, cs.native());
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    // Refused at the call (nothing enqueued): the stand-ins from now on.
+    plan.ok = false;
+    stand_in(g, ep.kind, std::string("cublasLtMatmul refused it (") + lt_->GetStatusString(st) + ")");
+    return false;
 }
 
 CudaDevice::Plan CudaDevice::make_plan(const Gemm& g, std::uint32_t al_a, std::uint32_t al_b, std::uint32_t al_c,
-                                       cudaDataType_t type, cudaDataType_t c_type, std::size_t ws_bytes) {
+                                       cudaDataType_t type, cudaDataType_t c_type, std::size_t ws_bytes,
+                                       const Epilogue& ep) {
     const Lt& lt = *lt_;
     Plan p;
     try {
@@ -185,6 +317,32 @@ CudaDevice::Plan CudaDevice::make_plan(const Gemm& g, std::uint32_t al_a, std::u
         const cublasOperation_t ta = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
         lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
         lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+        if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+            // The bias (or its gradient) fp32 whatever C is; aux of C's
+            // type. The pointers are set here too: the heuristic reads
+            // their alignment.
+            const std::uint32_t kind = ep.kind;
+            const std::int32_t bias_type = CUDA_R_32F;
+            lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof kind),
+                     "set EPILOGUE");
+            lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias),
+                     "set BIAS_POINTER");
+            lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                               sizeof bias_type),
+                     "set BIAS_DATA_TYPE");
+            if (ep.aux) {
+                const auto aux_ld = static_cast<std::int64_t>(ep.aux_ld);
+                const std::int32_t aux_type = c_type;
+                lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
+                                                   sizeof ep.aux),
+                         "set EPILOGUE_AUX_POINTER");
+                lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+                         "set EPILOGUE_AUX_LD");
+                lt.check(lt.MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                                   sizeof aux_type),
+                         "set EPILOGUE_AUX_DATA_TYPE");
+            }
+        }
         // Stored column-major shapes: B row-major (rows_b, cols_b) is (cols_b, rows_b).
         const u64 b_rows = g.tb ? g.k : g.n, b_cols = g.tb ? g.n : g.k;  // cuBLASLt's A
         const u64 a_rows = g.ta ? g.m : g.k, a_cols = g.ta ? g.k : g.m;  // cuBLASLt's B
@@ -277,8 +435,18 @@ double CudaDevice::gemm_rate(u64 n, unsigned reps, bool bf16) {
 }
 }  // namespace cuda_backend
 
-// gemm's body (kernels.hpp): host code, cuBLASLt's plans being the device's.
+// gemm's body and its epilogues' (kernels.hpp): host code, cuBLASLt's plans being the device's.
 void cuda::gemm(const Launch& l, Gemm g, ConstView a, ConstView b, View c) { l.device->multiply(*l.owner, g, a, b, c); }
+void cuda::gemm_bias(const Launch& l, Gemm g, ConstView a, ConstView b, std::span<const float> bias, View c) {
+    l.device->multiply_bias(l, g, a, b, bias.data(), c);
+}
+void cuda::gemm_bias_gelu(const Launch& l, Gemm g, ConstView a, ConstView b, std::span<const float> bias, View pre,
+                          View out) {
+    l.device->multiply_bias_gelu(l, g, a, b, bias.data(), pre, out);
+}
+void cuda::gemm_dbias(const Launch& l, Gemm g, ConstView a, ConstView b, View c, std::span<float> dbias, bool of_a) {
+    l.device->multiply_dbias(l, g, a, b, c, dbias.data(), of_a);
+}
 
 double cuda_gemm_flops(Device& dev, std::uint64_t n, unsigned reps, bool bf16) {
     auto* cuda = dynamic_cast<cuda_backend::CudaDevice*>(&dev);

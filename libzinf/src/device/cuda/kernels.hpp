@@ -91,6 +91,12 @@ void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u6
 // dst (rows, cols) packed = src's rows (row stride ld_src) rounded to bf16.
 void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src);
 void to_bf16(cudaStream_t s, std::uint16_t* dst, const float* src, u64 n);
+// The epilogues' stand-ins where cuBLASLt has none for a GEMM: c (m rows of
+// n at row stride ld, fp32 or bf16) += bias (n) on every row; dbias (cols)
+// += the column sums of x (rows, cols) at row stride ld (bias_backward's
+// order: the cpu's bits).
+void bias_rows(cudaStream_t s, void* c, bool bf16, u64 ld, const float* bias, u64 m, u64 n);
+void bias_grad_rows(const Launch& l, float* dbias, const float* x, u64 ld, u64 rows, u64 cols);
 
 // ---- attention's helpers (attention.cu), for attention_gemm.cpp ---------------------
 // In place over the scores att (rows, T), row r's query position r % T: a =

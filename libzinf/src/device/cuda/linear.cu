@@ -30,6 +30,16 @@ struct BiasTerm {
     __device__ void operator()(u64 r, u64 o, float* v) const { v[0] = dout[r * OC + o]; }
 };
 
+// bias (n) added to every row of c (m rows of n at row stride ld), fp32 or
+// bf16 (widened, added, rounded): the epilogue's stand-in (gemm.cpp).
+template <class E>
+__global__ void bias_rows_kernel(E* c, u64 ld, const float* bias, u64 m, u64 n) {
+    for (u64 i = global_id(); i < m * n; i += grid_threads()) {
+        E* x = c + i / n * ld + i % n;
+        put(x, widen(*x) + bias[i % n]);
+    }
+}
+
 // A (rows, cols) block of row stride ld_src into packed bf16 rows.
 __global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
     for (u64 i = global_id(); i < rows * cols; i += grid_threads()) dst[i] = round_bf16(src[i / cols * ld_src + i % cols]);
@@ -39,7 +49,20 @@ __global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 ro
 
 cudaError_t preload_linear() {
     return load_kernels(scale_matrix_kernel, bias_add_kernel, column_partials_kernel<1, BiasTerm>,
-                        column_totals_kernel<1>, to_bf16_rows_kernel);
+                        column_totals_kernel<1>, to_bf16_rows_kernel, bias_rows_kernel<float>,
+                        bias_rows_kernel<std::uint16_t>);
+}
+
+void bias_rows(cudaStream_t s, void* c, bool bf16, u64 ld, const float* bias, u64 m, u64 n) {
+    if (!m || !n) return;
+    if (bf16)
+        bias_rows_kernel<<<blocks_for(m * n), kThreads, 0, s>>>(static_cast<std::uint16_t*>(c), ld, bias, m, n);
+    else
+        bias_rows_kernel<<<blocks_for(m * n), kThreads, 0, s>>>(static_cast<float*>(c), ld, bias, m, n);
+}
+
+void bias_grad_rows(const Launch& l, float* dbias, const float* x, u64 ld, u64 rows, u64 cols) {
+    column_sums(l, SumOuts<1>{{dbias}}, rows, cols, BiasTerm{x, ld});
 }
 
 void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u64 stride_c, float beta) {

@@ -37,17 +37,33 @@ __device__ inline u64 warp_row() { return u64{blockIdx.x} * kRowWarps + threadId
 // starts 16-byte aligned (8 for a bf16 input, read 64 bits at a time).
 inline bool rows_of_4(u64 C, std::initializer_list<const void*> ps) { return C % 4 == 0 && aligned16(ps); }
 
+// `add` not null (residual_layernorm_forward): the row of inp (res) += add
+// first, rounded into kept and widened back where kept is given, each lane
+// its own elements (read back by the same lane below: no sync needed),
+// then the norm of the row.
 template <int W>
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, u64 N, unsigned C, float eps) {
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, float* inp, const float* add,
+                                         std::uint16_t* kept, const float* w, const float* b, u64 N, unsigned C,
+                                         float eps) {
     const u64 row = warp_row();
     if (row >= N) return;  // the whole warp
     const unsigned lane = lane_id();
-    const float* x = inp + row * C;
+    float* x = inp + row * C;
     const float inv_c = 1.0f / static_cast<float>(C);
     float s = 0;
     for (unsigned c = lane * W; c < C; c += 32 * W) {
-        const Pack<W> a = load<W>(x + c);
+        Pack<W> a = load<W>(x + c);
+        if (add) {
+            const Pack<W> d = load<W>(add + row * C + c);
+#pragma unroll
+            for (int k = 0; k < W; ++k) a.v[k] += d.v[k];
+            if (kept) {
+#pragma unroll
+                for (int k = 0; k < W; ++k) a.v[k] = widen(round_bf16(a.v[k]));
+                store<W>(kept + row * C + c, a);  // exact: bf16 values
+            }
+            store<W>(x + c, a);
+        }
 #pragma unroll
         for (int k = 0; k < W; ++k) s += a.v[k];
     }
@@ -266,14 +282,30 @@ cudaError_t preload_norms() {
         column_totals_kernel<1>);
 }
 
-void layernorm_forward(const Launch& l, std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                       std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
+namespace {
+// inp is only read by layernorm_forward: the kernel writes its rows only where `add` is given.
+void layernorm_rows(const Launch& l, float* out, float* mean, float* rstd, float* inp, const float* add,
+                    std::uint16_t* kept, const float* w, const float* b, u64 N, u64 C) {
     if (!N || !C) return;
     const unsigned c = row_length(C);
-    with_width(rows_of_4(C, {out.data(), inp.data(), w.data(), b.data()}), [&](auto W) {
+    with_width(rows_of_4(C, {out, inp, add, kept, w, b}), [&](auto W) {
         layernorm_forward_kernel<decltype(W)::value><<<blocks_for(N, kRowWarps), kThreads, 0, l.stream>>>(
-            out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, c, kernel_math::kLayerNormEps);
+            out, mean, rstd, inp, add, kept, w, b, N, c, kernel_math::kLayerNormEps);
     });
+}
+}  // namespace
+
+void layernorm_forward(const Launch& l, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                       std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
+    layernorm_rows(l, out.data(), mean.data(), rstd.data(), const_cast<float*>(inp.data()), nullptr, nullptr,
+                   w.data(), b.data(), N, C);
+}
+
+void residual_layernorm_forward(const Launch& l, std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                                std::span<float> res, std::span<const float> add, View kept, std::span<const float> w,
+                                std::span<const float> b, u64 N, u64 C) {
+    layernorm_rows(l, out.data(), mean.data(), rstd.data(), res.data(), add.data(),
+                   kept.empty() ? nullptr : kept.data<std::uint16_t>(), w.data(), b.data(), N, C);
 }
 
 void layernorm_backward(const Launch& l, std::span<float> dinp, std::span<float> dw, std::span<float> db,
