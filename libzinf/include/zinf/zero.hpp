@@ -577,6 +577,10 @@ struct InfinityOptions {
     // one-dimensional ones (LayerNorm, RMSNorm, biases) are still widened to
     // fp32. Ignored over fp32 parameters, which are their own master.
     bool bf16_weights = false;
+    // That rule for tensor `t` of `m` (both engines keep what it says).
+    bool keeps_bf16(const shard::Manifest& m, std::size_t t) const {
+        return bf16_weights && m.opts.param_dtype == shard::DType::bf16 && m.tensors[t].shape.size() >= 2;
+    }
 };
 
 struct InfinityStats {

@@ -67,13 +67,12 @@ std::vector<std::uint64_t> numels_of(const shard::Manifest& m) {
     return n;
 }
 
-// The parameters kept bf16 on the device: InfinityOptions::bf16_weights's
-// rule (infinity.cpp's keep_bf16), the matrices and embedding tables of a
+// The parameters kept bf16 on the device: ZeRO-Infinity's rule
+// (InfinityOptions::keeps_bf16), the matrices and embedding tables of a
 // manifest whose working parameters are bf16.
 std::vector<bool> kept_bf16(const shard::Manifest& m, const EngineOptions& o) {
     std::vector<bool> keep;
-    for (const auto& t : m.tensors)
-        keep.push_back(o.infinity.bf16_weights && m.opts.param_dtype == shard::DType::bf16 && t.shape.size() >= 2);
+    for (std::size_t t = 0; t < m.tensors.size(); ++t) keep.push_back(o.infinity.keeps_bf16(m, t));
     return keep;
 }
 

@@ -57,7 +57,7 @@ std::vector<detail::ParamState> detail::describe_params(const shard::Manifest& m
         p.dt = shard::dtype_bytes(m.opts.param_dtype);
         p.tier = m.opts.param_tier;
         p.persistent = p.numel < opts.persist_below;
-        p.keep_bf16 = opts.bf16_weights && m.opts.param_dtype == shard::DType::bf16 && m.tensors[t].shape.size() >= 2;
+        p.keep_bf16 = opts.keeps_bf16(m, t);
     }
     for (const Module* mod : modules) {
         for (std::size_t t : mod->params()) {
