@@ -143,6 +143,15 @@ struct OptimizerOptions {
     // the one before it, and a kill at any instant leaves the manifest at
     // the last commit, the update's writes going to a generation it does not
     // name. The result is bit for bit the step without the pipeline.
+    // With a second gradient scratch (update_under_backward: a second file
+    // beside the first, or memory from the `readahead` budget where the
+    // first is in memory), the next step's gradients may be handed over
+    // while the update runs, into the other scratch: the update then runs
+    // on under the next backward too and is settled after it, before the
+    // next step(). That step neither speculates nor prepares the
+    // generation it will write (the one the commit frees) until the
+    // settle; its read-ahead reads what the update writes, each chunk once
+    // written, checked against the hashes the update computed.
     bool pipeline = false;
     // Read-ahead, with overlap: a step that does not speculate (the last one
     // was clipped or skipped, a rank's own gradients already force clipping,
@@ -230,6 +239,9 @@ struct StepReport {
     bool pending = false;
     double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
     bool device_update = false;      // the update ran on the device (OptimizerOptions::device), not the host
+    // Pipelined with a second gradient scratch: the update ran on under the
+    // next step's backward as well as its forward (settled after it).
+    bool update_under_backward = false;
 };
 
 // The memory one rank may spare for the optimizer's read-ahead by default:
@@ -365,8 +377,13 @@ public:
     // The gradients' scratch (the optimizer state on NVMe): its bytes, and
     // whether memory holds it (else rank<R>/grad.bin); 0 and false when the
     // gradients live with a state held in memory.
+    // With a second scratch (update_under_backward), the bytes of both.
     std::uint64_t gradient_scratch_bytes() const;
     bool gradient_scratch_in_memory() const;
+    // Pipelined, with a second gradient scratch on every rank: the next
+    // step's gradients may be handed over while an update runs, which is
+    // settled after that backward (OptimizerOptions::pipeline).
+    bool update_under_backward() const;
     // The device memory the optimizer takes from `opts.device`'s arena when
     // it opens m for `rank` (its gpu-tier state and the gradients' copy on
     // the device); 0 when its update runs on the host. The engine counts it
@@ -829,6 +846,11 @@ public:
     // returns the whole report; nullopt when no update is under way (the
     // sequential step, or settled already).
     virtual std::optional<StepReport> settle() { return std::nullopt; }
+    // A pending update may run on under the next backward
+    // (Optimizer::update_under_backward): callers settle it after that
+    // backward, before step(); else after the next forward, before the
+    // backward.
+    virtual bool update_under_backward() const { return false; }
     virtual void reset() noexcept = 0;
     // No collective of the engine's runs between a step's forward and its
     // backward (one rank, or the resident engine, whose collectives follow
@@ -868,6 +890,10 @@ protected:
 struct DiskNeedOptions {
     shard::DType grad_dtype = shard::DType::fp32;
     std::uint64_t activation_bytes = 0;  // checkpoints this rank writes to NVMe
+    // Pipelined (OptimizerOptions::pipeline): a second gradient scratch
+    // file beside the first where memory does not hold them, so twice the
+    // scratch.
+    bool pipeline = false;
 };
 struct DiskNeed {
     std::string folder;                   // where the rank's files are
