@@ -158,11 +158,23 @@ struct StepTime {
     double compute = 0;                  // forward + backward at the peak rate
     double stall = 0;                    // of forward + backward, waiting for parameters
     std::uint64_t readahead_bytes = 0;   // optimizer state read during backward, per node
-    // The step as zinf-train runs it by default: the update beside the next
-    // step's forward (the pipeline), so the larger of its parts: the
-    // forward and backward with what the update takes past the next
-    // forward, or the disk's time for the whole step.
-    double total() const { return std::max(forward + backward + std::max(0.0, optimizer - forward), disk); }
+    // The gradients' scratches the optimizer holds in memory, per node (one
+    // or, pipelined, two: the second from the optimizer's budget), and
+    // whether there are two (in memory or files), so that the update runs
+    // on under the next step's backward (zinf-train's update_under_backward).
+    std::uint64_t grad_memory_bytes = 0;
+    bool under_backward = false;
+    // The step as zinf-train runs it by default (the pipeline): with a
+    // second gradient scratch the update runs under the next step's forward
+    // and backward, so the step is the largest of the forward and backward,
+    // the update, and the disk's time for the whole step (nothing of the
+    // update waits for the next step: its commit follows that backward);
+    // with one, under the next forward only: the forward and backward with
+    // what the update takes past the next forward, or the disk's time.
+    double total() const {
+        if (under_backward) return std::max({forward + backward, optimizer, disk});
+        return std::max(forward + backward + std::max(0.0, optimizer - forward), disk);
+    }
     // --no-overlap: the update after the backward, committed before the next step.
     double sequential() const { return forward + backward + optimizer; }
 };
