@@ -342,8 +342,9 @@ public:
     // synced and committed, on every rank at once (collectives; an update
     // that failed on any rank fails it on all: the manifest names the step
     // before, 74 naming the file), and its whole report; nullopt when no
-    // update runs. The next step's first gradient, save() and the
-    // destructor (which commits nothing) wait for it first.
+    // update runs. The next step's first gradient (with one gradient
+    // scratch; with two, the next step()), save() and the destructor
+    // (which commits nothing) wait for it first.
     std::optional<StepReport> settle();
     bool pending() const;  // an update started by step() is not settled yet
 
