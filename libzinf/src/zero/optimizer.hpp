@@ -286,7 +286,7 @@ struct Optimizer::Impl {
     std::condition_variable pend_cv;
     std::vector<bool> pend_ready;
     int pend_gen[Role::count] = {};  // where the update under way writes each role (its `next`)
-    std::uint64_t handover_epoch = 0;  // reset_handover()s so far (under mu)
+    std::atomic<std::uint64_t> handover_epoch{0};  // reset_handover()s so far (changed under mu and pend_mu)
     bool pend_done = false, pend_marking = false;
     std::exception_ptr pend_error;
     StepReport pend_rep;

@@ -150,7 +150,8 @@ bool Impl::wait_written(std::unique_lock<std::mutex>& lk) {
     lk.unlock();
     {
         std::unique_lock pl(pend_mu);
-        pend_cv.wait(pl, [&] { return pend_done || chunk_written(c); });
+        // (a hand-over started afresh since, its read-ahead is another's)
+        pend_cv.wait(pl, [&] { return pend_done || chunk_written(c) || epoch != handover_epoch; });
         ok = chunk_written(c);
     }
     lk.lock();
@@ -451,7 +452,11 @@ void Impl::next_step(double loss_scale) {
 // hand-over going on beside it.
 void Impl::reset_handover(double loss_scale) {
     std::lock_guard lk(mu);
-    ++handover_epoch;
+    {
+        std::lock_guard pl(pend_mu);
+        ++handover_epoch;
+    }
+    pend_cv.notify_all();  // a read-ahead waiting for the update before goes back to its loop
     ra_after_pend = false;
     std::fill(have_grad.begin(), have_grad.end(), false);
     std::fill(speculated.begin(), speculated.end(), false);
