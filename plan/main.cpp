@@ -160,7 +160,7 @@ void human(const plan::Report& r, const plan::Hardware& h) {
                           "forward %.3f, backward %.3f (stall %.3f), optimizer after it %.3f (beside the next "
                           "%s), disk %.3f; %s read ahead, %s of gradients in memory; --no-overlap %.3f",
                           st.forward, st.backward, st.stall, st.optimizer,
-                          st.under_backward ? "forward and backward" : "forward", st.disk,
+                          st.under_backward ? "forward, its tail beside the backward" : "forward", st.disk,
                           format_size(st.readahead_bytes).c_str(), format_size(st.grad_memory_bytes).c_str(),
                           st.sequential());
             char t[32];

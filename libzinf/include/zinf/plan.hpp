@@ -164,17 +164,17 @@ struct StepTime {
     // on under the next step's backward (zinf-train's update_under_backward).
     std::uint64_t grad_memory_bytes = 0;
     bool under_backward = false;
-    // The step as zinf-train runs it by default (the pipeline): with a
-    // second gradient scratch the update runs under the next step's forward
-    // and backward, so the step is the largest of the forward and backward,
-    // the update, and the disk's time for the whole step (nothing of the
-    // update waits for the next step: its commit follows that backward);
-    // with one, under the next forward only: the forward and backward with
-    // what the update takes past the next forward, or the disk's time.
-    double total() const {
-        if (under_backward) return std::max({forward + backward, optimizer, disk});
-        return std::max(forward + backward + std::max(0.0, optimizer - forward), disk);
-    }
+    // The step as zinf-train runs it by default (the pipeline): the larger
+    // of the compute path and the disk's time for the whole step. The
+    // update of a clipped step starts after its backward and gives out the
+    // parameters in step with its writes, first module first, so the next
+    // forward trails it: the compute path is the forward and backward with
+    // what the update takes past the next forward, which cannot overlap.
+    // A second gradient scratch (under_backward) lets the rest of the
+    // update (its last writes, the sync, the commit) run under the next
+    // backward instead of before it; that tail is not modelled, so the
+    // formula is the same with one scratch or two.
+    double total() const { return std::max(forward + backward + std::max(0.0, optimizer - forward), disk); }
     // --no-overlap: the update after the backward, committed before the next step.
     double sequential() const { return forward + backward + optimizer; }
 };
