@@ -296,7 +296,7 @@ BOOST_AUTO_TEST_CASE(pipelined_update_is_read_after_its_writes) {
                         BOOST_TEST(!opt.pending(), what);
                         if (!done) return;
                         BOOST_TEST(done->grad_norm == r.grad_norm);
-                        BOOST_TEST(done->update_under_backward == two, what);
+                        BOOST_TEST(done->update_under_backward == (two && r.clip < 1), what);
                         r = *done;
                         waited += r.update_waited_seconds;
                         readahead += r.readahead_bytes;

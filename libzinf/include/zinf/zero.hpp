@@ -148,7 +148,11 @@ struct OptimizerOptions {
     // first is in memory), the next step's gradients may be handed over
     // while the update runs, into the other scratch: the update then runs
     // on under the next backward too and is settled after it, before the
-    // next step(). That step neither speculates nor prepares the
+    // next step() -- callers do so after a clipped step
+    // (settle_after_backward), whose next step would not speculate
+    // anyway; after an unclipped one they settle before the next
+    // backward, which speculates. A step handed over beside the update
+    // neither speculates nor prepares the
     // generation it will write (the one the commit frees) until the
     // settle; its read-ahead reads what the update writes, each chunk once
     // written, checked against the hashes the update computed.
@@ -239,8 +243,9 @@ struct StepReport {
     bool pending = false;
     double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
     bool device_update = false;      // the update ran on the device (OptimizerOptions::device), not the host
-    // Pipelined with a second gradient scratch: the update ran on under the
-    // next step's backward as well as its forward (settled after it).
+    // Pipelined with a second gradient scratch, a clipped step: the update
+    // ran on under the next step's backward as well as its forward (settled
+    // after it; Optimizer::settle_after_backward).
     bool update_under_backward = false;
 };
 
@@ -385,6 +390,12 @@ public:
     // step's gradients may be handed over while an update runs, which is
     // settled after that backward (OptimizerOptions::pipeline).
     bool update_under_backward() const;
+    // The update under way is to be settled after the next backward, not
+    // before it: a second scratch, and the step was clipped (the next one
+    // would not speculate anyway). After an unclipped step the update is
+    // settled before the next backward, which then speculates as without
+    // the pipeline. The same on every rank (the norm is global).
+    bool settle_after_backward() const;
     // The device memory the optimizer takes from `opts.device`'s arena when
     // it opens m for `rank` (its gpu-tier state and the gradients' copy on
     // the device); 0 when its update runs on the host. The engine counts it
@@ -847,11 +858,13 @@ public:
     // returns the whole report; nullopt when no update is under way (the
     // sequential step, or settled already).
     virtual std::optional<StepReport> settle() { return std::nullopt; }
-    // A pending update may run on under the next backward
-    // (Optimizer::update_under_backward): callers settle it after that
-    // backward, before step(); else after the next forward, before the
-    // backward.
+    // The optimizer has a second gradient scratch
+    // (Optimizer::update_under_backward); and whether the pending update
+    // runs on under the next backward (Optimizer::settle_after_backward):
+    // callers then settle it after that backward, before step(); else
+    // after the next forward, before the backward.
     virtual bool update_under_backward() const { return false; }
+    virtual bool settle_after_backward() const { return false; }
     virtual void reset() noexcept = 0;
     // No collective of the engine's runs between a step's forward and its
     // backward (one rank, or the resident engine, whose collectives follow

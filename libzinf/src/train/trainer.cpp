@@ -527,9 +527,9 @@ StepLog Trainer::step(const data::Loader& train) {
     // read each parameter once its new values were written; settled here,
     // on every rank, before this step's first gradient reaches the
     // optimizer (a failed update is every rank's: this step is not taken)
-    // -- or, with a second gradient scratch, after this backward, which it
-    // runs under too.
-    const bool under_backward = engine.update_under_backward();
+    // -- or, with a second gradient scratch after a clipped step, after
+    // this backward, which it runs under too.
+    const bool under_backward = engine.settle_after_backward();
     if (!under_backward) try {
             I.settle();
         } catch (...) {

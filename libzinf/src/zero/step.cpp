@@ -620,7 +620,7 @@ void Impl::finish_report(StepReport& rep, double loss_scale, const Totals& tot, 
     rep.readahead_bytes = tot.readahead;
     rep.readahead_used_bytes = tot.readahead_used;
     rep.device_update = on_device;
-    rep.update_under_backward = pipelined && under_backward();
+    rep.update_under_backward = pipelined && under_backward() && last_clipped;  // settle_after_backward()
     if (pipelined) {
         if (last_clipped) p_undo = mem::Pinned();
     } else {
@@ -852,6 +852,10 @@ std::uint64_t Optimizer::gradient_scratch_bytes() const {
     return impl_->grad_scratch ? impl_->roles[Role::grad].end * static_cast<std::uint64_t>(impl_->grad_slots) : 0;
 }
 bool Optimizer::update_under_backward() const { return impl_->opts.pipeline && impl_->under_backward(); }
+bool Optimizer::settle_after_backward() const {
+    // (last_clipped: the pending step's, set by its step(), before the next)
+    return impl_->pend && impl_->under_backward() && impl_->last_clipped;
+}
 bool Optimizer::gradient_scratch_in_memory() const { return impl_->grad_scratch && !impl_->roles[Role::grad].file; }
 bool Optimizer::updates_on_device() const { return impl_->on_device; }
 
