@@ -158,9 +158,11 @@ void human(const plan::Report& r, const plan::Hardware& h) {
             char v[256];
             std::snprintf(v, sizeof v,
                           "forward %.3f, backward %.3f (stall %.3f), optimizer after it %.3f (beside the next "
-                          "forward), disk %.3f; %s read ahead; --no-overlap %.3f",
-                          st.forward, st.backward, st.stall, st.optimizer, st.disk,
-                          format_size(st.readahead_bytes).c_str(), st.sequential());
+                          "%s), disk %.3f; %s read ahead, %s of gradients in memory; --no-overlap %.3f",
+                          st.forward, st.backward, st.stall, st.optimizer,
+                          st.under_backward ? "forward, its tail beside the backward" : "forward", st.disk,
+                          format_size(st.readahead_bytes).c_str(), format_size(st.grad_memory_bytes).c_str(),
+                          st.sequential());
             char t[32];
             std::snprintf(t, sizeof t, "%.3f", st.total());
             row("step_s", t, v);

@@ -125,6 +125,7 @@ void emit(const Options& o, const train::StepLog& s, std::uint64_t total, std::o
         j["step_floor_ratio"] = s.step_floor_ratio;
         j["update_overlap_s"] = s.update_overlap_seconds;
         j["update_waited_s"] = s.update_waited_seconds;
+        j["update_under_backward"] = s.update_under_backward;
         if (val) j["val_loss"] = *val;
         std::cout << j.dump() << '\n';
         // The JSON goes to a file or a pipe; a person at the terminal sees the

@@ -50,6 +50,12 @@ for clip in 1 100; do
 done
 check "not clipped: every tensor updated during backward, nothing redone" \
   jq -e -s 'all(.[]; .optimizer_redo == false and .optimizer_speculated > 0 and .optimizer_overlap_s > 0)' "$W/ov100.jsonl"
+# A clipped step's update runs on under the next backward (a second
+# gradient scratch, in memory under the default budget); an unclipped
+# one's is settled before it, so that the next step speculates.
+check "the update under the next backward exactly after a clipped step (update_under_backward)" \
+  jq -e -s 'all(.[]; .update_under_backward == (.grad_norm > 1))' "$W/ov1.jsonl"
+check "…never unclipped" jq -e -s 'all(.[]; .update_under_backward == false)' "$W/ov100.jsonl"
 check "clipped: a step redone exactly when its norm is over the limit (and something was speculated)" \
   jq -e -s 'all(.[]; .optimizer_redo == (.grad_norm > 1 and .optimizer_speculated > 0))' "$W/ov1.jsonl"
 check "clipped: a step after a clipped one speculates nothing (it runs after backward)" \

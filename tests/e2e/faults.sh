@@ -52,9 +52,10 @@ at train fsync "$W/train/rank0/exp_avg.alt.bin" EIO
 at export rename "$W/export.out" EIO
 at hfimport read "$W/hfimport.hf/model.safetensors.index.json" EIO
 # The pipeline (issue 45): step 2's update writes rank0/param.bin (the
-# generation after step 1's) on its own thread beside step 3's forward;
-# that write-behind fails: exit 74 naming the file, on stdout step 1's line
-# only, the manifest at step 1 (step 2 never committed), verified; and
+# generation after step 1's) on its own thread beside step 3's forward and
+# backward; that write-behind fails: exit 74 naming the file, on stdout
+# step 1's line only, the manifest at step 1 (step 2 never committed),
+# verified; and
 # --resume runs steps 2 to 4 with the uninterrupted run's losses, bit for bit.
 source "$ROOT/tests/e2e/train_lib.bash"
 P=$W/pipe

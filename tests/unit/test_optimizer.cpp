@@ -226,6 +226,14 @@ BOOST_AUTO_TEST_CASE(overlap_equals_full_step) {
 // what the file held before. The parameters on nvme and in memory (cpu),
 // the optimizer state on nvme (each step committed at settle()) and in
 // memory (committed by save()).
+// Under the next backward (a second gradient scratch, update_under_
+// backward): each step's gradients are handed over as soon as the step
+// before returns, while its update runs (its writes held), and that
+// update is settled only then. The step after a pipelined one reads ahead
+// (16 MiB budget) what the update writes: a read of a chunk not yet
+// written would read the generation's old bytes and fail its xxh3 check
+// (65); the state and norms are still the sequential step's, and the
+// read-ahead's bytes were taken by the update.
 namespace {
 
 // Every tensor's current working parameters as param_source names them, in
@@ -254,87 +262,129 @@ std::vector<Bytes> sources_now(zero::Optimizer& opt, const shard::Manifest& m, c
 BOOST_AUTO_TEST_CASE(pipelined_update_is_read_after_its_writes) {
     const std::uint64_t s = fresh_seed("pipeline");
     const std::pair<Tier, Tier> tiers[] = {{Tier::nvme, Tier::nvme}, {Tier::cpu, Tier::nvme}, {Tier::cpu, Tier::cpu}};
-    for (DType pd : {DType::fp32, DType::bf16})
-        for (const auto& [pt, ot] : tiers) {
-            const std::string what = std::string("param ") + shard::dtype_name(pd) + " " + shard::tier_name(pt) +
-                                     ", optimizer " + shard::tier_name(ot);
-            Rig rig({.engine = "threads"});
-            const shard::LayoutOptions lo = lay(pd, pt, ot, s);
-            Run pip(rig, lo), ref(rig, lo);
-            auto c = self_comm();
-            zero::OptimizerOptions oo = options();
-            oo.grad_clip = 1;
-            zero::OptimizerOptions po = oo;
-            po.overlap = po.pipeline = true;
-            std::vector<zero::StepReport> a, b;
-            std::vector<std::vector<Bytes>> got, want;
-            double waited = 0;
-            std::uint64_t pending = 0;
-            {
-                ::setenv("ZINF_FAULTS", "write:1:delay150,write:2:delay150,write:3:delay150,write:4:delay150", 1);
-                zero::Optimizer opt(pip.m, c, rig.engine, rig.pool, po);
-                for (const Phase& ph : kPhases) {
-                    const unsigned k = static_cast<unsigned>(opt.step_count()) + 1;
-                    const double f = ph.norm / full_norm(pip.m, s, k);
-                    put_all(opt, pip.m, s, k, true, [&](std::size_t t, std::vector<float>& g) {
-                        for (float& x : g) x = static_cast<float>(x * f);
-                        if (ph.overflow && t + 1 == pip.m.tensors.size()) g[0] = std::numeric_limits<float>::infinity();
-                    });
-                    zero::StepReport r = opt.step();
-                    BOOST_TEST(r.pending == !ph.overflow, what << ", step " << k);
-                    BOOST_TEST(opt.pending() == r.pending, what);
-                    pending += r.pending;
-                    got.push_back(sources_now(opt, pip.m, what));
-                    const std::optional<zero::StepReport> done = opt.settle();
-                    BOOST_TEST(done.has_value() == r.pending, what << ", step " << k);
-                    BOOST_TEST(!opt.pending(), what);
-                    if (done) {
+    for (bool early : {false, true})
+        for (DType pd : {DType::fp32, DType::bf16})
+            for (const auto& [pt, ot] : tiers) {
+                // (under the backward: both dtypes with every state on nvme, one each elsewhere)
+                if (early && pt != ot && pd == DType::fp32) continue;
+                if (early && ot == Tier::cpu && pd == DType::bf16) continue;
+                const std::string what = std::string("param ") + shard::dtype_name(pd) + " " + shard::tier_name(pt) +
+                                         ", optimizer " + shard::tier_name(ot) +
+                                         (early ? ", under the next backward" : "");
+                Rig rig({.engine = "threads"});
+                const shard::LayoutOptions lo = lay(pd, pt, ot, s);
+                Run pip(rig, lo), ref(rig, lo);
+                auto c = self_comm();
+                zero::OptimizerOptions oo = options();
+                oo.grad_clip = 1;
+                zero::OptimizerOptions po = oo;
+                po.overlap = po.pipeline = true;
+                if (early) po.readahead = 16 * MiB;
+                std::vector<zero::StepReport> a, b;
+                std::vector<std::vector<Bytes>> got, want;
+                double waited = 0;
+                std::uint64_t pending = 0, readahead = 0, readahead_used = 0;
+                {
+                    ::setenv("ZINF_FAULTS", "write:1:delay150,write:2:delay150,write:3:delay150,write:4:delay150", 1);
+                    zero::Optimizer opt(pip.m, c, rig.engine, rig.pool, po);
+                    // (two gradient files with the state on nvme; in memory, from the budget)
+                    const bool two = early || ot == Tier::nvme;
+                    BOOST_TEST(opt.update_under_backward() == two, what);
+                    auto settled = [&](zero::StepReport& r) {
+                        const std::optional<zero::StepReport> done = opt.settle();
+                        BOOST_TEST(done.has_value() == r.pending, what);
+                        BOOST_TEST(!opt.pending(), what);
+                        if (!done) return;
                         BOOST_TEST(done->grad_norm == r.grad_norm);
+                        BOOST_TEST(done->update_under_backward == (two && r.clip < 1), what);
                         r = *done;
                         waited += r.update_waited_seconds;
+                        readahead += r.readahead_bytes;
+                        readahead_used += r.readahead_used_bytes;
                         // (the waits are within the update's time, less a wake-up's latency)
                         BOOST_TEST(r.update_waited_seconds + r.settle_waited_seconds <= r.update_pipelined_seconds + 0.1,
                                    what << ": waited " << r.update_waited_seconds << " + " << r.settle_waited_seconds
                                         << " s of " << r.update_pipelined_seconds);
+                    };
+                    std::optional<zero::StepReport> last;  // early: the step whose update runs
+                    for (const Phase& ph : kPhases) {
+                        const unsigned k = static_cast<unsigned>(opt.step_count()) + 1 + (opt.pending() ? 1 : 0);
+                        const double f = ph.norm / full_norm(pip.m, s, k);
+                        // Early: handed over while the update before runs.
+                        put_all(opt, pip.m, s, k, true, [&](std::size_t t, std::vector<float>& g) {
+                            for (float& x : g) x = static_cast<float>(x * f);
+                            if (ph.overflow && t + 1 == pip.m.tensors.size())
+                                g[0] = std::numeric_limits<float>::infinity();
+                        });
+                        // (the update before's parameters as the next forward
+                        // fetches them, after the read-ahead started)
+                        if (last) {
+                            got.push_back(sources_now(opt, pip.m, what));
+                            settled(*last);
+                            a.push_back(*last);
+                            last.reset();
+                        }
+                        zero::StepReport r = opt.step();
+                        BOOST_TEST(r.pending == !ph.overflow, what << ", step " << k);
+                        BOOST_TEST(opt.pending() == r.pending, what);
+                        pending += r.pending;
+                        if (early && r.pending) {
+                            last = r;
+                            continue;
+                        }
+                        got.push_back(sources_now(opt, pip.m, what));
+                        settled(r);
+                        a.push_back(r);
                     }
-                    a.push_back(r);
+                    if (last) {
+                        got.push_back(sources_now(opt, pip.m, what));
+                        settled(*last);
+                        a.push_back(*last);
+                    }
+                    ::unsetenv("ZINF_FAULTS");
+                    if (pt == Tier::cpu || ot == Tier::cpu) opt.save();  // state held in memory: committed by a save
                 }
-                ::unsetenv("ZINF_FAULTS");
-                if (pt == Tier::cpu || ot == Tier::cpu) opt.save();  // state held in memory: committed by a save
-            }
-            {
-                zero::Optimizer opt(ref.m, c, rig.engine, rig.pool, oo);
-                for (const Phase& ph : kPhases) {
-                    const unsigned k = static_cast<unsigned>(opt.step_count()) + 1;
-                    const double f = ph.norm / full_norm(ref.m, s, k);
-                    put_all(opt, ref.m, s, k, true, [&](std::size_t t, std::vector<float>& g) {
-                        for (float& x : g) x = static_cast<float>(x * f);
-                        if (ph.overflow && t + 1 == ref.m.tensors.size()) g[0] = std::numeric_limits<float>::infinity();
-                    });
-                    b.push_back(opt.step());
-                    BOOST_TEST(!b.back().pending);
-                    want.push_back(sources_now(opt, ref.m, what + " (reference)"));
+                {
+                    zero::Optimizer opt(ref.m, c, rig.engine, rig.pool, oo);
+                    for (const Phase& ph : kPhases) {
+                        const unsigned k = static_cast<unsigned>(opt.step_count()) + 1;
+                        const double f = ph.norm / full_norm(ref.m, s, k);
+                        put_all(opt, ref.m, s, k, true, [&](std::size_t t, std::vector<float>& g) {
+                            for (float& x : g) x = static_cast<float>(x * f);
+                            if (ph.overflow && t + 1 == ref.m.tensors.size())
+                                g[0] = std::numeric_limits<float>::infinity();
+                        });
+                        b.push_back(opt.step());
+                        BOOST_TEST(!b.back().pending);
+                        want.push_back(sources_now(opt, ref.m, what + " (reference)"));
+                    }
+                    if (pt == Tier::cpu || ot == Tier::cpu) opt.save();
                 }
-                if (pt == Tier::cpu || ot == Tier::cpu) opt.save();
+                BOOST_TEST(pending == 7u, what << ": every step but the skipped one pipelined");
+                BOOST_TEST_REQUIRE(a.size() == b.size());
+                for (std::size_t i = 0; i < a.size(); ++i) {
+                    const std::string at = what + ", step " + std::to_string(i + 1);
+                    BOOST_TEST(std::bit_cast<std::uint64_t>(a[i].grad_norm) ==
+                                   std::bit_cast<std::uint64_t>(b[i].grad_norm),
+                               at << ": norm " << a[i].grad_norm << " vs " << b[i].grad_norm);
+                    BOOST_TEST(a[i].clip == b[i].clip, at);
+                    BOOST_TEST(a[i].overflow == b[i].overflow, at);
+                    BOOST_TEST(a[i].step == b[i].step, at);
+                    for (std::size_t t = 0; t < got[i].size(); ++t)
+                        if (!same_bytes(got[i][t], want[i][t], at + ": " + pip.m.tensors[t].name + " as fetched"))
+                            break;
+                }
+                // (early, the hand-over before the fetches may outlast the held writes)
+                if (ot == Tier::nvme && !early)
+                    BOOST_TEST(waited > 0.1, what << ": a fetch waited for a held write (" << waited << " s)");
+                // Every step after a pipelined one read ahead, from what its update wrote.
+                if (early && ot == Tier::nvme)
+                    BOOST_TEST((readahead > 0 && readahead_used > 0),
+                               what << ": read ahead " << readahead << " bytes, used " << readahead_used);
+                same_state(pip.m, ref.m, rig, what + ": pipelined vs no overlap");
+                verify_from_disk(pip.manifest_path(), rig, 7, what);
+                BOOST_TEST(rig.pool.stats().in_use == 0u, what);
             }
-            BOOST_TEST(pending == 7u, what << ": every step but the skipped one pipelined");
-            BOOST_TEST_REQUIRE(a.size() == b.size());
-            for (std::size_t i = 0; i < a.size(); ++i) {
-                const std::string at = what + ", step " + std::to_string(i + 1);
-                BOOST_TEST(std::bit_cast<std::uint64_t>(a[i].grad_norm) == std::bit_cast<std::uint64_t>(b[i].grad_norm),
-                           at << ": norm " << a[i].grad_norm << " vs " << b[i].grad_norm);
-                BOOST_TEST(a[i].clip == b[i].clip, at);
-                BOOST_TEST(a[i].overflow == b[i].overflow, at);
-                BOOST_TEST(a[i].step == b[i].step, at);
-                for (std::size_t t = 0; t < got[i].size(); ++t)
-                    if (!same_bytes(got[i][t], want[i][t], at + ": " + pip.m.tensors[t].name + " as fetched")) break;
-            }
-            if (ot == Tier::nvme)
-                BOOST_TEST(waited > 0.1, what << ": a fetch waited for a held write (" << waited << " s)");
-            same_state(pip.m, ref.m, rig, what + ": pipelined vs no overlap");
-            verify_from_disk(pip.manifest_path(), rig, 7, what);
-            BOOST_TEST(rig.pool.stats().in_use == 0u, what);
-        }
 }
 
 // 6a. The gpu tier updated on the device (OptimizerOptions::device; the

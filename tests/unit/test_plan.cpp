@@ -741,7 +741,8 @@ BOOST_AUTO_TEST_CASE(nvme_bytes_needed_is_the_trainers_disk_need) {
         lo.optim_tier = p.optim;
         const shard::Manifest m = shard::layout(w.spec, lo);
         std::uint64_t node = 0, files = 0;
-        for (unsigned r = 0; r < w.ranks_per_node(); ++r) node += zero::disk_need(m, r).total();
+        // (pipelined, as zinf-train runs by default: two gradient scratches)
+        for (unsigned r = 0; r < w.ranks_per_node(); ++r) node += zero::disk_need(m, r, {.pipeline = true}).total();
         // By hand: each rank's files hold its partitions at aligned offsets.
         for (const auto& part : m.parts)
             if (part.rank == 0) files = std::max(files, part.offset + part.bytes);
@@ -752,6 +753,7 @@ BOOST_AUTO_TEST_CASE(nvme_bytes_needed_is_the_trainers_disk_need) {
         std::uint64_t grads = 0;
         for (const auto& t : m.tensors) grads += align_up(shard::owned(t.numel, w.dp, 0).per * 4, 4096);
         if (p.optim == Tier::nvme) BOOST_TEST(n.gradients == grads, p.name());
+        BOOST_TEST(zero::disk_need(m, 0, {.pipeline = true}).gradients == 2 * n.gradients, p.name());
     }
     BOOST_TEST(to_json(plan::plan(w, made_up(), 0.9))["placements"][0].contains("nvme_bytes_needed"));
 }
@@ -786,13 +788,45 @@ BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
         BOOST_TEST(st.optimizer == opt, tt::tolerance(1e-12));
         BOOST_TEST(st.sequential() == st.forward + st.backward + st.optimizer, tt::tolerance(1e-12));
         // The pipelined step: the larger of its parts, the update beside
-        // the next forward, or the disk's time for both fetches, the 12 P
-        // read and the 14 P written.
+        // the next forward (which trails it: a clipped step's update gives
+        // out the parameters in step with its writes), or the disk's time
+        // for both fetches, the 12 P read and the 14 P written. No budget:
+        // two gradient scratch files, the update's tail under the next
+        // backward.
         const double disk = 2 * fetch + 12 * P / h.nvme_read_bps + 14 * P / h.nvme_write_bps;
         BOOST_TEST(st.disk == disk, tt::tolerance(1e-12));
+        BOOST_TEST(st.under_backward);
+        BOOST_TEST(st.grad_memory_bytes == 0u);
         BOOST_TEST(st.total() == std::max(st.forward + st.backward + std::max(0.0, st.optimizer - st.forward), disk),
                    tt::tolerance(1e-12));
         BOOST_TEST(st.total() <= st.sequential());
+    }
+    // The second gradient scratch from the budget: where both fit, in
+    // memory, the update's tail under the next backward too; where only one
+    // does, none; on the cpu tier the gradients are in memory anyway and
+    // the second takes the budget, or there is none.
+    {
+        const std::uint64_t g = b.grad;
+        w.readahead = 2 * g + MiB;
+        const StepTime two = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step;
+        BOOST_TEST(two.under_backward);
+        BOOST_TEST(two.grad_memory_bytes == 2 * g);
+        BOOST_TEST(two.readahead_bytes <= MiB);
+        w.readahead = 2 * g - 1;
+        const StepTime one = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step;
+        BOOST_TEST(!one.under_backward);
+        BOOST_TEST(one.grad_memory_bytes == g);
+        BOOST_TEST(one.total() ==
+                       std::max(one.forward + one.backward + std::max(0.0, one.optimizer - one.forward), one.disk),
+                   tt::tolerance(1e-12));
+        const StepTime cpu_one = placement_of(placements(w, h), Tier::nvme, Tier::cpu).step;
+        BOOST_TEST(cpu_one.under_backward);
+        BOOST_TEST(cpu_one.grad_memory_bytes == 2 * g);
+        w.readahead = g - 1;
+        const StepTime cpu_none = placement_of(placements(w, h), Tier::nvme, Tier::cpu).step;
+        BOOST_TEST(!cpu_none.under_backward);
+        BOOST_TEST(cpu_none.grad_memory_bytes == g);
+        w.readahead = 0;
     }
     // A budget past the state reads, beside the backward's fetch, what the
     // disk has time for: the step is shorter, and the reads no longer bound it.
@@ -809,6 +843,7 @@ BOOST_AUTO_TEST_CASE(step_time_models_the_engine) {
     // it fits (the trainer keeps it in memory then): the read-ahead has
     // what is left; a byte short of it, the scratch is a file and the
     // read-ahead has the whole budget.
+    // (one scratch in memory; the second does not fit, and takes nothing)
     w.readahead = b.grad + MiB;
     const std::uint64_t after_scratch = placement_of(placements(w, h), Tier::nvme, Tier::nvme).step.readahead_bytes;
     w.readahead = b.grad - 1;

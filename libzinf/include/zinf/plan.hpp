@@ -158,10 +158,22 @@ struct StepTime {
     double compute = 0;                  // forward + backward at the peak rate
     double stall = 0;                    // of forward + backward, waiting for parameters
     std::uint64_t readahead_bytes = 0;   // optimizer state read during backward, per node
-    // The step as zinf-train runs it by default: the update beside the next
-    // step's forward (the pipeline), so the larger of its parts: the
-    // forward and backward with what the update takes past the next
-    // forward, or the disk's time for the whole step.
+    // The gradients' scratches the optimizer holds in memory, per node (one
+    // or, pipelined, two: the second from the optimizer's budget), and
+    // whether there are two (in memory or files), so that the update runs
+    // on under the next step's backward (zinf-train's update_under_backward).
+    std::uint64_t grad_memory_bytes = 0;
+    bool under_backward = false;
+    // The step as zinf-train runs it by default (the pipeline): the larger
+    // of the compute path and the disk's time for the whole step. The
+    // update of a clipped step starts after its backward and gives out the
+    // parameters in step with its writes, first module first, so the next
+    // forward trails it: the compute path is the forward and backward with
+    // what the update takes past the next forward, which cannot overlap.
+    // A second gradient scratch (under_backward) lets the rest of the
+    // update (its last writes, the sync, the commit) run under the next
+    // backward instead of before it; that tail is not modelled, so the
+    // formula is the same with one scratch or two.
     double total() const { return std::max(forward + backward + std::max(0.0, optimizer - forward), disk); }
     // --no-overlap: the update after the backward, committed before the next step.
     double sequential() const { return forward + backward + optimizer; }

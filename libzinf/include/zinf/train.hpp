@@ -206,13 +206,18 @@ struct StepLog {
     // next step's compute (Options::pipeline; 0 without): its time after
     // step() returned less what the next step waited for it (for its
     // parameters, and for its end before the commit);
-    // update_waited_seconds how long this step's forward waited for
-    // parameters the step before's update had not written yet.
+    // update_waited_seconds how long this step's forward (and backward)
+    // waited for parameters the step before's update had not written yet.
+    // update_under_backward: this step's update could run on under the
+    // next step's backward too (a second gradient scratch; the next step
+    // settles it after its backward), not only under its forward (false:
+    // no room for the second scratch, or not pipelined).
     // Pipelined, `seconds` runs from the step's start to its step() return
     // (the update goes on beside the next step), so that the steps' seconds
     // add up to the run's.
     double compute_floor_seconds = 0, step_floor_ratio = 0;
     double update_overlap_seconds = 0, update_waited_seconds = 0;
+    bool update_under_backward = false;
     // Pipelined: step() returned with the update running; the update's
     // figures (optimizer_read_bytes on, the disk floor, step_floor_ratio)
     // are filled when it settles (Trainer::finished).

@@ -143,6 +143,19 @@ struct OptimizerOptions {
     // the one before it, and a kill at any instant leaves the manifest at
     // the last commit, the update's writes going to a generation it does not
     // name. The result is bit for bit the step without the pipeline.
+    // With a second gradient scratch (update_under_backward: a second file
+    // beside the first, or memory from the `readahead` budget where the
+    // first is in memory), the next step's gradients may be handed over
+    // while the update runs, into the other scratch: the update then runs
+    // on under the next backward too and is settled after it, before the
+    // next step() -- callers do so after a clipped step
+    // (settle_after_backward), whose next step would not speculate
+    // anyway; after an unclipped one they settle before the next
+    // backward, which speculates. A step handed over beside the update
+    // neither speculates nor prepares the
+    // generation it will write (the one the commit frees) until the
+    // settle; its read-ahead reads what the update writes, each chunk once
+    // written, checked against the hashes the update computed.
     bool pipeline = false;
     // Read-ahead, with overlap: a step that does not speculate (the last one
     // was clipped or skipped, a rank's own gradients already force clipping,
@@ -230,6 +243,10 @@ struct StepReport {
     bool pending = false;
     double update_pipelined_seconds = 0, update_waited_seconds = 0, settle_waited_seconds = 0;
     bool device_update = false;      // the update ran on the device (OptimizerOptions::device), not the host
+    // Pipelined with a second gradient scratch, a clipped step: the update
+    // ran on under the next step's backward as well as its forward (settled
+    // after it; Optimizer::settle_after_backward).
+    bool update_under_backward = false;
 };
 
 // The memory one rank may spare for the optimizer's read-ahead by default:
@@ -330,8 +347,9 @@ public:
     // synced and committed, on every rank at once (collectives; an update
     // that failed on any rank fails it on all: the manifest names the step
     // before, 74 naming the file), and its whole report; nullopt when no
-    // update runs. The next step's first gradient, save() and the
-    // destructor (which commits nothing) wait for it first.
+    // update runs. The next step's first gradient (with one gradient
+    // scratch; with two, the next step()), save() and the destructor
+    // (which commits nothing) wait for it first.
     std::optional<StepReport> settle();
     bool pending() const;  // an update started by step() is not settled yet
 
@@ -365,8 +383,19 @@ public:
     // The gradients' scratch (the optimizer state on NVMe): its bytes, and
     // whether memory holds it (else rank<R>/grad.bin); 0 and false when the
     // gradients live with a state held in memory.
+    // With a second scratch (update_under_backward), the bytes of both.
     std::uint64_t gradient_scratch_bytes() const;
     bool gradient_scratch_in_memory() const;
+    // Pipelined, with a second gradient scratch on every rank: the next
+    // step's gradients may be handed over while an update runs, which is
+    // settled after that backward (OptimizerOptions::pipeline).
+    bool update_under_backward() const;
+    // The update under way is to be settled after the next backward, not
+    // before it: a second scratch, and the step was clipped (the next one
+    // would not speculate anyway). After an unclipped step the update is
+    // settled before the next backward, which then speculates as without
+    // the pipeline. The same on every rank (the norm is global).
+    bool settle_after_backward() const;
     // The device memory the optimizer takes from `opts.device`'s arena when
     // it opens m for `rank` (its gpu-tier state and the gradients' copy on
     // the device); 0 when its update runs on the host. The engine counts it
@@ -851,6 +880,13 @@ public:
     // returns the whole report; nullopt when no update is under way (the
     // sequential step, or settled already).
     virtual std::optional<StepReport> settle() { return std::nullopt; }
+    // The optimizer has a second gradient scratch
+    // (Optimizer::update_under_backward); and whether the pending update
+    // runs on under the next backward (Optimizer::settle_after_backward):
+    // callers then settle it after that backward, before step(); else
+    // after the next forward, before the backward.
+    virtual bool update_under_backward() const { return false; }
+    virtual bool settle_after_backward() const { return false; }
     virtual void reset() noexcept = 0;
     // No collective of the engine's runs between a step's forward and its
     // backward (one rank, or the resident engine, whose collectives follow
@@ -890,6 +926,10 @@ protected:
 struct DiskNeedOptions {
     shard::DType grad_dtype = shard::DType::fp32;
     std::uint64_t activation_bytes = 0;  // checkpoints this rank writes to NVMe
+    // Pipelined (OptimizerOptions::pipeline): a second gradient scratch
+    // file beside the first where memory does not hold them, so twice the
+    // scratch.
+    bool pipeline = false;
 };
 struct DiskNeed {
     std::string folder;                   // where the rank's files are

@@ -318,22 +318,47 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
     double update = 0, ahead_read = 0;
     if (p.optim != Tier::gpu)
         update = time(2 * state + node(b.grad) + node(b.master > 0 ? b.param : 0), h.cpu_update_bps);
-    if (p.optim == Tier::nvme) {
-        // The read-ahead: the budget (auto: the node's memory less its
-        // margin, what the placement keeps in CPU memory), less the
-        // gradients' scratch, which takes it first where it fits (in
-        // memory: the trainer's optimizer), and what the disk can read
-        // beside the backward's fetch.
-        double budget;
-        const std::uint64_t scratch = static_cast<std::uint64_t>(node(b.grad));
-        if (w.readahead) {
-            budget = static_cast<double>(*w.readahead) * rpn;
-            if (static_cast<double>(scratch) <= budget) budget -= static_cast<double>(scratch);
+    // The optimizer's memory budget (auto: the node's memory less its
+    // margin and what the placement keeps in CPU memory) holds the
+    // gradients' scratches first, as the trainer's optimizer takes them:
+    // with the state on NVMe the first in memory where it fits (else a
+    // file), and pipelined a second beside it (where the first is in
+    // memory and the second does not fit, none: the update is settled
+    // before the next backward; beside a file, a second file); with the
+    // state on the gpu or cpu tier the gradients are in memory regardless,
+    // and the second takes the budget. The read-ahead has the rest.
+    double budget;
+    const std::uint64_t scratch = static_cast<std::uint64_t>(node(b.grad));
+    if (w.readahead) {
+        budget = static_cast<double>(*w.readahead) * rpn;
+    } else {
+        const std::uint64_t used = p.cpu.need;
+        budget = static_cast<double>(
+            zero::readahead_spare(h.cpu_bytes > used ? h.cpu_bytes - used : 0, h.cpu_bytes, 1));
+    }
+    const double sc = static_cast<double>(scratch);
+    st.under_backward = true;
+    if (p.optim != Tier::nvme) {
+        st.grad_memory_bytes = scratch;
+        if (sc <= budget) {
+            budget -= sc;
+            st.grad_memory_bytes += scratch;
         } else {
-            const std::uint64_t used = p.cpu.need + scratch;
-            budget = static_cast<double>(
-                         zero::readahead_spare(h.cpu_bytes > used ? h.cpu_bytes - used : 0, h.cpu_bytes, 1));
+            st.under_backward = false;
         }
+    } else if (sc <= budget) {
+        budget -= sc;
+        st.grad_memory_bytes = scratch;
+        if (sc <= budget) {
+            budget -= sc;
+            st.grad_memory_bytes += scratch;
+        } else {
+            st.under_backward = false;
+        }
+    }
+    if (p.optim == Tier::nvme) {
+        // The read-ahead: what the budget has left, and what the disk can
+        // read beside the backward's fetch.
         const double spare_s = std::max(0.0, st.backward - disk_fetch);
         const double ahead = std::min({budget, read, h.nvme_read_bps > 0 ? spare_s * h.nvme_read_bps : 0.0});
         st.readahead_bytes = static_cast<std::uint64_t>(ahead);
@@ -399,7 +424,8 @@ Placement evaluate(const Workload& w, const Hardware& h, Tier pt, Tier ot, bool 
             lo.param_dtype = w.param_dtype;
             lo.param_tier = pt;
             lo.optim_tier = ot;
-            if (disk) p.nvme_bytes_needed = zero::disk_need(w.spec, lo).total() * rpn;
+            // (pipelined, as zinf-train runs by default: two gradient scratches)
+            if (disk) p.nvme_bytes_needed = zero::disk_need(w.spec, lo, {.pipeline = true}).total() * rpn;
             p.gpu.need += working;
             // Checkpoints stay on the device when they fit beside the rest, else go to CPU memory.
             if (p.gpu.need + ckpt <= p.gpu.capacity) {
@@ -590,6 +616,8 @@ json::Json placement_json(const Placement& p) {
                       {"step_compute_s", seconds_json(p.step.known, p.step.compute)},
                       {"step_stall_s", seconds_json(p.step.known, p.step.stall)},
                       {"step_readahead_bytes", p.step.readahead_bytes},
+                      {"step_grad_memory_bytes", p.step.grad_memory_bytes},
+                      {"step_under_backward", p.step.under_backward},
                       {"offload_ratio", p.offload_ratio > 0 ? json::Json(p.offload_ratio) : json::Json(nullptr)},
                       {"offload_batch", p.offload_batch ? json::Json(p.offload_batch) : json::Json(nullptr)}};
 }

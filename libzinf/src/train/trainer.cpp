@@ -122,6 +122,7 @@ Trainer::Impl::Impl(shard::Manifest& m_, comm::Communicator& c, io::Engine& e, m
         try {
             shard::check_paths(m, {rank});
             zero::DiskNeedOptions dn;
+            dn.pipeline = opts.overlap && opts.pipeline && !opts.resident;  // (the optimizer's, below)
             if (opts.offload_activations == model::Offload::nvme)
                 dn.activation_bytes = model::offload_bytes(gpt.config(), opts.batch, opts.seq, opts.precision);
             const zero::DiskNeed need = zero::disk_need(m, rank, dn);
@@ -444,6 +445,7 @@ static void update_fields(StepLog& log, const zero::StepReport& r) {
     log.optimizer_commit_seconds = r.commit_seconds;
     log.optimizer_readahead_bytes = r.readahead_bytes;
     log.optimizer_readahead_used_bytes = r.readahead_used_bytes;
+    log.update_under_backward = r.update_under_backward;
 }
 
 // What the engine's step and its last pass add to a step's log.
@@ -524,12 +526,15 @@ StepLog Trainer::step(const data::Loader& train) {
     // Pipelined: the step before's update ran beside this forward, which
     // read each parameter once its new values were written; settled here,
     // on every rank, before this step's first gradient reaches the
-    // optimizer (a failed update is every rank's: this step is not taken).
-    try {
-        I.settle();
-    } catch (...) {
-        if (!failed) failed = std::current_exception();
-    }
+    // optimizer (a failed update is every rank's: this step is not taken)
+    // -- or, with a second gradient scratch after a clipped step, after
+    // this backward, which it runs under too.
+    const bool under_backward = engine.settle_after_backward();
+    if (!under_backward) try {
+            I.settle();
+        } catch (...) {
+            if (!failed) failed = std::current_exception();
+        }
     log.update_waited_seconds = I.waited;
     const std::string not_taken = "step " + std::to_string(log.step) + " was not taken; the manifest stays at step " +
                                   std::to_string(step_count());
@@ -538,6 +543,7 @@ StepLog Trainer::step(const data::Loader& train) {
         log.loss = I.mean_loss();
         if (!std::isfinite(log.loss)) {
             engine.reset();
+            I.settle();
             log.overflow = true;  // no update: nothing was handed to the optimizer
             log.grad_norm = std::numeric_limits<double>::quiet_NaN();
             log.seconds = total.seconds();
@@ -555,6 +561,14 @@ StepLog Trainer::step(const data::Loader& train) {
             failed = std::current_exception();
             engine.reset();
         }
+    if (under_backward) {
+        try {
+            I.settle();
+        } catch (...) {
+            if (!failed) failed = std::current_exception();
+        }
+        log.update_waited_seconds = I.waited;
+    }
     // One rank's failed fetch or gradient write is every rank's: nothing
     // reaches the optimizer, the manifest stays at the last commit.
     comm::agree(I.comm, failed, not_taken);

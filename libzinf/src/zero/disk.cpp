@@ -63,7 +63,7 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
             for (const char* g : {shard::kGenerations[0], shard::kGenerations[1]})
                 need.present += allocated(m.path_of(base + g), bytes);
     }
-    need.gradients = scratch_bytes(m.tensors, m.opts, o.grad_dtype);
+    need.gradients = scratch_bytes(m.tensors, m.opts, o.grad_dtype) * (o.pipeline ? 2 : 1);
     need.activations = o.activation_bytes;
     if (!m.dir.empty()) {
         struct statvfs sv {};
@@ -100,7 +100,7 @@ DiskNeed disk_need(const shard::ModelSpec& spec, const shard::LayoutOptions& lo,
     DiskNeed need;
     for (const std::string& s : m1.states)
         need.states += 2 * detail::packed_layout(m1.tensors, lo, shard::state_dtype(lo, s)).bytes;
-    need.gradients = scratch_bytes(m1.tensors, lo, o.grad_dtype);
+    need.gradients = scratch_bytes(m1.tensors, lo, o.grad_dtype) * (o.pipeline ? 2 : 1);
     need.activations = o.activation_bytes;
     return need;
 }

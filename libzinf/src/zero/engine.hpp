@@ -21,6 +21,8 @@ public:
     std::uint64_t step_count() const override;
     void save() override;
     std::optional<StepReport> settle() override { return optim ? optim->settle() : std::nullopt; }
+    bool update_under_backward() const override { return optim && optim->update_under_backward(); }
+    bool settle_after_backward() const override { return optim && optim->settle_after_backward(); }
     PassStats stats() const final;
     const EngineOptions& options() const override { return opts; }
     std::shared_ptr<ActivationStore> activation_store() const override { return acts; }

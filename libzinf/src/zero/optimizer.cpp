@@ -173,8 +173,10 @@ Optimizer::Impl::~Impl() {
     auto& g = roles[Role::grad];
     if (g.file) {
         // Scratch, removed at once: no error of its close can lose anything.
-        g.gen_f[0] = io::File();
-        ::unlink(m.path_of(g.name(0)).c_str());
+        for (int slot = 0; slot < grad_slots; ++slot) {
+            g.gen_f[slot] = io::File();
+            ::unlink(m.path_of(g.name(slot)).c_str());
+        }
     }
 }
 
@@ -291,7 +293,8 @@ void Optimizer::Impl::setup_grad() {
     mem_budget = memory_budget();
     const std::string folder = std::filesystem::path(roles[Role::master].base).parent_path().string();
     g.base = (folder.empty() ? "" : folder + "/") + "grad";
-    if (grad_scratch) ::unlink(m.path_of(g.name(0)).c_str());  // scratch: whatever a crashed run left is void
+    if (grad_scratch)  // scratch: whatever a crashed run left is void
+        for (int slot = 0; slot < 2; ++slot) ::unlink(m.path_of(g.name(slot)).c_str());
     // The scratch in memory when the budget holds it (OptimizerOptions::
     // readahead): written and read within the step, it never needs a file,
     // and a file's dirty pages reach the drive whether memory is free or
@@ -313,13 +316,61 @@ void Optimizer::Impl::setup_grad() {
         // Handed over on the host (their norm is the host's), copied to the
         // device by the update.
         if (on_device) g.dev = dev->arena().allocate(std::max<std::uint64_t>(g.end, 1), "optimizer's gradients");
-        return;
+    } else {
+        // Past the budget, a file through the page cache, unlike every state
+        // file: direct writes would put the gradients in the drive's write
+        // cache, and every step's commit would flush them to the medium with
+        // the state.
+        g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
     }
-    // Past the budget, a file through the page cache, unlike every state
-    // file: direct writes would put the gradients in the drive's write
-    // cache, and every step's commit would flush them to the medium with
-    // the state.
-    g.gen_f[0] = open_file(g.name(0), true, g.end, io::Direct::buffered);
+    if (!opts.pipeline) return;
+    // The pipelined update under the next backward: a second scratch where
+    // the first is, in memory from the same budget (the gradients held in
+    // memory on the gpu and cpu tiers too), or a second file. Where memory
+    // does not hold it, the update is settled before the next backward, as
+    // with one (and says so in the step record: update_under_backward).
+    std::string refused;
+    if (g.file) {
+        g.gen_f[1] = open_file(g.name(1), true, g.end, io::Direct::buffered);
+        grad_slots = 2;
+    } else if (g.end > mem_budget) {
+        refused = "it needs " + format_size(g.end) + ", the optimizer's memory budget has " + format_size(mem_budget) +
+                  " left (--optimizer-readahead)";
+    } else {
+        try {
+            grad_alt = pool.pin(std::max<std::uint64_t>(g.end, 1), "optimizer's second gradient scratch in memory");
+            mem_budget -= g.end;
+            grad_slots = 2;
+        } catch (const std::exception& e) {
+            refused = std::string("the host refused its memory: ") + e.what();
+        }
+    }
+    if (grad_slots == 1) slot_refused = refused;
+}
+
+// One rank without a second scratch makes every rank settle before the
+// backward (the settle's collectives are at one point on every rank).
+void Optimizer::Impl::agree_grad_slots() {
+    if (!opts.pipeline) return;
+    std::uint8_t single = grad_slots == 1 ? 1 : 0;
+    if (comm.size() > 1)
+        comm.allreduce(std::as_bytes(std::span(&single, 1)), std::as_writable_bytes(std::span(&single, 1)),
+                       comm::DType::u8, comm::Reduce::max);
+    if (single && grad_slots == 2) {
+        auto& g = roles[Role::grad];
+        if (g.file) {
+            g.gen_f[1] = io::File();
+            ::unlink(m.path_of(g.name(1)).c_str());
+        } else {
+            grad_alt = mem::Pinned();
+            mem_budget += g.end;
+        }
+        grad_slots = 1;
+        slot_refused = "another rank has none";
+    }
+    if (single && rank == 0)
+        log::info("optimizer: no second gradient scratch (" + slot_refused +
+                  "): each step's update is settled before the next step's backward");
 }
 
 // The optimizer's memory beside its base (OptimizerOptions::readahead):
@@ -473,6 +524,10 @@ void Optimizer::Impl::plan_readahead() {
             at += align_up(all_chunks[i].hi[r] - all_chunks[i].lo[r], alignment);
         }
     ra_tickets.resize(ra_chunks);
+    chunk_tensors.assign(ra_chunks, {});
+    for (std::size_t i = 0; i < ra_chunks; ++i)
+        for (const Piece& p : all_chunks[i].pieces)
+            if (chunk_tensors[i].empty() || chunk_tensors[i].back() != p.tensor) chunk_tensors[i].push_back(p.tensor);
 }
 
 bool Optimizer::Impl::adjacent(std::size_t a, std::size_t b) const {
@@ -573,7 +628,7 @@ void Optimizer::Impl::stream(const std::vector<Chunk>& chunks, const optim::Scal
             if (i < ra && ahead_in_mem[j]) continue;
             RoleState& rs = roles[r];
             const std::span<std::byte> dst(piece_buf(i, j), c.hi[r] - c.lo[r]);
-            reads[i].push_back(engine.read(rs.gen_f[rs.cur], c.lo[r], dst));
+            reads[i].push_back(engine.read(rs.gen_f[r == Role::grad ? upd_slot : rs.cur], c.lo[r], dst));
             tot.read += dst.size();
             if (r == Role::grad) tot.grad_read += dst.size();
         }
@@ -727,8 +782,11 @@ void Optimizer::Impl::stop_flushing() {
 
 // Piece by piece in order, each tensor's bytes as read against the xxh3 its
 // current generation must have; DataError (65) at the first that differs.
-void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) {
+void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base, int gen,
+                                 const std::vector<std::uint64_t>* expect) {
     RoleState& rs = roles[r];
+    if (gen < 0) gen = rs.cur;
+    if (!expect) expect = &rs.cur_hash;
     for (const Piece& p : c.pieces) {
         auto& h = rs.read_hash[p.tensor];
         if (p.e0 == 0) h = std::make_unique<Xxh3Stream>();
@@ -736,14 +794,14 @@ void Optimizer::Impl::check_read(const Chunk& c, Role r, const std::byte* base) 
         if (p.e1 != per(p.tensor)) continue;
         const std::uint64_t got = h->digest();
         h.reset();
-        if (got != rs.cur_hash[p.tensor])
-            throw DataError(where_of(m, p.tensor, rank, rs.state) + ": " + rs.name(rs.cur) + " at offset " +
+        if (got != (*expect)[p.tensor])
+            throw DataError(where_of(m, p.tensor, rank, rs.state) + ": " + rs.name(gen) + " at offset " +
                                 std::to_string(rs.offset[p.tensor]) + " has xxh3 " + hex64(got) + ", " +
-                                (rs.cur == rs.committed ? "the manifest says " : "the step that wrote it made ") +
-                                hex64(rs.cur_hash[p.tensor]) +
+                                (gen == rs.committed ? "the manifest says " : "the step that wrote it made ") +
+                                hex64((*expect)[p.tensor]) +
                                 ": the state on disk is damaged; nothing was committed (zinf-shard verify names "
                                 "every damaged partition)",
-                            {.path = m.path_of(rs.name(rs.cur)), .offset = rs.offset[p.tensor],
+                            {.path = m.path_of(rs.name(gen)), .offset = rs.offset[p.tensor],
                              .rank = static_cast<int>(rank)});
     }
 }
@@ -752,7 +810,7 @@ template <class PieceBuf>
 auto Optimizer::Impl::locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf) {
     std::array<std::byte*, Role::count> base{};
     for (int r = 0; r < Role::count; ++r)
-        if (roles[r].present && !roles[r].file) base[r] = roles[r].image.data();
+        if (roles[r].present && !roles[r].file) base[r] = r == Role::grad ? grad_mem(upd_slot) : roles[r].image.data();
     for (std::size_t j = 0; j < file_roles.size(); ++j) base[file_roles[j]] = piece_buf(i, j) - c.lo[file_roles[j]];
     return [this, base](Role r, const Piece& p) { return base[r] + roles[r].offset[p.tensor] + p.e0 * roles[r].dt; };
 }
@@ -819,7 +877,7 @@ void Optimizer::Impl::update_on_device(const Chunk& c, const optim::Scalars (&sc
     RoleState& g = roles[Role::grad];
     const Piece &a = c.pieces.front(), &z = c.pieces.back();
     const std::uint64_t lo = g.offset[a.tensor] + a.e0 * g.dt, hi = g.offset[z.tensor] + z.e1 * g.dt;
-    d.copy(s, {g.dev.data() + lo, hi - lo}, g.image.bytes().subspan(lo, hi - lo));
+    d.copy(s, {g.dev.data() + lo, hi - lo}, std::span<const std::byte>(grad_mem(upd_slot) + lo, hi - lo));
     const auto at = [&](Role r, const Piece& p) {
         return roles[r].dev.data() + roles[r].offset[p.tensor] + p.e0 * roles[r].dt;
     };

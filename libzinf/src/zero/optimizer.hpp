@@ -150,12 +150,42 @@ struct Optimizer::Impl {
     std::size_t ra_issued = 0, ra_done = 0;
     std::vector<std::vector<io::Ticket>> ra_tickets;  // per chunk, while in flight
     bool is_ra_role(Role r) const { return std::find(ra_roles.begin(), ra_roles.end(), r) != ra_roles.end(); }
+    // The read-ahead of a step whose hand-over began while the last step's
+    // pipelined update still ran (ra_after_pend, fixed by start_readahead)
+    // reads what that update writes: the generation `ra_gen[r]` (its
+    // `next`), checked against the xxh3 it computes (`new_hash`), each chunk
+    // only once every tensor it touches is written (pend_ready) -- and so
+    // once that update's own use of the chunk's read-ahead memory is over.
+    // Both stay right after the commit, which makes that generation the
+    // current one with the same hashes.
+    bool ra_after_pend = false;
+    int ra_gen[Role::count] = {};
+    std::vector<std::vector<std::size_t>> chunk_tensors;  // per chunk of all_chunks: the tensors it touches
+    bool chunk_written(std::size_t c) const;  // under pend_mu
+    // The overlap thread, under mu: until chunk ra_issued may be read (true)
+    // or the update before failed and nothing more will be (false).
+    bool wait_written(std::unique_lock<std::mutex>& lk);
     void plan_readahead();
     void start_readahead();  // under mu
     void read_ahead(std::unique_lock<std::mutex>& lk);  // the overlap thread: one chunk on
     std::size_t stop_readahead();  // chunks read ahead and checked
 
     // Gradients of the current step.
+    // Two scratches by step parity (OptimizerOptions::pipeline, where the
+    // budget holds them): step N+1's backward hands its gradients over into
+    // one while step N's pipelined update reads the other, so the update
+    // runs on under the next backward (update_under_backward) and is settled
+    // after it. Slot 0 is roles[grad]'s `image` or gen_f[0], slot 1
+    // `grad_alt` or gen_f[1]: both in memory, or both files. One slot: the
+    // update is settled before the next step's first gradient.
+    int grad_slots = 1;
+    int put_slot = 0;  // where this step's gradients are handed over
+    int upd_slot = 0;  // where the update under way reads them (set while none runs)
+    mem::Pinned grad_alt;
+    std::string slot_refused;  // why there is one slot
+    void agree_grad_slots();   // every rank as many slots as the one with fewest
+    std::byte* grad_mem(int slot) { return slot ? grad_alt.data() : roles[Role::grad].image.data(); }
+    bool under_backward() const { return grad_slots == 2; }
     std::vector<double> grad_sq;  // per tensor, sum of squares as handed over
     std::vector<bool> have_grad;
     std::uint64_t grad_written = 0;  // bytes of the step's gradients written to their scratch file (under mu)
@@ -239,7 +269,10 @@ struct Optimizer::Impl {
     // the chunk's buffers (piece_buf) or in memory.
     template <class PieceBuf>
     auto locator(const Chunk& c, std::size_t i, PieceBuf& piece_buf);
-    void check_read(const Chunk& c, Role r, const std::byte* base);
+    // Against the xxh3s `expect` of generation `gen` (by default the
+    // current one's).
+    void check_read(const Chunk& c, Role r, const std::byte* base, int gen = -1,
+                    const std::vector<std::uint64_t>* expect = nullptr);
     void undo_speculation();
 
     // Pipeline (OptimizerOptions::pipeline): the update step() started,
@@ -252,9 +285,16 @@ struct Optimizer::Impl {
     std::mutex pend_mu;
     std::condition_variable pend_cv;
     std::vector<bool> pend_ready;
+    int pend_gen[Role::count] = {};  // where the update under way writes each role (its `next`)
+    std::atomic<std::uint64_t> handover_epoch{0};  // reset_handover()s so far (changed under mu and pend_mu)
     bool pend_done = false, pend_marking = false;
     std::exception_ptr pend_error;
     StepReport pend_rep;
+    // The pending step's own figures and speculation, apart from the next
+    // step's hand-over, which starts beside it.
+    Totals pend_totals;
+    std::vector<bool> pend_speculated;
+    std::uint64_t pend_grad_written = 0, pend_grad_held = 0;
     double pend_loss_scale = 1;
     double pend_sync = 0;         // the thread's sync of the written files
     double pend_waited = 0;       // the caller waiting for it in param_source
@@ -264,7 +304,8 @@ struct Optimizer::Impl {
     void pend_wait(std::size_t t);  // param_source: until t is written (or the update failed)
     void launch_update(StepReport& rep, double loss_scale, std::size_t ra);
     std::optional<StepReport> settle();
-    void finish_report(StepReport& rep, double loss_scale);
+    void finish_report(StepReport& rep, double loss_scale, const Totals& tot, std::uint64_t gw, std::uint64_t gh,
+                       bool pipelined);
 
     void put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16);
     void scalars(double grad_scale, optim::Scalars (&sc)[2]) const;
@@ -275,8 +316,10 @@ struct Optimizer::Impl {
     double global_sum_squares();
     void skip_step(const StepReport& rep);
     void update_step(StepReport& rep, double loss_scale, std::size_t ra);
-    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra);
+    void update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra, Totals& tot,
+                     const std::vector<bool>& spec);
     void next_step(double loss_scale);
+    void reset_handover(double loss_scale);  // the next step's hand-over starts afresh
     // The roles a step wrote become the current generations, at step + 1.
     void advance(const std::vector<Role>& written);
     // Each (role, generation) becomes what the manifest names, at new_step.

@@ -24,10 +24,11 @@ void Impl::scalars(double grad_scale, optim::Scalars (&sc)[2]) const {
 }
 
 void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::uint16_t> b16) {
-    if (pend)
+    if (pend && !under_backward())
         throw InternalError("put_gradient: the last step's update is still under way; settle() it first "
                             "(Engine::settle, before the next step's backward)");
-    if (broken) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
+    // (a pipelined update under way holds `broken` until its commit)
+    if (broken && !pend) throw InternalError("an earlier step failed half-way: open the optimizer again from the manifest");
     if (t >= tensor_count)
         throw InternalError("put_gradient: tensor " + std::to_string(t) + " of " + std::to_string(tensor_count));
     const std::string& name = m.tensors[t].name;
@@ -44,12 +45,21 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
         // The first gradient of a step fixes its scalars (overlap updates
         // start now; set_lr is refused until the step is done).
         if (std::none_of(have_grad.begin(), have_grad.end(), [](bool b) { return b; })) {
-            scalars(1 / spec_loss_scale, spec_sc);
-            prepare_step();
+            // The last step's pipelined update still running (a second
+            // gradient scratch): the generation this step writes is the one
+            // that update's commit frees, so this step neither prepares it
+            // nor speculates into it (settle() prepares it); its read-ahead
+            // reads what that update writes, chunk by chunk once written.
+            const bool after = pend;
+            if (!after) {
+                scalars(1 / spec_loss_scale, spec_sc);
+                prepare_step();
+                upd_slot = put_slot;
+            }
             // A step after a clipped or skipped one is likely clipped too,
             // and a redo costs a whole second pass: it runs after backward,
             // from what is read ahead now.
-            spec_off = in_place || last_clipped;
+            spec_off = after || in_place || last_clipped;
             // Parameters held in memory: what a speculative update
             // overwrites is kept (p_undo), in memory taken by the first
             // step that speculates and given back once one does not (a run
@@ -85,10 +95,10 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
     };
     const std::uint64_t bytes = per(t) * g.dt;
     if (!g.file) {
-        fill(0, g.image.bytes().subspan(g.offset[t], bytes));
+        fill(0, std::span<std::byte>(grad_mem(put_slot) + g.offset[t], bytes));
     } else {
         mem::Stream s(engine, pool, {.buffers = opts.overlap ? 2u : 0u, .who = "gradient"});
-        s.write(g.gen_f[0], g.offset[t], align_up(bytes, alignment),
+        s.write(g.gen_f[put_slot], g.offset[t], align_up(bytes, alignment),
                 [&](std::uint64_t at, std::span<std::byte> piece) { fill(at / g.dt, piece); });
     }
 
@@ -121,7 +131,31 @@ void Impl::put(std::size_t t, std::span<const float> f32, std::span<const std::u
 void Impl::start_readahead() {
     if (ra_chunks == 0 || ra_on) return;
     ra_on = true;
+    ra_after_pend = pend;
+    if (ra_after_pend)
+        for (Role r : ra_roles) ra_gen[r] = pend_gen[r];
     cv.notify_all();
+}
+
+bool Impl::chunk_written(std::size_t c) const {
+    for (std::size_t t : chunk_tensors[c])
+        if (!pend_ready[t]) return false;
+    return true;
+}
+
+bool Impl::wait_written(std::unique_lock<std::mutex>& lk) {
+    const std::size_t c = ra_issued;
+    const std::uint64_t epoch = handover_epoch;
+    bool ok = false;
+    lk.unlock();
+    {
+        std::unique_lock pl(pend_mu);
+        // (a hand-over started afresh since, its read-ahead is another's)
+        pend_cv.wait(pl, [&] { return pend_done || chunk_written(c) || epoch != handover_epoch; });
+        ok = chunk_written(c);
+    }
+    lk.lock();
+    return ok || epoch != handover_epoch;
 }
 
 // The overlap thread, under mu: the reads of the chunks up to a few ahead
@@ -156,7 +190,23 @@ void Impl::read_ahead(std::unique_lock<std::mutex>& lk) {
         return;  // the overlap thread's loop looks again at what is left to read
     }
     const std::size_t depth = std::max<std::size_t>(slots, 2);
-    const std::size_t from = ra_issued, to = ra_stop ? ra_issued : std::min(ra_chunks, ra_done + depth);
+    std::size_t from = ra_issued, to = ra_stop ? ra_issued : std::min(ra_chunks, ra_done + depth);
+    if (ra_after_pend && to > from) {
+        // After the last step's pipelined update: only chunks it has written.
+        std::size_t w = from;
+        {
+            std::lock_guard pl(pend_mu);
+            while (w < to && chunk_written(w)) ++w;
+        }
+        if (w == from && ra_done == ra_issued) {
+            // Nothing in flight, the next chunk not written yet: wait for it
+            // (or for that update's end: failed, it writes no more).
+            if (!wait_written(lk)) ra_stop = true;
+            cv.notify_all();
+            return;
+        }
+        to = w;
+    }
     const std::size_t i = ra_done;
     ra_issued = to;
     lk.unlock();
@@ -169,14 +219,15 @@ void Impl::read_ahead(std::unique_lock<std::mutex>& lk) {
                 detail::RoleState& rs = roles[r];
                 const Chunk& ch = all_chunks[c];
                 const std::span<std::byte> dst(ra_mem.data() + ra_at[c][j], ch.hi[r] - ch.lo[r]);
-                ra_tickets[c].push_back(engine.read(rs.gen_f[rs.cur], ch.lo[r], dst));
+                ra_tickets[c].push_back(engine.read(rs.gen_f[ra_after_pend ? ra_gen[r] : rs.cur], ch.lo[r], dst));
                 read += dst.size();
             }
         for (auto t : ra_tickets[i]) engine.wait(t);
         ra_tickets[i].clear();
         for (std::size_t j = 0; j < file_roles.size(); ++j)
-            if (is_ra_role(file_roles[j]))
-                check_read(all_chunks[i], file_roles[j], ra_mem.data() + ra_at[i][j] - all_chunks[i].lo[file_roles[j]]);
+            if (const Role r = file_roles[j]; is_ra_role(r))
+                check_read(all_chunks[i], r, ra_mem.data() + ra_at[i][j] - all_chunks[i].lo[r],
+                           ra_after_pend ? ra_gen[r] : -1, ra_after_pend ? &roles[r].new_hash : nullptr);
     } catch (...) {
         std::exception_ptr e = std::current_exception();
         for (std::size_t c = i; c < to; ++c) {
@@ -338,22 +389,23 @@ void Impl::skip_step(const StepReport& rep) {
 // tensor (no overlap, or scalars other than it assumed: clipped, or scaled
 // other than assumed, redone from the current generation, still on disk),
 // or the tensors it did not reach.
-void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra) {
+void Impl::update_rest(const optim::Scalars (&sc)[2], StepReport& rep, std::size_t ra, Totals& tot,
+                       const std::vector<bool>& spec) {
     if (!speculative || rep.speculated == 0) {
         if (!speculative) prepare_step();
-        stream(all_chunks, sc, totals, false, ra);
+        stream(all_chunks, sc, tot, false, ra);
         return;
     }
     if (std::memcmp(sc, spec_sc, sizeof sc) != 0) {
         rep.redo = true;
-        stream(all_chunks, sc, totals, false, ra);
+        stream(all_chunks, sc, tot, false, ra);
         return;
     }
     std::vector<std::size_t> rest;
     for (std::size_t t = 0; t < tensor_count; ++t)
-        if (!speculated[t]) rest.push_back(t);
+        if (!spec[t]) rest.push_back(t);
         else if (pend_marking) pend_mark(t);  // written during the backward, synced with the rest
-    stream(cut(rest), sc, totals);
+    stream(cut(rest), sc, tot);
 }
 
 // The update, synced to disk, and the step made the current state: on
@@ -371,7 +423,7 @@ void Impl::update_step(StepReport& rep, double loss_scale, std::size_t ra) {
         // A speculative update that failed before it finished a tensor
         // still failed: its error is the step's, never dropped for a redo.
         if (worker_error) std::rethrow_exception(worker_error);
-        update_rest(sc, rep, ra);
+        update_rest(sc, rep, ra, totals, speculated);
         c.reset();
         stop_flushing();
         for (Role r : written) engine.sync(roles[r].gen_f[roles[r].next]);
@@ -392,7 +444,20 @@ void Impl::update_step(StepReport& rep, double loss_scale, std::size_t ra) {
 void Impl::next_step(double loss_scale) {
     // The next step does not speculate: the undo copy goes back.
     if (last_clipped) p_undo = mem::Pinned();
+    reset_handover(loss_scale);
+}
+
+// The hand-over of the next step's gradients starts afresh: at the step's
+// end, or (pipelined) when its update is launched, the next step's
+// hand-over going on beside it.
+void Impl::reset_handover(double loss_scale) {
     std::lock_guard lk(mu);
+    {
+        std::lock_guard pl(pend_mu);
+        ++handover_epoch;
+    }
+    pend_cv.notify_all();  // a read-ahead waiting for the update before goes back to its loop
+    ra_after_pend = false;
     std::fill(have_grad.begin(), have_grad.end(), false);
     std::fill(speculated.begin(), speculated.end(), false);
     done_tensors = 0;
@@ -440,23 +505,37 @@ void Impl::launch_update(StepReport& rep, double loss_scale, std::size_t ra) {
     scalars(rep.clip / loss_scale, sc);
     pend_rep = rep;
     pend_loss_scale = loss_scale;
-    pend_ready.assign(tensor_count, false);
-    pend_done = false;
+    {
+        std::lock_guard pl(pend_mu);
+        pend_ready.assign(tensor_count, false);
+        pend_done = false;
+    }
     pend_error = nullptr;
     pend_sync = pend_waited = pend_elapsed = 0;
     pend_marking = true;
+    for (Role r : file_roles) pend_gen[r] = roles[r].next;
+    // This step's figures and speculation go with its update; the next
+    // step's hand-over starts now, beside it (into the other gradient
+    // scratch where there are two).
+    std::exception_ptr werr;
     {
         std::lock_guard lk(mu);
-        std::fill(have_grad.begin(), have_grad.end(), false);
+        werr = worker_error;
+        pend_totals = totals;
+        pend_speculated = speculated;
+        pend_grad_written = grad_written;
+        pend_grad_held = grad_held;
     }
+    reset_handover(loss_scale);
+    if (under_backward()) put_slot ^= 1;
     pend = true;
     pend_clock.reset();
-    pend_thread = std::thread([this, sc0 = sc[0], sc1 = sc[1], ra] {
+    pend_thread = std::thread([this, sc0 = sc[0], sc1 = sc[1], ra, werr] {
         const optim::Scalars s[2] = {sc0, sc1};
         std::exception_ptr failed;
         try {
-            if (worker_error) std::rethrow_exception(worker_error);
-            update_rest(s, pend_rep, ra);
+            if (werr) std::rethrow_exception(werr);
+            update_rest(s, pend_rep, ra, pend_totals, pend_speculated);
             Timer c;
             stop_flushing();
             for (Role r : file_roles)
@@ -495,39 +574,58 @@ std::optional<StepReport> Impl::settle() {
     }
     pend_thread.join();
     pend_marking = false;
-    pend = false;
     StepReport rep = pend_rep;
     Timer c;
-    comm::agree(comm, pend_error, "the step was not committed; the manifest names the state before it");
-    std::vector<Role> written;
-    for (Role r : file_roles)
-        if (r != Role::grad) written.push_back(r);
-    advance(written);
+    try {
+        comm::agree(comm, pend_error, "the step was not committed; the manifest names the state before it");
+        std::vector<Role> written;
+        for (Role r : file_roles)
+            if (r != Role::grad) written.push_back(r);
+        // Under mu: the next step's hand-over may be under way (a second
+        // gradient scratch), and its first gradient looks at `pend` and the
+        // generations there.
+        std::lock_guard lk(mu);
+        advance(written);
+        // The generation the next step writes is the one this commit freed.
+        prepare_step();
+        upd_slot = put_slot;
+        pend = false;
+    } catch (...) {
+        pend = false;
+        throw;
+    }
     broken = false;
     rep.commit_seconds = pend_sync + c.seconds();
     rep.update_pipelined_seconds = pend_elapsed;
     rep.update_waited_seconds = pend_waited;
     rep.settle_waited_seconds = settle_waited;
     rep.pending = false;
-    finish_report(rep, pend_loss_scale);
+    finish_report(rep, pend_loss_scale, pend_totals, pend_grad_written, pend_grad_held, true);
     return rep;
 }
 
-// The step's figures from its streams; the next step starts afresh.
-void Impl::finish_report(StepReport& rep, double loss_scale) {
-    rep.update_seconds = totals.update;
-    rep.wait_seconds = totals.wait;
-    rep.bytes_read = totals.read;
-    rep.bytes_written = totals.written;
-    rep.grad_bytes_read = totals.grad_read;
-    rep.grad_bytes_written = grad_written;
-    rep.grad_memory_bytes = grad_held;
-    rep.chunks = totals.chunks;
+// The step's figures from its streams; the next step starts afresh (a
+// pipelined one's next step started when its update was launched).
+void Impl::finish_report(StepReport& rep, double loss_scale, const Totals& tot, std::uint64_t gw, std::uint64_t gh,
+                         bool pipelined) {
+    rep.update_seconds = tot.update;
+    rep.wait_seconds = tot.wait;
+    rep.bytes_read = tot.read;
+    rep.bytes_written = tot.written;
+    rep.grad_bytes_read = tot.grad_read;
+    rep.grad_bytes_written = gw;
+    rep.grad_memory_bytes = gh;
+    rep.chunks = tot.chunks;
     rep.chunk_bytes = piece_bytes;
-    rep.readahead_bytes = totals.readahead;
-    rep.readahead_used_bytes = totals.readahead_used;
+    rep.readahead_bytes = tot.readahead;
+    rep.readahead_used_bytes = tot.readahead_used;
     rep.device_update = on_device;
-    next_step(loss_scale);
+    rep.update_under_backward = pipelined && under_backward() && last_clipped;  // settle_after_backward()
+    if (pipelined) {
+        if (last_clipped) p_undo = mem::Pinned();
+    } else {
+        next_step(loss_scale);
+    }
     rep.step = step;
 }
 
@@ -561,7 +659,7 @@ StepReport Impl::run_step(double loss_scale) {
         }
         update_step(rep, loss_scale, ra);
     }
-    finish_report(rep, loss_scale);
+    finish_report(rep, loss_scale, totals, grad_written, grad_held, false);
     rep.seconds = all.seconds();
     return rep;
 }
@@ -739,6 +837,7 @@ Optimizer::Optimizer(shard::Manifest& m, comm::Communicator& comm, io::Engine& e
         failed = std::current_exception();
     }
     comm::agree(comm, failed, "the optimizer was not opened");
+    impl_->agree_grad_slots();
 }
 Optimizer::~Optimizer() = default;
 
@@ -750,7 +849,12 @@ std::size_t Optimizer::write_depth() const { return impl_->behind; }
 std::uint64_t Optimizer::readahead_bytes() const { return impl_->ra_bytes; }
 std::uint64_t Optimizer::update_read_bytes() const { return impl_->ra_state_bytes; }
 std::uint64_t Optimizer::gradient_scratch_bytes() const {
-    return impl_->grad_scratch ? impl_->roles[Role::grad].end : 0;
+    return impl_->grad_scratch ? impl_->roles[Role::grad].end * static_cast<std::uint64_t>(impl_->grad_slots) : 0;
+}
+bool Optimizer::update_under_backward() const { return impl_->opts.pipeline && impl_->under_backward(); }
+bool Optimizer::settle_after_backward() const {
+    // (last_clipped: the pending step's, set by its step(), before the next)
+    return impl_->pend && impl_->under_backward() && impl_->last_clipped;
 }
 bool Optimizer::gradient_scratch_in_memory() const { return impl_->grad_scratch && !impl_->roles[Role::grad].file; }
 bool Optimizer::updates_on_device() const { return impl_->on_device; }
