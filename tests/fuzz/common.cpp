@@ -15,6 +15,18 @@ void finding(const std::string& what) {
     std::abort();
 }
 
+static std::map<std::string, Target>& registry() {
+    static std::map<std::string, Target> t;
+    return t;
+}
+
+bool add(const char* name, Target fn) {
+    registry()[name] = fn;
+    return true;
+}
+
+const std::map<std::string, Target>& targets() { return registry(); }
+
 static std::size_t g_accepted = 0;
 void accepted() { ++g_accepted; }
 std::size_t accepted_count() { return g_accepted; }

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -26,8 +27,11 @@ namespace zinf::fuzz {
 
 using Target = int (*)(const std::uint8_t* data, std::size_t size);
 
-// Replay builds only: registers `fn` under `name` (replay.cpp).
+// Builds of every target in one binary (the replay, and make test's
+// libFuzzer link): registers `fn` under `name`; targets() is every one so
+// registered, by name.
 bool add(const char* name, Target fn);
+const std::map<std::string, Target>& targets();
 
 // A broken contract: prints "fuzz finding: <what>" on stderr and aborts, so
 // that libFuzzer saves the input and the replay names it.

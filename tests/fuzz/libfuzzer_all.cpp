@@ -6,23 +6,6 @@
 // picks the target; `make fuzz` still builds one binary a target.
 #include "fuzz.hpp"
 
-#include <map>
-#include <string>
-
-namespace zinf::fuzz {
-
-static std::map<std::string, Target>& targets() {
-    static std::map<std::string, Target> t;
-    return t;
-}
-
-bool add(const char* name, Target fn) {
-    targets()[name] = fn;
-    return true;
-}
-
-}  // namespace zinf::fuzz
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     const auto& all = zinf::fuzz::targets();
     if (size == 0 || all.empty()) return 0;

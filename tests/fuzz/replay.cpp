@@ -22,20 +22,6 @@
 #include <unistd.h>
 #include <vector>
 
-namespace zinf::fuzz {
-
-static std::map<std::string, Target>& targets() {
-    static std::map<std::string, Target> t;
-    return t;
-}
-
-bool add(const char* name, Target fn) {
-    targets()[name] = fn;
-    return true;
-}
-
-}  // namespace zinf::fuzz
-
 namespace {
 
 // The input in hand, for the message of a crash (written from a signal handler).
@@ -75,7 +61,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: fuzz-replay --list | fuzz-replay TARGET PATH...\n");
         return zinf::exit_code::usage;
     }
-    const Target fn = targets()[argv[1]];
+    const Target fn = targets().at(argv[1]);
     for (int s : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(s, on_fatal);
     std::set_terminate([] {
         std::string what = "not a std::exception";
