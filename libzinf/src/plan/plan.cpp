@@ -338,16 +338,15 @@ StepTime step_time(const Workload& w, const Hardware& h, const Placement& p) {
     }
     const double sc = static_cast<double>(scratch);
     st.under_backward = true;
-    if (p.optim != Tier::nvme) {
-        st.grad_memory_bytes = scratch;
-        if (sc <= budget) {
-            budget -= sc;
-            st.grad_memory_bytes += scratch;
-        } else {
-            st.under_backward = false;
-        }
-    } else if (sc <= budget) {
+    // The first scratch: in memory beside the budget where the optimizer's
+    // state is not on nvme; from the budget where it is, if it fits (else
+    // both are files). A second in memory beside a first, from the budget.
+    bool first_in_memory = p.optim != Tier::nvme;
+    if (!first_in_memory && sc <= budget) {
         budget -= sc;
+        first_in_memory = true;
+    }
+    if (first_in_memory) {
         st.grad_memory_bytes = scratch;
         if (sc <= budget) {
             budget -= sc;
