@@ -392,10 +392,12 @@ TokenizeSummary tokenize_files(const Tokenizer& t, const TokenizeOptions& o) {
     // Units do not depend on the threads, so neither do the tokens: a
     // hundred-and-twenty-eighth of the memory, and where the inputs are
     // files of a known size, at most a sixty-fourth of them, so that a small
-    // corpus still gives every thread units to take.
+    // corpus still gives every thread units to take; and at most 512KiB, so
+    // that a unit's text and ids stay in a core's caches while it is encoded
+    // (at 100 MB, 512KiB units against 1.5MB: one thread 15% faster, two 18%).
     std::uint64_t unit_max = o.memory_bytes / 128;
     if (const auto total = regular_size(o.inputs)) unit_max = std::min(unit_max, *total / 64);
-    const std::size_t unit_bytes = std::clamp<std::uint64_t>(unit_max, 16 * KiB, 4 * MiB);
+    const std::size_t unit_bytes = std::clamp<std::uint64_t>(unit_max, 16 * KiB, 512 * KiB);
     const std::size_t window_bytes = o.memory_bytes / 2;
     const std::size_t window_units = 4 * std::size_t{o.threads} + 4;
     // An eighth of the memory for the encoders' caches: one thread's own;
