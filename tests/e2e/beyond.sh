@@ -88,10 +88,12 @@ for f in ov1 ov100 no1; do
   check "$f: compute floor = forward + backward - stall - waits; ratio = step / the larger floor" \
     jq -e -s "$floors_ok" "$W/$f.jsonl"
 done
-for f in ov1 ov100; do
-  check "$f: each step's update ran under the next step (update_overlap_s > 0), the last settled at once" \
-    jq -e -s '.[:-1] | all(.[]; .update_overlap_s > 0)' "$W/$f.jsonl"
-done
+# (A clipped step's update starts after its backward and runs on under the
+# next step; an unclipped one's runs during its own backward, so whether any
+# of it is left for the next step is the machine's timing: ov100 is not held
+# to it. The fresh root's make test found one such run with none left.)
+check "ov1: each step's update ran under the next step (update_overlap_s > 0)" \
+  jq -e -s '.[:-1] | all(.[]; .update_overlap_s > 0)' "$W/ov1.jsonl"
 check "--no-overlap: no update under the next step, no wait for one" \
   jq -e -s 'all(.[]; .update_overlap_s == 0 and .update_waited_s == 0)' "$W/no1.jsonl"
 # The gradients' scratch: in memory under the default budget (no file
