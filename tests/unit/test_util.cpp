@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <sys/stat.h>
@@ -295,6 +296,47 @@ BOOST_AUTO_TEST_CASE(write_file_atomic_keeps_the_mode_and_no_link_is_followed) {
     BOOST_TEST(S_ISREG(st.st_mode));
     BOOST_TEST((st.st_mode & 07777) == 0640u);
     BOOST_TEST(!fs_exists(outside.file("victim")));
+}
+
+// A sync behind the writer changes nothing the file holds: writes and
+// rewrites go on while it runs, commit() waits for it, and an uncommitted
+// file (moved, destroyed) leaves nothing, its sync joined first.
+BOOST_AUTO_TEST_CASE(atomic_file_sync_behind_the_writer) {
+    testing::TempDir dir;
+    const std::string path = dir.file("tokens.bin");
+    std::string expect;
+    {
+        AtomicFile f = AtomicFile::create(path);
+        BOOST_TEST(f.sync_behind());  // nothing written yet: a sync of nothing
+        int started = 1;
+        for (int i = 0; i < 16; ++i) {
+            const std::string piece(16 * 1024, static_cast<char>('a' + i % 26));
+            f.write(std::as_bytes(std::span(piece)));
+            expect += piece;
+            started += f.sync_behind() ? 1 : 0;
+        }
+        BOOST_TEST(started >= 1);
+        // A header rewritten after syncs that covered it.
+        const std::string head = "HEAD";
+        f.pwrite(std::as_bytes(std::span(head)), 0);
+        expect.replace(0, 4, head);
+        AtomicFile moved = std::move(f);  // the running sync goes with it
+        moved.commit();
+        BOOST_TEST_REQUIRE(fs_exists(path));
+        BOOST_CHECK_THROW(moved.sync_behind(), InternalError);
+    }
+    std::ifstream in(path, std::ios::binary);
+    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    BOOST_TEST(got.size() == expect.size());
+    BOOST_TEST((got == expect));
+    {
+        AtomicFile g = AtomicFile::create(dir.file("dropped.bin"));
+        const std::string piece(64 * 1024, 'z');
+        g.write(std::as_bytes(std::span(piece)));
+        BOOST_TEST(g.sync_behind());
+    }  // destroyed while its sync may still run
+    for (const auto& e : std::filesystem::directory_iterator(dir.path))
+        BOOST_TEST(e.path().filename() == "tokens.bin", e.path());
 }
 
 // A writer SIGKILLed between creating its temporary and the rename leaves

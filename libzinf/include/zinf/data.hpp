@@ -199,6 +199,7 @@ private:
     AtomicFile file_;
     bool wide_;
     std::uint64_t count_ = 0;
+    std::uint64_t synced_ = 0;       // bytes of the file the last sync behind covered
     std::vector<std::byte> buffer_;  // tokens not yet written, as they lie on disk
 };
 

@@ -15,6 +15,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <thread>
 #include <unistd.h>
 #include <utility>
 
@@ -299,8 +300,21 @@ AtomicFile AtomicFile::create(const std::string& path) {
     return f;
 }
 
+// The sync behind the writer: its thread, and what fdatasync said.
+struct AtomicFile::Behind {
+    std::thread thread;
+    std::atomic<bool> running{false};
+    int error = 0;  // read after the join
+};
+
+AtomicFile::AtomicFile() = default;
+
 AtomicFile::AtomicFile(AtomicFile&& o) noexcept
-    : path_(std::move(o.path_)), tmp_(std::exchange(o.tmp_, {})), fd_(std::move(o.fd_)), size_(o.size_) {}
+    : path_(std::move(o.path_)),
+      tmp_(std::exchange(o.tmp_, {})),
+      fd_(std::move(o.fd_)),
+      size_(o.size_),
+      behind_(std::move(o.behind_)) {}
 
 AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
     if (this != &o) {
@@ -309,13 +323,37 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
         tmp_ = std::exchange(o.tmp_, {});
         fd_ = std::move(o.fd_);
         size_ = o.size_;
+        behind_ = std::move(o.behind_);
     }
     return *this;
 }
 
 AtomicFile::~AtomicFile() { abandon(); }
 
+bool AtomicFile::sync_behind() {
+    if (tmp_.empty()) throw InternalError("sync of " + path_ + " after its commit");
+    if (!behind_) behind_ = std::make_unique<Behind>();
+    Behind& b = *behind_;
+    if (b.running.load(std::memory_order_acquire)) return false;
+    if (b.thread.joinable()) b.thread.join();
+    if (b.error != 0) return false;  // commit() reports it
+    b.running.store(true, std::memory_order_relaxed);
+    // The descriptor outlives the thread: abandon() and commit() join first.
+    b.thread = std::thread([&b, fd = fd_.get()] {
+        if (::fdatasync(fd) != 0) b.error = errno;
+        b.running.store(false, std::memory_order_release);
+    });
+    return true;
+}
+
+int AtomicFile::join_behind() noexcept {
+    if (!behind_) return 0;
+    if (behind_->thread.joinable()) behind_->thread.join();
+    return behind_->error;
+}
+
 void AtomicFile::abandon() noexcept {
+    (void)join_behind();
     if (tmp_.empty()) return;
     fd_ = Fd();
     ::unlink(tmp_.c_str());
@@ -358,6 +396,9 @@ void AtomicFile::truncate(std::uint64_t bytes) {
 void AtomicFile::commit() {
     if (tmp_.empty()) throw InternalError("commit of " + path_ + " twice");
     try {
+        // A sync behind that failed: the data it covered may be lost, and
+        // the fsync after it need not say so again.
+        if (const int err = join_behind(); err != 0) throw_errno("fdatasync", err, tmp_);
         if (sys::fsync(fd_.get(), tmp_) != 0) throw_errno("fsync", errno, tmp_);
         fd_.close(tmp_);
         if (sys::rename(tmp_, path_) != 0) throw_errno("rename", errno, path_);
