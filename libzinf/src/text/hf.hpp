@@ -172,12 +172,16 @@ private:
     const Entry* entry(std::uint64_t slot) const;
     static bool place(Table& t, std::uint64_t hash, std::uint64_t slot);
     void grow(Table* from);
-    std::unique_ptr<std::byte[]> arena_;
+    // What every lookup reads, on a cache line of its own: the counters
+    // that every new word writes shared its line once, and each write took
+    // the line from the other cores' lookups (two threads on a 10 MB text
+    // spent 9% more time encoding than one, against 3% for two processes).
+    alignas(64) std::unique_ptr<std::byte[]> arena_;
     std::size_t arena_bytes_, max_slots_;
-    std::atomic<std::size_t> arena_used_{0}, words_{0};
     std::atomic<Table*> table_;
     std::atomic<bool> full_{false};
-    std::mutex grow_mu_;
+    alignas(64) std::atomic<std::size_t> arena_used_{0}, words_{0};
+    alignas(64) std::mutex grow_mu_;
     std::vector<std::unique_ptr<Table>> tables_;  // every table made (readers may hold an old one)
 };
 
