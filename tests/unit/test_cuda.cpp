@@ -508,6 +508,38 @@ BOOST_AUTO_TEST_CASE(residual_layernorm_against_cpu, *utf::precondition(GpuPrese
 // n), the bias's gradient from B and from A: against the cpu backend,
 // fp32 within 1e-5 and bf16 within 1e-2 (cuBLASLt's GELU takes the unrounded
 // sum); two runs the same bits.
+// fp32 A and B into a bf16 C (the head's logits under bf16 activations over
+// fp32 parameters): cuBLASLt has no such GEMM, so cuda multiplies blocks of
+// C's rows in fp32 and rounds them: the cpu's product rounded once, within
+// a bf16 step of it (the two sum in other orders), and C's padding untouched.
+BOOST_AUTO_TEST_CASE(fp32_operands_into_a_bf16_c, *utf::precondition(GpuPresent())) {
+    std::mt19937_64 rng(fresh_seed("fp32 into bf16 C"));
+    Pair p;
+    for (const Gemm& g : {Gemm{.tb = true, .m = 300, .n = 1000, .k = 64, .ldc = 1024},
+                          Gemm{.ta = true, .m = 37, .n = 53, .k = 29}, Gemm{.m = 5000, .n = 4096, .k = 16}}) {
+        const u64 ldc = g.ldc ? g.ldc : g.n, nc = (g.m - 1) * ldc + g.n;
+        const Vf a = randn(g.m * g.k, rng), b = randn(g.n * g.k, rng);
+        auto fn = [&](Device& d) -> Outputs {
+            auto da = up(d, a), db = up(d, b);
+            auto c16 = up(d, V16(nc, 0x7fc0));
+            d.gemm(d.compute(), g, da, db, c16);
+            V16 h(nc);
+            d.synchronize(d.compute());
+            d.copy(d.compute(), std::as_writable_bytes(std::span(h)), View(c16).bytes());
+            d.synchronize(d.compute());
+            Vf out(nc);
+            for (u64 i = 0; i < nc; ++i) {
+                if (i % ldc >= g.n) BOOST_TEST(h[i] == 0x7fc0, "padding at " << i << " written");
+                out[i] = i % ldc < g.n ? from_bf16(h[i]) : 0.0f;
+            }
+            return {{"c", out}};
+        };
+        const std::string what = "fp32 into bf16 m " + std::to_string(g.m) + " ldc " + std::to_string(ldc);
+        expect_all(p.run(fn), what, false, 1e-2);
+        expect_same_bits(*p.gpu, fn, what);
+    }
+}
+
 BOOST_AUTO_TEST_CASE(bf16_c_and_gemm_epilogues, *utf::precondition(GpuPresent())) {
     std::mt19937_64 rng(fresh_seed("gemm epilogues"));
     Pair p;

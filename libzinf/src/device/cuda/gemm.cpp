@@ -102,7 +102,32 @@ void CudaDevice::multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView 
     if (a.is_bf16() && !b.is_bf16()) return multiply_bf16a(cs, r, a.span<std::uint16_t>(), b, c.data<void>(), ct);
     if (b.is_bf16() && !a.is_bf16())
         return multiply_bf16b(cs, r, a.span<float>(), b.span<std::uint16_t>(), c.data<void>(), ct);
+    if (c.is_bf16() && !a.is_bf16())
+        return multiply_to_bf16(cs, r, a.data<float>(), b.data<float>(), c.data<std::uint16_t>());
     matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), ct);
+}
+
+// An fp32 A and B into a bf16 C (the head's logits under bf16 activations
+// over fp32 parameters): cuBLASLt has no such GEMM (its table pairs an fp32
+// A and B with an fp32 D only), so as many of C's rows as the compute
+// stream's staging holds at a time are multiplied in fp32 into it and
+// rounded into C: the cpu's bits, the product rounded once. (A bf16 C takes
+// beta 0 and one product: checks.cpp.)
+void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const float* a, const float* b, std::uint16_t* c) {
+    // A row of n fp32 is the staging's room for a vector of k = 2n bf16.
+    const u64 rows = staged_vectors(cs, 2 * r.n, "an fp32 A and B into a bf16 C", "C");
+    auto* staging = reinterpret_cast<float*>(bf16_staging_.data());
+    for (u64 i0 = 0; i0 < r.m; i0 += rows) {
+        Gemm g = r;
+        g.m = std::min(rows, r.m - i0);
+        g.ldc = r.n;
+        g.beta = 0;
+        // op(A)'s rows i0 .. i0+g.m: A's columns when ta (A is (k,m)), else its rows.
+        const float* ai = r.ta ? a + i0 : a + i0 * r.lda;
+        matmul(cs, g, ai, b, staging, CUDA_R_32F, CUDA_R_32F);
+        cuda::to_bf16_rows(cs.native(), c + i0 * r.ldc, staging, g.m, r.n, r.n, r.ldc);
+        launched("to_bf16_rows");
+    }
 }
 
 // An fp32 A by a bf16 B: cuBLASLt multiplies a bf16 B by a bf16 A only:
@@ -301,6 +326,9 @@ bool CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void
     const cublasStatus_t st = lt_->Matmul(lt_handle_, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c,
                                           plan.c, &plan.algo, ws, ws_bytes, cs.native());
     if (st == CUBLAS_STATUS_SUCCESS) return true;
+    // A failure that is not a refusal of the epilogue (a launch that failed,
+    // an architecture mismatch) is the GEMM's error, not a reason to stand in.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) lt_->check(st, "cublasLtMatmul");
     // Refused at the call (nothing enqueued): the stand-ins from now on.
     plan.ok = false;
     stand_in(g, ep.kind, std::string("cublasLtMatmul refused it (") + lt_->GetStatusString(st) + ")");

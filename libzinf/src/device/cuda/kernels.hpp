@@ -88,8 +88,10 @@ void wait_flag(cudaStream_t s, const unsigned* flag, unsigned value);
 // ---- GEMM's helpers (linear.cu, elementwise.cu), for gemm.cpp ----------------------
 // C = beta * C for `batch` (m,n) matrices of row stride ldc (beta 0 writes 0).
 void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u64 stride_c, float beta);
-// dst (rows, cols) packed = src's rows (row stride ld_src) rounded to bf16.
-void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src);
+// dst (rows, cols; row stride ld_dst, 0: packed) = src's rows (row stride
+// ld_src) rounded to bf16.
+void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src,
+                  u64 ld_dst = 0);
 void to_bf16(cudaStream_t s, std::uint16_t* dst, const float* src, u64 n);
 // The epilogues' stand-ins where cuBLASLt has none for a GEMM: c (m rows of
 // n at row stride ld, fp32 or bf16) += bias (n) on every row; dbias (cols)

@@ -40,9 +40,11 @@ __global__ void bias_rows_kernel(E* c, u64 ld, const float* bias, u64 m, u64 n) 
     }
 }
 
-// A (rows, cols) block of row stride ld_src into packed bf16 rows.
-__global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
-    for (u64 i = global_id(); i < rows * cols; i += grid_threads()) dst[i] = round_bf16(src[i / cols * ld_src + i % cols]);
+// A (rows, cols) block of row stride ld_src into bf16 rows of stride ld_dst.
+__global__ void to_bf16_rows_kernel(std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src,
+                                    u64 ld_dst) {
+    for (u64 i = global_id(); i < rows * cols; i += grid_threads())
+        dst[i / cols * ld_dst + i % cols] = round_bf16(src[i / cols * ld_src + i % cols]);
 }
 
 }  // namespace
@@ -70,8 +72,10 @@ void scale_matrix(cudaStream_t s, float* c, u64 m, u64 n, u64 ldc, u64 batch, u6
     scale_matrix_kernel<<<blocks_for(batch * m * n), kThreads, 0, s>>>(c, m, n, ldc, batch, stride_c, beta);
 }
 
-void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src) {
-    if (rows && cols) to_bf16_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(dst, src, rows, cols, ld_src);
+void to_bf16_rows(cudaStream_t s, std::uint16_t* dst, const float* src, u64 rows, u64 cols, u64 ld_src, u64 ld_dst) {
+    if (rows && cols)
+        to_bf16_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(dst, src, rows, cols, ld_src,
+                                                                         ld_dst ? ld_dst : cols);
 }
 
 void bias_add(const Launch& l, std::span<float> out, std::span<const float> bias, u64 N, u64 OC) {
