@@ -758,6 +758,34 @@ BOOST_AUTO_TEST_CASE(nvme_bytes_needed_is_the_trainers_disk_need) {
     BOOST_TEST(to_json(plan::plan(w, made_up(), 0.9))["placements"][0].contains("nvme_bytes_needed"));
 }
 
+// The gradient scratch files a killed run left are removed and made again
+// at open: their blocks count as present, as the state files' do, so a
+// --resume on a tight disk is not refused for space it already has.
+BOOST_AUTO_TEST_CASE(disk_need_counts_a_killed_runs_gradient_scratch) {
+    testing::TempDir tmp;
+    shard::LayoutOptions lo;
+    lo.optim_tier = Tier::nvme;
+    shard::Manifest m = shard::layout(shard::ModelSpec::parse("gpt:layers=2,hidden=64,heads=2,vocab=97,seq=16"), lo);
+    m.dir = tmp.path.string();
+    const zero::DiskNeed before = zero::disk_need(m, 0, {.pipeline = true});
+    BOOST_TEST_REQUIRE(before.gradients > 0);
+    const std::string folder = std::filesystem::path(m.parts.front().file).parent_path().string();
+    const std::string base = (folder.empty() ? "" : folder + "/") + "grad";
+    std::filesystem::create_directories(std::filesystem::path(m.path_of(base + ".bin")).parent_path());
+    for (const char* g : {".bin", ".alt.bin"}) {
+        std::ofstream f(m.path_of(base + g), std::ios::binary);
+        const std::string bytes(before.gradients / 2, 'g');  // one scratch's size
+        f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+    const zero::DiskNeed after = zero::disk_need(m, 0, {.pipeline = true});
+    BOOST_TEST(after.present >= before.present + before.gradients * 3 / 4);  // (blocks, not bytes: about both)
+    BOOST_TEST(after.present <= before.present + before.gradients);
+    BOOST_TEST(after.more() < before.more());
+    // Without the pipeline, only the first scratch is the run's.
+    const zero::DiskNeed one = zero::disk_need(m, 0, {.pipeline = false});
+    BOOST_TEST(one.present <= before.present + before.gradients / 2);
+}
+
 // step_s: the engine's step by hand for one rank with everything on NVMe
 // (the formulas of plan.hpp's StepTime), then the way it moves: a faster
 // disk never makes a step longer and a slower one never shorter; a larger

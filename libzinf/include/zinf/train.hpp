@@ -211,7 +211,9 @@ struct StepLog {
     // update_under_backward: this step's update could run on under the
     // next step's backward too (a second gradient scratch; the next step
     // settles it after its backward), not only under its forward (false:
-    // no room for the second scratch, or not pipelined).
+    // no room for the second scratch, or not pipelined; zinf-train's record
+    // says false for a step it settles at once: the last, a validation's,
+    // a checkpoint's).
     // Pipelined, `seconds` runs from the step's start to its step() return
     // (the update goes on beside the next step), so that the steps' seconds
     // add up to the run's.

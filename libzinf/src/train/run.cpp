@@ -176,10 +176,11 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
             const bool checkpoint = c.checkpoint_every && log.step % c.checkpoint_every == 0 && log.step != c.steps;
             // A pipelined step's line waits for its commit, unless one of
             // these needs it now.
-            bool held = log.update_pending;
+            bool held = log.update_pending, settled_now = false;
             if (held && (evaluating || checkpoint || log.step == c.steps)) {
                 t.settle();
                 held = false;
+                settled_now = true;
             }
             // (cut short by an interrupt: no validation loss, the stop below)
             if (evaluating) val_loss = t.evaluate(*val, c.eval_batches, c.stop);
@@ -193,6 +194,8 @@ void run(Trainer& t, comm::Communicator& comm, const data::Loader& train, const 
             if (!held) {
                 std::optional<StepLog> done;
                 if (log.update_pending) done = t.finished();
+                // Settled here, it ran under no backward of the next step.
+                if (done && settled_now) done->update_under_backward = false;
                 if (lead) try {
                         emit(done ? *done : log, val_loss);
                     } catch (const Error&) {

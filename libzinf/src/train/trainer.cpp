@@ -529,7 +529,10 @@ StepLog Trainer::step(const data::Loader& train) {
     // optimizer (a failed update is every rank's: this step is not taken)
     // -- or, with a second gradient scratch after a clipped step, after
     // this backward, which it runs under too.
-    const bool under_backward = engine.settle_after_backward();
+    // A forward that failed has no backward for it to run under: settled
+    // now, so that the step before is committed whatever this one's fate
+    // (as it is where no second scratch lets it run on).
+    const bool under_backward = engine.settle_after_backward() && !failed;
     if (!under_backward) try {
             I.settle();
         } catch (...) {

@@ -339,8 +339,8 @@ bool AtomicFile::sync_behind() {
     if (b.error != 0) return false;  // commit() reports it
     b.running.store(true, std::memory_order_relaxed);
     // The descriptor outlives the thread: abandon() and commit() join first.
-    b.thread = std::thread([&b, fd = fd_.get()] {
-        if (::fdatasync(fd) != 0) b.error = errno;
+    b.thread = std::thread([&b, fd = fd_.get(), path = tmp_] {
+        if (sys::fdatasync(fd, path) != 0) b.error = errno;
         b.running.store(false, std::memory_order_release);
     });
     return true;

@@ -63,8 +63,18 @@ DiskNeed disk_need(const shard::Manifest& m, unsigned rank, const DiskNeedOption
             for (const char* g : {shard::kGenerations[0], shard::kGenerations[1]})
                 need.present += allocated(m.path_of(base + g), bytes);
     }
-    need.gradients = scratch_bytes(m.tensors, m.opts, o.grad_dtype) * (o.pipeline ? 2 : 1);
+    const std::uint64_t scratch = scratch_bytes(m.tensors, m.opts, o.grad_dtype);
+    need.gradients = scratch * (o.pipeline ? 2 : 1);
     need.activations = o.activation_bytes;
+    if (!m.dir.empty() && scratch && !files.empty()) {
+        // The gradient scratch files a killed run left (the optimizer's
+        // names, beside the state files): removed and made again at open,
+        // so their blocks count as the run's own.
+        const std::string f = fs::path(files.begin()->first).parent_path().string();
+        const std::string base = (f.empty() ? "" : f + "/") + "grad";
+        for (int slot = 0; slot < (o.pipeline ? 2 : 1); ++slot)
+            need.present += allocated(m.path_of(base + shard::kGenerations[slot]), scratch);
+    }
     if (!m.dir.empty()) {
         struct statvfs sv {};
         std::error_code ec;

@@ -137,13 +137,16 @@ Optimizer::Impl::Impl(shard::Manifest& man, comm::Communicator& c, io::Engine& e
                   "backward (an update overlapped with backward could not be redone exactly without a second "
                   "copy of them)");
     speculated.assign(tensor_count, false);
-    setup_grad();
     try {
+        setup_grad();
         plan_chunks();
         plan_readahead();
         prepare_step();  // the files the first step writes exist before it starts
     } catch (...) {
-        if (roles[Role::grad].file) ::unlink(m.path_of(roles[Role::grad].name(0)).c_str());
+        // Neither gradient scratch file outlives a failed open (the second
+        // is made where the run is pipelined).
+        if (grad_scratch)
+            for (int slot = 0; slot < 2; ++slot) ::unlink(m.path_of(roles[Role::grad].name(slot)).c_str());
         throw;
     }
     if (speculative) worker = std::thread([this] { work(); });
