@@ -58,25 +58,41 @@ at hfimport read "$W/hfimport.hf/model.safetensors.index.json" EIO
 # verified; and
 # --resume runs steps 2 to 4 with the uninterrupted run's losses, bit for bit.
 source "$ROOT/tests/e2e/train_lib.bash"
-P=$W/pipe
-"$FW_SH" layout --model "$FW_MT" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$P" >/dev/null
-cp -a "$P" "$W/pipe.pristine"
-head -c 4000 "$ROOT/man/zinf-shard.1" >"$W/pipe.txt"
-PR=(--text "$W/pipe.txt" --schedule constant --batch 2 --seq 16 --threads 1 --json "${FW_POOL[@]}")
-ZINF_FAULT_TRACE=$W/pipe.trace "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$W/pipe.clean" 2>/dev/null
-site=$(grep -P '^write\t.*/rank0/param\.bin$' "$W/pipe.trace" | head -n 1 | cut -f 2)
-rm -rf "$P" && cp -a "$W/pipe.pristine" "$P"
-ZINF_FAULT_SITE="write:EIO:$site" "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$W/pipe.out" 2>"$W/pipe.err"
-rc=$?
-check "a failed write-behind of a pipelined update exits 74 naming its file" \
-  bash -c '[[ -n $1 && $2 == 74 && $(<"$3") == *"$1"* ]]' _ "$site" "$rc" "$W/pipe.err"
-check "...with step 1's line only, the manifest at step 1, verified" \
-  bash -c '[[ $(jq -r .step "$1" | tr "\n" " ") == "1 " && $2 == 1 ]] && "$3" verify "${@:5}" -m "$4/manifest.jsonl" >/dev/null' \
-  _ "$W/pipe.out" "$(manifest_step "$P/manifest.jsonl")" "$FW_SH" "$P" "${FW_POOL[@]}"
-"$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 --resume "${PR[@]}" >"$W/pipe.resumed" 2>"$W/pipe.resumed.err"
-rc=$?
-check "...and --resume runs steps 2 to 4 with the uninterrupted run's losses" \
-  bash -c '[[ $1 == 0 && $(jq -c "[.step, .loss]" "$2") == "$(jq -c "select(.step >= 2) | [.step, .loss]" "$3")" ]]' \
-  _ "$rc" "$W/pipe.resumed" "$W/pipe.clean"
+# Twice: with the second gradient scratch in memory (the default budget),
+# and with both scratches in files (--optimizer-readahead 0), whose
+# parity a resume after the kill must not depend on.
+pipe_case() {
+  local label=$1
+  shift
+  local P=$W/pipe$label
+  "$FW_SH" layout --model "$FW_MT" --param-dtype fp32 | "$FW_SH" init "${FW_POOL[@]}" --dir "$P" >/dev/null
+  cp -a "$P" "$P.pristine"
+  head -c 4000 "$ROOT/man/zinf-shard.1" >"$W/pipe.txt"
+  local PR=(--text "$W/pipe.txt" --schedule constant --batch 2 --seq 16 --threads 1 --json "$@" "${FW_POOL[@]}")
+  ZINF_FAULT_TRACE=$P.trace "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$P.clean" 2>/dev/null
+  local site
+  site=$(grep -P '^write\t.*/rank0/param\.bin$' "$P.trace" | head -n 1 | cut -f 2)
+  rm -rf "$P" && cp -a "$P.pristine" "$P"
+  ZINF_FAULT_SITE="write:EIO:$site" "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 "${PR[@]}" >"$P.out" 2>"$P.err"
+  local rc=$?
+  check "a failed write-behind of a pipelined update exits 74 naming its file$label" \
+    bash -c '[[ -n $1 && $2 == 74 && $(<"$3") == *"$1"* ]]' _ "$site" "$rc" "$P.err"
+  check "...with step 1's line only, the manifest at step 1, verified" \
+    bash -c '[[ $(jq -r .step "$1" | tr "\n" " ") == "1 " && $2 == 1 ]] && "$3" verify "${@:5}" -m "$4/manifest.jsonl" >/dev/null' \
+    _ "$P.out" "$(manifest_step "$P/manifest.jsonl")" "$FW_SH" "$P" "${FW_POOL[@]}"
+  "$FW_TR" --manifest "$P/manifest.jsonl" --steps 4 --resume "${PR[@]}" >"$P.resumed" 2>"$P.resumed.err"
+  rc=$?
+  check "...and --resume runs steps 2 to 4 with the uninterrupted run's losses" \
+    bash -c '[[ $1 == 0 && $(jq -c "[.step, .loss]" "$2") == "$(jq -c "select(.step >= 2) | [.step, .loss]" "$3")" ]]' \
+    _ "$rc" "$P.resumed" "$P.clean"
+}
+pipe_case ""
+pipe_case " (both gradient scratches in files)" --optimizer-readahead 0
+check "...where the steps were clipped, each update under the next backward (but the last's)" \
+  jq -e -s '(.[:-1] | all(.[]; .update_under_backward and .grad_norm > 1)) and (.[-1].update_under_backward == false)' \
+  "$W/pipe (both gradient scratches in files).clean"
+check "...and the second scratch a file there, in memory under the default budget" \
+  bash -c 'grep -q "/grad\.alt\.bin$" "$1" && ! grep -q "/grad\.alt\.bin$" "$2"' _ \
+  "$W/pipe (both gradient scratches in files).trace" "$W/pipe.trace"
 echo "# $FW_SITE_COUNT sites walked: $FW_HELD cases held, $FW_FAILED failed"
 finish
