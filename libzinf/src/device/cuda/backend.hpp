@@ -373,7 +373,8 @@ private:
                         void* c, cudaDataType_t c_type);
     void multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const std::uint16_t> a, ConstView b, void* c,
                         cudaDataType_t c_type);
-    void multiply_to_bf16(CudaStream& cs, const Gemm& r, const float* a, const float* b, std::uint16_t* c);
+    void multiply_to_bf16(CudaStream& cs, const Gemm& r, const void* a, const void* b, cudaDataType_t type,
+                          std::uint16_t* c, const float* bias = nullptr);
     // Vectors of k the bf16 staging holds (compute's alone): the rows of an
     // fp32 A multiplied by a bf16 B, the columns of an fp32 B by a bf16 A.
     u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);

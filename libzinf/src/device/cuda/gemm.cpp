@@ -103,19 +103,23 @@ void CudaDevice::multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView 
     if (b.is_bf16() && !a.is_bf16())
         return multiply_bf16b(cs, r, a.span<float>(), b.span<std::uint16_t>(), c.data<void>(), ct);
     if (c.is_bf16() && !a.is_bf16())
-        return multiply_to_bf16(cs, r, a.data<float>(), b.data<float>(), c.data<std::uint16_t>());
+        return multiply_to_bf16(cs, r, a.data<void>(), b.data<void>(), CUDA_R_32F, c.data<std::uint16_t>());
     matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), ct);
 }
 
-// An fp32 A and B into a bf16 C (the head's logits under bf16 activations
-// over fp32 parameters): cuBLASLt has no such GEMM (its table pairs an fp32
-// A and B with an fp32 D only), so as many of C's rows as the compute
-// stream's staging holds at a time are multiplied in fp32 into it and
-// rounded into C: the cpu's bits, the product rounded once. (A bf16 C takes
-// beta 0 and one product: checks.cpp.)
-void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const float* a, const float* b, std::uint16_t* c) {
+// An A and B of one type into a bf16 C, taken in fp32 a block of C's rows
+// at a time in the compute stream's staging, `bias` (where given) added in
+// fp32, then rounded into C: the cpu's bits, the product rounded once. For
+// an fp32 A and B (the head's logits under bf16 activations over fp32
+// parameters) cuBLASLt has no such GEMM (its table pairs an fp32 A and B
+// with an fp32 D only); for bf16 ones, the bias's stand-in where cuBLASLt
+// refuses its epilogue (a bf16 C rounded, then the bias added and rounded
+// again, would be off the cpu's by a bf16 step). (A bf16 C takes beta 0
+// and one product: checks.cpp.)
+void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const void* a, const void* b, cudaDataType_t type,
+                                  std::uint16_t* c, const float* bias) {
     // A row of n fp32 is the staging's room for a vector of k = 2n bf16.
-    const u64 rows = staged_vectors(cs, 2 * r.n, "an fp32 A and B into a bf16 C", "C");
+    const u64 rows = staged_vectors(cs, 2 * r.n, "A and B into a bf16 C through fp32", "C");
     auto* staging = reinterpret_cast<float*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
         Gemm g = r;
@@ -123,8 +127,12 @@ void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const float* a,
         g.ldc = r.n;
         g.beta = 0;
         // op(A)'s rows i0 .. i0+g.m: A's columns when ta (A is (k,m)), else its rows.
-        const float* ai = r.ta ? a + i0 : a + i0 * r.lda;
-        matmul(cs, g, ai, b, staging, CUDA_R_32F, CUDA_R_32F);
+        const void* ai = static_cast<const char*>(a) + (r.ta ? i0 : i0 * r.lda) * bytes_of(type);
+        matmul(cs, g, ai, b, staging, type, CUDA_R_32F);
+        if (bias) {
+            cuda::bias_rows(cs.native(), staging, false, r.n, bias, g.m, r.n);
+            launched("bias_rows");
+        }
         cuda::to_bf16_rows(cs.native(), c + i0 * r.ldc, staging, g.m, r.n, r.n, r.ldc);
         launched("to_bf16_rows");
     }
@@ -220,6 +228,11 @@ void CudaDevice::multiply_bias(const cuda::Launch& l, const Gemm& r, ConstView a
         if (matmul(cs, r, a.data<void>(), b.data<void>(), c.data<void>(), type_of(a.dtype()), type_of(c.dtype()), ep))
             return;
     }
+    if (c.is_bf16() && a.dtype() == b.dtype() && r.k)
+        return multiply_to_bf16(cs, r, a.data<void>(), b.data<void>(), type_of(a.dtype()), c.data<std::uint16_t>(),
+                                bias);
+    // (A bf16 C of mixed operands is rounded twice: their staging holds
+    // the rounded operand, with no room for an fp32 block of C.)
     multiply(cs, r, a, b, c);
     cuda::bias_rows(cs.native(), c.data<void>(), c.is_bf16(), r.ldc, bias, r.m, r.n);
     launched("bias_rows");
