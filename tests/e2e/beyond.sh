@@ -91,9 +91,11 @@ done
 # (A clipped step's update starts after its backward and runs on under the
 # next step; an unclipped one's runs during its own backward, so whether any
 # of it is left for the next step is the machine's timing: ov100 is not held
-# to it. The fresh root's make test found one such run with none left.)
-check "ov1: each step's update ran under the next step (update_overlap_s > 0)" \
-  jq -e -s '.[:-1] | all(.[]; .update_overlap_s > 0)' "$W/ov1.jsonl"
+# to it. Nor is each clipped step: the next forward trails the update module
+# by module, so what is left beside it is that forward's compute, which a
+# loaded machine can take to 0 -- the fresh root's make test found both.)
+check "ov1: the updates ran under the next step (update_overlap_s > 0 for one step at least, never < 0)" \
+  jq -e -s '(.[:-1] | any(.[]; .update_overlap_s > 0)) and all(.[]; .update_overlap_s >= 0)' "$W/ov1.jsonl"
 check "--no-overlap: no update under the next step, no wait for one" \
   jq -e -s 'all(.[]; .update_overlap_s == 0 and .update_waited_s == 0)' "$W/no1.jsonl"
 # The gradients' scratch: in memory under the default budget (no file
