@@ -157,33 +157,35 @@ void check_embedding_backward(std::span<float> dwte, std::span<float> dwpe, std:
 }
 
 // ---- norms -------------------------------------------------------------------
+// LayerNorm's forward: out and the input (`inp`, or the residual `res`)
+// (N,C), mean and rstd (N), w and b (C).
+void need_layernorm(const Shape& sh, std::size_t out, std::size_t mean, std::size_t rstd, const char* input,
+                    std::size_t inp, std::size_t w, std::size_t b, u64 N, u64 C) {
+    sh.need("out", out, N * C);
+    sh.need("mean", mean, N);
+    sh.need("rstd", rstd, N);
+    sh.need(input, inp, N * C);
+    sh.need("w", w, C);
+    sh.need("b", b, C);
+}
+
 void check_layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                              std::span<const float> inp, std::span<const float> w, std::span<const float> b, u64 N,
                              u64 C) {
-    const Shape sh{"layernorm_forward", {{"N", N}, {"C", C}}};
-    sh.need("out", out.size(), N * C);
-    sh.need("mean", mean.size(), N);
-    sh.need("rstd", rstd.size(), N);
-    sh.need("inp", inp.size(), N * C);
-    sh.need("w", w.size(), C);
-    sh.need("b", b.size(), C);
+    need_layernorm(Shape{"layernorm_forward", {{"N", N}, {"C", C}}}, out.size(), mean.size(), rstd.size(), "inp",
+                   inp.size(), w.size(), b.size(), N, C);
 }
 
 void check_residual_layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                                       std::span<float> res, std::span<const float> add, View kept,
                                       std::span<const float> w, std::span<const float> b, u64 N, u64 C) {
     const Shape sh{"residual_layernorm_forward", {{"N", N}, {"C", C}}};
-    sh.need("out", out.size(), N * C);
-    sh.need("mean", mean.size(), N);
-    sh.need("rstd", rstd.size(), N);
-    sh.need("res", res.size(), N * C);
+    need_layernorm(sh, out.size(), mean.size(), rstd.size(), "res", res.size(), w.size(), b.size(), N, C);
     sh.need("add", add.size(), N * C);
     if (!kept.empty()) {
         if (!kept.is_bf16()) sh.fail("kept is fp32; the kernel keeps the residual bf16 or not at all");
         sh.need("kept", kept.size(), N * C);
     }
-    sh.need("w", w.size(), C);
-    sh.need("b", b.size(), C);
 }
 
 void check_layernorm_backward(std::span<float> dinp, std::span<float> dw, std::span<float> db,

@@ -375,9 +375,10 @@ private:
                         cudaDataType_t c_type);
     void multiply_to_bf16(CudaStream& cs, const Gemm& r, const void* a, const void* b, cudaDataType_t type,
                           std::uint16_t* c, const float* bias = nullptr);
-    // Vectors of k the bf16 staging holds (compute's alone): the rows of an
-    // fp32 A multiplied by a bf16 B, the columns of an fp32 B by a bf16 A.
-    u64 staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand);
+    // Vectors of `vector_bytes` the staging holds (compute's alone): the
+    // rows of an fp32 A rounded for a bf16 B, the columns of an fp32 B for
+    // a bf16 A, or fp32 rows of a bf16 C (multiply_to_bf16).
+    u64 staged_vectors(CudaStream& cs, u64 vector_bytes, const char* what, const char* operand);
     // A and B of `type`, C of `c_type`; with an epilogue, false (nothing
     // enqueued) where cuBLASLt has no algorithm for it or refuses the call.
     bool matmul(CudaStream& cs, const Gemm& g, const void* a, const void* b, void* c, cudaDataType_t type,

@@ -118,8 +118,7 @@ void CudaDevice::multiply(CudaStream& cs, const Gemm& r, ConstView a, ConstView 
 // and one product: checks.cpp.)
 void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const void* a, const void* b, cudaDataType_t type,
                                   std::uint16_t* c, const float* bias) {
-    // A row of n fp32 is the staging's room for a vector of k = 2n bf16.
-    const u64 rows = staged_vectors(cs, 2 * r.n, "A and B into a bf16 C through fp32", "C");
+    const u64 rows = staged_vectors(cs, 4 * r.n, "A and B into a bf16 C through fp32", "C");  // fp32 rows of C
     auto* staging = reinterpret_cast<float*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
         Gemm g = r;
@@ -146,7 +145,7 @@ void CudaDevice::multiply_to_bf16(CudaStream& cs, const Gemm& r, const void* a, 
 // every run.
 void CudaDevice::multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const float> a,
                                 std::span<const std::uint16_t> b, void* c, cudaDataType_t c_type) {
-    const u64 rows = staged_vectors(cs, r.k, "a bf16 B", "A");
+    const u64 rows = staged_vectors(cs, 2 * r.k, "a bf16 B", "A");  // bf16 rows of op(A)
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 i0 = 0; i0 < r.m; i0 += rows) {
         Gemm g = r;
@@ -166,15 +165,14 @@ void CudaDevice::multiply_bf16b(CudaStream& cs, const Gemm& r, std::span<const f
 
 // The vectors of k elements (rows of A, columns of B) the compute stream's
 // staging holds at once, for a GEMM of `what` rounding `operand` into it.
-u64 CudaDevice::staged_vectors(CudaStream& cs, u64 k, const char* what, const char* operand) {
+u64 CudaDevice::staged_vectors(CudaStream& cs, u64 vector_bytes, const char* what, const char* operand) {
     if (&cs != streams_[0].get())
         throw InternalError(std::string("cuda: a GEMM of ") + what + " on the " + cs.name() + " stream (its " +
                             operand + " staging is compute's)");
-    const u64 n = bf16_staging_.size() / (2 * k);
+    const u64 n = bf16_staging_.size() / vector_bytes;
     if (!n)
-        throw InternalError(std::string("cuda: a GEMM of ") + what + " with k=" + std::to_string(k) + " needs " +
-                            format_size(2 * k) + " of " + operand + " staging a vector; the device kept " +
-                            format_size(bf16_staging_.size()));
+        throw InternalError(std::string("cuda: a GEMM of ") + what + " needs " + format_size(vector_bytes) + " of " +
+                            operand + " staging a vector; the device kept " + format_size(bf16_staging_.size()));
     return n;
 }
 
@@ -190,7 +188,7 @@ void CudaDevice::multiply_bf16a(CudaStream& cs, const Gemm& r, std::span<const s
         matmul(cs, r, a.data(), b.data<std::uint16_t>(), c, CUDA_R_16BF, c_type);
         return;
     }
-    const u64 cols = staged_vectors(cs, r.k, "a bf16 A and an fp32 B", "B");
+    const u64 cols = staged_vectors(cs, 2 * r.k, "a bf16 A and an fp32 B", "B");  // bf16 columns of op(B)
     auto* staging = reinterpret_cast<std::uint16_t*>(bf16_staging_.data());
     for (u64 j0 = 0; j0 < r.n; j0 += cols) {
         Gemm g = r;
@@ -305,16 +303,12 @@ bool CudaDevice::matmul(CudaStream& cs, const Gemm& g, const void* a, const void
     auto it = plans_.find(key);
     if (it == plans_.end()) {
         Plan p;
-        if (!epilogue) {
+        try {
             p = make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes, ep);
-        } else {
-            try {
-                p = make_plan(g, al_a, al_b, al_c, type, c_type, ws_bytes, ep);
-            } catch (const InternalError& e) {
-                p = Plan{};
-                p.ok = false;
-                stand_in(g, ep.kind, e.what());
-            }
+        } catch (const InternalError& e) {
+            if (!epilogue) throw;  // a plain GEMM has no stand-in
+            p.ok = false;
+            stand_in(g, ep.kind, e.what());
         }
         it = plans_.emplace(key, p).first;
     }
