@@ -308,14 +308,12 @@ BOOST_AUTO_TEST_CASE(atomic_file_sync_behind_the_writer) {
     {
         AtomicFile f = AtomicFile::create(path);
         BOOST_TEST(f.sync_behind());  // nothing written yet: a sync of nothing
-        int started = 1;
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < 16; ++i) {  // each write beside the sync before, or a new one
             const std::string piece(16 * 1024, static_cast<char>('a' + i % 26));
             f.write(std::as_bytes(std::span(piece)));
             expect += piece;
-            started += f.sync_behind() ? 1 : 0;
+            (void)f.sync_behind();  // (false while the last still runs: timing)
         }
-        BOOST_TEST(started >= 1);
         // A header rewritten after syncs that covered it.
         const std::string head = "HEAD";
         f.pwrite(std::as_bytes(std::span(head)), 0);
